@@ -1,0 +1,77 @@
+"""The `Policy` interface: what the training modules need from a model.
+
+A batch of prompts, as the data module yields it, is a dict:
+
+    {"prompt": list[P], "metadata": list[dict]}
+
+where each prompt is whatever the policy understands (token ids for the toy sort policy,
+text or chat messages for language models) and each metadata dict carries the task's
+per-prompt facts (ground truth, test cases, ...). `sample` repeats every prompt `n` times
+into contiguous groups and returns a `Rollout` (shapes documented in `rlvr_lightning.rollout`).
+"""
+
+from __future__ import annotations
+
+import copy
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from rlvr_lightning.rollout import Rollout
+
+PromptBatch = dict[str, list[Any]]
+
+
+@dataclass
+class SamplingConfig:
+    """How responses are sampled. Log-probs are computed at the same temperature."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 256
+    stop_strings: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.temperature <= 0:
+            raise ValueError(f"sampling.temperature must be > 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"sampling.top_p must be in (0, 1], got {self.top_p}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"sampling.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+
+class Policy(nn.Module, ABC):
+    """A trainable policy: samples rollouts and scores their tokens."""
+
+    @abstractmethod
+    def sample(self, batch: PromptBatch, n: int, sampling: SamplingConfig) -> Rollout:
+        """`n` responses per prompt, without gradients, as one `Rollout` of `len(prompts) * n` rows."""
+
+    @abstractmethod
+    def token_log_probs(
+        self, rollout: Rollout, temperature: float = 1.0, with_entropy: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
+        """Differentiable log-probs `[N, T]` of `rollout.response_ids`, and token entropy `[N, T]` if asked."""
+
+    def create_reference(self) -> nn.Module:
+        """A frozen copy used as the KL reference. Policies with adapters override this to share weights."""
+        reference = copy.deepcopy(self)
+        reference.requires_grad_(False)
+        reference.eval()
+        return reference
+
+    @torch.no_grad()
+    def update_reference(self, reference: nn.Module, alpha: float = 1.0) -> None:
+        """`ref <- alpha * policy + (1 - alpha) * ref` (alpha = 1 copies; TR-DPO mixup otherwise)."""
+        for ref_param, param in zip(reference.parameters(), self.parameters(), strict=True):
+            ref_param.lerp_(param.detach(), alpha)
+
+    def reference_log_probs(self, reference: nn.Module, rollout: Rollout, temperature: float) -> Tensor:
+        """Log-probs `[N, T]` under `reference` (no grad)."""
+        with torch.no_grad():
+            log_probs, _ = reference.token_log_probs(rollout, temperature=temperature)
+        return log_probs
