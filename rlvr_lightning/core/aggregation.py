@@ -1,0 +1,74 @@
+"""Reduce a per-token loss ``[N, T]`` to the scalar that is back-propagated.
+
+The normalisers ``num_sequences`` / ``num_tokens`` default to this call's own
+batch (``N`` rows, ``mask.sum()`` tokens). For gradient accumulation pass the
+totals of the WHOLE mini-batch to every micro-batch call: the micro losses then
+SUM to exactly the loss (and gradient) of the unsplit mini-batch. (Pass
+``num_sequences`` / ``num_tokens`` as python numbers or tensors.)
+
+Rows whose mask is all zero contribute 0 (never NaN), but still count in the
+default ``num_sequences``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+AGGREGATION_MODES = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum", "seq-sum-constant")
+
+
+def aggregate_loss(
+    loss: Tensor,
+    mask: Tensor,
+    mode: str,
+    num_sequences: int | float | Tensor | None = None,
+    num_tokens: int | float | Tensor | None = None,
+    constant: float | None = None,
+) -> Tensor:
+    """Scalar loss from per-token ``loss`` under ``mask`` (see ``AGGREGATION_MODES``).
+
+    * "seq-mean-token-mean": mean over sequences of each sequence's token mean (GRPO).
+    * "token-mean": every token of the (mini-)batch weighs the same (DAPO).
+    * "seq-mean-token-sum": mean over sequences of each sequence's token sum.
+    * "seq-sum-constant": token sums divided by a fixed ``constant`` (e.g.
+      max_new_tokens), then mean over sequences (Dr. GRPO): no length bias.
+    """
+    if mode not in AGGREGATION_MODES:
+        raise ValueError(f"unknown aggregation mode {mode!r}; valid choices: {', '.join(AGGREGATION_MODES)}")
+    if loss.dim() != 2 or mask.shape != loss.shape:
+        raise ValueError(f"loss and mask must both be [N, T], got {tuple(loss.shape)} and {tuple(mask.shape)}")
+    m = mask.bool()
+    per_token = torch.where(m, loss, torch.zeros((), dtype=loss.dtype, device=loss.device))
+    token_counts = m.sum(dim=-1).to(loss.dtype)  # [N]
+    if num_sequences is None:
+        num_sequences = loss.shape[0]
+    if num_tokens is None:
+        num_tokens = token_counts.sum()
+
+    if mode == "seq-mean-token-mean":
+        # 1/G sum_i 1/|o_i| sum_t l_it  (GRPO, Shao et al. 2024 DeepSeekMath eq. 3; verl core_algos.agg_loss)
+        seq_means = per_token.sum(dim=-1) / token_counts.clamp(min=1)
+        return seq_means.sum() / _positive("num_sequences", num_sequences)
+    if mode == "token-mean":
+        # 1/sum_i |o_i| sum_i sum_t l_it  (DAPO, Yu et al. 2025 eq. 8 / §3.3 token-level loss; verl core_algos.agg_loss)
+        return per_token.sum() / _clamp_count(num_tokens)
+    if mode == "seq-mean-token-sum":
+        # 1/G sum_i sum_t l_it  (verl core_algos.agg_loss "seq-mean-token-sum")
+        return per_token.sum() / _positive("num_sequences", num_sequences)
+    # mode == "seq-sum-constant"
+    if constant is None or constant <= 0:
+        raise ValueError(f"mode 'seq-sum-constant' needs a constant > 0 (e.g. max_new_tokens), got {constant!r}")
+    # 1/G sum_i (sum_t l_it) / C  (Dr. GRPO, Liu et al. 2025 "Understanding R1-Zero-Like Training", §3.1: constant instead of |o_i|)
+    return per_token.sum() / constant / _positive("num_sequences", num_sequences)
+
+
+def _positive(name: str, value: int | float | Tensor) -> int | float | Tensor:
+    if not isinstance(value, Tensor) and value <= 0:
+        raise ValueError(f"{name} must be > 0, got {value}")
+    return value
+
+
+def _clamp_count(value: int | float | Tensor) -> int | float | Tensor:
+    """A token count of 0 becomes 1, so an empty batch gives loss 0 instead of NaN."""
+    return value.clamp(min=1) if isinstance(value, Tensor) else max(value, 1)

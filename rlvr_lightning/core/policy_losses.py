@@ -1,0 +1,262 @@
+"""Per-token policy-gradient losses (the thing being MINIMISED).
+
+Every loss takes
+
+* ``log_probs``      ``[N, T]`` log pi_theta(token), differentiable;
+* ``old_log_probs``  ``[N, T]`` log pi_old(token) of the behaviour policy, or ``None``;
+* ``advantages``     ``[N]`` (one per response, broadcast over tokens) or ``[N, T]``;
+* ``mask``           ``[N, T]`` float/bool, 1 = real response token;
+
+and returns a :class:`PolicyLossOutput` whose ``loss`` is ``[N, T]``,
+UNaggregated and exactly 0 where ``mask == 0`` (aggregate it with
+``aggregation.aggregate_loss``). Sign: a positive advantage pushes the token
+up, so ``loss = -A * (something increasing in log_probs)``.
+
+``old_log_probs=None`` means "on-policy, first inner step": ``log_probs.detach()``
+is used, so every ratio is exactly 1 but its gradient is ``grad log_probs``
+(d/dtheta exp(logp - sg(logp)) = grad logp). This lets a single-inner-epoch
+run skip the extra forward pass of the old policy.
+
+``stats`` (detached scalar tensors, computed over masked tokens):
+
+* ``clip_frac_low``  fraction of tokens where the lower clip is active
+  (ratio < 1 - clip_low and A < 0; for CISPO: the IS weight was clipped from below);
+* ``clip_frac_high`` fraction where the upper clip is active
+  (ratio > 1 + clip_high and A > 0; for CISPO: the IS weight was clipped from above);
+* ``ratio_mean``, ``ratio_min``, ``ratio_max`` of the importance ratio
+  (GSPO: of the sequence ratio, broadcast to its tokens);
+* ``dual_clip_frac`` (ppo_clip with ``dual_clip`` only): A < 0 and ratio > dual_clip.
+
+Losses without a ratio (``pg``) report 0, 0, 1, 1, 1. With an empty mask the
+ratio statistics are 1 and the fractions 0.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from rlvr_lightning.core.masked import masked_mean
+
+# |log ratio| is clamped before exp so a stale token cannot produce inf (verl core_algos.compute_policy_loss clamps to [-20, 20])
+LOG_RATIO_CLAMP = 20.0
+# GSPO's sequence log-ratio is clamped from above at 10 (verl core_algos.compute_policy_loss_gspo)
+GSPO_LOG_RATIO_MAX = 10.0
+
+
+@dataclass
+class PolicyLossOutput:
+    loss: Tensor  # [N, T], zero where mask == 0, not aggregated
+    stats: dict[str, Tensor] = field(default_factory=dict)  # detached scalars
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _prepare(
+    log_probs: Tensor, old_log_probs: Tensor | None, advantages: Tensor, mask: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Validate shapes; return (old_log_probs, advantages [N, T], bool mask)."""
+    if log_probs.dim() != 2:
+        raise ValueError(f"log_probs must be [N, T], got shape {tuple(log_probs.shape)}")
+    if mask.shape != log_probs.shape:
+        raise ValueError(f"mask shape {tuple(mask.shape)} != log_probs shape {tuple(log_probs.shape)}")
+    if old_log_probs is None:
+        old_log_probs = log_probs.detach()
+    elif old_log_probs.shape != log_probs.shape:
+        raise ValueError(f"old_log_probs shape {tuple(old_log_probs.shape)} != log_probs shape {tuple(log_probs.shape)}")
+    advantages = advantages.to(log_probs.dtype)
+    if advantages.dim() == 1 and advantages.shape[0] == log_probs.shape[0]:
+        advantages = advantages.unsqueeze(-1)
+    elif advantages.shape != log_probs.shape:
+        raise ValueError(f"advantages must be [N] or [N, T] with N, T = {tuple(log_probs.shape)}, got {tuple(advantages.shape)}")
+    return old_log_probs.detach(), advantages.expand_as(log_probs), mask.bool()
+
+
+def _token_ratio(log_probs: Tensor, old_log_probs: Tensor) -> Tensor:
+    # r_t = pi_theta / pi_old = exp(logp - old_logp)  (Schulman et al. 2017 PPO eq. 6; NOT logp / old_logp)
+    return torch.exp(torch.clamp(log_probs - old_log_probs, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+
+
+def _zero_masked(loss: Tensor, mask: Tensor) -> Tensor:
+    return torch.where(mask, loss, torch.zeros((), dtype=loss.dtype, device=loss.device))
+
+
+@torch.no_grad()
+def _stats(ratio: Tensor, mask: Tensor, low_clipped: Tensor | None = None, high_clipped: Tensor | None = None) -> dict[str, Tensor]:
+    ratio = ratio.detach()
+    has_tokens = mask.any()
+    one = torch.ones((), dtype=ratio.dtype, device=ratio.device)
+    zero = torch.zeros((), dtype=ratio.dtype, device=ratio.device)
+    inf = torch.tensor(float("inf"), dtype=ratio.dtype, device=ratio.device)
+    return {
+        "clip_frac_low": zero if low_clipped is None else masked_mean(low_clipped.to(ratio.dtype), mask),
+        "clip_frac_high": zero if high_clipped is None else masked_mean(high_clipped.to(ratio.dtype), mask),
+        "ratio_mean": torch.where(has_tokens, masked_mean(ratio, mask), one),
+        "ratio_min": torch.where(has_tokens, torch.where(mask, ratio, inf).min(), one),
+        "ratio_max": torch.where(has_tokens, torch.where(mask, ratio, -inf).max(), one),
+    }
+
+
+def _check_clip(name: str, value: float) -> None:
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+
+
+# ----------------------------------------------------------------------------- losses
+
+
+def naive_pg_loss(log_probs: Tensor, old_log_probs: Tensor | None, advantages: Tensor, mask: Tensor) -> PolicyLossOutput:
+    """REINFORCE: ``-A * log p``. ``old_log_probs`` is ignored (strictly on-policy)."""
+    _, adv, m = _prepare(log_probs, old_log_probs, advantages, mask)
+    # l_t = -A * log pi_theta(y_t)  (Williams 1992, REINFORCE)
+    loss = -adv * log_probs
+    return PolicyLossOutput(_zero_masked(loss, m), _stats(torch.ones_like(log_probs), m))
+
+
+def importance_ratio_loss(
+    log_probs: Tensor, old_log_probs: Tensor | None, advantages: Tensor, mask: Tensor
+) -> PolicyLossOutput:
+    """Unclipped importance-weighted surrogate: ``-A * exp(logp - old_logp)``."""
+    old, adv, m = _prepare(log_probs, old_log_probs, advantages, mask)
+    ratio = _token_ratio(log_probs, old)
+    # l_t = -A * r_t  (Schulman et al. 2017 PPO eq. 6, L^CPI, no clipping)
+    loss = -adv * ratio
+    return PolicyLossOutput(_zero_masked(loss, m), _stats(ratio, m))
+
+
+def ppo_clip_loss(
+    log_probs: Tensor,
+    old_log_probs: Tensor | None,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    dual_clip: float | None = None,
+) -> PolicyLossOutput:
+    """Clipped surrogate with separate lower/upper ranges and optional dual clip.
+
+    ``clip_high > clip_low`` is DAPO's clip-higher. ``dual_clip = c > 1`` bounds
+    the loss of negative-advantage tokens with a huge ratio at ``-A * c``.
+    """
+    _check_clip("clip_low", clip_low)
+    _check_clip("clip_high", clip_high)
+    if dual_clip is not None and dual_clip <= 1.0:
+        raise ValueError(f"dual_clip must be > 1 (or None), got {dual_clip}")
+    old, adv, m = _prepare(log_probs, old_log_probs, advantages, mask)
+    ratio = _token_ratio(log_probs, old)
+    clipped_ratio = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    # l_t = -min(r A, clip(r, 1-eps_low, 1+eps_high) A)  (PPO eq. 7; asymmetric eps = DAPO clip-higher, Yu et al. 2025 §3.1)
+    loss = torch.maximum(-adv * ratio, -adv * clipped_ratio)
+    low_clipped = (ratio < 1.0 - clip_low) & (adv < 0)
+    high_clipped = (ratio > 1.0 + clip_high) & (adv > 0)
+    stats = _stats(ratio, m, low_clipped, high_clipped)
+    if dual_clip is not None:
+        # A < 0: l_t = min(l_t, -A c)  (dual-clip PPO, Ye et al. 2020 "Mastering Complex Control in MOBA Games"; verl core_algos.compute_policy_loss clip_ratio_c)
+        loss = torch.where(adv < 0, torch.minimum(loss, -adv * dual_clip), loss)
+        with torch.no_grad():
+            stats["dual_clip_frac"] = masked_mean(((adv < 0) & (ratio > dual_clip)).to(ratio.dtype), m)
+    return PolicyLossOutput(_zero_masked(loss, m), stats)
+
+
+def gspo_loss(
+    log_probs: Tensor,
+    old_log_probs: Tensor | None,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_low: float = 3e-4,
+    clip_high: float = 4e-4,
+) -> PolicyLossOutput:
+    """GSPO-token: sequence-level ratio and clipping, gradient routed per token.
+
+    ``s_i = exp(mean_t (logp - old_logp))`` over the masked tokens of row i, and
+    ``s_it = sg[s_i] * exp(logp_t - sg[logp_t])`` which equals ``s_i`` in value.
+    With ``advantages`` [N] this is exactly GSPO when the loss is aggregated
+    with "seq-mean-token-mean" (the paper's 1/G sum_i 1/|y_i| sum_t).
+    """
+    _check_clip("clip_low", clip_low)
+    _check_clip("clip_high", clip_high)
+    old, adv, m = _prepare(log_probs, old_log_probs, advantages, mask)
+    # log s_i = 1/|y_i| sum_t log(pi_theta / pi_old)  (Zheng et al. 2025 GSPO eq. 7)
+    seq_log_ratio = masked_mean(log_probs.detach() - old, m, dim=-1)
+    # s_it = sg[s_i] * pi_theta(y_t) / sg[pi_theta(y_t)]  (GSPO §4.3 GSPO-token; verl core_algos.compute_policy_loss_gspo)
+    log_s = seq_log_ratio.unsqueeze(-1) + log_probs - log_probs.detach()
+    ratio = torch.exp(torch.clamp(log_s, max=GSPO_LOG_RATIO_MAX))
+    clipped_ratio = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    # l_it = -min(s_it A_i, clip(s_it, 1-eps_low, 1+eps_high) A_i)  (GSPO eq. 5 / §4.3)
+    loss = torch.maximum(-adv * ratio, -adv * clipped_ratio)
+    low_clipped = (ratio < 1.0 - clip_low) & (adv < 0)
+    high_clipped = (ratio > 1.0 + clip_high) & (adv > 0)
+    return PolicyLossOutput(_zero_masked(loss, m), _stats(ratio, m, low_clipped, high_clipped))
+
+
+def cispo_loss(
+    log_probs: Tensor,
+    old_log_probs: Tensor | None,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_low: float | None = None,
+    clip_high: float = 0.2,
+) -> PolicyLossOutput:
+    """CISPO: REINFORCE weighted by a clipped, stop-gradient importance weight.
+
+    ``loss = -sg(clip(r, 1 - clip_low, 1 + clip_high)) * A * logp``. No token is
+    ever dropped from the gradient; only its weight is bounded. ``clip_low=None``
+    (default) means no lower bound, as in MiniMax-M1 ("we did not impose a
+    lower bound on the IS weight"). Clip fractions count clipped WEIGHTS,
+    regardless of the sign of A.
+    """
+    if clip_low is not None:
+        _check_clip("clip_low", clip_low)
+    _check_clip("clip_high", clip_high)
+    old, adv, m = _prepare(log_probs, old_log_probs, advantages, mask)
+    ratio = _token_ratio(log_probs, old).detach()
+    lower = None if clip_low is None else 1.0 - clip_low
+    weight = torch.clamp(ratio, min=lower, max=1.0 + clip_high)
+    # l_t = -sg(clip(r_t, 1-eps_low^IS, 1+eps_high^IS)) * A * log pi_theta(y_t)  (MiniMax-M1 2025, §3.1 eq. 4)
+    loss = -weight * adv * log_probs
+    low_clipped = None if lower is None else ratio < lower
+    high_clipped = ratio > 1.0 + clip_high
+    return PolicyLossOutput(_zero_masked(loss, m), _stats(ratio, m, low_clipped, high_clipped))
+
+
+# ----------------------------------------------------------------------------- registry
+
+POLICY_LOSSES: dict[str, Callable[..., PolicyLossOutput]] = {
+    "pg": naive_pg_loss,
+    "ratio": importance_ratio_loss,
+    "ppo_clip": ppo_clip_loss,
+    "gspo": gspo_loss,
+    "cispo": cispo_loss,
+}
+
+# Options any loss may receive through compute_policy_loss; a loss ignores the ones it does not take.
+POLICY_LOSS_OPTIONS = ("clip_low", "clip_high", "dual_clip")
+
+
+def compute_policy_loss(
+    kind: str,
+    log_probs: Tensor,
+    old_log_probs: Tensor | None,
+    advantages: Tensor,
+    mask: Tensor,
+    **options,
+) -> PolicyLossOutput:
+    """Dispatch to ``POLICY_LOSSES[kind]``.
+
+    ``options`` may hold any of ``POLICY_LOSS_OPTIONS`` (so one config dict can
+    serve every loss); only those the chosen loss accepts are forwarded.
+    Unknown option names raise ValueError (catches typos).
+    """
+    if kind not in POLICY_LOSSES:
+        raise ValueError(f"unknown policy loss {kind!r}; valid choices: {', '.join(POLICY_LOSSES)}")
+    unknown = sorted(set(options) - set(POLICY_LOSS_OPTIONS))
+    if unknown:
+        raise ValueError(f"unknown policy loss option(s) {unknown}; valid options: {', '.join(POLICY_LOSS_OPTIONS)}")
+    fn = POLICY_LOSSES[kind]
+    accepted = inspect.signature(fn).parameters
+    return fn(log_probs, old_log_probs, advantages, mask, **{k: v for k, v in options.items() if k in accepted})

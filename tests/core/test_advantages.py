@@ -1,0 +1,120 @@
+import math
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from rlvr_lightning.core.advantages import (
+    ADVANTAGE_ESTIMATORS,
+    batch_whitened_advantages,
+    centered_advantages,
+    compute_advantages,
+    max_only_advantages,
+    normalized_advantages,
+    raw_advantages,
+    rloo_advantages,
+    zero_variance_group_fraction,
+    zero_variance_group_mask,
+)
+
+S = 1.0 / math.sqrt(2.0)  # 0.7071...
+
+
+def test_raw_returns_rewards_as_float():
+    out = raw_advantages(torch.tensor([1, 0, 0, 1]), group_size=2)
+    assert out.dtype == torch.float32
+    assert_close(out, torch.tensor([1.0, 0.0, 0.0, 1.0]))
+
+
+def test_centered_flat_and_grouped():
+    assert_close(centered_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0]), 2), torch.tensor([0.5, -0.5, -0.5, 0.5]))
+    assert_close(centered_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0]), 4), torch.tensor([0.75, -0.25, -0.25, -0.25]))
+    grouped = centered_advantages(torch.tensor([[1.0, 0.0], [0.0, 1.0]]))
+    assert grouped.shape == (2, 2)
+    assert_close(grouped, torch.tensor([[0.5, -0.5], [-0.5, 0.5]]))
+
+
+def test_normalized_group_std_unbiased():
+    # group {1, 0}: mean .5, unbiased std sqrt(.5) -> .5 / .7071 = .7071
+    out = normalized_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0]), 2, eps=0.0)
+    assert_close(out, torch.tensor([S, -S, -S, S]))
+    # group {1,0,0,0}: mean .25, unbiased var (.5625 + 3 * .0625) / 3 = .25 -> std .5
+    out = normalized_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0]), 4, eps=0.0)
+    assert_close(out, torch.tensor([1.5, -0.5, -0.5, -0.5]))
+
+
+def test_normalized_biased_std():
+    # group {1, 0}: biased std .5 -> +-1
+    out = normalized_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0]), 2, eps=0.0, unbiased_std=False)
+    assert_close(out, torch.tensor([1.0, -1.0, -1.0, 1.0]))
+
+
+def test_normalized_zero_variance_group_is_zero_not_nan():
+    out = normalized_advantages(torch.tensor([1.0, 1.0, 0.0, 1.0]), 2)
+    assert_close(out, torch.tensor([0.0, 0.0, -S, S]), atol=1e-5, rtol=1e-5)
+
+
+def test_normalized_batch_std_scope():
+    # group means .5 and 1 -> centred [.5, -.5, 0, 0]; batch {1,0,1,1}: unbiased std .5
+    out = normalized_advantages(torch.tensor([1.0, 0.0, 1.0, 1.0]), 2, eps=0.0, std_scope="batch")
+    assert_close(out, torch.tensor([1.0, -1.0, 0.0, 0.0]))
+
+
+def test_normalized_rejects_bad_std_scope_and_single_sample_groups():
+    with pytest.raises(ValueError, match=r"'groupp'.*group, batch"):
+        normalized_advantages(torch.tensor([1.0, 0.0]), 2, std_scope="groupp")
+    with pytest.raises(ValueError, match="single sample"):
+        normalized_advantages(torch.tensor([1.0, 0.0]), 1)
+
+
+def test_max_only_keeps_group_max():
+    assert_close(max_only_advantages(torch.tensor([0.5, 0.2, 0.3, 0.3]), 2), torch.tensor([0.5, 0.0, 0.3, 0.3]))
+    assert_close(max_only_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0]), 2), torch.tensor([1.0, 0.0, 0.0, 1.0]))
+
+
+def test_rloo_leave_one_out():
+    # row 0: 1 - mean(0,0,0) = 1; others: 0 - mean(1,0,0) = -1/3
+    out = rloo_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0]), 4)
+    assert_close(out, torch.tensor([1.0, -1 / 3, -1 / 3, -1 / 3]))
+    with pytest.raises(ValueError, match="group_size >= 2"):
+        rloo_advantages(torch.tensor([1.0, 0.0]), 1)
+
+
+def test_batch_whitened_ignores_groups():
+    # mean .25, unbiased std .5
+    assert_close(batch_whitened_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0]), eps=0.0), torch.tensor([1.5, -0.5, -0.5, -0.5]))
+    out = batch_whitened_advantages(torch.tensor([[3.0, 1.0]]), eps=0.0)  # mean 2, std sqrt 2
+    assert out.shape == (1, 2)
+    assert_close(out, torch.tensor([[S, -S]]))
+
+
+def test_registry_dispatch_and_kwargs():
+    assert set(ADVANTAGE_ESTIMATORS) == {"raw", "centered", "normalized", "max_only", "rloo", "batch_whitened"}
+    out = compute_advantages("normalized", torch.tensor([1.0, 0.0, 0.0, 1.0]), 2, eps=0.0, unbiased_std=False)
+    assert_close(out, torch.tensor([1.0, -1.0, -1.0, 1.0]))
+    assert_close(compute_advantages("rloo", torch.tensor([1.0, 0.0]), 2), torch.tensor([1.0, -1.0]))
+
+
+def test_unknown_kind_lists_choices():
+    with pytest.raises(ValueError) as err:
+        compute_advantages("grpo", torch.tensor([1.0, 0.0]), 2)
+    message = str(err.value)
+    assert "'grpo'" in message
+    for name in ADVANTAGE_ESTIMATORS:
+        assert name in message
+
+
+def test_shape_validation():
+    with pytest.raises(ValueError, match="group_size is required"):
+        centered_advantages(torch.tensor([1.0, 0.0]))
+    with pytest.raises(ValueError, match="divide"):
+        centered_advantages(torch.tensor([1.0, 0.0, 1.0]), 2)
+    with pytest.raises(ValueError, match="does not match"):
+        centered_advantages(torch.tensor([[1.0, 0.0]]), 3)
+
+
+def test_zero_variance_groups():
+    rewards = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 0.0])
+    assert zero_variance_group_mask(rewards, 2).tolist() == [True, False, True]
+    assert_close(zero_variance_group_fraction(rewards, 2), torch.tensor(2 / 3))
+    assert zero_variance_group_fraction(torch.tensor([1.0, 0.0]), 2).item() == 0.0

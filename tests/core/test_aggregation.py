@@ -1,0 +1,81 @@
+import pytest
+import torch
+from torch.testing import assert_close
+
+from rlvr_lightning.core.aggregation import AGGREGATION_MODES, aggregate_loss
+
+LOSS = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+MASK = torch.tensor([[1, 1, 0], [1, 0, 0]])  # row sums 3 and 4, lengths 2 and 1
+
+
+def test_seq_mean_token_mean():
+    # (3/2 + 4/1) / 2 = 2.75
+    assert_close(aggregate_loss(LOSS, MASK, "seq-mean-token-mean"), torch.tensor(2.75))
+
+
+def test_token_mean():
+    # (1 + 2 + 4) / 3
+    assert_close(aggregate_loss(LOSS, MASK, "token-mean"), torch.tensor(7.0 / 3.0))
+
+
+def test_seq_mean_token_sum():
+    # (3 + 4) / 2
+    assert_close(aggregate_loss(LOSS, MASK, "seq-mean-token-sum"), torch.tensor(3.5))
+
+
+def test_seq_sum_constant():
+    # (3 + 4) / 4 / 2
+    assert_close(aggregate_loss(LOSS, MASK, "seq-sum-constant", constant=4), torch.tensor(0.875))
+    with pytest.raises(ValueError, match="constant"):
+        aggregate_loss(LOSS, MASK, "seq-sum-constant")
+    with pytest.raises(ValueError, match="constant"):
+        aggregate_loss(LOSS, MASK, "seq-sum-constant", constant=0)
+
+
+def test_explicit_normalisers_override_defaults():
+    assert_close(aggregate_loss(LOSS, MASK, "token-mean", num_tokens=7), torch.tensor(1.0))
+    assert_close(aggregate_loss(LOSS, MASK, "seq-mean-token-sum", num_sequences=7), torch.tensor(1.0))
+
+
+def test_all_zero_mask_rows_contribute_zero_not_nan():
+    loss = torch.tensor([[2.0, 4.0], [float("nan"), float("nan")]])
+    mask = torch.tensor([[1, 1], [0, 0]])
+    expected = {"seq-mean-token-mean": 1.5, "token-mean": 3.0, "seq-mean-token-sum": 3.0, "seq-sum-constant": 1.5}
+    for mode, value in expected.items():
+        assert_close(aggregate_loss(loss, mask, mode, constant=2), torch.tensor(value))
+    for mode in AGGREGATION_MODES:
+        assert aggregate_loss(loss, torch.zeros(2, 2), mode, constant=2).item() == 0.0
+
+
+@pytest.mark.parametrize("mode", AGGREGATION_MODES)
+def test_micro_batches_with_global_normalisers_match_full_batch(mode):
+    # uneven rows (lengths 1, 3, 2, 0) split unevenly (1 row | 3 rows): the case where naive averaging breaks
+    values = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [7.0, 8.0, 9.0], [1.0, 1.0, 1.0]])
+    mask = torch.tensor([[1, 0, 0], [1, 1, 1], [1, 1, 0], [0, 0, 0]])
+    full_loss = values.clone().requires_grad_(True)
+    full = aggregate_loss(full_loss, mask, mode, constant=3)
+    full.backward()
+
+    micro_loss = values.clone().requires_grad_(True)
+    totals = dict(num_sequences=4, num_tokens=mask.sum(), constant=3)
+    micro = sum(aggregate_loss(micro_loss[rows], mask[rows], mode, **totals) for rows in (slice(0, 1), slice(1, 4)))
+    micro.backward()
+
+    assert_close(micro, full)
+    assert_close(micro_loss.grad, full_loss.grad)
+
+
+def test_micro_batches_without_global_normalisers_do_not_match():
+    # guards the test above: token-mean per micro-batch then averaged is NOT the full token-mean
+    values = torch.tensor([[1.0, 0.0, 0.0], [4.0, 5.0, 6.0]])
+    mask = torch.tensor([[1, 0, 0], [1, 1, 1]])
+    full = aggregate_loss(values, mask, "token-mean")  # 16 / 4 = 4
+    naive = (aggregate_loss(values[:1], mask[:1], "token-mean") + aggregate_loss(values[1:], mask[1:], "token-mean")) / 2
+    assert_close(full, torch.tensor(4.0))
+    assert_close(naive, torch.tensor(3.0))  # (1 + 5) / 2
+
+
+def test_unknown_mode_lists_choices():
+    with pytest.raises(ValueError) as err:
+        aggregate_loss(LOSS, MASK, "mean")
+    assert "'mean'" in str(err.value) and all(mode in str(err.value) for mode in AGGREGATION_MODES)

@@ -1,0 +1,59 @@
+import math
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from rlvr_lightning.core.kl import KL_ESTIMATORS, kl_estimate
+
+LN2 = math.log(2.0)
+P = torch.tensor([[math.log(0.5)]])  # policy
+Q = torch.tensor([[math.log(0.25)]])  # reference; d = log q - log p = -ln 2
+
+
+def test_hand_values_policy_above_reference():
+    assert_close(kl_estimate(P, Q, "k1"), torch.tensor([[LN2]]))  # 0.6931
+    assert_close(kl_estimate(P, Q, "k2"), torch.tensor([[0.5 * LN2**2]]))  # 0.2402
+    assert_close(kl_estimate(P, Q, "k3"), torch.tensor([[0.5 + LN2 - 1.0]]))  # 0.1931
+
+
+def test_hand_values_policy_below_reference():
+    # d = +ln 2: k1 = -ln 2 (negative is allowed), k3 = 2 - ln 2 - 1 = 0.3069
+    assert_close(kl_estimate(Q, P, "k1"), torch.tensor([[-LN2]]))
+    assert_close(kl_estimate(Q, P, "k2"), torch.tensor([[0.5 * LN2**2]]))
+    assert_close(kl_estimate(Q, P, "k3"), torch.tensor([[2.0 - LN2 - 1.0]]))
+
+
+def test_default_is_k3():
+    assert_close(kl_estimate(P, Q), torch.tensor([[0.5 + LN2 - 1.0]]))
+
+
+def test_zero_when_equal_and_k3_non_negative():
+    logp = torch.linspace(-5.0, 0.0, 11).view(1, -1)
+    for kind in KL_ESTIMATORS:
+        assert torch.count_nonzero(kl_estimate(logp, logp, kind)) == 0
+    ref = torch.linspace(-10.0, 0.0, 11).view(1, -1)
+    assert (kl_estimate(logp, ref, "k3") >= 0).all()
+    assert (kl_estimate(ref, logp, "k3") >= 0).all()
+
+
+def test_k3_gradient():
+    # d k3 / d logp = 1 - exp(d) = 1 - 1/2
+    logp = P.clone().requires_grad_(True)
+    kl_estimate(logp, Q, "k3").sum().backward()
+    assert_close(logp.grad, torch.tensor([[0.5]]))
+
+
+def test_clamp():
+    # d = 20: k3 = e^20 - 21 -> 10 ; k1 = -20 -> -10
+    logp = torch.tensor([[-20.0]])
+    ref = torch.tensor([[0.0]])
+    assert kl_estimate(logp, ref, "k3", clamp=10.0).item() == 10.0
+    assert kl_estimate(logp, ref, "k1", clamp=10.0).item() == -10.0
+    with pytest.raises(ValueError, match="clamp"):
+        kl_estimate(logp, ref, "k3", clamp=0.0)
+
+
+def test_unknown_kind_lists_choices():
+    with pytest.raises(ValueError, match=r"'k4'.*k1, k2, k3"):
+        kl_estimate(P, Q, "k4")

@@ -1,0 +1,233 @@
+import math
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from rlvr_lightning.core.policy_losses import (
+    POLICY_LOSSES,
+    cispo_loss,
+    compute_policy_loss,
+    gspo_loss,
+    importance_ratio_loss,
+    naive_pg_loss,
+    ppo_clip_loss,
+)
+
+LN2 = math.log(2.0)
+
+
+def _at_ratios(ratios):
+    """log_probs = 0 (leaf, requires grad) and old_log_probs chosen so exp(logp - old) == ratios."""
+    ratios = torch.tensor(ratios)
+    log_probs = torch.zeros_like(ratios, requires_grad=True)
+    return log_probs, -torch.log(ratios)
+
+
+def _stat(out, key):
+    return out.stats[key].item()
+
+
+# ------------------------------------------------------------------ naive pg
+
+
+def test_naive_pg_value_grad_and_stats():
+    log_probs = torch.tensor([[math.log(0.5), math.log(0.25)]], requires_grad=True)
+    out = naive_pg_loss(log_probs, None, torch.tensor([2.0]), torch.tensor([[1, 0]]))
+    # -A log p = -2 ln .5 = 2 ln 2; second token masked -> 0
+    assert_close(out.loss, torch.tensor([[2 * LN2, 0.0]]))
+    out.loss.sum().backward()
+    assert_close(log_probs.grad, torch.tensor([[-2.0, 0.0]]))
+    assert [_stat(out, k) for k in ("clip_frac_low", "clip_frac_high", "ratio_mean", "ratio_min", "ratio_max")] == [
+        0.0, 0.0, 1.0, 1.0, 1.0
+    ]
+
+
+def test_token_level_advantages_are_accepted():
+    log_probs = torch.tensor([[math.log(0.5), math.log(0.5)]])
+    out = naive_pg_loss(log_probs, None, torch.tensor([[1.0, -1.0]]), torch.ones(1, 2))
+    assert_close(out.loss, torch.tensor([[LN2, -LN2]]))
+
+
+# ------------------------------------------------------------------ importance ratio
+
+
+def test_ratio_is_exp_of_log_prob_difference():
+    # p = .5, p_old = .25 -> ratio 2 (a buggy logp / old_logp would give ln.5 / ln.25 = 0.5)
+    log_probs = torch.tensor([[math.log(0.5)]])
+    old = torch.tensor([[math.log(0.25)]])
+    out = importance_ratio_loss(log_probs, old, torch.tensor([1.0]), torch.ones(1, 1))
+    assert_close(out.loss, torch.tensor([[-2.0]]))
+    assert _stat(out, "ratio_mean") == pytest.approx(2.0)
+    assert _stat(out, "clip_frac_high") == 0.0
+
+
+# ------------------------------------------------------------------ PPO clip
+
+
+def test_ppo_clip_symmetric():
+    # row 0 A=+1: r=1.5 -> clipped at 1.2 -> -1.2 ; r=1.1 -> -1.1
+    # row 1 A=-1: r=0.5 -> -min(-.5, -.8) = .8 (clipped) ; r=1.5 -> -min(-1.5, -1.2) = 1.5 (not clipped)
+    log_probs, old = _at_ratios([[1.5, 1.1], [0.5, 1.5]])
+    out = ppo_clip_loss(log_probs, old, torch.tensor([1.0, -1.0]), torch.ones(2, 2), clip_low=0.2, clip_high=0.2)
+    assert_close(out.loss, torch.tensor([[-1.2, -1.1], [0.8, 1.5]]))
+    assert _stat(out, "clip_frac_low") == pytest.approx(0.25)
+    assert _stat(out, "clip_frac_high") == pytest.approx(0.25)
+    assert _stat(out, "ratio_mean") == pytest.approx(1.15)
+    assert _stat(out, "ratio_min") == pytest.approx(0.5)
+    assert _stat(out, "ratio_max") == pytest.approx(1.5)
+    assert "dual_clip_frac" not in out.stats
+    # clipped tokens get no gradient; unclipped get d(-A r)/dlogp = -A r
+    out.loss.sum().backward()
+    assert_close(log_probs.grad, torch.tensor([[0.0, -1.1], [0.0, 1.5]]))
+
+
+def test_ppo_clip_higher_is_asymmetric():
+    # clip_high .28: r=1.5, A=+1 -> -1.28 ; r=1.25, A=+1 -> -1.25 (symmetric .2 would give -1.2)
+    # clip_low .2: r=0.7, A=-1 -> -min(-.7, -.8) = .8
+    log_probs, old = _at_ratios([[1.5], [1.25], [0.7]])
+    out = ppo_clip_loss(log_probs, old, torch.tensor([1.0, 1.0, -1.0]), torch.ones(3, 1), clip_low=0.2, clip_high=0.28)
+    assert_close(out.loss, torch.tensor([[-1.28], [-1.25], [0.8]]))
+    assert _stat(out, "clip_frac_high") == pytest.approx(1 / 3)
+    assert _stat(out, "clip_frac_low") == pytest.approx(1 / 3)
+
+
+def test_ppo_dual_clip():
+    # A=-1, r=5, c=3: ppo loss max(5, 1.2) = 5 -> min(5, 3) = 3
+    # A=-1, r=2: min(2, 3) = 2 ; A=+1, r=5: dual clip not applied -> -1.2
+    log_probs, old = _at_ratios([[5.0], [2.0], [5.0]])
+    out = ppo_clip_loss(log_probs, old, torch.tensor([-1.0, -1.0, 1.0]), torch.ones(3, 1), dual_clip=3.0)
+    assert_close(out.loss, torch.tensor([[3.0], [2.0], [-1.2]]))
+    assert _stat(out, "dual_clip_frac") == pytest.approx(1 / 3)
+    out.loss.sum().backward()
+    assert_close(log_probs.grad, torch.tensor([[0.0], [2.0], [0.0]]))
+
+
+def test_ppo_dual_clip_must_exceed_one():
+    log_probs, old = _at_ratios([[1.0]])
+    with pytest.raises(ValueError, match="dual_clip"):
+        ppo_clip_loss(log_probs, old, torch.tensor([1.0]), torch.ones(1, 1), dual_clip=1.0)
+
+
+def test_masked_tokens_are_exactly_zero_even_with_garbage():
+    log_probs = torch.tensor([[0.0, 0.0]], requires_grad=True)
+    old = torch.tensor([[0.0, -1e4]])  # ratio e^1e4 would overflow without clamp + mask
+    out = ppo_clip_loss(log_probs, old, torch.tensor([-1.0]), torch.tensor([[1, 0]]))
+    assert out.loss[0, 1].item() == 0.0
+    out.loss.sum().backward()
+    assert torch.isfinite(log_probs.grad).all()
+    assert _stat(out, "ratio_max") == 1.0  # masked token ignored
+
+
+def test_empty_mask_stats():
+    log_probs, old = _at_ratios([[2.0]])
+    out = ppo_clip_loss(log_probs, old, torch.tensor([1.0]), torch.zeros(1, 1))
+    assert out.loss.item() == 0.0
+    assert [_stat(out, k) for k in ("clip_frac_low", "clip_frac_high", "ratio_mean", "ratio_min", "ratio_max")] == [
+        0.0, 0.0, 1.0, 1.0, 1.0
+    ]
+
+
+# ------------------------------------------------------------------ old_log_probs=None
+
+
+@pytest.mark.parametrize("kind", ["ratio", "ppo_clip", "gspo", "cispo"])
+def test_old_none_gives_the_pg_gradient(kind):
+    # ratio = exp(logp - sg(logp)) = 1 but d ratio / d logp = 1 -> grad of -A r is -A, like -A logp
+    log_probs = torch.tensor([[math.log(0.5), math.log(0.25)], [math.log(0.1), math.log(0.9)]], requires_grad=True)
+    advantages = torch.tensor([3.0, -2.0])
+    mask = torch.ones(2, 2)
+    out = compute_policy_loss(kind, log_probs, None, advantages, mask)
+    out.loss.sum().backward()
+    assert_close(log_probs.grad, torch.tensor([[-3.0, -3.0], [2.0, 2.0]]))
+    assert _stat(out, "ratio_min") == 1.0 and _stat(out, "ratio_max") == 1.0
+
+
+# ------------------------------------------------------------------ GSPO
+
+
+def test_gspo_sequence_ratio_and_clip():
+    # row 0: log-ratios [ln 2, 0] (third token masked, log-ratio 5 ignored) -> s = exp(ln2 / 2) = sqrt 2
+    #        A=+1 -> -min(1.414, 1.2) = -1.2 on both tokens, clipped -> no gradient
+    # row 1: log-ratios [ln .5, ln .5] -> s = .5 ; A=+1 -> -min(.5, .8) = -.5, grad -A s = -.5 per token
+    log_probs = torch.zeros(2, 3, requires_grad=True)
+    old = torch.tensor([[-LN2, 0.0, -5.0], [LN2, LN2, 0.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 0]])
+    out = gspo_loss(log_probs, old, torch.tensor([1.0, 1.0]), mask, clip_low=0.2, clip_high=0.2)
+    assert_close(out.loss, torch.tensor([[-1.2, -1.2, 0.0], [-0.5, -0.5, 0.0]]))
+    assert _stat(out, "ratio_max") == pytest.approx(math.sqrt(2.0))
+    assert _stat(out, "ratio_min") == pytest.approx(0.5)
+    assert _stat(out, "clip_frac_high") == pytest.approx(0.5)  # 2 of 4 masked tokens
+    out.loss.sum().backward()
+    assert_close(log_probs.grad, torch.tensor([[0.0, 0.0, 0.0], [-0.5, -0.5, 0.0]]))
+
+
+def test_gspo_differs_from_token_level_ppo():
+    # token ratios [2, 1]: PPO clips only token 0; GSPO uses s = sqrt 2 for both and clips both
+    log_probs = torch.zeros(1, 2)
+    old = torch.tensor([[-LN2, 0.0]])
+    args = (log_probs, old, torch.tensor([1.0]), torch.ones(1, 2))
+    assert_close(ppo_clip_loss(*args).loss, torch.tensor([[-1.2, -1.0]]))
+    assert_close(gspo_loss(*args, clip_low=0.2, clip_high=0.2).loss, torch.tensor([[-1.2, -1.2]]))
+
+
+# ------------------------------------------------------------------ CISPO
+
+
+def test_cispo_clipped_weight_value_and_detached_gradient():
+    # token 0: r = 1.5 -> weight 1.2 ; -1.2 * 1 * ln .5 = 1.2 ln 2
+    # token 1: r = 0.5, no lower bound -> weight .5 ; -.5 * ln .5 = .5 ln 2
+    log_probs = torch.tensor([[math.log(0.5), math.log(0.5)]], requires_grad=True)
+    old = torch.tensor([[math.log(0.5 / 1.5), 0.0]])
+    out = cispo_loss(log_probs, old, torch.tensor([1.0]), torch.ones(1, 2), clip_high=0.2)
+    assert_close(out.loss, torch.tensor([[1.2 * LN2, 0.5 * LN2]]))
+    out.loss.sum().backward()
+    # weight is a constant: grad = -w A (an undetached weight would give -(r ln p + r) = -0.153 on token 1)
+    assert_close(log_probs.grad, torch.tensor([[-1.2, -0.5]]))
+    assert _stat(out, "clip_frac_high") == pytest.approx(0.5)
+    assert _stat(out, "clip_frac_low") == 0.0
+
+
+def test_cispo_lower_bound_and_negative_advantage():
+    # clip_low .2: r = .5 -> weight .8 ; A = +1 -> -.8 ln .5 = .8 ln 2
+    # r = 1.5, A = -1 -> weight 1.2 (clipped whatever the sign of A) ; -1.2 * -1 * ln .5 = -1.2 ln 2
+    log_probs = torch.full((2, 1), math.log(0.5))
+    old = torch.tensor([[0.0], [math.log(0.5 / 1.5)]])
+    out = cispo_loss(log_probs, old, torch.tensor([1.0, -1.0]), torch.ones(2, 1), clip_low=0.2, clip_high=0.2)
+    assert_close(out.loss, torch.tensor([[0.8 * LN2], [-1.2 * LN2]]))
+    assert _stat(out, "clip_frac_low") == pytest.approx(0.5)
+    assert _stat(out, "clip_frac_high") == pytest.approx(0.5)
+
+
+# ------------------------------------------------------------------ registry
+
+
+def test_registry_names():
+    assert list(POLICY_LOSSES) == ["pg", "ratio", "ppo_clip", "gspo", "cispo"]
+
+
+def test_dispatch_forwards_only_accepted_options():
+    log_probs, old = _at_ratios([[1.5]])
+    options = {"clip_low": 0.2, "clip_high": 0.3, "dual_clip": None}
+    assert_close(compute_policy_loss("ppo_clip", log_probs, old, torch.tensor([1.0]), torch.ones(1, 1), **options).loss,
+                 torch.tensor([[-1.3]]))
+    # pg takes no options: they are dropped, not an error
+    assert_close(compute_policy_loss("pg", log_probs, old, torch.tensor([1.0]), torch.ones(1, 1), **options).loss,
+                 torch.tensor([[0.0]]))
+
+
+def test_dispatch_rejects_unknown_kind_and_option():
+    log_probs, old = _at_ratios([[1.0]])
+    args = (log_probs, old, torch.tensor([1.0]), torch.ones(1, 1))
+    with pytest.raises(ValueError) as err:
+        compute_policy_loss("grpo", *args)
+    assert "'grpo'" in str(err.value) and all(name in str(err.value) for name in POLICY_LOSSES)
+    with pytest.raises(ValueError, match=r"cliplow.*clip_low, clip_high, dual_clip"):
+        compute_policy_loss("ppo_clip", *args, cliplow=0.2)
+
+
+def test_shape_validation():
+    with pytest.raises(ValueError, match="advantages"):
+        naive_pg_loss(torch.zeros(2, 3), None, torch.zeros(3), torch.ones(2, 3))
+    with pytest.raises(ValueError, match="mask"):
+        naive_pg_loss(torch.zeros(2, 3), None, torch.zeros(2), torch.ones(2, 2))
