@@ -30,6 +30,7 @@ class SamplingConfig:
     """How responses are sampled. Log-probs are computed at the same temperature."""
 
     temperature: float = 1.0
+    do_sample: bool = True  # False: greedy decoding (evaluation)
     top_p: float = 1.0
     top_k: int = 0
     max_new_tokens: int = 256

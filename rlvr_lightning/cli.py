@@ -1,0 +1,60 @@
+"""The `rlvr` command: a `LightningCLI` over `RLVRModule` and `RLVRDataModule`.
+
+    rlvr fit --config configs/sort_grpo.yaml
+    rlvr fit --config configs/sort_grpo.yaml --print_config
+
+Any `LightningModule` / `LightningDataModule` subclass can be chosen with `class_path`.
+Default logging: Weights & Biases in offline mode (no account or network needed; sync later
+with `wandb sync`) plus a CSV log, under `trainer.default_root_dir`.
+"""
+
+from __future__ import annotations
+
+import os
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import RichProgressBar
+from lightning.pytorch.cli import LightningCLI
+
+from rlvr_lightning.data.datamodule import RLVRDataModule
+from rlvr_lightning.modules.rlvr import RLVRModule
+
+TRAINER_DEFAULTS = {
+    "accelerator": "auto",
+    "devices": 1,
+    "default_root_dir": "runs",
+    "logger": [
+        {"class_path": "lightning.pytorch.loggers.WandbLogger", "init_args": {"offline": True, "project": "rlvr_lightning", "save_dir": "runs"}},
+        {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": "runs", "name": "csv"}},
+    ],
+    "log_every_n_steps": 1,
+}
+
+
+class RLVRCLI(LightningCLI):
+    def instantiate_trainer(self, **kwargs) -> pl.Trainer:
+        """Adds a Rich progress bar (showing the mean reward) unless the config has a progress bar or disables it."""
+        trainer_config = self._get(self.config_init, "trainer", default={})
+        callbacks = list(trainer_config.get("callbacks") or [])
+        has_bar = any(isinstance(cb, pl.callbacks.ProgressBar) for cb in callbacks)
+        if trainer_config.get("enable_progress_bar") is not False and not has_bar:
+            kwargs["callbacks"] = [*callbacks, RichProgressBar()]
+        return super().instantiate_trainer(**kwargs)
+
+
+def main(args: list[str] | None = None) -> RLVRCLI:
+    os.environ.setdefault("WANDB_SILENT", "true")
+    return RLVRCLI(
+        RLVRModule,
+        RLVRDataModule,
+        subclass_mode_model=True,
+        subclass_mode_data=True,
+        trainer_defaults=TRAINER_DEFAULTS,
+        seed_everything_default=0,
+        save_config_kwargs={"overwrite": True},
+        args=args,
+    )
+
+
+if __name__ == "__main__":
+    main()

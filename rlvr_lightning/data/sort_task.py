@@ -1,0 +1,92 @@
+"""The sorting task: the prompt is `length` tokens drawn from `range(vocab_size)`, the answer
+is the same tokens sorted (CS336 spring 2025, lecture 17).
+
+Validation prompts are held out by construction: a prompt is a validation prompt when its
+index (the prompt read as a base-`vocab_size` number) is a multiple of `holdout_every`, and
+the training stream never yields one.
+"""
+
+from __future__ import annotations
+
+import random
+
+from torch.utils.data import Dataset, IterableDataset, get_worker_info
+
+from rlvr_lightning.data.task import Example, Task
+
+
+class SortTask(Task):
+    def __init__(
+        self,
+        vocab_size: int = 10,
+        length: int = 4,
+        num_val: int = 256,
+        num_train: int | None = None,
+        holdout_every: int = 10,
+        seed: int = 0,
+    ) -> None:
+        """`num_train=None` streams fresh prompts forever; an int fixes a training pool of that size."""
+        if vocab_size < 2 or length < 1:
+            raise ValueError(f"SortTask needs vocab_size >= 2 and length >= 1, got {vocab_size} and {length}")
+        self.vocab_size = vocab_size
+        self.length = length
+        self.num_val = num_val
+        self.num_train = num_train
+        self.holdout_every = holdout_every
+        self.seed = seed
+
+    def is_held_out(self, prompt: list[int]) -> bool:
+        index = 0
+        for token in prompt:
+            index = index * self.vocab_size + token
+        return index % self.holdout_every == 0
+
+    def example(self, prompt: list[int]) -> Example:
+        return {"prompt": prompt, "answer": sorted(prompt)}
+
+    def draw(self, rng: random.Random, held_out: bool) -> list[int]:
+        while True:
+            prompt = [rng.randrange(self.vocab_size) for _ in range(self.length)]
+            if self.is_held_out(prompt) == held_out:
+                return prompt
+
+    def train_dataset(self) -> Dataset | IterableDataset:
+        if self.num_train is None:
+            return SortStream(self)
+        rng = random.Random(self.seed)
+        return ListDataset([self.example(self.draw(rng, held_out=False)) for _ in range(self.num_train)])
+
+    def val_dataset(self) -> Dataset | None:
+        if self.num_val == 0:
+            return None
+        rng = random.Random(f"{self.seed}-validation")
+        return ListDataset([self.example(self.draw(rng, held_out=True)) for _ in range(self.num_val)])
+
+
+class ListDataset(Dataset):
+    def __init__(self, examples: list[Example]) -> None:
+        self.examples = examples
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def __getitem__(self, index: int) -> Example:
+        return self.examples[index]
+
+
+class SortStream(IterableDataset):
+    """Endless seeded stream: example `i` depends only on (seed, i), so a position is one integer."""
+
+    def __init__(self, task: SortTask, start: int = 0) -> None:
+        self.task = task
+        self.start = start
+
+    def __iter__(self):
+        worker = get_worker_info()
+        index, stride = self.start, 1
+        if worker is not None:
+            index, stride = self.start + worker.id, worker.num_workers
+        while True:
+            rng = random.Random(f"{self.task.seed}-{index}")
+            yield self.task.example(self.task.draw(rng, held_out=False))
+            index += stride

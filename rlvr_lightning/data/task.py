@@ -1,0 +1,32 @@
+"""A `Task` is where prompts come from: a training source and a held-out validation split.
+
+An example is a dict with a `"prompt"` (whatever the policy understands) and any other
+keys the rewards need (ground truth, test cases, ...), which travel as per-row metadata.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+from torch.utils.data import Dataset, IterableDataset
+
+Example = dict[str, Any]
+
+
+class Task(ABC):
+    @abstractmethod
+    def train_dataset(self) -> Dataset | IterableDataset:
+        """Training prompts: a finite dataset (shuffled each epoch) or an endless stream."""
+
+    def val_dataset(self) -> Dataset | None:
+        """Held-out prompts for validation, or None."""
+        return None
+
+
+def collate_examples(examples: list[Example]) -> dict[str, list[Any]]:
+    """`[{"prompt": p, **meta}, ...]` -> `{"prompt": [p, ...], "metadata": [meta, ...]}`."""
+    return {
+        "prompt": [example["prompt"] for example in examples],
+        "metadata": [{k: v for k, v in example.items() if k != "prompt"} for example in examples],
+    }

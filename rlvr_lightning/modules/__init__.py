@@ -1,0 +1,3 @@
+from rlvr_lightning.modules.rlvr import RLVRModule
+
+__all__ = ["RLVRModule"]

@@ -1,0 +1,353 @@
+"""`RLVRModule`: the GRPO-family training loop (GRPO, Dr. GRPO, DAPO, GSPO, RLOO, REINFORCE++, CISPO, ...).
+
+One `training_step` is one rollout step:
+
+    1. rollout    = policy.sample(prompts, n=group_size)           no grad
+    2. rewards    = sum_k w_k * RewardCallback_k(rollout)           trainer.callbacks
+    3. advantages = AdvantageCallback.compute(rollout)              trainer.callbacks
+    4. old / reference log-probs                                    no grad, only when needed
+    5. ppo_epochs x mini-batches x micro-batches:
+           loss = aggregate(policy_loss + kl_coef * KL - entropy_coef * H)
+           manual_backward per micro-batch; clip; optimizer step per mini-batch
+
+Lightning's `global_step` counts optimizer updates (ppo_epochs x mini-batches per rollout
+step); logged metrics are indexed by rollout step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections import defaultdict
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from torch import Tensor
+
+from rlvr_lightning.advantages import AdvantageCallback, GroupNormalizedAdvantage
+from rlvr_lightning.core.advantages import zero_variance_group_fraction
+from rlvr_lightning.core.aggregation import AGGREGATION_MODES, aggregate_loss
+from rlvr_lightning.core.kl import KL_ESTIMATORS, kl_estimate
+from rlvr_lightning.core.masked import masked_mean
+from rlvr_lightning.core.policy_losses import POLICY_LOSSES, compute_policy_loss
+from rlvr_lightning.policies.base import Policy, PromptBatch, SamplingConfig
+from rlvr_lightning.rewards.base import RewardCallback
+from rlvr_lightning.rollout import Rollout
+
+log = logging.getLogger(__name__)
+
+RATIO_FREE_LOSSES = ("pg",)  # losses that never read old log-probs
+
+
+def _choice(option: str, value: str, choices) -> str:
+    if value not in choices:
+        raise ValueError(f"{option}={value!r} is not valid; choose one of {sorted(choices)}")
+    return value
+
+
+class RLVRModule(pl.LightningModule):
+    def __init__(
+        self,
+        policy: Policy,
+        optimizer: OptimizerCallable = torch.optim.Adam,
+        lr_scheduler: LRSchedulerCallable | None = None,
+        group_size: int = 8,
+        sampling: SamplingConfig | None = None,
+        loss: str = "ppo_clip",
+        clip_low: float | None = None,
+        clip_high: float | None = None,
+        dual_clip: float | None = None,
+        aggregation: str = "seq-mean-token-mean",
+        loss_constant: float | None = None,
+        kl_coef: float = 0.0,
+        kl_estimator: str = "k3",
+        ref_update_every: int | None = None,
+        entropy_coef: float = 0.0,
+        ppo_epochs: int = 1,
+        mini_batch_size: int | None = None,
+        micro_batch_size: int | None = None,
+        max_grad_norm: float | None = 1.0,
+        max_consecutive_skips: int = 10,
+        val_group_size: int = 1,
+        val_greedy: bool = True,
+    ) -> None:
+        """
+        Args:
+            policy: the model being trained (`ToySortPolicy`, `HFPolicy`, ...).
+            group_size: responses sampled per prompt.
+            loss: per-token policy loss, one of `core.policy_losses.POLICY_LOSSES`.
+            clip_low, clip_high: ratio clip range `[1 - clip_low, 1 + clip_high]`; None keeps the loss's default.
+            dual_clip: dual-clip constant for `ppo_clip` (bounds the loss of negative advantages).
+            aggregation: how token losses become a scalar, one of `core.aggregation.AGGREGATION_MODES`.
+            loss_constant: divisor of `seq-sum-constant` (default `sampling.max_new_tokens`).
+            kl_coef: weight of the KL penalty to the reference policy; 0 means no reference model at all.
+            ref_update_every: copy the policy into the reference every this many rollout steps (None: never).
+            mini_batch_size, micro_batch_size: rows (completions) per optimizer step / per backward pass;
+                None means the whole rollout / the whole mini-batch.
+            max_grad_norm: clip the gradient norm (None: no clipping).
+            max_consecutive_skips: stop after this many consecutive updates with a non-finite loss or gradient.
+            val_group_size, val_greedy: responses per validation prompt and whether they are decoded greedily.
+        """
+        super().__init__()
+        self.save_hyperparameters(ignore=["policy", "optimizer", "lr_scheduler"])
+        self.automatic_optimization = False
+        self.policy = policy
+        self.optimizer_factory = optimizer
+        self.lr_scheduler_factory = lr_scheduler
+        self.sampling = sampling or SamplingConfig()
+        self.group_size = group_size
+        self.loss = _choice("loss", loss, POLICY_LOSSES)
+        self.aggregation = _choice("aggregation", aggregation, AGGREGATION_MODES)
+        self.kl_estimator = _choice("kl_estimator", kl_estimator, KL_ESTIMATORS)
+        self.loss_options = {
+            k: v for k, v in {"clip_low": clip_low, "clip_high": clip_high, "dual_clip": dual_clip}.items() if v is not None
+        }
+        if dual_clip is not None and loss != "ppo_clip":
+            raise ValueError(f"dual_clip applies to the token-level loss 'ppo_clip', not loss={loss!r}")
+        self.loss_constant = loss_constant or float(self.sampling.max_new_tokens)
+        self.kl_coef = kl_coef
+        self.entropy_coef = entropy_coef
+        self.ref_update_every = ref_update_every
+        if group_size < 1 or ppo_epochs < 1:
+            raise ValueError(f"group_size and ppo_epochs must be >= 1, got {group_size} and {ppo_epochs}")
+        self.ppo_epochs = ppo_epochs
+        if mini_batch_size is not None and micro_batch_size is not None and mini_batch_size % micro_batch_size:
+            raise ValueError(
+                f"micro_batch_size={micro_batch_size} must divide mini_batch_size={mini_batch_size} "
+                "(a mini-batch is accumulated from whole micro-batches)"
+            )
+        self.mini_batch_size = mini_batch_size
+        self.micro_batch_size = micro_batch_size
+        self.max_grad_norm = max_grad_norm
+        self.max_consecutive_skips = max_consecutive_skips
+        self.val_group_size = val_group_size
+        self.val_greedy = val_greedy
+        self.reference = policy.create_reference() if kl_coef != 0 else None
+        self.reward_callbacks: list[RewardCallback] = []
+        self.advantage_estimator: AdvantageCallback | None = None
+        self.skipped_updates = 0
+        self.consecutive_skips = 0
+
+    # ----------------------------------------------------------------- set-up
+
+    def configure_optimizers(self):
+        optimizer = self.optimizer_factory(self.policy.parameters())
+        if self.lr_scheduler_factory is None:
+            return optimizer
+        return {"optimizer": optimizer, "lr_scheduler": self.lr_scheduler_factory(optimizer)}
+
+    def setup(self, stage: str) -> None:
+        callbacks = self.trainer.callbacks
+        self.reward_callbacks = [cb for cb in callbacks if isinstance(cb, RewardCallback)]
+        if not self.reward_callbacks:
+            raise ValueError("no RewardCallback in trainer.callbacks: add at least one reward to the config")
+        names = [cb.name for cb in self.reward_callbacks]
+        if len(set(names)) != len(names):
+            raise ValueError(f"reward names must be unique, got {names}; set `name:` on the duplicates")
+        estimators = [cb for cb in callbacks if isinstance(cb, AdvantageCallback)]
+        if len(estimators) > 1:
+            raise ValueError(
+                f"exactly one AdvantageCallback per run, got {len(estimators)}: "
+                + ", ".join(type(cb).__name__ for cb in estimators)
+            )
+        if estimators:
+            self.advantage_estimator = estimators[0]
+        else:
+            self.advantage_estimator = GroupNormalizedAdvantage()
+            log.warning("no AdvantageCallback configured: using GRPO's group-normalised advantage")
+            if self.trainer.is_global_zero:
+                print("rlvr: no AdvantageCallback configured, using GroupNormalizedAdvantage (GRPO)")
+        self.advantage_estimator.check_group_size(self.group_size)
+        self._check_batch_sizes()
+
+    def _check_batch_sizes(self) -> None:
+        prompts = getattr(self.trainer.datamodule, "batch_size", None)
+        if prompts is None or self.mini_batch_size is None:
+            return
+        rows = prompts * self.group_size
+        if rows % self.mini_batch_size:
+            raise ValueError(
+                f"mini_batch_size={self.mini_batch_size} must divide the rollout size "
+                f"data.batch_size x group_size = {prompts} x {self.group_size} = {rows}"
+            )
+
+    # ---------------------------------------------------------- training step
+
+    def training_step(self, batch: PromptBatch, batch_idx: int) -> None:
+        started = time.perf_counter()
+        self._maybe_update_reference()
+        rollout = self.policy.sample(batch, self.group_size, self.sampling)
+        generated = time.perf_counter()
+        self.score(rollout)
+        rollout.advantages = self.advantage_estimator.compute(rollout)
+        scored = time.perf_counter()
+        self._add_old_and_reference_log_probs(rollout)
+        update_stats = self._update(rollout)
+        finished = time.perf_counter()
+
+        metrics = self._rollout_metrics(rollout, prefix="train")
+        metrics.update(update_stats)
+        metrics["train/skipped_updates"] = float(self.skipped_updates)
+        metrics["time/generation_s"] = generated - started
+        metrics["time/scoring_s"] = scored - generated
+        metrics["time/update_s"] = finished - scored
+        metrics["time/step_s"] = finished - started
+        self.log_dict(metrics, on_step=True, on_epoch=False, batch_size=rollout.num_rows)
+        self.log("reward", rollout.reward.mean(), prog_bar=True, logger=False, on_step=True, on_epoch=False)
+
+    def score(self, rollout: Rollout) -> None:
+        """Fill `rollout.rewards` (unweighted, by name) and `rollout.reward` (weighted sum)."""
+        total = torch.zeros(rollout.num_rows, device=rollout.response_ids.device)
+        for callback in self.reward_callbacks:
+            scores = callback(rollout)
+            rollout.rewards[callback.name] = scores
+            total = total + callback.weight * scores
+        rollout.reward = total
+
+    @property
+    def rollout_step(self) -> int:
+        """Rollout steps completed so far (Lightning's logging step; restored from checkpoints)."""
+        return self.trainer.fit_loop.epoch_loop._batches_that_stepped
+
+    def _maybe_update_reference(self) -> None:
+        if self.reference is None or not self.ref_update_every:
+            return
+        if self.rollout_step > 0 and self.rollout_step % self.ref_update_every == 0:
+            self.policy.update_reference(self.reference)
+
+    def _needs_old_log_probs(self, num_rows: int) -> bool:
+        """Old log-probs matter only once the policy has moved, i.e. after the first optimizer step."""
+        updates = self.ppo_epochs * (num_rows // (self.mini_batch_size or num_rows))
+        return self.loss not in RATIO_FREE_LOSSES and updates > 1
+
+    @torch.no_grad()
+    def _add_old_and_reference_log_probs(self, rollout: Rollout) -> None:
+        temperature = self.sampling.temperature
+        if self._needs_old_log_probs(rollout.num_rows):
+            rollout.old_log_probs = torch.cat(
+                [self.policy.token_log_probs(mb, temperature)[0] for mb in self._micro_batches(rollout)]
+            )
+        if self.reference is not None:
+            rollout.ref_log_probs = torch.cat(
+                [self.policy.reference_log_probs(self.reference, mb, temperature) for mb in self._micro_batches(rollout)]
+            )
+
+    def _micro_batches(self, rollout: Rollout):
+        size = self.micro_batch_size or self.mini_batch_size or rollout.num_rows
+        if size >= rollout.num_rows:
+            yield rollout
+            return
+        for start in range(0, rollout.num_rows, size):
+            yield rollout.select(slice(start, start + size))
+
+    def _update(self, rollout: Rollout) -> dict[str, float]:
+        optimizer = self.optimizers()
+        scheduler = self.lr_schedulers()
+        mini_size = self.mini_batch_size or rollout.num_rows
+        stats: dict[str, list[Tensor]] = defaultdict(list)
+        for _ in range(self.ppo_epochs):
+            order = torch.randperm(rollout.num_rows, device=rollout.response_ids.device) if mini_size < rollout.num_rows else None
+            for start in range(0, rollout.num_rows, mini_size):
+                minibatch = rollout if order is None else rollout.select(order[start : start + mini_size])
+                num_tokens = minibatch.response_mask.sum()
+                loss_sum = torch.zeros((), device=num_tokens.device)
+                for micro in self._micro_batches(minibatch):
+                    loss, micro_stats = self._micro_batch_loss(micro, minibatch.num_rows, num_tokens)
+                    self.manual_backward(loss)
+                    loss_sum = loss_sum + loss.detach()
+                    for key, value in micro_stats.items():
+                        stats[key].append(value)
+                stats["train/loss"].append(loss_sum)
+                grad_norm = self._clip_and_step(optimizer, scheduler, loss_sum)
+                stats["train/grad_norm"].append(grad_norm)
+        return {key: torch.stack(values).mean() for key, values in stats.items()}
+
+    def _micro_batch_loss(self, micro: Rollout, num_sequences: int, num_tokens: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        mask = micro.response_mask
+        log_probs, entropy = self.policy.token_log_probs(micro, self.sampling.temperature, with_entropy=True)
+        if self.entropy_coef == 0:
+            entropy = entropy.detach()
+        policy_loss = compute_policy_loss(
+            self.loss, log_probs, micro.old_log_probs, micro.advantages, mask, **self.loss_options
+        )
+        token_loss = policy_loss.loss
+        stats = {f"train/{key}": value for key, value in policy_loss.stats.items()}
+        if self.reference is not None:
+            kl = kl_estimate(log_probs, micro.ref_log_probs, self.kl_estimator)
+            token_loss = token_loss + self.kl_coef * kl
+            stats["train/kl"] = masked_mean(kl.detach(), mask)
+        if self.entropy_coef != 0:
+            token_loss = token_loss - self.entropy_coef * entropy
+        stats["train/entropy"] = masked_mean(entropy.detach(), mask)
+        loss = aggregate_loss(
+            token_loss, mask, self.aggregation, num_sequences=num_sequences, num_tokens=num_tokens, constant=self.loss_constant
+        )
+        return loss, stats
+
+    def _clip_and_step(self, optimizer, scheduler, loss_sum: Tensor) -> Tensor:
+        """Clip and step, or skip the update when the loss or the gradient is not finite."""
+        grads = [p.grad for p in self.policy.parameters() if p.grad is not None]
+        grad_norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
+        if not bool(torch.isfinite(grad_norm) & torch.isfinite(loss_sum)):
+            optimizer.zero_grad(set_to_none=True)
+            self.skipped_updates += 1
+            self.consecutive_skips += 1
+            log.warning("non-finite loss or gradient: update skipped (%d in a row)", self.consecutive_skips)
+            if self.consecutive_skips >= self.max_consecutive_skips:
+                raise RuntimeError(
+                    f"{self.consecutive_skips} consecutive updates had a non-finite loss or gradient "
+                    f"(max_consecutive_skips={self.max_consecutive_skips}); stopping. Lower the learning rate, "
+                    "check the rewards for NaN, or raise max_consecutive_skips."
+                )
+            return grad_norm
+        self.consecutive_skips = 0
+        if self.max_grad_norm is not None:
+            self.clip_gradients(optimizer, gradient_clip_val=self.max_grad_norm, gradient_clip_algorithm="norm")
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if scheduler is not None:
+            scheduler.step()
+        return grad_norm
+
+    # ------------------------------------------------------------- validation
+
+    def validation_step(self, batch: PromptBatch, batch_idx: int) -> None:
+        sampling = dataclasses.replace(self.sampling, do_sample=not self.val_greedy)
+        rollout = self.policy.sample(batch, self.val_group_size, sampling)
+        self.score(rollout)
+        metrics = {"val/reward_mean": rollout.reward.mean()}
+        correct = self.correctness(rollout)
+        if correct is not None:
+            metrics["val/accuracy"] = correct.float().mean()
+        self.log_dict(metrics, on_step=False, on_epoch=True, batch_size=rollout.num_rows, prog_bar=True)
+
+    def correctness(self, rollout: Rollout) -> Tensor | None:
+        """`bool[N]` from the first reward that can tell whether a response solves its task."""
+        for callback in self.reward_callbacks:
+            correct = callback.is_correct(rollout, rollout.rewards[callback.name])
+            if correct is not None:
+                return correct
+        return None
+
+    # ---------------------------------------------------------------- metrics
+
+    def _rollout_metrics(self, rollout: Rollout, prefix: str) -> dict[str, Tensor | float]:
+        reward = rollout.reward
+        metrics: dict[str, Tensor | float] = {
+            f"{prefix}/reward_mean": reward.mean(),
+            f"{prefix}/reward_std": reward.std() if reward.numel() > 1 else torch.zeros(()),
+            f"{prefix}/reward_min": reward.min(),
+            f"{prefix}/reward_max": reward.max(),
+            f"{prefix}/advantage_mean": rollout.advantages.mean(),
+            f"{prefix}/advantage_std": rollout.advantages.std() if rollout.advantages.numel() > 1 else torch.zeros(()),
+            f"{prefix}/zero_variance_groups": zero_variance_group_fraction(reward, rollout.group_size),
+        }
+        for callback in self.reward_callbacks:
+            metrics[f"{prefix}/rewards/{callback.name}"] = rollout.rewards[callback.name].mean()
+            metrics[f"{prefix}/reward_errors/{callback.name}"] = float(callback.pop_errors())
+        stats = getattr(self.policy, "last_generation_stats", None)
+        if stats:
+            metrics.update({f"{prefix}/generation/{key}": float(value) for key, value in stats.items()})
+        return metrics

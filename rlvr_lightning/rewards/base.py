@@ -1,0 +1,83 @@
+"""`RewardCallback`: a verifiable reward, plugged in as a Lightning callback.
+
+The training module finds every `RewardCallback` in `trainer.callbacks`, calls each on
+the step's `Rollout`, stores the unweighted scores in `rollout.rewards[name]` and the
+weighted sum in `rollout.reward`. A new reward is one small subclass:
+
+    class EndsWithSeven(RewardCallback):
+        def score_row(self, rollout, i):
+            return float(rollout.response_ids[i, -1] == 7)
+
+and four lines of YAML under `trainer.callbacks`.
+
+Model output is untrusted input. A reward that raises on one row costs that row (scored
+0, counted in `num_errors`) when `on_error="zero"`; `on_error="raise"` stops the run.
+Rewards that can hang (math verification, code execution) enforce their own time budget.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+import torch
+from lightning.pytorch import Callback
+from torch import Tensor
+
+from rlvr_lightning.rollout import Rollout
+
+log = logging.getLogger(__name__)
+
+ON_ERROR_CHOICES = ("zero", "raise")
+
+
+def _snake_case(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+class RewardCallback(Callback):
+    """Base class. Override `score` (whole batch, vectorised) or `score_row` (one row at a time)."""
+
+    def __init__(self, weight: float = 1.0, name: str | None = None, on_error: str = "zero") -> None:
+        if on_error not in ON_ERROR_CHOICES:
+            raise ValueError(f"on_error={on_error!r} is not one of {ON_ERROR_CHOICES}")
+        self.weight = weight
+        self.name = name or _snake_case(type(self).__name__.removesuffix("Reward"))
+        self.on_error = on_error
+        self.num_errors = 0  # rows that raised since the last `pop_errors`
+
+    def score(self, rollout: Rollout) -> Tensor:
+        """Unweighted scores `float[N]`. The default calls `score_row` on every row, isolating failures."""
+        scores = torch.zeros(rollout.num_rows)
+        for i in range(rollout.num_rows):
+            try:
+                scores[i] = float(self.score_row(rollout, i))
+            except Exception:
+                if self.on_error == "raise":
+                    raise
+                self.num_errors += 1
+                log.debug("reward %s failed on row %d", self.name, i, exc_info=True)
+        return scores.to(rollout.response_ids.device)
+
+    def score_row(self, rollout: Rollout, i: int) -> float:
+        raise NotImplementedError(f"{type(self).__name__} must override score() or score_row()")
+
+    def is_correct(self, rollout: Rollout, scores: Tensor) -> Tensor | None:
+        """`bool[N]`: which responses solve the task outright (validation accuracy); None if this reward cannot tell."""
+        return None
+
+    def __call__(self, rollout: Rollout) -> Tensor:
+        """`score` with whole-batch failures isolated as well (every row 0 and counted)."""
+        try:
+            scores = self.score(rollout)
+        except Exception:
+            if self.on_error == "raise":
+                raise
+            log.warning("reward %s failed on the whole batch; scoring it 0", self.name, exc_info=True)
+            self.num_errors += rollout.num_rows
+            return torch.zeros(rollout.num_rows, device=rollout.response_ids.device)
+        return scores.float()
+
+    def pop_errors(self) -> int:
+        errors, self.num_errors = self.num_errors, 0
+        return errors

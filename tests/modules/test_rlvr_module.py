@@ -1,0 +1,181 @@
+import math
+
+import lightning.pytorch as pl
+import pytest
+import torch
+
+from rlvr_lightning.advantages import CenteredAdvantage, GroupNormalizedAdvantage, RLOOAdvantage
+from rlvr_lightning.data import RLVRDataModule, SortTask
+from rlvr_lightning.modules import RLVRModule
+from rlvr_lightning.policies.base import SamplingConfig
+from rlvr_lightning.policies.toy_sort import ToySortPolicy
+from rlvr_lightning.rewards import RewardCallback, SortInclusionOrderingReward
+
+
+class MetricsRecorder(pl.Callback):
+    def __init__(self):
+        self.steps = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.steps.append({k: float(v) for k, v in trainer.callback_metrics.items()})
+
+
+def fit(module, callbacks, steps=3, batch_size=4, val=False, **trainer_kwargs):
+    pl.seed_everything(0)
+    data = RLVRDataModule(SortTask(vocab_size=5, length=3, num_val=8 if val else 0), batch_size=batch_size)
+    recorder = MetricsRecorder()
+    trainer = pl.Trainer(
+        max_epochs=1,
+        limit_train_batches=steps,
+        limit_val_batches=1 if val else 0,
+        val_check_interval=steps if val else None,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[*callbacks, recorder],
+        **trainer_kwargs,
+    )
+    trainer.fit(module, data)
+    return trainer, recorder
+
+
+def policy():
+    torch.manual_seed(0)
+    return ToySortPolicy(vocab_size=5, prompt_length=3, embedding_dim=4)
+
+
+def test_logs_every_documented_metric(in_tmp_dir):
+    module = RLVRModule(policy(), group_size=4, kl_coef=0.1, ppo_epochs=2)
+    trainer, _ = fit(module, [SortInclusionOrderingReward(), CenteredAdvantage()], val=True)
+    metrics = trainer.callback_metrics
+    for key in [
+        "train/reward_mean", "train/reward_std", "train/reward_min", "train/reward_max",
+        "train/rewards/sort_inclusion_ordering", "train/advantage_mean", "train/advantage_std",
+        "train/zero_variance_groups", "train/loss", "train/kl", "train/entropy", "train/clip_frac_low",
+        "train/clip_frac_high", "train/ratio_mean", "train/ratio_min", "train/ratio_max", "train/grad_norm",
+        "train/skipped_updates", "time/step_s", "val/reward_mean", "val/accuracy",
+    ]:
+        assert key in metrics, key
+    assert 0 <= float(metrics["val/accuracy"]) <= 1
+
+
+def test_default_advantage_is_grpo_and_announced(in_tmp_dir, capsys):
+    module = RLVRModule(policy(), group_size=2)
+    fit(module, [SortInclusionOrderingReward()], steps=1)
+    assert isinstance(module.advantage_estimator, GroupNormalizedAdvantage)
+    assert "GroupNormalizedAdvantage" in capsys.readouterr().out
+
+
+def test_two_advantage_callbacks_are_an_error(in_tmp_dir):
+    with pytest.raises(ValueError, match="exactly one AdvantageCallback"):
+        fit(RLVRModule(policy(), group_size=2), [SortInclusionOrderingReward(), CenteredAdvantage(), RLOOAdvantage()])
+
+
+def test_grpo_with_group_size_one_fails_at_start_up(in_tmp_dir):
+    with pytest.raises(ValueError, match="group_size >= 2"):
+        fit(RLVRModule(policy(), group_size=1), [SortInclusionOrderingReward()])
+
+
+def test_no_reward_is_an_error(in_tmp_dir):
+    with pytest.raises(ValueError, match="no RewardCallback"):
+        fit(RLVRModule(policy(), group_size=2), [])
+
+
+@pytest.mark.parametrize(
+    "option, value, choices",
+    [("loss", "ppo", "ppo_clip"), ("aggregation", "mean", "token-mean"), ("kl_estimator", "k4", "k3")],
+)
+def test_unknown_choices_name_the_valid_ones(option, value, choices):
+    with pytest.raises(ValueError, match=f"{option}='{value}'.*{choices}"):
+        RLVRModule(policy(), **{option: value})
+
+
+def test_micro_batch_must_divide_mini_batch():
+    with pytest.raises(ValueError, match="micro_batch_size=3 must divide mini_batch_size=8"):
+        RLVRModule(policy(), mini_batch_size=8, micro_batch_size=3)
+
+
+def test_mini_batch_must_divide_the_rollout(in_tmp_dir):
+    with pytest.raises(ValueError, match="mini_batch_size=5 must divide the rollout size"):
+        fit(RLVRModule(policy(), group_size=4, mini_batch_size=5), [SortInclusionOrderingReward()], batch_size=4)
+
+
+def test_reference_model_exists_only_with_kl():
+    assert RLVRModule(policy(), kl_coef=0.0).reference is None
+    assert RLVRModule(policy(), kl_coef=0.1).reference is not None
+
+
+class CountingPolicy(ToySortPolicy):
+    rows = 0
+
+    def token_log_probs(self, rollout, temperature=1.0, with_entropy=False):
+        CountingPolicy.rows += rollout.num_rows
+        return super().token_log_probs(rollout, temperature, with_entropy)
+
+
+@pytest.mark.parametrize("ppo_epochs, mini_batch_size, passes_per_step", [(1, None, 1), (2, None, 3), (1, 8, 2)])
+def test_old_log_probs_are_computed_only_when_the_policy_moves(in_tmp_dir, ppo_epochs, mini_batch_size, passes_per_step):
+    CountingPolicy.rows = 0
+    module = RLVRModule(
+        CountingPolicy(vocab_size=5, prompt_length=3, embedding_dim=4),
+        group_size=4,
+        ppo_epochs=ppo_epochs,
+        mini_batch_size=mini_batch_size,
+    )
+    fit(module, [SortInclusionOrderingReward()], steps=2, batch_size=4)
+    # 16 rows per step, scored once per epoch, plus once more for old log-probs when the policy moves
+    assert CountingPolicy.rows == 2 * 16 * passes_per_step
+
+
+def final_parameters(micro_batch_size, aggregation):
+    module = RLVRModule(policy(), group_size=4, micro_batch_size=micro_batch_size, aggregation=aggregation, loss_constant=5)
+    fit(module, [SortInclusionOrderingReward()], steps=2, batch_size=4)
+    return torch.cat([p.detach().flatten() for p in module.policy.parameters()])
+
+
+@pytest.mark.parametrize("aggregation", ["seq-mean-token-mean", "token-mean", "seq-mean-token-sum", "seq-sum-constant"])
+def test_micro_batching_is_exact_gradient_accumulation(in_tmp_dir, aggregation):
+    torch.testing.assert_close(final_parameters(None, aggregation), final_parameters(4, aggregation), atol=1e-6, rtol=1e-5)
+
+
+class NaNReward(RewardCallback):
+    def score(self, rollout):
+        return torch.full((rollout.num_rows,), math.nan)
+
+
+def test_non_finite_updates_are_skipped_then_stop_the_run(in_tmp_dir):
+    module = RLVRModule(policy(), group_size=2, max_consecutive_skips=3)
+    before = [p.detach().clone() for p in module.policy.parameters()]
+    with pytest.raises(RuntimeError, match="3 consecutive updates had a non-finite loss"):
+        fit(module, [NaNReward(), CenteredAdvantage()], steps=5)
+    assert module.skipped_updates == 3
+    for old, new in zip(before, module.policy.parameters()):
+        assert torch.equal(old, new)
+
+
+def test_reference_is_refreshed_every_n_steps(in_tmp_dir):
+    module = RLVRModule(policy(), group_size=2, kl_coef=0.1, ref_update_every=2)
+    fit(module, [SortInclusionOrderingReward()], steps=2)
+    # refreshed at the start of step 2 only: the reference is the policy after one update, not the latest
+    assert not all(torch.equal(r, p) for r, p in zip(module.reference.parameters(), module.policy.parameters()))
+    module = RLVRModule(policy(), group_size=2, kl_coef=0.1, ref_update_every=2)
+    fit(module, [SortInclusionOrderingReward()], steps=3)
+    snapshot = [p.detach().clone() for p in module.reference.parameters()]
+    assert not all(torch.equal(s, p) for s, p in zip(snapshot, module.policy.parameters()))
+    initial = policy()
+    assert not all(torch.equal(s, p) for s, p in zip(snapshot, initial.parameters()))
+
+
+def test_grpo_learns_the_sort_task(in_tmp_dir):
+    torch.manual_seed(0)
+    module = RLVRModule(
+        ToySortPolicy(vocab_size=5, prompt_length=3, embedding_dim=8),
+        optimizer=lambda params: torch.optim.Adam(params, lr=0.05),
+        group_size=8,
+        sampling=SamplingConfig(temperature=1.0),
+    )
+    _, recorder = fit(module, [SortInclusionOrderingReward()], steps=60, batch_size=32)
+    first = sum(s["train/reward_mean"] for s in recorder.steps[:5]) / 5
+    last = sum(s["train/reward_mean"] for s in recorder.steps[-5:]) / 5
+    assert last > first + 0.5, (first, last)

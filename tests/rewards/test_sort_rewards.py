@@ -1,0 +1,90 @@
+import pytest
+import torch
+
+from rlvr_lightning.rewards import RewardCallback, SortDistanceReward, SortInclusionOrderingReward
+from rlvr_lightning.rollout import Rollout
+
+
+def make_rollout(prompts, responses):
+    prompts, responses = torch.tensor(prompts), torch.tensor(responses)
+    n = len(responses)
+    return Rollout(
+        prompt_ids=prompts,
+        prompt_mask=torch.ones_like(prompts),
+        response_ids=responses,
+        response_mask=torch.ones(responses.shape),
+        group_index=torch.arange(n),
+        group_size=1,
+        truncated=torch.zeros(n, dtype=torch.bool),
+    )
+
+
+# The lecture's worked examples (CS336 spring 2025 lecture 17, simple_task()).
+LECTURE_PROMPTS = [[3, 1, 0, 2]] * 3
+LECTURE_RESPONSES = [[0, 1, 2, 3], [7, 2, 2, 5], [0, 3, 1, 2]]
+
+
+def test_sort_distance_matches_lecture_examples():
+    rollout = make_rollout(LECTURE_PROMPTS, LECTURE_RESPONSES)
+    # sorted prompt is [0, 1, 2, 3]: all 4 match; only position 2 matches; only position 0 matches
+    assert SortDistanceReward().score(rollout).tolist() == [4.0, 1.0, 1.0]
+
+
+def test_inclusion_ordering_matches_lecture_examples():
+    rollout = make_rollout(LECTURE_PROMPTS, LECTURE_RESPONSES)
+    # [0,1,2,3]: inclusion 4 + ordering 3; [7,2,2,5]: inclusion 1 (the 2) + ordering 2 (2<=2, 2<=5);
+    # [0,3,1,2]: inclusion 4 + ordering 2 (0<=3, 1<=2)
+    assert SortInclusionOrderingReward().score(rollout).tolist() == [7.0, 3.0, 6.0]
+
+
+def test_inclusion_multiset_counts_occurrences_once():
+    rollout = make_rollout([[3, 3, 1, 0]], [[3, 0, 0, 1]])
+    # lecture rule: each of 3, 3, 1, 0 appears somewhere -> 4; multiset: min counts 3:1, 1:1, 0:1 -> 3
+    # ordering: 3<=0 no, 0<=0 yes, 0<=1 yes -> 2
+    assert SortInclusionOrderingReward().score(rollout).tolist() == [6.0]
+    assert SortInclusionOrderingReward(multiset=True).score(rollout).tolist() == [5.0]
+
+
+def test_exact_sort_is_correctness():
+    rollout = make_rollout([[3, 1, 0, 2], [1, 1, 0, 0]], [[0, 1, 2, 3], [0, 1, 1, 1]])
+    reward = SortInclusionOrderingReward()
+    scores = reward.score(rollout)
+    # the second response scores the maximum 7 without being the sorted prompt [0, 0, 1, 1]
+    assert scores.tolist() == [7.0, 7.0]
+    assert reward.is_correct(rollout, scores).tolist() == [True, False]
+
+
+def test_default_names_and_weights():
+    assert SortDistanceReward().name == "sort_distance"
+    assert SortInclusionOrderingReward(weight=0.5, name="sio").name == "sio"
+    with pytest.raises(ValueError, match="on_error"):
+        SortDistanceReward(on_error="ignore")
+
+
+class FailsOnOddRows(RewardCallback):
+    def score_row(self, rollout, i):
+        if i % 2:
+            raise RuntimeError("bad row")
+        return 1.0
+
+
+def test_row_failure_costs_only_that_row():
+    rollout = make_rollout([[0, 1]] * 4, [[0, 1]] * 4)
+    reward = FailsOnOddRows()
+    assert reward(rollout).tolist() == [1.0, 0.0, 1.0, 0.0]
+    assert reward.pop_errors() == 2
+    assert reward.pop_errors() == 0
+    with pytest.raises(RuntimeError, match="bad row"):
+        FailsOnOddRows(on_error="raise")(rollout)
+
+
+class BrokenBatch(RewardCallback):
+    def score(self, rollout):
+        raise ValueError("whole batch broken")
+
+
+def test_whole_batch_failure_is_zero_and_counted():
+    rollout = make_rollout([[0, 1]] * 3, [[0, 1]] * 3)
+    reward = BrokenBatch()
+    assert reward(rollout).tolist() == [0.0, 0.0, 0.0]
+    assert reward.pop_errors() == 3
