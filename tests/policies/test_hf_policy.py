@@ -1,0 +1,440 @@
+"""HFPolicy on a tiny random Llama with a tokenizer trained in the test (nothing downloaded)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny_lm import EOS, bias_tokens, tiny_llama_config
+
+from rlvr_lightning.policies.base import SamplingConfig
+from rlvr_lightning.policies.hf import AdapterReference, HFPolicy
+
+PROMPTS = ["What is 2+3?", "Hi", "Think step by step, then answer: what is the sum of 7 and 12?"]
+
+
+def masked_max_diff(a, b, mask):
+    return ((a - b).abs() * mask).max().item()
+
+
+# ---------------------------------------------------------------- sampling
+
+
+def test_sample_shapes_groups_and_left_padding(make_policy):
+    policy = make_policy()
+    metadata = [{"answer": "5"}, {"answer": "hi"}, {"answer": "19"}]
+    rollout = policy.sample({"prompt": PROMPTS, "metadata": metadata}, n=4, sampling=SamplingConfig(max_new_tokens=8))
+
+    N = len(PROMPTS) * 4
+    assert rollout.num_rows == N and rollout.group_size == 4 and rollout.num_groups == 3
+    assert rollout.group_index.tolist() == [0] * 4 + [1] * 4 + [2] * 4
+    P = rollout.prompt_ids.shape[1]
+    assert rollout.prompt_mask.shape == (N, P) and rollout.prompt_mask.dtype == torch.long
+    assert rollout.response_ids.dtype == torch.long and rollout.response_ids.shape[0] == N
+    assert 1 <= rollout.response_ids.shape[1] <= 8
+    assert rollout.response_mask.dtype == torch.float32
+    assert rollout.response_mask.shape == rollout.response_ids.shape
+    assert rollout.truncated.dtype == torch.bool and rollout.truncated.shape == (N,)
+    # left padding: masks are non-decreasing along the row, pads are the pad id, the last token is real
+    assert (rollout.prompt_mask.diff(dim=1) >= 0).all()
+    assert (rollout.prompt_mask[:, -1] == 1).all()
+    assert (rollout.prompt_ids[rollout.prompt_mask == 0] == policy.pad_token_id).all()
+    lengths = rollout.prompt_mask.sum(1)
+    assert lengths[4] < lengths[0] < lengths[8]  # "Hi" is shortest, the long prompt fills P
+    assert lengths[8] == P
+    # groups are contiguous copies of the same prompt
+    for g in range(3):
+        rows = slice(4 * g, 4 * g + 4)
+        assert (rollout.prompt_ids[rows] == rollout.prompt_ids[4 * g]).all()
+        assert rollout.prompt_text[4 * g : 4 * g + 4] == [rollout.prompt_text[4 * g]] * 4
+        assert rollout.metadata[4 * g : 4 * g + 4] == [metadata[g]] * 4
+    assert rollout.prompt_text[0] == "<|user|>What is 2+3?<|endoftext|><|assistant|>"
+    assert len(rollout.response_text) == N and all(isinstance(t, str) for t in rollout.response_text)
+    assert rollout.old_log_probs is None  # keep_sampling_log_probs=False
+
+
+def test_sample_is_governed_by_the_global_seed(make_policy):
+    policy = make_policy()
+    sampling = SamplingConfig(max_new_tokens=6)
+    torch.manual_seed(123)
+    first = policy.sample({"prompt": PROMPTS}, n=2, sampling=sampling)
+    torch.manual_seed(123)
+    second = policy.sample({"prompt": PROMPTS}, n=2, sampling=sampling)
+    assert torch.equal(first.response_ids, second.response_ids)
+
+
+def test_response_mask_ends_at_first_eos(make_policy):
+    policy = make_policy()
+    eos = policy.tokenizer.convert_tokens_to_ids(EOS)
+    assert policy.eos_token_ids == [eos]
+    handle = bias_tokens(policy, [eos], 4.5)  # EOS now has a sizeable probability at every step
+    torch.manual_seed(0)
+    max_new = 12
+    rollout = policy.sample({"prompt": PROMPTS}, n=6, sampling=SamplingConfig(max_new_tokens=max_new))
+    handle.remove()
+
+    ids, mask = rollout.response_ids, rollout.response_mask
+    ended, truncated_rows = 0, 0
+    for row in range(rollout.num_rows):
+        hits = (ids[row] == eos).nonzero().flatten()
+        if len(hits):
+            first = int(hits[0])
+            assert mask[row, : first + 1].eq(1).all() and mask[row, first + 1 :].eq(0).all()
+            assert (ids[row, first + 1 :] == policy.pad_token_id).all()
+            assert not rollout.truncated[row]
+            assert EOS not in rollout.response_text[row]
+            ended += 1
+        else:
+            assert rollout.truncated[row] and mask[row].eq(1).all() and ids.shape[1] == max_new
+            truncated_rows += 1
+    assert ended > 0 and truncated_rows > 0  # both kinds occur with this seed
+    stats = policy.last_generation_stats
+    assert stats["truncated_fraction"] == pytest.approx(truncated_rows / rollout.num_rows)
+    assert stats["response_length/max"] == max_new
+    assert stats["response_length/min"] == mask.sum(1).min().item()
+
+
+def test_all_rows_ending_stops_the_loop(make_policy):
+    policy = make_policy()
+    eos = policy.eos_token_ids[0]
+    handle = bias_tokens(policy, [eos], 1e4)
+    rollout = policy.sample({"prompt": PROMPTS}, n=2, sampling=SamplingConfig(max_new_tokens=50))
+    handle.remove()
+    assert rollout.response_ids.shape == (6, 1)
+    assert (rollout.response_ids == eos).all() and rollout.response_mask.eq(1).all()
+    assert not rollout.truncated.any()
+    assert rollout.response_text == [""] * 6
+    assert policy.last_generation_stats["generation_steps"] == 1
+
+
+def test_truncation_flag(make_policy):
+    policy = make_policy()
+    handle = bias_tokens(policy, policy.eos_token_ids, -1e4)  # never EOS
+    rollout = policy.sample({"prompt": PROMPTS}, n=2, sampling=SamplingConfig(max_new_tokens=7))
+    handle.remove()
+    assert rollout.response_ids.shape == (6, 7)
+    assert rollout.truncated.all() and rollout.response_mask.eq(1).all()
+    assert policy.last_generation_stats["truncated_fraction"] == 1.0
+
+
+def test_stop_strings(make_policy):
+    policy = make_policy()
+    tok = policy.tokenizer
+    a, b = tok.convert_tokens_to_ids("a"), tok.convert_tokens_to_ids("b")
+    handles = [bias_tokens(policy, [a, b], 6.0), bias_tokens(policy, policy.eos_token_ids, -1e4)]
+    torch.manual_seed(1)
+    sampling = SamplingConfig(max_new_tokens=16, stop_strings=["ab"])
+    rollout = policy.sample({"prompt": PROMPTS}, n=4, sampling=sampling)
+    for h in handles:
+        h.remove()
+
+    stopped = 0
+    for row in range(rollout.num_rows):
+        length = int(rollout.response_mask[row].sum())
+        tokens = rollout.response_ids[row, :length].tolist()
+        full = tok.decode(tokens, skip_special_tokens=True)
+        if rollout.truncated[row]:
+            assert "ab" not in full and length == 16
+            continue
+        stopped += 1
+        # the stop string is completed by the last kept token, not earlier
+        assert "ab" in full and "ab" not in tok.decode(tokens[:-1], skip_special_tokens=True)
+        text = rollout.response_text[row]
+        assert text.endswith("ab") and text.count("ab") == 1 and full.startswith(text)
+        assert rollout.response_mask[row, length:].eq(0).all()
+    assert stopped >= rollout.num_rows // 2
+    assert policy.last_generation_stats["stop_string_fraction"] == pytest.approx(stopped / rollout.num_rows)
+
+
+def test_generation_stats(make_policy):
+    policy = make_policy()
+    policy.sample({"prompt": PROMPTS[:1]}, n=3, sampling=SamplingConfig(max_new_tokens=5))
+    stats = policy.last_generation_stats
+    for key in (
+        "response_length/mean",
+        "response_length/min",
+        "response_length/max",
+        "truncated_fraction",
+        "tokens_per_second",
+        "generation_seconds",
+    ):
+        assert isinstance(stats[key], float)
+    assert stats["generation_seconds"] > 0 and stats["tokens_per_second"] > 0
+    assert stats["num_rows"] == 3
+
+
+def test_sampling_restores_training_mode(make_policy):
+    policy = make_policy(gradient_checkpointing=True, lora_r=2)
+    policy.train()
+    rollout = policy.sample({"prompt": PROMPTS[:2]}, n=2, sampling=SamplingConfig(max_new_tokens=5))
+    assert policy.training and policy.model.training
+    log_probs, _ = policy.token_log_probs(rollout)
+    (log_probs * rollout.response_mask).sum().backward()
+    grads = [p.grad for p in policy.parameters() if p.requires_grad]
+    assert grads and all(g is not None for g in grads)
+
+
+# ---------------------------------------------------------------- log-probs
+
+
+def test_padding_invariance_of_log_probs(make_policy):
+    policy = make_policy(prompt_template="raw")
+    policy.eval()
+    prompts = ["a", "The quick brown fox jumps over", "What is 2+3? The answer"]
+    rollout = policy.sample({"prompt": prompts}, n=2, sampling=SamplingConfig(max_new_tokens=10))
+    # different response lengths too: cut row 0 short
+    rollout.response_mask[0, 3:] = 0
+    rollout.response_ids[0, 3:] = policy.pad_token_id
+    with torch.no_grad():
+        batched, batched_entropy = policy.token_log_probs(rollout, with_entropy=True)
+        assert batched.shape == rollout.response_ids.shape
+        for row in range(rollout.num_rows):
+            single_rollout = rollout.select(torch.tensor([row]))
+            single, single_entropy = policy.token_log_probs(single_rollout, with_entropy=True)
+            mask = rollout.response_mask[row]
+            assert masked_max_diff(batched[row], single[0], mask) <= 1e-5
+            assert masked_max_diff(batched_entropy[row], single_entropy[0], mask) <= 1e-5
+            # and against the unpadded sequence scored directly by the model
+            prompt = rollout.prompt_ids[row][rollout.prompt_mask[row].bool()]
+            length = int(mask.sum())
+            response = rollout.response_ids[row, :length]
+            logits = policy.model(torch.cat([prompt, response])[None]).logits[0, len(prompt) - 1 : -1]
+            direct = torch.log_softmax(logits.float(), -1).gather(-1, response[:, None]).squeeze(-1)
+            assert (batched[row, :length] - direct).abs().max().item() <= 1e-5
+        # masked positions and trimmed columns are zero
+        assert batched[0, 3:].eq(0).all() and batched_entropy[0, 3:].eq(0).all()
+        # extra all-pad prompt columns and all-zero response columns change nothing
+        wider = rollout.select(slice(None))
+        pad_cols = torch.full((rollout.num_rows, 5), policy.pad_token_id)
+        wider.prompt_ids = torch.cat([pad_cols, rollout.prompt_ids], 1)
+        wider.prompt_mask = torch.cat([torch.zeros_like(pad_cols), rollout.prompt_mask], 1)
+        wider.response_ids = torch.cat([rollout.response_ids, pad_cols], 1)
+        wider.response_mask = torch.cat([rollout.response_mask, torch.zeros(rollout.num_rows, 5)], 1)
+        padded, _ = policy.token_log_probs(wider)
+        assert padded.shape == (rollout.num_rows, rollout.response_ids.shape[1] + 5)
+        assert (padded[:, : batched.shape[1]] - batched).abs().max().item() <= 1e-5
+        assert padded[:, batched.shape[1] :].eq(0).all()
+
+
+def test_sampled_log_probs_match_recomputed(make_policy):
+    policy = make_policy(keep_sampling_log_probs=True)
+    policy.eval()
+    sampling = SamplingConfig(temperature=0.7, top_k=50, top_p=0.9, max_new_tokens=12)
+    rollout = policy.sample({"prompt": PROMPTS}, n=3, sampling=sampling)
+    assert rollout.old_log_probs is not None and rollout.old_log_probs.shape == rollout.response_ids.shape
+    with torch.no_grad():
+        recomputed, _ = policy.token_log_probs(rollout, temperature=0.7)
+    assert masked_max_diff(rollout.old_log_probs, recomputed, rollout.response_mask) <= 1e-5
+    assert rollout.old_log_probs[rollout.response_mask == 0].eq(0).all()
+
+
+def test_temperature_changes_log_probs(make_policy):
+    policy = make_policy()
+    policy.eval()
+    rollout = policy.sample({"prompt": PROMPTS}, n=2, sampling=SamplingConfig(max_new_tokens=6))
+    with torch.no_grad():
+        cold, cold_entropy = policy.token_log_probs(rollout, temperature=0.5, with_entropy=True)
+        warm, warm_entropy = policy.token_log_probs(rollout, temperature=1.0, with_entropy=True)
+    mask = rollout.response_mask.bool()
+    assert (cold - warm)[mask].abs().min() > 0
+    # a hotter softmax is flatter: higher entropy everywhere
+    assert (warm_entropy[mask] > cold_entropy[mask]).all()
+    assert (warm_entropy[mask] >= 0).all()
+    assert (warm[mask] <= 0).all()
+
+
+# ---------------------------------------------------------------- reference
+
+
+def test_lora_reference_is_the_base_model_with_adapter_disabled(make_policy, tmp_path):
+    base = make_policy(seed=3)
+    base.save_pretrained(tmp_path / "base")
+    base.eval()
+    rollout = base.sample({"prompt": PROMPTS}, n=2, sampling=SamplingConfig(max_new_tokens=8))
+    with torch.no_grad():
+        base_log_probs, _ = base.token_log_probs(rollout)
+
+    policy = HFPolicy(str(tmp_path / "base"), lora_r=4, lora_alpha=8, lora_target_modules=["q_proj", "v_proj"])
+    trainable = [name for name, p in policy.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in name for name in trainable)
+    reference = policy.create_reference()
+    assert isinstance(reference, AdapterReference) and not list(reference.parameters())
+
+    mask = rollout.response_mask
+    ref_log_probs = policy.reference_log_probs(reference, rollout, temperature=1.0)
+    assert masked_max_diff(ref_log_probs, base_log_probs, mask) <= 1e-5
+
+    with torch.no_grad():  # move the adapter away from its zero init
+        for name, param in policy.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.5)
+    policy.train()
+    adapted, _ = policy.token_log_probs(rollout)
+    assert masked_max_diff(adapted.detach(), base_log_probs, mask) > 1e-3
+    ref_after = policy.reference_log_probs(reference, rollout, temperature=1.0)
+    assert masked_max_diff(ref_after, base_log_probs, mask) <= 1e-5
+    assert policy.training  # restored
+
+    # reset the reference to the current policy: it follows the adapter, then stays put
+    policy.update_reference(reference, alpha=1.0)
+    policy.eval()
+    with torch.no_grad():
+        adapted_eval, _ = policy.token_log_probs(rollout)
+    assert masked_max_diff(policy.reference_log_probs(reference, rollout, 1.0), adapted_eval, mask) <= 1e-5
+    with torch.no_grad():
+        for name, param in policy.named_parameters():
+            if "lora_B" in name and ".default." in name:
+                param.add_(0.5)
+    assert masked_max_diff(policy.reference_log_probs(reference, rollout, 1.0), adapted_eval, mask) <= 1e-5
+    trainable = [name for name, p in policy.named_parameters() if p.requires_grad]
+    assert trainable and all(".default." in name for name in trainable)
+    with pytest.raises(NotImplementedError):
+        policy.update_reference(reference, alpha=0.5)
+
+
+def test_full_reference_copy(make_policy):
+    policy = make_policy()
+    policy.eval()
+    rollout = policy.sample({"prompt": PROMPTS[:2]}, n=2, sampling=SamplingConfig(max_new_tokens=6))
+    reference = policy.create_reference()
+    assert reference.tokenizer is policy.tokenizer
+    assert not any(p.requires_grad for p in reference.parameters())
+    mask = rollout.response_mask
+    with torch.no_grad():
+        own, _ = policy.token_log_probs(rollout)
+        for p in policy.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+        moved, _ = policy.token_log_probs(rollout)
+    assert masked_max_diff(policy.reference_log_probs(reference, rollout, 1.0), own, mask) <= 1e-6
+    policy.update_reference(reference)
+    assert masked_max_diff(policy.reference_log_probs(reference, rollout, 1.0), moved, mask) <= 1e-6
+
+
+# ---------------------------------------------------------------- prompts and loading
+
+
+def test_prompt_templates(make_policy):
+    chat = make_policy(system_prompt="Be brief.")
+    assert chat.render_prompt("Hi") == "<|system|>Be brief.<|endoftext|><|user|>Hi<|endoftext|><|assistant|>"
+    messages = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+    assert chat.render_prompt(messages) == "<|system|>S<|endoftext|><|user|>U<|endoftext|><|assistant|>"
+    raw = make_policy(prompt_template="raw")
+    assert raw.render_prompt("Hi {x}") == "Hi {x}"
+    formatted = make_policy(prompt_template="Q: {prompt}\nA:")
+    assert formatted.render_prompt("2+3?") == "Q: 2+3?\nA:"
+    rollout = formatted.sample({"prompt": ["2+3?", [5, 6, 7]]}, n=1, sampling=SamplingConfig(max_new_tokens=2))
+    assert rollout.prompt_text[0] == "Q: 2+3?\nA:"
+    assert rollout.prompt_ids[1, -3:].tolist() == [5, 6, 7]
+    with pytest.raises(ValueError, match="system_prompt"):
+        make_policy(prompt_template="raw", system_prompt="x")
+    with pytest.raises(ValueError, match="prompt_template"):
+        make_policy(prompt_template="no placeholder")
+
+
+def test_load_from_local_directory(make_policy, tmp_path):
+    policy = make_policy(seed=5)
+    policy.save_pretrained(tmp_path / "model")
+    loaded = HFPolicy(str(tmp_path / "model"), dtype="float32", attn_implementation="eager")
+    for (name, a), (_, b) in zip(policy.named_parameters(), loaded.named_parameters(), strict=True):
+        assert torch.equal(a, b), name
+    bf16 = HFPolicy(str(tmp_path / "model"), dtype="bfloat16")
+    assert next(bf16.parameters()).dtype == torch.bfloat16
+    rollout = bf16.sample({"prompt": PROMPTS[:1]}, n=2, sampling=SamplingConfig(max_new_tokens=4))
+    log_probs, _ = bf16.token_log_probs(rollout)
+    assert log_probs.dtype == torch.float32 and torch.isfinite(log_probs).all()
+
+
+def test_built_from_yaml_with_jsonargparse(tokenizer_dir):
+    from jsonargparse import ArgumentParser
+
+    from rlvr_lightning.policies.base import Policy
+
+    parser = ArgumentParser()
+    parser.add_subclass_arguments(Policy, "policy")
+    yaml = f"""
+policy:
+  class_path: rlvr_lightning.policies.hf.HFPolicy
+  init_args:
+    config: {{model_type: llama, hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1,
+              num_attention_heads: 2, max_position_embeddings: 128}}
+    tokenizer_name_or_path: {tokenizer_dir}
+    lora_r: 2
+    lora_target_modules: [q_proj]
+    prompt_template: "Q: {{prompt}} A:"
+"""
+    cfg = parser.parse_string(yaml)
+    instantiate = getattr(parser, "instantiate", None) or parser.instantiate_classes
+    policy = instantiate(cfg).policy
+    assert isinstance(policy, HFPolicy) and policy.lora_r == 2
+    assert policy.hf_config.hidden_size == 32 and policy.max_context == 128
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def test_missing_model_path_names_it(tmp_path):
+    missing = tmp_path / "no_such_model"
+    with pytest.raises(FileNotFoundError, match="no_such_model"):
+        HFPolicy(str(missing))
+
+
+def test_unfetched_alias_names_the_fetch_command(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLVR_CACHE", str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="rlvr-models fetch smollm2-135m-instruct"):
+        HFPolicy("smollm2-135m-instruct")
+
+
+def test_unknown_bare_name_mentions_aliases(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match="not a known model alias") as info:
+        HFPolicy("smollm2-135m-instruckt")
+    assert "smollm2-135m-instruckt" in str(info.value)
+
+
+def test_gguf_with_unsupported_architecture(tmp_path):
+    import numpy as np
+    from gguf import GGUFWriter
+
+    path = tmp_path / "weird.gguf"
+    writer = GGUFWriter(str(path), arch="frobnicator")
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", np.zeros((8, 4), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ValueError, match="architecture 'frobnicator'.*cannot load"):
+        HFPolicy(gguf_file=str(path))
+    with pytest.raises(FileNotFoundError, match="nope.gguf"):
+        HFPolicy(gguf_file=str(tmp_path / "nope.gguf"))
+
+
+def test_prompt_longer_than_context(make_policy):
+    policy = make_policy(config=tiny_llama_config(max_position_embeddings=40), prompt_template="raw")
+    long_prompt = "The quick brown fox jumps over the lazy dog. " * 4
+    n_tokens = len(policy.tokenizer(long_prompt)["input_ids"])
+    with pytest.raises(ValueError, match=rf"prompt 1 of the batch is {n_tokens} tokens long") as info:
+        policy.sample({"prompt": ["short", long_prompt]}, n=2, sampling=SamplingConfig(max_new_tokens=8))
+    assert "32" in str(info.value)  # how many prompt tokens would fit
+
+
+def test_tokenizer_without_pad_token_uses_eos(tmp_path):
+    from tiny_lm import save_tiny_tokenizer
+
+    tokenizer_dir = save_tiny_tokenizer(tmp_path / "nopad", with_pad=False)
+    with pytest.warns(UserWarning, match="no pad token"):
+        policy = HFPolicy(config=tiny_llama_config(), tokenizer_name_or_path=str(tokenizer_dir))
+    eos = policy.tokenizer.convert_tokens_to_ids(EOS)
+    assert policy.pad_token_id == eos == policy.tokenizer.pad_token_id
+    rollout = policy.sample({"prompt": PROMPTS}, n=2, sampling=SamplingConfig(max_new_tokens=5))
+    assert (rollout.prompt_ids[rollout.prompt_mask == 0] == eos).all()
+    log_probs, _ = policy.token_log_probs(rollout)
+    assert torch.isfinite(log_probs).all()
+
+
+def test_chat_template_required_for_chat_prompts(tmp_path):
+    from tiny_lm import save_tiny_tokenizer
+
+    tokenizer_dir = save_tiny_tokenizer(tmp_path / "nochat", chat_template=False)
+    policy = HFPolicy(config=tiny_llama_config(), tokenizer_name_or_path=str(tokenizer_dir))
+    with pytest.raises(ValueError, match="no chat template"):
+        policy.sample({"prompt": ["Hi"]}, n=1, sampling=SamplingConfig(max_new_tokens=2))
