@@ -1,0 +1,32 @@
+"""Verifiable rewards: answer extraction, math equivalence and a code sandbox.
+
+Pure-python (no Lightning, no torch). Model output is untrusted input: nothing here
+evaluates it in-process; math checking runs in killable worker processes
+(:class:`MathVerifier`) and code runs in an isolated child process
+(:func:`run_python_tests`).
+"""
+
+from rlvr_lightning.verifiers.answers import (
+    DEFAULT_METHODS,
+    clean_answer,
+    extract_answer,
+    extract_answer_is,
+    extract_boxed,
+    extract_gsm8k,
+    extract_tagged,
+    normalize_answer,
+)
+from rlvr_lightning.verifiers.math_equivalence import MathVerifier, answers_match
+
+__all__ = [
+    "DEFAULT_METHODS",
+    "MathVerifier",
+    "answers_match",
+    "clean_answer",
+    "extract_answer",
+    "extract_answer_is",
+    "extract_boxed",
+    "extract_gsm8k",
+    "extract_tagged",
+    "normalize_answer",
+]

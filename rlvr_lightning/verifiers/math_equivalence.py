@@ -1,0 +1,328 @@
+"""Math answer equivalence with math-verify, safely: killable worker processes.
+
+``answers_match`` is the in-process predicate (fine for trusted strings and tests).
+:class:`MathVerifier` is what a reward function should use on model output:
+
+* extraction (``answers.extract_answer``) and the string fast path run in the
+  caller, in linear time; answers longer than ``max_answer_chars`` score 0 unjudged;
+* the math-verify/sympy part runs in a small pool of worker *processes* (plain
+  ``subprocess`` children running ``_math_worker.py``), one request at a time each,
+  with a wall-clock budget per request. sympy cannot be interrupted cooperatively
+  (``9^{9^{9^9}}`` never returns) and math-verify's own ``signal.alarm`` timeouts
+  only work in the main thread, so the parent kills a worker that overruns
+  (SIGKILL to its process group), reaps it and starts a replacement, while the
+  other workers keep judging the remaining rows.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from typing import Iterable, Sequence
+
+from rlvr_lightning.verifiers._math_worker import judge as _judge
+from rlvr_lightning.verifiers.answers import DEFAULT_METHODS, clean_answer, extract_answer, normalize_answer
+
+__all__ = ["MathVerifier", "answers_match"]
+
+_WORKER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_math_worker.py")
+
+
+def answers_match(prediction: str | None, gold: str | None, *, timeout_seconds: int | None = 5) -> bool:
+    """True if two extracted answers are mathematically equivalent.
+
+    ``1/2``, ``0.5`` and ``\\frac{1}{2}`` agree; ``1,000`` and ``1000``; ``$5`` and ``5``.
+    Normalised string equality (``normalize_answer``) decides when math-verify cannot
+    parse. Runs in-process: math-verify's ``signal.alarm`` timeout (``timeout_seconds``)
+    only works in the main thread and is dropped elsewhere, so for untrusted input
+    use :class:`MathVerifier`, which can kill a runaway sympy call.
+    """
+    if not prediction or not gold:
+        return False
+    n_pred, n_gold = normalize_answer(prediction), normalize_answer(gold)
+    if not n_pred or not n_gold:
+        return False
+    if n_pred == n_gold:
+        return True
+    if threading.current_thread() is not threading.main_thread():
+        timeout_seconds = None
+    try:
+        return _judge(clean_answer(prediction), clean_answer(gold), timeout_seconds)
+    except Exception:
+        return False
+
+
+class _Worker:
+    """One ``_math_worker.py`` child; talks newline-delimited JSON over pipes."""
+
+    def __init__(self, memory_mb: int) -> None:
+        self.stderr = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-u", _WORKER_PATH, str(memory_mb)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.stderr,
+            close_fds=True,
+            start_new_session=True,  # own process group: killable as a unit, no Ctrl-C
+        )
+        self.fd = self.proc.stdout.fileno()
+        os.set_blocking(self.fd, False)
+        self.buf = b""
+        self.ready = False
+        self.started = time.monotonic()
+        self.task: tuple[int, float] | None = None  # (request id, deadline)
+
+    def send(self, req_id: int, pred: str, gold: str, deadline: float) -> bool:
+        try:
+            self.proc.stdin.write((json.dumps({"id": req_id, "p": pred, "g": gold}) + "\n").encode())
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            return False
+        self.task = (req_id, deadline)
+        return True
+
+    def read(self) -> list[dict] | None:
+        """Complete messages available now; None once the worker has closed stdout."""
+        try:
+            chunk = os.read(self.fd, 1 << 16)
+        except BlockingIOError:
+            return []
+        except OSError:
+            return None
+        if not chunk:
+            return None
+        self.buf += chunk
+        *lines, self.buf = self.buf.split(b"\n")
+        out = []
+        for line in lines:
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+        return out
+
+    def stderr_tail(self) -> str:
+        try:
+            self.stderr.seek(0)
+            return self.stderr.read()[-2000:].decode(errors="replace")
+        except Exception:
+            return ""
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            self.proc.kill()
+        except OSError:
+            pass
+        self.proc.wait()  # reap: no zombies
+        for f in (self.proc.stdin, self.proc.stdout, self.stderr):
+            try:
+                f.close()
+            except Exception:
+                pass
+
+
+_LIVE: "weakref.WeakSet[MathVerifier]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    for v in list(_LIVE):
+        v.close()
+
+
+class MathVerifier:
+    """Scores predictions against gold answers with math-verify in killable workers.
+
+    Args:
+        workers: number of worker processes (started lazily, on the first ``score``).
+        timeout_s: wall-clock budget for judging one (prediction, gold) pair, counted
+            from the moment a ready worker receives it. On expiry the worker is killed
+            and replaced and the row scores 0.
+        extract: if True, ``predictions`` are raw completions and the answer is taken
+            with ``extract_answer(text, methods)``; if False they are answers already.
+            Golds are always answers (e.g. ``extract_gsm8k(solution)`` for GSM8K).
+        methods: extraction methods, in order (see ``answers.extract_answer``).
+        max_answer_chars: longer extracted answers score 0 without being parsed; longer
+            golds are only compared as normalised strings.
+        memory_mb: address-space limit of each worker (0 = none).
+        startup_timeout_s: how long a worker may take to import math-verify.
+    """
+
+    def __init__(
+        self,
+        workers: int = 2,
+        timeout_s: float = 5.0,
+        *,
+        extract: bool = True,
+        methods: Sequence[str] = DEFAULT_METHODS,
+        max_answer_chars: int = 2000,
+        memory_mb: int = 2048,
+        startup_timeout_s: float = 60.0,
+    ) -> None:
+        if workers < 1:
+            raise ValueError("workers must be >= 1")
+        if timeout_s <= 0:
+            raise ValueError("timeout_s must be > 0")
+        self.num_workers = int(workers)
+        self.timeout_s = float(timeout_s)
+        self.extract = extract
+        self.methods = tuple(methods)
+        self.max_answer_chars = int(max_answer_chars)
+        self.memory_mb = int(memory_mb)
+        self.startup_timeout_s = float(startup_timeout_s)
+        self._workers: list[_Worker] = []
+        self._owner_pid = os.getpid()
+        self._lock = threading.Lock()
+        self._closed = False
+        _LIVE.add(self)
+
+    # ------------------------------------------------------------------ public API
+
+    def score(self, predictions: Sequence[str | None], golds: Sequence[str | None]) -> tuple[list[float], int]:
+        """Per-row 1.0/0.0 and the number of rows whose judging timed out or crashed."""
+        if len(predictions) != len(golds):
+            raise ValueError(f"{len(predictions)} predictions but {len(golds)} golds")
+        scores = [0.0] * len(predictions)
+        jobs: dict[tuple[str, str], list[int]] = collections.OrderedDict()
+        for i, (pred, gold) in enumerate(zip(predictions, golds)):
+            if pred is None or gold is None:
+                continue
+            ans = extract_answer(pred, self.methods) if self.extract else str(pred)
+            if not ans or len(ans) > self.max_answer_chars:
+                continue
+            gold = str(gold)
+            n_ans, n_gold = normalize_answer(ans), normalize_answer(gold)
+            if not n_ans or not n_gold:
+                continue
+            if n_ans == n_gold:  # fast path: identical after normalisation
+                scores[i] = 1.0
+                continue
+            if len(gold) > self.max_answer_chars:
+                continue
+            jobs.setdefault((clean_answer(ans), clean_answer(gold)), []).append(i)
+        if not jobs:
+            return scores, 0
+        keys = list(jobs)
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("MathVerifier is closed")
+            verdicts = self._judge_all(keys)
+        failed = 0
+        for key, verdict in zip(keys, verdicts):
+            rows = jobs[key]
+            if verdict is None:
+                failed += len(rows)
+            elif verdict:
+                for i in rows:
+                    scores[i] = 1.0
+        return scores, failed
+
+    def close(self) -> None:
+        """Kill and reap all workers. Idempotent; the verifier cannot be used after."""
+        with self._lock:
+            self._closed = True
+            self._stop_workers()
+        _LIVE.discard(self)
+
+    def __enter__(self) -> "MathVerifier":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            if not self._closed:
+                self._stop_workers()
+        except Exception:
+            pass
+
+    def worker_pids(self) -> list[int]:
+        """PIDs of the live workers (for tests and debugging)."""
+        return [w.proc.pid for w in self._workers if w.proc.poll() is None]
+
+    # ------------------------------------------------------------------ internals
+
+    def _stop_workers(self) -> None:
+        if os.getpid() != self._owner_pid:
+            # Forked child (e.g. a DataLoader worker): these processes are the parent's.
+            self._workers = []
+            return
+        for w in self._workers:
+            w.kill()
+        self._workers = []
+
+    def _ensure_workers(self) -> None:
+        if os.getpid() != self._owner_pid:
+            self._workers = []  # inherited across fork: not ours to use
+            self._owner_pid = os.getpid()
+        self._workers = [w for w in self._workers if w.proc.poll() is None or w.kill()]
+        while len(self._workers) < self.num_workers:
+            self._workers.append(_Worker(self.memory_mb))
+
+    def _replace(self, w: _Worker) -> None:
+        w.kill()
+        self._workers[self._workers.index(w)] = _Worker(self.memory_mb)
+
+    def _judge_all(self, keys: list[tuple[str, str]]) -> list[bool | None]:
+        """Verdict per key: True/False, or None if it timed out or crashed the worker."""
+        results: list[bool | None] = [None] * len(keys)
+        pending = collections.deque(range(len(keys)))
+        startup_failures = 0
+        self._ensure_workers()
+        while pending or any(w.task is not None for w in self._workers):
+            now = time.monotonic()
+            for w in self._workers:
+                if w.ready and w.task is None and pending:
+                    k = pending.popleft()
+                    if not w.send(k, keys[k][0], keys[k][1], now + self.timeout_s):
+                        pending.appendleft(k)  # the pipe broke: let the EOF path replace it
+            deadlines = [w.task[1] for w in self._workers if w.task is not None]
+            deadlines += [w.started + self.startup_timeout_s for w in self._workers if not w.ready]
+            wait = max(0.0, min(deadlines) - now) if deadlines else 0.05
+            by_fd = {w.fd: w for w in self._workers}
+            readable, _, _ = select.select(list(by_fd), [], [], min(wait, 1.0))
+            for fd in readable:
+                w = by_fd[fd]
+                msgs = w.read()
+                if msgs is None:  # the worker died (segfault, OOM kill, ...)
+                    if w.task is not None:
+                        results[w.task[0]] = None
+                    elif not w.ready:
+                        startup_failures += 1
+                        if startup_failures >= 3:
+                            tail = w.stderr_tail()
+                            self._stop_workers()
+                            raise RuntimeError(f"math-verify worker failed to start:\n{tail}")
+                    self._replace(w)
+                    continue
+                for msg in msgs:
+                    if msg.get("ready"):
+                        w.ready = True
+                    elif w.task is not None and msg.get("id") == w.task[0]:
+                        results[w.task[0]] = None if msg.get("err") else bool(msg.get("ok"))
+                        w.task = None
+            now = time.monotonic()
+            for w in list(self._workers):
+                if w.task is not None and now >= w.task[1]:
+                    results[w.task[0]] = None  # over budget: kill, replace, score 0
+                    self._replace(w)
+                elif not w.ready and now >= w.started + self.startup_timeout_s:
+                    tail = w.stderr_tail()
+                    self._stop_workers()
+                    raise RuntimeError(f"math-verify worker did not start within {self.startup_timeout_s}s:\n{tail}")
+        return results
