@@ -17,10 +17,19 @@ from rlvr_lightning.verifiers.answers import (
     normalize_answer,
 )
 from rlvr_lightning.verifiers.math_equivalence import MathVerifier, answers_match
+from rlvr_lightning.verifiers.sandbox import (
+    SandboxResult,
+    SandboxUnavailable,
+    extract_python_program,
+    run_python_tests,
+    sandbox_capabilities,
+)
 
 __all__ = [
     "DEFAULT_METHODS",
     "MathVerifier",
+    "SandboxResult",
+    "SandboxUnavailable",
     "answers_match",
     "clean_answer",
     "extract_answer",
@@ -28,5 +37,8 @@ __all__ = [
     "extract_boxed",
     "extract_gsm8k",
     "extract_tagged",
+    "extract_python_program",
     "normalize_answer",
+    "run_python_tests",
+    "sandbox_capabilities",
 ]
