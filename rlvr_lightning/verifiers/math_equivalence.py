@@ -160,6 +160,8 @@ class MathVerifier:
             golds are only compared as normalised strings.
         memory_mb: address-space limit of each worker (0 = none).
         startup_timeout_s: how long a worker may take to import math-verify.
+        string_fast_path: score identical normalised strings 1.0 without math-verify
+            (turn off to make math-verify judge every pair, e.g. to test it).
     """
 
     def __init__(
@@ -172,6 +174,7 @@ class MathVerifier:
         max_answer_chars: int = 2000,
         memory_mb: int = 2048,
         startup_timeout_s: float = 60.0,
+        string_fast_path: bool = True,
     ) -> None:
         if workers < 1:
             raise ValueError("workers must be >= 1")
@@ -184,7 +187,9 @@ class MathVerifier:
         self.max_answer_chars = int(max_answer_chars)
         self.memory_mb = int(memory_mb)
         self.startup_timeout_s = float(startup_timeout_s)
+        self.string_fast_path = bool(string_fast_path)
         self._workers: list[_Worker] = []
+        self._seq = 0  # request ids are unique across calls: a stale reply can never match
         self._owner_pid = os.getpid()
         self._lock = threading.Lock()
         self._closed = False
@@ -198,6 +203,7 @@ class MathVerifier:
             raise ValueError(f"{len(predictions)} predictions but {len(golds)} golds")
         scores = [0.0] * len(predictions)
         jobs: dict[tuple[str, str], list[int]] = collections.OrderedDict()
+        string_equal: set[int] = set()
         for i, (pred, gold) in enumerate(zip(predictions, golds)):
             if pred is None or gold is None:
                 continue
@@ -208,10 +214,13 @@ class MathVerifier:
             n_ans, n_gold = normalize_answer(ans), normalize_answer(gold)
             if not n_ans or not n_gold:
                 continue
-            if n_ans == n_gold:  # fast path: identical after normalisation
-                scores[i] = 1.0
-                continue
+            if n_ans == n_gold:
+                if self.string_fast_path:  # identical after normalisation: no need to ask
+                    scores[i] = 1.0
+                    continue
+                string_equal.add(i)  # judged by math-verify anyway, with string equality as fallback
             if len(gold) > self.max_answer_chars:
+                scores[i] = 1.0 if i in string_equal else 0.0
                 continue
             jobs.setdefault((clean_answer(ans), clean_answer(gold)), []).append(i)
         if not jobs:
@@ -223,12 +232,11 @@ class MathVerifier:
             verdicts = self._judge_all(keys)
         failed = 0
         for key, verdict in zip(keys, verdicts):
-            rows = jobs[key]
-            if verdict is None:
-                failed += len(rows)
-            elif verdict:
-                for i in rows:
+            for i in jobs[key]:
+                if verdict or i in string_equal:
                     scores[i] = 1.0
+                elif verdict is None:
+                    failed += 1  # timed out or crashed: scores 0
         return scores, failed
 
     def close(self) -> None:
@@ -280,8 +288,20 @@ class MathVerifier:
 
     def _judge_all(self, keys: list[tuple[str, str]]) -> list[bool | None]:
         """Verdict per key: True/False, or None if it timed out or crashed the worker."""
+        try:
+            return self._judge_all_unsafe(keys)
+        except BaseException:
+            # Interrupted (KeyboardInterrupt, start-up failure...): workers still busy with
+            # this call's requests would answer late, so replace them.
+            for w in list(self._workers):
+                if w.task is not None:
+                    self._replace(w)
+            raise
+
+    def _judge_all_unsafe(self, keys: list[tuple[str, str]]) -> list[bool | None]:
         results: list[bool | None] = [None] * len(keys)
         pending = collections.deque(range(len(keys)))
+        local: dict[int, int] = {}  # request id -> index into keys
         startup_failures = 0
         self._ensure_workers()
         while pending or any(w.task is not None for w in self._workers):
@@ -289,7 +309,9 @@ class MathVerifier:
             for w in self._workers:
                 if w.ready and w.task is None and pending:
                     k = pending.popleft()
-                    if not w.send(k, keys[k][0], keys[k][1], now + self.timeout_s):
+                    self._seq += 1
+                    local[self._seq] = k
+                    if not w.send(self._seq, keys[k][0], keys[k][1], now + self.timeout_s):
                         pending.appendleft(k)  # the pipe broke: let the EOF path replace it
             deadlines = [w.task[1] for w in self._workers if w.task is not None]
             deadlines += [w.started + self.startup_timeout_s for w in self._workers if not w.ready]
@@ -301,7 +323,7 @@ class MathVerifier:
                 msgs = w.read()
                 if msgs is None:  # the worker died (segfault, OOM kill, ...)
                     if w.task is not None:
-                        results[w.task[0]] = None
+                        results[local[w.task[0]]] = None
                     elif not w.ready:
                         startup_failures += 1
                         if startup_failures >= 3:
@@ -314,12 +336,12 @@ class MathVerifier:
                     if msg.get("ready"):
                         w.ready = True
                     elif w.task is not None and msg.get("id") == w.task[0]:
-                        results[w.task[0]] = None if msg.get("err") else bool(msg.get("ok"))
+                        results[local[w.task[0]]] = None if msg.get("err") else bool(msg.get("ok"))
                         w.task = None
             now = time.monotonic()
             for w in list(self._workers):
                 if w.task is not None and now >= w.task[1]:
-                    results[w.task[0]] = None  # over budget: kill, replace, score 0
+                    results[local[w.task[0]]] = None  # over budget: kill, replace, score 0
                     self._replace(w)
                 elif not w.ready and now >= w.started + self.startup_timeout_s:
                     tail = w.stderr_tail()

@@ -275,3 +275,29 @@ def test_verifier_from_a_thread_and_close_reaps_workers():
             os.waitpid(pid, os.WNOHANG)  # already reaped by close(): not our child any more
     with pytest.raises(RuntimeError):
         v.score([r"\boxed{10^{10^{10}}}"], ["1"])
+
+
+def test_verifier_without_string_fast_path(verifier):
+    verifier.string_fast_path = False  # math-verify judges every pair, strings are the fallback
+    try:
+        preds = [r"\boxed{42}", r"\boxed{\text{hello}}", r"\boxed{43}", r"\boxed{\frac{84}{2}}"]
+        assert verifier.score(preds, ["42", r"\text{hello}", "42", "42"]) == ([1.0, 1.0, 0.0, 1.0], 0)
+    finally:
+        verifier.string_fast_path = True
+
+
+def test_worker_crash_costs_only_its_row(verifier):
+    import os
+    import signal
+
+    verifier.score([r"\boxed{1}"], ["2"])  # make sure the pool is up
+    pids = verifier.worker_pids()
+    killer = threading.Timer(0.5, lambda: [os.kill(p, signal.SIGKILL) for p in pids])
+    killer.start()
+    t0 = time.monotonic()
+    scores, failed = verifier.score([r"\boxed{9^{9^{9^9}}}"], ["5"])
+    killer.join()
+    assert (scores, failed) == ([0.0], 1)
+    assert time.monotonic() - t0 < TIMEOUT  # noticed the crash, did not wait for the budget
+    assert verifier.score([r"\boxed{3/6}"], ["0.5"]) == ([1.0], 0)
+    assert set(verifier.worker_pids()).isdisjoint(pids)
