@@ -124,6 +124,7 @@ def child(cfg, to_parent, from_parent, prog_src, fds, features):
             raise OSError("parent did not map the user namespace")
         features.append("own_userns")
     if os.geteuid() == 0 or mode == "root":
+        # Never run the program as root: RLIMIT_NPROC does not apply to root (setrlimit(2)).
         os.setgroups([])
         os.setresgid(gid, gid, gid)
         os.setresuid(uid, uid, uid)
@@ -134,7 +135,8 @@ def child(cfg, to_parent, from_parent, prog_src, fds, features):
                      (resource.RLIMIT_CORE, 0), (resource.RLIMIT_NOFILE, 256)):
         resource.setrlimit(lim, (val, val))
     _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")  # setuid binaries stay powerless
-    _check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "pdeathsig")  # after setuid (it clears it)
+    # After setuid, which clears the parent-death signal (prctl(2), PR_SET_PDEATHSIG).
+    _check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "pdeathsig")
     os.write(to_parent, ("F" + json.dumps(features) + "\n").encode())
     for i, f in enumerate(fds):
         os.dup2(f, i)

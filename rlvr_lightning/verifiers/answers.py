@@ -151,7 +151,7 @@ def extract_gsm8k(text: str | None) -> str | None:
     return num
 
 
-_ANSWER_IS = re.compile(r"answer\s{0,10}(?:is|:)\s{0,10}:?", re.IGNORECASE)
+_ANSWER_IS = re.compile(r"answer\s{0,10}(?:is\b|:)\s{0,10}:?", re.IGNORECASE)
 
 
 def extract_answer_is(text: str | None) -> str | None:

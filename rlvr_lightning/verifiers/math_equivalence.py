@@ -28,7 +28,7 @@ import tempfile
 import threading
 import time
 import weakref
-from typing import Iterable, Sequence
+from typing import Sequence
 
 from rlvr_lightning.verifiers._math_worker import judge as _judge
 from rlvr_lightning.verifiers.answers import DEFAULT_METHODS, clean_answer, extract_answer, normalize_answer

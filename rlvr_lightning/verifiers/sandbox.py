@@ -20,11 +20,20 @@ host actually allows):
 * a wall-clock timeout enforced by the bootstrap (kills the namespace's init) and,
   as a second line, by the caller (kills the bootstrap's process group).
 
+No ``preexec_fn``: it is not thread-safe (Python docs, subprocess.Popen) and a
+Lightning trainer runs threads; every step between fork and exec is done by the
+bootstrap, a fresh single-threaded interpreter.
+
 Caveats: without root, the program runs as the caller's uid in a user namespace:
 files are read-only to it (when ``mount_setattr`` is available) but it can *read*
 whatever the caller can read. Assertion tests print a random marker after the
 assertions; a program that reads its own source could forge it (a deliberate
 trade-off: the alternative, trusting the exit code, is beaten by ``sys.exit(0)``).
+Without root on a kernel older than 5.14, RLIMIT_NPROC counts all the caller's
+processes, so ``max_processes`` must exceed what the caller already runs. Where
+``/proc`` cannot be re-mounted (``"private_proc"`` missing from
+``sandbox_capabilities()["features"]``), a same-uid program can read the caller's
+``/proc/<pid>/environ``; with no network it can only leak it through its own output.
 """
 
 from __future__ import annotations

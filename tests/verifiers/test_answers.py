@@ -50,6 +50,7 @@ EXTRACTION_CASES = [
     (extract_answer_is, r"The answer is \$5.", "5"),
     (extract_answer_is, "the answer is 1. no wait, the answer is 2.", "2"),
     (extract_answer_is, "The final answer is **12**.", "12"),
+    (extract_answer_is, "my answer isn't final", None),
 ]
 
 
@@ -301,3 +302,13 @@ def test_worker_crash_costs_only_its_row(verifier):
     assert time.monotonic() - t0 < TIMEOUT  # noticed the crash, did not wait for the budget
     assert verifier.score([r"\boxed{3/6}"], ["0.5"]) == ([1.0], 0)
     assert set(verifier.worker_pids()).isdisjoint(pids)
+
+
+def test_verifiers_do_not_import_lightning():
+    import subprocess
+    import sys
+
+    code = "import sys, rlvr_lightning.verifiers; print([m for m in ('lightning', 'pytorch_lightning') if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
