@@ -1,0 +1,60 @@
+"""The pure pieces of the sampling loop."""
+
+from __future__ import annotations
+
+import torch
+
+from rlvr_lightning.policies.generation import (
+    StopStringChecker,
+    _sample_categorical,
+    filter_logits,
+    left_pad,
+    position_ids_from_mask,
+    sample_next_token,
+)
+
+
+def test_left_pad_and_positions():
+    ids, mask = left_pad([[5, 6, 7], [8]], pad_id=0)
+    assert ids.tolist() == [[5, 6, 7], [0, 0, 8]]
+    assert mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+    assert position_ids_from_mask(mask).tolist() == [[0, 1, 2], [0, 0, 0]]
+
+
+def test_categorical_sampling_matches_probabilities():
+    torch.manual_seed(0)
+    probs = torch.tensor([0.0, 0.5, 0.2, 0.0, 0.3])
+    draws = _sample_categorical(probs.expand(40_000, -1))
+    freq = torch.bincount(draws, minlength=5).float() / draws.numel()
+    assert freq[0] == 0 and freq[3] == 0
+    assert (freq - probs).abs().max() < 0.01
+
+
+def test_top_k_and_top_p_filtering():
+    logits = torch.log(torch.tensor([[0.5, 0.25, 0.15, 0.1]]))
+    assert torch.isfinite(filter_logits(logits, top_k=2)).tolist() == [[True, True, False, False]]
+    # 0.5 + 0.25 covers 0.7: the nucleus is the first two
+    assert torch.isfinite(filter_logits(logits, top_p=0.7)).tolist() == [[True, True, False, False]]
+    assert torch.isfinite(filter_logits(logits, top_p=0.76)).tolist() == [[True, True, True, False]]
+    assert torch.isfinite(filter_logits(logits, top_p=0.1)).tolist() == [[True, False, False, False]]
+    # unsorted input keeps the same tokens
+    shuffled = logits[:, [2, 0, 3, 1]]
+    assert torch.isfinite(filter_logits(shuffled, top_p=0.7)).tolist() == [[False, True, False, True]]
+
+
+def test_sample_next_token_log_probs_are_unfiltered():
+    torch.manual_seed(0)
+    logits = torch.randn(6, 50)
+    tokens, log_probs = sample_next_token(logits, temperature=0.5, top_k=3)
+    expected = torch.log_softmax(logits / 0.5, -1).gather(-1, tokens[:, None]).squeeze(-1)
+    assert torch.allclose(log_probs, expected, atol=1e-6)
+    assert (tokens[:, None] == logits.topk(3).indices).any(-1).all()
+
+
+def test_stop_string_cut():
+    checker = StopStringChecker(["</answer>", "\n\n"], decode=lambda rows: ["".join(map(chr, r)) for r in rows])
+    assert checker.cut("x</answer> tail") == ("x</answer>", True)
+    assert checker.cut("a\n\nb</answer>") == ("a\n\n", True)
+    assert checker.cut("nothing") == ("nothing", False)
+    assert checker.check([[ord(c) for c in "ab</answer>"], [ord("a")]]) == [True, False]
+    assert not StopStringChecker([], decode=lambda rows: [])
