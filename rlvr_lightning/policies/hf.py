@@ -196,9 +196,10 @@ class HFPolicy(Policy):
             raise ImportError(f"Loading the GGUF file {path} needs the `gguf` package: pip install gguf") from error
         except Exception as read_error:  # not even a readable GGUF file
             raise ValueError(f"Could not read the GGUF file {path}: {read_error}") from error
-        normalised = (architecture or "").replace("-", "_")
-        supported = {a.replace("-", "_") for a in GGUF_SUPPORTED_ARCHITECTURES}
-        if normalised.replace("moe", "_moe") not in supported and normalised not in supported:
+        name = (architecture or "").replace("-", "_")
+        # transformers renames a few architectures (qwen2moe -> qwen2_moe, t5encoder -> t5, ...)
+        candidates = {name, name.replace("moe", "_moe"), "t5" if name.startswith("t5") else name}
+        if not candidates & {a.replace("-", "_") for a in GGUF_SUPPORTED_ARCHITECTURES}:
             import transformers
 
             raise ValueError(

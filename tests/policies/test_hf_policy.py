@@ -438,3 +438,42 @@ def test_chat_template_required_for_chat_prompts(tmp_path):
     policy = HFPolicy(config=tiny_llama_config(), tokenizer_name_or_path=str(tokenizer_dir))
     with pytest.raises(ValueError, match="no chat template"):
         policy.sample({"prompt": ["Hi"]}, n=1, sampling=SamplingConfig(max_new_tokens=2))
+
+
+@pytest.mark.parametrize("compact", [True, False])
+def test_finished_rows_dropped_or_padded_keep_log_probs_exact(make_policy, compact):
+    """Rows finishing at different steps: the cache surgery (or pad feeding) leaves other rows intact."""
+    from rlvr_lightning.policies.generation import generate, left_pad
+    from rlvr_lightning.rollout import Rollout
+
+    policy = make_policy(prompt_template="raw")
+    policy.eval()
+    handle = bias_tokens(policy, policy.eos_token_ids, 4.0)
+    ids, _ = policy.encode_prompts(["a", "The quick brown fox", "What is 2+3?"])
+    prompt_ids, prompt_mask = left_pad(ids, policy.pad_token_id)
+    torch.manual_seed(2)
+    out = generate(
+        policy.model,
+        prompt_ids,
+        prompt_mask,
+        4,
+        max_new_tokens=10,
+        eos_token_ids=policy.eos_token_ids,
+        pad_token_id=policy.pad_token_id,
+        compact=compact,
+    )
+    lengths = out.response_mask.sum(1)
+    assert len(set(lengths.tolist())) >= 3  # rows ended at different steps
+    rollout = Rollout(
+        prompt_ids=prompt_ids.repeat_interleave(4, 0),
+        prompt_mask=prompt_mask.repeat_interleave(4, 0),
+        response_ids=out.response_ids,
+        response_mask=out.response_mask,
+        group_index=torch.arange(3).repeat_interleave(4),
+        group_size=4,
+        truncated=out.truncated,
+    )
+    with torch.no_grad():
+        recomputed, _ = policy.token_log_probs(rollout)
+    handle.remove()
+    assert masked_max_diff(out.log_probs, recomputed, out.response_mask) <= 1e-5
