@@ -42,7 +42,8 @@ class RLVRCLI(LightningCLI):
         return super().instantiate_trainer(**kwargs)
 
 
-def main(args: list[str] | None = None) -> RLVRCLI:
+def main(args: list[str] | None = None, run: bool = True) -> RLVRCLI:
+    """`rlvr ...`; with `run=False` the config is parsed and instantiated but nothing runs (no subcommand)."""
     os.environ.setdefault("WANDB_SILENT", "true")
     return RLVRCLI(
         RLVRModule,
@@ -53,6 +54,7 @@ def main(args: list[str] | None = None) -> RLVRCLI:
         seed_everything_default=0,
         save_config_kwargs={"overwrite": True},
         args=args,
+        run=run,
     )
 
 

@@ -17,7 +17,7 @@ from rlvr_lightning.core.advantages import (
     zero_variance_group_mask,
 )
 from rlvr_lightning.core.aggregation import AGGREGATION_MODES, aggregate_loss
-from rlvr_lightning.core.entropy import entropy_from_logits
+from rlvr_lightning.core.entropy import entropy_from_log_probs, entropy_from_logits
 from rlvr_lightning.core.kl import KL_ESTIMATORS, kl_estimate
 from rlvr_lightning.core.log_probs import token_log_probs_from_logits
 from rlvr_lightning.core.masked import masked_mean, masked_normalize, masked_sum, masked_var
@@ -48,6 +48,7 @@ __all__ = [
     "cispo_loss",
     "compute_advantages",
     "compute_policy_loss",
+    "entropy_from_log_probs",
     "entropy_from_logits",
     "gspo_loss",
     "importance_ratio_loss",

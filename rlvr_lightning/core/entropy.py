@@ -25,3 +25,11 @@ def entropy_from_logits(logits: Tensor, temperature: float = 1.0) -> Tensor:
     finite_logits = logits.masked_fill(torch.isneginf(logits), 0.0)
     # H = logsumexp(l) - sum_v softmax(l)_v * l_v  (verl torch_functional.entropy_from_logits)
     return torch.logsumexp(logits, dim=-1) - (probs * finite_logits).sum(dim=-1)
+
+
+def entropy_from_log_probs(log_probs: Tensor) -> Tensor:
+    """Entropy (nats) of a normalised distribution given as log-probabilities over the last dim.
+
+    H = -sum_v p_v log p_v; zero-probability (-inf) entries contribute 0.
+    """
+    return -(log_probs.exp() * log_probs.masked_fill(torch.isneginf(log_probs), 0.0)).sum(dim=-1)

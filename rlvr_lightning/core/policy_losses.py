@@ -33,7 +33,9 @@ ratio statistics are 1 and the fractions 0.
 
 from __future__ import annotations
 
+import functools
 import inspect
+import math
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -88,17 +90,17 @@ def _zero_masked(loss: Tensor, mask: Tensor) -> Tensor:
 
 @torch.no_grad()
 def _stats(ratio: Tensor, mask: Tensor, low_clipped: Tensor | None = None, high_clipped: Tensor | None = None) -> dict[str, Tensor]:
+    """Clip fractions and ratio statistics over the masked tokens, without a host sync (1s for an empty mask)."""
     ratio = ratio.detach()
+    num_tokens = mask.sum().clamp(min=1)
     has_tokens = mask.any()
-    one = torch.ones((), dtype=ratio.dtype, device=ratio.device)
-    zero = torch.zeros((), dtype=ratio.dtype, device=ratio.device)
-    inf = torch.tensor(float("inf"), dtype=ratio.dtype, device=ratio.device)
+    zero, one = ratio.new_zeros(()), ratio.new_ones(())
     return {
-        "clip_frac_low": zero if low_clipped is None else masked_mean(low_clipped.to(ratio.dtype), mask),
-        "clip_frac_high": zero if high_clipped is None else masked_mean(high_clipped.to(ratio.dtype), mask),
-        "ratio_mean": torch.where(has_tokens, masked_mean(ratio, mask), one),
-        "ratio_min": torch.where(has_tokens, torch.where(mask, ratio, inf).min(), one),
-        "ratio_max": torch.where(has_tokens, torch.where(mask, ratio, -inf).max(), one),
+        "clip_frac_low": zero if low_clipped is None else (low_clipped & mask).sum() / num_tokens,
+        "clip_frac_high": zero if high_clipped is None else (high_clipped & mask).sum() / num_tokens,
+        "ratio_mean": torch.where(has_tokens, torch.where(mask, ratio, zero).sum() / num_tokens, one),
+        "ratio_min": torch.where(has_tokens, torch.where(mask, ratio, math.inf).amin(), one),
+        "ratio_max": torch.where(has_tokens, torch.where(mask, ratio, -math.inf).amax(), one),
     }
 
 
@@ -258,5 +260,10 @@ def compute_policy_loss(
     if unknown:
         raise ValueError(f"unknown policy loss option(s) {unknown}; valid options: {', '.join(POLICY_LOSS_OPTIONS)}")
     fn = POLICY_LOSSES[kind]
-    accepted = inspect.signature(fn).parameters
+    accepted = _accepted_options(fn)
     return fn(log_probs, old_log_probs, advantages, mask, **{k: v for k, v in options.items() if k in accepted})
+
+
+@functools.cache
+def _accepted_options(fn) -> frozenset[str]:
+    return frozenset(inspect.signature(fn).parameters)

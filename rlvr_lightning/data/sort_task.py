@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 
+import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from rlvr_lightning.data.task import Example, Task
@@ -75,18 +76,36 @@ class ListDataset(Dataset):
 
 
 class SortStream(IterableDataset):
-    """Endless seeded stream: example `i` depends only on (seed, i), so a position is one integer."""
+    """Endless seeded stream. Prompts are drawn in blocks of `BLOCK` from a generator seeded by
+    (seed, block), so example `i` depends only on (seed, i) and a stream position is one integer."""
+
+    BLOCK = 4096
 
     def __init__(self, task: SortTask, start: int = 0) -> None:
         self.task = task
         self.start = start
+
+    def block(self, block_index: int) -> list[list[int]]:
+        task = self.task
+        generator = torch.Generator().manual_seed(task.seed * 1_000_003 + block_index)
+        powers = task.vocab_size ** torch.arange(task.length - 1, -1, -1, dtype=torch.float64)
+        prompts: list[list[int]] = []
+        while len(prompts) < self.BLOCK:
+            candidates = torch.randint(task.vocab_size, (self.BLOCK, task.length), generator=generator)
+            index = (candidates.double() * powers).sum(-1)  # exact below 2**53, fine for a toy task
+            keep = torch.remainder(index, task.holdout_every) != 0
+            prompts.extend(candidates[keep].tolist())
+        return prompts[: self.BLOCK]
 
     def __iter__(self):
         worker = get_worker_info()
         index, stride = self.start, 1
         if worker is not None:
             index, stride = self.start + worker.id, worker.num_workers
+        block_index, block = None, []
         while True:
-            rng = random.Random(f"{self.task.seed}-{index}")
-            yield self.task.example(self.task.draw(rng, held_out=False))
+            if index // self.BLOCK != block_index:
+                block_index = index // self.BLOCK
+                block = self.block(block_index)
+            yield self.task.example(block[index % self.BLOCK])
             index += stride

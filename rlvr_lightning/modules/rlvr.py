@@ -32,6 +32,7 @@ from rlvr_lightning.core.aggregation import AGGREGATION_MODES, aggregate_loss
 from rlvr_lightning.core.kl import KL_ESTIMATORS, kl_estimate
 from rlvr_lightning.core.masked import masked_mean
 from rlvr_lightning.core.policy_losses import POLICY_LOSSES, compute_policy_loss
+from rlvr_lightning.modules.step_metrics import publish_step_metrics
 from rlvr_lightning.policies.base import Policy, PromptBatch, SamplingConfig
 from rlvr_lightning.rewards.base import RewardCallback
 from rlvr_lightning.rollout import Rollout
@@ -173,6 +174,10 @@ class RLVRModule(pl.LightningModule):
                 f"data.batch_size x group_size = {prompts} x {self.group_size} = {rows}"
             )
 
+    def transfer_batch_to_device(self, batch: PromptBatch, device: torch.device, dataloader_idx: int) -> PromptBatch:
+        """Prompt batches are Python objects (token lists, text, metadata): the policy places what it tensorises."""
+        return batch
+
     # ---------------------------------------------------------- training step
 
     def training_step(self, batch: PromptBatch, batch_idx: int) -> None:
@@ -194,8 +199,7 @@ class RLVRModule(pl.LightningModule):
         metrics["time/scoring_s"] = scored - generated
         metrics["time/update_s"] = finished - scored
         metrics["time/step_s"] = finished - started
-        self.log_dict(metrics, on_step=True, on_epoch=False, batch_size=rollout.num_rows)
-        self.log("reward", rollout.reward.mean(), prog_bar=True, logger=False, on_step=True, on_epoch=False)
+        publish_step_metrics(self, metrics, progress_bar={"reward": "train/reward_mean"})
 
     def score(self, rollout: Rollout) -> None:
         """Fill `rollout.rewards` (unweighted, by name) and `rollout.reward` (weighted sum)."""
@@ -224,8 +228,11 @@ class RLVRModule(pl.LightningModule):
 
     @torch.no_grad()
     def _add_old_and_reference_log_probs(self, rollout: Rollout) -> None:
+        """Old log-probs (unless the policy already recorded them while sampling) and reference log-probs."""
         temperature = self.sampling.temperature
-        if self._needs_old_log_probs(rollout.num_rows):
+        if not self._needs_old_log_probs(rollout.num_rows):
+            rollout.old_log_probs = None  # the ratio is 1 by construction: the loss uses detached log-probs
+        elif rollout.old_log_probs is None:
             rollout.old_log_probs = torch.cat(
                 [self.policy.token_log_probs(mb, temperature)[0] for mb in self._micro_batches(rollout)]
             )
@@ -247,14 +254,14 @@ class RLVRModule(pl.LightningModule):
         scheduler = self.lr_schedulers()
         mini_size = self.mini_batch_size or rollout.num_rows
         stats: dict[str, list[Tensor]] = defaultdict(list)
-        for _ in range(self.ppo_epochs):
+        for epoch in range(self.ppo_epochs):
             order = torch.randperm(rollout.num_rows, device=rollout.response_ids.device) if mini_size < rollout.num_rows else None
             for start in range(0, rollout.num_rows, mini_size):
                 minibatch = rollout if order is None else rollout.select(order[start : start + mini_size])
                 num_tokens = minibatch.response_mask.sum()
                 loss_sum = torch.zeros((), device=num_tokens.device)
                 for micro in self._micro_batches(minibatch):
-                    loss, micro_stats = self._micro_batch_loss(micro, minibatch.num_rows, num_tokens)
+                    loss, micro_stats = self._micro_batch_loss(micro, minibatch.num_rows, num_tokens, epoch == 0)
                     self.manual_backward(loss)
                     loss_sum = loss_sum + loss.detach()
                     for key, value in micro_stats.items():
@@ -264,11 +271,14 @@ class RLVRModule(pl.LightningModule):
                 stats["train/grad_norm"].append(grad_norm)
         return {key: torch.stack(values).mean() for key, values in stats.items()}
 
-    def _micro_batch_loss(self, micro: Rollout, num_sequences: int, num_tokens: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+    def _micro_batch_loss(
+        self, micro: Rollout, num_sequences: int, num_tokens: Tensor, first_epoch: bool
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """The micro-batch's share of the mini-batch loss, normalised by the mini-batch's sizes."""
         mask = micro.response_mask
-        log_probs, entropy = self.policy.token_log_probs(micro, self.sampling.temperature, with_entropy=True)
-        if self.entropy_coef == 0:
-            entropy = entropy.detach()
+        # Entropy is logged from the first epoch (the sampling policy) and costs a pass only where it is needed.
+        with_entropy = first_epoch or self.entropy_coef != 0
+        log_probs, entropy = self.policy.token_log_probs(micro, self.sampling.temperature, with_entropy=with_entropy)
         policy_loss = compute_policy_loss(
             self.loss, log_probs, micro.old_log_probs, micro.advantages, mask, **self.loss_options
         )
@@ -280,7 +290,8 @@ class RLVRModule(pl.LightningModule):
             stats["train/kl"] = masked_mean(kl.detach(), mask)
         if self.entropy_coef != 0:
             token_loss = token_loss - self.entropy_coef * entropy
-        stats["train/entropy"] = masked_mean(entropy.detach(), mask)
+        if first_epoch:
+            stats["train/entropy"] = masked_mean(entropy.detach(), mask)
         loss = aggregate_loss(
             token_loss, mask, self.aggregation, num_sequences=num_sequences, num_tokens=num_tokens, constant=self.loss_constant
         )
@@ -323,13 +334,24 @@ class RLVRModule(pl.LightningModule):
             metrics["val/accuracy"] = correct.float().mean()
         self.log_dict(metrics, on_step=False, on_epoch=True, batch_size=rollout.num_rows, prog_bar=True)
 
-    def correctness(self, rollout: Rollout) -> Tensor | None:
-        """`bool[N]` from the first reward that can tell whether a response solves its task."""
+    def correctness(self, rollout: Rollout, kind: str = "task") -> Tensor | None:
+        """`bool[N]` from the first reward of this `kind` that can tell whether a response satisfies it."""
         for callback in self.reward_callbacks:
-            correct = callback.is_correct(rollout, rollout.rewards[callback.name])
-            if correct is not None:
-                return correct
+            if callback.kind == kind:
+                correct = callback.is_correct(rollout, rollout.rewards[callback.name])
+                if correct is not None:
+                    return correct
         return None
+
+    # ------------------------------------------------------------ checkpoints
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["rlvr_counters"] = {"skipped_updates": self.skipped_updates, "consecutive_skips": self.consecutive_skips}
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        counters = checkpoint.get("rlvr_counters", {})
+        self.skipped_updates = counters.get("skipped_updates", 0)
+        self.consecutive_skips = counters.get("consecutive_skips", 0)
 
     # ---------------------------------------------------------------- metrics
 

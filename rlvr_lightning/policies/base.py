@@ -48,9 +48,16 @@ class SamplingConfig:
 class Policy(nn.Module, ABC):
     """A trainable policy: samples rollouts and scores their tokens."""
 
+    #: optional facts about the last `sample` call (lengths, tokens/s, ...), logged by the trainer
+    last_generation_stats: dict[str, float]
+
     @abstractmethod
     def sample(self, batch: PromptBatch, n: int, sampling: SamplingConfig) -> Rollout:
-        """`n` responses per prompt, without gradients, as one `Rollout` of `len(prompts) * n` rows."""
+        """`n` responses per prompt, without gradients, as one `Rollout` of `len(prompts) * n` rows.
+
+        A policy may fill `rollout.old_log_probs` with the sampling log-probs (at `sampling.temperature`),
+        which saves the trainer a forward pass when it needs them.
+        """
 
     @abstractmethod
     def token_log_probs(
@@ -67,7 +74,9 @@ class Policy(nn.Module, ABC):
 
     @torch.no_grad()
     def update_reference(self, reference: nn.Module, alpha: float = 1.0) -> None:
-        """`ref <- alpha * policy + (1 - alpha) * ref` (alpha = 1 copies; TR-DPO mixup otherwise)."""
+        """`ref <- alpha * policy + (1 - alpha) * ref` (alpha = 1 copies; TR-DPO mixup otherwise).
+
+        Adapter-based policies may raise NotImplementedError for alpha < 1."""
         for ref_param, param in zip(reference.parameters(), self.parameters(), strict=True):
             ref_param.lerp_(param.detach(), alpha)
 

@@ -4,6 +4,11 @@ Embed the prompt tokens, transform each with a per-prompt-position matrix and su
 into one hidden vector, expand that into one vector per response position with a
 per-response-position matrix, and project to the vocabulary. Every response position is
 sampled independently (non-autoregressive), so one forward pass scores a whole response.
+
+The lecture's model is bilinear: the logits of a response position are a sum of one score
+per prompt position, which cannot express "the second-smallest token". `activation` applies
+a nonlinearity to the summed encoding, turning the model into a one-hidden-layer network
+that can; `activation=None` is the lecture's model.
 """
 
 from __future__ import annotations
@@ -13,10 +18,12 @@ import math
 import torch
 from torch import Tensor, nn
 
-from rlvr_lightning.core.entropy import entropy_from_logits
-from rlvr_lightning.core.log_probs import token_log_probs_from_logits
+from rlvr_lightning.core.entropy import entropy_from_log_probs
 from rlvr_lightning.policies.base import Policy, PromptBatch, SamplingConfig
 from rlvr_lightning.rollout import Rollout
+
+
+ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU, "tanh": nn.Tanh}
 
 
 class ToySortPolicy(Policy):
@@ -27,9 +34,14 @@ class ToySortPolicy(Policy):
         response_length: int | None = None,
         embedding_dim: int = 10,
         tie_embeddings: bool = True,
+        activation: str | None = None,
     ) -> None:
-        """`response_length` defaults to `prompt_length`; `tie_embeddings` reuses the embedding as output projection (as the lecture does)."""
+        """`response_length` defaults to `prompt_length`; `tie_embeddings` reuses the embedding as output
+        projection (as the lecture does); `activation` is one of `ACTIVATIONS` or None (the lecture's model)."""
         super().__init__()
+        if activation is not None and activation not in ACTIVATIONS:
+            raise ValueError(f"activation={activation!r} is not valid; choose one of {sorted(ACTIVATIONS)} or null")
+        self.activation = ACTIVATIONS[activation]() if activation else nn.Identity()
         self.vocab_size = vocab_size
         self.prompt_length = prompt_length
         self.response_length = response_length or prompt_length
@@ -42,7 +54,7 @@ class ToySortPolicy(Policy):
     def forward(self, prompt_ids: Tensor) -> Tensor:
         """Logits `[B, response_length, V]` for prompts `[B, prompt_length]`."""
         embedded = self.embedding(prompt_ids)  # [B, P, D]
-        encoded = torch.einsum("bpd,pde->be", embedded, self.encode_weights)
+        encoded = self.activation(torch.einsum("bpd,pde->be", embedded, self.encode_weights))
         decoded = torch.einsum("be,red->brd", encoded, self.decode_weights)
         if self.output is None:
             return decoded @ self.embedding.weight.T
@@ -84,10 +96,17 @@ class ToySortPolicy(Policy):
     def token_log_probs(
         self, rollout: Rollout, temperature: float = 1.0, with_entropy: bool = False
     ) -> tuple[Tensor, Tensor | None]:
-        # Rows of one prompt share their logits: run the model once per run of equal group_index.
+        # Rows of one prompt share their distribution: run the model and the softmax once per prompt.
         _, inverse, counts = torch.unique_consecutive(rollout.group_index, return_inverse=True, return_counts=True)
         first_rows = torch.cumsum(counts, 0) - counts
-        logits = self(rollout.prompt_ids[first_rows])[inverse]  # [N, R, V]
-        log_probs = token_log_probs_from_logits(logits, rollout.response_ids, temperature)
-        entropy = entropy_from_logits(logits, temperature) if with_entropy else None
+        log_softmax = torch.log_softmax(self(rollout.prompt_ids[first_rows]) / temperature, dim=-1)  # [U, R, V]
+        num_prompts, rows = counts.numel(), rollout.num_rows
+        if rows % num_prompts == 0 and bool((counts == rows // num_prompts).all()):
+            # equal contiguous groups: broadcast instead of copying every row's distribution
+            per_row = log_softmax.unsqueeze(1).expand(num_prompts, rows // num_prompts, *log_softmax.shape[1:])
+            ids = rollout.response_ids.view(num_prompts, rows // num_prompts, -1, 1)
+            log_probs = per_row.gather(-1, ids).view(rows, -1)
+        else:
+            log_probs = log_softmax[inverse].gather(-1, rollout.response_ids.unsqueeze(-1)).squeeze(-1)
+        entropy = entropy_from_log_probs(log_softmax)[inverse] if with_entropy else None
         return log_probs, entropy

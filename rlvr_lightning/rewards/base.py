@@ -36,7 +36,14 @@ def _snake_case(name: str) -> str:
 
 
 class RewardCallback(Callback):
-    """Base class. Override `score` (whole batch, vectorised) or `score_row` (one row at a time)."""
+    """Base class. Override `score` (whole batch, vectorised) or `score_row` (one row at a time).
+
+    `kind` says what `is_correct` means for evaluation: "task" (the response solves the task:
+    validation accuracy, pass@k) or "format" (the response follows the required format:
+    validation format rate); "shaping" rewards (length, penalties) report neither.
+    """
+
+    kind: str = "task"
 
     def __init__(self, weight: float = 1.0, name: str | None = None, on_error: str = "zero") -> None:
         if on_error not in ON_ERROR_CHOICES:
@@ -64,6 +71,10 @@ class RewardCallback(Callback):
 
     def is_correct(self, rollout: Rollout, scores: Tensor) -> Tensor | None:
         """`bool[N]`: which responses solve the task outright (validation accuracy); None if this reward cannot tell."""
+        return None
+
+    def extract_answers(self, rollout: Rollout) -> list[str | None] | None:
+        """The final answer each response commits to (for majority voting), or None if this reward has no notion of one."""
         return None
 
     def __call__(self, rollout: Rollout) -> Tensor:

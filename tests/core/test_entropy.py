@@ -40,3 +40,11 @@ def test_bf16_upcast():
 def test_rejects_non_positive_temperature():
     with pytest.raises(ValueError, match="temperature"):
         entropy_from_logits(torch.zeros(4), temperature=-1.0)
+
+
+def test_entropy_from_log_probs_matches_hand_values():
+    from rlvr_lightning.core.entropy import entropy_from_log_probs
+
+    # p = [1/4, 3/4]: H = 0.562335 (as above); p = [1, 0]: H = 0 with the -inf entry contributing 0
+    log_probs = torch.tensor([[math.log(0.25), math.log(0.75)], [0.0, -math.inf]])
+    assert_close(entropy_from_log_probs(log_probs), torch.tensor([0.562335, 0.0]), atol=1e-6, rtol=1e-6)

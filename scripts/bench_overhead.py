@@ -1,0 +1,130 @@
+"""What does the framework cost over a plain PyTorch loop? (issue: core, acceptance "bench_overhead")
+
+Runs the CS336 lecture-17 sort algorithm (configs/sort_lecture.yaml) twice per round, once as
+the plain loop below and once as `rlvr fit` with that exact config (W&B offline + CSV logging,
+Rich progress bar, validation), same seed and number of steps, threads pinned. A step's time
+is measured from one training batch's end to the next, so it includes everything Lightning
+does between steps. Prints the median step time of each run, and the ratio of the medians
+over `--rounds` rounds.
+
+    python scripts/bench_overhead.py --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+
+from rlvr_lightning.cli import main as rlvr_cli
+from rlvr_lightning.policies.toy_sort import ToySortPolicy
+
+CONFIG = Path(__file__).resolve().parents[1] / "configs" / "sort_lecture.yaml"
+V, L, PROMPTS, G, EPOCHS, LR, EPS, BETA, REF_EVERY = 10, 4, 128, 8, 4, 2e-2, 0.2, 0.02, 30
+
+
+def plain_loop(steps: int, seed: int = 0) -> list[float]:
+    """The same algorithm in plain PyTorch: no Lightning, no callbacks, no logging."""
+    torch.manual_seed(seed)
+    policy = ToySortPolicy(vocab_size=V, prompt_length=L, embedding_dim=10)
+    reference = copy.deepcopy(policy).requires_grad_(False)
+    optimizer = torch.optim.Adam(policy.parameters(), lr=LR)
+    step_times, rewards = [], []
+    for step in range(steps):
+        started = time.perf_counter()
+        if step > 0 and step % REF_EVERY == 0:
+            reference.load_state_dict(policy.state_dict())
+        prompts = torch.randint(0, V, (PROMPTS, L))
+        with torch.no_grad():
+            probs = policy(prompts).softmax(-1).reshape(-1, V)
+            responses = torch.multinomial(probs, G, replacement=True).view(PROMPTS, L, G).transpose(1, 2)
+        inclusion = (prompts[:, None, :, None] == responses[:, :, None, :]).any(-1).sum(-1)
+        ordering = (responses[..., 1:] >= responses[..., :-1]).sum(-1)
+        reward = (inclusion + ordering).float()  # [B, G]
+        advantage = (reward - reward.mean(1, keepdim=True))[..., None]  # centred, [B, G, 1]
+
+        def log_probs(model):
+            lp = model(prompts).log_softmax(-1)[:, None].expand(-1, G, -1, -1)
+            return lp.gather(-1, responses[..., None]).squeeze(-1)  # [B, G, L]
+
+        with torch.no_grad():
+            old, ref = log_probs(policy), log_probs(reference)
+        for _ in range(EPOCHS):
+            lp = log_probs(policy)
+            ratio = torch.exp(lp - old)
+            pg = -torch.minimum(ratio * advantage, ratio.clamp(1 - EPS, 1 + EPS) * advantage)
+            kl = torch.exp(ref - lp) - (ref - lp) - 1
+            loss = (pg + BETA * kl).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        rewards.append(reward.mean().item())
+        step_times.append(time.perf_counter() - started)
+    print(f"  plain loop: step-{steps} reward {rewards[-1]:.3f}")
+    return step_times
+
+
+class StepTimer(pl.Callback):
+    def __init__(self) -> None:
+        self.step_times: list[float] = []
+        self.last = None
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        now = time.perf_counter()
+        if self.last is not None:
+            self.step_times.append(now - self.last)
+        self.last = now
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        self.last = None  # validation is not a training step
+
+
+def framework(steps: int, seed: int = 0) -> list[float]:
+    with tempfile.TemporaryDirectory() as run_dir:
+        cwd = os.getcwd()
+        os.chdir(run_dir)
+        try:
+            cli = rlvr_cli(
+                ["--config", str(CONFIG), f"--seed_everything={seed}", f"--trainer.limit_train_batches={steps}"],
+                run=False,
+            )
+            timer = StepTimer()
+            cli.trainer.callbacks.append(timer)
+            cli.trainer.fit(cli.model, cli.datamodule)
+            reward = float(cli.trainer.callback_metrics["train/reward_mean"])
+        finally:
+            os.chdir(cwd)
+    print(f"  rlvr fit:   step-{steps} reward {reward:.3f}")
+    return timer.step_times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    plain_medians, framework_medians = [], []
+    for round_index in range(args.rounds):
+        print(f"round {round_index + 1}/{args.rounds}")
+        plain_medians.append(statistics.median(plain_loop(args.steps)))
+        framework_medians.append(statistics.median(framework(args.steps)))
+        print(f"  median step: plain {plain_medians[-1] * 1e3:.2f} ms, rlvr fit {framework_medians[-1] * 1e3:.2f} ms")
+    plain, fw = statistics.median(plain_medians), statistics.median(framework_medians)
+    print(f"\nthreads={args.threads} steps={args.steps} rounds={args.rounds}")
+    print(f"median step time: plain loop {plain * 1e3:.2f} ms, rlvr fit {fw * 1e3:.2f} ms")
+    print(f"framework / plain = {fw / plain:.3f}  (overhead {100 * (fw / plain - 1):+.1f}%)")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

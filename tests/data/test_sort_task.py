@@ -1,0 +1,37 @@
+import itertools
+
+from rlvr_lightning.data import RLVRDataModule, SortTask, collate_examples
+from rlvr_lightning.data.sort_task import SortStream
+
+
+def test_validation_prompts_never_appear_in_training():
+    task = SortTask(vocab_size=4, length=3, num_val=64, holdout_every=5, seed=1)
+    val = {tuple(example["prompt"]) for example in task.val_dataset()}
+    train = {tuple(example["prompt"]) for example in itertools.islice(iter(task.train_dataset()), 5000)}
+    assert val and train and not val & train
+    # prompt [1, 1, 1] is index 1*16 + 1*4 + 1 = 21, not a multiple of 5; [0, 1, 1] is 5
+    assert not task.is_held_out([1, 1, 1]) and task.is_held_out([0, 1, 1])
+
+
+def test_answers_are_the_sorted_prompts():
+    task = SortTask(vocab_size=10, length=4)
+    for example in itertools.islice(iter(task.train_dataset()), 50):
+        assert example["answer"] == sorted(example["prompt"])
+
+
+def test_stream_is_a_function_of_seed_and_position():
+    task = SortTask(seed=3)
+    first = list(itertools.islice(iter(SortStream(task)), SortStream.BLOCK + 10))
+    resumed = list(itertools.islice(iter(SortStream(task, start=SortStream.BLOCK - 5)), 15))
+    assert resumed == first[SortStream.BLOCK - 5 :]
+    other_seed = list(itertools.islice(iter(SortStream(SortTask(seed=4))), 10))
+    assert other_seed != first[:10]
+
+
+def test_fixed_pool_and_collation():
+    task = SortTask(num_train=20, num_val=0)
+    assert len(task.train_dataset()) == 20 and task.val_dataset() is None
+    batch = collate_examples([{"prompt": [2, 1], "answer": [1, 2]}, {"prompt": [0, 3], "answer": [0, 3]}])
+    assert batch == {"prompt": [[2, 1], [0, 3]], "metadata": [{"answer": [1, 2]}, {"answer": [0, 3]}]}
+    loader = RLVRDataModule(task, batch_size=8).train_dataloader()
+    assert [len(b["prompt"]) for b in loader] == [8, 8]  # drop_last
