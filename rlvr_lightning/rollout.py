@@ -75,6 +75,52 @@ class Rollout:
             values[f.name] = value
         return Rollout(**values)
 
+    @classmethod
+    def concat(cls, rollouts: list[Rollout]) -> Rollout:
+        """Rows of several rollouts (e.g. generation rounds of dynamic sampling), groups renumbered.
+
+        Prompts are left-padded and responses right-padded (id 0, mask 0) to the longest;
+        optional fields are kept only when every part has them.
+        """
+        if len({r.group_size for r in rollouts}) != 1:
+            raise ValueError("cannot concatenate rollouts with different group sizes")
+        rollouts = [r for r in rollouts if r.num_rows > 0] or rollouts[:1]
+        if len(rollouts) == 1:
+            return rollouts[0]
+        prompt_len = max(r.prompt_ids.shape[1] for r in rollouts)
+        response_len = max(r.response_ids.shape[1] for r in rollouts)
+
+        def cat(name: str, width: int | None = None, left: bool = False) -> Tensor | None:
+            parts = [getattr(r, name) for r in rollouts]
+            if any(p is None for p in parts):
+                return None
+            if width is not None:
+                parts = [_pad_columns(p, width, left) if p.ndim == 2 else p for p in parts]
+            return torch.cat(parts)
+
+        offsets = torch.cumsum(torch.tensor([0] + [r.num_groups for r in rollouts[:-1]]), 0).tolist()
+        rewards = {}
+        if all(r.rewards.keys() == rollouts[0].rewards.keys() for r in rollouts):
+            rewards = {k: torch.cat([r.rewards[k] for r in rollouts]) for k in rollouts[0].rewards}
+        texts = lambda name: None if any(getattr(r, name) is None for r in rollouts) else sum((getattr(r, name) for r in rollouts), [])  # noqa: E731
+        return cls(
+            prompt_ids=cat("prompt_ids", prompt_len, left=True),
+            prompt_mask=cat("prompt_mask", prompt_len, left=True),
+            response_ids=cat("response_ids", response_len),
+            response_mask=cat("response_mask", response_len),
+            group_index=torch.cat([r.group_index - r.group_index.min() + off for r, off in zip(rollouts, offsets)]),
+            group_size=rollouts[0].group_size,
+            truncated=cat("truncated"),
+            prompt_text=texts("prompt_text"),
+            response_text=texts("response_text"),
+            metadata=sum((r.metadata for r in rollouts), []),
+            rewards=rewards,
+            reward=cat("reward"),
+            advantages=cat("advantages", response_len),
+            old_log_probs=cat("old_log_probs", response_len),
+            ref_log_probs=cat("ref_log_probs", response_len),
+        )
+
     def to(self, device: torch.device | str) -> Rollout:
         values: dict[str, Any] = {}
         for f in dataclasses.fields(self):
@@ -85,3 +131,11 @@ class Rollout:
                 value = {k: v.to(device) for k, v in value.items()}
             values[f.name] = value
         return Rollout(**values)
+
+
+def _pad_columns(tensor: Tensor, width: int, left: bool) -> Tensor:
+    missing = width - tensor.shape[1]
+    if missing == 0:
+        return tensor
+    pad = tensor.new_zeros(tensor.shape[0], missing)
+    return torch.cat([pad, tensor] if left else [tensor, pad], dim=1)

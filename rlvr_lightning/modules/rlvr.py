@@ -27,10 +27,10 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 
 from rlvr_lightning.advantages import AdvantageCallback, GroupNormalizedAdvantage
-from rlvr_lightning.core.advantages import zero_variance_group_fraction
+from rlvr_lightning.core.advantages import zero_variance_group_fraction, zero_variance_group_mask
 from rlvr_lightning.core.aggregation import AGGREGATION_MODES, aggregate_loss
 from rlvr_lightning.core.kl import KL_ESTIMATORS, kl_estimate
-from rlvr_lightning.core.masked import masked_mean
+from rlvr_lightning.core.masked import masked_mean, masked_sum
 from rlvr_lightning.core.policy_losses import POLICY_LOSSES, compute_policy_loss
 from rlvr_lightning.modules.step_metrics import publish_step_metrics
 from rlvr_lightning.policies.base import Policy, PromptBatch, SamplingConfig
@@ -40,6 +40,7 @@ from rlvr_lightning.rollout import Rollout
 log = logging.getLogger(__name__)
 
 RATIO_FREE_LOSSES = ("pg",)  # losses that never read old log-probs
+KL_MODES = ("loss", "reward")
 
 
 def _choice(option: str, value: str, choices) -> str:
@@ -64,8 +65,12 @@ class RLVRModule(pl.LightningModule):
         loss_constant: float | None = None,
         kl_coef: float = 0.0,
         kl_estimator: str = "k3",
+        kl_mode: str = "loss",
         ref_update_every: int | None = None,
+        ref_mixup_alpha: float = 1.0,
         entropy_coef: float = 0.0,
+        dynamic_sampling: bool = False,
+        max_sampling_rounds: int = 4,
         ppo_epochs: int = 1,
         mini_batch_size: int | None = None,
         micro_batch_size: int | None = None,
@@ -84,7 +89,13 @@ class RLVRModule(pl.LightningModule):
             aggregation: how token losses become a scalar, one of `core.aggregation.AGGREGATION_MODES`.
             loss_constant: divisor of `seq-sum-constant` (default `sampling.max_new_tokens`).
             kl_coef: weight of the KL penalty to the reference policy; 0 means no reference model at all.
-            ref_update_every: copy the policy into the reference every this many rollout steps (None: never).
+            kl_mode: "loss" adds kl_coef * KL to the per-token loss (GRPO); "reward" subtracts kl_coef * sum_t KL_t
+                from each response's reward before advantages are computed (PPO-style reward shaping).
+            ref_update_every: refresh the reference from the policy every this many rollout steps (None: never).
+            ref_mixup_alpha: the refresh sets ref = alpha * policy + (1 - alpha) * ref (1: copy; < 1: TR-DPO mixup).
+            dynamic_sampling: DAPO's dynamic sampling: drop groups whose rewards all agree and top the batch up
+                with fresh prompts, for at most `max_sampling_rounds` generation rounds in all; if the batch is
+                still short, it is filled with dropped groups (advantage 0), so every update has the same size.
             mini_batch_size, micro_batch_size: rows (completions) per optimizer step / per backward pass;
                 None means the whole rollout / the whole mini-batch.
             max_grad_norm: clip the gradient norm (None: no clipping).
@@ -102,6 +113,7 @@ class RLVRModule(pl.LightningModule):
         self.loss = _choice("loss", loss, POLICY_LOSSES)
         self.aggregation = _choice("aggregation", aggregation, AGGREGATION_MODES)
         self.kl_estimator = _choice("kl_estimator", kl_estimator, KL_ESTIMATORS)
+        self.kl_mode = _choice("kl_mode", kl_mode, KL_MODES)
         self.loss_options = {
             k: v for k, v in {"clip_low": clip_low, "clip_high": clip_high, "dual_clip": dual_clip}.items() if v is not None
         }
@@ -111,6 +123,26 @@ class RLVRModule(pl.LightningModule):
         self.kl_coef = kl_coef
         self.entropy_coef = entropy_coef
         self.ref_update_every = ref_update_every
+        if not 0 < ref_mixup_alpha <= 1:
+            raise ValueError(f"ref_mixup_alpha must be in (0, 1], got {ref_mixup_alpha}")
+        if ref_update_every and kl_coef == 0:
+            raise ValueError("ref_update_every refreshes the KL reference, but kl_coef=0 means there is no reference")
+        self.ref_mixup_alpha = ref_mixup_alpha
+        if dynamic_sampling and group_size < 2:
+            raise ValueError(
+                "dynamic_sampling drops groups whose rewards all agree; with group_size=1 every group agrees "
+                "with itself, so nothing could be trained on. Use group_size >= 2."
+            )
+        if max_sampling_rounds < 1:
+            raise ValueError(f"max_sampling_rounds must be >= 1, got {max_sampling_rounds}")
+        self.dynamic_sampling = dynamic_sampling
+        self.max_sampling_rounds = max_sampling_rounds
+        self._topup_batches = None
+        if loss == "gspo" and aggregation != "seq-mean-token-mean":
+            raise ValueError(
+                f"loss='gspo' is a sequence-level objective (1/|y_i| per sequence); aggregation={aggregation!r} "
+                "would weight sequences by length. Use aggregation='seq-mean-token-mean'."
+            )
         if group_size < 1 or ppo_epochs < 1:
             raise ValueError(f"group_size and ppo_epochs must be >= 1, got {group_size} and {ppo_epochs}")
         self.ppo_epochs = ppo_epochs
@@ -186,13 +218,20 @@ class RLVRModule(pl.LightningModule):
         rollout = self.policy.sample(batch, self.group_size, self.sampling)
         generated = time.perf_counter()
         self.score(rollout)
-        rollout.advantages = self.advantage_estimator.compute(rollout)
+        metrics: dict[str, Tensor | float] = {}
+        if self.dynamic_sampling:
+            rollout = self._dynamic_sampling(rollout, metrics)
         scored = time.perf_counter()
+        metrics.update(self._reward_metrics(rollout, prefix="train"))
         self._add_old_and_reference_log_probs(rollout)
+        if self.reference is not None and self.kl_mode == "reward":
+            self._penalize_reward_with_kl(rollout, metrics)
+        rollout.advantages = self.advantage_estimator.compute(rollout)
+        metrics["train/advantage_mean"] = rollout.advantages.mean()
+        metrics["train/advantage_std"] = rollout.advantages.std() if rollout.advantages.numel() > 1 else 0.0
         update_stats = self._update(rollout)
         finished = time.perf_counter()
 
-        metrics = self._rollout_metrics(rollout, prefix="train")
         metrics.update(update_stats)
         metrics["train/skipped_updates"] = float(self.skipped_updates)
         metrics["time/generation_s"] = generated - started
@@ -210,6 +249,50 @@ class RLVRModule(pl.LightningModule):
             total = total + callback.weight * scores
         rollout.reward = total
 
+    def _dynamic_sampling(self, rollout: Rollout, metrics: dict) -> Rollout:
+        """DAPO (Yu et al. 2025, sec. 3.2): keep only groups whose rewards differ, topping up with fresh prompts."""
+        target = rollout.num_groups
+        kept, dropped, sampled = [], [], target
+        for round_index in range(self.max_sampling_rounds):
+            if round_index > 0:
+                rollout = self.policy.sample(self._next_topup_batch(), self.group_size, self.sampling)
+                self.score(rollout)
+                sampled += rollout.num_groups
+            informative = ~zero_variance_group_mask(rollout.reward, self.group_size)
+            rows = informative.repeat_interleave(self.group_size)
+            kept.append(rollout.select(rows.nonzero().squeeze(-1)))
+            dropped.append(rollout.select((~rows).nonzero().squeeze(-1)))
+            if sum(part.num_groups for part in kept) >= target:
+                break
+        num_kept = sum(part.num_groups for part in kept)
+        merged = Rollout.concat([*kept, *dropped])  # informative groups first
+        metrics["train/dynamic_sampling/rounds"] = float(round_index + 1)
+        metrics["train/dynamic_sampling/prompts_sampled"] = float(sampled)
+        metrics["train/dynamic_sampling/filled_with_dropped"] = float(max(0, target - num_kept))
+        return merged.select(slice(0, target * self.group_size))
+
+    def _next_topup_batch(self) -> PromptBatch:
+        """More prompts from the training data, through a second iterator over the same dataloader."""
+        if self._topup_batches is None:
+            self._topup_batches = iter(self.trainer.datamodule.train_dataloader())
+        try:
+            return next(self._topup_batches)
+        except StopIteration:
+            self._topup_batches = iter(self.trainer.datamodule.train_dataloader())
+            return next(self._topup_batches)
+
+    @torch.no_grad()
+    def _penalize_reward_with_kl(self, rollout: Rollout, metrics: dict) -> None:
+        """reward_i -= kl_coef * sum_t KL_t (PPO-style KL reward shaping; Ouyang et al. 2022 eq. 2)."""
+        log_probs = rollout.old_log_probs
+        if log_probs is None:
+            log_probs = torch.cat([self.policy.token_log_probs(mb, self.sampling.temperature)[0] for mb in self._micro_batches(rollout)])
+        kl = kl_estimate(log_probs, rollout.ref_log_probs, self.kl_estimator)
+        penalty = self.kl_coef * masked_sum(kl, rollout.response_mask, dim=-1)
+        rollout.reward = rollout.reward - penalty
+        metrics["train/kl_reward_penalty"] = penalty.mean()
+        metrics["train/kl"] = masked_mean(kl, rollout.response_mask)
+
     @property
     def rollout_step(self) -> int:
         """Rollout steps completed so far (Lightning's logging step; restored from checkpoints)."""
@@ -219,7 +302,7 @@ class RLVRModule(pl.LightningModule):
         if self.reference is None or not self.ref_update_every:
             return
         if self.rollout_step > 0 and self.rollout_step % self.ref_update_every == 0:
-            self.policy.update_reference(self.reference)
+            self.policy.update_reference(self.reference, alpha=self.ref_mixup_alpha)
 
     def _needs_old_log_probs(self, num_rows: int) -> bool:
         """Old log-probs matter only once the policy has moved, i.e. after the first optimizer step."""
@@ -284,7 +367,7 @@ class RLVRModule(pl.LightningModule):
         )
         token_loss = policy_loss.loss
         stats = {f"train/{key}": value for key, value in policy_loss.stats.items()}
-        if self.reference is not None:
+        if self.reference is not None and self.kl_mode == "loss":
             kl = kl_estimate(log_probs, micro.ref_log_probs, self.kl_estimator)
             token_loss = token_loss + self.kl_coef * kl
             stats["train/kl"] = masked_mean(kl.detach(), mask)
@@ -355,15 +438,13 @@ class RLVRModule(pl.LightningModule):
 
     # ---------------------------------------------------------------- metrics
 
-    def _rollout_metrics(self, rollout: Rollout, prefix: str) -> dict[str, Tensor | float]:
+    def _reward_metrics(self, rollout: Rollout, prefix: str) -> dict[str, Tensor | float]:
         reward = rollout.reward
         metrics: dict[str, Tensor | float] = {
             f"{prefix}/reward_mean": reward.mean(),
-            f"{prefix}/reward_std": reward.std() if reward.numel() > 1 else torch.zeros(()),
+            f"{prefix}/reward_std": reward.std() if reward.numel() > 1 else 0.0,
             f"{prefix}/reward_min": reward.min(),
             f"{prefix}/reward_max": reward.max(),
-            f"{prefix}/advantage_mean": rollout.advantages.mean(),
-            f"{prefix}/advantage_std": rollout.advantages.std() if rollout.advantages.numel() > 1 else torch.zeros(()),
             f"{prefix}/zero_variance_groups": zero_variance_group_fraction(reward, rollout.group_size),
         }
         for callback in self.reward_callbacks:

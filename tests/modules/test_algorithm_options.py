@@ -1,0 +1,139 @@
+"""Each algorithm option against a hand-computed case (dynamic sampling, KL in reward, mixup, contradictions)."""
+
+import math
+
+import pytest
+import torch
+
+from rlvr_lightning.advantages import CenteredAdvantage
+from rlvr_lightning.modules import RLVRModule
+from rlvr_lightning.policies.toy_sort import ToySortPolicy
+from rlvr_lightning.rewards import RewardCallback, SortInclusionOrderingReward
+from rlvr_lightning.rollout import Rollout
+
+from .test_rlvr_module import fit, policy
+
+
+class FirstTokenParity(RewardCallback):
+    """Groups of prompts starting with an even token all score 1 (zero variance); others score row parity."""
+
+    def score(self, rollout):
+        even_prompt = rollout.prompt_ids[:, 0] % 2 == 0
+        parity = (rollout.response_ids[:, 0] % 2).float()
+        return torch.where(even_prompt, torch.ones_like(parity), parity)
+
+
+class Constant(RewardCallback):
+    def score(self, rollout):
+        return torch.ones(rollout.num_rows)
+
+
+class UpdateSpy(RLVRModule):
+    def _update(self, rollout):
+        self.trained_on = getattr(self, "trained_on", []) + [rollout]
+        return super()._update(rollout)
+
+
+def test_dynamic_sampling_never_trains_on_a_zero_variance_group(in_tmp_dir):
+    module = UpdateSpy(policy(), group_size=4, dynamic_sampling=True, max_sampling_rounds=20)
+    fit(module, [FirstTokenParity(), CenteredAdvantage()], steps=3, batch_size=8)
+    for rollout in module.trained_on:
+        assert rollout.num_groups == 8
+        rewards = rollout.reward.view(8, 4)
+        assert bool((rewards.max(1).values > rewards.min(1).values).all())
+    metrics = module.trainer.callback_metrics
+    assert metrics["train/dynamic_sampling/rounds"] >= 1
+    assert metrics["train/dynamic_sampling/prompts_sampled"] >= 8
+    assert metrics["train/dynamic_sampling/filled_with_dropped"] == 0
+
+
+def test_dynamic_sampling_caps_rounds_and_keeps_the_batch_size(in_tmp_dir):
+    module = UpdateSpy(policy(), group_size=2, dynamic_sampling=True, max_sampling_rounds=3)
+    fit(module, [Constant(), CenteredAdvantage()], steps=1, batch_size=4)
+    (rollout,) = module.trained_on
+    metrics = module.trainer.callback_metrics
+    # every group agrees: three rounds of 4 prompts, then the batch is filled with dropped groups
+    assert metrics["train/dynamic_sampling/rounds"] == 3
+    assert metrics["train/dynamic_sampling/prompts_sampled"] == 12
+    assert metrics["train/dynamic_sampling/filled_with_dropped"] == 4
+    assert rollout.num_rows == 8 and torch.equal(rollout.advantages, torch.zeros(8))
+
+
+def kl_rollout():
+    # one row, two tokens; policy probs (0.5, 0.5), reference probs (0.25, 0.5)
+    return Rollout(
+        prompt_ids=torch.zeros(1, 3, dtype=torch.long),
+        prompt_mask=torch.ones(1, 3, dtype=torch.long),
+        response_ids=torch.zeros(1, 2, dtype=torch.long),
+        response_mask=torch.ones(1, 2),
+        group_index=torch.zeros(1, dtype=torch.long),
+        group_size=1,
+        truncated=torch.zeros(1, dtype=torch.bool),
+        reward=torch.tensor([1.0]),
+        old_log_probs=torch.log(torch.tensor([[0.5, 0.5]])),
+        ref_log_probs=torch.log(torch.tensor([[0.25, 0.5]])),
+    )
+
+
+def test_kl_in_reward_shapes_the_reward_by_hand():
+    module = RLVRModule(policy(), kl_coef=0.1, kl_estimator="k1", kl_mode="reward")
+    rollout, metrics = kl_rollout(), {}
+    module._penalize_reward_with_kl(rollout, metrics)
+    # k1 per token: log(0.5/0.25) = log 2 and 0; reward 1 - 0.1 * log 2 = 0.930685
+    assert rollout.reward.item() == pytest.approx(1 - 0.1 * math.log(2))
+    assert metrics["train/kl_reward_penalty"].item() == pytest.approx(0.1 * math.log(2))
+
+
+def test_kl_in_reward_changes_the_advantages_and_not_the_loss():
+    torch.manual_seed(0)
+    shaped = RLVRModule(ToySortPolicy(vocab_size=5, prompt_length=3, embedding_dim=4), kl_coef=0.5, kl_mode="reward")
+    plain = RLVRModule(shaped.policy, kl_coef=0.0)
+    rollout = shaped.policy.sample({"prompt": [[1, 2, 3]]}, n=2, sampling=shaped.sampling)
+    rollout.advantages = torch.tensor([1.0, -1.0])
+    rollout.ref_log_probs = shaped.policy.token_log_probs(rollout)[0].detach() - 0.3
+    mask_tokens = rollout.response_mask.sum()
+    loss_shaped, stats = shaped._micro_batch_loss(rollout, 2, mask_tokens, first_epoch=True)
+    loss_plain, _ = plain._micro_batch_loss(rollout, 2, mask_tokens, first_epoch=True)
+    assert loss_shaped.item() == pytest.approx(loss_plain.item())
+    assert "train/kl" not in stats
+    kl_loss = RLVRModule(shaped.policy, kl_coef=0.5, kl_mode="loss")
+    kl_loss.reference = shaped.reference
+    loss_with_kl, _ = kl_loss._micro_batch_loss(rollout, 2, mask_tokens, first_epoch=True)
+    assert loss_with_kl.item() != pytest.approx(loss_plain.item())
+
+
+def test_reference_mixup_moves_the_reference_by_exactly_alpha(in_tmp_dir):
+    import lightning.pytorch as pl
+
+    class Capture(pl.Callback):
+        def on_train_batch_start(self, trainer, module, batch, batch_idx):
+            if batch_idx == 1:
+                self.policy = [p.detach().clone() for p in module.policy.parameters()]
+                self.reference = [p.detach().clone() for p in module.reference.parameters()]
+
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            if batch_idx == 1:
+                self.after = [p.detach().clone() for p in module.reference.parameters()]
+
+    capture = Capture()
+    module = RLVRModule(policy(), group_size=4, kl_coef=0.1, ref_update_every=1, ref_mixup_alpha=0.25)
+    fit(module, [SortInclusionOrderingReward(), CenteredAdvantage(), capture], steps=2, batch_size=8)
+    for pol, ref, after in zip(capture.policy, capture.reference, capture.after):
+        torch.testing.assert_close(after, 0.25 * pol + 0.75 * ref)
+    assert not all(torch.equal(r, a) for r, a in zip(capture.reference, capture.after))
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"loss": "gspo", "dual_clip": 3.0}, "dual_clip applies to the token-level loss"),
+        ({"loss": "gspo", "aggregation": "token-mean"}, "sequence-level objective"),
+        ({"dynamic_sampling": True, "group_size": 1}, "group_size=1 every group agrees"),
+        ({"ref_update_every": 10}, "kl_coef=0 means there is no reference"),
+        ({"kl_coef": 0.1, "ref_update_every": 10, "ref_mixup_alpha": 0.0}, "ref_mixup_alpha must be in"),
+        ({"kl_mode": "advantage"}, "kl_mode='advantage' is not valid; choose one of \\['loss', 'reward'\\]"),
+    ],
+)
+def test_contradictory_options_fail_at_start_up(options, message):
+    with pytest.raises(ValueError, match=message):
+        RLVRModule(policy(), **options)

@@ -1,0 +1,39 @@
+import torch
+
+from rlvr_lightning.rollout import Rollout
+
+
+def rollout(prompt_len, response_len, groups, group_size=2, fill=1):
+    n = groups * group_size
+    return Rollout(
+        prompt_ids=torch.full((n, prompt_len), fill),
+        prompt_mask=torch.ones(n, prompt_len, dtype=torch.long),
+        response_ids=torch.full((n, response_len), fill),
+        response_mask=torch.ones(n, response_len),
+        group_index=torch.arange(groups).repeat_interleave(group_size),
+        group_size=group_size,
+        truncated=torch.zeros(n, dtype=torch.bool),
+        metadata=[{"row": fill}] * n,
+        rewards={"r": torch.full((n,), float(fill))},
+        reward=torch.full((n,), float(fill)),
+    )
+
+
+def test_select_keeps_rows_of_every_field():
+    r = rollout(2, 3, groups=2)
+    r.response_ids = torch.arange(12).view(4, 3)
+    picked = r.select(torch.tensor([3, 0]))
+    assert picked.response_ids.tolist() == [[9, 10, 11], [0, 1, 2]]
+    assert picked.group_index.tolist() == [1, 0]
+    assert picked.rewards["r"].shape == (2,)
+
+
+def test_concat_pads_prompts_left_responses_right_and_renumbers_groups():
+    a, b = rollout(2, 3, groups=1, fill=1), rollout(3, 1, groups=2, fill=2)
+    both = Rollout.concat([a, b])
+    assert both.prompt_ids.tolist()[0] == [0, 1, 1] and both.prompt_mask.tolist()[0] == [0, 1, 1]
+    assert both.response_ids.tolist()[2] == [2, 0, 0] and both.response_mask.tolist()[2] == [1, 0, 0]
+    assert both.group_index.tolist() == [0, 0, 1, 1, 2, 2]
+    assert both.num_groups == 3 and both.metadata[-1] == {"row": 2}
+    assert both.reward.tolist() == [1, 1, 2, 2, 2, 2] and both.rewards["r"].shape == (6,)
+    assert both.old_log_probs is None
