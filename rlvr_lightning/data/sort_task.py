@@ -1,9 +1,10 @@
 """The sorting task: the prompt is `length` tokens drawn from `range(vocab_size)`, the answer
 is the same tokens sorted (CS336 spring 2025, lecture 17).
 
-Validation prompts are held out by construction: a prompt is a validation prompt when its
-index (the prompt read as a base-`vocab_size` number) is a multiple of `holdout_every`, and
-the training stream never yields one.
+Validation prompts are held out by construction: a prompt is a validation prompt when a hash
+of its tokens is a multiple of `holdout_every`, and the training stream never yields one. (A
+hash, not the prompt read as a number: "index % 10 == 0" would hold out exactly the prompts
+ending in token 0, a validation set unlike anything trained on.)
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import random
 
 import torch
+from torch import Tensor
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from rlvr_lightning.data.task import Example, Task
@@ -37,10 +39,7 @@ class SortTask(Task):
         self.seed = seed
 
     def is_held_out(self, prompt: list[int]) -> bool:
-        index = 0
-        for token in prompt:
-            index = index * self.vocab_size + token
-        return index % self.holdout_every == 0
+        return bool(prompt_hash(torch.tensor([prompt]))[0] % self.holdout_every == 0)
 
     def example(self, prompt: list[int]) -> Example:
         return {"prompt": prompt, "answer": sorted(prompt)}
@@ -62,6 +61,14 @@ class SortTask(Task):
             return None
         rng = random.Random(f"{self.seed}-validation")
         return ListDataset([self.example(self.draw(rng, held_out=True)) for _ in range(self.num_val)])
+
+
+def prompt_hash(prompts: Tensor) -> Tensor:
+    """A well-mixed 16-bit hash of each row of `prompts` [B, L] (polynomial hash mod 2^31 - 1, then Knuth's multiplicative mix)."""
+    h = torch.zeros(prompts.shape[0], dtype=torch.int64)
+    for column in prompts.long().unbind(dim=1):
+        h = (h * 1_000_003 + column + 1) % 2_147_483_647
+    return ((h * 2_654_435_761) % 2**32) >> 16
 
 
 class ListDataset(Dataset):
@@ -88,12 +95,10 @@ class SortStream(IterableDataset):
     def block(self, block_index: int) -> list[list[int]]:
         task = self.task
         generator = torch.Generator().manual_seed(task.seed * 1_000_003 + block_index)
-        powers = task.vocab_size ** torch.arange(task.length - 1, -1, -1, dtype=torch.float64)
         prompts: list[list[int]] = []
         while len(prompts) < self.BLOCK:
             candidates = torch.randint(task.vocab_size, (self.BLOCK, task.length), generator=generator)
-            index = (candidates.double() * powers).sum(-1)  # exact below 2**53, fine for a toy task
-            keep = torch.remainder(index, task.holdout_every) != 0
+            keep = prompt_hash(candidates) % task.holdout_every != 0
             prompts.extend(candidates[keep].tolist())
         return prompts[: self.BLOCK]
 

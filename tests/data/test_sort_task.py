@@ -9,8 +9,16 @@ def test_validation_prompts_never_appear_in_training():
     val = {tuple(example["prompt"]) for example in task.val_dataset()}
     train = {tuple(example["prompt"]) for example in itertools.islice(iter(task.train_dataset()), 5000)}
     assert val and train and not val & train
-    # prompt [1, 1, 1] is index 1*16 + 1*4 + 1 = 21, not a multiple of 5; [0, 1, 1] is 5
-    assert not task.is_held_out([1, 1, 1]) and task.is_held_out([0, 1, 1])
+
+
+def test_held_out_prompts_are_spread_over_every_position_and_token():
+    task = SortTask(vocab_size=10, length=4, num_val=500, holdout_every=10)
+    val = [example["prompt"] for example in task.val_dataset()]
+    # an index-based split (index % 10 == 0) would put token 0 at the last position of every validation prompt
+    for position in range(4):
+        assert len({prompt[position] for prompt in val}) == 10
+    fraction = sum(task.is_held_out([a, b, c, d]) for a in range(10) for b in range(10) for c in range(10) for d in range(10)) / 10**4
+    assert 0.08 < fraction < 0.12
 
 
 def test_answers_are_the_sorted_prompts():
