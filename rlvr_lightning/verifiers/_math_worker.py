@@ -6,9 +6,12 @@ path* (``python _math_worker.py``) so that the worker never imports the
 half a second and a worker can be killed and replaced cheaply.
 
 Protocol (newline-delimited JSON): the worker writes ``{"ready": true}`` once
-math-verify is imported, then answers each request ``{"id": n, "p": pred, "g": gold}``
-with ``{"id": n, "ok": bool, "err": str|null}``. It exits on end of input or when
-its parent dies. It never enforces time limits itself: the parent kills it.
+math-verify is imported and warmed up (one judged pair, so lazy initialisation is
+paid at start-up, not out of the first row's budget). For each request
+``{"id": n, "p": pred, "g": gold}`` it first acknowledges receipt with
+``{"ack": n}`` (the parent starts the row's time budget there) and then answers
+``{"id": n, "ok": bool, "err": str|null}``. It exits on end of input or when its
+parent dies. It never enforces time limits itself: the parent kills it.
 """
 
 from __future__ import annotations
@@ -83,12 +86,14 @@ def main(argv: list[str]) -> int:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
     _math_verify()
+    judge("1/2", "0.5")  # warm-up: math-verify/sympy initialise parsers lazily on first use
     proto.write('{"ready": true}\n')
     for line in sys.stdin:
         try:
             req = json.loads(line)
         except ValueError:
             continue
+        proto.write(json.dumps({"ack": req.get("id")}) + "\n")
         try:
             ok, err = judge(req["p"], req["g"]), None
         except BaseException as e:  # RecursionError, MemoryError, sympy bugs: score 0

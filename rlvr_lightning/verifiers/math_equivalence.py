@@ -12,6 +12,10 @@
   only work in the main thread, so the parent kills a worker that overruns
   (SIGKILL to its process group), reaps it and starts a replacement, while the
   other workers keep judging the remaining rows.
+
+A row's budget starts when a ready, warmed-up worker acknowledges the row, so neither
+a replacement worker's start-up (which has its own, generous ``startup_timeout_s``)
+nor a worker that died between rows can cost a row its verdict.
 """
 
 from __future__ import annotations
@@ -62,6 +66,18 @@ def answers_match(prediction: str | None, gold: str | None, *, timeout_seconds: 
         return False
 
 
+class _Task:
+    """A request in flight. Until the worker acknowledges it, `deadline` is the (generous) delivery
+    deadline; from the acknowledgement on, it is the row's own time budget."""
+
+    __slots__ = ("req_id", "deadline", "acked")
+
+    def __init__(self, req_id: int, deadline: float) -> None:
+        self.req_id = req_id
+        self.deadline = deadline
+        self.acked = False
+
+
 class _Worker:
     """One ``_math_worker.py`` child; talks newline-delimited JSON over pipes."""
 
@@ -80,15 +96,15 @@ class _Worker:
         self.buf = b""
         self.ready = False
         self.started = time.monotonic()
-        self.task: tuple[int, float] | None = None  # (request id, deadline)
+        self.task: _Task | None = None
 
-    def send(self, req_id: int, pred: str, gold: str, deadline: float) -> bool:
+    def send(self, req_id: int, pred: str, gold: str, ack_deadline: float) -> bool:
         try:
             self.proc.stdin.write((json.dumps({"id": req_id, "p": pred, "g": gold}) + "\n").encode())
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError):
             return False
-        self.task = (req_id, deadline)
+        self.task = _Task(req_id, ack_deadline)
         return True
 
     def read(self) -> list[dict] | None:
@@ -150,8 +166,11 @@ class MathVerifier:
     Args:
         workers: number of worker processes (started lazily, on the first ``score``).
         timeout_s: wall-clock budget for judging one (prediction, gold) pair, counted
-            from the moment a ready worker receives it. On expiry the worker is killed
-            and replaced and the row scores 0.
+            from the moment a ready worker acknowledges receiving it (not from when it was
+            queued or sent; worker start-up never eats into it). On expiry the worker is
+            killed and replaced and the row scores 0. A worker that dies or stalls before
+            acknowledging a row (killed from outside, OOM killer, starved) is replaced and
+            the row is re-sent (at most twice) instead of being scored.
         extract: if True, ``predictions`` are raw completions and the answer is taken
             with ``extract_answer(text, methods)``; if False they are answers already.
             Golds are always answers (e.g. ``extract_gsm8k(solution)`` for GSM8K).
@@ -159,7 +178,8 @@ class MathVerifier:
         max_answer_chars: longer extracted answers score 0 without being parsed; longer
             golds are only compared as normalised strings.
         memory_mb: address-space limit of each worker (0 = none).
-        startup_timeout_s: how long a worker may take to import math-verify.
+        startup_timeout_s: how long a worker may take to import math-verify and warm up,
+            and how long a ready worker may take to acknowledge a request.
         string_fast_path: score identical normalised strings 1.0 without math-verify
             (turn off to make math-verify judge every pair, e.g. to test it).
     """
@@ -263,6 +283,10 @@ class MathVerifier:
         """PIDs of the live workers (for tests and debugging)."""
         return [w.proc.pid for w in self._workers if w.proc.poll() is None]
 
+    def judging_pids(self) -> list[int]:
+        """PIDs of the workers judging an acknowledged request right now (for tests and debugging)."""
+        return [w.proc.pid for w in list(self._workers) if w.task is not None and w.task.acked]
+
     # ------------------------------------------------------------------ internals
 
     def _stop_workers(self) -> None:
@@ -298,22 +322,36 @@ class MathVerifier:
                     self._replace(w)
             raise
 
+    MAX_RESENDS = 2  # a row whose worker died before acknowledging it is re-sent at most this often
+
     def _judge_all_unsafe(self, keys: list[tuple[str, str]]) -> list[bool | None]:
         results: list[bool | None] = [None] * len(keys)
         pending = collections.deque(range(len(keys)))
         local: dict[int, int] = {}  # request id -> index into keys
+        resends: collections.Counter[int] = collections.Counter()
         startup_failures = 0
+
+        def undelivered(w: _Worker) -> None:
+            """`w` died or stalled before acknowledging its row: not the row's fault, send it again."""
+            k = local[w.task.req_id]
+            resends[k] += 1
+            if resends[k] <= self.MAX_RESENDS:
+                pending.appendleft(k)
+            else:
+                results[k] = None
+
         self._ensure_workers()
         while pending or any(w.task is not None for w in self._workers):
             now = time.monotonic()
-            for w in self._workers:
+            for w in list(self._workers):
                 if w.ready and w.task is None and pending:
                     k = pending.popleft()
                     self._seq += 1
                     local[self._seq] = k
-                    if not w.send(self._seq, keys[k][0], keys[k][1], now + self.timeout_s):
-                        pending.appendleft(k)  # the pipe broke: let the EOF path replace it
-            deadlines = [w.task[1] for w in self._workers if w.task is not None]
+                    if not w.send(self._seq, keys[k][0], keys[k][1], now + self.startup_timeout_s):
+                        pending.appendleft(k)  # the pipe broke: the worker is gone
+                        self._replace(w)
+            deadlines = [w.task.deadline for w in self._workers if w.task is not None]
             deadlines += [w.started + self.startup_timeout_s for w in self._workers if not w.ready]
             wait = max(0.0, min(deadlines) - now) if deadlines else 0.05
             by_fd = {w.fd: w for w in self._workers}
@@ -321,9 +359,12 @@ class MathVerifier:
             for fd in readable:
                 w = by_fd[fd]
                 msgs = w.read()
-                if msgs is None:  # the worker died (segfault, OOM kill, ...)
+                if msgs is None:  # the worker died (segfault, OOM kill, killed from outside, ...)
                     if w.task is not None:
-                        results[local[w.task[0]]] = None
+                        if w.task.acked:
+                            results[local[w.task.req_id]] = None  # died judging it: the row scores 0
+                        else:
+                            undelivered(w)
                     elif not w.ready:
                         startup_failures += 1
                         if startup_failures >= 3:
@@ -335,13 +376,21 @@ class MathVerifier:
                 for msg in msgs:
                     if msg.get("ready"):
                         w.ready = True
-                    elif w.task is not None and msg.get("id") == w.task[0]:
-                        results[local[w.task[0]]] = None if msg.get("err") else bool(msg.get("ok"))
+                    elif w.task is None:
+                        continue
+                    elif "ack" in msg and msg["ack"] == w.task.req_id:
+                        w.task.acked = True
+                        w.task.deadline = time.monotonic() + self.timeout_s  # the row's budget starts now
+                    elif msg.get("id") == w.task.req_id:
+                        results[local[w.task.req_id]] = None if msg.get("err") else bool(msg.get("ok"))
                         w.task = None
             now = time.monotonic()
             for w in list(self._workers):
-                if w.task is not None and now >= w.task[1]:
-                    results[local[w.task[0]]] = None  # over budget: kill, replace, score 0
+                if w.task is not None and now >= w.task.deadline:
+                    if w.task.acked:
+                        results[local[w.task.req_id]] = None  # over budget: kill, replace, score 0
+                    else:
+                        undelivered(w)
                     self._replace(w)
                 elif not w.ready and now >= w.started + self.startup_timeout_s:
                     tail = w.stderr_tail()

@@ -87,7 +87,9 @@ def test_extraction_is_linear_on_hostile_input():
     for text in hostile:
         extract_answer(text)
         normalize_answer(text)
-    assert time.perf_counter() - t0 < 5.0
+    # ~1.5 s here when idle; a quadratic pass over these 200k-1M character inputs would take hours.
+    # The bound leaves room for a machine shared with other jobs.
+    assert time.perf_counter() - t0 < 15.0
 
 
 # ----------------------------------------------------------------------------- normalisation
@@ -287,21 +289,72 @@ def test_verifier_without_string_fast_path(verifier):
         verifier.string_fast_path = True
 
 
-def test_worker_crash_costs_only_its_row(verifier):
+def _wait_dead(pids, timeout=30.0):
+    """Until every pid has exited (a zombie or reaped): SIGKILL takes effect asynchronously."""
+    deadline = time.monotonic() + timeout
+    for pid in pids:
+        while time.monotonic() < deadline:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    if f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                        break
+            except (FileNotFoundError, ProcessLookupError):
+                break
+            time.sleep(0.01)
+
+
+def _kill_when_judging(verifier, pids, killed_at):
+    """Kill `pids` once a worker has acknowledged a row (deterministic: the row is being judged)."""
     import os
     import signal
 
+    deadline = time.monotonic() + 60
+    while not verifier.judging_pids() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    killed_at.append(time.monotonic())
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+
+
+def test_worker_crash_costs_only_its_row(verifier):
     verifier.score([r"\boxed{1}"], ["2"])  # make sure the pool is up
     pids = verifier.worker_pids()
-    killer = threading.Timer(0.5, lambda: [os.kill(p, signal.SIGKILL) for p in pids])
+    killed_at: list[float] = []
+    killer = threading.Thread(target=_kill_when_judging, args=(verifier, pids, killed_at))
     killer.start()
-    t0 = time.monotonic()
     scores, failed = verifier.score([r"\boxed{9^{9^{9^9}}}"], ["5"])
+    returned = time.monotonic()
     killer.join()
     assert (scores, failed) == ([0.0], 1)
-    assert time.monotonic() - t0 < TIMEOUT  # noticed the crash, did not wait for the budget
+    assert returned - killed_at[0] < TIMEOUT  # noticed the crash, did not wait for the budget
+    # The idle worker was killed too, maybe not dead yet: a row sent to it before it dies is
+    # never acknowledged, so it is re-sent to a fresh worker instead of being scored 0.
     assert verifier.score([r"\boxed{3/6}"], ["0.5"]) == ([1.0], 0)
+    _wait_dead(pids)
     assert set(verifier.worker_pids()).isdisjoint(pids)
+
+
+def test_row_sent_to_a_dying_worker_is_resent():
+    import os
+    import signal
+
+    with MathVerifier(workers=1, timeout_s=TIMEOUT) as v:
+        v.score([r"\boxed{1}"], ["2"])  # start the worker
+        (pid,) = v.worker_pids()
+        os.kill(pid, signal.SIGSTOP)  # alive and "ready", but will never read its next row
+        killer = threading.Timer(0.3, os.kill, args=(pid, signal.SIGKILL))
+        killer.start()
+        try:
+            assert v.score([r"\boxed{3/6}"], ["0.5"]) == ([1.0], 0)
+        finally:
+            killer.join()
+        assert pid not in v.worker_pids()
+
+
+def test_worker_start_up_is_not_charged_to_the_row():
+    # Budget far below a worker's start-up (imports + warm-up): the row still gets all of it.
+    with MathVerifier(workers=1, timeout_s=0.5) as v:
+        assert v.score([r"\boxed{3/6}", r"\boxed{\frac{2}{8}}"], ["0.5", "0.25"]) == ([1.0, 1.0], 0)
 
 
 def test_verifiers_do_not_import_lightning():
