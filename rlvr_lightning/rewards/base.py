@@ -12,13 +12,17 @@ and four lines of YAML under `trainer.callbacks`.
 
 Model output is untrusted input. A reward that raises on one row costs that row (scored
 0, counted in `num_errors`) when `on_error="zero"`; `on_error="raise"` stops the run.
-Rewards that can hang (math verification, code execution) enforce their own time budget.
+`timeout_s` bounds each `score_row` call: a row that takes longer scores 0 and is counted.
+The call runs in a daemon thread, which Python cannot stop, so a row stuck in a tight loop
+keeps one thread busy until the process exits; rewards that judge untrusted programs or
+formulas (`rewards.code`, `rewards.math`) therefore run them in killable worker processes.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import threading
 
 import torch
 from lightning.pytorch import Callback
@@ -45,26 +49,51 @@ class RewardCallback(Callback):
 
     kind: str = "task"
 
-    def __init__(self, weight: float = 1.0, name: str | None = None, on_error: str = "zero") -> None:
+    def __init__(
+        self, weight: float = 1.0, name: str | None = None, on_error: str = "zero", timeout_s: float | None = None
+    ) -> None:
         if on_error not in ON_ERROR_CHOICES:
             raise ValueError(f"on_error={on_error!r} is not one of {ON_ERROR_CHOICES}")
+        if timeout_s is not None and timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0 or null, got {timeout_s}")
         self.weight = weight
         self.name = name or _snake_case(type(self).__name__.removesuffix("Reward"))
         self.on_error = on_error
-        self.num_errors = 0  # rows that raised since the last `pop_errors`
+        self.timeout_s = timeout_s
+        self.num_errors = 0  # rows that raised or timed out since the last `pop_errors`
 
     def score(self, rollout: Rollout) -> Tensor:
         """Unweighted scores `float[N]`. The default calls `score_row` on every row, isolating failures."""
         scores = torch.zeros(rollout.num_rows)
         for i in range(rollout.num_rows):
             try:
-                scores[i] = float(self.score_row(rollout, i))
+                scores[i] = float(self._score_row_in_time(rollout, i))
             except Exception:
                 if self.on_error == "raise":
                     raise
                 self.num_errors += 1
                 log.debug("reward %s failed on row %d", self.name, i, exc_info=True)
         return scores.to(rollout.response_ids.device)
+
+    def _score_row_in_time(self, rollout: Rollout, i: int) -> float:
+        if self.timeout_s is None:
+            return self.score_row(rollout, i)
+        result: list = []
+
+        def run() -> None:
+            try:
+                result.append(self.score_row(rollout, i))
+            except BaseException as error:  # handed to the caller below
+                result.append(error)
+
+        worker = threading.Thread(target=run, name=f"reward-{self.name}-row-{i}", daemon=True)
+        worker.start()
+        worker.join(self.timeout_s)
+        if not result:
+            raise TimeoutError(f"reward {self.name} took longer than timeout_s={self.timeout_s} on row {i}")
+        if isinstance(result[0], BaseException):
+            raise result[0]
+        return result[0]
 
     def score_row(self, rollout: Rollout, i: int) -> float:
         raise NotImplementedError(f"{type(self).__name__} must override score() or score_row()")

@@ -43,8 +43,9 @@ class SortInclusionOrderingReward(RewardCallback):
     one-to-one (inclusion 1).
     """
 
-    def __init__(self, multiset: bool = False, weight: float = 1.0, name: str | None = None, on_error: str = "zero"):
-        super().__init__(weight=weight, name=name, on_error=on_error)
+    def __init__(self, multiset: bool = False, **kwargs) -> None:
+        """`kwargs`: `weight`, `name`, `on_error`, `timeout_s` of `RewardCallback`."""
+        super().__init__(**kwargs)
         self.multiset = multiset
 
     def score(self, rollout: Rollout) -> Tensor:

@@ -88,3 +88,25 @@ def test_whole_batch_failure_is_zero_and_counted():
     reward = BrokenBatch()
     assert reward(rollout).tolist() == [0.0, 0.0, 0.0]
     assert reward.pop_errors() == 3
+
+
+class HangsOnRowOne(RewardCallback):
+    def score_row(self, rollout, i):
+        if i == 1:
+            import time
+
+            time.sleep(30)
+        return 1.0
+
+
+def test_a_hanging_row_costs_that_row_only():
+    import time
+
+    rollout = make_rollout([[0, 1]] * 3, [[0, 1]] * 3)
+    reward = HangsOnRowOne(timeout_s=0.2)
+    started = time.monotonic()
+    assert reward(rollout).tolist() == [1.0, 0.0, 1.0]
+    assert time.monotonic() - started < 5
+    assert reward.pop_errors() == 1
+    with pytest.raises(ValueError, match="timeout_s"):
+        HangsOnRowOne(timeout_s=0)
