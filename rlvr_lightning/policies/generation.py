@@ -91,16 +91,28 @@ def _sample_categorical(probs: Tensor) -> Tensor:
 
 
 def sample_next_token(
-    logits: Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0
+    logits: Tensor,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    do_sample: bool = True,
+    suppress: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """Sample one token per row of `logits [B, V]`.
+    """Sample one token per row of `logits [B, V]` (the argmax when `do_sample` is False).
 
-    Returns `(tokens long[B], log_probs float[B])`; the log-probs are under the unfiltered
+    `suppress` (token ids) are never chosen (e.g. EOS before `min_new_tokens`). Returns
+    `(tokens long[B], log_probs float[B])`; the log-probs are under the unfiltered
     `softmax(logits / temperature)`, i.e. what `token_log_probs` recomputes for the same tokens.
     """
     scaled = logits.float() / temperature
-    filtered = filter_logits(scaled, top_k=top_k, top_p=top_p)
-    tokens = _sample_categorical(torch.softmax(filtered, dim=-1))
+    choose_from = scaled
+    if suppress is not None and suppress.numel():
+        choose_from = scaled.index_fill(-1, suppress, float("-inf"))
+    if do_sample:
+        filtered = filter_logits(choose_from, top_k=top_k, top_p=top_p)
+        tokens = _sample_categorical(torch.softmax(filtered, dim=-1))
+    else:
+        tokens = choose_from.argmax(dim=-1)
     log_probs = scaled.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
     return tokens, log_probs
 
@@ -172,12 +184,16 @@ def generate(
     top_p: float = 1.0,
     stop: StopStringChecker | None = None,
     compact: bool = True,
+    do_sample: bool = True,
+    min_new_tokens: int = 0,
 ) -> GenerationOutput:
     """Sample `n` continuations of each left-padded prompt (rows `i*n .. i*n+n-1` belong to prompt `i`).
 
     `prompt_ids/prompt_mask [B, P]` are the *distinct* prompts: they are prefilled once and their KV
     cache is repeated `n` times. Finished rows (EOS or stop string) are removed from the batch when
-    `compact` (and the cache supports it); the loop ends when every row has finished.
+    `compact` (and the cache supports it); the loop ends when every row has finished. With
+    `do_sample=False` every row decodes greedily (argmax), so the `n` rows of a prompt are equal.
+    EOS cannot be sampled before `min_new_tokens` tokens (stop strings still end a row).
     """
     from transformers import DynamicCache
 
@@ -223,7 +239,8 @@ def generate(
     steps = 0
     for step in range(max_new_tokens):
         steps = step + 1
-        token, token_log_prob = sample_next_token(logits, temperature, top_k, top_p)
+        suppress = eos if step < min_new_tokens else None
+        token, token_log_prob = sample_next_token(logits, temperature, top_k, top_p, do_sample, suppress)
         rows = active[alive]
         tokens_out[rows, step] = token[alive]
         log_probs_out[rows, step] = token_log_prob[alive]

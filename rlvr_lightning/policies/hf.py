@@ -24,8 +24,12 @@ Tokenizers without a pad token use the EOS token as pad (with one warning). Pad 
 masked, so this changes nothing but the filler ids.
 
 `sample` uses a hand-written batched loop (`rlvr_lightning.policies.generation.generate`): left padding,
-a `DynamicCache`, one prefill per distinct prompt, finished rows dropped from the batch. It records
-`last_generation_stats`.
+a `DynamicCache`, one prefill per distinct prompt, finished rows dropped from the batch. It honours
+`SamplingConfig.do_sample` (False: greedy argmax), never samples EOS before `min_new_tokens` tokens, and
+records `last_generation_stats` (response length mean/min/max, truncated fraction, tokens/s, ...).
+
+Dropout is switched off (`disable_dropout`, as in TRL) so that sampling and scoring see the same
+network, and the model is put in train mode (transformers only checkpoints activations in train mode).
 
 With LoRA (`lora_r > 0`) the base weights are frozen and the KL reference is the base model with the
 adapter disabled: `create_reference` returns a parameter-free marker and no second copy is made.
@@ -62,6 +66,19 @@ REFERENCE_ADAPTER = "reference"
 _warned_no_pad: set[str] = set()
 
 
+def _disable_dropout(model: nn.Module) -> None:
+    """Dropout off everywhere (as TRL's `disable_dropout`): sampling and scoring see the same network."""
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = 0.0
+        if isinstance(getattr(module, "attention_dropout", None), float):  # attention layers copy it from the config
+            module.attention_dropout = 0.0
+    config = getattr(model, "config", None)
+    for name in ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop"):
+        if isinstance(getattr(config, name, None), float):
+            setattr(config, name, 0.0)
+
+
 class AdapterReference(nn.Module):
     """The KL reference of a LoRA policy: its own base model, adapter disabled (holds no weights)."""
 
@@ -92,6 +109,8 @@ class HFPolicy(Policy):
         prompt_template: str = "chat",
         system_prompt: str | None = None,
         keep_sampling_log_probs: bool = False,
+        min_new_tokens: int = 0,
+        disable_dropout: bool = True,
         trust_remote_code: bool = False,
     ) -> None:
         super().__init__()
@@ -109,6 +128,9 @@ class HFPolicy(Policy):
         self.prompt_template = prompt_template
         self.system_prompt = system_prompt
         self.keep_sampling_log_probs = keep_sampling_log_probs
+        if min_new_tokens < 0:
+            raise ValueError(f"min_new_tokens must be >= 0, got {min_new_tokens}")
+        self.min_new_tokens = min_new_tokens
         self.lora_r = lora_r
         self.torch_dtype = DTYPES[dtype]
         self.last_generation_stats: dict[str, float] = {}
@@ -130,6 +152,10 @@ class HFPolicy(Policy):
             model = self._model_from_config(config, model_kwargs)
         else:
             model = self._load_model(model_source, gguf_name, model_kwargs)
+        if disable_dropout:
+            _disable_dropout(model)
+        # from_pretrained returns the model in eval mode; transformers runs gradient checkpointing only in train mode
+        model.train()
         if gradient_checkpointing:
             non_reentrant = {"use_reentrant": False}
             if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x name
@@ -400,6 +426,8 @@ class HFPolicy(Policy):
                 top_k=sampling.top_k,
                 top_p=sampling.top_p,
                 stop=stop,
+                do_sample=sampling.do_sample,
+                min_new_tokens=max(self.min_new_tokens, int(getattr(sampling, "min_new_tokens", 0) or 0)),
             )
         finally:
             self.model.train(was_training)

@@ -116,6 +116,45 @@ def test_truncation_flag(make_policy):
     assert policy.last_generation_stats["truncated_fraction"] == 1.0
 
 
+def test_greedy_decoding_when_do_sample_is_false(make_policy):
+    policy = make_policy()
+    greedy = SamplingConfig(max_new_tokens=6, do_sample=False, temperature=0.7)
+    torch.manual_seed(1)
+    first = policy.sample({"prompt": PROMPTS}, n=3, sampling=greedy)
+    torch.manual_seed(2)
+    second = policy.sample({"prompt": PROMPTS}, n=3, sampling=greedy)
+    assert torch.equal(first.response_ids, second.response_ids)  # no randomness
+    for g in range(len(PROMPTS)):
+        assert (first.response_ids[3 * g : 3 * g + 3] == first.response_ids[3 * g]).all()
+    # each token is the argmax of the model's next-token distribution
+    log_probs, _ = policy.token_log_probs(first, temperature=0.7)
+    logits, t = policy._forward_response_logits(first)
+    expected = logits.argmax(-1)
+    mask = first.response_mask[:, :t].bool()
+    assert torch.equal(first.response_ids[:, :t][mask], expected[mask])
+
+
+def test_min_new_tokens_suppresses_eos(make_policy):
+    policy = make_policy(min_new_tokens=5)
+    handle = bias_tokens(policy, policy.eos_token_ids, 1e4)  # EOS whenever it is allowed
+    rollout = policy.sample({"prompt": PROMPTS}, n=2, sampling=SamplingConfig(max_new_tokens=9))
+    handle.remove()
+    assert rollout.response_ids.shape == (6, 6)
+    assert (rollout.response_ids[:, 5] == policy.eos_token_ids[0]).all()
+    assert not torch.isin(rollout.response_ids[:, :5], torch.tensor(policy.eos_token_ids)).any()
+    assert rollout.response_mask.eq(1).all() and not rollout.truncated.any()
+    with pytest.raises(ValueError, match="min_new_tokens must be >= 0"):
+        make_policy(min_new_tokens=-1)
+
+
+def test_model_is_in_train_mode_without_dropout(make_policy):
+    policy = make_policy(config=tiny_llama_config(attention_dropout=0.5))
+    assert policy.model.training
+    assert all(m.attention_dropout == 0.0 for m in policy.model.modules() if hasattr(m, "attention_dropout"))
+    kept = make_policy(config=tiny_llama_config(attention_dropout=0.5), disable_dropout=False)
+    assert any(m.attention_dropout == 0.5 for m in kept.model.modules() if hasattr(m, "attention_dropout"))
+
+
 def test_stop_strings(make_policy):
     policy = make_policy()
     tok = policy.tokenizer

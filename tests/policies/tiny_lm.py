@@ -27,7 +27,22 @@ CHAT_TEMPLATE = (
 )
 
 
-def build_tiny_tokenizer(vocab_size: int = 320, with_pad: bool = True, chat_template: bool = True) -> Any:
+def bench_corpus(lines: int = 400, seed: int = 0) -> list[str]:
+    """Synthetic text (sentences and arithmetic) with enough merges for a ~500-token vocabulary."""
+    import random
+
+    rng = random.Random(seed)
+    words = " ".join(SENTENCES).split()
+    corpus = list(SENTENCES)
+    for _ in range(lines):
+        a, b = rng.randrange(1000), rng.randrange(1000)
+        corpus.append(f"What is {a} + {b}? {' '.join(rng.choices(words, k=6))} The answer is {a + b}.")
+    return corpus
+
+
+def build_tiny_tokenizer(
+    vocab_size: int = 320, with_pad: bool = True, chat_template: bool = True, corpus: list[str] | None = None
+) -> Any:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -40,7 +55,7 @@ def build_tiny_tokenizer(vocab_size: int = 320, with_pad: bool = True, chat_temp
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tokenizer.train_from_iterator(SENTENCES, trainer)
+    tokenizer.train_from_iterator(corpus or SENTENCES, trainer)
     kwargs: dict[str, Any] = {"eos_token": EOS, "bos_token": BOS}
     if with_pad:
         kwargs["pad_token"] = PAD

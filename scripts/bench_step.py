@@ -1,0 +1,377 @@
+"""One GRPO training step, this framework vs TRL's `GRPOTrainer`, on identical work (issue 4).
+
+Both sides load the same saved model directory (same weights, fp32, SDPA attention), sample
+`prompts x generations` completions of exactly `new_tokens` tokens (EOS is suppressed until then
+on both sides: `min_new_tokens` in our `HFPolicy`, `generation_kwargs={"min_new_tokens": ...}` in
+TRL), temperature 1, top-p 1, no top-k, score them with the same Python reward, compute
+group-normalised advantages and take one optimizer step (AdamW, constant lr, grad-norm clip 1,
+beta 0, one inner epoch, one mini-batch, token-mean loss over the rollout). With one update per
+rollout neither side runs a separate old-log-prob forward.
+
+Ours runs through the real `RLVRModule` + Lightning `Trainer` (an `InlineTask` data module, no
+logger, no progress bar); a step is timed from `on_train_batch_start` to `on_train_batch_end`.
+TRL's step is timed from `on_step_begin` to `on_step_end` of a `TrainerCallback`. The first
+`--warmup` steps of each run are dropped; the script prints the median of the rest, the ratio of
+the medians, and where the time goes (per-step medians of each section; "other" is the step
+minus the sections: framework overhead).
+
+    python scripts/bench_step.py                       # both cases
+    python scripts/bench_step.py --case tiny --steps 10
+    python scripts/bench_step.py --case smollm2 --steps 4   # needs `rlvr-models fetch smollm2-135m-instruct`
+
+Cases: `tiny` = a random Llama (hidden 128, 2 layers, 4 heads, byte-level BPE vocabulary of 512
+trained on the spot), 8 prompts x 8 completions x 16 tokens; `smollm2` = SmolLM2-135M-Instruct,
+2 chat prompts x 8 completions x 32 tokens. Threads are pinned (`--threads`, default 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from collections import defaultdict
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("WANDB_MODE", "disabled")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "policies"))  # tiny_lm: the test suite's tiny model + tokenizer builder
+
+LR = 1e-5
+SECTIONS = ("generation", "reward", "logprob_forward", "backward", "optimizer")
+
+TINY_PROMPTS = [f"What is {a} + {b}? The answer is" for a, b in [(3, 4), (12, 7), (25, 17), (8, 9), (101, 5), (64, 36), (7, 70), (250, 250)]]
+SMOL_PROMPTS = ["What is 12 + 7? Answer with a number.", "Name a prime number larger than 10."]
+
+CASES = {
+    "tiny": {"prompts": TINY_PROMPTS, "generations": 8, "new_tokens": 16, "template": "raw"},
+    "smollm2": {"prompts": SMOL_PROMPTS, "generations": 8, "new_tokens": 32, "template": "chat"},
+}
+
+
+def digit_reward(text: str) -> float:
+    """The shared reward: the fraction of characters that are digits."""
+    return sum(c.isdigit() for c in text) / max(len(text), 1)
+
+
+# ----------------------------------------------------------------------------- timing
+
+
+class StepTimer:
+    """Per-step wall time and time spent inside wrapped functions (sections)."""
+
+    def __init__(self) -> None:
+        self.steps: list[dict[str, float]] = []
+        self.current: dict[str, float] = defaultdict(float)
+        self.started = 0.0
+
+    def wrap(self, obj, attr: str, section: str) -> None:
+        fn = getattr(obj, attr)
+
+        @functools.wraps(fn)
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.current[section] += time.perf_counter() - t0
+
+        setattr(obj, attr, timed)
+
+    def begin(self) -> None:
+        self.current = defaultdict(float)
+        self.started = time.perf_counter()
+
+    def end(self) -> None:
+        total = time.perf_counter() - self.started
+        step = {"step": total, **self.current}
+        step["other"] = total - sum(self.current.get(s, 0.0) for s in SECTIONS)
+        self.steps.append(step)
+
+    def medians(self, warmup: int) -> dict[str, float]:
+        kept = self.steps[warmup:] or self.steps
+        keys = ["step", *SECTIONS, "other"]
+        return {k: statistics.median(s.get(k, 0.0) for s in kept) for k in keys}
+
+
+# ----------------------------------------------------------------------------- models
+
+
+def make_tiny_model(directory: Path, seed: int = 0) -> Path:
+    from tiny_lm import bench_corpus, build_tiny_tokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    tokenizer = build_tiny_tokenizer(vocab_size=512, corpus=bench_corpus())
+    config = AutoConfig.for_model(
+        "llama",
+        vocab_size=len(tokenizer),
+        hidden_size=128,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.save_pretrained(str(directory))
+    tokenizer.save_pretrained(str(directory))
+    return directory
+
+
+def smollm2_dir() -> Path:
+    from rlvr_lightning.policies.model_cache import is_fetched, model_dir
+
+    if not is_fetched("smollm2-135m-instruct"):
+        raise SystemExit("SmolLM2 is not fetched: run `rlvr-models fetch smollm2-135m-instruct` first")
+    return model_dir("smollm2-135m-instruct")
+
+
+# ----------------------------------------------------------------------------- ours
+
+
+def run_ours(model_dir: Path, case: dict, steps: int, seed: int) -> StepTimer:
+    import lightning.pytorch as pl
+
+    from rlvr_lightning.advantages import GroupNormalizedAdvantage
+    from rlvr_lightning.data.datamodule import RLVRDataModule
+    from rlvr_lightning.data.inline_task import InlineTask
+    from rlvr_lightning.modules.rlvr import RLVRModule
+    from rlvr_lightning.policies.base import SamplingConfig
+    from rlvr_lightning.policies.hf import HFPolicy
+    from rlvr_lightning.rewards.base import RewardCallback
+
+    class DigitReward(RewardCallback):
+        def score(self, rollout):
+            return torch.tensor([digit_reward(t) for t in rollout.response_text])
+
+    timer = StepTimer()
+
+    class Timing(pl.Callback):
+        def on_train_batch_start(self, *args):
+            timer.begin()
+
+        def on_train_batch_end(self, *args):
+            timer.end()
+
+    pl.seed_everything(seed, verbose=False)
+    new_tokens = case["new_tokens"]
+    policy = HFPolicy(
+        model_name_or_path=str(model_dir),
+        prompt_template=case["template"],
+        dtype="float32",
+        attn_implementation="sdpa",
+        min_new_tokens=new_tokens,
+    )
+    module = RLVRModule(
+        policy,
+        optimizer=functools.partial(torch.optim.AdamW, lr=LR, weight_decay=0.0, fused=True),  # TRL: adamw_torch_fused
+        group_size=case["generations"],
+        sampling=SamplingConfig(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=new_tokens),
+        loss="ppo_clip",
+        clip_low=0.2,
+        clip_high=0.2,
+        aggregation="token-mean",
+        kl_coef=0.0,
+        ppo_epochs=1,
+        max_grad_norm=1.0,
+    )
+    timer.wrap(policy, "sample", "generation")
+    timer.wrap(module, "score", "reward")
+    timer.wrap(policy, "token_log_probs", "logprob_forward")
+    timer.wrap(module, "manual_backward", "backward")
+    timer.wrap(module, "_clip_and_step", "optimizer")
+    data = RLVRDataModule(InlineTask(examples=[{"prompt": p} for p in case["prompts"]], seed=seed), batch_size=len(case["prompts"]))
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=1,
+        limit_train_batches=steps,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[DigitReward(), GroupNormalizedAdvantage(), Timing()],
+    )
+    trainer.fit(module, datamodule=data)
+    stats = policy.last_generation_stats
+    assert stats["response_length/min"] == stats["response_length/max"] == new_tokens, stats
+    return timer
+
+
+# ----------------------------------------------------------------------------- TRL
+
+
+def run_trl(model_dir: Path, case: dict, steps: int, seed: int, output_dir: str) -> StepTimer:
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    timer = StepTimer()
+    lengths: list[int] = []
+
+    class Timing(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            timer.begin()
+
+        def on_pre_optimizer_step(self, args, state, control, **kwargs):
+            self.t0 = time.perf_counter()
+
+        def on_optimizer_step(self, args, state, control, **kwargs):
+            timer.current["optimizer"] += time.perf_counter() - self.t0
+
+        def on_step_end(self, args, state, control, **kwargs):
+            timer.end()
+
+    def reward(completions, completion_ids=None, **kwargs):
+        lengths.extend(len(ids) for ids in completion_ids)
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        return [digit_reward(t) for t in texts]
+
+    prompts = case["prompts"]
+    rows = prompts * (steps + 2)
+    if case["template"] == "chat":
+        rows = [[{"role": "user", "content": p}] for p in rows]
+    dataset = Dataset.from_dict({"prompt": rows})
+    new_tokens, group = case["new_tokens"], case["generations"]
+    args = GRPOConfig(
+        output_dir=output_dir,
+        per_device_train_batch_size=len(prompts) * group,  # completions per optimizer step
+        gradient_accumulation_steps=1,
+        num_generations=group,
+        max_completion_length=new_tokens,
+        generation_kwargs={"min_new_tokens": new_tokens},
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        beta=0.0,
+        num_iterations=1,
+        epsilon=0.2,
+        loss_type="dapo",  # token-mean over the rollout, like aggregation="token-mean"
+        scale_rewards="group",
+        learning_rate=LR,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        max_steps=steps,
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        logging_steps=1,
+        report_to=[],
+        save_strategy="no",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        seed=seed,
+        shuffle_dataset=False,
+    )
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, attn_implementation="sdpa")
+    trainer = GRPOTrainer(
+        model=model, reward_funcs=[reward], args=args, train_dataset=dataset, processing_class=tokenizer, callbacks=[Timing()]
+    )
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    trainer.remove_callback(PrinterCallback)  # the per-step log dicts (still computed: logging_steps=1)
+    trainer.remove_callback(ProgressCallback)
+    timer.wrap(trainer, "_generate", "generation")
+    timer.wrap(trainer, "_calculate_rewards", "reward")
+    timer.wrap(trainer, "_get_per_token_logps_and_entropies", "logprob_forward")
+    timer.wrap(trainer.accelerator, "backward", "backward")
+    timer.wrap(trainer, "_clip_grad_norm", "optimizer")
+    trainer.train()
+    assert set(lengths) == {new_tokens}, sorted(set(lengths))
+    return timer
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def fmt_row(label: str, m: dict[str, float]) -> str:
+    cells = " ".join(f"{m[k]:>9.3f}" for k in ["step", *SECTIONS, "other"])
+    return f"{label:<6} {cells}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--case", choices=[*CASES, "all"], default="all")
+    parser.add_argument("--steps", type=int, default=None, help="measured steps per run (default: tiny 10, smollm2 4)")
+    parser.add_argument("--warmup", type=int, default=1, help="first steps of each run left out of the medians")
+    parser.add_argument("--rounds", type=int, default=1, help="ours-then-TRL runs per case (medians over all rounds)")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=str, default=None, help="also write the results to this file")
+    parser.add_argument("--only", choices=["ours", "trl"], default=None, help="run one side only (profiling)")
+    args = parser.parse_args(argv)
+
+    torch.set_num_threads(args.threads)
+    warnings.filterwarnings("ignore")
+    import logging
+
+    for name in ("lightning", "lightning.pytorch", "transformers", "trl", "accelerate"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+
+    cases = list(CASES) if args.case == "all" else [args.case]
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="bench_step-") as tmp:
+        for name in cases:
+            case = CASES[name]
+            steps = args.steps or (10 if name == "tiny" else 4)
+            model_dir = make_tiny_model(Path(tmp) / "tiny") if name == "tiny" else smollm2_dir()
+            ours_steps: list[dict] = []
+            trl_steps: list[dict] = []
+            for _ in range(args.rounds):
+                if args.only in (None, "ours"):
+                    ours_steps += run_ours(model_dir, case, args.warmup + steps, args.seed).steps[args.warmup :]
+                if args.only in (None, "trl"):
+                    trl_steps += run_trl(model_dir, case, args.warmup + steps, args.seed, str(Path(tmp) / "trl")).steps[
+                        args.warmup :
+                    ]
+            summary = {}
+            for label, recorded in (("ours", ours_steps), ("trl", trl_steps)):
+                if recorded:
+                    timer = StepTimer()
+                    timer.steps = recorded
+                    summary[label] = timer.medians(0)
+            rows = len(case["prompts"]) * case["generations"]
+            print(
+                f"\n== {name}: {len(case['prompts'])} prompts x {case['generations']} completions x "
+                f"{case['new_tokens']} tokens ({rows} rows), {steps} measured steps x {args.rounds} round(s), "
+                f"{args.threads} thread(s); median seconds per step"
+            )
+            print(f"{'':<6} " + " ".join(f"{k:>9}" for k in ["step", "generate", "reward", "lp_fwd", "backward", "optim", "other"]))
+            for label, m in summary.items():
+                print(fmt_row(label, m))
+            if len(summary) == 2:
+                ratio = summary["trl"]["step"] / summary["ours"]["step"]
+                summary["speedup"] = ratio
+                print(f"speed-up (TRL median / ours median): {ratio:.2f}x")
+            results[name] = summary
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
