@@ -1,16 +1,189 @@
-"""`RLVRDataModule`: batches of prompts from a `Task` for training and validation."""
+"""`RLVRDataModule`: batches of prompts from a `Task` for training and validation.
+
+Training prompts are read from an endless, indexable view of the task's training data, so a
+run's position is a few integers that checkpoints carry and a resumed run continues from:
+
+- an endless stream with `example_at(i)` (`SortStream`) is read by index;
+- any other `IterableDataset` is read in order (resuming skips what was consumed; worker
+  processes are not supported for it);
+- a finite dataset is read as an endless sequence of passes, each shuffled by (seed, pass);
+  a Lightning epoch is `len(dataset) // (batch_size * world_size)` batches.
+
+Under DDP, rank r's share of global batch j is examples `[(j * world + r) * B, ... + B)`; with
+worker processes, worker w produces the batches j = w (mod num_workers), so the examples and
+their order do not depend on `num_workers`. The module counts consumed batches in
+`on_before_batch_transfer` (not what the loader prefetched), which is what `state_dict` saves.
+
+With a `DifficultyFilter` the training prompts are the kept prompts, reshuffled each pass, and
+refreshed every `refresh_every_n_epochs` epochs through Lightning's dataloader reloading (the
+module sets `trainer.reload_dataloaders_every_n_epochs = 1` and decides itself when a refresh is
+due, so that resumed runs refresh at the same epochs). An epoch of filtered training is
+`trainer.limit_train_batches` batches.
+
+`setup` also adds a `ResumeState` callback when the trainer has none (RNG states in
+checkpoints, atomic checkpoint files): pass `resume_state=False` to opt out.
+"""
 
 from __future__ import annotations
 
-import lightning.pytorch as pl
-from torch.utils.data import DataLoader, IterableDataset
+import itertools
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
 
-from rlvr_lightning.data.task import Task, collate_examples
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
+
+from rlvr_lightning.data.difficulty_filter import DifficultyFilter
+from rlvr_lightning.data.task import Example, Task, collate_examples
+
+log = logging.getLogger(__name__)
+
+STATE_VERSION = 1
+
+
+# ------------------------------------------------------------------ sources: endless indexable views
+
+
+class _IndexedStream:
+    """A stream read by index through its `example_at`."""
+
+    finite_size = None
+
+    def __init__(self, stream: IterableDataset) -> None:
+        self.stream = stream
+
+    def __getitem__(self, index: int) -> Example:
+        return self.stream.example_at(index)
+
+
+class _SequentialStream:
+    """Any other stream, read in order; going back restarts it."""
+
+    finite_size = None
+    indexed = False
+
+    def __init__(self, stream: IterableDataset) -> None:
+        self.stream = stream
+        self._iterator = None
+        self._next = 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"stream": self.stream, "_iterator": None, "_next": 0}
+
+    def __getitem__(self, index: int) -> Example:
+        if self._iterator is None or index < self._next:
+            self._iterator, self._next = iter(self.stream), 0
+        if index > self._next:
+            next(itertools.islice(self._iterator, index - self._next - 1, None))  # skip
+            self._next = index
+        self._next += 1
+        return next(self._iterator)
+
+
+class _ReshuffledPool:
+    """A finite dataset as an endless sequence of passes, pass p shuffled by (seed, p)."""
+
+    def __init__(self, dataset, seed: int) -> None:
+        if len(dataset) == 0:
+            raise ValueError("the training dataset is empty")
+        self.dataset = dataset
+        self.seed = seed
+        self.finite_size = len(dataset)
+        self._permutation: tuple[int, list[int]] | None = None
+
+    def __getitem__(self, index: int) -> Example:
+        p = index // self.finite_size
+        if self._permutation is None or self._permutation[0] != p:
+            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + p)
+            self._permutation = (p, torch.randperm(self.finite_size, generator=generator).tolist())
+        return self.dataset[self._permutation[1][index % self.finite_size]]
+
+
+def example_source(dataset: Dataset | IterableDataset, seed: int):
+    if isinstance(dataset, IterableDataset):
+        return _IndexedStream(dataset) if hasattr(dataset, "example_at") else _SequentialStream(dataset)
+    return _ReshuffledPool(dataset, seed)
+
+
+class PromptStream(IterableDataset):
+    """One rank's training examples from `start` (a global example index): `num_batches` batches, or endless."""
+
+    def __init__(self, source, batch_size: int, rank: int = 0, world_size: int = 1, start: int = 0, num_batches: int | None = None):
+        self.source = source
+        self.batch_size = batch_size
+        self.rank = rank
+        self.world_size = world_size
+        self.start = start
+        self.num_batches = num_batches
+
+    def __len__(self) -> int:
+        if self.num_batches is None:
+            raise TypeError("an endless prompt stream has no length")
+        return self.num_batches * self.batch_size
+
+    def __iter__(self):
+        worker = get_worker_info()
+        worker_id, num_workers = (worker.id, worker.num_workers) if worker is not None else (0, 1)
+        if num_workers > 1 and isinstance(self.source, _SequentialStream):
+            raise ValueError(
+                "a training stream without `example_at(index)` cannot be read exactly by worker processes: "
+                "set data.num_workers=0 or give the stream an example_at method"
+            )
+        batches = itertools.count(worker_id, num_workers)
+        if self.num_batches is not None:
+            batches = range(worker_id, self.num_batches, num_workers)
+        for j in batches:
+            first = self.start + (j * self.world_size + self.rank) * self.batch_size
+            for index in range(first, first + self.batch_size):
+                yield self.source[index]
+
+
+class ResumableLoader(DataLoader):
+    """A `DataLoader` whose every iteration starts at the data module's current position.
+
+    It has `state_dict`/`load_state_dict` so that Lightning treats it as resumable; the position
+    itself is saved and restored by `RLVRDataModule.state_dict` / `load_state_dict`."""
+
+    def __init__(self, dataset: PromptStream, position: Callable[[], int], **kwargs) -> None:
+        super().__init__(dataset, **kwargs)
+        self._position = position
+
+    def __iter__(self):
+        self.dataset.start = self._position()
+        return super().__iter__()
+
+    def state_dict(self) -> dict[str, int]:
+        return {"position": self._position()}
+
+    def load_state_dict(self, state_dict: dict[str, int]) -> None:
+        """Nothing to do: `RLVRDataModule.load_state_dict` restored the position before this loader existed."""
+
+
+# ------------------------------------------------------------------ the data module
 
 
 class RLVRDataModule(pl.LightningDataModule):
-    def __init__(self, task: Task, batch_size: int = 16, val_batch_size: int | None = None, num_workers: int = 0):
-        """`batch_size` counts prompts; each is sampled `group_size` times by the module."""
+    def __init__(
+        self,
+        task: Task,
+        batch_size: int = 16,
+        val_batch_size: int | None = None,
+        num_workers: int = 0,
+        difficulty_filter: DifficultyFilter | None = None,
+        seed: int | None = None,
+        resume_state: bool = True,
+    ):
+        """
+        Args:
+            batch_size: prompts per rank and step; each is sampled `group_size` times by the module.
+            difficulty_filter: best-of-n curriculum (see `DifficultyFilter`); None trains on every prompt.
+            seed: shuffles finite datasets and the kept prompts; default the run's `seed_everything` seed.
+            resume_state: add a `ResumeState` callback when the trainer has none.
+        """
         super().__init__()
         if batch_size < 1:
             raise ValueError(f"data.batch_size must be >= 1, got {batch_size}")
@@ -18,26 +191,199 @@ class RLVRDataModule(pl.LightningDataModule):
         self.batch_size = batch_size
         self.val_batch_size = val_batch_size or batch_size
         self.num_workers = num_workers
+        self.difficulty_filter = difficulty_filter
+        self.seed = seed
+        self.resume_state = resume_state
+        self._source = None
+        self.source_position = 0  # examples of the task's training data consumed (training and candidates)
+        self.pool_position = 0  # examples of the kept-prompt pool consumed since the last refresh
 
-    # The seam for the best-of-n difficulty filter: it replaces the training prompts.
-    def train_prompts(self):
-        return self.task.train_dataset()
+    # ------------------------------------------------------------- set-up
+
+    @property
+    def data_seed(self) -> int:
+        return self.seed if self.seed is not None else int(os.environ.get("PL_GLOBAL_SEED", 0))
+
+    def _rank_world(self) -> tuple[int, int]:
+        trainer = self.trainer
+        return (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+
+    def setup(self, stage: str) -> None:
+        trainer = self.trainer
+        if trainer is None:
+            return
+        if self.resume_state:
+            from rlvr_lightning.callbacks.checkpointing import ResumeState
+
+            if not any(isinstance(cb, ResumeState) for cb in trainer.callbacks):
+                trainer.callbacks.append(ResumeState())
+        if stage == "fit" and self.difficulty_filter is not None:
+            if not isinstance(trainer.limit_train_batches, int):
+                raise ValueError(
+                    "the difficulty filter trains on an endless stream of kept prompts: set "
+                    "trainer.limit_train_batches to the rollout steps of one epoch (refreshes happen between epochs)"
+                )
+            if trainer.reload_dataloaders_every_n_epochs != 1:
+                log.info("difficulty filter: setting trainer.reload_dataloaders_every_n_epochs = 1")
+                trainer.reload_dataloaders_every_n_epochs = 1
+
+    def source(self):
+        """The task's training data as an endless indexable view (built once)."""
+        if self._source is None:
+            self._source = example_source(self.task.train_dataset(), self.data_seed)
+        return self._source
+
+    # ------------------------------------------------------------- training data
+
+    def _pool_active(self) -> bool:
+        return self.difficulty_filter is not None and self.difficulty_filter.kept is not None
+
+    def position(self) -> int:
+        """The global example index the next training batch starts at, in the active pool."""
+        return self.pool_position if self._pool_active() else self.source_position
+
+    def train_prompts(self) -> PromptStream:
+        """This rank's training prompts from the current position: the kept prompts, or the task's."""
+        rank, world = self._rank_world()
+        if self._pool_active():
+            pool = _ReshuffledPool(self.difficulty_filter.kept, self.data_seed * 7_919 + self.difficulty_filter.refresh_index)
+            return PromptStream(pool, self.batch_size, rank, world, self.pool_position)
+        source = self.source()
+        num_batches = None
+        if source.finite_size is not None:
+            num_batches = source.finite_size // (self.batch_size * world)
+            if num_batches == 0:
+                raise ValueError(
+                    f"{source.finite_size} training prompts make no batch of {self.batch_size} x {world} rank(s)"
+                )
+        return PromptStream(source, self.batch_size, rank, world, self.source_position, num_batches)
 
     def train_dataloader(self) -> DataLoader:
-        dataset = self.train_prompts()
-        return DataLoader(
-            dataset,
+        if self.difficulty_filter is not None:
+            self._maybe_refresh()
+        return ResumableLoader(
+            self.train_prompts(),
+            position=self.position,
             batch_size=self.batch_size,
-            shuffle=not isinstance(dataset, IterableDataset),
             drop_last=True,
             collate_fn=collate_examples,
             num_workers=self.num_workers,
+            generator=torch.Generator(),  # the loader's base seed must not draw from the global RNG (exact resume)
         )
+
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        trainer = self.trainer
+        if trainer is not None and trainer.training and not trainer.sanity_checking:
+            consumed = self.batch_size * trainer.world_size
+            if self._pool_active():
+                self.pool_position += consumed
+            else:
+                self.source_position += consumed
+        return batch
+
+    # ------------------------------------------------------------- curriculum
+
+    def _candidates(self) -> list[Example]:
+        source, limit = self.source(), self.difficulty_filter.max_candidates
+        if source.finite_size is not None and (limit is None or limit >= source.finite_size):
+            return [source.dataset[i] for i in range(source.finite_size)]  # the whole pool, once each
+        if limit is None:
+            raise ValueError("difficulty_filter.max_candidates must be set for an endless training stream")
+        candidates = [source[self.source_position + i] for i in range(limit)]
+        self.source_position += limit
+        return candidates
+
+    def _maybe_refresh(self) -> None:
+        trainer, flt = self.trainer, self.difficulty_filter
+        if trainer is None:
+            raise RuntimeError("the difficulty filter samples with the trained policy: attach the data module to a Trainer")
+        epoch = trainer.current_epoch
+        if not flt.refresh_due(epoch):
+            return
+        module = trainer.lightning_module
+        rank, world = self._rank_world()
+        candidates = self._candidates()
+        min_kept = flt.min_kept if flt.min_kept is not None else self.batch_size * world
+        stats = flt.refresh(
+            module, candidates, epoch=epoch, seed=self.data_seed, rank=rank, world_size=world,
+            strategy=trainer.strategy, min_kept=min_kept,
+        )
+        self.pool_position = 0
+        for reward in getattr(module, "reward_callbacks", []):
+            stats[f"curriculum/reward_errors/{reward.name}"] = float(reward.pop_errors())
+        self._publish(stats)
+
+    def _publish(self, stats: dict[str, float]) -> None:
+        from rlvr_lightning.modules.step_metrics import log_to_loggers, reduce_across_ranks
+
+        trainer, flt = self.trainer, self.difficulty_filter
+        names = list(stats)
+        values = torch.tensor([stats[k] for k in names], dtype=torch.float64, device=trainer.lightning_module.device)
+        # the stats are identical on every rank but the estimation time: report the slowest rank
+        values = reduce_across_ranks(trainer, values, names, {"curriculum/estimation_s": "max"}).cpu()
+        stats = dict(zip(names, values.tolist()))
+        flt.last_stats = stats
+        step = trainer.fit_loop.epoch_loop._batches_that_stepped
+        log_to_loggers(trainer, stats, step)
+        if trainer.is_global_zero:
+            self._log_wandb_histogram(step)
+        kept, candidates = int(stats["curriculum/kept"]), int(stats["curriculum/candidates"])
+        message = (
+            f"curriculum refresh {flt.refresh_index} (epoch {trainer.current_epoch}): kept {kept}/{candidates} prompts "
+            f"({100 * stats['curriculum/kept_fraction']:.1f}%), too easy {int(stats['curriculum/too_easy'])}, "
+            f"too hard {int(stats['curriculum/too_hard'])}; estimation {stats['curriculum/estimation_s']:.2f} s, "
+            f"{int(stats['curriculum/completions'])} completions"
+        )
+        rank_zero_info(message)
+        if stats["curriculum/fallback"]:
+            rank_zero_warn(
+                f"difficulty filter kept {kept} prompts, fewer than one batch: training on the unfiltered pool "
+                "until the next refresh"
+            )
+
+    def _log_wandb_histogram(self, step: int) -> None:
+        from lightning.pytorch.loggers import WandbLogger
+
+        loggers = [logger for logger in self.trainer.loggers if isinstance(logger, WandbLogger)]
+        if not loggers:
+            return
+        import numpy as np
+        import wandb
+
+        n = self.difficulty_filter.n
+        counts = np.bincount(np.asarray(self.difficulty_filter.pass_counts, dtype=np.int64), minlength=n + 1)
+        edges = np.linspace(-0.5 / n, 1 + 0.5 / n, n + 2)  # one bin per pass rate k/n
+        for logger in loggers:
+            logger.log_metrics({"curriculum/pass_rate_histogram": wandb.Histogram(np_histogram=(counts, edges))}, step=step)
+
+    # ------------------------------------------------------------- validation
 
     def val_dataloader(self) -> DataLoader | list:
         dataset = self.task.val_dataset()
         if dataset is None:
             return []
         return DataLoader(
-            dataset, batch_size=self.val_batch_size, collate_fn=collate_examples, num_workers=self.num_workers
+            dataset, batch_size=self.val_batch_size, collate_fn=collate_examples, num_workers=self.num_workers,
+            generator=torch.Generator(),  # no draw from the global RNG
         )
+
+    # ------------------------------------------------------------- checkpoints
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "version": STATE_VERSION,
+            "source_position": self.source_position,
+            "pool_position": self.pool_position,
+            "curriculum": self.difficulty_filter.state_dict() if self.difficulty_filter is not None else None,
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.source_position = int(state_dict["source_position"])
+        self.pool_position = int(state_dict["pool_position"])
+        curriculum = state_dict.get("curriculum")
+        if self.difficulty_filter is not None and curriculum is not None:
+            self.difficulty_filter.load_state_dict(curriculum)
+        elif self.difficulty_filter is not None:
+            rank_zero_warn("the checkpoint has no curriculum state: the difficulty filter starts afresh")
+        elif curriculum is not None and curriculum.get("kept") is not None:
+            rank_zero_warn("the checkpoint was trained with a difficulty filter; this run has none: training on every prompt")

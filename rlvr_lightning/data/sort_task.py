@@ -84,13 +84,28 @@ class ListDataset(Dataset):
 
 class SortStream(IterableDataset):
     """Endless seeded stream. Prompts are drawn in blocks of `BLOCK` from a generator seeded by
-    (seed, block), so example `i` depends only on (seed, i) and a stream position is one integer."""
+    (seed, block), so example `i` depends only on (seed, i) and a stream position is one integer
+    (`start`, the state of the stream; `example_at(i)` reads any position directly)."""
 
     BLOCK = 4096
 
     def __init__(self, task: SortTask, start: int = 0) -> None:
         self.task = task
         self.start = start
+        self._cached_block: tuple[int, list[list[int]]] | None = None
+
+    def example_at(self, index: int) -> Example:
+        """Example `index` of the stream (random access: `RLVRDataModule` resumes a run here at no cost)."""
+        block_index = index // self.BLOCK
+        if self._cached_block is None or self._cached_block[0] != block_index:
+            self._cached_block = (block_index, self.block(block_index))
+        return self.task.example(self._cached_block[1][index % self.BLOCK])
+
+    def state_dict(self) -> dict[str, int]:
+        return {"start": self.start}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.start = int(state["start"])
 
     def block(self, block_index: int) -> list[list[int]]:
         task = self.task

@@ -2,38 +2,86 @@
 
 `LightningModule.log` costs about half a millisecond per key on a CPU; a training step of
 the sort task logs some 25 keys in under 10 ms of real work. So the RL modules stack every
-step metric into one tensor (one device-to-host copy, one cross-rank reduction), hand the
+step metric into one tensor (one device-to-host copy, one cross-rank collective), hand the
 floats to the trainer's loggers and expose them to callbacks (`trainer.callback_metrics`,
 e.g. for `ModelCheckpoint(monitor=...)`) and to the progress bar.
+
+Across ranks (DDP, FSDP) a metric is reduced by its name: `*_min` by the minimum, `*_max` by
+the maximum, everything else by the mean; `reduce_ops` overrides that per key ("mean", "min",
+"max", "sum"). All of them cost one `all_gather` of the stacked vector.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import lightning.pytorch as pl
 import torch
 from torch import Tensor
 
+REDUCE_OPS = ("mean", "min", "max", "sum")
+
+
+def reduce_op_for(name: str, reduce_ops: Mapping[str, str] | None = None) -> str:
+    """The cross-rank reduction of metric `name`: `reduce_ops[name]`, else by suffix (`_min`, `_max`), else mean."""
+    if reduce_ops and name in reduce_ops:
+        op = reduce_ops[name]
+        if op not in REDUCE_OPS:
+            raise ValueError(f"reduce op {op!r} for metric {name!r} is not one of {REDUCE_OPS}")
+        return op
+    if name.endswith("_min"):
+        return "min"
+    if name.endswith("_max"):
+        return "max"
+    return "mean"
+
+
+def reduce_across_ranks(
+    trainer: pl.Trainer, values: Tensor, names: list[str], reduce_ops: Mapping[str, str] | None = None
+) -> Tensor:
+    """`values[i]` (metric `names[i]`) reduced over all ranks, with one `all_gather`. Identity on one process."""
+    if trainer.world_size <= 1:
+        return values
+    gathered = trainer.strategy.all_gather(values)  # [world_size, K]
+    gathered = gathered.reshape(-1, values.numel())
+    ops = [reduce_op_for(name, reduce_ops) for name in names]
+    if all(op == "mean" for op in ops):
+        return gathered.mean(0)
+    by_op = {
+        "mean": gathered.mean(0),
+        "min": gathered.min(0).values,
+        "max": gathered.max(0).values,
+        "sum": gathered.sum(0),
+    }
+    return torch.stack([by_op[op][i] for i, op in enumerate(ops)])
+
+
+def log_to_loggers(trainer: pl.Trainer, metrics: Mapping[str, float], step: int) -> None:
+    """Send floats straight to every logger of the trainer (loggers write on rank 0 only)."""
+    for logger in trainer.loggers:
+        logger.log_metrics(dict(metrics), step=step)
+
 
 def publish_step_metrics(
-    module: pl.LightningModule, metrics: dict[str, Tensor | float], progress_bar: dict[str, str] | None = None
+    module: pl.LightningModule,
+    metrics: dict[str, Tensor | float],
+    progress_bar: dict[str, str] | None = None,
+    reduce_ops: Mapping[str, str] | None = None,
 ) -> dict[str, float]:
-    """Mean over ranks, log under the current rollout step, and return the floats.
+    """Reduce over ranks (see the module doc), log under the current rollout step, and return the floats.
 
     `progress_bar` maps a short label to the metric shown under it.
     """
     trainer = module.trainer
+    names = list(metrics)
     values = torch.stack([torch.as_tensor(v, dtype=torch.float32, device=module.device).reshape(()) for v in metrics.values()])
-    if trainer.world_size > 1:
-        values = trainer.strategy.reduce(values, reduce_op="mean")
-    values = values.cpu()
-    floats = dict(zip(metrics, values.tolist()))
+    values = reduce_across_ranks(trainer, values, names, reduce_ops).cpu()
+    floats = dict(zip(names, values.tolist()))
     step = trainer.fit_loop.epoch_loop._batches_that_stepped
     every = trainer.log_every_n_steps
     if every and ((step + 1) % every == 0 or trainer.should_stop):
-        logged = {**floats, "epoch": float(trainer.current_epoch)}
-        for logger in trainer.loggers:
-            logger.log_metrics(logged, step=step)
-    trainer.callback_metrics.update(zip(metrics, values.unbind()))
+        log_to_loggers(trainer, {**floats, "epoch": float(trainer.current_epoch)}, step)
+    trainer.callback_metrics.update(zip(names, values.unbind()))
     if progress_bar:
         trainer.progress_bar_metrics.update({label: floats[name] for label, name in progress_bar.items()})
     return floats

@@ -1,0 +1,286 @@
+"""Checkpoints a run can resume from exactly, written so that a crash never loses the last one.
+
+- `AtomicCheckpointIO`: Lightning `CheckpointIO` plugin. A checkpoint is written to a temporary
+  file in the target's directory, flushed and fsynced, renamed over the target (atomic on POSIX)
+  and the directory fsynced: a process killed at any instant leaves the previous file intact.
+  A checkpoint that cannot be read raises `CheckpointReadError` naming the file and the reason.
+  (Lightning's own writer stages the file in the system temp directory, so its final move can be
+  a non-atomic copy across file systems, and it never fsyncs.)
+- `ResumeState`: callback that puts the RNG states (torch, CUDA, numpy, python; every rank's)
+  in each checkpoint and restores them right before the first training batch after a resume;
+  keeps what runs between training steps (validation, curriculum refreshes, dataloader seed
+  draws) from consuming the training RNG streams; installs `AtomicCheckpointIO` when
+  the strategy uses Lightning's default `TorchCheckpointIO`; under DDP gives each rank > 0 its own
+  sampling seed. `RLVRDataModule` adds one to the trainer unless told not to.
+- `RolloutCheckpoint`: `ModelCheckpoint` counting rollout steps (training batches) instead of
+  optimizer steps, which differ when `ppo_epochs` or mini-batches make several updates per step.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import uuid
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import numpy as np
+import torch
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities import rank_zero_warn
+
+log = logging.getLogger(__name__)
+
+PARTIAL_SUFFIX = ".partial"
+
+
+class CheckpointReadError(RuntimeError):
+    """A checkpoint file exists but cannot be loaded."""
+
+
+def _is_local(path) -> bool:
+    return "://" not in str(path) or str(path).startswith("file://")
+
+
+def _fsync_directory(directory: str) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # some file systems do not allow opening directories
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """`torch.save` to `.<name>.<random>.partial` beside the target, fsync, `os.replace`, fsync the directory."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
+        if not _is_local(path):
+            return super().save_checkpoint(checkpoint, path, storage_options)
+        if storage_options is not None:
+            raise TypeError(f"{type(self).__name__}.save_checkpoint does not take storage_options")
+        path = os.path.abspath(str(path).removeprefix("file://"))
+        directory = os.path.dirname(path)
+        os.makedirs(directory, exist_ok=True)
+        partial = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex}{PARTIAL_SUFFIX}")
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                torch.save(checkpoint, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(partial, path)
+        except BaseException:
+            try:
+                os.unlink(partial)
+            except OSError:
+                pass
+            raise
+        _fsync_directory(directory)
+
+    def load_checkpoint(self, path, map_location=lambda storage, loc: storage, weights_only: bool | None = None) -> dict[str, Any]:
+        if _is_local(path):
+            local = str(path).removeprefix("file://")
+            if not os.path.exists(local):
+                raise FileNotFoundError(f"Checkpoint file not found: {path}")
+            if os.path.isfile(local) and os.path.getsize(local) == 0:
+                raise CheckpointReadError(f"cannot read checkpoint {path}: the file is empty (0 bytes)")
+        try:
+            checkpoint = super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+        except FileNotFoundError:
+            raise
+        except Exception as error:
+            raise CheckpointReadError(f"cannot read checkpoint {path}{_diagnose(path)}: {type(error).__name__}: {error}".rstrip()) from error
+        if not isinstance(checkpoint, dict):
+            raise CheckpointReadError(f"cannot read checkpoint {path}: it holds a {type(checkpoint).__name__}, not a dict")
+        return checkpoint
+
+
+def _diagnose(path) -> str:
+    """`, <size> bytes[, what is wrong with the file]` for a local checkpoint that failed to load."""
+    local = str(path).removeprefix("file://")
+    if not _is_local(path) or not os.path.isfile(local):
+        return ""
+    text = f", {os.path.getsize(local)} bytes"
+    with open(local, "rb") as f:
+        magic = f.read(4)
+    if magic == b"PK\x03\x04" and not zipfile.is_zipfile(local):
+        text += ", truncated or corrupt (its zip archive has no end record: a write that did not finish?)"
+    elif magic != b"PK\x03\x04":
+        text += ", not a torch.save zip archive"
+    return text
+
+
+def remove_partial_checkpoints(directory) -> list[Path]:
+    """Delete the temporary files that writes killed mid-way left in `directory`; returns them."""
+    removed = []
+    directory = Path(directory)
+    if directory.is_dir():
+        for path in directory.glob(f".*{PARTIAL_SUFFIX}"):
+            try:
+                path.unlink()
+                removed.append(path)
+            except OSError:
+                pass
+    return removed
+
+
+# ----------------------------------------------------------------------------- RNG states
+
+
+def capture_rng_state() -> dict[str, Any]:
+    """The global RNG states, as plain types and tensors (loadable with `weights_only=True`)."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "python": random.getstate(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    numpy = state["numpy"]
+    np.random.set_state(
+        (numpy["name"], numpy["keys"].numpy().astype(np.uint32), numpy["pos"], numpy["has_gauss"], numpy["cached_gaussian"])
+    )
+    python = state["python"]
+    random.setstate((python[0], tuple(python[1]), python[2]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _seed_all(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+class ResumeState(Callback):
+    """RNG states in checkpoints, restored exactly where training left them.
+
+    The training RNG streams are frozen between training steps: the state a step ends with is
+    the state the next step starts with, whatever ran in between (validation, a curriculum
+    refresh, a dataloader's seed draw at an epoch start, checkpointing). A checkpoint holds that
+    state, so a run resumed from it draws exactly what the uninterrupted run drew.
+    """
+
+    def __init__(self, atomic_checkpoints: bool = True, per_rank_seeds: bool = True, freeze_between_steps: bool = True) -> None:
+        """
+        Args:
+            atomic_checkpoints: install `AtomicCheckpointIO` when the strategy has Lightning's default IO.
+            per_rank_seeds: under DDP, reseed ranks > 0 at the start of a fresh run, so that ranks do not
+                draw the same random numbers (rank 0 keeps the run's seed).
+            freeze_between_steps: restore, at the start of every training step, the RNG states the previous
+                step ended with. Without it, only the RNG use between the checkpoint and the next step must
+                be the same in the resumed run for it to match bit for bit.
+        """
+        self.atomic_checkpoints = atomic_checkpoints
+        self.per_rank_seeds = per_rank_seeds
+        self.freeze_between_steps = freeze_between_steps
+        self._trainer: pl.Trainer | None = None
+        self._step_end_state: dict[str, Any] | None = None  # RNG states as the last training step left them
+        self._pending: dict[str, Any] | None = None  # loaded from a checkpoint, applied at the next training step
+
+    # ------------------------------------------------------------------ set-up
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._trainer = trainer
+        strategy = trainer.strategy
+        if self.atomic_checkpoints and type(strategy.checkpoint_io) is TorchCheckpointIO:
+            strategy.checkpoint_io = AtomicCheckpointIO()
+        if trainer.is_global_zero:
+            for callback in trainer.checkpoint_callbacks:
+                dirpath = getattr(callback, "dirpath", None)
+                if dirpath and _is_local(dirpath):
+                    for path in remove_partial_checkpoints(dirpath):
+                        log.info("removed a partial checkpoint left by a killed write: %s", path)
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.per_rank_seeds and trainer.world_size > 1 and trainer.global_rank > 0 and self._pending is None:
+            base = int(os.environ.get("PL_GLOBAL_SEED", 0))
+            _seed_all(base + 1_000_003 * trainer.global_rank)
+
+    # ------------------------------------------------------------------ steps
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
+        if self._pending is not None:
+            states, self._pending = self._pending["rng_states"], None
+            if len(states) != trainer.world_size:
+                rank_zero_warn(
+                    f"the checkpoint holds RNG states of {len(states)} rank(s), this run has {trainer.world_size}: "
+                    "ranks without a saved state keep their seeds; the resumed run will not match bit for bit"
+                )
+            if trainer.global_rank < len(states):
+                restore_rng_state(states[trainer.global_rank])
+        elif self.freeze_between_steps and self._step_end_state is not None:
+            restore_rng_state(self._step_end_state)
+        self._step_end_state = None
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs, batch: Any, batch_idx: int) -> None:
+        if self.freeze_between_steps:
+            self._step_end_state = capture_rng_state()
+
+    # ------------------------------------------------------------------ checkpoint
+
+    def state_dict(self) -> dict[str, Any]:
+        # between steps the training state is the one the last step ended with (validation may be running)
+        state = self._step_end_state if self._step_end_state is not None else capture_rng_state()
+        trainer = self._trainer
+        if trainer is not None and trainer.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+            states: list[Any] = [None] * trainer.world_size
+            torch.distributed.all_gather_object(states, state)
+            return {"rng_states": states}
+        return {"rng_states": [state]}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._pending = state_dict
+
+
+class RolloutCheckpoint(ModelCheckpoint):
+    """`ModelCheckpoint` saving every `every_n_rollout_steps` training batches (rollout steps).
+
+    Lightning's `every_n_train_steps` counts optimizer steps, which an RL step makes several of
+    (`ppo_epochs` x mini-batches). Other arguments are `ModelCheckpoint`'s; the file name may use
+    `{rollout_step}` (default `"{epoch}-{rollout_step}"`). With `every_n_epochs` unset it does not
+    save at epoch ends.
+    """
+
+    def __init__(self, every_n_rollout_steps: int = 100, filename: str | None = "{epoch}-{rollout_step}", **kwargs) -> None:
+        if every_n_rollout_steps < 1:
+            raise ValueError(f"every_n_rollout_steps must be >= 1, got {every_n_rollout_steps}")
+        if kwargs.get("every_n_train_steps"):
+            raise ValueError("RolloutCheckpoint counts rollout steps: use every_n_rollout_steps, not every_n_train_steps")
+        kwargs.setdefault("every_n_epochs", 0)
+        super().__init__(filename=filename, every_n_train_steps=0, **kwargs)
+        self.every_n_rollout_steps = every_n_rollout_steps
+        self._last_rollout_step_saved = -1
+
+    def _monitor_candidates(self, trainer: pl.Trainer) -> dict[str, torch.Tensor]:
+        candidates = super()._monitor_candidates(trainer)
+        candidates["rollout_step"] = torch.tensor(trainer.fit_loop.epoch_loop._batches_that_stepped + 1)
+        return candidates
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs, batch, batch_idx: int) -> None:
+        if trainer.fast_dev_run or trainer.state.fn != TrainerFn.FITTING or trainer.sanity_checking:
+            return
+        step = trainer.fit_loop.epoch_loop._batches_that_stepped + 1  # rollout steps completed, this one included
+        if step % self.every_n_rollout_steps or step == self._last_rollout_step_saved:
+            return
+        self._last_rollout_step_saved = step
+        candidates = self._monitor_candidates(trainer)
+        self._save_topk_checkpoint(trainer, candidates)
+        self._save_last_checkpoint(trainer, candidates)
