@@ -103,6 +103,22 @@ class _ReshuffledPool:
         return self.dataset[self._permutation[1][index % self.finite_size]]
 
 
+class _OffsetView:
+    """Examples `offset + i` of an indexed stream: a part of it the regular batches never reach."""
+
+    finite_size = None
+
+    def __init__(self, source: _IndexedStream, offset: int) -> None:
+        self.source = source
+        self.offset = offset
+
+    def __getitem__(self, index: int) -> Example:
+        return self.source[self.offset + index]
+
+
+TOPUP_OFFSET = 2**40  # where the top-up prompts of an endless indexed stream start
+
+
 def example_source(dataset: Dataset | IterableDataset, seed: int):
     if isinstance(dataset, IterableDataset):
         return _IndexedStream(dataset) if hasattr(dataset, "example_at") else _SequentialStream(dataset)
@@ -197,6 +213,8 @@ class RLVRDataModule(pl.LightningDataModule):
         self._source = None
         self.source_position = 0  # examples of the task's training data consumed (training and candidates)
         self.pool_position = 0  # examples of the kept-prompt pool consumed since the last refresh
+        self.topup_batches = 0  # top-up batches this rank drew since the last refresh (`topup_batch`)
+        self._topup = None  # (pool key, view)
 
     # ------------------------------------------------------------- set-up
 
@@ -281,6 +299,32 @@ class RLVRDataModule(pl.LightningDataModule):
                 self.source_position += consumed
         return batch
 
+    def topup_batch(self) -> dict[str, list]:
+        """`batch_size` more prompts for this rank (dynamic sampling tops a rollout up with them).
+
+        They come from a part of the training data the regular batches do not read (an endless
+        indexed stream from example 2**40 on; a finite dataset or the kept prompts in another
+        shuffled order; any other stream read again from its start) and the count drawn is
+        checkpointed per rank, so a resumed run draws the same top-ups.
+        """
+        rank, world = self._rank_world()
+        key = self.difficulty_filter.refresh_index if self._pool_active() else None
+        if self._topup is None or self._topup[0] != key:
+            if self._pool_active():
+                view = _ReshuffledPool(self.difficulty_filter.kept, self.data_seed * 7_919 + key + 500_009)
+            else:
+                source = self.source()
+                if isinstance(source, _IndexedStream):
+                    view = _OffsetView(source, TOPUP_OFFSET)
+                elif isinstance(source, _ReshuffledPool):
+                    view = _ReshuffledPool(source.dataset, source.seed + 500_009)
+                else:
+                    view = _SequentialStream(source.stream)
+            self._topup = (key, view)
+        first = (self.topup_batches * world + rank) * self.batch_size
+        self.topup_batches += 1
+        return collate_examples([self._topup[1][first + i] for i in range(self.batch_size)])
+
     # ------------------------------------------------------------- curriculum
 
     def _candidates(self) -> list[Example]:
@@ -309,6 +353,7 @@ class RLVRDataModule(pl.LightningDataModule):
             strategy=trainer.strategy, min_kept=min_kept,
         )
         self.pool_position = 0
+        self.topup_batches = 0
         for reward in getattr(module, "reward_callbacks", []):
             stats[f"curriculum/reward_errors/{reward.name}"] = float(reward.pop_errors())
         self._publish(stats)
@@ -370,16 +415,26 @@ class RLVRDataModule(pl.LightningDataModule):
     # ------------------------------------------------------------- checkpoints
 
     def state_dict(self) -> dict[str, Any]:
+        """Called on every rank when a checkpoint is saved: the top-up counts, which differ by rank, are gathered."""
+        topups = [self.topup_batches]
+        trainer = self.trainer
+        if trainer is not None and trainer.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+            topups = [None] * trainer.world_size
+            torch.distributed.all_gather_object(topups, self.topup_batches)
         return {
             "version": STATE_VERSION,
             "source_position": self.source_position,
             "pool_position": self.pool_position,
+            "topup_batches": topups,  # per rank
             "curriculum": self.difficulty_filter.state_dict() if self.difficulty_filter is not None else None,
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.source_position = int(state_dict["source_position"])
         self.pool_position = int(state_dict["pool_position"])
+        topups = state_dict.get("topup_batches", [0])
+        rank = self.trainer.global_rank if self.trainer is not None else 0
+        self.topup_batches = int(topups[rank]) if rank < len(topups) else 0
         curriculum = state_dict.get("curriculum")
         if self.difficulty_filter is not None and curriculum is not None:
             self.difficulty_filter.load_state_dict(curriculum)

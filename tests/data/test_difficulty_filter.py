@@ -229,3 +229,19 @@ def test_finite_pools_are_reshuffled_every_pass_and_resume_mid_pass():
     resumed = RLVRDataModule(task, batch_size=4, seed=1)
     resumed.load_state_dict({**data.state_dict(), "source_position": 16})  # one batch into the second pass
     assert read(resumed.train_dataloader(), 2) == second[1:]
+
+
+def test_topup_batches_come_from_elsewhere_and_resume():
+    task = SortTask(vocab_size=V, length=L, num_val=0)
+    data = RLVRDataModule(task, batch_size=4)
+    stream = SortStream(task)
+    first = data.topup_batch()
+    assert first["prompt"] == [stream.example_at(2**40 + i)["prompt"] for i in range(4)]
+    state = data.state_dict()
+    second = data.topup_batch()
+    resumed = RLVRDataModule(task, batch_size=4)
+    resumed.load_state_dict(state)
+    assert resumed.topup_batch() == second and state["topup_batches"] == [1]
+    pool = RLVRDataModule(SortTask(vocab_size=V, length=L, num_train=12, num_val=0), batch_size=4)
+    topups = [p for _ in range(3) for p in pool.topup_batch()["prompt"]]
+    assert sorted(topups) == sorted(e["prompt"] for e in pool.task.train_dataset())  # another shuffle of the pool
