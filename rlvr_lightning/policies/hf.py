@@ -28,6 +28,10 @@ a `DynamicCache`, one prefill per distinct prompt, finished rows dropped from th
 `SamplingConfig.do_sample` (False: greedy argmax), never samples EOS before `min_new_tokens` tokens, and
 records `last_generation_stats` (response length mean/min/max, truncated fraction, tokens/s, ...).
 
+`token_log_probs` runs each distinct prompt of the rows through the model once and the responses on
+top of its key/value cache (`share_prompt_prefix`; the rows of a group share their prompt), which
+saves most of the prompt's share of the forward and backward passes.
+
 Dropout is switched off (`disable_dropout`, as in TRL) so that sampling and scoring see the same
 network, and the model is put in train mode (transformers only checkpoints activations in train mode).
 
@@ -111,6 +115,7 @@ class HFPolicy(Policy):
         keep_sampling_log_probs: bool = False,
         min_new_tokens: int = 0,
         disable_dropout: bool = True,
+        share_prompt_prefix: bool = True,
         trust_remote_code: bool = False,
     ) -> None:
         super().__init__()
@@ -131,6 +136,8 @@ class HFPolicy(Policy):
         if min_new_tokens < 0:
             raise ValueError(f"min_new_tokens must be >= 0, got {min_new_tokens}")
         self.min_new_tokens = min_new_tokens
+        self.share_prompt_prefix = share_prompt_prefix
+        self.gradient_checkpointing = gradient_checkpointing
         self.lora_r = lora_r
         self.torch_dtype = DTYPES[dtype]
         self.last_generation_stats: dict[str, float] = {}
@@ -481,9 +488,14 @@ class HFPolicy(Policy):
         used_response = rollout.response_mask.bool().any(0).nonzero()
         t = int(used_response[-1].item()) + 1 if used_response.numel() else 1
         t = min(t, rollout.response_ids.shape[1])
-        ids = torch.cat([rollout.prompt_ids[:, first:], rollout.response_ids[:, : t - 1]], dim=1)
+        prompt_ids, prompt_mask = rollout.prompt_ids[:, first:], prompt_mask[:, first:]
+        if self.share_prompt_prefix and self._prefix_sharing_supported():
+            shared = self._shared_prefix_logits(prompt_ids, prompt_mask, rollout.response_ids[:, : t - 1])
+            if shared is not None:
+                return shared, t
+        ids = torch.cat([prompt_ids, rollout.response_ids[:, : t - 1]], dim=1)
         mask = torch.cat(
-            [prompt_mask[:, first:], torch.ones_like(rollout.response_ids[:, : t - 1], dtype=prompt_mask.dtype)], dim=1
+            [prompt_mask, torch.ones_like(rollout.response_ids[:, : t - 1], dtype=prompt_mask.dtype)], dim=1
         )
         kwargs: dict[str, Any] = {}
         if self._logits_to_keep_supported():
@@ -492,6 +504,64 @@ class HFPolicy(Policy):
             input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), use_cache=False, **kwargs
         )
         return out.logits[:, -t:, :], t
+
+    def _shared_prefix_logits(self, prompt_ids: Tensor, prompt_mask: Tensor, responses: Tensor) -> Tensor | None:
+        """The logits of `_forward_response_logits`, with each distinct prompt run through the model once.
+
+        The rows of a group share their prompt: its key/value cache is computed once (with gradients)
+        and gathered for every row, then the responses run on top of it. Same numbers as the joint
+        forward, about `len(prompt) * (rows - distinct prompts)` fewer token positions. None when the
+        rows do not share prompts (nothing to gain) or the model's cache is not a plain KV cache.
+        """
+        from transformers import DynamicCache
+        from transformers.cache_utils import DynamicLayer
+
+        num_rows = prompt_ids.shape[0]
+        distinct, inverse = torch.unique(torch.cat([prompt_ids, prompt_mask], dim=1), dim=0, return_inverse=True)
+        if distinct.shape[0] * 4 > num_rows * 3:  # under 25% of the prompt tokens saved: one joint forward
+            return None
+        width = prompt_ids.shape[1]
+        unique_ids, unique_mask = distinct[:, :width], distinct[:, width:]
+        unique_positions = position_ids_from_mask(unique_mask)
+        kwargs: dict[str, Any] = {"logits_to_keep": 1} if self._logits_to_keep_supported() else {}
+        cache = DynamicCache(config=self.hf_config)
+        out = self.model(
+            input_ids=unique_ids,
+            attention_mask=unique_mask,
+            position_ids=unique_positions,
+            past_key_values=cache,
+            use_cache=True,
+            **kwargs,
+        )
+        cache = out.past_key_values
+        if not all(type(layer) is DynamicLayer for layer in getattr(cache, "layers", [None])):
+            self._prefix_sharing = False  # sliding windows, linear attention, ...: always the joint forward
+            return None
+        first_logits = out.logits[:, -1:, :][inverse]
+        del out
+        if responses.shape[1] == 0:
+            return first_logits
+        cache.batch_select_indices(inverse)
+        mask = torch.cat([prompt_mask, torch.ones_like(responses, dtype=prompt_mask.dtype)], dim=1)
+        start = unique_positions[:, -1][inverse] + 1
+        positions = start.unsqueeze(1) + torch.arange(responses.shape[1], device=responses.device)
+        out = self.model(
+            input_ids=responses, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True
+        )
+        return torch.cat([first_logits, out.logits], dim=1)
+
+    def _prefix_sharing_supported(self) -> bool:
+        supported = getattr(self, "_prefix_sharing", None)
+        if supported is None:
+            text_config = self.hf_config.get_text_config(decoder=True) if hasattr(self.hf_config, "get_text_config") else self.hf_config
+            layer_types = getattr(text_config, "layer_types", None) or ["full_attention"]
+            supported = (
+                not self.gradient_checkpointing  # transformers turns the cache off in train mode then
+                and not getattr(text_config, "sliding_window", None)
+                and all(kind == "full_attention" for kind in layer_types)
+            )
+            self._prefix_sharing = supported
+        return supported
 
     def _logits_to_keep_supported(self) -> bool:
         supported = getattr(self, "_logits_to_keep", None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from rlvr_lightning.policies.generation import (
@@ -42,13 +43,27 @@ def test_top_k_and_top_p_filtering():
     assert torch.isfinite(filter_logits(shuffled, top_p=0.7)).tolist() == [[False, True, False, True]]
 
 
-def test_sample_next_token_log_probs_are_unfiltered():
+@pytest.mark.parametrize("top_k, temperature", [(3, 0.5), (0, 0.5), (0, 1.0)])
+def test_sample_next_token_log_probs_are_unfiltered(top_k, temperature):
     torch.manual_seed(0)
-    logits = torch.randn(6, 50)
-    tokens, log_probs = sample_next_token(logits, temperature=0.5, top_k=3)
-    expected = torch.log_softmax(logits / 0.5, -1).gather(-1, tokens[:, None]).squeeze(-1)
+    logits = torch.randn(6, 50) * 3
+    tokens, log_probs = sample_next_token(logits, temperature=temperature, top_k=top_k)
+    expected = torch.log_softmax(logits / temperature, -1).gather(-1, tokens[:, None]).squeeze(-1)
+    assert torch.allclose(log_probs, expected, atol=1e-5)
+    if top_k:
+        assert (tokens[:, None] == logits.topk(top_k).indices).any(-1).all()
+
+
+def test_suppressed_tokens_are_never_sampled_but_keep_their_probability_mass():
+    torch.manual_seed(0)
+    logits = torch.zeros(200, 4)
+    logits[:, 2] = 5.0  # token 2 would win almost always
+    tokens, log_probs = sample_next_token(logits, suppress=torch.tensor([2]))
+    assert not (tokens == 2).any()
+    expected = torch.log_softmax(logits, -1).gather(-1, tokens[:, None]).squeeze(-1)
     assert torch.allclose(log_probs, expected, atol=1e-6)
-    assert (tokens[:, None] == logits.topk(3).indices).any(-1).all()
+    greedy, _ = sample_next_token(logits, do_sample=False, suppress=torch.tensor([2]))
+    assert (greedy == 0).all()  # the argmax among the rest (ties: the first)
 
 
 def test_stop_string_cut():

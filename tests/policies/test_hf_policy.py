@@ -266,6 +266,52 @@ def test_sampled_log_probs_match_recomputed(make_policy):
     assert rollout.old_log_probs[rollout.response_mask == 0].eq(0).all()
 
 
+@pytest.mark.parametrize("lora", [False, True])
+def test_shared_prompt_prefix_matches_the_joint_forward_with_gradients(make_policy, lora):
+    """Each distinct prompt once + responses on its cache == one forward over prompt+response rows."""
+    policy = make_policy(**({"lora_r": 4} if lora else {}))
+    eos = policy.eos_token_ids[0]
+    handle = bias_tokens(policy, [eos], 3.0)  # some rows end early: pads inside the responses
+    torch.manual_seed(0)
+    rollout = policy.sample({"prompt": PROMPTS}, n=4, sampling=SamplingConfig(max_new_tokens=10))
+    handle.remove()
+    assert 1 <= rollout.response_mask.sum(1).min() < rollout.response_mask.shape[1]
+    rollout = rollout.select(torch.randperm(rollout.num_rows))  # a shuffled mini-batch
+    params = [p for p in policy.parameters() if p.requires_grad]
+
+    def run(share: bool):
+        policy.share_prompt_prefix = share
+        policy.zero_grad(set_to_none=True)
+        log_probs, entropy = policy.token_log_probs(rollout, temperature=0.8, with_entropy=True)
+        ((log_probs * rollout.response_mask).sum() + entropy.sum()).backward()
+        return log_probs.detach(), entropy.detach(), [p.grad.clone() for p in params]
+
+    calls = []
+    original = policy.model.forward
+    policy.model.forward = lambda *a, **k: calls.append(k["input_ids"].shape) or original(*a, **k)
+    shared = run(True)
+    assert [shape[0] for shape in calls] == [len(PROMPTS), rollout.num_rows]  # prompts once, then responses
+    calls.clear()
+    joint = run(False)
+    assert len(calls) == 1
+    policy.model.forward = original
+    assert masked_max_diff(shared[0], joint[0], rollout.response_mask) < 1e-5
+    assert masked_max_diff(shared[1], joint[1], rollout.response_mask) < 1e-4
+    for a, b in zip(shared[2], joint[2], strict=True):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_rows_without_shared_prompts_use_one_forward(make_policy):
+    policy = make_policy()
+    rollout = policy.sample({"prompt": PROMPTS}, n=1, sampling=SamplingConfig(max_new_tokens=4))
+    calls = []
+    original = policy.model.forward
+    policy.model.forward = lambda *a, **k: calls.append(k["input_ids"].shape) or original(*a, **k)
+    policy.token_log_probs(rollout)
+    policy.model.forward = original
+    assert len(calls) == 1
+
+
 def test_temperature_changes_log_probs(make_policy):
     policy = make_policy()
     policy.eval()
