@@ -245,3 +245,38 @@ def test_topup_batches_come_from_elsewhere_and_resume():
     pool = RLVRDataModule(SortTask(vocab_size=V, length=L, num_train=12, num_val=0), batch_size=4)
     topups = [p for _ in range(3) for p in pool.topup_batch()["prompt"]]
     assert sorted(topups) == sorted(e["prompt"] for e in pool.task.train_dataset())  # another shuffle of the pool
+
+
+class RecordingWandbLogger(pl.loggers.WandbLogger):
+    """A WandbLogger that records what it is given instead of starting a W&B run."""
+
+    def __init__(self):
+        super().__init__(offline=True)
+        self.logged = []
+
+    @property
+    def experiment(self):
+        return None
+
+    def log_metrics(self, metrics, step=None):
+        self.logged.append((step, dict(metrics)))
+
+    def log_hyperparams(self, params, *args, **kwargs):
+        pass
+
+
+def test_pass_rate_histogram_goes_to_wandb(tmp_path):
+    import wandb
+
+    pl.seed_everything(0)
+    logger = RecordingWandbLogger()
+    module = RLVRModule(ScriptedSortPolicy(vocab_size=V, prompt_length=L, embedding_dim=4), group_size=N)
+    flt = DifficultyFilter(n=N, max_candidates=64)
+    data = RLVRDataModule(SortTask(vocab_size=V, length=L, num_val=0), batch_size=8, difficulty_filter=flt)
+    trainer = pl.Trainer(max_epochs=1, limit_train_batches=1, logger=logger, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, callbacks=[SortInclusionOrderingReward()])
+    trainer.fit(module, data)
+    histograms = [m["curriculum/pass_rate_histogram"] for _, m in logger.logged if "curriculum/pass_rate_histogram" in m]
+    assert len(histograms) == 1 and isinstance(histograms[0], wandb.Histogram)
+    expected = [sum(scripted_passes(c["prompt"]) == k for c in flt.candidates) for k in range(N + 1)]
+    assert list(histograms[0].histogram) == expected and len(histograms[0].bins) == N + 2
