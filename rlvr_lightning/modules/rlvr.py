@@ -272,13 +272,16 @@ class RLVRModule(pl.LightningModule):
         return merged.select(slice(0, target * self.group_size))
 
     def _next_topup_batch(self) -> PromptBatch:
-        """More prompts from the training data, through a second iterator over the same dataloader."""
-        if self._topup_batches is None:
-            self._topup_batches = iter(self.trainer.datamodule.train_dataloader())
+        """More prompts from the data module (`RLVRDataModule.topup_batch` is resumable and rank-aware)."""
+        datamodule = self.trainer.datamodule
+        if hasattr(datamodule, "topup_batch"):
+            return datamodule.topup_batch()
+        if self._topup_batches is None:  # any other data module: a second pass over its training data
+            self._topup_batches = iter(datamodule.train_dataloader())
         try:
             return next(self._topup_batches)
         except StopIteration:
-            self._topup_batches = iter(self.trainer.datamodule.train_dataloader())
+            self._topup_batches = iter(datamodule.train_dataloader())
             return next(self._topup_batches)
 
     @torch.no_grad()
