@@ -51,7 +51,7 @@ class RankRecorder(pl.Callback):
         # fail_all mode under DDP, on the candidates of the last refresh
         flt = DifficultyFilter(n=trainer.datamodule.difficulty_filter.n, mode="fail_all")
         flt.refresh(pl_module, trainer.datamodule.difficulty_filter.candidates, epoch=0, seed=0,
-                    rank=trainer.global_rank, world_size=trainer.world_size, strategy=trainer.strategy)
+                    rank=trainer.global_rank, world_size=trainer.world_size, trainer=trainer)
         rank = trainer.global_rank
         json.dump({"prompts": self.prompts, "kept": self.kept, "fail_all": [e["prompt"] for e in flt.kept],
                    "metrics": self.metrics, "local": self.local, "world_size": trainer.world_size,

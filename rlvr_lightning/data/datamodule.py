@@ -350,7 +350,7 @@ class RLVRDataModule(pl.LightningDataModule):
         min_kept = flt.min_kept if flt.min_kept is not None else self.batch_size * world
         stats = flt.refresh(
             module, candidates, epoch=epoch, seed=self.data_seed, rank=rank, world_size=world,
-            strategy=trainer.strategy, min_kept=min_kept,
+            trainer=trainer, min_kept=min_kept,
         )
         self.pool_position = 0
         self.topup_batches = 0

@@ -158,7 +158,7 @@ class DifficultyFilter:
             )
         return correct
 
-    def estimate(self, module, candidates: list[Example], seed: int, rank: int = 0, world_size: int = 1, strategy=None) -> tuple[Tensor, float]:
+    def estimate(self, module, candidates: list[Example], seed: int, rank: int = 0, world_size: int = 1, trainer=None) -> tuple[Tensor, float]:
         """Pass counts `long[C]` (out of `n`) of the candidates, and this rank's seconds.
 
         Rank r scores the r-th contiguous share of the candidates; the counts are all-gathered, so
@@ -181,7 +181,9 @@ class DifficultyFilter:
                 counts[start : start + len(chunk)] = passed.to(device=device, dtype=torch.long)
         seconds = time.perf_counter() - started
         if world_size > 1:
-            counts = strategy.all_gather(counts).reshape(-1)
+            from rlvr_lightning.modules.step_metrics import all_gather
+
+            counts = all_gather(trainer, counts).reshape(-1)
         counts = counts[: len(candidates)].cpu()
         if bool((counts < 0).any()):
             raise RuntimeError("difficulty filter: some candidates were not scored (rank shares out of step)")
@@ -205,13 +207,13 @@ class DifficultyFilter:
         seed: int,
         rank: int = 0,
         world_size: int = 1,
-        strategy=None,
+        trainer=None,
         min_kept: int = 1,
     ) -> dict[str, float]:
         """Estimate, select and update the curriculum state; returns the stats to log."""
         counts, seconds = self.estimate(
             module, candidates, seed=seed * 1_000_003 + self.refresh_index * 7_919 + rank,
-            rank=rank, world_size=world_size, strategy=strategy,
+            rank=rank, world_size=world_size, trainer=trainer,
         )
         keep, too_easy, too_hard = self.select(counts)
         kept = [candidates[i] for i in keep.nonzero().flatten().tolist()]

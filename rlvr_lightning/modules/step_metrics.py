@@ -36,14 +36,23 @@ def reduce_op_for(name: str, reduce_ops: Mapping[str, str] | None = None) -> str
     return "mean"
 
 
+def all_gather(trainer: pl.Trainer, tensor: Tensor) -> Tensor:
+    """`[world_size, *tensor.shape]`: every rank's `tensor` (torch.distributed directly when it is up, which
+    avoids the deprecated functional collective Lightning's `strategy.all_gather` goes through)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        parts = [torch.empty_like(tensor) for _ in range(torch.distributed.get_world_size())]
+        torch.distributed.all_gather(parts, tensor.contiguous())
+        return torch.stack(parts)
+    return trainer.strategy.all_gather(tensor).reshape(-1, *tensor.shape)
+
+
 def reduce_across_ranks(
     trainer: pl.Trainer, values: Tensor, names: list[str], reduce_ops: Mapping[str, str] | None = None
 ) -> Tensor:
     """`values[i]` (metric `names[i]`) reduced over all ranks, with one `all_gather`. Identity on one process."""
     if trainer.world_size <= 1:
         return values
-    gathered = trainer.strategy.all_gather(values)  # [world_size, K]
-    gathered = gathered.reshape(-1, values.numel())
+    gathered = all_gather(trainer, values)  # [world_size, K]
     ops = [reduce_op_for(name, reduce_ops) for name in names]
     if all(op == "mean" for op in ops):
         return gathered.mean(0)
