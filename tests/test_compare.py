@@ -1,0 +1,81 @@
+"""scripts/compare.py: the numbers of its table on hand-made logs, and a tiny real comparison end to end."""
+
+import importlib.util
+import sys
+import math
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def compare():
+    spec = importlib.util.spec_from_file_location("scripts_compare", REPO / "scripts" / "compare.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def write_log(path: Path, rewards: list[float], accuracies: dict[int, float]) -> Path:
+    """A Lightning-style CSV: one row per train step, validation rows on their own (step = index of the last train step)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = ["epoch,step,train/reward_mean,val/accuracy"]
+    for step, reward in enumerate(rewards):
+        lines.append(f"0,{step},{reward},")
+        if step + 1 in accuracies:
+            lines.append(f"0,{step},,{accuracies[step + 1]}")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_table_numbers_by_hand(compare, tmp_path):
+    runs = []
+    # recipe "a": seed 0 reaches 6.5 at step 3, seed 1 at step 2; final window of 2 steps
+    for seed, rewards, accuracy in [(0, [5.0, 6.0, 6.5, 7.0], 0.5), (1, [6.0, 6.6, 6.8, 6.6], 0.3)]:
+        path = write_log(tmp_path / "a" / f"seed_{seed}" / "metrics.csv", rewards, {2: 0.1, 4: accuracy})
+        run = compare.Run(recipe="a", seed=seed, ok=True, wall_s=10.0 + seed)
+        runs.append(compare.summarise_run(run, path, "train/reward_mean", threshold=6.5, final_window=2))
+    # recipe "b": one seed never reaches it, the other fails
+    path = write_log(tmp_path / "b" / "seed_0" / "metrics.csv", [1.0, 2.0, 3.0, 4.0], {4: 0.0})
+    runs.append(compare.summarise_run(compare.Run(recipe="b", seed=0, ok=True, wall_s=5.0), path, "train/reward_mean", 6.5, 2))
+    runs.append(compare.summarise_run(compare.Run(recipe="b", seed=1, ok=False, error="boom"), tmp_path / "nope.csv", "train/reward_mean", 6.5, 2))
+
+    a0, a1 = runs[0], runs[1]
+    assert a0.steps == [1, 2, 3, 4] and a0.val_steps == [2, 4]
+    assert (a0.final, a1.final) == pytest.approx((6.75, 6.7))
+    assert (a0.steps_to_threshold, a1.steps_to_threshold) == (3, 2)
+    assert (a0.final_val_accuracy, a1.final_val_accuracy) == (0.5, 0.3)
+    table = compare.markdown_table(runs, "train/reward_mean", 6.5, 2).splitlines()
+    # mean 6.725, sample std |6.75 - 6.7| / sqrt(2) = 0.035; accuracy 40% ± 14.1%; steps (3 + 2) / 2 = 2.5 -> "2"
+    assert table[2] == "| a | 6.72 ± 0.04 | 40.0% ± 14.1% | 2 | 10 s |"
+    assert table[3] == "| b (1 failed) | 3.50 | 0.0% | never | 5 s |"
+    assert runs[3].error == "boom" and math.isnan(runs[3].final)
+
+
+def test_a_real_comparison_writes_the_table_and_the_plot(compare, tmp_path, capsys):
+    out = tmp_path / "docs" / "cmp"
+    status = compare.main(
+        [
+            "--recipes", str(REPO / "configs" / "recipes" / "grpo.yaml"), str(REPO / "configs" / "recipes" / "reinforce.yaml"),
+            "--seeds", "0", "1", "--steps", "2", "--in_process", "--threshold", "0",
+            "--out", str(out), "--workdir", str(tmp_path / "runs"),
+            "--", "--trainer.val_check_interval=2", "--trainer.limit_val_batches=1",
+        ]
+    )
+    assert status == 0
+    text = out.with_suffix(".md").read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| grpo") or line.startswith("| reinforce")]
+    assert len(rows) == 2 and all(" ± " in row for row in rows)
+    assert "| 1 |" in text  # the threshold 0 is reached at the first step
+    assert "2 recipes x 2 seeds" in text and "![reward curves](cmp.png)" in text
+    png = out.with_suffix(".png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    assert (tmp_path / "runs" / "summary.json").is_file()
+
+
+def test_default_recipes_are_the_rl_recipes(compare):
+    names = {path.stem for path in compare.default_recipes()}
+    assert {"grpo", "dapo", "reinforce", "max_reward"} <= names

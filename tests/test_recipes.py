@@ -1,0 +1,93 @@
+"""Every recipe in configs/recipes runs on the sort task through `rlvr`, is the algorithm its comment
+names, and a recipe made contradictory on the command line fails at start-up saying why."""
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlvr_lightning import advantages
+from rlvr_lightning.cli import main
+
+RECIPES_DIR = Path(__file__).resolve().parents[1] / "configs" / "recipes"
+RECIPES = sorted(RECIPES_DIR.glob("*.yaml"))
+QUICK = [
+    "--trainer.limit_train_batches=2",
+    "--trainer.val_check_interval=2",
+    "--trainer.limit_val_batches=1",
+    "--trainer.logger=false",
+    "--trainer.enable_progress_bar=false",
+    "--trainer.enable_checkpointing=false",
+    "--trainer.enable_model_summary=false",
+]
+
+# What each paper prescribes (the part a recipe must not lose to an edit).
+EXPECTED = {
+    "grpo": dict(advantage=advantages.GroupNormalizedAdvantage, loss="ppo_clip", clip=(0.2, 0.2), aggregation="seq-mean-token-mean", kl=(0.04, "k3", "loss")),
+    "dr_grpo": dict(advantage=advantages.CenteredAdvantage, loss="ppo_clip", aggregation="seq-sum-constant", loss_constant=4.0, kl=None),
+    "dapo": dict(advantage=advantages.GroupNormalizedAdvantage, loss="ppo_clip", clip=(0.2, 0.28), aggregation="token-mean", dynamic_sampling=True, kl=None),
+    "gspo": dict(advantage=advantages.GroupNormalizedAdvantage, loss="gspo", clip=(3e-4, 4e-4), aggregation="seq-mean-token-mean", kl=None),
+    "rloo": dict(advantage=advantages.RLOOAdvantage, loss="pg", kl=(0.01, "k1", "reward")),
+    "reinforce_pp": dict(advantage=advantages.BatchWhitenedAdvantage, loss="ppo_clip", clip=(0.2, 0.2), kl=(0.01, "k1", "reward")),
+    "cispo": dict(advantage=advantages.GroupNormalizedAdvantage, loss="cispo", aggregation="token-mean", kl=None),
+    "reinforce": dict(advantage=advantages.RawRewardAdvantage, loss="pg", aggregation="seq-mean-token-sum", kl=None),
+    "reinforce_baseline": dict(advantage=advantages.CenteredAdvantage, loss="pg", aggregation="seq-mean-token-sum", kl=None),
+    "max_reward": dict(advantage=advantages.MaxOnlyAdvantage, loss="ppo_clip", kl=(0.08, "k3", "loss")),
+}
+
+
+def test_there_is_a_recipe_per_algorithm():
+    assert {r.stem for r in RECIPES} == set(EXPECTED)
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=[r.stem for r in RECIPES])
+def test_recipe_names_its_paper(recipe):
+    header = "".join(line for line in recipe.read_text().splitlines(keepends=True) if line.startswith("#"))
+    assert re.search(r"(19|20)\d\d", header.split("\n#\n")[0]), "the first comment block names the paper and its year"
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=[r.stem for r in RECIPES])
+def test_recipe_runs_two_steps_on_the_sort_task(recipe, in_tmp_dir):
+    cli = main(["fit", "--config", str(recipe), *QUICK])
+    module, expected = cli.model, EXPECTED[recipe.stem]
+    assert cli.trainer.fit_loop.epoch_loop._batches_that_stepped == 2
+    metrics = cli.trainer.callback_metrics
+    assert torch.isfinite(metrics["train/loss"]) and 0 <= float(metrics["val/accuracy"]) <= 1
+    assert type(module.advantage_estimator) is expected["advantage"]
+    assert module.loss == expected["loss"]
+    if "clip" in expected:
+        assert (module.loss_options["clip_low"], module.loss_options["clip_high"]) == pytest.approx(expected["clip"])
+    for option in ("aggregation", "loss_constant", "dynamic_sampling"):
+        if option in expected:
+            assert getattr(module, option) == expected[option]
+    if expected["kl"] is None:
+        assert module.reference is None
+    else:
+        assert (module.kl_coef, module.kl_estimator, module.kl_mode) == expected["kl"]
+
+
+@pytest.mark.parametrize(
+    "recipe, overrides, message",
+    [
+        # sequence-level ratio with a token-level dual clip
+        ("gspo", ["--model.init_args.dual_clip=3.0"], "dual_clip applies to the token-level loss 'ppo_clip', not loss='gspo'"),
+        # a sequence-level objective aggregated per token
+        ("gspo", ["--model.init_args.aggregation=token-mean"], "loss='gspo' is a sequence-level objective"),
+        # dynamic sampling with one response per prompt: every group has zero variance
+        ("dapo", ["--model.init_args.group_size=1"], "dynamic_sampling drops groups whose rewards all agree"),
+        # switching GRPO's KL off but keeping its reference refresh
+        ("grpo", ["--model.init_args.kl_coef=0"], "ref_update_every refreshes the KL reference, but kl_coef=0"),
+        # a mixup weight outside (0, 1]
+        ("max_reward", ["--model.init_args.ref_mixup_alpha=1.5"], "ref_mixup_alpha must be in \\(0, 1\\]"),
+        # a group baseline with a single response per prompt
+        ("reinforce_baseline", ["--model.init_args.group_size=1"], "CenteredAdvantage needs group_size >= 2"),
+        # RLOO's leave-one-out baseline with a single response per prompt
+        ("rloo", ["--model.init_args.group_size=1"], "RLOOAdvantage needs group_size >= 2"),
+        # mini-batches that do not tile the rollout
+        ("dapo", ["--model.init_args.mini_batch_size=300"], "mini_batch_size=300 must divide the rollout size"),
+    ],
+)
+def test_contradictory_recipe_fails_at_start_up(recipe, overrides, message, in_tmp_dir):
+    with pytest.raises(ValueError, match=message):
+        main(["fit", "--config", str(RECIPES_DIR / f"{recipe}.yaml"), *overrides, *QUICK])
