@@ -1,0 +1,152 @@
+"""`CodeExecutionReward`: run the response's Python program against the task's tests, in a sandbox.
+
+    trainer:
+      callbacks:
+        - class_path: rlvr_lightning.rewards.code.CodeExecutionReward
+          init_args: {tests_key: tests, timeout_s: 5.0, max_concurrency: 2}
+
+The program is the last fenced ```` ```python ```` block of the response (else the last fenced
+block). The row's ``metadata[tests_key]`` is a list of test cases (or a JSON string of one):
+``{"input": stdin, "output": expected stdout}`` dicts and/or assertion strings such as
+``"assert add(2, 3) == 5"``. The reward is the fraction of tests passed.
+
+Every test runs in `rlvr_lightning.verifiers.run_python_tests`' sandbox (no network, own pid and
+mount namespaces, rlimits, wall-clock kill): a hostile program (infinite loop, fork bomb, memory
+hog, file writes, ``os.system``) scores 0 and leaves the host as it was. Rows run concurrently
+in a small thread pool (each test is a subprocess, so threads suffice); identical (program, tests)
+pairs of a batch run once. A row whose run raises scores 0 and counts in ``num_errors``.
+
+If the host cannot isolate the network the reward refuses to run (`SandboxUnavailable`, raised
+whatever ``on_error`` says) unless ``allow_network_unisolated: true``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+from torch import Tensor
+
+from rlvr_lightning.rewards.base import RewardCallback
+from rlvr_lightning.rewards.math import metadata_values, response_texts
+from rlvr_lightning.rollout import Rollout
+from rlvr_lightning.verifiers.sandbox import SandboxUnavailable, extract_python_program, run_python_tests
+
+log = logging.getLogger(__name__)
+
+
+def parse_tests(tests) -> list:
+    """A row's test cases: a list, or a JSON string of one."""
+    if isinstance(tests, str):
+        tests = json.loads(tests)
+    if isinstance(tests, dict):
+        # {"inputs": [...], "outputs": [...]} (APPS / TACO style)
+        if "inputs" in tests and "outputs" in tests:
+            return [{"input": i, "output": o} for i, o in zip(tests["inputs"], tests["outputs"], strict=True)]
+        raise ValueError(f"test cases must be a list or {{'inputs', 'outputs'}}, got keys {sorted(tests)}")
+    if not isinstance(tests, (list, tuple)):
+        raise ValueError(f"test cases must be a list, got {type(tests).__name__}")
+    return list(tests)
+
+
+class CodeExecutionReward(RewardCallback):
+    """Fraction of the row's test cases that the response's Python program passes."""
+
+    kind = "task"
+
+    def __init__(
+        self,
+        tests_key: str = "tests",
+        timeout_s: float = 5.0,
+        memory_mb: int = 512,
+        cpu_s: int = 5,
+        max_processes: int = 16,
+        max_concurrency: int = 2,
+        allow_network_unisolated: bool = False,
+        weight: float = 1.0,
+        name: str | None = None,
+        on_error: str = "zero",
+    ) -> None:
+        """
+        Args:
+            tests_key: the metadata field holding the test cases.
+            timeout_s, memory_mb, cpu_s, max_processes: per-run limits (see `run_python_tests`).
+            max_concurrency: rows run at the same time (threads, each waiting on sandboxed subprocesses).
+            allow_network_unisolated: run even where no network namespace is available (not recommended).
+        """
+        if max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
+        super().__init__(weight=weight, name=name or "code_execution", on_error=on_error)
+        self.tests_key = tests_key
+        self.limits = {"timeout_s": timeout_s, "memory_mb": memory_mb, "cpu_s": cpu_s, "max_processes": max_processes}
+        self.max_concurrency = max_concurrency
+        self.allow_network_unisolated = allow_network_unisolated
+        self.last_errors: list[str | None] = []  # the first failure of each row of the last batch (debugging)
+
+    def __call__(self, rollout: Rollout) -> Tensor:
+        # No isolation is a property of the host, not of a row: stop the run whatever on_error says.
+        if not self.allow_network_unisolated:
+            from rlvr_lightning.verifiers.sandbox import sandbox_capabilities
+
+            caps = sandbox_capabilities()
+            if not caps["network_isolated"]:
+                raise SandboxUnavailable(
+                    "CodeExecutionReward: this host cannot isolate the network of sandboxed programs ("
+                    + "; ".join(caps["errors"])[:500]
+                    + "); set allow_network_unisolated: true to run untrusted code anyway"
+                )
+        return super().__call__(rollout)
+
+    def score(self, rollout: Rollout) -> Tensor:
+        texts = response_texts(rollout, type(self).__name__)
+        raw_tests = metadata_values(rollout, self.tests_key, type(self).__name__)
+        scores = torch.zeros(rollout.num_rows)
+        self.last_errors = [None] * rollout.num_rows
+        jobs: dict[str, list[int]] = {}  # identical (program, tests) pairs run once
+        programs: list[str | None] = [None] * rollout.num_rows
+        tests: list[list] = [[] for _ in range(rollout.num_rows)]
+        for i, text in enumerate(texts):
+            try:
+                tests[i] = parse_tests(raw_tests[i])
+                programs[i] = extract_python_program(text)
+                key = json.dumps([programs[i], tests[i]], sort_keys=True, default=str)
+            except Exception as error:
+                self._row_failed([i], error)
+                continue
+            jobs.setdefault(key, []).append(i)
+        if not jobs:
+            return scores.to(rollout.response_ids.device)
+
+        def run(i: int):
+            return run_python_tests(
+                programs[i], tests[i], allow_network_unisolated=self.allow_network_unisolated, **self.limits
+            )
+
+        with ThreadPoolExecutor(max_workers=min(self.max_concurrency, len(jobs))) as pool:
+            futures = [(rows, pool.submit(run, rows[0])) for rows in jobs.values()]
+            for rows, future in futures:
+                try:
+                    result = future.result()
+                except Exception as error:
+                    self._row_failed(rows, error)
+                    continue
+                for i in rows:
+                    scores[i] = result.reward
+                    self.last_errors[i] = result.error
+        return scores.to(rollout.response_ids.device)
+
+    def _row_failed(self, rows: list[int], error: Exception) -> None:
+        if self.on_error == "raise" or isinstance(error, SandboxUnavailable):
+            raise error
+        self.num_errors += len(rows)
+        log.debug("%s: rows %s failed: %r", self.name, rows, error)
+        for i in rows:
+            self.last_errors[i] = f"{type(error).__name__}: {error}"[:500]
+
+    def is_correct(self, rollout: Rollout, scores: Tensor) -> Tensor:
+        return scores >= 1.0
+
+
+__all__ = ["CodeExecutionReward", "parse_tests"]
