@@ -1,5 +1,6 @@
 """Lightning callbacks and plugins of rlvr_lightning."""
 
 from rlvr_lightning.callbacks.checkpointing import AtomicCheckpointIO, CheckpointReadError, ResumeState, RolloutCheckpoint
+from rlvr_lightning.callbacks.rollout_table import RolloutTableLogger
 
-__all__ = ["AtomicCheckpointIO", "CheckpointReadError", "ResumeState", "RolloutCheckpoint"]
+__all__ = ["AtomicCheckpointIO", "CheckpointReadError", "ResumeState", "RolloutCheckpoint", "RolloutTableLogger"]
