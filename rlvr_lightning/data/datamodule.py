@@ -11,7 +11,7 @@ run's position is a few integers that checkpoints carry and a resumed run contin
 
 Under DDP, rank r's share of global batch j is examples `[(j * world + r) * B, ... + B)`; with
 worker processes, worker w produces the batches j = w (mod num_workers), so the examples and
-their order do not depend on `num_workers`. The module counts consumed batches in
+their order do not depend on `num_workers`. The data module counts consumed batches in
 `on_before_batch_transfer` (not what the loader prefetched), which is what `state_dict` saves.
 
 With a `DifficultyFilter` the training prompts are the kept prompts, reshuffled each pass, and

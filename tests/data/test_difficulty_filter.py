@@ -280,3 +280,24 @@ def test_pass_rate_histogram_goes_to_wandb(tmp_path):
     assert len(histograms) == 1 and isinstance(histograms[0], wandb.Histogram)
     expected = [sum(scripted_passes(c["prompt"]) == k for c in flt.candidates) for k in range(N + 1)]
     assert list(histograms[0].histogram) == expected and len(histograms[0].bins) == N + 2
+
+
+class Counting(torch.utils.data.IterableDataset):
+    """A stream without `example_at`: read in order."""
+
+    def __iter__(self):
+        return ({"prompt": [i % V, (i // V) % V, 0], "i": i} for i in itertools.count())
+
+
+class CountingTask(SortTask):
+    def train_dataset(self):
+        return Counting()
+
+
+def test_streams_without_random_access_resume_by_skipping():
+    data = RLVRDataModule(CountingTask(num_val=0), batch_size=3)
+    data.load_state_dict({**data.state_dict(), "source_position": 7})
+    batches = [batch["metadata"] for batch in itertools.islice(iter(data.train_dataloader()), 2)]
+    assert [m["i"] for batch in batches for m in batch] == list(range(7, 13))
+    with pytest.raises(ValueError, match="cannot be read exactly by worker processes"):
+        next(iter(RLVRDataModule(CountingTask(num_val=0), batch_size=3, num_workers=2).train_dataloader()))
