@@ -3,7 +3,8 @@
     rlvr fit --config configs/sort_grpo.yaml
     rlvr fit --config configs/sort_grpo.yaml --print_config
 
-Any `LightningModule` / `LightningDataModule` subclass can be chosen with `class_path`.
+The module and data module are chosen with `class_path` (`RLVRModule`, `SFTModule`,
+`ExpertIterationModule`; `RLVRDataModule`, `SFTDataModule`, ...).
 Default logging: Weights & Biases in offline mode (no account or network needed; sync later
 with `wandb sync`) plus a CSV log, under `trainer.default_root_dir`.
 """
@@ -16,8 +17,6 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.cli import LightningCLI
 
-from rlvr_lightning.data.datamodule import RLVRDataModule
-from rlvr_lightning.modules.rlvr import RLVRModule
 
 TRAINER_DEFAULTS = {
     "accelerator": "auto",
@@ -59,8 +58,8 @@ def main(args: list[str] | None = None, run: bool = True) -> RLVRCLI:
     """`rlvr ...`; with `run=False` the config is parsed and instantiated but nothing runs (no subcommand)."""
     os.environ.setdefault("WANDB_SILENT", "true")
     return RLVRCLI(
-        RLVRModule,
-        RLVRDataModule,
+        pl.LightningModule,  # RLVRModule, SFTModule, ExpertIterationModule, ... chosen by class_path
+        pl.LightningDataModule,
         subclass_mode_model=True,
         subclass_mode_data=True,
         trainer_defaults=TRAINER_DEFAULTS,

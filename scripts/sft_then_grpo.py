@@ -8,11 +8,11 @@ Stages (each reports the greedy exact-sort accuracy on the sort task's 256 held-
 
     data         `--num_examples` correct pairs "prompt -> prompt sorted" from the training stream
                  (never a validation prompt) -> WORKDIR/train.jsonl
-    sft          scripts/stages/sft_sort.yaml (SFTModule) on them -> a Lightning checkpoint
+    sft          configs/recipes/sft.yaml (SFTModule) on them -> a Lightning checkpoint
     grpo         configs/recipes/grpo.yaml with its policy loaded from the SFT checkpoint
                  (rlvr_lightning.modules.sft.policy_from_checkpoint; the KL reference is the SFT policy)
     grpo_scratch the same GRPO recipe from a random policy (the control)
-    ei           scripts/stages/expert_iteration_sort.yaml (ExpertIterationModule) from the SFT checkpoint
+    ei           configs/recipes/expert_iteration.yaml (ExpertIterationModule) from the SFT checkpoint
                  for `--ei_rounds` rounds, keeping only exact sorts (the task reward's is_correct)
 
 Every stage goes through the `rlvr` LightningCLI (`stage_cli`), with a CSV logger under WORKDIR/logs.
@@ -33,28 +33,15 @@ REPO = Path(__file__).resolve().parents[1]
 STAGES = ("data", "sft", "grpo", "grpo_scratch", "ei")
 # The SFT and expert-iteration stage configs. They live beside this script until `rlvr` accepts every
 # LightningModule by class_path; then they belong in configs/recipes (and `stage_cli` is `cli.main`).
-SFT_CONFIG = REPO / "scripts" / "stages" / "sft_sort.yaml"
-EI_CONFIG = REPO / "scripts" / "stages" / "expert_iteration_sort.yaml"
+SFT_CONFIG = REPO / "configs" / "recipes" / "sft.yaml"
+EI_CONFIG = REPO / "configs" / "recipes" / "expert_iteration.yaml"
 
 
 def stage_cli(args: list[str]):
-    """`rlvr ARGS` for any LightningModule / LightningDataModule selected by class_path (SFTModule,
-    ExpertIterationModule, SFTDataModule as well as RLVRModule): the same `RLVRCLI` class and defaults
-    as `rlvr_lightning.cli.main`, with the base classes widened."""
-    import lightning.pytorch as pl
+    """`rlvr ARGS`, in-process."""
+    from rlvr_lightning.cli import main
 
-    from rlvr_lightning.cli import TRAINER_DEFAULTS, RLVRCLI
-
-    return RLVRCLI(
-        pl.LightningModule,
-        pl.LightningDataModule,
-        subclass_mode_model=True,
-        subclass_mode_data=True,
-        trainer_defaults=TRAINER_DEFAULTS,
-        seed_everything_default=0,
-        save_config_kwargs={"overwrite": True},
-        args=args,
-    )
+    return main(args)
 
 
 def sort_pairs(num_examples: int, vocab_size: int = 10, length: int = 4, seed: int = 0) -> list[dict]:

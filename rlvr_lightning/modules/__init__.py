@@ -1,3 +1,5 @@
+from rlvr_lightning.modules.expert_iteration import ExpertIterationModule
 from rlvr_lightning.modules.rlvr import RLVRModule
+from rlvr_lightning.modules.sft import SFTModule
 
-__all__ = ["RLVRModule"]
+__all__ = ["ExpertIterationModule", "RLVRModule", "SFTModule"]

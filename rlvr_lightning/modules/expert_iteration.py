@@ -28,10 +28,10 @@ from torch import Tensor
 
 from rlvr_lightning.core.aggregation import AGGREGATION_MODES
 from rlvr_lightning.modules.rlvr import RLVRModule
-from rlvr_lightning.modules.sft import RewardScoringMixin, find_reward_callbacks, response_nll
+from rlvr_lightning.modules.sft import RewardScoringMixin, response_nll
 from rlvr_lightning.modules.step_metrics import publish_step_metrics
 from rlvr_lightning.policies.base import Policy, PromptBatch, SamplingConfig
-from rlvr_lightning.rewards.base import RewardCallback
+from rlvr_lightning.rewards.base import RewardCallback, find_reward_callbacks
 from rlvr_lightning.rollout import Rollout
 
 log = logging.getLogger(__name__)

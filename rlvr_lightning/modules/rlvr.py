@@ -27,14 +27,15 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 
 from rlvr_lightning.advantages import AdvantageCallback, GroupNormalizedAdvantage
-from rlvr_lightning.core.advantages import zero_variance_group_fraction, zero_variance_group_mask
+from rlvr_lightning.core.advantages import zero_variance_group_fraction
 from rlvr_lightning.core.aggregation import AGGREGATION_MODES, aggregate_loss
 from rlvr_lightning.core.kl import KL_ESTIMATORS, kl_estimate
 from rlvr_lightning.core.masked import masked_mean, masked_sum
 from rlvr_lightning.core.policy_losses import POLICY_LOSSES, compute_policy_loss
+from rlvr_lightning.modules.dynamic_sampling import keep_informative_groups
 from rlvr_lightning.modules.step_metrics import publish_step_metrics
 from rlvr_lightning.policies.base import Policy, PromptBatch, SamplingConfig
-from rlvr_lightning.rewards.base import RewardCallback
+from rlvr_lightning.rewards.base import RewardCallback, find_reward_callbacks
 from rlvr_lightning.rollout import Rollout
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,7 @@ class RLVRModule(pl.LightningModule):
         kl_coef: float = 0.0,
         kl_estimator: str = "k3",
         kl_mode: str = "loss",
+        kl_clamp: float | None = None,
         ref_update_every: int | None = None,
         ref_mixup_alpha: float = 1.0,
         entropy_coef: float = 0.0,
@@ -87,10 +89,13 @@ class RLVRModule(pl.LightningModule):
             clip_low, clip_high: ratio clip range `[1 - clip_low, 1 + clip_high]`; None keeps the loss's default.
             dual_clip: dual-clip constant for `ppo_clip` (bounds the loss of negative advantages).
             aggregation: how token losses become a scalar, one of `core.aggregation.AGGREGATION_MODES`.
-            loss_constant: divisor of `seq-sum-constant` (default `sampling.max_new_tokens`).
+            loss_constant: divisor of `seq-sum-constant` (default: the policy's fixed `response_length` if it has
+                one, else `sampling.max_new_tokens`).
             kl_coef: weight of the KL penalty to the reference policy; 0 means no reference model at all.
             kl_mode: "loss" adds kl_coef * KL to the per-token loss (GRPO); "reward" subtracts kl_coef * sum_t KL_t
                 from each response's reward before advantages are computed (PPO-style reward shaping).
+            kl_clamp: clamp each token's KL estimate to [-kl_clamp, kl_clamp] (verl's low_var_kl uses 10); k3 overflows
+                once the policy is ~88 nats from the reference.
             ref_update_every: refresh the reference from the policy every this many rollout steps (None: never).
             ref_mixup_alpha: the refresh sets ref = alpha * policy + (1 - alpha) * ref (1: copy; < 1: TR-DPO mixup).
             dynamic_sampling: DAPO's dynamic sampling: drop groups whose rewards all agree and top the batch up
@@ -119,12 +124,30 @@ class RLVRModule(pl.LightningModule):
         }
         if dual_clip is not None and loss != "ppo_clip":
             raise ValueError(f"dual_clip applies to the token-level loss 'ppo_clip', not loss={loss!r}")
-        self.loss_constant = loss_constant or float(self.sampling.max_new_tokens)
+        if loss_constant is not None and aggregation != "seq-sum-constant":
+            raise ValueError(f"loss_constant is the divisor of aggregation='seq-sum-constant', not of {aggregation!r}")
+        self.loss_constant = float(
+            loss_constant or getattr(policy, "response_length", None) or self.sampling.max_new_tokens
+        )
+        if loss in ("pg", "ratio") and (clip_low is not None or clip_high is not None):
+            raise ValueError(f"clip_low/clip_high have no effect on loss={loss!r}, which is not clipped; use 'ppo_clip'")
+        if kl_mode == "reward" and kl_coef == 0:
+            raise ValueError("kl_mode='reward' shapes the reward by kl_coef * KL, but kl_coef=0")
+        if not self.sampling.do_sample and group_size > 1:
+            raise ValueError(
+                f"sampling.do_sample=false decodes greedily: the {group_size} responses of a group would be identical "
+                "and every group-relative advantage 0. Sample (do_sample: true) or use group_size: 1."
+            )
+        if loss == "pg" and ppo_epochs > 1:
+            log.warning("loss='pg' has no importance ratio: epochs after the first train on stale samples uncorrected")
+        self.kl_clamp = kl_clamp
         self.kl_coef = kl_coef
         self.entropy_coef = entropy_coef
         self.ref_update_every = ref_update_every
         if not 0 < ref_mixup_alpha <= 1:
             raise ValueError(f"ref_mixup_alpha must be in (0, 1], got {ref_mixup_alpha}")
+        if ref_mixup_alpha != 1 and not ref_update_every:
+            raise ValueError("ref_mixup_alpha sets how the reference is refreshed, but ref_update_every is not set")
         if ref_update_every and kl_coef == 0:
             raise ValueError("ref_update_every refreshes the KL reference, but kl_coef=0 means there is no reference")
         self.ref_mixup_alpha = ref_mixup_alpha
@@ -133,8 +156,11 @@ class RLVRModule(pl.LightningModule):
                 "dynamic_sampling drops groups whose rewards all agree; with group_size=1 every group agrees "
                 "with itself, so nothing could be trained on. Use group_size >= 2."
             )
-        if max_sampling_rounds < 1:
-            raise ValueError(f"max_sampling_rounds must be >= 1, got {max_sampling_rounds}")
+        if max_sampling_rounds < 1 or (dynamic_sampling and max_sampling_rounds < 2):
+            raise ValueError(
+                f"max_sampling_rounds={max_sampling_rounds}: dynamic sampling needs >= 2 rounds "
+                "(with one it could only reorder the batch)"
+            )
         self.dynamic_sampling = dynamic_sampling
         self.max_sampling_rounds = max_sampling_rounds
         self._topup_batches = None
@@ -173,12 +199,9 @@ class RLVRModule(pl.LightningModule):
 
     def setup(self, stage: str) -> None:
         callbacks = self.trainer.callbacks
-        self.reward_callbacks = [cb for cb in callbacks if isinstance(cb, RewardCallback)]
+        self.reward_callbacks = find_reward_callbacks(callbacks)
         if not self.reward_callbacks:
             raise ValueError("no RewardCallback in trainer.callbacks: add at least one reward to the config")
-        names = [cb.name for cb in self.reward_callbacks]
-        if len(set(names)) != len(names):
-            raise ValueError(f"reward names must be unique, got {names}; set `name:` on the duplicates")
         estimators = [cb for cb in callbacks if isinstance(cb, AdvantageCallback)]
         if len(estimators) > 1:
             raise ValueError(
@@ -250,26 +273,14 @@ class RLVRModule(pl.LightningModule):
         rollout.reward = total
 
     def _dynamic_sampling(self, rollout: Rollout, metrics: dict) -> Rollout:
-        """DAPO (Yu et al. 2025, sec. 3.2): keep only groups whose rewards differ, topping up with fresh prompts."""
-        target = rollout.num_groups
-        kept, dropped, sampled = [], [], target
-        for round_index in range(self.max_sampling_rounds):
-            if round_index > 0:
-                rollout = self.policy.sample(self._next_topup_batch(), self.group_size, self.sampling)
-                self.score(rollout)
-                sampled += rollout.num_groups
-            informative = ~zero_variance_group_mask(rollout.reward, self.group_size)
-            rows = informative.repeat_interleave(self.group_size)
-            kept.append(rollout.select(rows.nonzero().squeeze(-1)))
-            dropped.append(rollout.select((~rows).nonzero().squeeze(-1)))
-            if sum(part.num_groups for part in kept) >= target:
-                break
-        num_kept = sum(part.num_groups for part in kept)
-        merged = Rollout.concat([*kept, *dropped])  # informative groups first
-        metrics["train/dynamic_sampling/rounds"] = float(round_index + 1)
-        metrics["train/dynamic_sampling/prompts_sampled"] = float(sampled)
-        metrics["train/dynamic_sampling/filled_with_dropped"] = float(max(0, target - num_kept))
-        return merged.select(slice(0, target * self.group_size))
+        def sample_more() -> Rollout:
+            extra = self.policy.sample(self._next_topup_batch(), self.group_size, self.sampling)
+            self.score(extra)
+            return extra
+
+        rollout, stats = keep_informative_groups(rollout, sample_more, self.max_sampling_rounds)
+        metrics.update({f"train/dynamic_sampling/{key}": value for key, value in stats.items()})
+        return rollout
 
     def _next_topup_batch(self) -> PromptBatch:
         """More prompts from the data module (`RLVRDataModule.topup_batch` is resumable and rank-aware)."""
@@ -290,7 +301,7 @@ class RLVRModule(pl.LightningModule):
         log_probs = rollout.old_log_probs
         if log_probs is None:
             log_probs = torch.cat([self.policy.token_log_probs(mb, self.sampling.temperature)[0] for mb in self._micro_batches(rollout)])
-        kl = kl_estimate(log_probs, rollout.ref_log_probs, self.kl_estimator)
+        kl = kl_estimate(log_probs, rollout.ref_log_probs, self.kl_estimator, clamp=self.kl_clamp)
         penalty = self.kl_coef * masked_sum(kl, rollout.response_mask, dim=-1)
         rollout.reward = rollout.reward - penalty
         metrics["train/kl_reward_penalty"] = penalty.mean()
@@ -371,7 +382,7 @@ class RLVRModule(pl.LightningModule):
         token_loss = policy_loss.loss
         stats = {f"train/{key}": value for key, value in policy_loss.stats.items()}
         if self.reference is not None and self.kl_mode == "loss":
-            kl = kl_estimate(log_probs, micro.ref_log_probs, self.kl_estimator)
+            kl = kl_estimate(log_probs, micro.ref_log_probs, self.kl_estimator, clamp=self.kl_clamp)
             token_loss = token_loss + self.kl_coef * kl
             stats["train/kl"] = masked_mean(kl.detach(), mask)
         if self.entropy_coef != 0:

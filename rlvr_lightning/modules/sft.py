@@ -33,7 +33,7 @@ from torch import Tensor
 from rlvr_lightning.core.aggregation import AGGREGATION_MODES, aggregate_loss
 from rlvr_lightning.modules.rlvr import RLVRModule
 from rlvr_lightning.policies.base import Policy, SamplingConfig
-from rlvr_lightning.rewards.base import RewardCallback
+from rlvr_lightning.rewards.base import RewardCallback, find_reward_callbacks
 from rlvr_lightning.rollout import Rollout
 
 log = logging.getLogger(__name__)
@@ -179,15 +179,6 @@ def policy_from_checkpoint(
 
 
 # ------------------------------------------------------------------ rewards (shared with ExpertIterationModule)
-
-
-def find_reward_callbacks(callbacks: Sequence[pl.Callback]) -> list[RewardCallback]:
-    """The run's `RewardCallback`s, with unique names (as `RLVRModule.setup` requires)."""
-    rewards = [cb for cb in callbacks if isinstance(cb, RewardCallback)]
-    names = [cb.name for cb in rewards]
-    if len(set(names)) != len(names):
-        raise ValueError(f"reward names must be unique, got {names}; set `name:` on the duplicates")
-    return rewards
 
 
 class RewardScoringMixin:

@@ -121,3 +121,12 @@ class RewardCallback(Callback):
     def pop_errors(self) -> int:
         errors, self.num_errors = self.num_errors, 0
         return errors
+
+
+def find_reward_callbacks(callbacks) -> list[RewardCallback]:
+    """The run's `RewardCallback`s (from `trainer.callbacks`), checked to have unique names."""
+    rewards = [cb for cb in callbacks if isinstance(cb, RewardCallback)]
+    names = [cb.name for cb in rewards]
+    if len(set(names)) != len(names):
+        raise ValueError(f"reward names must be unique, got {names}; set `name:` on the duplicates")
+    return rewards

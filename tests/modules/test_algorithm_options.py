@@ -7,6 +7,7 @@ import torch
 
 from rlvr_lightning.advantages import CenteredAdvantage
 from rlvr_lightning.modules import RLVRModule
+from rlvr_lightning.policies.base import SamplingConfig
 from rlvr_lightning.policies.toy_sort import ToySortPolicy
 from rlvr_lightning.rewards import RewardCallback, SortInclusionOrderingReward
 from rlvr_lightning.rollout import Rollout
@@ -132,6 +133,12 @@ def test_reference_mixup_moves_the_reference_by_exactly_alpha(in_tmp_dir):
         ({"ref_update_every": 10}, "kl_coef=0 means there is no reference"),
         ({"kl_coef": 0.1, "ref_update_every": 10, "ref_mixup_alpha": 0.0}, "ref_mixup_alpha must be in"),
         ({"kl_mode": "advantage"}, "kl_mode='advantage' is not valid; choose one of \\['loss', 'reward'\\]"),
+        ({"loss_constant": 4.0, "aggregation": "token-mean"}, "loss_constant is the divisor of aggregation='seq-sum-constant'"),
+        ({"loss": "pg", "clip_high": 0.28}, "have no effect on loss='pg'"),
+        ({"kl_coef": 0.0, "kl_mode": "reward"}, "kl_coef=0"),
+        ({"kl_coef": 0.1, "ref_mixup_alpha": 0.5}, "ref_update_every is not set"),
+        ({"sampling": SamplingConfig(do_sample=False), "group_size": 4}, "responses of a group would be identical"),
+        ({"dynamic_sampling": True, "max_sampling_rounds": 1}, "dynamic sampling needs >= 2 rounds"),
     ],
 )
 def test_contradictory_options_fail_at_start_up(options, message):

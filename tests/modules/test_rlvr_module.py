@@ -129,7 +129,8 @@ def test_old_log_probs_are_computed_only_when_the_policy_moves(in_tmp_dir, ppo_e
 
 
 def final_parameters(micro_batch_size, aggregation):
-    module = RLVRModule(policy(), group_size=4, micro_batch_size=micro_batch_size, aggregation=aggregation, loss_constant=5)
+    constant = 5.0 if aggregation == "seq-sum-constant" else None
+    module = RLVRModule(policy(), group_size=4, micro_batch_size=micro_batch_size, aggregation=aggregation, loss_constant=constant)
     fit(module, [SortInclusionOrderingReward()], steps=2, batch_size=4)
     return torch.cat([p.detach().flatten() for p in module.policy.parameters()])
 
