@@ -13,15 +13,18 @@ logger, no progress bar); a step is timed from `on_train_batch_start` to `on_tra
 TRL's step is timed from `on_step_begin` to `on_step_end` of a `TrainerCallback`. The first
 `--warmup` steps of each run are dropped; the script prints the median of the rest, the ratio of
 the medians, and where the time goes (per-step medians of each section; "other" is the step
-minus the sections: framework overhead).
+minus the sections: framework overhead). The `cpu` column is the process CPU time of a step:
+on a shared machine it is far less disturbed by other processes than the wall time.
 
     python scripts/bench_step.py                       # both cases
     python scripts/bench_step.py --case tiny --steps 10
     python scripts/bench_step.py --case smollm2 --steps 4   # needs `rlvr-models fetch smollm2-135m-instruct`
 
 Cases: `tiny` = a random Llama (hidden 128, 2 layers, 4 heads, byte-level BPE vocabulary of 512
-trained on the spot), 8 prompts x 8 completions x 16 tokens; `smollm2` = SmolLM2-135M-Instruct,
-2 chat prompts x 8 completions x 32 tokens. Threads are pinned (`--threads`, default 1).
+trained on the spot), 8 raw-text prompts x 8 completions x 16 tokens; the prompts are an instruction
+plus a question, ~40 tokens (`--tiny-prompts short`: the bare question, ~10 tokens). `smollm2` =
+SmolLM2-135M-Instruct, 2 chat prompts (its chat template with its default system prompt, 40-44
+tokens) x 8 completions x 32 tokens. Threads are pinned (`--threads`, default 1).
 """
 
 from __future__ import annotations
@@ -51,11 +54,19 @@ sys.path.insert(0, str(ROOT / "tests" / "policies"))  # tiny_lm: the test suite'
 LR = 1e-5
 SECTIONS = ("generation", "reward", "logprob_forward", "backward", "optimizer")
 
-TINY_PROMPTS = [f"What is {a} + {b}? The answer is" for a, b in [(3, 4), (12, 7), (25, 17), (8, 9), (101, 5), (64, 36), (7, 70), (250, 250)]]
+PAIRS = [(3, 4), (12, 7), (25, 17), (8, 9), (101, 5), (64, 36), (7, 70), (250, 250)]
+# "task": an RLVR-style prompt (instruction + question, ~40 tokens); "short": the bare question (~10 tokens)
+TINY_PROMPTS = {
+    "task": [
+        f"Give the final answer after 'The answer is'.\nQuestion: What is {a} + {b}?\nAnswer:"
+        for a, b in PAIRS
+    ],
+    "short": [f"What is {a} + {b}? The answer is" for a, b in PAIRS],
+}
 SMOL_PROMPTS = ["What is 12 + 7? Answer with a number.", "Name a prime number larger than 10."]
 
 CASES = {
-    "tiny": {"prompts": TINY_PROMPTS, "generations": 8, "new_tokens": 16, "template": "raw"},
+    "tiny": {"prompts": TINY_PROMPTS["task"], "generations": 8, "new_tokens": 16, "template": "raw"},
     "smollm2": {"prompts": SMOL_PROMPTS, "generations": 8, "new_tokens": 32, "template": "chat"},
 }
 
@@ -92,16 +103,17 @@ class StepTimer:
     def begin(self) -> None:
         self.current = defaultdict(float)
         self.started = time.perf_counter()
+        self.started_cpu = time.process_time()
 
     def end(self) -> None:
         total = time.perf_counter() - self.started
-        step = {"step": total, **self.current}
+        step = {"step": total, **self.current, "cpu": time.process_time() - self.started_cpu}
         step["other"] = total - sum(self.current.get(s, 0.0) for s in SECTIONS)
         self.steps.append(step)
 
     def medians(self, warmup: int) -> dict[str, float]:
         kept = self.steps[warmup:] or self.steps
-        keys = ["step", *SECTIONS, "other"]
+        keys = ["step", *SECTIONS, "other", "cpu"]
         return {k: statistics.median(s.get(k, 0.0) for s in kept) for k in keys}
 
 
@@ -305,8 +317,18 @@ def run_trl(model_dir: Path, case: dict, steps: int, seed: int, output_dir: str)
 # ----------------------------------------------------------------------------- main
 
 
+def _prompt_lengths(model_dir: Path, case: dict) -> list[int]:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    if case["template"] == "chat":
+        texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True) for p in case["prompts"]]
+        return [len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
+    return [len(tokenizer(p)["input_ids"]) for p in case["prompts"]]
+
+
 def fmt_row(label: str, m: dict[str, float]) -> str:
-    cells = " ".join(f"{m[k]:>9.3f}" for k in ["step", *SECTIONS, "other"])
+    cells = " ".join(f"{m[k]:>9.3f}" for k in ["step", *SECTIONS, "other", "cpu"])
     return f"{label:<6} {cells}"
 
 
@@ -320,7 +342,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=str, default=None, help="also write the results to this file")
     parser.add_argument("--only", choices=["ours", "trl"], default=None, help="run one side only (profiling)")
+    parser.add_argument(
+        "--tiny-prompts", choices=sorted(TINY_PROMPTS), default="task",
+        help="tiny case: RLVR-style instruction prompts (~40 tokens) or the bare question (~10 tokens)",
+    )
     args = parser.parse_args(argv)
+    CASES["tiny"]["prompts"] = TINY_PROMPTS[args.tiny_prompts]
 
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
@@ -355,18 +382,20 @@ def main(argv: list[str] | None = None) -> int:
                     timer.steps = recorded
                     summary[label] = timer.medians(0)
             rows = len(case["prompts"]) * case["generations"]
+            prompt_tokens = _prompt_lengths(model_dir, case)
             print(
                 f"\n== {name}: {len(case['prompts'])} prompts x {case['generations']} completions x "
                 f"{case['new_tokens']} tokens ({rows} rows), {steps} measured steps x {args.rounds} round(s), "
-                f"{args.threads} thread(s); median seconds per step"
+                f"{args.threads} thread(s); prompts of {min(prompt_tokens)}-{max(prompt_tokens)} tokens; median seconds per step"
             )
-            print(f"{'':<6} " + " ".join(f"{k:>9}" for k in ["step", "generate", "reward", "lp_fwd", "backward", "optim", "other"]))
+            print(f"{'':<6} " + " ".join(f"{k:>9}" for k in ["step", "generate", "reward", "lp_fwd", "backward", "optim", "other", "cpu"]))
             for label, m in summary.items():
                 print(fmt_row(label, m))
             if len(summary) == 2:
                 ratio = summary["trl"]["step"] / summary["ours"]["step"]
-                summary["speedup"] = ratio
-                print(f"speed-up (TRL median / ours median): {ratio:.2f}x")
+                cpu_ratio = summary["trl"]["cpu"] / summary["ours"]["cpu"]
+                summary["speedup"], summary["cpu_speedup"] = ratio, cpu_ratio
+                print(f"speed-up (TRL median / ours median): {ratio:.2f}x wall, {cpu_ratio:.2f}x process CPU time")
             results[name] = summary
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))

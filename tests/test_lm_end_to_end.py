@@ -137,7 +137,7 @@ def test_grpo_steps_on_a_saved_tiny_llama(tiny_model_dir, tmp_path, monkeypatch)
     rows = _logged_rows(tmp_path)
     train = _train_rows(rows)
     assert len(train) == 3
-    logged = set().union(*(k for row in train for k in [{key for key, value in row.items() if value != ""}]))
+    logged = {key for row in train for key, value in row.items() if value != ""}
     assert GENERATION_KEYS | TIME_KEYS | {"train/loss", "train/grad_norm", "train/entropy"} <= logged
     for row in train:
         assert 1 <= float(row["train/generation/response_length/min"]) <= float(row["train/generation/response_length/mean"])
