@@ -12,6 +12,11 @@ the row's ``metadata[answer_key]`` by math-verify in killable worker processes
 judging overruns ``timeout_s`` (``\\boxed{9^{9^{9^9}}}``) or crashes its worker scores 0 and is
 counted in ``num_errors`` (logged as ``train/reward_errors/<name>``); the other rows are unaffected.
 
+Equivalence is mathematical, so ``\\boxed{63 + 53}`` equals ``116``: a policy can learn to box the
+question's expression instead of computing it (it does, within 20 steps, on 2-digit addition). For
+tasks whose answer is a number, set ``numeric_only: true``: an answer that is not a plain decimal
+number (``-12``, ``3.5``, ``1,000``, ``$5``) then scores 0 without being judged.
+
 The workers start on the first batch (not at construction, so ``--print_config`` starts nothing)
 and are stopped when the run ends (`teardown`) or fails (`on_exception`).
 """
@@ -19,6 +24,7 @@ and are stopped when the run ends (`teardown`) or fails (`on_exception`).
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Sequence
 
 import torch
@@ -29,6 +35,13 @@ from rlvr_lightning.rollout import Rollout
 from rlvr_lightning.verifiers.answers import DEFAULT_METHODS, extract_answer, normalize_answer
 
 log = logging.getLogger(__name__)
+
+_NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)")
+
+
+def is_plain_number(answer: str | None) -> bool:
+    """Whether an extracted answer is a plain decimal number once normalised (``1,000`` and ``$5`` are)."""
+    return bool(answer) and _NUMBER.fullmatch(normalize_answer(answer)) is not None
 
 
 def response_texts(rollout: Rollout, reward: str) -> list[str]:
@@ -64,6 +77,7 @@ class MathAccuracyReward(RewardCallback):
         workers: int = 2,
         max_answer_chars: int = 2000,
         string_fast_path: bool = True,
+        numeric_only: bool = False,
         weight: float = 1.0,
         name: str | None = None,
         on_error: str = "zero",
@@ -77,6 +91,7 @@ class MathAccuracyReward(RewardCallback):
             workers: math-verify worker processes.
             max_answer_chars: longer extracted answers score 0 without being parsed.
             string_fast_path: identical normalised strings score 1 without asking math-verify.
+            numeric_only: only plain decimal numbers count as answers (no expressions such as ``63 + 53``).
         """
         super().__init__(weight=weight, name=name or "math_accuracy", on_error=on_error)
         self.answer_key = answer_key
@@ -86,6 +101,7 @@ class MathAccuracyReward(RewardCallback):
         self.workers = workers
         self.max_answer_chars = max_answer_chars
         self.string_fast_path = string_fast_path
+        self.numeric_only = numeric_only
         self._verifier = None
 
     # ------------------------------------------------------------------ verifier lifecycle
@@ -129,6 +145,8 @@ class MathAccuracyReward(RewardCallback):
         texts = response_texts(rollout, type(self).__name__)
         golds = metadata_values(rollout, self.answer_key, type(self).__name__)
         golds = [None if gold is None else str(gold) for gold in golds]
+        if self.numeric_only:  # a row whose answer is not a number is not judged (scores 0)
+            texts = [t if is_plain_number(extract_answer(t, self.methods)) else None for t in texts]
         scores, failed = self.verifier.score(texts, golds)
         if failed:
             log.debug("%s: %d rows timed out or crashed their worker", self.name, failed)
@@ -143,11 +161,11 @@ class MathAccuracyReward(RewardCallback):
         answers: list[str | None] = []
         for text in response_texts(rollout, type(self).__name__):
             answer = extract_answer(text, self.methods)
-            if answer is not None and len(answer) > self.max_answer_chars:
+            if answer is not None and (len(answer) > self.max_answer_chars or (self.numeric_only and not is_plain_number(answer))):
                 answer = None
             normalised = normalize_answer(answer) if answer else ""
             answers.append(normalised or None)
         return answers
 
 
-__all__ = ["MathAccuracyReward"]
+__all__ = ["MathAccuracyReward", "is_plain_number"]

@@ -163,6 +163,22 @@ def test_methods_restrict_what_counts_as_an_answer():
         MathAccuracyReward(methods=["boxd"])
 
 
+def test_numeric_only_closes_the_boxed_expression_hack():
+    # Seen in the SmolLM2 arithmetic run: the policy learned to box the question instead of the sum.
+    texts = [r"63 + 53 = \boxed{63 + 53}", r"\boxed{116}", r"\boxed{1,16}", r"\boxed{\$116}", r"\boxed{232/2}", r"\boxed{116.0}"]
+    rollout = make_rollout(texts, [{"answer": "116"}] * len(texts))
+    lenient = MathAccuracyReward(methods=["boxed"])
+    strict = MathAccuracyReward(methods=["boxed"], numeric_only=True)
+    try:
+        assert lenient(rollout).tolist()[0] == 1.0  # mathematically equal indeed
+        assert strict(rollout).tolist() == [0.0, 1.0, 0.0, 1.0, 0.0, 1.0]
+        assert strict.extract_answers(rollout) == [None, "116", None, "116", None, "116.0"]
+        assert strict.pop_errors() == 0
+    finally:
+        lenient.close()
+        strict.close()
+
+
 def test_answer_key_and_missing_key():
     reward = MathAccuracyReward(answer_key="target")
     try:
