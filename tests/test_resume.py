@@ -4,7 +4,8 @@ The killed run is a real `rlvr fit` subprocess, stopped with SIGKILL from here w
 the start of step K + 1; the uninterrupted and the resumed runs go through the same CLI in this
 process. Every run trains 2K rollout steps of a small sort task with what a checkpoint must
 carry: Adam state, an LR scheduler, a KL reference refreshed every 3 steps, random mini-batch
-order, validation that samples (consuming RNG) every 3 steps, and optionally the difficulty
+order, DAPO dynamic sampling (top-up prompts), validation that samples (consuming RNG) every 3
+steps, and optionally the difficulty
 filter refreshed every epoch of 4 steps. Checkpoints every 2 rollout steps, so last.ckpt is
 step K = 6, in the middle of epoch 1.
 """
@@ -93,6 +94,7 @@ model:
     ref_update_every: 3
     val_greedy: false
     val_group_size: 2
+    dynamic_sampling: true   # tops batches up with RLVRDataModule.topup_batch: those draws resume too
 data:
   class_path: rlvr_lightning.data.RLVRDataModule
   init_args:
@@ -166,6 +168,8 @@ def test_sigkill_then_resume_is_bitwise_identical(tmp_path, monkeypatch, with_fi
     resumed = main(["fit", "--config", str(resumed_cfg), "--ckpt_path", "last"])
     assert resumed.trainer.fit_loop.epoch_loop._batches_that_stepped == STEPS_PER_EPOCH * EPOCHS
 
+    assert full.datamodule.topup_batches > 0 or with_filter  # dynamic sampling drew top-ups (reset at refreshes)
+    assert resumed.datamodule.topup_batches == full.datamodule.topup_batches
     actual = parameters(resumed.model)
     assert expected.keys() == actual.keys() and any(k.startswith("reference.") for k in expected)
     for key in expected:
