@@ -53,6 +53,13 @@ class RLVRCLI(LightningCLI):
             kwargs["callbacks"] = [*callbacks, RewardProgressBar()]
         return super().instantiate_trainer(**kwargs)
 
+    def _parse_ckpt_path(self) -> None:
+        """The config rebuilds the run, not the checkpoint's hyper-parameters (they exclude the policy).
+
+        LightningCLI would re-parse those hyper-parameters as the model config, which fails for
+        `--ckpt_path path/to/file.ckpt`; the checkpoint is read by the trainer's checkpoint IO instead,
+        which names the file and the reason when it cannot be read."""
+
 
 def main(args: list[str] | None = None, run: bool = True) -> RLVRCLI:
     """`rlvr ...`; with `run=False` the config is parsed and instantiated but nothing runs (no subcommand)."""

@@ -429,7 +429,7 @@ class RLVRModule(pl.LightningModule):
         correct = self.correctness(rollout)
         if correct is not None:
             metrics["val/accuracy"] = correct.float().mean()
-        self.log_dict(metrics, on_step=False, on_epoch=True, batch_size=rollout.num_rows, prog_bar=True)
+        self.log_dict(metrics, on_step=False, on_epoch=True, batch_size=rollout.num_rows, prog_bar=True, sync_dist=True)
 
     def correctness(self, rollout: Rollout, kind: str = "task") -> Tensor | None:
         """`bool[N]` from the first reward of this `kind` that can tell whether a response satisfies it."""
