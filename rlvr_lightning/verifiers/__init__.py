@@ -13,6 +13,7 @@ from rlvr_lightning.verifiers.answers import (
     extract_answer_is,
     extract_boxed,
     extract_gsm8k,
+    extract_last_number,
     extract_tagged,
     normalize_answer,
 )
@@ -36,6 +37,7 @@ __all__ = [
     "extract_answer_is",
     "extract_boxed",
     "extract_gsm8k",
+    "extract_last_number",
     "extract_tagged",
     "extract_python_program",
     "normalize_answer",

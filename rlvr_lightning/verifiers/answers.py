@@ -30,6 +30,7 @@ __all__ = [
     "extract_answer",
     "extract_answer_is",
     "extract_boxed",
+    "extract_last_number",
     "extract_gsm8k",
     "extract_tagged",
     "normalize_answer",
@@ -185,18 +186,38 @@ def extract_answer_is(text: str | None) -> str | None:
     return ans or None
 
 
+# A number: digits with optional thousands groups and decimals. No nested quantifiers: linear.
+_LAST_NUMBER = re.compile(r"[-−]?\d+(?:,\d{3})*(?:\.\d+)?")
+
+
+def extract_last_number(text: str | None) -> str | None:
+    """The last number in the text (``1,234`` -> ``1234``, ``-5``, ``3.5``), e.g. ``47 + 21 = 68`` -> ``68``.
+
+    The usual last-resort extractor of GSM8K-style graders; not in ``DEFAULT_METHODS``.
+    """
+    if not text:
+        return None
+    last = None
+    for m in _LAST_NUMBER.finditer(text):
+        last = m
+    if last is None:
+        return None
+    return last.group(0).replace(",", "").replace("−", "-")
+
+
 _EXTRACTORS = {
     "boxed": extract_boxed,
     "answer_tag": extract_tagged,
     "gsm8k": extract_gsm8k,
     "answer_is": extract_answer_is,
+    "last_number": extract_last_number,
 }
 
 
 def extract_answer(text: str | None, methods: Sequence[str] | Iterable[str] = DEFAULT_METHODS) -> str | None:
     """The result of the first method (in order) that finds an answer, else None.
 
-    Methods: ``"boxed"``, ``"answer_tag"``, ``"gsm8k"``, ``"answer_is"``.
+    Methods: ``"boxed"``, ``"answer_tag"``, ``"gsm8k"``, ``"answer_is"``, ``"last_number"``.
     """
     if not text:
         return None

@@ -13,6 +13,7 @@ from rlvr_lightning.verifiers.answers import (
     extract_answer_is,
     extract_boxed,
     extract_gsm8k,
+    extract_last_number,
     extract_tagged,
     normalize_answer,
 )
@@ -51,6 +52,12 @@ EXTRACTION_CASES = [
     (extract_answer_is, "the answer is 1. no wait, the answer is 2.", "2"),
     (extract_answer_is, "The final answer is **12**.", "12"),
     (extract_answer_is, "my answer isn't final", None),
+    (extract_last_number, "47 + 21 = 68", "68"),
+    (extract_last_number, "It costs $1,234.50 in total.", "1234.50"),
+    (extract_last_number, "from -3 to −5", "-5"),
+    (extract_last_number, r"\boxed{7}.", "7"),
+    (extract_last_number, "1,2,3", "3"),
+    (extract_last_number, "no digits", None),
 ]
 
 
@@ -84,8 +91,10 @@ def test_extraction_is_linear_on_hostile_input():
         "5 " + "a" * 500_000 + "1",
     ]
     t0 = time.perf_counter()
+    hostile.append("1," * 300_000 + "1.")
     for text in hostile:
         extract_answer(text)
+        extract_last_number(text)
         normalize_answer(text)
     # ~1.5 s here when idle; a quadratic pass over these 200k-1M character inputs would take hours.
     # The bound leaves room for a machine shared with other jobs.
