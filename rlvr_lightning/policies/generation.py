@@ -14,6 +14,7 @@ Everything here is model-agnostic: it needs a transformers-style causal LM that 
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -176,19 +177,6 @@ def _supports_logits_to_keep(model: nn.Module) -> bool:
         return False
 
 
-def generate(*args, **kwargs) -> GenerationOutput:
-    """`_generate` under `torch.inference_mode` (~15% faster decoding steps on a small model than
-    `no_grad`), with its outputs turned back into normal tensors that autograd may save."""
-    with torch.inference_mode():
-        out = _generate(*args, **kwargs)
-    for name in ("response_ids", "response_mask", "truncated", "log_probs", "stopped_by_string"):
-        setattr(out, name, getattr(out, name).clone())
-    return out
-
-
-
-
-
 def _generate(
     model: nn.Module,
     prompt_ids: Tensor,
@@ -323,3 +311,14 @@ def _generate(
         prefill_seconds=prefill_seconds,
         steps=steps,
     )
+
+
+@functools.wraps(_generate)
+def generate(*args, **kwargs) -> GenerationOutput:
+    # under `torch.inference_mode` (decoding steps of a small model ~15% faster than under `no_grad`),
+    # with the outputs turned back into normal tensors that autograd may save later
+    with torch.inference_mode():
+        out = _generate(*args, **kwargs)
+    for name in ("response_ids", "response_mask", "truncated", "log_probs", "stopped_by_string"):
+        setattr(out, name, getattr(out, name).clone())
+    return out
