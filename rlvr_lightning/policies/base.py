@@ -34,6 +34,7 @@ class SamplingConfig:
     top_p: float = 1.0
     top_k: int = 0
     max_new_tokens: int = 256
+    min_new_tokens: int = 0  # EOS is not sampled before this many tokens (equal-length benchmarks)
     stop_strings: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -43,6 +44,8 @@ class SamplingConfig:
             raise ValueError(f"sampling.top_p must be in (0, 1], got {self.top_p}")
         if self.max_new_tokens < 1:
             raise ValueError(f"sampling.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if not 0 <= self.min_new_tokens <= self.max_new_tokens:
+            raise ValueError(f"sampling.min_new_tokens must be in [0, max_new_tokens], got {self.min_new_tokens}")
 
 
 class Policy(nn.Module, ABC):
