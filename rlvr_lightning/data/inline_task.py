@@ -25,7 +25,7 @@ from typing import Any
 
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
-from rlvr_lightning.data.task import Example, Task
+from rlvr_lightning.data.task import Example, ListDataset, Task
 
 
 class InlineTask(Task):
@@ -55,10 +55,10 @@ class InlineTask(Task):
     def train_dataset(self) -> Dataset | IterableDataset:
         if self.repeat:
             return _Cycle(self.examples, self.shuffle, self.seed)
-        return _List(self.examples)
+        return ListDataset(self.examples)
 
     def val_dataset(self) -> Dataset | None:
-        return _List(self.val_examples) if self.val_examples else None
+        return ListDataset(self.val_examples) if self.val_examples else None
 
 
 def _checked(examples: list[dict[str, Any]] | None, option: str) -> list[Example]:
@@ -68,17 +68,6 @@ def _checked(examples: list[dict[str, Any]] | None, option: str) -> list[Example
             raise ValueError(f"InlineTask {option}[{i}] must be a dict with a 'prompt' key, got {example!r}")
         checked.append(dict(example))
     return checked
-
-
-class _List(Dataset):
-    def __init__(self, examples: list[Example]) -> None:
-        self.examples = examples
-
-    def __len__(self) -> int:
-        return len(self.examples)
-
-    def __getitem__(self, index: int) -> Example:
-        return dict(self.examples[index])
 
 
 class _Cycle(IterableDataset):

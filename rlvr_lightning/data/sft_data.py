@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any, Iterable
 
 import lightning.pytorch as pl
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
-from rlvr_lightning.data.task import Task, collate_examples
+from rlvr_lightning.data.task import ListDataset, Task, collate_examples
 
 Example = dict[str, Any]
 
@@ -104,17 +104,6 @@ def collate_pairs(examples: list[Example]) -> dict[str, list[Any]]:
     }
 
 
-class PairDataset(Dataset):
-    def __init__(self, examples: list[Example]) -> None:
-        self.examples = examples
-
-    def __len__(self) -> int:
-        return len(self.examples)
-
-    def __getitem__(self, index: int) -> Example:
-        return self.examples[index]
-
-
 class SFTDataModule(pl.LightningDataModule):
     def __init__(
         self,
@@ -164,7 +153,7 @@ class SFTDataModule(pl.LightningDataModule):
         if self.train_examples is None:
             self.setup("fit")
         return DataLoader(
-            PairDataset(self.train_examples),
+            ListDataset(self.train_examples),
             batch_size=self.batch_size,
             shuffle=True,
             collate_fn=collate_pairs,
@@ -182,5 +171,5 @@ class SFTDataModule(pl.LightningDataModule):
         if self.val_examples is None:
             self.setup("validate")
         return DataLoader(
-            PairDataset(self.val_examples), batch_size=self.val_batch_size, collate_fn=collate_pairs, num_workers=self.num_workers
+            ListDataset(self.val_examples), batch_size=self.val_batch_size, collate_fn=collate_pairs, num_workers=self.num_workers
         )

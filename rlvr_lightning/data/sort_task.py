@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
-from rlvr_lightning.data.task import Example, Task
+from rlvr_lightning.data.task import Example, ListDataset, Task
 
 
 class SortTask(Task):
@@ -69,17 +69,6 @@ def prompt_hash(prompts: Tensor) -> Tensor:
     for column in prompts.long().unbind(dim=1):
         h = (h * 1_000_003 + column + 1) % 2_147_483_647
     return ((h * 2_654_435_761) % 2**32) >> 16
-
-
-class ListDataset(Dataset):
-    def __init__(self, examples: list[Example]) -> None:
-        self.examples = examples
-
-    def __len__(self) -> int:
-        return len(self.examples)
-
-    def __getitem__(self, index: int) -> Example:
-        return self.examples[index]
 
 
 class SortStream(IterableDataset):

@@ -24,6 +24,19 @@ class Task(ABC):
         return None
 
 
+class ListDataset(Dataset):
+    """A list of examples as a map-style dataset."""
+
+    def __init__(self, examples: list[Example]) -> None:
+        self.examples = examples
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def __getitem__(self, index: int) -> Example:
+        return self.examples[index]
+
+
 def collate_examples(examples: list[Example]) -> dict[str, list[Any]]:
     """`[{"prompt": p, **meta}, ...]` -> `{"prompt": [p, ...], "metadata": [meta, ...]}`."""
     return {
