@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.cli import LightningCLI
 
@@ -44,6 +45,22 @@ class RewardProgressBar(RichProgressBar):
 
 
 class RLVRCLI(LightningCLI):
+    def add_arguments_to_parser(self, parser) -> None:
+        parser.add_argument(
+            "--torch_threads",
+            type=int | None,
+            default=None,
+            help="torch intra-op threads (torch.set_num_threads); null keeps torch's default. Tiny models "
+            "run fastest on 1, and on a machine shared with other jobs more threads than free cores can be "
+            "many times slower.",
+        )
+
+    def before_instantiate_classes(self) -> None:
+        config = self.config.get(str(self.subcommand), self.config) if self.subcommand else self.config
+        threads = config.get("torch_threads")
+        if threads:
+            torch.set_num_threads(threads)
+
     def instantiate_trainer(self, **kwargs) -> pl.Trainer:
         """Adds a Rich progress bar (showing the mean reward) unless the config has a progress bar or disables it."""
         trainer_config = self._get(self.config_init, "trainer", default={})
