@@ -32,6 +32,7 @@ from rlvr_lightning.core.aggregation import AGGREGATION_MODES, aggregate_loss
 from rlvr_lightning.core.kl import KL_ESTIMATORS, kl_estimate
 from rlvr_lightning.core.masked import masked_mean, masked_sum
 from rlvr_lightning.core.policy_losses import POLICY_LOSSES, compute_policy_loss
+from rlvr_lightning.evaluation import ValidationMetrics
 from rlvr_lightning.modules.dynamic_sampling import keep_informative_groups
 from rlvr_lightning.modules.step_metrics import publish_step_metrics
 from rlvr_lightning.policies.base import Policy, PromptBatch, SamplingConfig
@@ -155,6 +156,11 @@ class RLVRModule(pl.LightningModule):
             raise ValueError(
                 "dynamic_sampling drops groups whose rewards all agree; with group_size=1 every group agrees "
                 "with itself, so nothing could be trained on. Use group_size >= 2."
+            )
+        if val_greedy and val_group_size > 1:
+            raise ValueError(
+                f"val_greedy decodes the {val_group_size} validation responses of a prompt identically; "
+                "set val_greedy: false to measure pass@k and majority vote"
             )
         if max_sampling_rounds < 1 or (dynamic_sampling and max_sampling_rounds < 2):
             raise ValueError(
@@ -422,6 +428,8 @@ class RLVRModule(pl.LightningModule):
     # ------------------------------------------------------------- validation
 
     def validation_step(self, batch: PromptBatch, batch_idx: int) -> None:
+        """`val_group_size` responses per held-out prompt: mean reward and accuracy per batch; pass@k,
+        majority vote, format rate and response length accumulate in `validation_metrics` for the epoch."""
         sampling = dataclasses.replace(self.sampling, do_sample=not self.val_greedy)
         rollout = self.policy.sample(batch, self.val_group_size, sampling)
         self.score(rollout)
@@ -430,6 +438,35 @@ class RLVRModule(pl.LightningModule):
         if correct is not None:
             metrics["val/accuracy"] = correct.float().mean()
         self.log_dict(metrics, on_step=False, on_epoch=True, batch_size=rollout.num_rows, prog_bar=True, sync_dist=True)
+        format_ok, answers = self.correctness(rollout, kind="format"), self._final_answers(rollout)
+        # Lightning validates in inference mode; metric states must stay ordinary tensors across passes.
+        with torch.inference_mode(False):
+            plain = lambda t: None if t is None else t.clone()  # noqa: E731
+            masked = dataclasses.replace(rollout, response_mask=rollout.response_mask.clone())
+            self.validation_metrics.update(masked, plain(correct), answers, plain(format_ok))
+
+    @property
+    def validation_metrics(self) -> ValidationMetrics:
+        if getattr(self, "_validation_metrics", None) is None:
+            with torch.inference_mode(False):
+                self._validation_metrics = ValidationMetrics(group_size=self.val_group_size).to(self.device)
+        return self._validation_metrics
+
+    def on_validation_epoch_end(self) -> None:
+        with torch.inference_mode(False):
+            computed = self.validation_metrics.compute()  # torchmetrics syncs across ranks itself
+            self.validation_metrics.reset()
+        computed.pop("accuracy", None)  # logged per batch above
+        if computed:
+            self.log_dict({f"val/{name}": value for name, value in computed.items()}, on_epoch=True)
+
+    def _final_answers(self, rollout: Rollout) -> list[str | None] | None:
+        for callback in self.reward_callbacks:
+            if callback.kind == "task":
+                answers = callback.extract_answers(rollout)
+                if answers is not None:
+                    return answers
+        return None
 
     def correctness(self, rollout: Rollout, kind: str = "task") -> Tensor | None:
         """`bool[N]` from the first reward of this `kind` that can tell whether a response satisfies it."""

@@ -191,6 +191,9 @@ class RewardScoringMixin:
     score = RLVRModule.score
     correctness = RLVRModule.correctness
     sample_and_validate = RLVRModule.validation_step
+    validation_metrics = RLVRModule.validation_metrics
+    _final_answers = RLVRModule._final_answers
+    on_validation_epoch_end = RLVRModule.on_validation_epoch_end
     transfer_batch_to_device = RLVRModule.transfer_batch_to_device
 
 

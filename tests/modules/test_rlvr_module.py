@@ -180,3 +180,17 @@ def test_grpo_learns_the_sort_task(in_tmp_dir):
     first = sum(s["train/reward_mean"] for s in recorder.steps[:5]) / 5
     last = sum(s["train/reward_mean"] for s in recorder.steps[-5:]) / 5
     assert last > first + 0.5, (first, last)
+
+
+def test_validation_reports_pass_at_k_and_length(in_tmp_dir):
+    module = RLVRModule(policy(), group_size=4, val_group_size=4, val_greedy=False)
+    trainer, _ = fit(module, [SortInclusionOrderingReward(), CenteredAdvantage()], val=True)
+    metrics = trainer.callback_metrics
+    assert {"val/pass@4", "val/response_length", "val/accuracy"} <= set(metrics)
+    assert float(metrics["val/response_length"]) == 3.0  # the toy policy answers with 3 tokens
+    assert float(metrics["val/pass@4"]) >= float(metrics["val/accuracy"])
+
+
+def test_greedy_validation_with_several_responses_is_an_error():
+    with pytest.raises(ValueError, match="set val_greedy: false"):
+        RLVRModule(policy(), val_group_size=4, val_greedy=True)
