@@ -144,3 +144,17 @@ def test_reference_mixup_moves_the_reference_by_exactly_alpha(in_tmp_dir):
 def test_contradictory_options_fail_at_start_up(options, message):
     with pytest.raises(ValueError, match=message):
         RLVRModule(policy(), **options)
+
+
+def test_entropy_bonus_lowers_the_loss_by_exactly_c_times_the_mean_entropy():
+    torch.manual_seed(0)
+    toy = ToySortPolicy(vocab_size=5, prompt_length=3, embedding_dim=4)
+    rollout = toy.sample({"prompt": [[1, 2, 3], [0, 0, 4]]}, n=2, sampling=SamplingConfig())
+    rollout.advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])
+    tokens = rollout.response_mask.sum()
+    plain, _ = RLVRModule(toy, aggregation="token-mean")._micro_batch_loss(rollout, 4, tokens, first_epoch=True)
+    bonus, _ = RLVRModule(toy, aggregation="token-mean", entropy_coef=0.1)._micro_batch_loss(rollout, 4, tokens, first_epoch=True)
+    # the toy's distributions by hand: H = -sum p log p per position, averaged over the 12 response tokens
+    probs = toy(rollout.prompt_ids).softmax(-1)
+    mean_entropy = -(probs * probs.log()).sum(-1).mean()
+    assert (bonus - plain).item() == pytest.approx(-0.1 * mean_entropy.item(), rel=1e-5)
