@@ -31,7 +31,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 
 from rlvr_lightning.core.aggregation import AGGREGATION_MODES, aggregate_loss
-from rlvr_lightning.modules.rlvr import RLVRModule
+from rlvr_lightning.modules.scoring import RewardScoring
 from rlvr_lightning.policies.base import Policy, SamplingConfig
 from rlvr_lightning.rewards.base import RewardCallback, find_reward_callbacks
 from rlvr_lightning.rollout import Rollout
@@ -181,20 +181,11 @@ def policy_from_checkpoint(
 # ------------------------------------------------------------------ rewards (shared with ExpertIterationModule)
 
 
-class RewardScoringMixin:
-    """Scoring and correctness exactly as `RLVRModule` computes them (the same functions, not copies).
+class RewardScoringMixin(RewardScoring):
+    """`RewardScoring` (scoring, correctness, the sampled validation loop), with that validation
+    loop also reachable as `sample_and_validate` for modules that override `validation_step`."""
 
-    Needs `self.reward_callbacks`; `validation_step` also needs `self.policy`, `self.sampling`,
-    `self.val_group_size` and `self.val_greedy`.
-    """
-
-    score = RLVRModule.score
-    correctness = RLVRModule.correctness
-    sample_and_validate = RLVRModule.validation_step
-    validation_metrics = RLVRModule.validation_metrics
-    _final_answers = RLVRModule._final_answers
-    on_validation_epoch_end = RLVRModule.on_validation_epoch_end
-    transfer_batch_to_device = RLVRModule.transfer_batch_to_device
+    sample_and_validate = RewardScoring.validation_step
 
 
 # ------------------------------------------------------------------ the module
