@@ -178,7 +178,7 @@ def cmd_plot(args) -> None:
                 acc = report[mode]["accuracy"]
                 ax.plot([x], [acc], marker, color=color, markersize=8,
                         label=f"{'before' if marker == 's' else 'after'}: {mode} accuracy on {report['problems']} = {acc:.1%}")
-    ax.set_xlabel("wall-clock minutes of training" if args.x == "minutes" else "rollout step")
+    ax.set_xlabel("minutes of training steps (sum of time/step_s; validation and checkpoint writes excluded)" if args.x == "minutes" else "rollout step")
     ax.set_ylabel("rate")
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
