@@ -37,18 +37,18 @@ def clocks() -> tuple[float, float]:
     return time.perf_counter(), time.thread_time()
 
 
-def plain_loop(steps: int, seed: int = 0) -> list[tuple[float, float]]:
-    """The same algorithm in plain PyTorch: no Lightning, no callbacks, no logging."""
-    torch.manual_seed(seed)
-    policy = ToySortPolicy(vocab_size=V, prompt_length=L, embedding_dim=10)
-    reference = copy.deepcopy(policy).requires_grad_(False)
-    optimizer = torch.optim.Adam(policy.parameters(), lr=LR)
-    step_times, rewards = [], []
-    for step in range(steps):
-        started = clocks()
+class LectureStep:
+    """One step of the lecture algorithm in plain PyTorch: no Lightning, no callbacks, no logging."""
+
+    def __init__(self, seed: int = 0) -> None:
+        torch.manual_seed(seed)
+        self.policy = ToySortPolicy(vocab_size=V, prompt_length=L, embedding_dim=10)
+        self.reference = copy.deepcopy(self.policy).requires_grad_(False)
+
+    def __call__(self, step: int, prompts: torch.Tensor, optimizer: torch.optim.Optimizer, backward=None) -> float:
+        policy, reference = self.policy, self.reference
         if step > 0 and step % REF_EVERY == 0:
             reference.load_state_dict(policy.state_dict())
-        prompts = torch.randint(0, V, (PROMPTS, L))
         with torch.no_grad():
             probs = policy(prompts).softmax(-1).reshape(-1, V)
             responses = torch.multinomial(probs, G, replacement=True).view(PROMPTS, L, G).transpose(1, 2)
@@ -70,13 +70,61 @@ def plain_loop(steps: int, seed: int = 0) -> list[tuple[float, float]]:
             kl = torch.exp(ref - lp) - (ref - lp) - 1
             loss = (pg + BETA * kl).mean()
             optimizer.zero_grad()
-            loss.backward()
+            (backward or torch.Tensor.backward)(loss)
             optimizer.step()
-        rewards.append(reward.mean().item())
+        return reward.mean().item()
+
+
+def plain_loop(steps: int, seed: int = 0) -> list[tuple[float, float]]:
+    """The lecture algorithm as a plain PyTorch loop."""
+    lecture = LectureStep(seed)
+    optimizer = torch.optim.Adam(lecture.policy.parameters(), lr=LR)
+    step_times, rewards = [], []
+    for step in range(steps):
+        started = clocks()
+        prompts = torch.randint(0, V, (PROMPTS, L))
+        rewards.append(lecture(step, prompts, optimizer))
         now = clocks()
         step_times.append((now[0] - started[0], now[1] - started[1]))
     print(f"  plain loop: step-{steps} reward {rewards[-1]:.3f}")
     return step_times
+
+
+class BareLightningModule(pl.LightningModule):
+    """The same loop body as a minimal LightningModule: manual optimisation, nothing else."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+        self.lecture = LectureStep()
+        self.policy = self.lecture.policy
+        self.last_reward = 0.0
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.policy.parameters(), lr=LR)
+
+    def training_step(self, prompts: torch.Tensor, batch_idx: int) -> None:
+        self.last_reward = self.lecture(batch_idx, prompts, self.optimizers(), backward=self.manual_backward)
+
+
+class RandomPrompts(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        while True:
+            yield torch.randint(0, V, (PROMPTS, L))
+
+
+def bare_lightning(steps: int, seed: int = 0) -> list[tuple[float, float]]:
+    """Lightning's own floor: the plain loop's body in a bare `Trainer` (no loggers, bar, checkpoints)."""
+    pl.seed_everything(seed, verbose=False)
+    module = BareLightningModule()
+    timer = StepTimer()
+    trainer = pl.Trainer(
+        max_epochs=1, limit_train_batches=steps, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, callbacks=[timer], accelerator="cpu", devices=1,
+    )
+    trainer.fit(module, torch.utils.data.DataLoader(RandomPrompts(), batch_size=None))
+    print(f"  bare Lightning: step-{steps} reward {module.last_reward:.3f}")
+    return timer.step_times
 
 
 class StepTimer(pl.Callback):
@@ -120,18 +168,19 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    medians: dict[str, list[tuple[float, float]]] = {"plain": [], "rlvr fit": []}
+    legs = {"plain": plain_loop, "bare Lightning": bare_lightning, "rlvr fit": framework}
+    medians: dict[str, list[tuple[float, float]]] = {name: [] for name in legs}
     for round_index in range(args.rounds):
         print(f"round {round_index + 1}/{args.rounds}")
-        for name, run in (("plain", plain_loop), ("rlvr fit", framework)):
+        for name, run in legs.items():
             times = run(args.steps)
             medians[name].append((statistics.median(t[0] for t in times), statistics.median(t[1] for t in times)))
         print("  median step (wall / cpu): " + ", ".join(f"{n} {m[-1][0] * 1e3:.2f} / {m[-1][1] * 1e3:.2f} ms" for n, m in medians.items()))
     print(f"\nthreads={args.threads} steps={args.steps} rounds={args.rounds}")
     for clock, index in (("wall", 0), ("cpu", 1)):
-        plain = statistics.median(m[index] for m in medians["plain"])
-        fw = statistics.median(m[index] for m in medians["rlvr fit"])
-        print(f"{clock:4s} median step: plain loop {plain * 1e3:.2f} ms, rlvr fit {fw * 1e3:.2f} ms, "
+        plain, bare, fw = (statistics.median(m[index] for m in medians[name]) for name in legs)
+        print(f"{clock:4s} median step: plain loop {plain * 1e3:.2f} ms, bare Lightning {bare * 1e3:.2f} ms, "
+              f"rlvr fit {fw * 1e3:.2f} ms; bare Lightning / plain = {bare / plain:.3f}, "
               f"framework / plain = {fw / plain:.3f} (overhead {100 * (fw / plain - 1):+.1f}%)")
     sys.stdout.flush()
 

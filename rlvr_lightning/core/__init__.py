@@ -30,6 +30,7 @@ from rlvr_lightning.core.policy_losses import (
     cispo_loss,
     gspo_loss,
     importance_ratio_loss,
+    merged_stats,
     naive_pg_loss,
     ppo_clip_loss,
 )
@@ -58,6 +59,7 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "max_only_advantages",
+    "merged_stats",
     "naive_pg_loss",
     "normalized_advantages",
     "pass_at_k",

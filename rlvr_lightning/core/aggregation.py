@@ -7,7 +7,7 @@ SUM to exactly the loss (and gradient) of the unsplit mini-batch. (Pass
 ``num_sequences`` / ``num_tokens`` as python numbers or tensors.)
 
 Rows whose mask is all zero contribute 0 (never NaN), but still count in the
-default ``num_sequences``.
+default ``num_sequences``. ``mask=None`` means every token counts.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ AGGREGATION_MODES = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum", 
 
 def aggregate_loss(
     loss: Tensor,
-    mask: Tensor,
+    mask: Tensor | None,
     mode: str,
     num_sequences: int | float | Tensor | None = None,
     num_tokens: int | float | Tensor | None = None,
@@ -36,19 +36,25 @@ def aggregate_loss(
     """
     if mode not in AGGREGATION_MODES:
         raise ValueError(f"unknown aggregation mode {mode!r}; valid choices: {', '.join(AGGREGATION_MODES)}")
-    if loss.dim() != 2 or mask.shape != loss.shape:
-        raise ValueError(f"loss and mask must both be [N, T], got {tuple(loss.shape)} and {tuple(mask.shape)}")
-    m = mask.bool()
-    per_token = torch.where(m, loss, torch.zeros((), dtype=loss.dtype, device=loss.device))
-    token_counts = m.sum(dim=-1).to(loss.dtype)  # [N]
+    if loss.dim() != 2 or (mask is not None and mask.shape != loss.shape):
+        mask_shape = None if mask is None else tuple(mask.shape)
+        raise ValueError(f"loss and mask must both be [N, T], got {tuple(loss.shape)} and {mask_shape}")
+    if mask is None:
+        per_token, token_counts = loss, loss.shape[1]
+        if num_tokens is None:
+            num_tokens = loss.numel()
+    else:
+        m = mask.bool()
+        per_token = torch.where(m, loss, torch.zeros((), dtype=loss.dtype, device=loss.device))
+        token_counts = m.sum(dim=-1).to(loss.dtype)  # [N]
+        if num_tokens is None:
+            num_tokens = token_counts.sum()
     if num_sequences is None:
         num_sequences = loss.shape[0]
-    if num_tokens is None:
-        num_tokens = token_counts.sum()
 
     if mode == "seq-mean-token-mean":
         # 1/G sum_i 1/|o_i| sum_t l_it  (GRPO, Shao et al. 2024 DeepSeekMath eq. 3; verl core_algos.agg_loss)
-        seq_means = per_token.sum(dim=-1) / token_counts.clamp(min=1)
+        seq_means = per_token.sum(dim=-1) / _clamp_count(token_counts)
         return seq_means.sum() / _positive("num_sequences", num_sequences)
     if mode == "token-mean":
         # 1/sum_i |o_i| sum_i sum_t l_it  (DAPO, Yu et al. 2025 eq. 8 / §3.3 token-level loss; verl core_algos.agg_loss)

@@ -5,7 +5,7 @@ Every loss takes
 * ``log_probs``      ``[N, T]`` log pi_theta(token), differentiable;
 * ``old_log_probs``  ``[N, T]`` log pi_old(token) of the behaviour policy, or ``None``;
 * ``advantages``     ``[N]`` (one per response, broadcast over tokens) or ``[N, T]``;
-* ``mask``           ``[N, T]`` float/bool, 1 = real response token;
+* ``mask``           ``[N, T]`` float/bool, 1 = real response token, or ``None``: every token is real;
 
 and returns a :class:`PolicyLossOutput` whose ``loss`` is ``[N, T]``,
 UNaggregated and exactly 0 where ``mask == 0`` (aggregate it with
@@ -17,7 +17,9 @@ is used, so every ratio is exactly 1 but its gradient is ``grad log_probs``
 (d/dtheta exp(logp - sg(logp)) = grad logp). This lets a single-inner-epoch
 run skip the extra forward pass of the old policy.
 
-``stats`` (detached scalar tensors, computed over masked tokens):
+``stats`` (detached scalar tensors over the masked tokens, computed when read;
+``merged_stats`` computes them once over several outputs, e.g. every micro-batch
+of a training step):
 
 * ``clip_frac_low``  fraction of tokens where the lower clip is active
   (ratio < 1 - clip_low and A < 0; for CISPO: the IS weight was clipped from below);
@@ -53,19 +55,51 @@ GSPO_LOG_RATIO_MAX = 10.0
 @dataclass
 class PolicyLossOutput:
     loss: Tensor  # [N, T], zero where mask == 0, not aggregated
-    stats: dict[str, Tensor] = field(default_factory=dict)  # detached scalars
+    ratio: Tensor  # [N, T] detached importance ratio (ones for losses without one)
+    mask: Tensor | None  # [N, T] bool, or None: every token counts
+    low_clipped: Tensor | None = None  # [N, T] bool, where the lower clip is active
+    high_clipped: Tensor | None = None  # [N, T] bool, where the upper clip is active
+    extra_stats: dict[str, Tensor] = field(default_factory=dict)  # loss-specific detached scalars
+
+    @property
+    def stats(self) -> dict[str, Tensor]:
+        return merged_stats([self])
+
+
+@torch.no_grad()
+def merged_stats(outputs: list[PolicyLossOutput]) -> dict[str, Tensor]:
+    """The ``stats`` of all ``outputs`` taken together: fractions and the ratio mean weigh every token
+    alike, min and max are over all tokens; ``extra_stats`` are averaged over the outputs."""
+
+    def joined(name: str) -> Tensor | None:
+        return _cat([getattr(out, name) for out in outputs])
+
+    masks = [out.mask for out in outputs]
+    mask = None if all(m is None for m in masks) else _cat(
+        [torch.ones_like(out.ratio, dtype=torch.bool) if m is None else m for out, m in zip(outputs, masks)]
+    )
+    stats = _stats(joined("ratio"), mask, joined("low_clipped"), joined("high_clipped"))
+    for key in outputs[0].extra_stats:
+        stats[key] = torch.stack([out.extra_stats[key] for out in outputs]).mean()
+    return stats
+
+
+def _cat(tensors: list[Tensor | None]) -> Tensor | None:
+    if any(t is None for t in tensors):
+        return None
+    return tensors[0].reshape(-1) if len(tensors) == 1 else torch.cat([t.reshape(-1) for t in tensors])
 
 
 # ----------------------------------------------------------------------------- helpers
 
 
 def _prepare(
-    log_probs: Tensor, old_log_probs: Tensor | None, advantages: Tensor, mask: Tensor
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Validate shapes; return (old_log_probs, advantages [N, T], bool mask)."""
+    log_probs: Tensor, old_log_probs: Tensor | None, advantages: Tensor, mask: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Validate shapes; return (old_log_probs, advantages [N, T], bool mask or None)."""
     if log_probs.dim() != 2:
         raise ValueError(f"log_probs must be [N, T], got shape {tuple(log_probs.shape)}")
-    if mask.shape != log_probs.shape:
+    if mask is not None and mask.shape != log_probs.shape:
         raise ValueError(f"mask shape {tuple(mask.shape)} != log_probs shape {tuple(log_probs.shape)}")
     if old_log_probs is None:
         old_log_probs = log_probs.detach()
@@ -76,7 +110,7 @@ def _prepare(
         advantages = advantages.unsqueeze(-1)
     elif advantages.shape != log_probs.shape:
         raise ValueError(f"advantages must be [N] or [N, T] with N, T = {tuple(log_probs.shape)}, got {tuple(advantages.shape)}")
-    return old_log_probs.detach(), advantages.expand_as(log_probs), mask.bool()
+    return old_log_probs.detach(), advantages.expand_as(log_probs), None if mask is None else mask.bool()
 
 
 def _token_ratio(log_probs: Tensor, old_log_probs: Tensor) -> Tensor:
@@ -84,14 +118,29 @@ def _token_ratio(log_probs: Tensor, old_log_probs: Tensor) -> Tensor:
     return torch.exp(torch.clamp(log_probs - old_log_probs, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
 
 
-def _zero_masked(loss: Tensor, mask: Tensor) -> Tensor:
+def _zero_masked(loss: Tensor, mask: Tensor | None) -> Tensor:
+    if mask is None:
+        return loss
     return torch.where(mask, loss, torch.zeros((), dtype=loss.dtype, device=loss.device))
 
 
 @torch.no_grad()
-def _stats(ratio: Tensor, mask: Tensor, low_clipped: Tensor | None = None, high_clipped: Tensor | None = None) -> dict[str, Tensor]:
+def _stats(
+    ratio: Tensor, mask: Tensor | None, low_clipped: Tensor | None = None, high_clipped: Tensor | None = None
+) -> dict[str, Tensor]:
     """Clip fractions and ratio statistics over the masked tokens, without a host sync (1s for an empty mask)."""
     ratio = ratio.detach()
+    if mask is None:
+        if ratio.numel() == 0:
+            return _stats(ratio, torch.zeros_like(ratio, dtype=torch.bool), low_clipped, high_clipped)
+        zero = ratio.new_zeros(())
+        return {
+            "clip_frac_low": zero if low_clipped is None else low_clipped.sum() / ratio.numel(),
+            "clip_frac_high": zero if high_clipped is None else high_clipped.sum() / ratio.numel(),
+            "ratio_mean": ratio.mean(),
+            "ratio_min": ratio.amin(),
+            "ratio_max": ratio.amax(),
+        }
     num_tokens = mask.sum().clamp(min=1)
     has_tokens = mask.any()
     zero, one = ratio.new_zeros(()), ratio.new_ones(())
@@ -117,7 +166,7 @@ def naive_pg_loss(log_probs: Tensor, old_log_probs: Tensor | None, advantages: T
     _, adv, m = _prepare(log_probs, old_log_probs, advantages, mask)
     # l_t = -A * log pi_theta(y_t)  (Williams 1992, REINFORCE)
     loss = -adv * log_probs
-    return PolicyLossOutput(_zero_masked(loss, m), _stats(torch.ones_like(log_probs), m))
+    return PolicyLossOutput(_zero_masked(loss, m), torch.ones_like(log_probs), m)
 
 
 def importance_ratio_loss(
@@ -128,7 +177,7 @@ def importance_ratio_loss(
     ratio = _token_ratio(log_probs, old)
     # l_t = -A * r_t  (Schulman et al. 2017 PPO eq. 6, L^CPI, no clipping)
     loss = -adv * ratio
-    return PolicyLossOutput(_zero_masked(loss, m), _stats(ratio, m))
+    return PolicyLossOutput(_zero_masked(loss, m), ratio.detach(), m)
 
 
 def ppo_clip_loss(
@@ -154,15 +203,15 @@ def ppo_clip_loss(
     clipped_ratio = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
     # l_t = -min(r A, clip(r, 1-eps_low, 1+eps_high) A)  (PPO eq. 7; asymmetric eps = DAPO clip-higher, Yu et al. 2025 §3.1)
     loss = torch.maximum(-adv * ratio, -adv * clipped_ratio)
-    low_clipped = (ratio < 1.0 - clip_low) & (adv < 0)
-    high_clipped = (ratio > 1.0 + clip_high) & (adv > 0)
-    stats = _stats(ratio, m, low_clipped, high_clipped)
+    ratio_value = ratio.detach()
+    low_clipped = (ratio_value < 1.0 - clip_low) & (adv < 0)
+    high_clipped = (ratio_value > 1.0 + clip_high) & (adv > 0)
+    extra = {}
     if dual_clip is not None:
         # A < 0: l_t = min(l_t, -A c)  (dual-clip PPO, Ye et al. 2020 "Mastering Complex Control in MOBA Games"; verl core_algos.compute_policy_loss clip_ratio_c)
         loss = torch.where(adv < 0, torch.minimum(loss, -adv * dual_clip), loss)
-        with torch.no_grad():
-            stats["dual_clip_frac"] = masked_mean(((adv < 0) & (ratio > dual_clip)).to(ratio.dtype), m)
-    return PolicyLossOutput(_zero_masked(loss, m), stats)
+        extra["dual_clip_frac"] = masked_mean(((adv < 0) & (ratio_value > dual_clip)).to(ratio.dtype), m)
+    return PolicyLossOutput(_zero_masked(loss, m), ratio_value, m, low_clipped, high_clipped, extra)
 
 
 def gspo_loss(
@@ -191,9 +240,10 @@ def gspo_loss(
     clipped_ratio = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
     # l_it = -min(s_it A_i, clip(s_it, 1-eps_low, 1+eps_high) A_i)  (GSPO eq. 5 / §4.3)
     loss = torch.maximum(-adv * ratio, -adv * clipped_ratio)
-    low_clipped = (ratio < 1.0 - clip_low) & (adv < 0)
-    high_clipped = (ratio > 1.0 + clip_high) & (adv > 0)
-    return PolicyLossOutput(_zero_masked(loss, m), _stats(ratio, m, low_clipped, high_clipped))
+    ratio_value = ratio.detach()
+    low_clipped = (ratio_value < 1.0 - clip_low) & (adv < 0)
+    high_clipped = (ratio_value > 1.0 + clip_high) & (adv > 0)
+    return PolicyLossOutput(_zero_masked(loss, m), ratio_value, m, low_clipped, high_clipped)
 
 
 def cispo_loss(
@@ -223,7 +273,7 @@ def cispo_loss(
     loss = -weight * adv * log_probs
     low_clipped = None if lower is None else ratio < lower
     high_clipped = ratio > 1.0 + clip_high
-    return PolicyLossOutput(_zero_masked(loss, m), _stats(ratio, m, low_clipped, high_clipped))
+    return PolicyLossOutput(_zero_masked(loss, m), ratio, m, low_clipped, high_clipped)
 
 
 # ----------------------------------------------------------------------------- registry

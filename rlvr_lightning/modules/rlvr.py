@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import defaultdict
+from typing import NamedTuple
 
 import lightning.pytorch as pl
 import torch
@@ -30,7 +30,7 @@ from rlvr_lightning.core.advantages import zero_variance_group_fraction
 from rlvr_lightning.core.aggregation import AGGREGATION_MODES, aggregate_loss
 from rlvr_lightning.core.kl import KL_ESTIMATORS, kl_estimate
 from rlvr_lightning.core.masked import masked_mean, masked_sum
-from rlvr_lightning.core.policy_losses import POLICY_LOSSES, compute_policy_loss
+from rlvr_lightning.core.policy_losses import POLICY_LOSSES, PolicyLossOutput, compute_policy_loss, merged_stats
 from rlvr_lightning.modules.dynamic_sampling import keep_informative_groups
 from rlvr_lightning.modules.scoring import RewardScoring
 from rlvr_lightning.modules.step_metrics import publish_step_metrics
@@ -42,6 +42,14 @@ log = logging.getLogger(__name__)
 
 RATIO_FREE_LOSSES = ("pg",)  # losses that never read old log-probs
 KL_MODES = ("loss", "reward")
+
+
+class MicroBatchLoss(NamedTuple):
+    loss: Tensor  # the scalar that is back-propagated
+    policy_loss: PolicyLossOutput
+    mask: Tensor | None  # bool [n, T], None: every token counts
+    kl: Tensor | None  # detached per-token KL, when it is in the loss
+    entropy: Tensor | None  # detached per-token entropy, first epoch only
 
 
 def _choice(option: str, value: str, choices) -> str:
@@ -338,33 +346,37 @@ class RLVRModule(RewardScoring, pl.LightningModule):
         for start in range(0, rollout.num_rows, size):
             yield rollout.select(slice(start, start + size))
 
-    def _update(self, rollout: Rollout) -> dict[str, float]:
+    def _update(self, rollout: Rollout) -> dict[str, Tensor]:
         optimizer = self.optimizers()
         scheduler = self.lr_schedulers()
         mini_size = self.mini_batch_size or rollout.num_rows
-        stats: dict[str, list[Tensor]] = defaultdict(list)
+        # Fixed-length responses (every token real) skip all the masking ops of the loss.
+        masked = not bool(rollout.response_mask.all())
+        parts: list[MicroBatchLoss] = []
+        losses, grad_norms = [], []
         for epoch in range(self.ppo_epochs):
             order = torch.randperm(rollout.num_rows, device=rollout.response_ids.device) if mini_size < rollout.num_rows else None
             for start in range(0, rollout.num_rows, mini_size):
                 minibatch = rollout if order is None else rollout.select(order[start : start + mini_size])
-                num_tokens = minibatch.response_mask.sum()
-                loss_sum = torch.zeros((), device=num_tokens.device)
+                num_tokens = minibatch.response_mask.sum() if masked else minibatch.response_mask.numel()
+                micro_losses = []
                 for micro in self._micro_batches(minibatch):
-                    loss, micro_stats = self._micro_batch_loss(micro, minibatch.num_rows, num_tokens, epoch == 0)
-                    self.manual_backward(loss)
-                    loss_sum = loss_sum + loss.detach()
-                    for key, value in micro_stats.items():
-                        stats[key].append(value)
-                stats["train/loss"].append(loss_sum)
-                grad_norm = self._clip_and_step(optimizer, scheduler, loss_sum)
-                stats["train/grad_norm"].append(grad_norm)
-        return {key: torch.stack(values).mean() for key, values in stats.items()}
+                    mask = micro.response_mask.bool() if masked else None
+                    part = self._micro_batch_loss(micro, mask, minibatch.num_rows, num_tokens, epoch == 0)
+                    self.manual_backward(part.loss)
+                    micro_losses.append(part.loss.detach())
+                    parts.append(part)
+                loss_sum = micro_losses[0] if len(micro_losses) == 1 else torch.stack(micro_losses).sum()
+                losses.append(loss_sum)
+                grad_norms.append(self._clip_and_step(optimizer, scheduler, loss_sum))
+        return self._update_metrics(parts, losses, grad_norms)
 
     def _micro_batch_loss(
-        self, micro: Rollout, num_sequences: int, num_tokens: Tensor, first_epoch: bool
-    ) -> tuple[Tensor, dict[str, Tensor]]:
-        """The micro-batch's share of the mini-batch loss, normalised by the mini-batch's sizes."""
-        mask = micro.response_mask
+        self, micro: Rollout, mask: Tensor | None, num_sequences: int, num_tokens: Tensor | int, first_epoch: bool
+    ) -> MicroBatchLoss:
+        """The micro-batch's share of the mini-batch loss, normalised by the mini-batch's sizes.
+
+        `mask` is the micro-batch's response mask, or None when every token is real."""
         # Entropy is logged from the first epoch (the sampling policy) and costs a pass only where it is needed.
         with_entropy = first_epoch or self.entropy_coef != 0
         log_probs, entropy = self.policy.token_log_probs(micro, self.sampling.temperature, with_entropy=with_entropy)
@@ -372,19 +384,33 @@ class RLVRModule(RewardScoring, pl.LightningModule):
             self.loss, log_probs, micro.old_log_probs, micro.advantages, mask, **self.loss_options
         )
         token_loss = policy_loss.loss
-        stats = {f"train/{key}": value for key, value in policy_loss.stats.items()}
+        kl = None
         if self.reference is not None and self.kl_mode == "loss":
             kl = kl_estimate(log_probs, micro.ref_log_probs, self.kl_estimator, clamp=self.kl_clamp)
             token_loss = token_loss + self.kl_coef * kl
-            stats["train/kl"] = masked_mean(kl.detach(), mask)
         if self.entropy_coef != 0:
             token_loss = token_loss - self.entropy_coef * entropy
-        if first_epoch:
-            stats["train/entropy"] = masked_mean(entropy.detach(), mask)
         loss = aggregate_loss(
             token_loss, mask, self.aggregation, num_sequences=num_sequences, num_tokens=num_tokens, constant=self.loss_constant
         )
-        return loss, stats
+        return MicroBatchLoss(
+            loss, policy_loss, mask, None if kl is None else kl.detach(), entropy.detach() if first_epoch else None
+        )
+
+    @torch.no_grad()
+    def _update_metrics(self, parts: list[MicroBatchLoss], losses: list[Tensor], grad_norms: list[Tensor]) -> dict[str, Tensor]:
+        """The step's update statistics, each computed once over all of its micro-batches (token-weighted)."""
+        metrics = {f"train/{key}": value for key, value in merged_stats([part.policy_loss for part in parts]).items()}
+        for name in ("kl", "entropy"):
+            with_values = [part for part in parts if getattr(part, name) is not None]
+            if with_values:
+                values = torch.cat([getattr(part, name).reshape(-1) for part in with_values])
+                masks = [part.mask for part in with_values]
+                mask = None if all(m is None for m in masks) else torch.cat([m.reshape(-1) for m in masks])
+                metrics[f"train/{name}"] = masked_mean(values, mask)
+        metrics["train/loss"] = torch.stack(losses).mean()
+        metrics["train/grad_norm"] = torch.stack(grad_norms).mean()
+        return metrics
 
     def _clip_and_step(self, optimizer, scheduler, loss_sum: Tensor) -> Tensor:
         """Clip and step, or skip the update when the loss or the gradient is not finite."""

@@ -79,3 +79,13 @@ def test_unknown_mode_lists_choices():
     with pytest.raises(ValueError) as err:
         aggregate_loss(LOSS, MASK, "mean")
     assert "'mean'" in str(err.value) and all(mode in str(err.value) for mode in AGGREGATION_MODES)
+
+
+@pytest.mark.parametrize("mode", AGGREGATION_MODES)
+def test_no_mask_equals_an_all_ones_mask(mode):
+    loss = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    # by hand: seq-mean-token-mean (2 + 5) / 2 = 3.5; token-mean 21 / 6 = 3.5; seq-mean-token-sum 21 / 2 = 10.5;
+    # seq-sum-constant with C = 4: (6 / 4 + 15 / 4) / 2 = 2.625
+    expected = {"seq-mean-token-mean": 3.5, "token-mean": 3.5, "seq-mean-token-sum": 10.5, "seq-sum-constant": 2.625}[mode]
+    assert aggregate_loss(loss, None, mode, constant=4.0).item() == pytest.approx(expected)
+    assert aggregate_loss(loss, torch.ones(2, 3), mode, constant=4.0).item() == pytest.approx(expected)

@@ -52,3 +52,11 @@ def test_masked_normalize_whitens_and_zeroes_masked():
     s = 1.0 / math.sqrt(2.0)
     assert_close(masked_normalize(values, mask), torch.tensor([[-s, s, 0.0]]))
     assert_close(masked_normalize(values, mask, shift_mean=False), torch.tensor([[2.0 - s, 2.0 + s, 0.0]]))
+
+
+def test_no_mask_is_the_plain_reduction():
+    assert_close(masked_sum(VALUES, None), VALUES.sum())
+    assert_close(masked_mean(VALUES, None, dim=-1), VALUES.mean(-1))
+    assert_close(masked_mean(VALUES, None), VALUES.mean())
+    assert_close(masked_var(VALUES, None), VALUES.var())
+    assert masked_mean(torch.zeros(0, 3), None).item() == 0.0

@@ -10,6 +10,7 @@ from rlvr_lightning.core.policy_losses import (
     compute_policy_loss,
     gspo_loss,
     importance_ratio_loss,
+    merged_stats,
     naive_pg_loss,
     ppo_clip_loss,
 )
@@ -231,3 +232,46 @@ def test_shape_validation():
         naive_pg_loss(torch.zeros(2, 3), None, torch.zeros(3), torch.ones(2, 3))
     with pytest.raises(ValueError, match="mask"):
         naive_pg_loss(torch.zeros(2, 3), None, torch.zeros(2), torch.ones(2, 2))
+
+
+# ------------------------------------------------------------------ mask=None and merged statistics
+
+
+@pytest.mark.parametrize("kind", sorted(POLICY_LOSSES))
+def test_no_mask_equals_an_all_ones_mask(kind):
+    torch.manual_seed(0)
+    log_probs = torch.randn(3, 4).clamp(max=-0.1)
+    old = log_probs + 0.3 * torch.randn(3, 4)
+    advantages = torch.tensor([1.0, -0.5, 2.0])
+    with_mask = compute_policy_loss(kind, log_probs, old, advantages, torch.ones(3, 4))
+    without = compute_policy_loss(kind, log_probs, old, advantages, None)
+    assert_close(without.loss, with_mask.loss)
+    for key, value in with_mask.stats.items():
+        assert_close(without.stats[key], value, msg=key)
+
+
+def test_merged_stats_weigh_every_token_alike():
+    # micro-batch 1: ratios 2 (A > 0, above 1.2) and 1 (one of two tokens masked out);
+    # micro-batch 2: ratios 0.5 (A < 0, below 0.8), 1, 1, 1.
+    lp1, old1 = _at_ratios([[2.0, 1.0]])
+    first = ppo_clip_loss(lp1, old1, torch.tensor([1.0]), torch.tensor([[1, 0]]))
+    lp2, old2 = _at_ratios([[0.5, 1.0], [1.0, 1.0]])
+    second = ppo_clip_loss(lp2, old2, torch.tensor([-1.0, 1.0]), torch.ones(2, 2))
+    stats = {k: v.item() for k, v in merged_stats([first, second]).items()}
+    # 5 real tokens: ratios 2, .5, 1, 1, 1 -> mean 5.5 / 5 = 1.1; one token clipped high, one low
+    assert stats == pytest.approx(
+        {"ratio_mean": 1.1, "ratio_min": 0.5, "ratio_max": 2.0, "clip_frac_low": 0.2, "clip_frac_high": 0.2}
+    )
+    # the mean of the two micro-batch means would be (2 + .875) / 2 = 1.4375
+    assert _stat(first, "ratio_mean") == pytest.approx(2.0)
+    assert _stat(second, "ratio_mean") == pytest.approx(0.875)
+
+
+def test_merged_stats_without_masks_and_with_extra_stats():
+    lp1, old1 = _at_ratios([[4.0, 1.0]])
+    lp2, old2 = _at_ratios([[1.0, 1.0]])
+    outputs = [ppo_clip_loss(lp, old, torch.tensor([-1.0]), None, dual_clip=3.0) for lp, old in ((lp1, old1), (lp2, old2))]
+    stats = merged_stats(outputs)
+    assert stats["ratio_mean"].item() == pytest.approx(7.0 / 4.0)
+    # dual-clip fraction 1/2 in the first output, 0 in the second: averaged over the outputs
+    assert stats["dual_clip_frac"].item() == pytest.approx(0.25)

@@ -93,13 +93,13 @@ def test_kl_in_reward_changes_the_advantages_and_not_the_loss():
     rollout.advantages = torch.tensor([1.0, -1.0])
     rollout.ref_log_probs = shaped.policy.token_log_probs(rollout)[0].detach() - 0.3
     mask_tokens = rollout.response_mask.sum()
-    loss_shaped, stats = shaped._micro_batch_loss(rollout, 2, mask_tokens, first_epoch=True)
-    loss_plain, _ = plain._micro_batch_loss(rollout, 2, mask_tokens, first_epoch=True)
-    assert loss_shaped.item() == pytest.approx(loss_plain.item())
-    assert "train/kl" not in stats
+    shaped_part = shaped._micro_batch_loss(rollout, rollout.response_mask, 2, mask_tokens, first_epoch=True)
+    loss_plain = plain._micro_batch_loss(rollout, rollout.response_mask, 2, mask_tokens, first_epoch=True).loss
+    assert shaped_part.loss.item() == pytest.approx(loss_plain.item())
+    assert shaped_part.kl is None
     kl_loss = RLVRModule(shaped.policy, kl_coef=0.5, kl_mode="loss")
     kl_loss.reference = shaped.reference
-    loss_with_kl, _ = kl_loss._micro_batch_loss(rollout, 2, mask_tokens, first_epoch=True)
+    loss_with_kl = kl_loss._micro_batch_loss(rollout, rollout.response_mask, 2, mask_tokens, first_epoch=True).loss
     assert loss_with_kl.item() != pytest.approx(loss_plain.item())
 
 
@@ -152,8 +152,8 @@ def test_entropy_bonus_lowers_the_loss_by_exactly_c_times_the_mean_entropy():
     rollout = toy.sample({"prompt": [[1, 2, 3], [0, 0, 4]]}, n=2, sampling=SamplingConfig())
     rollout.advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])
     tokens = rollout.response_mask.sum()
-    plain, _ = RLVRModule(toy, aggregation="token-mean")._micro_batch_loss(rollout, 4, tokens, first_epoch=True)
-    bonus, _ = RLVRModule(toy, aggregation="token-mean", entropy_coef=0.1)._micro_batch_loss(rollout, 4, tokens, first_epoch=True)
+    plain = RLVRModule(toy, aggregation="token-mean")._micro_batch_loss(rollout, None, 4, tokens, first_epoch=True).loss
+    bonus = RLVRModule(toy, aggregation="token-mean", entropy_coef=0.1)._micro_batch_loss(rollout, None, 4, tokens, first_epoch=True).loss
     # the toy's distributions by hand: H = -sum p log p per position, averaged over the 12 response tokens
     probs = toy(rollout.prompt_ids).softmax(-1)
     mean_entropy = -(probs * probs.log()).sum(-1).mean()

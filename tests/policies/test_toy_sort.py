@@ -58,3 +58,23 @@ def test_reference_mixup_moves_by_alpha():
     policy.update_reference(reference, alpha=0.25)
     for old, new in zip(before, reference.parameters()):
         torch.testing.assert_close(new, old + 0.25)
+
+
+def test_log_probs_stay_right_across_rollouts_and_row_selections():
+    # the per-prompt layout is cached for the last rollout seen; other rollouts and selections must not reuse it
+    torch.manual_seed(0)
+    policy = ToySortPolicy(vocab_size=6, prompt_length=3)
+
+    def direct(rollout):
+        log_softmax = policy(rollout.prompt_ids).log_softmax(-1)
+        return log_softmax.gather(-1, rollout.response_ids.unsqueeze(-1)).squeeze(-1)
+
+    first = policy.sample({"prompt": [[1, 2, 3], [5, 0, 0]]}, n=3, sampling=SamplingConfig())
+    second = policy.sample({"prompt": [[4, 4, 1], [2, 2, 2], [0, 1, 0]]}, n=2, sampling=SamplingConfig())
+    shuffled = first.select(torch.tensor([4, 0, 5, 1]))  # out of order
+    unequal = first.select(torch.tensor([3, 4, 0]))  # runs of 2 and 1 rows
+    for rollout in (first, first, second, shuffled, unequal, first):
+        log_probs, entropy = policy.token_log_probs(rollout, with_entropy=True)
+        torch.testing.assert_close(log_probs, direct(rollout))
+        probs = policy(rollout.prompt_ids).softmax(-1)
+        torch.testing.assert_close(entropy, -(probs * probs.log()).sum(-1))
