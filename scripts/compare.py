@@ -295,7 +295,7 @@ def write_report(
             f"total wall time {total_s / 60:.1f} min on {os.cpu_count()} CPU cores ({platform.machine()}, "
             f"Python {platform.python_version()}, OMP_NUM_THREADS=1).",
             "",
-            f"Settings: each recipe's YAML as shipped"
+            "Settings: each recipe's YAML as shipped"
             + (f", {args.steps} rollout steps" if args.steps else "")
             + (f", overrides `{' '.join(extra)}`" if extra else "")
             + ".",
