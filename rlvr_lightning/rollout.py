@@ -23,10 +23,18 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
+
+
+class PromptRuns(NamedTuple):
+    """The runs of consecutive rows with equal `group_index` (one per prompt in a sampled rollout)."""
+
+    first_rows: Tensor  # long[U]: the first row of each run
+    row_run: Tensor  # long[N]: each row's run
+    run_length: int  # the length every run has, or 0 when they differ
 
 
 @dataclass
@@ -54,6 +62,20 @@ class Rollout:
     @property
     def num_groups(self) -> int:
         return self.num_rows // self.group_size
+
+    def prompt_runs(self) -> PromptRuns:
+        """Which rows share a prompt, for policies that compute per prompt what its rows share.
+
+        Computed once per rollout (the loss asks every inner epoch): a host sync on first use."""
+        cached = self.__dict__.get("_prompt_runs")
+        if cached is not None and cached[0] is self.group_index:
+            return cached[1]
+        _, row_run, counts = torch.unique_consecutive(self.group_index, return_inverse=True, return_counts=True)
+        num_runs = counts.numel()
+        equal = num_runs > 0 and self.num_rows % num_runs == 0 and bool((counts == self.num_rows // num_runs).all())
+        runs = PromptRuns(torch.cumsum(counts, 0) - counts, row_run, self.num_rows // num_runs if equal else 0)
+        self._prompt_runs = (self.group_index, runs)
+        return runs
 
     def select(self, rows: Tensor | slice) -> Rollout:
         """The rows `rows` of every per-row field (mini-/micro-batching, dynamic sampling).

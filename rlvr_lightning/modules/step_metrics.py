@@ -82,8 +82,15 @@ def publish_step_metrics(
     `progress_bar` maps a short label to the metric shown under it.
     """
     trainer = module.trainer
-    names = list(metrics)
-    values = torch.stack([torch.as_tensor(v, dtype=torch.float32, device=module.device).reshape(()) for v in metrics.values()])
+    if not metrics:
+        return {}
+    tensors = {name: value for name, value in metrics.items() if isinstance(value, Tensor)}
+    numbers = {name: float(value) for name, value in metrics.items() if not isinstance(value, Tensor)}
+    names = [*tensors, *numbers]
+    parts = [_scalar(value) for value in tensors.values()]
+    if numbers:
+        parts.append(torch.tensor(list(numbers.values()), dtype=torch.float32, device=module.device))
+    values = torch.cat([torch.stack(parts[: len(tensors)]), *parts[len(tensors) :]]) if tensors else parts[0]
     values = reduce_across_ranks(trainer, values, names, reduce_ops).cpu()
     floats = dict(zip(names, values.tolist()))
     step = trainer.fit_loop.epoch_loop._batches_that_stepped
@@ -94,3 +101,10 @@ def publish_step_metrics(
     if progress_bar:
         trainer.progress_bar_metrics.update({label: floats[name] for label, name in progress_bar.items()})
     return floats
+
+
+def _scalar(value: Tensor) -> Tensor:
+    value = value.detach()
+    if value.dim():
+        value = value.reshape(())
+    return value if value.dtype == torch.float32 else value.float()

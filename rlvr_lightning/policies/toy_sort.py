@@ -50,7 +50,6 @@ class ToySortPolicy(Policy):
         self.encode_weights = nn.Parameter(torch.randn(prompt_length, embedding_dim, embedding_dim) * scale)
         self.decode_weights = nn.Parameter(torch.randn(self.response_length, embedding_dim, embedding_dim) * scale)
         self.output = None if tie_embeddings else nn.Linear(embedding_dim, vocab_size, bias=False)
-        self._cached_layout: tuple | None = None
 
     def forward(self, prompt_ids: Tensor) -> Tensor:
         """Logits `[B, response_length, V]` for prompts `[B, prompt_length]`."""
@@ -98,32 +97,16 @@ class ToySortPolicy(Policy):
         self, rollout: Rollout, temperature: float = 1.0, with_entropy: bool = False
     ) -> tuple[Tensor, Tensor | None]:
         # Rows of one prompt share their distribution: run the model and the softmax once per prompt.
-        prompts, inverse, group_size = self._group_layout(rollout)
-        log_softmax = torch.log_softmax(self(prompts) / temperature, dim=-1)  # [U, R, V]
-        if group_size:
+        runs = rollout.prompt_runs()
+        log_softmax = torch.log_softmax(self(rollout.prompt_ids[runs.first_rows]) / temperature, dim=-1)  # [U, R, V]
+        if runs.run_length:
             # equal contiguous groups: broadcast instead of copying every row's distribution
-            per_row = log_softmax.unsqueeze(1).expand(prompts.shape[0], group_size, *log_softmax.shape[1:])
+            per_row = log_softmax.unsqueeze(1).expand(log_softmax.shape[0], runs.run_length, *log_softmax.shape[1:])
             log_probs = per_row.gather(-1, rollout.response_ids.view(*per_row.shape[:3], 1)).view(rollout.num_rows, -1)
         else:
-            log_probs = log_softmax[inverse].gather(-1, rollout.response_ids.unsqueeze(-1)).squeeze(-1)
+            log_probs = log_softmax[runs.row_run].gather(-1, rollout.response_ids.unsqueeze(-1)).squeeze(-1)
         entropy = None
         if with_entropy:
             entropy = entropy_from_log_probs(log_softmax)
-            entropy = entropy.repeat_interleave(group_size, dim=0) if group_size else entropy[inverse]
+            entropy = entropy.repeat_interleave(runs.run_length, dim=0) if runs.run_length else entropy[runs.row_run]
         return log_probs, entropy
-
-    def _group_layout(self, rollout: Rollout) -> tuple[Tensor, Tensor, int]:
-        """(one prompt per run of equal `group_index`, each row's run, the common run length or 0).
-
-        Cached for the last rollout seen: the loss calls this for the same rows every inner epoch."""
-        key = (rollout.group_index, rollout.prompt_ids)
-        cached = self._cached_layout
-        if cached is not None and cached[0][0] is key[0] and cached[0][1] is key[1]:
-            return cached[1]
-        _, inverse, counts = torch.unique_consecutive(rollout.group_index, return_inverse=True, return_counts=True)
-        first_rows = torch.cumsum(counts, 0) - counts
-        rows, num_prompts = rollout.num_rows, counts.numel()
-        equal = rows % num_prompts == 0 and bool((counts == rows // num_prompts).all())
-        layout = (rollout.prompt_ids[first_rows], inverse, rows // num_prompts if equal else 0)
-        self._cached_layout = (key, layout)
-        return layout
