@@ -94,5 +94,10 @@ def main(args: list[str] | None = None, run: bool = True) -> RLVRCLI:
     )
 
 
-if __name__ == "__main__":
+def entry_point() -> None:
+    """The `rlvr` console script (exit status 0 on success; `main` returns the CLI object)."""
     main()
+
+
+if __name__ == "__main__":
+    entry_point()

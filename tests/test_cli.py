@@ -1,5 +1,7 @@
 """The `rlvr` command: every shipped config parses, and a config runs end to end."""
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -31,6 +33,17 @@ def test_sort_lecture_runs_end_to_end(in_tmp_dir):
     assert {"train/reward_mean", "train/kl", "val/accuracy"} <= set(metrics)
     assert cli.trainer.fit_loop.epoch_loop._batches_that_stepped == 3
     assert cli.trainer.global_step == 3 * 4  # four inner epochs: optimizer steps
+
+
+def test_the_console_script_exits_with_status_zero_after_a_run(in_tmp_dir):
+    # `rlvr` as installed: [project.scripts] calls the entry point and exits with what it returns
+    script = "import sys; from rlvr_lightning.cli import entry_point; sys.argv[0] = 'rlvr'; sys.exit(entry_point())"
+    config = str(CONFIGS[0].parent / "sort_lecture.yaml")
+    done = subprocess.run(
+        [sys.executable, "-c", script, "fit", "--config", config, *QUICK, "--trainer.limit_train_batches=1"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_default_loggers_write_wandb_offline_and_csv(in_tmp_dir):
