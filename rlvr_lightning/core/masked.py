@@ -23,6 +23,15 @@ def _zero_where_masked(values: Tensor, mask: Tensor | None) -> Tensor:
     return torch.where(mask.bool(), values, torch.zeros((), dtype=values.dtype, device=values.device))
 
 
+def join_masked(values: list[Tensor], masks: list[Tensor | None]) -> tuple[Tensor, Tensor | None]:
+    """Several (values, mask) pairs (e.g. micro-batches) flattened into one: the mask is None only when all are."""
+    flat = values[0].reshape(-1) if len(values) == 1 else torch.cat([v.reshape(-1) for v in values])
+    if all(m is None for m in masks):
+        return flat, None
+    joined = [torch.ones_like(v, dtype=torch.bool) if m is None else m.bool() for v, m in zip(values, masks)]
+    return flat, torch.cat([m.reshape(-1) for m in joined])
+
+
 def masked_sum(values: Tensor, mask: Tensor | None, dim: int | None = None) -> Tensor:
     """Sum of ``values`` over entries where ``mask`` is non-zero.
 

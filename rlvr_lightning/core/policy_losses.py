@@ -44,7 +44,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from rlvr_lightning.core.masked import masked_mean
+from rlvr_lightning.core.masked import join_masked, masked_mean
 
 # |log ratio| is clamped before exp so a stale token cannot produce inf (verl core_algos.compute_policy_loss clamps to [-20, 20])
 LOG_RATIO_CLAMP = 20.0
@@ -71,23 +71,17 @@ def merged_stats(outputs: list[PolicyLossOutput]) -> dict[str, Tensor]:
     """The ``stats`` of all ``outputs`` taken together: fractions and the ratio mean weigh every token
     alike, min and max are over all tokens; ``extra_stats`` are averaged over the outputs."""
 
-    def joined(name: str) -> Tensor | None:
-        return _cat([getattr(out, name) for out in outputs])
-
     masks = [out.mask for out in outputs]
-    mask = None if all(m is None for m in masks) else _cat(
-        [torch.ones_like(out.ratio, dtype=torch.bool) if m is None else m for out, m in zip(outputs, masks)]
-    )
-    stats = _stats(joined("ratio"), mask, joined("low_clipped"), joined("high_clipped"))
+    ratio, mask = join_masked([out.ratio for out in outputs], masks)
+
+    def clipped(name: str) -> Tensor | None:
+        flags = [getattr(out, name) for out in outputs]
+        return None if any(f is None for f in flags) else join_masked(flags, masks)[0]
+
+    stats = _stats(ratio, mask, clipped("low_clipped"), clipped("high_clipped"))
     for key in outputs[0].extra_stats:
         stats[key] = torch.stack([out.extra_stats[key] for out in outputs]).mean()
     return stats
-
-
-def _cat(tensors: list[Tensor | None]) -> Tensor | None:
-    if any(t is None for t in tensors):
-        return None
-    return tensors[0].reshape(-1) if len(tensors) == 1 else torch.cat([t.reshape(-1) for t in tensors])
 
 
 # ----------------------------------------------------------------------------- helpers

@@ -29,7 +29,7 @@ from rlvr_lightning.advantages import AdvantageCallback, GroupNormalizedAdvantag
 from rlvr_lightning.core.advantages import zero_variance_group_fraction
 from rlvr_lightning.core.aggregation import AGGREGATION_MODES, aggregate_loss
 from rlvr_lightning.core.kl import KL_ESTIMATORS, kl_estimate
-from rlvr_lightning.core.masked import masked_mean, masked_sum
+from rlvr_lightning.core.masked import join_masked, masked_mean, masked_sum
 from rlvr_lightning.core.policy_losses import POLICY_LOSSES, PolicyLossOutput, compute_policy_loss, merged_stats
 from rlvr_lightning.modules.dynamic_sampling import keep_informative_groups
 from rlvr_lightning.modules.scoring import RewardScoring
@@ -404,9 +404,7 @@ class RLVRModule(RewardScoring, pl.LightningModule):
         for name in ("kl", "entropy"):
             with_values = [part for part in parts if getattr(part, name) is not None]
             if with_values:
-                values = torch.cat([getattr(part, name).reshape(-1) for part in with_values])
-                masks = [part.mask for part in with_values]
-                mask = None if all(m is None for m in masks) else torch.cat([m.reshape(-1) for m in masks])
+                values, mask = join_masked([getattr(part, name) for part in with_values], [part.mask for part in with_values])
                 metrics[f"train/{name}"] = masked_mean(values, mask)
         metrics["train/loss"] = torch.stack(losses).mean()
         metrics["train/grad_norm"] = torch.stack(grad_norms).mean()

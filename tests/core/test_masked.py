@@ -3,7 +3,7 @@ import math
 import torch
 from torch.testing import assert_close
 
-from rlvr_lightning.core.masked import masked_mean, masked_normalize, masked_sum, masked_var
+from rlvr_lightning.core.masked import join_masked, masked_mean, masked_normalize, masked_sum, masked_var
 
 VALUES = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
 MASK = torch.tensor([[1, 1, 0], [0, 1, 0]])  # kept: 1, 2, 5
@@ -60,3 +60,10 @@ def test_no_mask_is_the_plain_reduction():
     assert_close(masked_mean(VALUES, None), VALUES.mean())
     assert_close(masked_var(VALUES, None), VALUES.var())
     assert masked_mean(torch.zeros(0, 3), None).item() == 0.0
+
+
+def test_join_masked_flattens_and_fills_missing_masks_with_ones():
+    values, mask = join_masked([torch.tensor([[1.0, 2.0]]), torch.tensor([[3.0], [4.0]])], [torch.tensor([[1, 0]]), None])
+    assert values.tolist() == [1.0, 2.0, 3.0, 4.0] and mask.tolist() == [True, False, True, True]
+    assert_close(masked_mean(values, mask), torch.tensor(8.0 / 3.0))
+    assert join_masked([torch.ones(2, 2)], [None])[1] is None
