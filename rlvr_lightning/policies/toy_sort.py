@@ -72,13 +72,16 @@ class ToySortPolicy(Policy):
     def sample(self, batch: PromptBatch, n: int, sampling: SamplingConfig) -> Rollout:
         prompt_ids = self._prompt_tensor(batch["prompt"])
         num_prompts = prompt_ids.shape[0]
-        logits = self(prompt_ids) / sampling.temperature  # [B, R, V]
+        logits = self._logits(prompt_ids, sampling.temperature)  # [B, R, V]
         if sampling.do_sample:
             probs = torch.softmax(logits.reshape(-1, self.vocab_size), dim=-1)
             samples = torch.multinomial(probs, num_samples=n, replacement=True)  # [B*R, n]
             response_ids = samples.view(num_prompts, self.response_length, n).transpose(1, 2)
         else:
             response_ids = logits.argmax(-1).unsqueeze(1).expand(num_prompts, n, self.response_length)
+        # Sampling runs the training forward, so its log-probs are the old log-probs (no second forward).
+        log_softmax = torch.log_softmax(logits, dim=-1).unsqueeze(1).expand(num_prompts, n, *logits.shape[1:])
+        old_log_probs = log_softmax.gather(-1, response_ids.unsqueeze(-1))
         response_ids = response_ids.reshape(num_prompts * n, self.response_length)
         rows = num_prompts * n
         metadata = batch.get("metadata") or [{} for _ in range(num_prompts)]
@@ -91,14 +94,19 @@ class ToySortPolicy(Policy):
             group_size=n,
             truncated=torch.zeros(rows, dtype=torch.bool, device=prompt_ids.device),
             metadata=[metadata[i] for i in range(num_prompts) for _ in range(n)],
+            old_log_probs=old_log_probs.view(num_prompts * n, self.response_length),
         )
+
+    def _logits(self, prompt_ids: Tensor, temperature: float) -> Tensor:
+        logits = self(prompt_ids)
+        return logits if temperature == 1.0 else logits / temperature
 
     def token_log_probs(
         self, rollout: Rollout, temperature: float = 1.0, with_entropy: bool = False
     ) -> tuple[Tensor, Tensor | None]:
         # Rows of one prompt share their distribution: run the model and the softmax once per prompt.
         runs = rollout.prompt_runs()
-        log_softmax = torch.log_softmax(self(rollout.prompt_ids[runs.first_rows]) / temperature, dim=-1)  # [U, R, V]
+        log_softmax = torch.log_softmax(self._logits(rollout.prompt_ids[runs.first_rows], temperature), dim=-1)  # [U, R, V]
         if runs.run_length:
             # equal contiguous groups: broadcast instead of copying every row's distribution
             per_row = log_softmax.unsqueeze(1).expand(log_softmax.shape[0], runs.run_length, *log_softmax.shape[1:])

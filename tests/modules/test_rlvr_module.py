@@ -107,7 +107,14 @@ def test_reference_model_exists_only_with_kl():
 
 
 class CountingPolicy(ToySortPolicy):
+    """Counts scored rows; like most policies it does not hand over its sampling log-probs."""
+
     rows = 0
+
+    def sample(self, batch, n, sampling):
+        rollout = super().sample(batch, n, sampling)
+        rollout.old_log_probs = None
+        return rollout
 
     def token_log_probs(self, rollout, temperature=1.0, with_entropy=False):
         CountingPolicy.rows += rollout.num_rows
@@ -126,6 +133,21 @@ def test_old_log_probs_are_computed_only_when_the_policy_moves(in_tmp_dir, ppo_e
     fit(module, [SortInclusionOrderingReward()], steps=2, batch_size=4)
     # 16 rows per step, scored once per epoch, plus once more for old log-probs when the policy moves
     assert CountingPolicy.rows == 2 * 16 * passes_per_step
+
+
+class ToyCountingPolicy(ToySortPolicy):
+    rows = 0
+
+    def token_log_probs(self, rollout, temperature=1.0, with_entropy=False):
+        ToyCountingPolicy.rows += rollout.num_rows
+        return super().token_log_probs(rollout, temperature, with_entropy)
+
+
+def test_sampling_log_probs_save_the_old_log_prob_pass(in_tmp_dir):
+    ToyCountingPolicy.rows = 0
+    module = RLVRModule(ToyCountingPolicy(vocab_size=5, prompt_length=3, embedding_dim=4), group_size=4, ppo_epochs=2)
+    fit(module, [SortInclusionOrderingReward()], steps=2, batch_size=4)
+    assert ToyCountingPolicy.rows == 2 * 16 * 2  # one pass per epoch, none for the old log-probs
 
 
 def final_parameters(micro_batch_size, aggregation):
