@@ -138,8 +138,8 @@ def test_two_process_ddp_run(tmp_path):
         assert ranks[0]["kept"][epoch] == ranks[1]["kept"][epoch] == kept
         pool = _ReshuffledPool([{"prompt": p} for p in kept], seed=epoch + 1)  # data seed 0, refresh index epoch + 1
         for rank in (0, 1):
-            share = itertools.islice(iter(PromptStream(pool, BATCH, rank, 2)), BATCH * STEPS)
-            expected = [e["prompt"] for e in share]
+            share = itertools.islice(iter(PromptStream(pool, BATCH, rank, 2)), STEPS)
+            expected = [prompt for batch in share for prompt in batch["prompt"]]
             assert sum(ranks[rank]["prompts"][epoch * STEPS : (epoch + 1) * STEPS], []) == expected
         assert ranks[0]["prompts"][epoch * STEPS] != ranks[1]["prompts"][epoch * STEPS]
     assert ranks[0]["pass_counts"] == [scripted_passes(c["prompt"]) for c in candidates]

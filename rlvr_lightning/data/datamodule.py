@@ -126,7 +126,9 @@ def example_source(dataset: Dataset | IterableDataset, seed: int):
 
 
 class PromptStream(IterableDataset):
-    """One rank's training examples from `start` (a global example index): `num_batches` batches, or endless."""
+    """One rank's training batches (collated) from `start` (a global example index): `num_batches`, or endless.
+
+    It yields whole batches, so its loader has `batch_size=None`: per-example work stays in one loop here."""
 
     def __init__(self, source, batch_size: int, rank: int = 0, world_size: int = 1, start: int = 0, num_batches: int | None = None):
         self.source = source
@@ -139,7 +141,7 @@ class PromptStream(IterableDataset):
     def __len__(self) -> int:
         if self.num_batches is None:
             raise TypeError("an endless prompt stream has no length")
-        return self.num_batches * self.batch_size
+        return self.num_batches
 
     def __iter__(self):
         worker = get_worker_info()
@@ -154,8 +156,11 @@ class PromptStream(IterableDataset):
             batches = range(worker_id, self.num_batches, num_workers)
         for j in batches:
             first = self.start + (j * self.world_size + self.rank) * self.batch_size
-            for index in range(first, first + self.batch_size):
-                yield self.source[index]
+            yield collate_examples([self.source[index] for index in range(first, first + self.batch_size)])
+
+
+def _as_is(batch):
+    return batch
 
 
 class ResumableLoader(DataLoader):
@@ -282,9 +287,8 @@ class RLVRDataModule(pl.LightningDataModule):
         return ResumableLoader(
             self.train_prompts(),
             position=self.position,
-            batch_size=self.batch_size,
-            drop_last=True,
-            collate_fn=collate_examples,
+            batch_size=None,  # the stream yields collated batches
+            collate_fn=_as_is,
             num_workers=self.num_workers,
             generator=torch.Generator(),  # the loader's base seed must not draw from the global RNG (exact resume)
         )

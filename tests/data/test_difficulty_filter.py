@@ -210,9 +210,9 @@ def test_stream_does_not_depend_on_worker_processes():
 
 def test_ranks_read_disjoint_interleaved_shares():
     source = example_source(SortStream(SortTask(vocab_size=V, length=L)), seed=0)
-    shares = [list(itertools.islice(iter(PromptStream(source, 2, rank, 2, start=10)), 4)) for rank in (0, 1)]
-    assert [e["prompt"] for e in shares[0]] == [source[i]["prompt"] for i in (10, 11, 14, 15)]
-    assert [e["prompt"] for e in shares[1]] == [source[i]["prompt"] for i in (12, 13, 16, 17)]
+    shares = [list(itertools.islice(iter(PromptStream(source, 2, rank, 2, start=10)), 2)) for rank in (0, 1)]
+    assert [batch["prompt"] for batch in shares[0]] == [[source[i]["prompt"] for i in pair] for pair in ((10, 11), (14, 15))]
+    assert [batch["prompt"] for batch in shares[1]] == [[source[i]["prompt"] for i in pair] for pair in ((12, 13), (16, 17))]
 
 
 def test_finite_pools_are_reshuffled_every_pass_and_resume_mid_pass():
