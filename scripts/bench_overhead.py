@@ -1,13 +1,16 @@
 """What does the framework cost over a plain PyTorch loop? (issue: core, acceptance "bench_overhead")
 
-Runs the CS336 lecture-17 sort algorithm (configs/sort_lecture.yaml) twice per round, once as
-the plain loop below and once as `rlvr fit` with that exact config (W&B offline + CSV logging,
-Rich progress bar, validation), same seed and number of steps, threads pinned. A step's time
-is measured from one training batch's end to the next, so it includes everything Lightning
-does between steps. Two clocks: wall time, and the CPU time of the training thread
-(`time.thread_time`, with torch pinned to that one thread), which other processes on a
-shared machine cannot inflate. Prints the median step time of each run, and the ratio of the
-medians over `--rounds` rounds.
+Runs the CS336 lecture-17 sort algorithm (configs/sort_lecture.yaml) as `rlvr fit` with that exact
+config (W&B offline + CSV logging, Rich progress bar, validation) and, as Lightning's own floor,
+as the plain loop's body in a bare `Trainer`. Threads are pinned.
+
+The plain loop is measured side by side with each run, in alternating blocks: after every 10
+training batches a callback runs 10 steps of the plain loop (its own model, optimizer and random
+stream, same seed and step count), each timed on its own, so a busy spell on a shared machine
+slows both alike. The run's step is timed from one training batch's end to the next (minus a plain
+block in between), so it includes everything Lightning does between steps. Two clocks: wall time, and
+the CPU time of the training thread (`time.thread_time`). Prints the median step times and their
+ratio per round, and the median of the per-round ratios.
 
     python scripts/bench_overhead.py --rounds 3
 """
@@ -75,19 +78,51 @@ class LectureStep:
         return reward.mean().item()
 
 
-def plain_loop(steps: int, seed: int = 0) -> list[tuple[float, float]]:
-    """The lecture algorithm as a plain PyTorch loop."""
-    lecture = LectureStep(seed)
-    optimizer = torch.optim.Adam(lecture.policy.parameters(), lr=LR)
-    step_times, rewards = [], []
-    for step in range(steps):
+class PairedPlainLoop(pl.Callback):
+    """Blocks of the plain loop between blocks of the run it is added to: after every `block` training
+    batches, `block` steps of the plain loop, each timed on its own.
+
+    `run_times` are the run's steps (batch end to batch end, minus the plain block in between);
+    `plain_times` the plain loop's. Blocks rather than single steps, so that neither side pays for
+    the other's cache misses on every step. The plain loop's random stream is its own: the run's
+    numbers do not change."""
+
+    def __init__(self, seed: int = 0, block: int = 10) -> None:
+        with torch.random.fork_rng(devices=[]):
+            self.lecture = LectureStep(seed)
+            self.rng_state = torch.get_rng_state()
+        self.optimizer = torch.optim.Adam(self.lecture.policy.parameters(), lr=LR)
+        self.block = block
+        self.run_times: list[tuple[float, float]] = []
+        self.plain_times: list[tuple[float, float]] = []
+        self.plain_reward = 0.0
+        self.plain_steps = 0
+        self.batches = 0
+        self.last = None
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        now = clocks()
+        if self.last is not None:
+            self.run_times.append((now[0] - self.last[0], now[1] - self.last[1]))
+        self.batches += 1
+        if self.batches % self.block == 0:
+            with torch.random.fork_rng(devices=[]):
+                torch.set_rng_state(self.rng_state)
+                for _ in range(self.block):
+                    self._plain_step()
+                self.rng_state = torch.get_rng_state()
+        self.last = clocks()
+
+    def _plain_step(self) -> None:
         started = clocks()
         prompts = torch.randint(0, V, (PROMPTS, L))
-        rewards.append(lecture(step, prompts, optimizer))
-        now = clocks()
-        step_times.append((now[0] - started[0], now[1] - started[1]))
-    print(f"  plain loop: step-{steps} reward {rewards[-1]:.3f}")
-    return step_times
+        self.plain_reward = self.lecture(self.plain_steps, prompts, self.optimizer)
+        finished = clocks()
+        self.plain_times.append((finished[0] - started[0], finished[1] - started[1]))
+        self.plain_steps += 1
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        self.last = None  # validation is not a training step
 
 
 class BareLightningModule(pl.LightningModule):
@@ -113,36 +148,21 @@ class RandomPrompts(torch.utils.data.IterableDataset):
             yield torch.randint(0, V, (PROMPTS, L))
 
 
-def bare_lightning(steps: int, seed: int = 0) -> list[tuple[float, float]]:
+def bare_lightning(steps: int, seed: int = 0) -> PairedPlainLoop:
     """Lightning's own floor: the plain loop's body in a bare `Trainer` (no loggers, bar, checkpoints)."""
     pl.seed_everything(seed, verbose=False)
     module = BareLightningModule()
-    timer = StepTimer()
+    paired = PairedPlainLoop(seed)
     trainer = pl.Trainer(
         max_epochs=1, limit_train_batches=steps, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, callbacks=[timer], accelerator="cpu", devices=1,
+        enable_progress_bar=False, enable_model_summary=False, callbacks=[paired], accelerator="cpu", devices=1,
     )
     trainer.fit(module, torch.utils.data.DataLoader(RandomPrompts(), batch_size=None))
-    print(f"  bare Lightning: step-{steps} reward {module.last_reward:.3f}")
-    return timer.step_times
+    print(f"  bare Lightning: step-{steps} reward {module.last_reward:.3f} (paired plain loop {paired.plain_reward:.3f})")
+    return paired
 
 
-class StepTimer(pl.Callback):
-    def __init__(self) -> None:
-        self.step_times: list[tuple[float, float]] = []
-        self.last = None
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        now = clocks()
-        if self.last is not None:
-            self.step_times.append((now[0] - self.last[0], now[1] - self.last[1]))
-        self.last = now
-
-    def on_validation_start(self, trainer, pl_module) -> None:
-        self.last = None  # validation is not a training step
-
-
-def framework(steps: int, seed: int = 0) -> list[tuple[float, float]]:
+def framework(steps: int, seed: int = 0) -> PairedPlainLoop:
     with tempfile.TemporaryDirectory() as run_dir:
         cwd = os.getcwd()
         os.chdir(run_dir)
@@ -151,14 +171,14 @@ def framework(steps: int, seed: int = 0) -> list[tuple[float, float]]:
                 ["--config", str(CONFIG), f"--seed_everything={seed}", f"--trainer.limit_train_batches={steps}"],
                 run=False,
             )
-            timer = StepTimer()
-            cli.trainer.callbacks.append(timer)
+            paired = PairedPlainLoop(seed)
+            cli.trainer.callbacks.append(paired)
             cli.trainer.fit(cli.model, cli.datamodule)
             reward = float(cli.trainer.callback_metrics["train/reward_mean"])
         finally:
             os.chdir(cwd)
-    print(f"  rlvr fit:   step-{steps} reward {reward:.3f}")
-    return timer.step_times
+    print(f"  rlvr fit:   step-{steps} reward {reward:.3f} (paired plain loop {paired.plain_reward:.3f})")
+    return paired
 
 
 def main() -> None:
@@ -168,20 +188,23 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    legs = {"plain": plain_loop, "bare Lightning": bare_lightning, "rlvr fit": framework}
-    medians: dict[str, list[tuple[float, float]]] = {name: [] for name in legs}
+    legs = {"bare Lightning": bare_lightning, "rlvr fit": framework}
+    ratios: dict[str, list[tuple[float, float]]] = {name: [] for name in legs}
     for round_index in range(args.rounds):
         print(f"round {round_index + 1}/{args.rounds}")
         for name, run in legs.items():
-            times = run(args.steps)
-            medians[name].append((statistics.median(t[0] for t in times), statistics.median(t[1] for t in times)))
-        print("  median step (wall / cpu): " + ", ".join(f"{n} {m[-1][0] * 1e3:.2f} / {m[-1][1] * 1e3:.2f} ms" for n, m in medians.items()))
-    print(f"\nthreads={args.threads} steps={args.steps} rounds={args.rounds}")
-    for clock, index in (("wall", 0), ("cpu", 1)):
-        plain, bare, fw = (statistics.median(m[index] for m in medians[name]) for name in legs)
-        print(f"{clock:4s} median step: plain loop {plain * 1e3:.2f} ms, bare Lightning {bare * 1e3:.2f} ms, "
-              f"rlvr fit {fw * 1e3:.2f} ms; bare Lightning / plain = {bare / plain:.3f}, "
-              f"framework / plain = {fw / plain:.3f} (overhead {100 * (fw / plain - 1):+.1f}%)")
+            paired = run(args.steps)
+            medians = [
+                (statistics.median(t[clock] for t in paired.run_times), statistics.median(t[clock] for t in paired.plain_times))
+                for clock in (0, 1)
+            ]
+            ratios[name].append((medians[0][0] / medians[0][1], medians[1][0] / medians[1][1]))
+            print(f"    median step wall {medians[0][0] * 1e3:.2f} ms vs plain {medians[0][1] * 1e3:.2f} ms ({ratios[name][-1][0]:.3f}x), "
+                  f"cpu {medians[1][0] * 1e3:.2f} ms vs plain {medians[1][1] * 1e3:.2f} ms ({ratios[name][-1][1]:.3f}x)")
+    print(f"\nthreads={args.threads} steps={args.steps} rounds={args.rounds}; per-step time / paired plain-loop step time, median of rounds:")
+    for name in legs:
+        wall, cpu = (statistics.median(r[clock] for r in ratios[name]) for clock in (0, 1))
+        print(f"  {name:15s} wall {wall:.3f}x ({100 * (wall - 1):+.1f}%), cpu {cpu:.3f}x ({100 * (cpu - 1):+.1f}%)")
     sys.stdout.flush()
 
 
