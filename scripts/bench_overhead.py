@@ -1,8 +1,9 @@
 """What does the framework cost over a plain PyTorch loop? (issue: core, acceptance "bench_overhead")
 
 Runs the CS336 lecture-17 sort algorithm (configs/sort_lecture.yaml) as `rlvr fit` with that exact
-config (W&B offline + CSV logging, Rich progress bar, validation) and, as Lightning's own floor,
-as the plain loop's body in a bare `Trainer`. Threads are pinned.
+config (W&B offline + CSV logging, Rich progress bar, validation), as `rlvr fit` without loggers
+and progress bar (what the module itself costs), and, as Lightning's own floor, as the plain
+loop's body in a bare `Trainer`. Threads are pinned.
 
 The plain loop is measured side by side with each run, in alternating blocks: after every 10
 training batches a callback runs 10 steps of the plain loop (its own model, optimizer and random
@@ -162,13 +163,13 @@ def bare_lightning(steps: int, seed: int = 0) -> PairedPlainLoop:
     return paired
 
 
-def framework(steps: int, seed: int = 0) -> PairedPlainLoop:
+def framework(steps: int, seed: int = 0, extra_args: tuple[str, ...] = ()) -> PairedPlainLoop:
     with tempfile.TemporaryDirectory() as run_dir:
         cwd = os.getcwd()
         os.chdir(run_dir)
         try:
             cli = rlvr_cli(
-                ["--config", str(CONFIG), f"--seed_everything={seed}", f"--trainer.limit_train_batches={steps}"],
+                ["--config", str(CONFIG), f"--seed_everything={seed}", f"--trainer.limit_train_batches={steps}", *extra_args],
                 run=False,
             )
             paired = PairedPlainLoop(seed)
@@ -188,7 +189,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    legs = {"bare Lightning": bare_lightning, "rlvr fit": framework}
+    quiet = ("--trainer.logger=false", "--trainer.enable_progress_bar=false")
+    legs = {
+        "bare Lightning": bare_lightning,
+        "rlvr fit, no loggers or bar": lambda steps: framework(steps, extra_args=quiet),
+        "rlvr fit": framework,
+    }
     ratios: dict[str, list[tuple[float, float]]] = {name: [] for name in legs}
     for round_index in range(args.rounds):
         print(f"round {round_index + 1}/{args.rounds}")
@@ -204,7 +210,7 @@ def main() -> None:
     print(f"\nthreads={args.threads} steps={args.steps} rounds={args.rounds}; per-step time / paired plain-loop step time, median of rounds:")
     for name in legs:
         wall, cpu = (statistics.median(r[clock] for r in ratios[name]) for clock in (0, 1))
-        print(f"  {name:15s} wall {wall:.3f}x ({100 * (wall - 1):+.1f}%), cpu {cpu:.3f}x ({100 * (cpu - 1):+.1f}%)")
+        print(f"  {name:28s} wall {wall:.3f}x ({100 * (wall - 1):+.1f}%), cpu {cpu:.3f}x ({100 * (cpu - 1):+.1f}%)")
     sys.stdout.flush()
 
 
