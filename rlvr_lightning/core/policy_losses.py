@@ -90,7 +90,8 @@ def merged_stats(outputs: list[PolicyLossOutput]) -> dict[str, Tensor]:
 def _prepare(
     log_probs: Tensor, old_log_probs: Tensor | None, advantages: Tensor, mask: Tensor | None
 ) -> tuple[Tensor, Tensor, Tensor | None]:
-    """Validate shapes; return (old_log_probs, advantages [N, T], bool mask or None)."""
+    """Validate shapes; return (detached old_log_probs, advantages [N, 1] or [N, T] (broadcast over tokens), bool
+    mask or None)."""
     if log_probs.dim() != 2:
         raise ValueError(f"log_probs must be [N, T], got shape {tuple(log_probs.shape)}")
     if mask is not None and mask.shape != log_probs.shape:
@@ -99,12 +100,15 @@ def _prepare(
         old_log_probs = log_probs.detach()
     elif old_log_probs.shape != log_probs.shape:
         raise ValueError(f"old_log_probs shape {tuple(old_log_probs.shape)} != log_probs shape {tuple(log_probs.shape)}")
-    advantages = advantages.to(log_probs.dtype)
+    elif old_log_probs.requires_grad:
+        old_log_probs = old_log_probs.detach()
+    if advantages.dtype != log_probs.dtype:
+        advantages = advantages.to(log_probs.dtype)
     if advantages.dim() == 1 and advantages.shape[0] == log_probs.shape[0]:
         advantages = advantages.unsqueeze(-1)
     elif advantages.shape != log_probs.shape:
         raise ValueError(f"advantages must be [N] or [N, T] with N, T = {tuple(log_probs.shape)}, got {tuple(advantages.shape)}")
-    return old_log_probs.detach(), advantages.expand_as(log_probs), None if mask is None else mask.bool()
+    return old_log_probs, advantages, None if mask is None or mask.dtype == torch.bool else mask.bool()
 
 
 def _token_ratio(log_probs: Tensor, old_log_probs: Tensor) -> Tensor:
@@ -195,15 +199,16 @@ def ppo_clip_loss(
     old, adv, m = _prepare(log_probs, old_log_probs, advantages, mask)
     ratio = _token_ratio(log_probs, old)
     clipped_ratio = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    neg_adv = -adv
     # l_t = -min(r A, clip(r, 1-eps_low, 1+eps_high) A)  (PPO eq. 7; asymmetric eps = DAPO clip-higher, Yu et al. 2025 §3.1)
-    loss = torch.maximum(-adv * ratio, -adv * clipped_ratio)
+    loss = torch.maximum(neg_adv * ratio, neg_adv * clipped_ratio)
     ratio_value = ratio.detach()
     low_clipped = (ratio_value < 1.0 - clip_low) & (adv < 0)
     high_clipped = (ratio_value > 1.0 + clip_high) & (adv > 0)
     extra = {}
     if dual_clip is not None:
         # A < 0: l_t = min(l_t, -A c)  (dual-clip PPO, Ye et al. 2020 "Mastering Complex Control in MOBA Games"; verl core_algos.compute_policy_loss clip_ratio_c)
-        loss = torch.where(adv < 0, torch.minimum(loss, -adv * dual_clip), loss)
+        loss = torch.where(adv < 0, torch.minimum(loss, neg_adv * dual_clip), loss)
         extra["dual_clip_frac"] = masked_mean(((adv < 0) & (ratio_value > dual_clip)).to(ratio.dtype), m)
     return PolicyLossOutput(_zero_masked(loss, m), ratio_value, m, low_clipped, high_clipped, extra)
 
@@ -232,8 +237,9 @@ def gspo_loss(
     log_s = seq_log_ratio.unsqueeze(-1) + log_probs - log_probs.detach()
     ratio = torch.exp(torch.clamp(log_s, max=GSPO_LOG_RATIO_MAX))
     clipped_ratio = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    neg_adv = -adv
     # l_it = -min(s_it A_i, clip(s_it, 1-eps_low, 1+eps_high) A_i)  (GSPO eq. 5 / §4.3)
-    loss = torch.maximum(-adv * ratio, -adv * clipped_ratio)
+    loss = torch.maximum(neg_adv * ratio, neg_adv * clipped_ratio)
     ratio_value = ratio.detach()
     low_clipped = (ratio_value < 1.0 - clip_low) & (adv < 0)
     high_clipped = (ratio_value > 1.0 + clip_high) & (adv > 0)

@@ -17,6 +17,7 @@ step); logged metrics are indexed by rollout step.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from typing import NamedTuple
 
@@ -356,14 +357,15 @@ class RLVRModule(RewardScoring, pl.LightningModule):
         for start in range(0, rollout.num_rows, size):
             yield rollout.select(slice(start, start + size))
 
-    def _update(self, rollout: Rollout) -> dict[str, Tensor]:
+    def _update(self, rollout: Rollout) -> dict[str, Tensor | float]:
         optimizer = self.optimizers()
         scheduler = self.lr_schedulers()
         mini_size = self.mini_batch_size or rollout.num_rows
         # Fixed-length responses (every token real) skip all the masking ops of the loss.
         masked = not bool(rollout.response_mask.all())
         parts: list[MicroBatchLoss] = []
-        losses, grad_norms = [], []
+        losses: list[float] = []
+        grad_norms: list[float] = []
         for epoch in range(self.ppo_epochs):
             order = torch.randperm(rollout.num_rows, device=rollout.response_ids.device) if mini_size < rollout.num_rows else None
             for start in range(0, rollout.num_rows, mini_size):
@@ -377,8 +379,9 @@ class RLVRModule(RewardScoring, pl.LightningModule):
                     micro_losses.append(part.loss.detach())
                     parts.append(part)
                 loss_sum = micro_losses[0] if len(micro_losses) == 1 else torch.stack(micro_losses).sum()
-                losses.append(loss_sum)
-                grad_norms.append(self._clip_and_step(optimizer, scheduler, loss_sum))
+                loss, grad_norm = self._clip_and_step(optimizer, scheduler, loss_sum)
+                losses.append(loss)
+                grad_norms.append(grad_norm)
         return self._update_metrics(parts, losses, grad_norms)
 
     def _micro_batch_loss(
@@ -408,7 +411,9 @@ class RLVRModule(RewardScoring, pl.LightningModule):
         )
 
     @torch.no_grad()
-    def _update_metrics(self, parts: list[MicroBatchLoss], losses: list[Tensor], grad_norms: list[Tensor]) -> dict[str, Tensor]:
+    def _update_metrics(
+        self, parts: list[MicroBatchLoss], losses: list[float], grad_norms: list[float]
+    ) -> dict[str, Tensor | float]:
         """The step's update statistics, each computed once over all of its micro-batches (token-weighted)."""
         metrics = {f"train/{key}": value for key, value in merged_stats([part.policy_loss for part in parts]).items()}
         for name in ("kl", "entropy"):
@@ -416,14 +421,17 @@ class RLVRModule(RewardScoring, pl.LightningModule):
             if with_values:
                 values, mask = join_masked([getattr(part, name) for part in with_values], [part.mask for part in with_values])
                 metrics[f"train/{name}"] = masked_mean(values, mask)
-        metrics["train/loss"] = torch.stack(losses).mean()
-        metrics["train/grad_norm"] = torch.stack(grad_norms).mean()
+        metrics["train/loss"] = sum(losses) / len(losses)
+        metrics["train/grad_norm"] = sum(grad_norms) / len(grad_norms)
         return metrics
 
-    def _clip_and_step(self, optimizer, scheduler, loss_sum: Tensor) -> Tensor:
-        """Clip and step, or skip the update when the loss or the gradient is not finite."""
+    def _clip_and_step(self, optimizer, scheduler, loss_sum: Tensor) -> tuple[float, float]:
+        """Clip and step, or skip the update when the loss or the gradient is not finite. Returns the
+        loss and the gradient norm before clipping."""
         grad_norm = _total_norm([p.grad for p in self.policy.parameters() if p.grad is not None])
-        if not bool(torch.isfinite(torch.stack((grad_norm, loss_sum.to(grad_norm.dtype)))).all()):
+        # one host transfer for both numbers: the check is then Python's, not a chain of tensor ops
+        loss, grad_norm = torch.stack((loss_sum.to(grad_norm.dtype), grad_norm)).tolist()
+        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
             optimizer.zero_grad(set_to_none=True)
             self.skipped_updates += 1
             self.consecutive_skips += 1
@@ -434,7 +442,7 @@ class RLVRModule(RewardScoring, pl.LightningModule):
                     f"(max_consecutive_skips={self.max_consecutive_skips}); stopping. Lower the learning rate, "
                     "check the rewards for NaN, or raise max_consecutive_skips."
                 )
-            return grad_norm
+            return loss, grad_norm
         self.consecutive_skips = 0
         if self.max_grad_norm is not None:
             self.clip_gradients(optimizer, gradient_clip_val=self.max_grad_norm, gradient_clip_algorithm="norm")
@@ -442,7 +450,7 @@ class RLVRModule(RewardScoring, pl.LightningModule):
         optimizer.zero_grad(set_to_none=True)
         if scheduler is not None:
             scheduler.step()
-        return grad_norm
+        return loss, grad_norm
 
     # ------------------------------------------------------------ checkpoints
 
