@@ -27,6 +27,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 
 from rlvr_lightning.core.aggregation import AGGREGATION_MODES
+from rlvr_lightning.modules.gradients import policy_gradient_norm
 from rlvr_lightning.modules.rlvr import RLVRModule
 from rlvr_lightning.modules.sft import RewardScoringMixin, response_nll
 from rlvr_lightning.modules.step_metrics import publish_step_metrics
@@ -188,8 +189,7 @@ class ExpertIterationModule(RewardScoringMixin, pl.LightningModule):
                     )
                     self.manual_backward(loss)
                     loss_sum = loss_sum + loss.detach()
-                grads = [p.grad for p in self.policy.parameters() if p.grad is not None]
-                grad_norms.append(torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(()))
+                grad_norms.append(policy_gradient_norm(self.policy))
                 if self.max_grad_norm is not None:
                     self.clip_gradients(optimizer, gradient_clip_val=self.max_grad_norm, gradient_clip_algorithm="norm")
                 optimizer.step()

@@ -216,13 +216,3 @@ def test_validation_reports_pass_at_k_and_length(in_tmp_dir):
 def test_greedy_validation_with_several_responses_is_an_error():
     with pytest.raises(ValueError, match="set val_greedy: false"):
         RLVRModule(policy(), val_group_size=4, val_greedy=True)
-
-
-def test_total_gradient_norm_matches_torch():
-    from rlvr_lightning.modules.rlvr import _total_norm
-
-    grads = [torch.tensor([3.0, 4.0]), torch.tensor([[12.0]])]
-    assert _total_norm(grads).item() == 13.0  # sqrt(9 + 16 + 144)
-    mixed = [torch.tensor([3.0, 4.0]), torch.tensor([12.0], dtype=torch.float64)]
-    torch.testing.assert_close(_total_norm(mixed), torch.nn.utils.get_total_norm(mixed))
-    assert _total_norm([]).item() == 0.0
