@@ -15,8 +15,10 @@ Shapes (documented here once; everything else refers to them):
     rewards         name -> float[N], one entry per reward callback (unweighted)
     reward          float[N]       weighted total over the reward callbacks
     advantages      float[N] or float[N, T]
-    old_log_probs   float[N, T]    log-probs under the policy that sampled (no grad)
+    old_log_probs   float[N, T]    log-probs under the policy that sampled, as the trainer computes them (no grad)
     ref_log_probs   float[N, T]    log-probs under the reference policy (no grad)
+    sampling_log_probs float[N, T] log-probs the generator recorded while sampling (an inference engine's
+                                   kernels and precision may differ from the trainer's; no grad)
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ class Rollout:
     advantages: Tensor | None = None
     old_log_probs: Tensor | None = None
     ref_log_probs: Tensor | None = None
+    sampling_log_probs: Tensor | None = None
 
     @property
     def num_rows(self) -> int:
@@ -141,6 +144,7 @@ class Rollout:
             advantages=cat("advantages", response_len),
             old_log_probs=cat("old_log_probs", response_len),
             ref_log_probs=cat("ref_log_probs", response_len),
+            sampling_log_probs=cat("sampling_log_probs", response_len),
         )
 
     def to(self, device: torch.device | str) -> Rollout:

@@ -29,6 +29,7 @@ from torch import Tensor
 from rlvr_lightning.advantages import AdvantageCallback, GroupNormalizedAdvantage
 from rlvr_lightning.core.advantages import zero_variance_group_fraction
 from rlvr_lightning.core.aggregation import AGGREGATION_MODES, aggregate_loss
+from rlvr_lightning.core.importance_sampling import ROLLOUT_IS_MODES, mismatch_stats, rollout_is_weights
 from rlvr_lightning.core.kl import KL_ESTIMATORS, kl_estimate
 from rlvr_lightning.core.masked import join_masked, masked_mean, masked_sum
 from rlvr_lightning.core.policy_losses import POLICY_LOSSES, PolicyLossOutput, compute_policy_loss, merged_stats
@@ -52,6 +53,7 @@ class MicroBatchLoss(NamedTuple):
     mask: Tensor | None  # bool [n, T], None: every token counts
     kl: Tensor | None  # detached per-token KL, when it is in the loss
     entropy: Tensor | None  # detached per-token entropy, first epoch only
+    sampler_pair: tuple[Tensor, Tensor] | None  # (trainer, sampler) log-probs at the sampling weights, first update only
 
 
 def _choice(option: str, value: str, choices) -> str:
@@ -81,6 +83,9 @@ class RLVRModule(RewardScoring, pl.LightningModule):
         ref_update_every: int | None = None,
         ref_mixup_alpha: float = 1.0,
         entropy_coef: float = 0.0,
+        rollout_is: str | None = None,
+        rollout_is_max: float = 2.0,
+        rollout_is_min: float | None = None,
         dynamic_sampling: bool = False,
         max_sampling_rounds: int = 4,
         ppo_epochs: int = 1,
@@ -108,6 +113,10 @@ class RLVRModule(RewardScoring, pl.LightningModule):
                 once the policy is ~88 nats from the reference.
             ref_update_every: refresh the reference from the policy every this many rollout steps (None: never).
             ref_mixup_alpha: the refresh sets ref = alpha * policy + (1 - alpha) * ref (1: copy; < 1: TR-DPO mixup).
+            rollout_is: importance-sampling correction of the sampler/trainer mismatch (an inference engine samples),
+                one of `core.importance_sampling.ROLLOUT_IS_MODES` (Yao et al. 2025 TIS: `token_truncate`), or None.
+                The mismatch itself is logged (`train/mismatch/*`) whenever the policy records sampling log-probs.
+            rollout_is_max, rollout_is_min: the weights' cap C (truncate) or the band outside which weights are 0 (mask).
             dynamic_sampling: DAPO's dynamic sampling: drop groups whose rewards all agree and top the batch up
                 with fresh prompts, for at most `max_sampling_rounds` generation rounds in all; if the batch is
                 still short, it is filled with dropped groups (advantage 0), so every update has the same size.
@@ -151,6 +160,11 @@ class RLVRModule(RewardScoring, pl.LightningModule):
         if loss == "pg" and ppo_epochs > 1:
             log.warning("loss='pg' has no importance ratio: epochs after the first train on stale samples uncorrected")
         self.kl_clamp = kl_clamp
+        self.rollout_is = None if rollout_is is None else _choice("rollout_is", rollout_is, ROLLOUT_IS_MODES)
+        if rollout_is_max <= 0 or (rollout_is_min is not None and not 0 <= rollout_is_min < rollout_is_max):
+            raise ValueError(f"need 0 <= rollout_is_min < rollout_is_max, got {rollout_is_min} and {rollout_is_max}")
+        self.rollout_is_max = rollout_is_max
+        self.rollout_is_min = rollout_is_min
         self.kl_coef = kl_coef
         self.entropy_coef = entropy_coef
         self.ref_update_every = ref_update_every
@@ -327,10 +341,20 @@ class RLVRModule(RewardScoring, pl.LightningModule):
 
     @torch.no_grad()
     def _add_old_and_reference_log_probs(self, rollout: Rollout) -> None:
-        """Old log-probs (unless the policy already recorded them while sampling) and reference log-probs."""
+        """Old log-probs (unless the policy already recorded them while sampling) and reference log-probs.
+
+        Sampling log-probs serve as old log-probs only when the policy says they are the trainer's and no
+        importance-sampling correction needs the trainer's own numbers next to them."""
         temperature = self.sampling.temperature
         if not self._needs_old_log_probs(rollout.num_rows):
             rollout.old_log_probs = None  # the ratio is 1 by construction: the loss uses detached log-probs
+        elif (
+            rollout.old_log_probs is None
+            and rollout.sampling_log_probs is not None
+            and self.policy.sampling_log_probs_exact
+            and self.rollout_is is None
+        ):
+            rollout.old_log_probs = rollout.sampling_log_probs
         elif rollout.old_log_probs is None:
             rollout.old_log_probs = torch.cat(
                 [self.policy.token_log_probs(mb, temperature)[0] for mb in self._micro_batches(rollout)]
@@ -365,7 +389,8 @@ class RLVRModule(RewardScoring, pl.LightningModule):
                 micro_losses = []
                 for micro in self._micro_batches(minibatch):
                     mask = micro.response_mask.bool() if masked else None
-                    part = self._micro_batch_loss(micro, mask, minibatch.num_rows, num_tokens, epoch == 0)
+                    first_update = epoch == 0 and start == 0  # the policy is still the one that sampled
+                    part = self._micro_batch_loss(micro, mask, minibatch.num_rows, num_tokens, epoch == 0, first_update)
                     self.manual_backward(part.loss)
                     micro_losses.append(part.loss.detach())
                     parts.append(part)
@@ -376,18 +401,37 @@ class RLVRModule(RewardScoring, pl.LightningModule):
         return self._update_metrics(parts, losses, grad_norms)
 
     def _micro_batch_loss(
-        self, micro: Rollout, mask: Tensor | None, num_sequences: int, num_tokens: Tensor | int, first_epoch: bool
+        self,
+        micro: Rollout,
+        mask: Tensor | None,
+        num_sequences: int,
+        num_tokens: Tensor | int,
+        first_epoch: bool,
+        first_update: bool = False,
     ) -> MicroBatchLoss:
         """The micro-batch's share of the mini-batch loss, normalised by the mini-batch's sizes.
 
         `mask` is the micro-batch's response mask, or None when every token is real."""
-        # Entropy is logged from the first epoch (the sampling policy) and costs a pass only where it is needed.
+        # Entropy is logged from the first epoch (the sampling policy) and costs a pass only where it is needed;
+        # as a metric only, without autograd.
         with_entropy = first_epoch or self.entropy_coef != 0
-        log_probs, entropy = self.policy.token_log_probs(micro, self.sampling.temperature, with_entropy=with_entropy)
+        log_probs, entropy = self.policy.token_log_probs(
+            micro, self.sampling.temperature, with_entropy=with_entropy, entropy_grad=self.entropy_coef != 0
+        )
         policy_loss = compute_policy_loss(
             self.loss, log_probs, micro.old_log_probs, micro.advantages, mask, **self.loss_options
         )
         token_loss = policy_loss.loss
+        sampler_pair = None
+        if micro.sampling_log_probs is not None:
+            # the trainer's log-probs at the sampling weights: the recomputed old ones, else this first update's
+            trainer = micro.old_log_probs if micro.old_log_probs is not None else log_probs.detach()
+            if first_update:
+                sampler_pair = (log_probs.detach(), micro.sampling_log_probs)
+            if self.rollout_is is not None:
+                token_loss = token_loss * rollout_is_weights(
+                    trainer, micro.sampling_log_probs, mask, self.rollout_is, self.rollout_is_max, self.rollout_is_min
+                )
         kl = None
         if self.reference is not None and self.kl_mode == "loss":
             kl = kl_estimate(log_probs, micro.ref_log_probs, self.kl_estimator, clamp=self.kl_clamp)
@@ -398,7 +442,12 @@ class RLVRModule(RewardScoring, pl.LightningModule):
             token_loss, mask, self.aggregation, num_sequences=num_sequences, num_tokens=num_tokens, constant=self.loss_constant
         )
         return MicroBatchLoss(
-            loss, policy_loss, mask, None if kl is None else kl.detach(), entropy.detach() if first_epoch else None
+            loss,
+            policy_loss,
+            mask,
+            None if kl is None else kl.detach(),
+            entropy.detach() if first_epoch else None,
+            sampler_pair,
         )
 
     @torch.no_grad()
@@ -412,6 +461,12 @@ class RLVRModule(RewardScoring, pl.LightningModule):
             if with_values:
                 values, mask = join_masked([getattr(part, name) for part in with_values], [part.mask for part in with_values])
                 metrics[f"train/{name}"] = masked_mean(values, mask)
+        with_sampler = [part for part in parts if part.sampler_pair is not None]
+        if with_sampler:
+            trainer, mask = join_masked([part.sampler_pair[0] for part in with_sampler], [part.mask for part in with_sampler])
+            sampler, _ = join_masked([part.sampler_pair[1] for part in with_sampler], [part.mask for part in with_sampler])
+            stats = mismatch_stats(trainer, sampler, mask, self.rollout_is_max)
+            metrics.update({f"train/mismatch/{key}": value for key, value in stats.items()})
         metrics["train/loss"] = sum(losses) / len(losses)
         metrics["train/grad_norm"] = sum(grad_norms) / len(grad_norms)
         return metrics

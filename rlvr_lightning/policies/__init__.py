@@ -1,6 +1,17 @@
-"""Policies. `HFPolicy` lives in `rlvr_lightning.policies.hf` (imports transformers on demand)."""
+"""Policies. `HFPolicy` lives in `rlvr_lightning.policies.hf` (imports transformers on demand); its
+generation backends are importable from here (`VLLMGeneration` imports vLLM only when it starts)."""
 
 from rlvr_lightning.policies.base import Policy, PromptBatch, SamplingConfig
+from rlvr_lightning.policies.generation_backend import GenerationBackend, KVCacheGeneration
 from rlvr_lightning.policies.toy_sort import ToySortPolicy
+from rlvr_lightning.policies.vllm_generation import VLLMGeneration
 
-__all__ = ["Policy", "PromptBatch", "SamplingConfig", "ToySortPolicy"]
+__all__ = [
+    "GenerationBackend",
+    "KVCacheGeneration",
+    "Policy",
+    "PromptBatch",
+    "SamplingConfig",
+    "ToySortPolicy",
+    "VLLMGeneration",
+]

@@ -58,15 +58,24 @@ class Policy(nn.Module, ABC):
     def sample(self, batch: PromptBatch, n: int, sampling: SamplingConfig) -> Rollout:
         """`n` responses per prompt, without gradients, as one `Rollout` of `len(prompts) * n` rows.
 
-        A policy may fill `rollout.old_log_probs` with the sampling log-probs (at `sampling.temperature`),
-        which saves the trainer a forward pass when it needs them.
+        A policy whose sampling forward is the training forward may fill `rollout.old_log_probs` (at
+        `sampling.temperature`), which saves the trainer a forward pass when it needs them. A policy that
+        samples with a separate generator (a KV-cache loop, an inference engine) records what the generator
+        computed in `rollout.sampling_log_probs` instead; the trainer uses them as old log-probs only when
+        `sampling_log_probs_exact` says so.
         """
+
+    @property
+    def sampling_log_probs_exact(self) -> bool:
+        """Whether `rollout.sampling_log_probs` equal the trainer's log-probs (may serve as old log-probs)."""
+        return False
 
     @abstractmethod
     def token_log_probs(
-        self, rollout: Rollout, temperature: float = 1.0, with_entropy: bool = False
+        self, rollout: Rollout, temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = True
     ) -> tuple[Tensor, Tensor | None]:
-        """Differentiable log-probs `[N, T]` of `rollout.response_ids`, and token entropy `[N, T]` if asked."""
+        """Differentiable log-probs `[N, T]` of `rollout.response_ids`, and token entropy `[N, T]` if asked
+        (differentiable unless `entropy_grad=False`: then only a logged metric)."""
 
     def create_reference(self) -> nn.Module:
         """A frozen copy used as the KL reference. Policies with adapters override this to share weights."""

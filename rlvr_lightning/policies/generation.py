@@ -17,32 +17,10 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
-
-try:  # the shared pure functions, when the core package provides them
-    from rlvr_lightning.core.entropy import entropy_from_logits
-except ImportError:  # pragma: no cover - TODO: drop once rlvr_lightning.core.entropy exists
-
-    def entropy_from_logits(logits: Tensor, temperature: float = 1.0) -> Tensor:
-        """Entropy `[...]` of `softmax(logits / temperature)` over the last dimension."""
-        logits = logits.float() / temperature
-        log_z = torch.logsumexp(logits, dim=-1)
-        probs = torch.softmax(logits, dim=-1)
-        return log_z - (probs * logits).sum(-1)
-
-
-try:
-    from rlvr_lightning.core.log_probs import token_log_probs_from_logits
-except ImportError:  # pragma: no cover - TODO: drop once rlvr_lightning.core.log_probs exists
-
-    def token_log_probs_from_logits(logits: Tensor, ids: Tensor, temperature: float = 1.0) -> Tensor:
-        """`log softmax(logits / temperature)[..., ids]` without materialising the full log-softmax."""
-        logits = logits.float() / temperature
-        picked = logits.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
-        return picked - torch.logsumexp(logits, dim=-1)
 
 
 def left_pad(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor]:
@@ -160,8 +138,9 @@ class GenerationOutput:
     log_probs: Tensor  # float[N, T] sampling log-probs (0 where masked)
     stopped_by_string: Tensor  # bool[N]
     seconds: float
-    prefill_seconds: float
-    steps: int
+    prefill_seconds: float | None = None  # None: the backend does not report it
+    steps: int | None = None  # decoding steps (None: not reported)
+    stats: dict[str, float] = field(default_factory=dict)  # backend-specific facts (weight push time, ...)
 
 
 def _supports_logits_to_keep(model: nn.Module) -> bool:

@@ -102,7 +102,7 @@ class ToySortPolicy(Policy):
         return logits if temperature == 1.0 else logits / temperature
 
     def token_log_probs(
-        self, rollout: Rollout, temperature: float = 1.0, with_entropy: bool = False
+        self, rollout: Rollout, temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = True
     ) -> tuple[Tensor, Tensor | None]:
         # Rows of one prompt share their distribution: run the model and the softmax once per prompt.
         runs = rollout.prompt_runs()

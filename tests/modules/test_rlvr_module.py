@@ -116,9 +116,9 @@ class CountingPolicy(ToySortPolicy):
         rollout.old_log_probs = None
         return rollout
 
-    def token_log_probs(self, rollout, temperature=1.0, with_entropy=False):
+    def token_log_probs(self, rollout, temperature=1.0, with_entropy=False, entropy_grad=True):
         CountingPolicy.rows += rollout.num_rows
-        return super().token_log_probs(rollout, temperature, with_entropy)
+        return super().token_log_probs(rollout, temperature, with_entropy, entropy_grad)
 
 
 @pytest.mark.parametrize("ppo_epochs, mini_batch_size, passes_per_step", [(1, None, 1), (2, None, 3), (1, 8, 2)])
@@ -138,9 +138,9 @@ def test_old_log_probs_are_computed_only_when_the_policy_moves(in_tmp_dir, ppo_e
 class ToyCountingPolicy(ToySortPolicy):
     rows = 0
 
-    def token_log_probs(self, rollout, temperature=1.0, with_entropy=False):
+    def token_log_probs(self, rollout, temperature=1.0, with_entropy=False, entropy_grad=True):
         ToyCountingPolicy.rows += rollout.num_rows
-        return super().token_log_probs(rollout, temperature, with_entropy)
+        return super().token_log_probs(rollout, temperature, with_entropy, entropy_grad)
 
 
 def test_sampling_log_probs_save_the_old_log_prob_pass(in_tmp_dir):

@@ -49,7 +49,8 @@ def test_sample_shapes_groups_and_left_padding(make_policy):
         assert rollout.metadata[4 * g : 4 * g + 4] == [metadata[g]] * 4
     assert rollout.prompt_text[0] == "<|user|>What is 2+3?<|endoftext|><|assistant|>"
     assert len(rollout.response_text) == N and all(isinstance(t, str) for t in rollout.response_text)
-    assert rollout.old_log_probs is None  # keep_sampling_log_probs=False
+    assert rollout.old_log_probs is None  # the trainer decides whether sampling log-probs serve as old ones
+    assert rollout.sampling_log_probs is not None and rollout.sampling_log_probs.shape == rollout.response_ids.shape
 
 
 def test_sample_is_governed_by_the_global_seed(make_policy):
@@ -255,15 +256,18 @@ def test_padding_invariance_of_log_probs(make_policy):
 
 
 def test_sampled_log_probs_match_recomputed(make_policy):
+    assert not make_policy().sampling_log_probs_exact  # our loop's: equal to float precision, recomputed by default
     policy = make_policy(keep_sampling_log_probs=True)
+    assert policy.sampling_log_probs_exact
     policy.eval()
     sampling = SamplingConfig(temperature=0.7, top_k=50, top_p=0.9, max_new_tokens=12)
     rollout = policy.sample({"prompt": PROMPTS}, n=3, sampling=sampling)
-    assert rollout.old_log_probs is not None and rollout.old_log_probs.shape == rollout.response_ids.shape
+    sampled = rollout.sampling_log_probs
+    assert sampled is not None and sampled.shape == rollout.response_ids.shape
     with torch.no_grad():
         recomputed, _ = policy.token_log_probs(rollout, temperature=0.7)
-    assert masked_max_diff(rollout.old_log_probs, recomputed, rollout.response_mask) <= 1e-5
-    assert rollout.old_log_probs[rollout.response_mask == 0].eq(0).all()
+    assert masked_max_diff(sampled, recomputed, rollout.response_mask) <= 1e-5
+    assert sampled[rollout.response_mask == 0].eq(0).all()
 
 
 @pytest.mark.parametrize("lora", [False, True])

@@ -76,7 +76,7 @@ class ScriptedTextPolicy(Policy):
         rollout.response_ids = torch.tensor(ids, dtype=torch.long)
         return rollout
 
-    def token_log_probs(self, rollout, temperature=1.0, with_entropy=False):
+    def token_log_probs(self, rollout, temperature=1.0, with_entropy=False, entropy_grad=True):
         log_probs = torch.log_softmax(self.logits / temperature, -1)
         token = log_probs[rollout.response_ids] * rollout.response_mask
         entropy = None

@@ -1,0 +1,105 @@
+"""The generation seam of `HFPolicy`: prompt token ids in, sampled responses out.
+
+Two implementations, chosen in YAML under the policy's `generation` option:
+
+* `KVCacheGeneration` (the default): our own batched loop over the training model
+  (`rlvr_lightning.policies.generation`): one prefill per distinct prompt, finished rows dropped,
+  no second copy of the weights. The CPU default.
+* `VLLMGeneration` (`rlvr_lightning.policies.vllm_generation`): a vLLM engine colocated in the
+  training process, fed the policy's weights whenever they changed.
+
+Either one returns a `GenerationOutput` (response ids and mask, truncation and stop-string flags, the
+sampling log-probs of the chosen tokens); the policy turns it into a `Rollout`. The module never
+knows which backend ran.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from rlvr_lightning.policies.base import SamplingConfig
+from rlvr_lightning.policies.generation import GenerationOutput, StopStringChecker, generate, left_pad
+
+
+class GenerationBackend(ABC):
+    """Samples `n` responses per prompt from a Hugging Face causal LM."""
+
+    @property
+    def exact_log_probs(self) -> bool:
+        """Whether the sampling log-probs equal the trainer's to float precision (fp32, the unfiltered
+        distribution at the sampling temperature), so the trainer may use them as old log-probs."""
+        return False
+
+    @abstractmethod
+    def generate(
+        self,
+        model: nn.Module,
+        tokenizer: Any,
+        prompt_token_ids: Sequence[Sequence[int]],
+        n: int,
+        sampling: SamplingConfig,
+        *,
+        eos_token_ids: Sequence[int],
+        pad_token_id: int,
+    ) -> GenerationOutput:
+        """`n` responses to each prompt; rows `i*n .. i*n+n-1` belong to prompt `i`.
+
+        `model` is the policy's model (with its LoRA adapter, if any); `sampling.min_new_tokens` is
+        already the larger of the policy's and the sampling config's."""
+
+    def sleep(self) -> None:
+        """Free what the backend holds between rollouts (the update runs next)."""
+
+
+class KVCacheGeneration(GenerationBackend):
+    """Our batched KV-cache loop over the training model itself (see `policies/generation.py`)."""
+
+    def generate(self, model, tokenizer, prompt_token_ids, n, sampling, *, eos_token_ids, pad_token_id):
+        device = next(model.parameters()).device
+        prompt_ids, prompt_mask = left_pad(prompt_token_ids, pad_token_id)
+        stop = StopStringChecker(
+            sampling.stop_strings, lambda rows: tokenizer.batch_decode(rows, skip_special_tokens=True)
+        )
+        was_training = model.training
+        model.eval()  # no dropout while sampling; gradient checkpointing would also turn the cache off
+        try:
+            return generate(
+                model,
+                prompt_ids.to(device),
+                prompt_mask.to(device),
+                n,
+                max_new_tokens=sampling.max_new_tokens,
+                eos_token_ids=eos_token_ids,
+                pad_token_id=pad_token_id,
+                temperature=sampling.temperature,
+                top_k=sampling.top_k,
+                top_p=sampling.top_p,
+                stop=stop,
+                do_sample=sampling.do_sample,
+                min_new_tokens=sampling.min_new_tokens,
+            )
+        finally:
+            model.train(was_training)
+
+
+def response_tensors(
+    responses: Sequence[Sequence[int]], log_probs: Sequence[Sequence[float]] | None, pad_token_id: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded `response_ids long[N, T]`, `response_mask float[N, T]` and `log_probs float[N, T]`
+    (zeros where masked or when none are given) from per-row token lists, T = the longest row (>= 1)."""
+    width = max([len(r) for r in responses] + [1])
+    ids = torch.full((len(responses), width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(responses), width), dtype=torch.float32)
+    values = torch.zeros((len(responses), width), dtype=torch.float32)
+    for row, tokens in enumerate(responses):
+        if tokens:
+            ids[row, : len(tokens)] = torch.as_tensor(list(tokens), dtype=torch.long)
+            mask[row, : len(tokens)] = 1.0
+            if log_probs is not None:
+                values[row, : len(tokens)] = torch.as_tensor(list(log_probs[row]), dtype=torch.float32)
+    return ids.to(device), mask.to(device), values.to(device)

