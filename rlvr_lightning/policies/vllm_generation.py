@@ -11,9 +11,9 @@
 As TRL's colocate mode: the engine is created on the first `sample` (inside the training process,
 `VLLM_ENABLE_V1_MULTIPROCESSING=0`; under DDP or FSDP with vLLM's `external_launcher`, each rank its
 own engine on its own prompts). It starts from the model's config with dummy weights and receives the
-policy's weights right away, and again before every rollout whose weights changed (parameter version
-counters tell; LoRA adapters are merged out of place, sharded parameters gathered). Pushing uses the
-worker's in-place `reload_weights`, which works on GPU and CPU alike.
+policy's weights right away, and again before every rollout whose weights changed (optimizer steps and
+parameter version counters tell; LoRA adapters are merged out of place, sharded parameters gathered).
+Pushing uses the worker's in-place `reload_weights`, which works on GPU and CPU alike.
 
 Sampling log-probs are the engine's (`logprobs_mode="processed_logprobs"`: after temperature, as the
 trainer computes them). They are exact enough to serve as old log-probs only from an fp32 engine
@@ -241,6 +241,7 @@ class VLLMGeneration(GenerationBackend):
         with _isolated_from_the_engine():
             self._llm = LLM(model=self._model_dir.name, **kwargs)
         self._pushed_version = None
+        _count_optimizer_steps()
         return time.perf_counter() - started
 
     def _push_weights_if_changed(self, model: nn.Module) -> float:
@@ -284,9 +285,28 @@ def _full(tensor: Tensor) -> Tensor:
     return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
 
+_optimizer_steps = 0  # optimizer steps taken in this process (a global post-step hook counts them)
+_step_hook = None
+
+
+def _count_optimizer_steps() -> None:
+    global _step_hook
+    if _step_hook is None:
+
+        def count(optimizer, args, kwargs) -> None:
+            global _optimizer_steps
+            _optimizer_steps += 1
+
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        _step_hook = register_optimizer_step_post_hook(count)
+
+
 def _parameter_version(model: nn.Module) -> tuple:
-    """Changes whenever a parameter is modified in place (optimizer step, load_state_dict) or replaced."""
-    return tuple((id(p), getattr(p, "_local_tensor", p)._version) for p in model.parameters())
+    """Changes whenever a parameter is modified: by an optimizer step (fused optimizers do not bump tensor
+    version counters, so steps are counted), in place otherwise (load_state_dict), or replaced."""
+    versions = tuple((id(p), getattr(p, "_local_tensor", p)._version) for p in model.parameters())
+    return _optimizer_steps, versions
 
 
 def _rank() -> int:

@@ -61,6 +61,18 @@ def test_greedy_equals_our_loop_after_each_weight_push(make_policy):
     assert after != before  # the push changed what the engine generates
 
 
+def test_a_fused_optimizer_step_triggers_a_push(make_policy):
+    policy = make_policy(generation=engine())
+    batch = {"prompt": PROMPTS[:2]}
+    policy.sample(batch, 1, GREEDY)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-2, fused=True)  # fused: no version-counter bump
+    for param in policy.parameters():
+        param.grad = torch.ones_like(param)
+    optimizer.step()
+    policy.sample(batch, 1, GREEDY)
+    assert policy.generation.weight_pushes == 2
+
+
 def test_engine_log_probs_match_the_trainer(make_policy):
     _, policy = _same_policy_two_backends(make_policy)
     sampling = SamplingConfig(temperature=0.7, max_new_tokens=12)

