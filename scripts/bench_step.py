@@ -16,15 +16,21 @@ the medians, and where the time goes (per-step medians of each section; "other" 
 minus the sections: framework overhead). The `cpu` column is the process CPU time of a step:
 on a shared machine it is far less disturbed by other processes than the wall time.
 
-    python scripts/bench_step.py                       # both cases
+    python scripts/bench_step.py                       # the tiny and smollm2 cases, ours vs TRL
     python scripts/bench_step.py --case tiny --steps 10
     python scripts/bench_step.py --case smollm2 --steps 4   # needs `rlvr-models fetch smollm2-135m-instruct`
+    python scripts/bench_step.py --case smollm2 smollm2_long --legs ours vllm trl --rounds 2   # in .venv-vllm
+
+Legs: `ours` (our KV-cache loop), `vllm` (the same module with `VLLMGeneration`, an fp32 engine in this
+process, weights pushed after every update; needs vLLM: scripts/vllm_cpu_env.sh), `trl`. With several
+rounds the legs are interleaved (ours, vllm, trl, ours, ...) so that a busy machine slows them alike.
 
 Cases: `tiny` = a random Llama (hidden 128, 2 layers, 4 heads, byte-level BPE vocabulary of 512
 trained on the spot), 8 raw-text prompts x 8 completions x 16 tokens; the prompts are an instruction
 plus a question, ~40 tokens (`--tiny-prompts short`: the bare question, ~10 tokens). `smollm2` =
 SmolLM2-135M-Instruct, 2 chat prompts (its chat template with its default system prompt, 40-44
-tokens) x 8 completions x 32 tokens. Threads are pinned (`--threads`, default 1).
+tokens) x 8 completions x 32 tokens; `smollm2_long` = 8 chat prompts x 8 completions x 128 tokens.
+Threads are pinned (`--threads`, default 1).
 """
 
 from __future__ import annotations
@@ -64,11 +70,21 @@ TINY_PROMPTS = {
     "short": [f"What is {a} + {b}? The answer is" for a, b in PAIRS],
 }
 SMOL_PROMPTS = ["What is 12 + 7? Answer with a number.", "Name a prime number larger than 10."]
+SMOL_PROMPTS_8 = SMOL_PROMPTS + [
+    "What is 9 times 8?",
+    "Spell the word cat backwards.",
+    "What is the capital of France?",
+    "Give an even number between 21 and 25.",
+    "How many days are in a week?",
+    "What is 100 minus 37?",
+]
 
 CASES = {
     "tiny": {"prompts": TINY_PROMPTS["task"], "generations": 8, "new_tokens": 16, "template": "raw"},
     "smollm2": {"prompts": SMOL_PROMPTS, "generations": 8, "new_tokens": 32, "template": "chat"},
+    "smollm2_long": {"prompts": SMOL_PROMPTS_8, "generations": 8, "new_tokens": 128, "template": "chat"},
 }
+LEGS = ("ours", "vllm", "trl")
 
 
 def digit_reward(text: str) -> float:
@@ -157,7 +173,7 @@ def smollm2_dir() -> Path:
 # ----------------------------------------------------------------------------- ours
 
 
-def run_ours(model_dir: Path, case: dict, steps: int, seed: int) -> StepTimer:
+def run_ours(model_dir: Path, case: dict, steps: int, seed: int, engine: bool = False) -> StepTimer:
     import lightning.pytorch as pl
 
     from rlvr_lightning.advantages import GroupNormalizedAdvantage
@@ -183,7 +199,13 @@ def run_ours(model_dir: Path, case: dict, steps: int, seed: int) -> StepTimer:
 
     pl.seed_everything(seed, verbose=False)
     new_tokens = case["new_tokens"]
+    generation = None
+    if engine:
+        from rlvr_lightning.policies import VLLMGeneration
+
+        generation = VLLMGeneration(dtype="float32", kv_cache_memory_gib=1.0, max_model_len=512)
     policy = HFPolicy(
+        generation=generation,
         model_name_or_path=str(model_dir),
         prompt_template=case["template"],
         dtype="float32",
@@ -334,14 +356,14 @@ def fmt_row(label: str, m: dict[str, float]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--case", choices=[*CASES, "all"], default="all")
+    parser.add_argument("--case", choices=[*CASES, "all"], nargs="+", default=["all"], help="all: tiny and smollm2")
+    parser.add_argument("--legs", choices=LEGS, nargs="+", default=["ours", "trl"])
     parser.add_argument("--steps", type=int, default=None, help="measured steps per run (default: tiny 10, smollm2 4)")
     parser.add_argument("--warmup", type=int, default=1, help="first steps of each run left out of the medians")
     parser.add_argument("--rounds", type=int, default=1, help="ours-then-TRL runs per case (medians over all rounds)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=str, default=None, help="also write the results to this file")
-    parser.add_argument("--only", choices=["ours", "trl"], default=None, help="run one side only (profiling)")
     parser.add_argument(
         "--tiny-prompts", choices=sorted(TINY_PROMPTS), default="task",
         help="tiny case: RLVR-style instruction prompts (~40 tokens) or the bare question (~10 tokens)",
@@ -359,28 +381,26 @@ def main(argv: list[str] | None = None) -> int:
 
     transformers.logging.set_verbosity_error()
 
-    cases = list(CASES) if args.case == "all" else [args.case]
+    cases = ["tiny", "smollm2"] if "all" in args.case else args.case
     results = {}
     with tempfile.TemporaryDirectory(prefix="bench_step-") as tmp:
         for name in cases:
             case = CASES[name]
             steps = args.steps or (10 if name == "tiny" else 4)
             model_dir = make_tiny_model(Path(tmp) / "tiny") if name == "tiny" else smollm2_dir()
-            ours_steps: list[dict] = []
-            trl_steps: list[dict] = []
+            recorded: dict[str, list[dict]] = {leg: [] for leg in LEGS if leg in args.legs}
             for _ in range(args.rounds):
-                if args.only in (None, "ours"):
-                    ours_steps += run_ours(model_dir, case, args.warmup + steps, args.seed).steps[args.warmup :]
-                if args.only in (None, "trl"):
-                    trl_steps += run_trl(model_dir, case, args.warmup + steps, args.seed, str(Path(tmp) / "trl")).steps[
-                        args.warmup :
-                    ]
+                for leg in recorded:
+                    if leg == "trl":
+                        timer = run_trl(model_dir, case, args.warmup + steps, args.seed, str(Path(tmp) / "trl"))
+                    else:
+                        timer = run_ours(model_dir, case, args.warmup + steps, args.seed, engine=leg == "vllm")
+                    recorded[leg] += timer.steps[args.warmup :]
             summary = {}
-            for label, recorded in (("ours", ours_steps), ("trl", trl_steps)):
-                if recorded:
-                    timer = StepTimer()
-                    timer.steps = recorded
-                    summary[label] = timer.medians(0)
+            for label, leg_steps in recorded.items():
+                timer = StepTimer()
+                timer.steps = leg_steps
+                summary[label] = timer.medians(0)
             rows = len(case["prompts"]) * case["generations"]
             prompt_tokens = _prompt_lengths(model_dir, case)
             print(
@@ -391,11 +411,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{'':<6} " + " ".join(f"{k:>9}" for k in ["step", "generate", "reward", "lp_fwd", "backward", "optim", "other", "cpu"]))
             for label, m in summary.items():
                 print(fmt_row(label, m))
-            if len(summary) == 2:
-                ratio = summary["trl"]["step"] / summary["ours"]["step"]
-                cpu_ratio = summary["trl"]["cpu"] / summary["ours"]["cpu"]
-                summary["speedup"], summary["cpu_speedup"] = ratio, cpu_ratio
-                print(f"speed-up (TRL median / ours median): {ratio:.2f}x wall, {cpu_ratio:.2f}x process CPU time")
+            ratios = {}
+            for a, b in (("ours", "trl"), ("vllm", "trl"), ("ours", "vllm")):
+                if a in summary and b in summary:
+                    ratios[f"{b}/{a}"] = {k: summary[b][k] / summary[a][k] for k in ("step", "cpu", "generation")}
+                    print(
+                        f"{b} / {a} (median step time): {ratios[f'{b}/{a}']['step']:.2f}x wall, "
+                        f"{ratios[f'{b}/{a}']['cpu']:.2f}x process CPU time; generation {ratios[f'{b}/{a}']['generation']:.2f}x"
+                    )
+            summary["ratios"] = ratios
             results[name] = summary
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
