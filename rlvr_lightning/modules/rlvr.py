@@ -206,6 +206,7 @@ class RLVRModule(RewardScoring, pl.LightningModule):
         self.advantage_estimator: AdvantageCallback | None = None
         self.skipped_updates = 0
         self.consecutive_skips = 0
+        self.last_rollout: Rollout | None = None  # the step's trained batch (read by RolloutTableLogger)
 
     # ----------------------------------------------------------------- set-up
 
@@ -264,6 +265,7 @@ class RLVRModule(RewardScoring, pl.LightningModule):
         if self.reference is not None and self.kl_mode == "reward":
             self._penalize_reward_with_kl(rollout, metrics)
         rollout.advantages = self.advantage_estimator.compute(rollout)
+        self.last_rollout = rollout
         metrics["train/advantage_mean"] = rollout.advantages.mean()
         metrics["train/advantage_std"] = rollout.advantages.std() if rollout.advantages.numel() > 1 else 0.0
         update_stats = self._update(rollout)
