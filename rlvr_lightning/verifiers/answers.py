@@ -22,6 +22,7 @@ Policy decisions (documented once, tested in ``tests/verifiers/test_answers.py``
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 from typing import Iterable, Sequence
 
 __all__ = [
@@ -264,6 +265,19 @@ _TEXT_MACRO = re.compile(r"\\(?:text|textbf|textit|mbox|mathrm|mathbf|operatorna
 _THOUSANDS = re.compile(r"(?<![\d.,])(\d{1,3})((?:,\d{3})+)(?![\d,])")
 _LATEX_THOUSANDS = re.compile(r"(\d)(?:\\,|\{,\})(?=\d{3}(?!\d))")
 _DEGREES = re.compile(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|°|\\degree")
+# A whole answer in scientific notation ("1.8e1", "-2.5E-3"); no nested quantifiers: linear.
+_SCIENTIFIC = re.compile(r"-?(?:\d+(?:\.\d*)?|\.\d+)[eE][-+]?\d{1,3}")
+_MAX_EXPONENT = 300  # "1e100000" would be a 100,001-character number: left as it is
+
+
+def _expand_scientific(s: str) -> str:
+    """``1.8e1`` -> ``18``, ``2.5e-1`` -> ``0.25`` (exact, via Decimal); anything else unchanged."""
+    if _SCIENTIFIC.fullmatch(s) is None:
+        return s
+    value = Decimal(s)
+    if abs(value.as_tuple().exponent) > _MAX_EXPONENT:
+        return s
+    return format(value, "f")
 
 
 def _strip_unit_words(s: str) -> str:
@@ -293,7 +307,8 @@ def clean_answer(s: str | None) -> str:
     -> ``\\frac``; ``^\\circ``/``°`` removed; unicode minus -> ``-``; ``\\%`` -> ``%``;
     ``\\text{...}``-style wrappers unwrapped; thousands separators removed only when the
     answer contains no brackets (so ``(1,000, 2)`` and ``(1,2)`` are left alone); a
-    trailing period and a leading ``+`` removed; "number + unit words" -> number.
+    trailing period and a leading ``+`` removed; "number + unit words" -> number; a number
+    in scientific notation written out (``1.8e1`` -> ``18``; math-verify reads ``e`` as Euler's).
     """
     if s is None:
         return ""
@@ -323,7 +338,7 @@ def clean_answer(s: str | None) -> str:
     if s.startswith("+"):
         s = s[1:].lstrip()
     s = _strip_unit_words(s)
-    return s.strip()
+    return _expand_scientific(s.strip())
 
 
 def normalize_answer(s: str | None) -> str:
