@@ -367,7 +367,9 @@ class RLVRModule(RewardScoring, pl.LightningModule):
             for start in range(0, rollout.num_rows, mini_size):
                 minibatch = rollout if order is None else rollout.select(order[start : start + mini_size])
                 num_tokens = minibatch.response_mask.sum() if masked else minibatch.response_mask.numel()
-                num_sequences = non_empty_rows(minibatch.response_mask) if masked and not self.count_empty_rows else minibatch.num_rows
+                num_sequences = minibatch.num_rows
+                if masked and not self.count_empty_rows:
+                    num_sequences = non_empty_rows(minibatch.response_mask)
                 micro_losses = []
                 for micro in self._micro_batches(minibatch):
                     mask = micro.response_mask.bool() if masked else None

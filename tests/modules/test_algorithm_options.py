@@ -182,6 +182,7 @@ def test_count_empty_rows_sets_the_sequence_divisor(in_tmp_dir, monkeypatch, cou
 
     monkeypatch.setattr(rlvr_module, "aggregate_loss", spy)
     torch.manual_seed(0)
-    module = RLVRModule(FirstRowEmptyPolicy(vocab_size=5, prompt_length=3, embedding_dim=4), group_size=2, count_empty_rows=count_empty_rows)
+    policy = FirstRowEmptyPolicy(vocab_size=5, prompt_length=3, embedding_dim=4)
+    module = RLVRModule(policy, group_size=2, count_empty_rows=count_empty_rows)
     fit(module, [SortInclusionOrderingReward(), CenteredAdvantage()], steps=1, batch_size=4)
     assert seen == [expected]  # 4 prompts x 2 responses, one of them empty
