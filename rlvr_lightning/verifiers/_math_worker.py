@@ -124,6 +124,7 @@ def main(argv: list[str]) -> int:
     if memory_mb > 0:
         limit = memory_mb * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # SIGXCPU's default action would dump core
     _math_verify()
     judge("1/2", "0.5")  # warm-up: math-verify/sympy initialise parsers lazily on first use
     proto.write('{"ready": true}\n')
