@@ -59,3 +59,15 @@ def test_only_prompts_that_might_not_fit_are_tokenised(tmp_path, policy):
     module.sampling = SamplingConfig(max_new_tokens=200)  # now 56 tokens fit: the long one is over
     with pytest.raises(ValueError, match=r"t\.jsonl:51: the prompt is"):
         check_prompt_lengths(task, module)
+
+
+def test_datasets_task_names_split_and_index(policy):
+    datasets = pytest.importorskip("datasets")
+    from rlvr_lightning.data.hf_datasets import HFDatasetTask
+
+    task = HFDatasetTask("openai/gsm8k", config_name="main", val_split=None)
+    records = [{"question": q, "answer": "#### 1"} for q in ["What is 2+3?", "ab " * 300]]
+    task._cache["train"] = task.to_examples(datasets.Dataset.from_list(records))  # in memory, nothing downloaded
+    module = RLVRModule(policy, group_size=2, sampling=SamplingConfig(max_new_tokens=32))
+    with pytest.raises(ValueError, match=r"openai/gsm8k:train\[1\]: the prompt is"):
+        check_prompt_lengths(task, module)
