@@ -80,11 +80,35 @@ class RLOOAdvantage(AdvantageCallback):
         return estimators.rloo_advantages(rollout.reward, rollout.group_size)
 
 
-class BatchWhitenedAdvantage(AdvantageCallback):
-    """A = (r - mean(batch)) / (std(batch) + eps): REINFORCE++."""
+WHITEN_SCOPES = ("response", "token")
 
-    def __init__(self, eps: float = 1e-8) -> None:
+
+class BatchWhitenedAdvantage(AdvantageCallback):
+    """A = (r - mean(batch)) / (std(batch) + eps): REINFORCE++.
+
+    ``whiten="token"`` is verl's convention: per-token returns (discounted by ``gamma``) whitened over
+    every response token, so long responses weigh more in the statistics; the advantage is then
+    per token. The default whitens one reward per response (each response weighs the same).
+    """
+
+    def __init__(self, eps: float = 1e-8, whiten: str = "response", gamma: float = 1.0) -> None:
+        """
+        Args:
+            eps: added to the std (``whiten="response"``) or, as in verl, to the variance (``"token"``).
+            whiten: ``response`` (ours) or ``token`` (verl's ``compute_reinforce_plus_plus_outcome_advantage``).
+            gamma: discount of the returns over the response's tokens (needs ``whiten="token"``).
+        """
+        if whiten not in WHITEN_SCOPES:
+            raise ValueError(f"whiten={whiten!r} is not valid; choose one of {WHITEN_SCOPES}")
+        if not 0.0 <= gamma <= 1.0:
+            raise ValueError(f"gamma must be in [0, 1], got {gamma}")
+        if gamma != 1.0 and whiten != "token":
+            raise ValueError(f"gamma={gamma} discounts per-token returns: it needs whiten='token'")
         self.eps = eps
+        self.whiten = whiten
+        self.gamma = gamma
 
     def compute(self, rollout: Rollout) -> Tensor:
+        if self.whiten == "token":
+            return estimators.token_whitened_returns(rollout.reward, rollout.response_mask, self.gamma, eps=self.eps)
         return estimators.batch_whitened_advantages(rollout.reward, rollout.group_size, eps=self.eps)

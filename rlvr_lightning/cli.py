@@ -64,7 +64,8 @@ class RLVRCLI(LightningCLI):
     def instantiate_trainer(self, **kwargs) -> pl.Trainer:
         """Adds a Rich progress bar (showing the mean reward) unless the config has a progress bar or disables it."""
         trainer_config = self._get(self.config_init, "trainer", default={})
-        callbacks = list(trainer_config.get("callbacks") or [])
+        callbacks = trainer_config.get("callbacks") or []
+        callbacks = [callbacks] if isinstance(callbacks, pl.Callback) else list(callbacks)  # Lightning accepts one
         has_bar = any(isinstance(cb, pl.callbacks.ProgressBar) for cb in callbacks)
         if trainer_config.get("enable_progress_bar") is not False and not has_bar:
             kwargs["callbacks"] = [*callbacks, RewardProgressBar()]

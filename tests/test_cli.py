@@ -57,3 +57,13 @@ def test_default_loggers_write_wandb_offline_and_csv(in_tmp_dir):
 def test_wrong_option_names_the_valid_choices(in_tmp_dir):
     with pytest.raises(ValueError, match="loss='ppo' is not valid; choose one of .*'ppo_clip'"):
         main(["fit", "--config", str(CONFIGS[0].parent / "sort_grpo.yaml"), "--model.init_args.loss=ppo", *QUICK])
+
+
+def test_a_single_callback_is_accepted(in_tmp_dir):
+    # `--trainer.callbacks=<one class>` gives one Callback, not a list (Lightning's Trainer accepts both)
+    cli = main(["fit", "--config", str(CONFIGS[0].parent / "sort_grpo.yaml"),
+                "--trainer.callbacks=rlvr_lightning.rewards.SortInclusionOrderingReward", *QUICK[:2], "--trainer.limit_train_batches=1",
+                "--trainer.logger=false", "--trainer.enable_checkpointing=false"])
+    names = [type(cb).__name__ for cb in cli.trainer.callbacks]
+    assert "SortInclusionOrderingReward" in names and "RewardProgressBar" in names
+    assert cli.trainer.fit_loop.epoch_loop._batches_that_stepped == 1

@@ -10,9 +10,10 @@ With a `WandbLogger` among the trainer's loggers the sample is logged as a W&B t
 console as a rich table. Whole groups are shown (the responses to one prompt side by side is what
 makes group-relative advantages readable), from groups drawn at random with a seed of the step.
 
-The callback reads the step's rollout from ``pl_module.last_rollout`` when the module keeps one,
-else it wraps the module's ``score`` method (which every rollout passes through before its
-advantages are computed) to keep a reference to the latest training rollout.
+The callback reads the step's trained rollout from ``pl_module.last_rollout`` when the module keeps
+one (`RLVRModule` does: under dynamic sampling that is the batch that was trained, not the last
+top-up round), else it wraps the module's ``score`` method (which every rollout passes through
+before its advantages are computed) to keep a reference to the latest training rollout.
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ class RolloutTableLogger(Callback):
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         score = getattr(pl_module, "score", None)
-        if score is None or self._wrapped is pl_module:
+        if score is None or self._wrapped is pl_module or hasattr(pl_module, "last_rollout"):
             return
 
         def capturing_score(rollout: Rollout, *args, **kwargs):

@@ -8,6 +8,11 @@ of the SAME shape as its input; the trainer broadcasts it over the tokens of
 each response.
 
 Sign convention: a positive advantage means "make this response more likely".
+
+Std-normalised estimators (``normalized``, ``batch_whitened``, ``token_whitened_returns``) give
+exactly 0 to a normalisation group whose rewards agree to within ``ZERO_VARIANCE_RTOL`` of
+their magnitude: rewards such as three 0.9s leave float rounding residues of ~1e-8 around their
+mean, which divided by a std of the same size would be advantages of order 0.05 to 1.
 """
 
 from __future__ import annotations
@@ -56,6 +61,17 @@ def centered_advantages(rewards: Tensor, group_size: int | None = None) -> Tenso
 
 
 STD_SCOPES = ("group", "batch")
+# Rewards within this relative distance of each other count as equal (float32 eps is 1.2e-7).
+ZERO_VARIANCE_RTOL = 1e-6
+
+
+def _all_equal(values: Tensor, dim: int | None = None, rtol: float = ZERO_VARIANCE_RTOL) -> Tensor:
+    """True where ``max - min <= rtol * max|value|`` along ``dim`` (over everything when None)."""
+    if dim is None:
+        high, low = values.max(), values.min()
+    else:
+        high, low = values.max(dim=dim).values, values.min(dim=dim).values
+    return (high - low) <= rtol * torch.maximum(high.abs(), low.abs())
 
 
 def normalized_advantages(
@@ -69,7 +85,7 @@ def normalized_advantages(
 
     ``std_scope="group"``: std of the group (GRPO). ``std_scope="batch"``: std
     of all rewards in the batch, still centred by the group mean (Lite PPO).
-    Groups with identical rewards get advantage exactly 0.
+    Groups whose rewards are equal (``zero_variance_group_mask``) get advantage exactly 0.
     """
     if std_scope not in STD_SCOPES:
         raise ValueError(f"unknown std_scope {std_scope!r}; valid choices: {', '.join(STD_SCOPES)}")
@@ -86,7 +102,10 @@ def normalized_advantages(
         # group mean, batch std  (Liu et al. 2025 "Tricks or Traps? A Deep Dive into RL for LLM Reasoning", Lite PPO §4.1)
         std = grouped.std(unbiased=unbiased_std)
     # A_i = (r_i - mean(r)) / (std(r) + eps)  (GRPO, Shao et al. 2024 DeepSeekMath §4.1.2 outcome supervision)
-    return (centered / (std + eps)).view_as(rewards)
+    advantages = centered / (std + eps)
+    # no signal in an all-equal group: 0, not its rounding residue divided by a ~0 std
+    advantages = advantages.masked_fill(_all_equal(grouped, dim=1).unsqueeze(1), 0.0)
+    return advantages.view_as(rewards)
 
 
 def max_only_advantages(rewards: Tensor, group_size: int | None = None) -> Tensor:
@@ -109,12 +128,42 @@ def rloo_advantages(rewards: Tensor, group_size: int | None = None) -> Tensor:
 
 
 def batch_whitened_advantages(rewards: Tensor, group_size: int | None = None, eps: float = 1e-8) -> Tensor:
-    """Whiten over the whole batch, ignoring groups (``group_size`` is unused)."""
+    """Whiten over the whole batch, ignoring groups (``group_size`` is unused); all-equal rewards give 0."""
     flat = _as_float(rewards)
     if flat.numel() < 2:
         raise ValueError(f"batch whitening needs at least 2 rewards to estimate a std, got {flat.numel()}")
+    if _all_equal(flat):
+        return torch.zeros_like(flat)
     # A_i = (r_i - mean(r_batch)) / (std(r_batch) + eps)  (REINFORCE++, Hu 2025, global batch normalisation)
     return (flat - flat.mean()) / (flat.std(unbiased=True) + eps)
+
+
+def discounted_returns(rewards: Tensor, response_mask: Tensor, gamma: float = 1.0) -> Tensor:
+    """``[N, T]`` returns of an outcome reward given at each response's last token, discounted by ``gamma``."""
+    if not 0.0 <= gamma <= 1.0:
+        raise ValueError(f"gamma must be in [0, 1], got {gamma}")
+    mask = response_mask.to(_as_float(rewards).dtype)
+    # tokens after t within the response: G_t = gamma^(L-1-t) r  (verl core_algos.compute_reinforce_plus_plus_outcome_advantage)
+    tokens_after = mask.flip(-1).cumsum(-1).flip(-1) - 1.0
+    return _as_float(rewards).unsqueeze(-1) * torch.pow(gamma, tokens_after.clamp(min=0.0)) * mask
+
+
+def token_whitened_returns(rewards: Tensor, response_mask: Tensor, gamma: float = 1.0, eps: float = 1e-8) -> Tensor:
+    """REINFORCE++ as verl computes it: per-token discounted returns whitened over every response token.
+
+    Each token weighs the same in the mean and variance (a long response counts more than a short
+    one, unlike ``batch_whitened_advantages``); ``eps`` is added to the variance, as in verl.
+    """
+    mask = response_mask.bool()
+    if int(mask.sum()) < 2:
+        raise ValueError("token whitening needs at least 2 response tokens to estimate a variance")
+    returns = discounted_returns(rewards, response_mask, gamma)
+    valid = returns[mask]
+    if _all_equal(valid):
+        return torch.zeros_like(returns)
+    # (G - mean) / sqrt(var + eps), unbiased var over tokens  (verl core_algos: verl_F.masked_whiten(returns, response_mask))
+    whitened = (returns - valid.mean()) * torch.rsqrt(valid.var(unbiased=True) + eps)
+    return whitened * mask
 
 
 ADVANTAGE_ESTIMATORS: dict[str, Callable[..., Tensor]] = {
@@ -135,10 +184,12 @@ def compute_advantages(kind: str, rewards: Tensor, group_size: int | None = None
 
 
 def zero_variance_group_mask(rewards: Tensor, group_size: int | None) -> Tensor:
-    """bool ``[num_prompts]``: True for groups whose rewards are all equal (no learning signal)."""
+    """bool ``[num_prompts]``: True for groups whose rewards are all equal (no learning signal).
+
+    Equal means within ``ZERO_VARIANCE_RTOL`` of the rewards' magnitude (``0.1 + 0.2`` equals ``0.3``)."""
     grouped = _grouped(rewards, group_size)
     # all-equal group <=> max == min  (DAPO, Yu et al. 2025 §3.2 dynamic sampling filters these groups)
-    return grouped.max(dim=1).values == grouped.min(dim=1).values
+    return _all_equal(grouped, dim=1)
 
 
 def zero_variance_group_fraction(rewards: Tensor, group_size: int | None) -> Tensor:

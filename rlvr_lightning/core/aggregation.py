@@ -7,7 +7,8 @@ SUM to exactly the loss (and gradient) of the unsplit mini-batch. (Pass
 ``num_sequences`` / ``num_tokens`` as python numbers or tensors.)
 
 Rows whose mask is all zero contribute 0 (never NaN), but still count in the
-default ``num_sequences``. ``mask=None`` means every token counts.
+default ``num_sequences``; ``count_empty_rows=False`` counts only rows with at least one
+token (verl's ``agg_loss``). ``mask=None`` means every token counts.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ def aggregate_loss(
     num_sequences: int | float | Tensor | None = None,
     num_tokens: int | float | Tensor | None = None,
     constant: float | None = None,
+    count_empty_rows: bool = True,
 ) -> Tensor:
     """Scalar loss from per-token ``loss`` under ``mask`` (see ``AGGREGATION_MODES``).
 
@@ -50,7 +52,7 @@ def aggregate_loss(
         if num_tokens is None:
             num_tokens = token_counts.sum()
     if num_sequences is None:
-        num_sequences = loss.shape[0]
+        num_sequences = loss.shape[0] if count_empty_rows or mask is None else non_empty_rows(mask)
 
     if mode == "seq-mean-token-mean":
         # 1/G sum_i 1/|o_i| sum_t l_it  (GRPO, Shao et al. 2024 DeepSeekMath eq. 3; verl core_algos.agg_loss)
@@ -67,6 +69,12 @@ def aggregate_loss(
         raise ValueError(f"mode 'seq-sum-constant' needs a constant > 0 (e.g. max_new_tokens), got {constant!r}")
     # 1/G sum_i (sum_t l_it) / C  (Dr. GRPO, Liu et al. 2025 "Understanding R1-Zero-Like Training", §3.1: constant instead of |o_i|)
     return per_token.sum() / constant / _positive("num_sequences", num_sequences)
+
+
+def non_empty_rows(mask: Tensor) -> Tensor:
+    """Rows with at least one token, at least 1 (an all-empty batch then has loss 0, not NaN)."""
+    # only rows with tokens count in the sequence mean  (verl core_algos.agg_loss: seq_mask = sum(mask, -1) > 0)
+    return (mask.sum(dim=-1) > 0).sum().clamp(min=1)
 
 
 def _positive(name: str, value: int | float | Tensor) -> int | float | Tensor:

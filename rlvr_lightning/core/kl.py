@@ -19,12 +19,15 @@ import torch
 from torch import Tensor
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
+K3_LOG_RATIO_CLAMP = 20.0
 
 
 def kl_estimate(log_probs: Tensor, ref_log_probs: Tensor, kind: str = "k3", clamp: float | None = None) -> Tensor:
     """Per-token KL estimate ``[N, T]``; optionally clamped to ``[-clamp, clamp]``.
 
-    ``clamp=10`` reproduces verl's ``low_var_kl`` (k3 clamped to [-10, 10]).
+    ``clamp=10`` reproduces verl's ``low_var_kl`` (k3 clamped to [-10, 10]). With a clamp, k3's
+    log-ratio is clamped to [-20, 20] before ``exp`` as well: ``exp`` overflows float32 beyond
+    d = 88.7 and the gradient of the clamped value would be 0 * inf = NaN.
     Gradient flows through ``log_probs``; ``ref_log_probs`` is normally detached.
     """
     if kind not in KL_ESTIMATORS:
@@ -39,6 +42,9 @@ def kl_estimate(log_probs: Tensor, ref_log_probs: Tensor, kind: str = "k3", clam
         # k2 = (log(q/p))^2 / 2  (Schulman 2020 "Approximating KL Divergence")
         kl = 0.5 * d**2
     else:
+        if clamp is not None:
+            # clamp the log-ratio before exp  (verl core_algos.kl_penalty_forward "low_var_kl": [-20, 20])
+            d = torch.clamp(d, -K3_LOG_RATIO_CLAMP, K3_LOG_RATIO_CLAMP)
         # k3 = q/p - log(q/p) - 1  (Schulman 2020; GRPO, Shao et al. 2024 DeepSeekMath eq. 4)
         kl = torch.exp(d) - d - 1.0
     if clamp is not None:

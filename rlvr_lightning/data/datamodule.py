@@ -21,7 +21,8 @@ due, so that resumed runs refresh at the same epochs). An epoch of filtered trai
 `trainer.limit_train_batches` batches.
 
 `setup` also adds a `ResumeState` callback when the trainer has none (RNG states in
-checkpoints, atomic checkpoint files): pass `resume_state=False` to opt out.
+checkpoints, atomic checkpoint files): pass `resume_state=False` to opt out, and rejects a
+prompt longer than the model's context before any batch is built (`prompt_lengths`).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
 from rlvr_lightning.data.difficulty_filter import DifficultyFilter
+from rlvr_lightning.data.prompt_lengths import check_prompt_lengths
 from rlvr_lightning.data.task import Example, Task, collate_examples
 
 log = logging.getLogger(__name__)
@@ -240,6 +242,8 @@ class RLVRDataModule(pl.LightningDataModule):
 
             if not any(isinstance(cb, ResumeState) for cb in trainer.callbacks):
                 trainer.callbacks.append(ResumeState())
+        if stage in ("fit", "validate") and trainer.lightning_module is not None:
+            check_prompt_lengths(self.task, trainer.lightning_module)
         if stage == "fit" and self.difficulty_filter is not None:
             if not isinstance(trainer.limit_train_batches, int):
                 raise ValueError(

@@ -118,5 +118,9 @@ class HFDatasetTask(Task):
             return None
         return ListDataset(self.load_split(self.val_split, self.num_val))
 
+    def example_location(self, split: str, index: int) -> str:
+        """``dataset:split[index]``, as the record errors name it."""
+        return f"{self.dataset}:{self.split if split == 'train' else self.val_split}[{index}]"
+
 
 __all__ = ["HFDatasetTask", "examples_from_dataset"]

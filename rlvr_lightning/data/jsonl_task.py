@@ -6,8 +6,9 @@
 
 Record formats (``format``):
 
-* ``gsm8k``: ``{"question": ..., "answer": "... #### 72"}``; the ground truth is the number after
-  the last ``####`` (commas removed);
+* ``gsm8k``: ``{"question": ..., "answer": "... #### 72"}``; the ground truth is the whole number
+  after the last ``####``: sign, decimals, fraction, exponent (``1/2``, ``-3.5``, ``1e3``), thousands
+  separators removed (``1,234`` or ``1 234``); anything else on that line (``3,14``) is an error;
 * ``math``: ``{"problem": ..., "solution": "... \\boxed{\\frac{1}{2}}"}``; the ground truth is the
   record's ``answer`` field when present, else the last ``\\boxed{}`` of the solution;
 * ``auto`` (default): ``gsm8k`` for records with ``question``/``answer``, ``math`` for records with
@@ -15,9 +16,12 @@ Record formats (``format``):
 * ``fields``: ``question_key`` and ``answer_key`` name the fields; the answer is used as is.
 
 An example is ``{"prompt": <templated question>, "answer": <ground truth>, "question": ...,
-"solution": <the record's worked solution, if any>}``. A line that is not a JSON object, or a
-record whose ground truth cannot be found, fails with an error naming the file and line number.
-Blank lines are skipped.
+"solution": <the record's worked solution, if any>}``. A line that is not UTF-8 (a byte-order mark
+on the first line is fine), not a JSON object (or nested too deeply), longer than
+``MAX_LINE_BYTES``, whose prompt is longer than ``max_prompt_chars``, or whose ground truth cannot
+be found fails with an error naming the file and line number. Blank lines are skipped. Prompts
+longer than the model's context are rejected when a run starts, also by file and line
+(`rlvr_lightning.data.prompt_lengths`).
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ from rlvr_lightning.data.templates import apply_template, resolve_template
 from rlvr_lightning.verifiers.answers import extract_boxed, extract_gsm8k
 
 FORMATS = ("auto", "gsm8k", "math", "fields")
+MAX_LINE_BYTES = 16 * 2**20  # a longer line is rejected before it is parsed
+DEFAULT_MAX_PROMPT_CHARS = 100_000  # ~25k tokens: beyond the context of the models this runs
 
 
 class RecordError(ValueError):
@@ -47,6 +53,7 @@ def record_to_example(
     template: str = "chat_boxed",
     question_key: str | None = None,
     answer_key: str | None = None,
+    max_prompt_chars: int | None = None,
 ) -> Example:
     """One GSM8K / MATH / custom record as an example (raises `RecordError` saying what is wrong)."""
     if not isinstance(record, dict):
@@ -64,9 +71,12 @@ def record_to_example(
                 raise RecordError(f"cannot tell the format: no 'question' (GSM8K) or 'problem' (MATH) field; keys {sorted(record)}")
         if format == "gsm8k":
             question, solution = _field(record, "question"), str(_field(record, "answer"))
-            answer = extract_gsm8k(solution)
-            if answer is None:
+            if "####" not in solution:
                 raise RecordError("GSM8K record: no '#### <number>' in its 'answer' field")
+            try:
+                answer = extract_gsm8k(solution, strict=True)
+            except ValueError as error:
+                raise RecordError(f"GSM8K record: {error}") from None
         else:
             question = _field(record, "problem")
             solution = record.get("solution")
@@ -81,7 +91,10 @@ def record_to_example(
     question = str(question).strip()
     if not question:
         raise RecordError("empty question")
-    example: Example = {"prompt": apply_template(template, question), "answer": answer, "question": question}
+    prompt = apply_template(template, question)
+    if max_prompt_chars is not None and len(prompt) > max_prompt_chars:
+        raise RecordError(f"the prompt is {len(prompt):,} characters long, over max_prompt_chars={max_prompt_chars:,}")
+    example: Example = {"prompt": prompt, "answer": answer, "question": question}
     if solution is not None:
         example["solution"] = str(solution)
     return example
@@ -100,29 +113,55 @@ def read_jsonl(
     question_key: str | None = None,
     answer_key: str | None = None,
     limit: int | None = None,
+    max_prompt_chars: int | None = DEFAULT_MAX_PROMPT_CHARS,
+    line_numbers: list[int] | None = None,
 ) -> list[Example]:
-    """Examples of a JSONL file; a bad line raises ValueError naming ``file:line``."""
+    """Examples of a JSONL file; a bad line raises ValueError naming ``file:line``.
+
+    ``line_numbers``, if given, receives the line number of every example."""
     path = Path(path).expanduser()
     if not path.is_file():
         raise FileNotFoundError(f"JSONL file {str(path)!r} does not exist ({path.resolve()})")
     examples: list[Example] = []
-    with path.open(encoding="utf-8") as f:
-        for line_number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{path}:{line_number}: malformed JSON: {error.msg} (column {error.colno})") from None
-            try:
-                examples.append(record_to_example(record, format, template, question_key, answer_key))
-            except RecordError as error:
-                raise ValueError(f"{path}:{line_number}: {error}") from None
-            if limit is not None and len(examples) >= limit:
-                break
+    for line_number, record in _records(path):
+        try:
+            examples.append(record_to_example(record, format, template, question_key, answer_key, max_prompt_chars))
+        except RecordError as error:
+            raise ValueError(f"{path}:{line_number}: {error}") from None
+        if line_numbers is not None:
+            line_numbers.append(line_number)
+        if limit is not None and len(examples) >= limit:
+            break
     if not examples:
         raise ValueError(f"{path}: no examples (the file is empty)")
     return examples
+
+
+def _records(path: Path):
+    """(line number, parsed JSON) of every non-blank line, each line checked before it is parsed."""
+    with path.open("rb") as f:
+        line_number = 0
+        while True:
+            raw = f.readline(MAX_LINE_BYTES + 1)
+            if not raw:
+                return
+            line_number += 1
+            if len(raw) > MAX_LINE_BYTES:
+                raise ValueError(f"{path}:{line_number}: line longer than {MAX_LINE_BYTES:,} bytes (MAX_LINE_BYTES)")
+            try:
+                line = raw.decode("utf-8-sig" if line_number == 1 else "utf-8")  # a byte-order mark may start the file
+            except UnicodeDecodeError as error:
+                raise ValueError(
+                    f"{path}:{line_number}: not UTF-8: byte 0x{raw[error.start]:02x} at byte {error.start + 1} of the line"
+                ) from None
+            if not line.strip():
+                continue
+            try:
+                yield line_number, json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{path}:{line_number}: malformed JSON: {error.msg} (column {error.colno})") from None
+            except RecursionError:
+                raise ValueError(f"{path}:{line_number}: JSON nested too deeply to parse") from None
 
 
 class JSONLTask(Task):
@@ -137,6 +176,7 @@ class JSONLTask(Task):
         answer_key: str | None = None,
         limit: int | None = None,
         seed: int = 0,
+        max_prompt_chars: int | None = DEFAULT_MAX_PROMPT_CHARS,
     ) -> None:
         """
         Args:
@@ -148,6 +188,8 @@ class JSONLTask(Task):
             template: how the question becomes the prompt (see `rlvr_lightning.data.templates`).
             question_key, answer_key: field names for ``format: fields``.
             limit: read at most this many training records.
+            max_prompt_chars: a longer prompt fails at load time, naming its file and line (None: no limit;
+                prompts longer than the model's context fail when the run starts, see `prompt_lengths`).
         """
         if format not in FORMATS:
             raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
@@ -161,29 +203,42 @@ class JSONLTask(Task):
         self.answer_key = answer_key
         self.limit = limit
         self.seed = seed
+        self.max_prompt_chars = max_prompt_chars
         self._split: tuple[list[Example], list[Example]] | None = None
+        self._locations: dict[str, list[str]] = {}  # split -> "file:line" of each example
 
-    def _read(self, path: str, limit: int | None) -> list[Example]:
-        return read_jsonl(path, self.format, self.template, self.question_key, self.answer_key, limit)
+    def _read(self, path: str, limit: int | None) -> tuple[list[Example], list[str]]:
+        lines: list[int] = []
+        examples = read_jsonl(
+            path, self.format, self.template, self.question_key, self.answer_key, limit, self.max_prompt_chars, lines
+        )
+        return examples, [f"{path}:{line}" for line in lines]
 
     def split(self) -> tuple[list[Example], list[Example]]:
         """(train, validation) examples, read once."""
         if self._split is None:
-            train = self._read(self.path, self.limit)
+            train, train_at = self._read(self.path, self.limit)
             if self.val_path is not None:
-                val = self._read(self.val_path, self.num_val)
+                val, val_at = self._read(self.val_path, self.num_val)
             elif self.num_val:
                 if self.num_val >= len(train):
                     raise ValueError(f"num_val={self.num_val} leaves no training examples of the {len(train)} in {self.path}")
                 order = list(range(len(train)))
                 random.Random(self.seed).shuffle(order)
                 held = set(order[: self.num_val])
-                val = [train[i] for i in sorted(held)]
+                val, val_at = [train[i] for i in sorted(held)], [train_at[i] for i in sorted(held)]
+                train_at = [at for i, at in enumerate(train_at) if i not in held]
                 train = [e for i, e in enumerate(train) if i not in held]
             else:
-                val = []
+                val, val_at = [], []
             self._split = (train, val)
+            self._locations = {"train": train_at, "val": val_at}
         return self._split
+
+    def example_location(self, split: str, index: int) -> str:
+        """``file:line`` of example ``index`` of ``split`` ("train" or "val")."""
+        self.split()
+        return self._locations[split][index]
 
     def train_dataset(self) -> Dataset:
         return ListDataset(self.split()[0])
@@ -193,4 +248,4 @@ class JSONLTask(Task):
         return ListDataset(val) if val else None
 
 
-__all__ = ["FORMATS", "JSONLTask", "RecordError", "read_jsonl", "record_to_example"]
+__all__ = ["DEFAULT_MAX_PROMPT_CHARS", "FORMATS", "JSONLTask", "MAX_LINE_BYTES", "RecordError", "read_jsonl", "record_to_example"]

@@ -23,6 +23,10 @@ class Task(ABC):
         """Held-out prompts for validation, or None."""
         return None
 
+    def example_location(self, split: str, index: int) -> str:
+        """Where example ``index`` of ``split`` ("train" or "val") comes from, for error messages."""
+        return f"{split} example {index}"
+
 
 class ListDataset(Dataset):
     """A list of examples as a map-style dataset."""

@@ -28,7 +28,7 @@ from torch import Tensor
 
 from rlvr_lightning.advantages import AdvantageCallback, GroupNormalizedAdvantage
 from rlvr_lightning.core.advantages import zero_variance_group_fraction
-from rlvr_lightning.core.aggregation import AGGREGATION_MODES, aggregate_loss
+from rlvr_lightning.core.aggregation import AGGREGATION_MODES, aggregate_loss, non_empty_rows
 from rlvr_lightning.core.importance_sampling import ROLLOUT_IS_MODES, mismatch_stats, rollout_is_weights
 from rlvr_lightning.core.kl import KL_ESTIMATORS, kl_estimate
 from rlvr_lightning.core.masked import join_masked, masked_mean, masked_sum
@@ -76,6 +76,7 @@ class RLVRModule(RewardScoring, pl.LightningModule):
         dual_clip: float | None = None,
         aggregation: str = "seq-mean-token-mean",
         loss_constant: float | None = None,
+        count_empty_rows: bool = True,
         kl_coef: float = 0.0,
         kl_estimator: str = "k3",
         kl_mode: str = "loss",
@@ -106,6 +107,7 @@ class RLVRModule(RewardScoring, pl.LightningModule):
             aggregation: how token losses become a scalar, one of `core.aggregation.AGGREGATION_MODES`.
             loss_constant: divisor of `seq-sum-constant` (default: the policy's fixed `response_length` if it has
                 one, else `sampling.max_new_tokens`).
+            count_empty_rows: whether responses without a token count in the seq-mean modes' divisor (verl: no).
             kl_coef: weight of the KL penalty to the reference policy; 0 means no reference model at all.
             kl_mode: "loss" adds kl_coef * KL to the per-token loss (GRPO); "reward" subtracts kl_coef * sum_t KL_t
                 from each response's reward before advantages are computed (PPO-style reward shaping).
@@ -136,6 +138,7 @@ class RLVRModule(RewardScoring, pl.LightningModule):
         self.group_size = group_size
         self.loss = _choice("loss", loss, POLICY_LOSSES)
         self.aggregation = _choice("aggregation", aggregation, AGGREGATION_MODES)
+        self.count_empty_rows = count_empty_rows
         self.kl_estimator = _choice("kl_estimator", kl_estimator, KL_ESTIMATORS)
         self.kl_mode = _choice("kl_mode", kl_mode, KL_MODES)
         self.loss_options = {
@@ -217,6 +220,7 @@ class RLVRModule(RewardScoring, pl.LightningModule):
         self.advantage_estimator: AdvantageCallback | None = None
         self.skipped_updates = 0
         self.consecutive_skips = 0
+        self.last_rollout: Rollout | None = None  # the step's trained batch (read by RolloutTableLogger)
 
     # ----------------------------------------------------------------- set-up
 
@@ -275,6 +279,7 @@ class RLVRModule(RewardScoring, pl.LightningModule):
         if self.reference is not None and self.kl_mode == "reward":
             self._penalize_reward_with_kl(rollout, metrics)
         rollout.advantages = self.advantage_estimator.compute(rollout)
+        self.last_rollout = rollout
         metrics["train/advantage_mean"] = rollout.advantages.mean()
         metrics["train/advantage_std"] = rollout.advantages.std() if rollout.advantages.numel() > 1 else 0.0
         update_stats = self._update(rollout)
@@ -386,11 +391,14 @@ class RLVRModule(RewardScoring, pl.LightningModule):
             for start in range(0, rollout.num_rows, mini_size):
                 minibatch = rollout if order is None else rollout.select(order[start : start + mini_size])
                 num_tokens = minibatch.response_mask.sum() if masked else minibatch.response_mask.numel()
+                num_sequences = minibatch.num_rows
+                if masked and not self.count_empty_rows:
+                    num_sequences = non_empty_rows(minibatch.response_mask)
                 micro_losses = []
                 for micro in self._micro_batches(minibatch):
                     mask = micro.response_mask.bool() if masked else None
                     first_update = epoch == 0 and start == 0  # the policy is still the one that sampled
-                    part = self._micro_batch_loss(micro, mask, minibatch.num_rows, num_tokens, epoch == 0, first_update)
+                    part = self._micro_batch_loss(micro, mask, num_sequences, num_tokens, epoch == 0, first_update)
                     self.manual_backward(part.loss)
                     micro_losses.append(part.loss.detach())
                     parts.append(part)

@@ -10,14 +10,22 @@ block). The row's ``metadata[tests_key]`` is a list of test cases (or a JSON str
 ``{"input": stdin, "output": expected stdout}`` dicts and/or assertion strings such as
 ``"assert add(2, 3) == 5"``; an APPS-style ``{"inputs": [...], "outputs": [...]}`` dict works too. The reward is the fraction of tests passed.
 
-Every test runs in `rlvr_lightning.verifiers.run_python_tests`' sandbox (no network, own pid and
-mount namespaces, rlimits, wall-clock kill): a hostile program (infinite loop, fork bomb, memory
-hog, file writes, ``os.system``) scores 0 and leaves the host as it was. Rows run concurrently
-in a small thread pool (each test is a subprocess, so threads suffice); identical (program, tests)
-pairs of a batch run once. A row whose run raises scores 0 and counts in ``num_errors``.
+Every test runs in `rlvr_lightning.verifiers.run_python_tests`' sandbox (no network, a filesystem
+of its own holding only the interpreter and its standard library, own pid namespace, rlimits,
+wall-clock kill): a hostile program (infinite loop, fork bomb, memory hog, file reads and writes,
+host sockets, ``os.system``, ctypes, killing its parent) scores 0 and leaves the host as it was.
+Assertion tests are judged outside the program's process, so a program cannot forge a pass (an
+``__eq__`` that always agrees, a marker read from its own source, ``sys.settrace`` over the
+asserts); the sandbox module's docstring lists what a program can still do. An assertion test
+that cannot be judged that way (statements other than ``import``/``assert``, program calls on a
+comprehension's variable) makes its row raise: it scores 0 and counts in ``num_errors``.
 
-If the host cannot isolate the network the reward refuses to run (`SandboxUnavailable`, raised
-whatever ``on_error`` says) unless ``allow_network_unisolated: true``.
+Rows run concurrently in a small thread pool (each test is a subprocess, so threads suffice);
+identical (program, tests) pairs of a batch run once. A row whose run raises scores 0 and counts
+in ``num_errors``.
+
+If the host cannot isolate the network and filesystem the reward refuses to run
+(`SandboxUnavailable`, raised whatever ``on_error`` says) unless ``allow_network_unisolated: true``.
 """
 
 from __future__ import annotations
@@ -93,7 +101,7 @@ class CodeExecutionReward(RewardCallback):
             caps = sandbox_capabilities()
             if not caps["network_isolated"]:
                 raise SandboxUnavailable(
-                    "CodeExecutionReward: this host cannot isolate the network of sandboxed programs ("
+                    "CodeExecutionReward: this host cannot isolate sandboxed programs (network, filesystem; "
                     + "; ".join(caps["errors"])[:500]
                     + "); set allow_network_unisolated: true to run untrusted code anyway"
                 )

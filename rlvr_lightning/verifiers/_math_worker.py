@@ -11,13 +11,24 @@ paid at start-up, not out of the first row's budget). For each request
 ``{"id": n, "p": pred, "g": gold}`` it first acknowledges receipt with
 ``{"ack": n}`` (the parent starts the row's time budget there) and then answers
 ``{"id": n, "ok": bool, "err": str|null}``. It exits on end of input or when its
-parent dies. It never enforces time limits itself: the parent kills it.
+parent dies. The parent enforces the per-row wall-clock budget (it kills the worker).
+
+Dying with the parent must not need the interpreter: a worker inside one long big-integer
+operation (``9^{9^{9^8}}``) never runs another Python thread. On Linux the kernel kills it
+(``PR_SET_PDEATHSIG``, armed at start-up, then a check that the parent is still the one that
+started it, which closes the race with a parent that died before the call); elsewhere a
+watch thread does, between operations. As backstops the worker's address space is capped
+(``RLIMIT_AS``) and each row gets a CPU-time allowance (``RLIMIT_CPU``, SIGXCPU kills it).
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
+import math
 import os
+import resource
+import signal
 import sys
 import threading
 import time
@@ -66,25 +77,54 @@ def judge(pred: str, gold: str, timeout_seconds: int | None = None) -> bool:
     return bool(verify(g, p, timeout_seconds=timeout_seconds))
 
 
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
 def _watch_parent(parent: int) -> None:
-    # A worker stuck in sympy does not see EOF on stdin: exit when the parent is gone.
+    # Without PR_SET_PDEATHSIG: exit when the parent is gone (only between bytecodes, see above).
     while True:
         time.sleep(1.0)
         if os.getppid() != parent:
             os._exit(0)
 
 
+def die_with_parent(parent: int) -> str:
+    """Arrange to die when process ``parent`` does; exit now if it already has. Returns the mechanism."""
+    mechanism = "watch thread"
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        # the kernel sends SIGKILL when the parent (the thread that forked us) exits  (prctl(2), PR_SET_PDEATHSIG)
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0:
+            mechanism = "pdeathsig"
+    if os.getppid() != parent:  # the parent died before the signal was armed: re-parented already
+        os._exit(0)
+    if mechanism != "pdeathsig":
+        threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
+    return mechanism
+
+
+def allow_cpu_seconds(seconds: float) -> None:
+    """Let the next row use ``seconds`` more CPU time (soft RLIMIT_CPU above what is used so far)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+    soft = math.ceil(usage.ru_utime + usage.ru_stime + seconds)
+    if hard != resource.RLIM_INFINITY:
+        soft = min(soft, hard)
+    resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
+
+
 def main(argv: list[str]) -> int:
     memory_mb = int(argv[1]) if len(argv) > 1 else 0
+    parent = int(argv[2]) if len(argv) > 2 else os.getppid()
+    row_cpu_s = float(argv[3]) if len(argv) > 3 else 0.0
+    die_with_parent(parent)
     # Keep the protocol channel private: anything else printing to stdout goes to stderr.
     proto = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
     os.dup2(2, 1)
     if memory_mb > 0:
-        import resource
-
         limit = memory_mb * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # SIGXCPU's default action would dump core
     _math_verify()
     judge("1/2", "0.5")  # warm-up: math-verify/sympy initialise parsers lazily on first use
     proto.write('{"ready": true}\n')
@@ -93,6 +133,8 @@ def main(argv: list[str]) -> int:
             req = json.loads(line)
         except ValueError:
             continue
+        if row_cpu_s > 0:
+            allow_cpu_seconds(row_cpu_s)
         proto.write(json.dumps({"ack": req.get("id")}) + "\n")
         try:
             ok, err = judge(req["p"], req["g"]), None

@@ -9,7 +9,15 @@ Layout (``mode`` "root" or "user"):
 
     caller ── bootstrap (this file; outside the namespaces, enforces the wall clock)
                   └── child = PID 1 of fresh pid/net/mount/ipc/uts namespaces
-                        mounts, drops privileges, sets rlimits, execs the program
+                        builds a minimal root, pivots into it, drops privileges,
+                        sets rlimits, execs the program
+
+The minimal root (``build_root``) is a fresh tmpfs holding read-only bind mounts of the
+paths the caller lists (the interpreter, its standard library, the shared libraries it
+loads; symlinks on the way are recreated), ``/dev/{null,zero,random,urandom}``, a private
+``/tmp`` (the working directory is ``/tmp/work``) and a ``/proc`` of the run's own pid
+namespace. After ``pivot_root`` the host's tree is detached: no host file, socket or
+device exists for the program. Where any step fails the run is refused (set-up error).
 
 When the child (the namespace's init) exits or is killed, the kernel kills every
 other process of its pid namespace (pid_namespaces(7)): a fork bomb or a daemonised
@@ -37,11 +45,17 @@ MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 0x4000, 1 << 18
 MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID = 0x1, 0x2
 AT_FDCWD, AT_RECURSIVE = -100, 0x8000
 SYS_mount_setattr = 442  # same number on x86_64 and the asm-generic table (aarch64)
+MS_RDONLY, MS_REMOUNT, MS_BIND = 1, 32, 4096
+MNT_DETACH = 2
 # <linux/prctl.h>
 PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
+# pivot_root(2) has no glibc wrapper
+SYS_pivot_root = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}.get(os.uname().machine)
+DEVICES = ("null", "zero", "random", "urandom")
 
 libc = ctypes.CDLL(None, use_errno=True)
 libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 
 
 class MountAttr(ctypes.Structure):
@@ -69,45 +83,111 @@ def _write(path, text):
         f.write(text)
 
 
+def _replicate(root, path, depth=0):
+    """Make ``path`` resolve inside ``root`` as on the host: each directory of the way made,
+    each symlink recreated (and followed), the final file or directory bind-mounted."""
+    if depth > 40:
+        raise OSError("too many symlinks replicating %s" % path)
+    parts = [p for p in path.split("/") if p and p != "."]
+    current = "/"
+    for i, part in enumerate(parts):
+        if part == "..":
+            current = os.path.dirname(current.rstrip("/")) or "/"
+            continue
+        host = os.path.join(current, part)
+        inside = root + host
+        if os.path.islink(host):
+            target = os.readlink(host)
+            if not os.path.lexists(inside):
+                os.symlink(target, inside)
+            absolute = target if target.startswith("/") else os.path.join(current, target)
+            rest = "/".join(parts[i + 1:])
+            return _replicate(root, absolute + ("/" + rest if rest else ""), depth + 1)
+        if i < len(parts) - 1:
+            if not os.path.isdir(inside):
+                os.mkdir(inside, 0o755)
+            current = host
+            continue
+        if os.path.ismount(inside) or (os.path.lexists(inside) and not os.path.isdir(host)):
+            return  # bound already
+        if os.path.isdir(host):
+            os.makedirs(inside, 0o755, exist_ok=True)
+        else:
+            os.close(os.open(inside, os.O_WRONLY | os.O_CREAT, 0o644))  # a mount point for a file
+        mount(host, inside, None, MS_BIND | MS_REC)
+        return
+
+
+def _make_read_only(root, binds):
+    """Every mount under ``root`` read-only and nosuid (mount_setattr; remounts on older kernels)."""
+    attr = MountAttr(MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID, 0, 0, 0)
+    if libc.syscall(SYS_mount_setattr, AT_FDCWD, root.encode(), AT_RECURSIVE, ctypes.byref(attr), ctypes.sizeof(attr)) == 0:
+        return
+    for target in [root] + binds:  # a bind remount must keep the flags the mount is locked with
+        flags = os.statvfs(target).f_flag
+        keep = sum(ms for st, ms in ((os.ST_NODEV, MS_NODEV), (os.ST_NOEXEC, MS_NOEXEC), (os.ST_NOSUID, MS_NOSUID)) if flags & st)
+        mount(None, target, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | keep)
+
+
+def build_root(cfg, features):
+    """The program's whole filesystem (see the module docstring); returns the root's path."""
+    root = cfg["root"]
+    mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1024k,nr_inodes=4096,mode=0755")
+    for path in cfg["binds"]:
+        _replicate(root, path)
+    for path in cfg.get("hide", []):  # e.g. the interpreter's site-packages: an empty directory instead
+        if os.path.isdir(root + path):
+            mount("tmpfs", root + path, "tmpfs", MS_NOSUID | MS_NODEV, "size=4k,nr_inodes=16,mode=0755")
+    for d in ("dev", "tmp", "proc"):
+        os.mkdir(os.path.join(root, d), 0o755)
+    for name in DEVICES:
+        inside = os.path.join(root, "dev", name)
+        os.close(os.open(inside, os.O_WRONLY | os.O_CREAT, 0o644))
+        mount("/dev/" + name, inside, None, MS_BIND)
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                         ("stderr", "/proc/self/fd/2")):
+        os.symlink(target, os.path.join(root, "dev", name))
+    binds = [line.split()[4] for line in open("/proc/self/mountinfo") if line.split()[4].startswith(root + "/")]
+    _make_read_only(root, binds)
+    features.append("minimal_root")
+    size = "size=%dk,nr_inodes=%d,mode=1777" % (cfg["tmpfs_kb"], 4096)
+    mount("tmpfs", os.path.join(root, "tmp"), "tmpfs", MS_NOSUID | MS_NODEV, size)
+    features.append("private_tmp")
+    try:  # before the host's /proc is detached: an unprivileged mount needs it visible (mount_too_revealing)
+        mount("proc", os.path.join(root, "proc"), "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        features.append("private_proc")
+    except OSError:
+        pass
+    return root
+
+
+def pivot_into(root):
+    """Make ``root`` the filesystem root and detach the host's tree (pivot_root(2), "new_root = put_old")."""
+    if SYS_pivot_root is None:
+        raise OSError("pivot_root: unknown syscall number on %s" % os.uname().machine)
+    os.chdir(root)
+    _check(libc.syscall(SYS_pivot_root, b".", b"."), "pivot_root")
+    _check(libc.umount2(b".", MNT_DETACH), "umount old root")
+    os.chdir("/")
+
+
 def child(cfg, to_parent, from_parent, prog_src, fds, features):
     """Runs as PID 1 of the new namespaces; never returns (execs the program)."""
     mode = cfg["mode"]
     uid, gid = cfg["uid"], cfg["gid"]
     workdir = cfg["workdir"]
-    size = "size=%dk,nr_inodes=%d" % (cfg["tmpfs_kb"], 4096)
     if mode in ("root", "user"):
         # Network, mounts, IPC and hostname are unshared here, not in the bootstrap, so
         # that the bootstrap keeps the host's /proc (it writes this child's id maps).
         unshare(CLONE_NEWNET | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS)
         features.append("netns")
         mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing propagates back to the host
-        attr = MountAttr(MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID, 0, 0, 0)
-        if libc.syscall(SYS_mount_setattr, AT_FDCWD, b"/", AT_RECURSIVE, ctypes.byref(attr),
-                        ctypes.sizeof(attr)) == 0:
-            features.append("readonly_root")  # every existing mount, recursively
-        private_tmp = 0
-        for d in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock"):
-            if os.path.isdir(d) and not os.path.islink(d):
-                try:
-                    mount("tmpfs", d, "tmpfs", MS_NOSUID | MS_NODEV, size + ",mode=1777")
-                    private_tmp += d == "/tmp"
-                except OSError:
-                    pass
-        if private_tmp:
-            features.append("private_tmp")
-            # The working directory lives in the private /tmp: gone with the namespace.
-            workdir = "/tmp/work"
-            os.mkdir(workdir, 0o700)
-            os.chown(workdir, uid, gid)
-        else:
-            owner = ",uid=%d,gid=%d" % (uid, gid)
-            mount("tmpfs", workdir, "tmpfs", MS_NOSUID | MS_NODEV, size + ",mode=0700" + owner)
+        pivot_into(build_root(cfg, features))
+        features.append("readonly_root")
+        workdir = "/tmp/work"  # in the private /tmp: gone with the namespace
+        os.mkdir(workdir, 0o700)
+        os.chown(workdir, uid, gid)
         features.append("tmpfs_workdir")
-        try:  # only this pid namespace's processes are visible (no host /proc/*/environ)
-            mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-            features.append("private_proc")
-        except OSError:
-            pass
     os.chdir(workdir)
     fd = os.open("prog.py", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.write(fd, prog_src)

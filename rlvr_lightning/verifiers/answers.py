@@ -22,6 +22,7 @@ Policy decisions (documented once, tested in ``tests/verifiers/test_answers.py``
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 from typing import Iterable, Sequence
 
 __all__ = [
@@ -132,24 +133,52 @@ def extract_tagged(text: str | None, tag: str = "answer") -> str | None:
     return text[last_open.end() : close.start()].strip()
 
 
-# "#### 1,234" is the GSM8K gold format (openai/grade-school-math, dataset README).
-_GSM8K_NUMBER = re.compile(r"[ \t]*\$?[ \t]*([-+−]?[ \t]*(?:\d[\d,]*(?:\.\d+)?|\.\d+))")
+# "#### 1,234" is the GSM8K gold format (openai/grade-school-math, dataset README): the final
+# answer is the number after the last "####", "," separating thousands. Kept whole: a sign,
+# thousands groups ("1,234" or "1 234"), decimals, an exponent ("1e3") and a denominator ("1/2").
+# Alternatives are tried in order and nothing is nested: linear time.
+_GSM8K_NUMBER = re.compile(
+    r"[ \t]*\$?[ \t]*(?P<sign>[-+\u2212]?)[ \t]*\$?"
+    r"(?P<int>\d{1,3}(?:,\d{3})+(?![\d,])|\d{1,3}(?: \d{3})+(?!\d)|\d+)?"
+    r"(?P<frac>\.\d+)?(?P<exp>[eE][-+]?\d+)?(?:/(?P<den>\d+))?"
+)
+_GSM8K_EXAMPLES = "72, -5, 1,234, 1 234, 3.5, .5, 1/2, 1e3 or 1.8e-2"
 
 
-def extract_gsm8k(text: str | None) -> str | None:
-    """The number after the last ``####`` (GSM8K gold format), commas removed."""
+def extract_gsm8k(text: str | None, strict: bool = False) -> str | None:
+    """The number after the last ``####`` (GSM8K gold format), thousands separators removed.
+
+    ``#### 1,234`` -> ``1234``, ``#### 1/2`` -> ``1/2``, ``#### 1e3`` -> ``1e3``. ``strict`` (for gold
+    answers): the rest of the line must be that number and nothing else (a trailing period aside),
+    else ``ValueError`` says what is there, so ``#### 3,14`` fails instead of becoming ``3``.
+    """
     if not text:
         return None
     i = text.rfind("####")
     if i < 0:
         return None
     m = _GSM8K_NUMBER.match(text, i + 4)
-    if m is None:
+    if m.group("int") is None and m.group("frac") is None:
+        if strict:
+            raise ValueError(f"the final answer after '####' is not a number: {_rest_of_line(text, i + 4)!r}")
         return None
-    num = m.group(1).replace(",", "").replace("−", "-").replace(" ", "").replace("\t", "")
-    if num.startswith("+"):
-        num = num[1:]
-    return num
+    if strict:
+        rest = _rest_of_line(text, m.end())
+        if rest not in ("", "."):
+            raise ValueError(
+                f"cannot parse the final answer after '####': {_rest_of_line(text, i + 4)!r} "
+                f"(expected a number such as {_GSM8K_EXAMPLES})"
+            )
+    sign = "-" if m.group("sign") in ("-", "\u2212") else ""
+    number = (m.group("int") or "").replace(",", "").replace(" ", "") + (m.group("frac") or "") + (m.group("exp") or "")
+    if m.group("den") is not None:
+        number += "/" + m.group("den")
+    return sign + number
+
+
+def _rest_of_line(text: str, start: int, max_chars: int = 80) -> str:
+    end = text.find("\n", start)
+    return text[start : end if end >= 0 else len(text)].strip()[:max_chars]
 
 
 _ANSWER_IS = re.compile(r"answer\s{0,10}(?:is\b|:)\s{0,10}:?", re.IGNORECASE)
@@ -264,6 +293,19 @@ _TEXT_MACRO = re.compile(r"\\(?:text|textbf|textit|mbox|mathrm|mathbf|operatorna
 _THOUSANDS = re.compile(r"(?<![\d.,])(\d{1,3})((?:,\d{3})+)(?![\d,])")
 _LATEX_THOUSANDS = re.compile(r"(\d)(?:\\,|\{,\})(?=\d{3}(?!\d))")
 _DEGREES = re.compile(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|°|\\degree")
+# A whole answer in scientific notation ("1.8e1", "-2.5E-3"); no nested quantifiers: linear.
+_SCIENTIFIC = re.compile(r"-?(?:\d+(?:\.\d*)?|\.\d+)[eE][-+]?\d{1,3}")
+_MAX_EXPONENT = 300  # "1e100000" would be a 100,001-character number: left as it is
+
+
+def _expand_scientific(s: str) -> str:
+    """``1.8e1`` -> ``18``, ``2.5e-1`` -> ``0.25`` (exact, via Decimal); anything else unchanged."""
+    if _SCIENTIFIC.fullmatch(s) is None:
+        return s
+    value = Decimal(s)
+    if abs(value.as_tuple().exponent) > _MAX_EXPONENT:
+        return s
+    return format(value, "f")
 
 
 def _strip_unit_words(s: str) -> str:
@@ -293,7 +335,8 @@ def clean_answer(s: str | None) -> str:
     -> ``\\frac``; ``^\\circ``/``°`` removed; unicode minus -> ``-``; ``\\%`` -> ``%``;
     ``\\text{...}``-style wrappers unwrapped; thousands separators removed only when the
     answer contains no brackets (so ``(1,000, 2)`` and ``(1,2)`` are left alone); a
-    trailing period and a leading ``+`` removed; "number + unit words" -> number.
+    trailing period and a leading ``+`` removed; "number + unit words" -> number; a number
+    in scientific notation written out (``1.8e1`` -> ``18``; math-verify reads ``e`` as Euler's).
     """
     if s is None:
         return ""
@@ -323,7 +366,7 @@ def clean_answer(s: str | None) -> str:
     if s.startswith("+"):
         s = s[1:].lstrip()
     s = _strip_unit_words(s)
-    return s.strip()
+    return _expand_scientific(s.strip())
 
 
 def normalize_answer(s: str | None) -> str:

@@ -32,6 +32,7 @@ import tempfile
 import threading
 import time
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
 from rlvr_lightning.verifiers._math_worker import judge as _judge
@@ -78,13 +79,31 @@ class _Task:
         self.acked = False
 
 
+_SPAWNER_LOCK = threading.Lock()
+_SPAWNER: tuple[int, ThreadPoolExecutor] | None = None  # (owning pid, executor)
+
+
+def _popen_from_a_lasting_thread(*args, **kwargs) -> subprocess.Popen:
+    """``subprocess.Popen`` run on one long-lived thread of this process.
+
+    A worker arms ``PR_SET_PDEATHSIG``, which fires when the *thread* that forked it exits
+    (prctl(2)), not only the process: a worker started from a short-lived thread (a reward
+    computed in a helper thread) would die with that thread."""
+    global _SPAWNER
+    with _SPAWNER_LOCK:
+        if _SPAWNER is None or _SPAWNER[0] != os.getpid():  # none yet, or inherited across fork (no thread)
+            _SPAWNER = (os.getpid(), ThreadPoolExecutor(max_workers=1, thread_name_prefix="math-worker-spawner"))
+        spawner = _SPAWNER[1]
+    return spawner.submit(subprocess.Popen, *args, **kwargs).result()
+
+
 class _Worker:
     """One ``_math_worker.py`` child; talks newline-delimited JSON over pipes."""
 
-    def __init__(self, memory_mb: int) -> None:
+    def __init__(self, memory_mb: int, row_cpu_s: float) -> None:
         self.stderr = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-u", _WORKER_PATH, str(memory_mb)],
+        self.proc = _popen_from_a_lasting_thread(
+            [sys.executable, "-u", _WORKER_PATH, str(memory_mb), str(os.getpid()), str(row_cpu_s)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.stderr,
@@ -178,6 +197,8 @@ class MathVerifier:
         max_answer_chars: longer extracted answers score 0 without being parsed; longer
             golds are only compared as normalised strings.
         memory_mb: address-space limit of each worker (0 = none).
+        row_cpu_s: CPU seconds a worker may spend on one row before the kernel kills it (a backstop
+            for when this process cannot kill it in time; default ``2 * timeout_s + 1``; 0 = none).
         startup_timeout_s: how long a worker may take to import math-verify and warm up,
             and how long a ready worker may take to acknowledge a request.
         string_fast_path: score identical normalised strings 1.0 without math-verify
@@ -195,6 +216,7 @@ class MathVerifier:
         memory_mb: int = 2048,
         startup_timeout_s: float = 60.0,
         string_fast_path: bool = True,
+        row_cpu_s: float | None = None,
     ) -> None:
         if workers < 1:
             raise ValueError("workers must be >= 1")
@@ -206,6 +228,7 @@ class MathVerifier:
         self.methods = tuple(methods)
         self.max_answer_chars = int(max_answer_chars)
         self.memory_mb = int(memory_mb)
+        self.row_cpu_s = 2 * self.timeout_s + 1 if row_cpu_s is None else float(row_cpu_s)
         self.startup_timeout_s = float(startup_timeout_s)
         self.string_fast_path = bool(string_fast_path)
         self._workers: list[_Worker] = []
@@ -304,11 +327,11 @@ class MathVerifier:
             self._owner_pid = os.getpid()
         self._workers = [w for w in self._workers if w.proc.poll() is None or w.kill()]
         while len(self._workers) < self.num_workers:
-            self._workers.append(_Worker(self.memory_mb))
+            self._workers.append(_Worker(self.memory_mb, self.row_cpu_s))
 
     def _replace(self, w: _Worker) -> None:
         w.kill()
-        self._workers[self._workers.index(w)] = _Worker(self.memory_mb)
+        self._workers[self._workers.index(w)] = _Worker(self.memory_mb, self.row_cpu_s)
 
     def _judge_all(self, keys: list[tuple[str, str]]) -> list[bool | None]:
         """Verdict per key: True/False, or None if it timed out or crashed the worker."""

@@ -5,35 +5,48 @@ Each test case is one run of ``python -I -S -B prog.py`` started by
 host actually allows):
 
 * fresh network namespace: no interface but a downed loopback, so no connection to
-  anything, including the host's 127.0.0.1 (mandatory: without it we refuse to run
-  unless ``allow_network_unisolated=True``);
+  anything, including the host's 127.0.0.1 and abstract Unix sockets;
+* its own filesystem: a fresh mount namespace whose root is an empty tmpfs holding
+  read-only bind mounts of the interpreter, its standard library and the shared
+  libraries it loads (``sandbox_root.interpreter_files``), ``/dev/{null,zero,random,
+  urandom}``, a private size-limited ``/tmp`` whose ``/tmp/work`` is the working
+  directory, and a ``/proc`` of its own pid namespace; the host's tree is detached
+  (``pivot_root``): no host file, Unix socket, ``/etc/passwd`` or ``/run`` exists for it;
 * fresh pid namespace with the program as its init: when it ends or is killed, the
   kernel kills every process it left behind (fork bombs, daemons, ``setsid``);
-* fresh mount namespace: every host mount re-mounted read-only and nosuid, a new
-  empty size-limited tmpfs as working directory, private tmpfs on ``/tmp``,
-  ``/var/tmp``, ``/dev/shm``, a ``/proc`` showing only the sandbox's processes;
 * as root: runs as ``nobody`` (uid 65534) inside a user namespace of its own (so the
   RLIMIT_NPROC count is per run); as a normal user: an unprivileged user namespace,
-  same uid as the caller (see the caveats below);
+  same uid as the caller;
 * rlimits: CPU seconds, address space, processes, file size, no core dumps, 256 fds;
   ``PR_SET_NO_NEW_PRIVS``; a minimal environment (no inherited variables);
 * a wall-clock timeout enforced by the bootstrap (kills the namespace's init) and,
   as a second line, by the caller (kills the bootstrap's process group).
 
+Without these namespaces (no network namespace, no mount namespace or ``pivot_root``)
+the sandbox refuses to run unless ``allow_network_unisolated=True``, which runs the
+program on the host's filesystem with network access (rlimits, uid and time-outs only).
+
 No ``preexec_fn``: it is not thread-safe (Python docs, subprocess.Popen) and a
 Lightning trainer runs threads; every step between fork and exec is done by the
 bootstrap, a fresh single-threaded interpreter.
 
-Caveats: without root, the program runs as the caller's uid in a user namespace:
-files are read-only to it (when ``mount_setattr`` is available) but it can *read*
-whatever the caller can read. Assertion tests print a random marker after the
-assertions; a program that reads its own source could forge it (a deliberate
-trade-off: the alternative, trusting the exit code, is beaten by ``sys.exit(0)``).
-Without root on a kernel older than 5.14, RLIMIT_NPROC counts all the caller's
-processes, so ``max_processes`` must exceed what the caller already runs. Where
-``/proc`` cannot be re-mounted (``"private_proc"`` missing from
-``sandbox_capabilities()["features"]``), a same-uid program can read the caller's
-``/proc/<pid>/environ``; with no network it can only leak it through its own output.
+Judging. Input/output tests compare stdout in the caller. Assertion tests are judged
+outside the program's process (`assertion_tests`): the program's run only reports the
+plain values of the calls the assertion makes (``add(2, 3)``), and a second sandboxed
+run that never executes program code evaluates the assertion on them, so the expected
+values never reach the program. Forgeries that no longer pass: an object (or int
+subclass) whose ``__eq__`` always agrees, a success marker read from its own source,
+``sys.settrace`` jumping over assertions, ``sys.exit(0)`` / ``os._exit(0)`` before the
+checks, a patched encoder (``tests/verifiers/test_sandbox_hostile.py``). What remains
+possible: a program controls the values it returns, so a weak assertion (``assert
+f(2)``, ``assert f(2) != 5``) is passed by any value that satisfies it, and a program
+that special-cases the inputs it is called with passes the tests it saw (it never sees
+the expected outputs). Assertions that would have to be evaluated inside the program's
+process (program calls on a variable bound in a comprehension or lambda of the
+assertion, statements other than ``import``/``assert``) are refused, not judged.
+
+Caveats: without root on a kernel older than 5.14, RLIMIT_NPROC counts all the
+caller's processes, so ``max_processes`` must exceed what the caller already runs.
 """
 
 from __future__ import annotations
@@ -51,6 +64,16 @@ import tempfile
 import threading
 from typing import Any, Mapping, Sequence
 
+from rlvr_lightning.verifiers.assertion_tests import (
+    SplitTest,
+    UnsupportedTest,
+    judge_source,
+    parse_probe_line,
+    probe_source,
+    split_assertion,
+)
+from rlvr_lightning.verifiers.sandbox_root import interpreter_files
+
 __all__ = [
     "SandboxResult",
     "SandboxUnavailable",
@@ -66,7 +89,7 @@ _SLACK_S = 3.0  # caller-side grace on top of the bootstrap's own deadline
 
 
 class SandboxUnavailable(RuntimeError):
-    """No network isolation is possible here and the caller did not opt out."""
+    """No network and filesystem isolation is possible here and the caller did not opt out."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,17 +180,27 @@ def sandbox_capabilities(refresh: bool = False) -> dict[str, Any]:
             if found:
                 break
         if found is None:
-            py = _python_candidates()[0]
-            for cand in _python_candidates():
-                r = _run_once("print(6*7)", None, mode="none", child_userns=False, python=cand,
-                              timeout_s=10.0, memory_mb=512, cpu_s=10, nproc=16, fsize_mb=1)
-                if r["status"] == "exit" and r["stdout"].strip() == "42":
-                    py = cand
-                    break
-            found = {"network_isolated": False, "mode": "none", "child_userns": False, "python": py,
+            found = {"network_isolated": False, "mode": "none", "child_userns": False, "python": _unisolated_python(),
                      "features": [], "errors": errors}
         _PROBE = found
         return found
+
+
+_UNISOLATED_PYTHON: list[str] = []
+
+
+def _unisolated_python() -> str:
+    """The first interpreter that runs without namespaces, as the sandbox's uid (probed once)."""
+    if not _UNISOLATED_PYTHON:
+        chosen = _python_candidates()[0]
+        for cand in _python_candidates():
+            r = _run_once("print(6*7)", None, mode="none", child_userns=False, python=cand,
+                          timeout_s=10.0, memory_mb=512, cpu_s=10, nproc=16, fsize_mb=1)
+            if r["status"] == "exit" and r["stdout"].strip() == "42":
+                chosen = cand
+                break
+        _UNISOLATED_PYTHON.append(chosen)
+    return _UNISOLATED_PYTHON[0]
 
 
 # --------------------------------------------------------------------------- running
@@ -208,7 +241,18 @@ def _run_once(source: str, stdin: str | None, *, mode: str, child_userns: bool, 
             stdin_path = os.path.join(stage, "stdin.txt")
             with open(stdin_path, "w", encoding="utf-8") as f:
                 f.write(stdin)
+        files: dict[str, Any] = {"binds": [], "hide": []}
+        root = None
+        if mode != "none":  # the program's whole filesystem: see _sandbox_boot.build_root
+            try:
+                files = interpreter_files(python)
+            except (OSError, ValueError, subprocess.SubprocessError) as error:
+                return {"status": "setup_error", "error": f"{type(error).__name__}: {error}", "stdout": "", "stderr": ""}
+            root = os.path.join(stage, "root")
+            os.mkdir(root, 0o755)
+            python = files["python"]
         cfg = {
+            "root": root, "binds": files["binds"], "hide": files["hide"],
             "mode": mode, "child_userns": child_userns, "uid": _NOBODY, "gid": _NOBODY, "workdir": work,
             "program": prog, "stdin": stdin_path, "stdout": os.path.join(stage, "stdout"),
             "stderr": os.path.join(stage, "stderr"), "python": python, "timeout_s": float(timeout_s),
@@ -279,8 +323,10 @@ def run_python_tests(
     A test case is either ``{"input": stdin, "output": expected_stdout}`` (passes when
     the exit code is 0 and stdout equals the expected output up to surrounding
     whitespace and trailing spaces per line) or an assertion string such as
-    ``"assert f(2) == 4"``, appended to the program (passes when the assertion and a
-    random marker printed after it are reached, with exit code 0).
+    ``"assert f(2) == 4"``, judged outside the program's process (`assertion_tests`:
+    the program's run reports the plain values of ``f(2)``, a second sandboxed run
+    that never executes program code checks them against the assertion). An assertion
+    test that cannot be judged that way raises ValueError before anything runs.
 
     ``timeout_s`` is the wall-clock limit of each run; after the first timeout the
     remaining tests are not run (they fail), so a hanging program costs the caller
@@ -290,39 +336,71 @@ def run_python_tests(
     total = len(tests)
     if total == 0:
         return SandboxResult(0, 0, "no tests")
+    split: dict[int, SplitTest] = {}
+    for i, case in enumerate(tests):
+        if isinstance(case, str):
+            try:
+                split[i] = split_assertion(case)
+            except UnsupportedTest as error:
+                raise ValueError(f"test {i}: {error}: {case[:200]!r}") from None
+        elif not (isinstance(case, Mapping) and "input" in case and "output" in case):
+            raise ValueError(f"test {i}: expected an assertion string or {{'input', 'output'}}, got {case!r}"[:300])
     if not program or not program.strip():
         return SandboxResult(0, total, "no program")
     caps = sandbox_capabilities()
     if not caps["network_isolated"] and not allow_network_unisolated:
         raise SandboxUnavailable(
-            "cannot isolate the network for sandboxed programs on this host (no usable network "
-            "namespace: " + "; ".join(caps["errors"])[:1000] + "). Pass allow_network_unisolated=True to run "
-            "untrusted code with network access anyway (rlimits, uid and time-outs still apply)."
+            "cannot isolate sandboxed programs on this host (no usable network, mount and pid namespaces "
+            "for a private filesystem view: " + "; ".join(caps["errors"])[:1000] + "). Pass "
+            "allow_network_unisolated=True to run untrusted code with network and filesystem access anyway "
+            "(rlimits, uid and time-outs still apply)."
         )
-    passed = 0
-    first_error: str | None = None
-    opts = dict(mode=caps["mode"], child_userns=caps["child_userns"], python=caps["python"], timeout_s=timeout_s,
+    python = caps["python"] if caps["mode"] != "none" else _unisolated_python()
+    opts = dict(mode=caps["mode"], child_userns=caps["child_userns"], python=python, timeout_s=timeout_s,
                 memory_mb=memory_mb, cpu_s=cpu_s, nproc=max_processes, fsize_mb=max_file_mb)
+    passed = 0
+    errors: dict[int, str] = {}
+    to_judge: list[tuple[int, str]] = []  # assertion tests whose values came back: (test, outcomes JSON)
     for i, case in enumerate(tests):
-        if isinstance(case, str):
-            marker = "rlvr-ok-" + secrets.token_hex(16)
-            source = f"{program}\n\n{case}\n__import__('sys').stdout.write('\\n{marker}\\n')\n"
-            r = _run_once(source, None, **opts)
-            ok = r["status"] == "exit" and r["code"] == 0 and r["stdout"].rstrip().endswith(marker)
-            what = "assertion failed"
-        elif isinstance(case, Mapping) and "input" in case and "output" in case:
-            r = _run_once(program, str(case["input"]), **opts)
-            ok = r["status"] == "exit" and r["code"] == 0 and _same_output(r["stdout"], str(case["output"]))
-            what = "wrong answer"
+        if i in split:
+            nonce = "rlvr-values-" + secrets.token_hex(8)
+            r = _run_once(probe_source(program, split[i], nonce), None, **opts)
+            outcomes = parse_probe_line(r["stdout"], nonce) if r["status"] == "exit" and r["code"] == 0 else None
+            if outcomes is not None:
+                to_judge.append((i, outcomes))
+                continue
+            what = "the program ended before its functions could be called"
         else:
-            raise ValueError(f"test {i}: expected an assertion string or {{'input', 'output'}}, got {case!r}"[:300])
-        if ok:
-            passed += 1
-            continue
-        if first_error is None:
-            first_error = _describe_failure(i, r, what)
+            r = _run_once(program, str(case["input"]), **opts)
+            if r["status"] == "exit" and r["code"] == 0 and _same_output(r["stdout"], str(case["output"])):
+                passed += 1
+                continue
+            what = "wrong answer"
+        errors[i] = _describe_failure(i, r, what)
         if r["status"] == "timeout":
             if i + 1 < total:
-                first_error += f" (remaining {total - i - 1} tests not run)"
+                errors[i] += f" (remaining {total - i - 1} tests not run)"
             break
-    return SandboxResult(passed, total, first_error)
+    if to_judge:
+        verdicts = _judge([split[i] for i, _ in to_judge], [outcomes for _, outcomes in to_judge], opts)
+        for (i, _), (ok, reason) in zip(to_judge, verdicts, strict=True):
+            if ok:
+                passed += 1
+            else:
+                errors[i] = f"test {i}: {reason} ({split[i].source.strip()[:120]})"
+    return SandboxResult(passed, total, errors[min(errors)] if errors else None)
+
+
+def _judge(tests: list[SplitTest], outcomes: list[str], opts: dict[str, Any]) -> list[tuple[bool, str | None]]:
+    """(passed, reason) per test, from one sandboxed judge run that never executes program code."""
+    payload = json.dumps([[t.imports, t.checks, o] for t, o in zip(tests, outcomes, strict=True)])
+    r = _run_once(judge_source(), payload, **{**opts, "fsize_mb": max(opts["fsize_mb"], 1)})
+    if r["status"] == "exit" and r["code"] == 0:
+        try:
+            verdicts = json.loads(r["stdout"].strip().splitlines()[-1])
+            if len(verdicts) == len(tests):
+                return [(bool(ok), None if ok else str(reason)) for ok, reason in verdicts]
+        except (ValueError, IndexError, TypeError):
+            pass
+    failure = _describe_failure(0, r, "unreadable verdicts").removeprefix("test 0: ")
+    return [(False, f"the judge failed: {failure}")] * len(tests)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from lightning.pytorch.loggers import Logger
 
@@ -87,3 +89,29 @@ def test_rollout_rows_token_level_advantages_and_shortening():
     assert data[0][5] == 1.0 and data[1][5] == -2.0
     assert data[0][2] == "x" * 8 + " ... " + "x" * 8 and data[1][2] == "short"
     assert data[0][6] == 4 and data[1][6] == 2
+
+
+class TrainedBatchSpy(RLVRModule):
+    def _update(self, rollout):
+        self.trained = getattr(self, "trained", []) + [rollout]
+        return super()._update(rollout)
+
+
+def test_dynamic_sampling_logs_the_trained_batch(in_tmp_dir):
+    # half the prompts are answered identically 4 times (zero variance): dynamic sampling drops their groups
+    # and tops the batch up; the table must show the merged batch that was trained, with its advantages
+    flat = [{"prompt": f"What is {i} + 1 - 1?", "answer": "1", "responses": [r"\boxed{1}"]} for i in range(6)]
+    logger = WandbLogger()
+    torch.manual_seed(0)
+    module = TrainedBatchSpy(ScriptedTextPolicy(), group_size=4, dynamic_sampling=True, optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
+    table = RolloutTableLogger(every_n_steps=1, num_rows=8)
+    run_trainer(module, [*_rewards(), table], TRAIN + flat, batch_size=2, steps=3, logger=logger)
+    assert len(logger.tables) == 3
+    rounds = module.trainer.callback_metrics["train/dynamic_sampling/rounds"]
+    for logged, trained in zip(logger.tables, module.trained, strict=True):
+        advantages = [row[7] for row in logged["data"]]
+        assert all(math.isfinite(a) for a in advantages), advantages
+        expected = sorted((p, c, round(float(a), 6)) for p, c, a in zip(trained.prompt_text, trained.response_text, trained.advantages))
+        assert sorted((row[2], row[3], round(row[7], 6)) for row in logged["data"]) == expected
+    assert any(len(set(row[5] for row in t["data"])) > 1 for t in logger.tables)  # informative groups were trained
+    assert rounds >= 1

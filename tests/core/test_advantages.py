@@ -6,6 +6,7 @@ from torch.testing import assert_close
 
 from rlvr_lightning.core.advantages import (
     ADVANTAGE_ESTIMATORS,
+    STD_SCOPES,
     batch_whitened_advantages,
     centered_advantages,
     compute_advantages,
@@ -13,6 +14,8 @@ from rlvr_lightning.core.advantages import (
     normalized_advantages,
     raw_advantages,
     rloo_advantages,
+    token_whitened_returns,
+    discounted_returns,
     zero_variance_group_fraction,
     zero_variance_group_mask,
 )
@@ -118,3 +121,73 @@ def test_zero_variance_groups():
     assert zero_variance_group_mask(rewards, 2).tolist() == [True, False, True]
     assert_close(zero_variance_group_fraction(rewards, 2), torch.tensor(2 / 3))
     assert zero_variance_group_fraction(torch.tensor([1.0, 0.0]), 2).item() == 0.0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("group_size", [3, 8])
+@pytest.mark.parametrize("value", [0.9, 0.3, 0.1])
+def test_identical_non_dyadic_rewards_get_exactly_zero_advantage(value, group_size, dtype):
+    # e.g. three float32 0.9s: their mean is off by ~1e-8, and that residue divided by (std ~1e-8 + 1e-6)
+    # was |A| = 0.056 (eight 0.3s: 0.029, eight 0.1s: 0.0074, three float64 0.1s: 1e-11)
+    same = torch.full((group_size,), value, dtype=dtype)
+    informative = torch.zeros(group_size, dtype=dtype)
+    informative[0] = 1.0
+    rewards = torch.cat([same, informative])
+    for scope in STD_SCOPES:
+        out = normalized_advantages(rewards, group_size, std_scope=scope)
+        assert out[:group_size].tolist() == [0.0] * group_size, (scope, out)
+        assert out[group_size:].abs().min() > 0.1  # the informative group keeps its advantages
+    assert batch_whitened_advantages(same).tolist() == [0.0] * group_size
+    assert token_whitened_returns(same, torch.ones(group_size, 2)).tolist() == [[0.0, 0.0]] * group_size
+    assert zero_variance_group_mask(rewards, group_size).tolist() == [True, False]
+
+
+def test_zero_variance_tolerance_is_relative_to_the_reward_scale():
+    # 0.1 + 0.2 and 0.3 differ by one float64 ulp: equal; 1e-9 and 2e-9 differ by 100%: not equal
+    assert zero_variance_group_mask(torch.tensor([0.1 + 0.2, 0.3], dtype=torch.float64), 2).tolist() == [True]
+    assert zero_variance_group_mask(torch.tensor([1e-9, 2e-9], dtype=torch.float64), 2).tolist() == [False]
+    assert zero_variance_group_mask(torch.tensor([0.0, 0.0, 1000.0, 1000.0001]), 2).tolist() == [True, True]
+
+
+def test_discounted_returns_hand_values():
+    # rewards 1 and 2 at the last token of responses of 3 and 1 tokens, gamma 0.5: G_t = 0.5^(L-1-t) r
+    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0]])
+    out = discounted_returns(torch.tensor([1.0, 2.0]), mask, gamma=0.5)
+    assert_close(out, torch.tensor([[0.25, 0.5, 1.0, 0.0], [2.0, 0.0, 0.0, 0.0]]))
+    assert_close(discounted_returns(torch.tensor([1.0, 2.0]), mask), torch.tensor([[1.0, 1.0, 1.0, 0.0], [2.0, 0.0, 0.0, 0.0]]))
+    with pytest.raises(ValueError, match="gamma"):
+        discounted_returns(torch.tensor([1.0]), torch.ones(1, 1), gamma=1.5)
+
+
+def test_token_whitened_returns_weigh_every_token():
+    # returns [[1, 1, -], [0, -, -]]: token mean 2/3, unbiased var ((1/3)^2 * 2 + (2/3)^2) / 2 = 1/3
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    out = token_whitened_returns(torch.tensor([1.0, 0.0]), mask, eps=0.0)
+    s3 = 1.0 / math.sqrt(3.0)
+    assert_close(out, torch.tensor([[(1 / 3) / s3, (1 / 3) / s3, 0.0], [-(2 / 3) / s3, 0.0, 0.0]]))
+    # per response (ours by default) the same rewards whiten to +-0.7071 whatever the lengths
+    assert_close(batch_whitened_advantages(torch.tensor([1.0, 0.0]), eps=0.0), torch.tensor([S, -S]))
+
+
+def test_token_whitened_returns_with_discount():
+    # gamma 0.5: returns [[0.5, 1, -], [0, -, -]]; mean 0.5, unbiased var (0 + .25 + .25) / 2 = .25 -> std .5
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    out = token_whitened_returns(torch.tensor([1.0, 0.0]), mask, gamma=0.5, eps=0.0)
+    assert_close(out, torch.tensor([[0.0, 1.0, 0.0], [-1.0, 0.0, 0.0]]))
+
+
+def test_batch_whitened_callback_options():
+    from types import SimpleNamespace
+
+    from rlvr_lightning.advantages import BatchWhitenedAdvantage
+
+    rollout = SimpleNamespace(
+        reward=torch.tensor([1.0, 0.0]), group_size=1, response_mask=torch.tensor([[1, 1, 0], [1, 0, 0]])
+    )
+    assert_close(BatchWhitenedAdvantage(eps=0.0).compute(rollout), torch.tensor([S, -S]))  # default: per response
+    token = BatchWhitenedAdvantage(eps=0.0, whiten="token", gamma=0.5).compute(rollout)
+    assert_close(token, torch.tensor([[0.0, 1.0, 0.0], [-1.0, 0.0, 0.0]]))  # hand values above
+    with pytest.raises(ValueError, match="whiten='tokens' is not valid; choose one of .*'token'"):
+        BatchWhitenedAdvantage(whiten="tokens")
+    with pytest.raises(ValueError, match="needs whiten='token'"):
+        BatchWhitenedAdvantage(gamma=0.9)

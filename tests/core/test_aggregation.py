@@ -89,3 +89,30 @@ def test_no_mask_equals_an_all_ones_mask(mode):
     expected = {"seq-mean-token-mean": 3.5, "token-mean": 3.5, "seq-mean-token-sum": 10.5, "seq-sum-constant": 2.625}[mode]
     assert aggregate_loss(loss, None, mode, constant=4.0).item() == pytest.approx(expected)
     assert aggregate_loss(loss, torch.ones(2, 3), mode, constant=4.0).item() == pytest.approx(expected)
+
+
+def test_count_empty_rows_false_divides_by_rows_with_tokens_only():
+    # an empty third row: seq means 3/2, 4/1, - ; verl divides by the 2 rows with tokens, we by all 3 by default
+    loss = torch.cat([LOSS, torch.tensor([[7.0, 8.0, 9.0]])])
+    mask = torch.cat([MASK, torch.tensor([[0, 0, 0]])])
+    assert_close(aggregate_loss(loss, mask, "seq-mean-token-mean"), torch.tensor(5.5 / 3))
+    assert_close(aggregate_loss(loss, mask, "seq-mean-token-mean", count_empty_rows=False), torch.tensor(5.5 / 2))
+    assert_close(aggregate_loss(loss, mask, "seq-mean-token-sum", count_empty_rows=False), torch.tensor(7.0 / 2))
+    assert_close(aggregate_loss(loss, mask, "seq-sum-constant", constant=4, count_empty_rows=False), torch.tensor(7.0 / 4 / 2))
+    # token-mean has no sequence count; an all-empty batch is 0, not NaN
+    assert_close(aggregate_loss(loss, mask, "token-mean", count_empty_rows=False), torch.tensor(7.0 / 3))
+    empty = aggregate_loss(loss, torch.zeros_like(mask), "seq-mean-token-mean", count_empty_rows=False)
+    assert empty.item() == 0.0
+
+
+def test_non_empty_rows_split_into_micro_batches_sum_to_the_whole():
+    from rlvr_lightning.core.aggregation import non_empty_rows
+
+    loss = torch.arange(12.0).view(4, 3)
+    mask = torch.tensor([[1, 1, 0], [0, 0, 0], [1, 0, 0], [0, 0, 0]])
+    whole = aggregate_loss(loss, mask, "seq-mean-token-mean", count_empty_rows=False)
+    rows = non_empty_rows(mask)
+    parts = [aggregate_loss(loss[i : i + 2], mask[i : i + 2], "seq-mean-token-mean", num_sequences=rows) for i in (0, 2)]
+    assert rows.item() == 2
+    assert_close(sum(parts), whole)  # (0.5 + 6) / 2
+    assert_close(whole, torch.tensor(3.25))

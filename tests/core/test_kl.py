@@ -57,3 +57,25 @@ def test_clamp():
 def test_unknown_kind_lists_choices():
     with pytest.raises(ValueError, match=r"'k4'.*k1, k2, k3"):
         kl_estimate(P, Q, "k4")
+
+
+@pytest.mark.parametrize("d", [89.0, 1000.0, -1000.0])
+def test_clamped_k3_gradient_is_finite_where_exp_overflows(d):
+    # float32 exp overflows beyond d = 88.7; clamping d to [-20, 20] first (verl) keeps the value at the
+    # clamp and the gradient at 0 (both clamps saturate) instead of 0 * inf = NaN
+    logp = torch.tensor([[-d / 2, 0.0]], requires_grad=True)
+    ref = torch.tensor([[d / 2, 0.0]])  # d = ref - logp on the first token, 0 on the second
+    kl = kl_estimate(logp, ref, "k3", clamp=10.0)
+    kl.sum().backward()
+    assert kl[0, 0].item() == 10.0 and kl[0, 1].item() == 0.0
+    assert torch.isfinite(logp.grad).all()
+    assert logp.grad.tolist() == [[0.0, 0.0]]
+
+
+def test_log_ratio_clamp_leaves_values_inside_the_range_alone():
+    # inside [-20, 20] the clamped k3 equals the plain one (up to the value clamp): d = 2 -> e^2 - 3 = 4.389
+    logp = torch.tensor([[-2.0]], requires_grad=True)
+    kl = kl_estimate(logp, torch.tensor([[0.0]]), "k3", clamp=10.0)
+    kl.sum().backward()
+    assert_close(kl, torch.tensor([[math.exp(2.0) - 3.0]]))
+    assert_close(logp.grad, torch.tensor([[1.0 - math.exp(2.0)]]))  # d k3 / d logp = 1 - e^d

@@ -126,3 +126,73 @@ def test_hf_task_loads_through_datasets_lazily(monkeypatch):
     assert len(task.train_dataset()) == 2 and len(task.val_dataset()) == 1
     assert len(task.train_dataset()) == 2 and calls == [("openai/gsm8k", "main", "train"), ("openai/gsm8k", "main", "test")]
     assert HFDatasetTask("x", val_split=None).val_dataset() is None
+
+
+# ----------------------------------------------------------------------------- hostile / unusual files
+
+
+@pytest.mark.parametrize(
+    "final, gold",
+    [("1/2", "1/2"), ("1e3", "1e3"), ("1 000", "1000"), ("1,234.5", "1234.5"), ("-3.5", "-3.5"), ("$1,000", "1000"), ("72.", "72")],
+)
+def test_gsm8k_gold_keeps_the_whole_final_answer(tmp_path, final, gold):
+    # these used to be cut at the first character that was not a digit or a comma: "1/2" -> "1", "1 000" -> "1"
+    path = write(tmp_path / "g.jsonl", [{"question": "q?", "answer": f"work\n#### {final}"}])
+    assert read_jsonl(path)[0]["answer"] == gold
+
+
+@pytest.mark.parametrize("final", ["3,14", "1,000,0000", "5 apples", "seven"])
+def test_gsm8k_gold_that_cannot_be_parsed_names_file_and_line(tmp_path, final):
+    # "#### 3,14" used to become "314", a correct "3.14" then scored 0 for the whole run
+    path = write(tmp_path / "g.jsonl", GSM8K, extra_lines=[json.dumps({"question": "q?", "answer": f"#### {final}"})])
+    with pytest.raises(ValueError, match=rf"g\.jsonl:3: GSM8K record: .*'{final}'"):
+        read_jsonl(path)
+
+
+def test_non_utf8_bytes_name_file_and_line(tmp_path):
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(json.dumps(GSM8K[0]).encode() + b"\n" + '{"question": "caf\u00e9?", "answer": "#### 1"}\n'.encode("latin-1"))
+    with pytest.raises(ValueError, match=r"latin1\.jsonl:2: not UTF-8: byte 0xe9 at byte 18"):
+        read_jsonl(path)
+
+
+def test_deeply_nested_json_names_file_and_line(tmp_path):
+    path = tmp_path / "deep.jsonl"
+    path.write_text(json.dumps(GSM8K[0]) + "\n" + "[" * 200_000 + "]" * 200_000 + "\n")
+    with pytest.raises(ValueError, match=r"deep\.jsonl:2: JSON nested too deeply"):
+        read_jsonl(path)
+
+
+def test_a_byte_order_mark_is_accepted(tmp_path):
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + "\n".join(json.dumps(r) for r in GSM8K).encode() + b"\n")
+    assert [e["answer"] for e in read_jsonl(path)] == ["72", "2400"]
+
+
+def test_huge_lines_and_prompts_fail_at_load_naming_file_and_line(tmp_path):
+    from rlvr_lightning.data.jsonl_task import MAX_LINE_BYTES
+
+    # a 50 MB line (the case) is refused before it is parsed
+    huge = tmp_path / "huge.jsonl"
+    with huge.open("w") as f:
+        f.write(json.dumps(GSM8K[0]) + "\n")
+        f.write(json.dumps({"question": "x " * 25_000_000, "answer": "#### 1"}) + "\n")
+    with pytest.raises(ValueError, match=rf"huge\.jsonl:2: line longer than {MAX_LINE_BYTES:,} bytes"):
+        read_jsonl(huge)
+    # a prompt over max_prompt_chars (default 100,000) is refused with its length
+    long = write(tmp_path / "long.jsonl", [GSM8K[0], {"question": "y" * 150_000, "answer": "#### 1"}])
+    with pytest.raises(ValueError, match=r"long\.jsonl:2: the prompt is 150,0\d\d characters long, over max_prompt_chars=100,000"):
+        read_jsonl(long)
+    with pytest.raises(ValueError, match=r"long\.jsonl:2: .*over max_prompt_chars=1,000"):
+        JSONLTask(long, max_prompt_chars=1000).train_dataset()
+    assert len(read_jsonl(long, max_prompt_chars=None)) == 2
+
+
+def test_example_locations_follow_the_split(tmp_path):
+    path = write(tmp_path / "d.jsonl", GSM8K * 3, extra_lines=[])
+    task = JSONLTask(path, num_val=2, seed=0)
+    train, val = task.split()
+    located = [(task.example_location("train", i), e["question"]) for i, e in enumerate(train)]
+    located += [(task.example_location("val", i), e["question"]) for i, e in enumerate(val)]
+    lines = {f"{path}:{n + 1}": GSM8K[n % 2]["question"] for n in range(6)}
+    assert sorted(located) == sorted(lines.items())

@@ -158,3 +158,31 @@ def test_entropy_bonus_lowers_the_loss_by_exactly_c_times_the_mean_entropy():
     probs = toy(rollout.prompt_ids).softmax(-1)
     mean_entropy = -(probs * probs.log()).sum(-1).mean()
     assert (bonus - plain).item() == pytest.approx(-0.1 * mean_entropy.item(), rel=1e-5)
+
+
+class FirstRowEmptyPolicy(ToySortPolicy):
+    """The first response of every rollout has no token (as an all-masked, e.g. filtered, response would)."""
+
+    def sample(self, batch, n, sampling):
+        rollout = super().sample(batch, n, sampling)
+        rollout.response_mask[0] = 0
+        return rollout
+
+
+@pytest.mark.parametrize("count_empty_rows, expected", [(True, 8), (False, 7)])
+def test_count_empty_rows_sets_the_sequence_divisor(in_tmp_dir, monkeypatch, count_empty_rows, expected):
+    import rlvr_lightning.modules.rlvr as rlvr_module
+
+    seen = []
+    real = rlvr_module.aggregate_loss
+
+    def spy(*args, num_sequences=None, **kwargs):
+        seen.append(int(num_sequences))
+        return real(*args, num_sequences=num_sequences, **kwargs)
+
+    monkeypatch.setattr(rlvr_module, "aggregate_loss", spy)
+    torch.manual_seed(0)
+    policy = FirstRowEmptyPolicy(vocab_size=5, prompt_length=3, embedding_dim=4)
+    module = RLVRModule(policy, group_size=2, count_empty_rows=count_empty_rows)
+    fit(module, [SortInclusionOrderingReward(), CenteredAdvantage()], steps=1, batch_size=4)
+    assert seen == [expected]  # 4 prompts x 2 responses, one of them empty

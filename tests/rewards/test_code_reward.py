@@ -132,3 +132,16 @@ class _Result:
     @property
     def reward(self):
         return self.passed / self.total
+
+
+@needs_sandbox
+def test_the_hostile_set_through_the_reward_scores_zero_and_the_run_goes_on():
+    from tests.verifiers.test_sandbox_hostile import ADD_TESTS, CTYPES, FORGERIES, HONEST_ADD, PARENT_KILLERS
+
+    hostile = {**FORGERIES, **PARENT_KILLERS, **CTYPES, **{k: v for k, v in HOSTILE.items() if "{path" not in v}}
+    texts = [fenced(HONEST_ADD), *[fenced(p) for p in hostile.values()], fenced(HONEST_ADD.replace("a + b", "b + a"))]
+    reward = CodeExecutionReward(timeout_s=TIMEOUT, max_concurrency=2)
+    scores = reward(make_rollout(texts, [{"tests": ADD_TESTS}] * len(texts)))
+    assert scores.tolist() == [1.0] + [0.0] * len(hostile) + [1.0], dict(zip(hostile, scores[1:].tolist()))
+    assert reward.pop_errors() == 0
+    assert reward(make_rollout([fenced(HONEST_ADD)], [{"tests": ADD_TESTS}])).tolist() == [1.0]  # still alive and working

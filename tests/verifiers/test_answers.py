@@ -169,6 +169,12 @@ MATCH_CASES = [
     ("x=5", "5", True),  # math-verify accepts an assignment to the gold value
     (r"2\pi", r"2 \pi", True),
     ("A", "a", True),
+    ("1.8e1", "18", True),  # scientific notation compares as a number (math-verify alone reads e as Euler's)
+    ("1e3", "1000", True),
+    ("2.5E-1", "1/4", True),
+    ("-3e2", "-300", True),
+    ("18", "1.8e1", True),
+    ("1.8e1", "19", False),
     ("0.33", "1/3", False),  # close is not equal
     ("12", "1.2", False),
     ("-5", "5", False),
