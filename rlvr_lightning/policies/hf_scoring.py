@@ -17,14 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rlvr_lightning.core.entropy import entropy_from_logits
-from rlvr_lightning.core.log_probs import token_log_probs_from_logits
+from rlvr_lightning.core.log_probs import token_log_probs_and_entropy, token_log_probs_from_logits
 from rlvr_lightning.policies.generation import position_ids_from_mask
 from rlvr_lightning.rollout import Rollout
-
-# rows x positions per chunk of the detached entropy: bounds its [rows, positions, vocab] temporaries
-_ENTROPY_CHUNK_ELEMENTS = 1 << 24
-
 
 class HFScoring:
     """`token_log_probs` for `HFPolicy` (a mixin: needs `model`, `base_model`, `hf_config`,
@@ -46,12 +41,14 @@ class HFScoring:
             return empty, (empty if with_entropy else None)
         logits, t = self._forward_response_logits(rollout)
         mask = rollout.response_mask[:, :t] > 0
-        log_probs = token_log_probs_from_logits(logits, rollout.response_ids[:, :t], temperature)
-        log_probs = F.pad(torch.where(mask, log_probs, 0.0), (0, width - t))
+        ids = rollout.response_ids[:, :t]
         entropy = None
         if with_entropy:
-            entropy = entropy_from_logits(logits, temperature) if entropy_grad else _detached_entropy(logits, temperature)
+            log_probs, entropy = token_log_probs_and_entropy(logits, ids, temperature, entropy_grad)
             entropy = F.pad(torch.where(mask, entropy, 0.0), (0, width - t))
+        else:
+            log_probs = token_log_probs_from_logits(logits, ids, temperature)
+        log_probs = F.pad(torch.where(mask, log_probs, 0.0), (0, width - t))
         return log_probs, entropy
 
     def _forward_response_logits(self, rollout: Rollout) -> tuple[Tensor, int]:
@@ -145,11 +142,3 @@ class HFScoring:
             supported = "logits_to_keep" in inspect.signature(self.base_model.forward).parameters
             self._logits_to_keep = supported
         return supported
-
-
-@torch.no_grad()
-def _detached_entropy(logits: Tensor, temperature: float) -> Tensor:
-    """`entropy_from_logits` without autograd, in row chunks so that its `[.., V]` temporaries stay small."""
-    logits = logits.detach()
-    rows_per_chunk = max(1, _ENTROPY_CHUNK_ELEMENTS // max(1, logits.shape[1] * logits.shape[2]))
-    return torch.cat([entropy_from_logits(chunk, temperature) for chunk in logits.split(rows_per_chunk)])
