@@ -24,6 +24,7 @@ from rich.text import Text
 
 from rlvr_lightning import progress
 
+METRICS_MAX_AGE_S = 1.0  # slow steps update the metrics column after every batch
 LOG_NAMES = ("lightning", "lightning.pytorch", "lightning.fabric", "")  # loggers Lightning prints through
 
 
@@ -70,13 +71,14 @@ class StageColumn(ProgressColumn):
 
 class RewardProgressBar(RichProgressBar):
     """Rich progress bar that shows what the current step is doing and recomputes its metrics column
-    (mean reward, ...) every `refresh_rate` training batches instead of every batch: on a small task
-    that bookkeeping is a few percent of a step."""
+    (mean reward, ...) every `refresh_rate` training batches instead of every batch (on a small task that
+    bookkeeping is a few percent of a step), or after every batch when steps take over a second."""
 
     def __init__(self, refresh_rate: int = 10, **kwargs) -> None:
         super().__init__(refresh_rate=refresh_rate, **kwargs)
         self.status = StepStatus()
         self._last_token_refresh = 0.0
+        self._metrics_updated = 0.0
         self._rerouted: list[tuple[logging.StreamHandler, object]] = []
 
     # ------------------------------------------------------------ step status
@@ -134,8 +136,12 @@ class RewardProgressBar(RichProgressBar):
         return metrics
 
     def _update_metrics(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if trainer.training and (trainer.fit_loop.epoch_loop.batch_progress.current.completed + 1) % self.refresh_rate:
+        """Every `refresh_rate` batches, or after any batch when the last update is a second old (slow steps)."""
+        now = time.monotonic()
+        batch = trainer.fit_loop.epoch_loop.batch_progress.current.completed + 1
+        if trainer.training and batch % self.refresh_rate and now - self._metrics_updated < METRICS_MAX_AGE_S:
             return
+        self._metrics_updated = now
         super()._update_metrics(trainer, pl_module)
 
     # ------------------------------------------------------------ log lines above the bar

@@ -11,6 +11,7 @@ import torch
 from lightning.pytorch.loggers import CSVLogger
 
 from rlvr_lightning import progress
+from rlvr_lightning.callbacks import progress as progress_callbacks
 from rlvr_lightning.callbacks.progress import ProgressLines, RewardProgressBar, StageColumn
 from rlvr_lightning.data import RLVRDataModule, SortTask
 from rlvr_lightning.modules import RLVRModule
@@ -104,3 +105,18 @@ def test_lightning_log_lines_go_above_a_live_bar(monkeypatch):
         assert handler.stream is sys.__stderr__
     finally:
         logging.getLogger("lightning.pytorch").removeHandler(handler)
+
+
+def test_slow_steps_show_the_reward_after_every_step(in_tmp_dir, monkeypatch):
+    """The metrics column is recomputed every 10 batches, or after any batch once it is a second old:
+    a language-model step of a minute shows its reward at once (here every step counts as slow)."""
+    monkeypatch.setattr(progress_callbacks, "METRICS_MAX_AGE_S", 0.0)
+    bar = RewardProgressBar()
+    seen = []
+
+    class Peek(pl.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            seen.append(dict(bar._metric_component._metrics))
+
+    fit([bar, Peek()], steps=3)
+    assert "reward" not in seen[0] and "reward" in seen[1] and seen[1]["reward"] != seen[2]["reward"]
