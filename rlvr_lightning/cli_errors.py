@@ -24,6 +24,7 @@ import inspect
 import os
 import pkgutil
 import re
+import traceback
 from argparse import ArgumentError
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -222,10 +223,10 @@ def _module_members(module_path: str) -> list[str]:
     return sorted(names)
 
 
-def _help_tip(option: str, class_path: str | None) -> str | None:
-    top = option.split(".")[0]
-    if class_path and top in HELP_TIPS and option.count(".") <= 2:
-        return HELP_TIPS[top].format(class_path=class_path)
+def _help_tip(section: str | None, class_path: str | None) -> str | None:
+    """How to list the options of the module or data module (`section` "model" or "data") of class `class_path`."""
+    if class_path and section in HELP_TIPS:
+        return HELP_TIPS[section].format(class_path=class_path)
     return None
 
 
@@ -242,7 +243,7 @@ def explain_parse_error(message: str, argv: list[str], parser: Any = None) -> Co
         owner = class_path.rpartition(".")[2] if class_path else "this section"
         return ConfigProblem(
             f"{owner} has no option {name!r}", option, locate(option, argv), choices, closest(name, choices),
-            _help_tip(option, class_path),
+            _help_tip(keys[0] if len(keys) == 1 and len(classes) == 1 else None, class_path),
         )
     if m := re.search(r"module '([\w.]+)' has no attribute '(\w+)'", text):
         module, name = m.groups()
@@ -331,10 +332,20 @@ def _choices_in(text: str) -> tuple[list[str], str | None]:
 # ----------------------------------------------------------------------------- errors raised while building or setting up
 
 
+_WRAPPERS = (os.sep + "jsonargparse" + os.sep, os.path.join("lightning", "pytorch", "cli.py"))
+
+
 def _root_cause(error: BaseException) -> BaseException:
-    while error.__cause__ is not None:
-        error = error.__cause__
-    return error
+    """The first error in the `raise ... from` chain that the parser did not raise to wrap another one:
+    the configured class's own message (not the library errors that caused it)."""
+    chain = [error]
+    while chain[-1].__cause__ is not None and len(chain) < 50:
+        chain.append(chain[-1].__cause__)
+    for candidate in chain:
+        frames = traceback.extract_tb(candidate.__traceback__)
+        if frames and not any(part in frames[-1].filename for part in _WRAPPERS):
+            return candidate
+    return chain[-1]
 
 
 def _raising_objects(error: BaseException, hooks: tuple[str, ...]) -> list[Any]:
@@ -410,7 +421,7 @@ def explain_build_error(error: BaseException, argv: list[str], config: Any, duri
     if option is None and section is not None and obj is not None:
         option = section or None
     choices, suggestion = _choices_in(text)
-    tip = _help_tip(option, class_path) if option and class_path else None
+    tip = _help_tip(section, class_path)
     return ConfigProblem(text.splitlines()[0] if len(text) < 2000 else text[:2000], option, where, choices, suggestion, tip)
 
 

@@ -57,3 +57,32 @@ def test_default_loggers_write_wandb_offline_and_csv(in_tmp_dir):
 def test_wrong_option_names_the_valid_choices(in_tmp_dir):
     with pytest.raises(ValueError, match="loss='ppo' is not valid; choose one of .*'ppo_clip'"):
         main(["fit", "--config", str(CONFIGS[0].parent / "sort_grpo.yaml"), "--model.init_args.loss=ppo", *QUICK])
+
+
+def test_predict_writes_the_checkpoint_completions_and_validate_scores_them(in_tmp_dir):
+    """`rlvr predict --ckpt_path` writes one JSON line per held-out prompt, decoded greedily by the checkpoint's
+    policy; `rlvr validate --ckpt_path` reports the accuracy of exactly those completions."""
+    import json
+
+    from rlvr_lightning.policies.base import SamplingConfig
+
+    config = str(CONFIGS[0].parent / "sort_lecture.yaml")
+    fitted = main(["fit", "--config", config, *QUICK, "--trainer.limit_train_batches=2"])
+    fitted.trainer.save_checkpoint("trained.ckpt")
+    args = ["--config", config, "--trainer.logger=false", "--trainer.enable_progress_bar=false", "--ckpt_path", "trained.ckpt"]
+    main(["predict", *args])
+    rows = [json.loads(line) for line in Path("runs/predictions.jsonl").read_text().splitlines()]
+    prompts = [row["prompt"] for row in rows]
+    assert len(rows) == 256 and set(rows[0]) == {"prompt", "completion", "reward", "rewards", "correct", "truncated", "metadata"}
+    greedy = fitted.model.policy.sample({"prompt": prompts}, 1, SamplingConfig(do_sample=False))
+    assert [row["completion"] for row in rows] == greedy.response_ids.tolist()
+    assert all(row["correct"] == (row["completion"] == sorted(row["prompt"])) for row in rows)
+    validated = main(["validate", *args])
+    accuracy = validated.trainer.callback_metrics["val/accuracy"].item()
+    assert accuracy == pytest.approx(sum(row["correct"] for row in rows) / len(rows))
+
+
+def test_there_is_no_test_command():
+    from rlvr_lightning.cli import RLVRCLI
+
+    assert set(RLVRCLI.subcommands()) == {"fit", "validate", "predict"}
