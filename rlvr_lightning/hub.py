@@ -10,15 +10,12 @@ still loads, a missing one fails at once with the policy's message.
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
-
-log = logging.getLogger(__name__)
 
 HUB_KEYS = ("model_name_or_path", "tokenizer_name_or_path", "dataset")
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
