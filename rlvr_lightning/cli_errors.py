@@ -375,4 +375,5 @@ def debug_requested(argv: list[str]) -> tuple[bool, list[str]]:
     if "--debug" in argv:
         debug = True
         argv = [arg for arg in argv if arg != "--debug"]
+        os.environ["RLVR_DEBUG"] = "1"  # the processes Lightning starts for other ranks rerun the command without it
     return debug, argv

@@ -1,6 +1,7 @@
 """What `rlvr` prints for a configuration mistake: what is wrong, where, the valid choices and the
 closest one, no usage dump and no traceback, exit status 2 (`--debug` keeps the old output)."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -95,7 +96,8 @@ def test_commands(capsys):
     assert code == 2 and "rlvr validate --config X --ckpt_path CKPT" in lines[0]
 
 
-def test_debug_shows_the_parser_message_and_the_traceback(capsys):
+def test_debug_shows_the_parser_message_and_the_traceback(capsys, monkeypatch):
+    monkeypatch.setenv("RLVR_DEBUG", "0")  # --debug sets it to 1 for the other ranks; restored after the test
     with pytest.raises(SystemExit) as exit_info:  # jsonargparse's own handling: usage, message, status 2
         entry_point(["fit", "--config", SORT, "--model.init_args.clip_hgh=0.3", "--debug"])
     assert exit_info.value.code == 2
@@ -103,6 +105,7 @@ def test_debug_shows_the_parser_message_and_the_traceback(capsys):
     assert err.startswith("usage:") and "Option 'clip_hgh' is not accepted" in err
     with pytest.raises(ValueError, match="ppo_clipp"):
         entry_point(["fit", "--config", SORT, "--model.init_args.loss=ppo_clipp", "--debug", *QUIET])
+    assert os.environ["RLVR_DEBUG"] == "1"
 
 
 def test_help_says_how_to_list_the_module_and_data_options(capsys):
