@@ -86,3 +86,57 @@ def test_there_is_no_test_command():
     from rlvr_lightning.cli import RLVRCLI
 
     assert set(RLVRCLI.subcommands()) == {"fit", "validate", "predict"}
+
+
+def test_torch_runs_on_one_thread_unless_the_config_says_otherwise(in_tmp_dir):
+    import torch
+    import yaml
+
+    config = yaml.safe_load((CONFIGS[0].parent / "sort_lecture.yaml").read_text())
+    del config["torch_threads"]
+    Path("no_threads.yaml").write_text(yaml.safe_dump(config))
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        main(["--config", "no_threads.yaml"], run=False)
+        assert torch.get_num_threads() == 1  # the measured default (README "Threads")
+        torch.set_num_threads(2)
+        main(["--config", "no_threads.yaml", "--torch_threads", "null"], run=False)
+        assert torch.get_num_threads() == 2  # null: torch's own setting is left alone
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_sort_ddp_is_sort_grpo_on_two_processes():
+    """Same algorithm and global batch: only the per-rank sizes and the trainer's strategy differ."""
+    import yaml
+
+    grpo, ddp = (yaml.safe_load((CONFIGS[0].parent / f"{name}.yaml").read_text()) for name in ("sort_grpo", "sort_ddp"))
+    devices = ddp["trainer"]["devices"]
+    assert ddp["trainer"]["strategy"] == "ddp" and devices == 2
+    grpo_model, ddp_model = grpo["model"]["init_args"], ddp["model"]["init_args"]
+    assert ddp_model.pop("mini_batch_size") * devices == grpo_model.pop("mini_batch_size")
+    assert ddp_model == grpo_model  # dynamic sampling included
+    assert ddp["data"]["init_args"].pop("batch_size") * devices == grpo["data"]["init_args"].pop("batch_size")
+    assert ddp["data"] == grpo["data"]
+
+
+def test_default_csv_log_is_on_disk_after_every_step(in_tmp_dir):
+    """A run killed at any step boundary keeps the metrics of the steps before it."""
+    import lightning.pytorch as pl
+
+    on_disk = []
+
+    class ReadCsv(pl.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            files = list(Path("runs/csv").rglob("metrics.csv"))
+            on_disk.append(files[0].read_text().count("\n") - 1 if files else 0)  # rows written so far
+
+    cli = main(
+        ["--config", str(CONFIGS[0].parent / "sort_lecture.yaml"), "--trainer.limit_train_batches=4", "--trainer.limit_val_batches=0",
+         "--trainer.enable_progress_bar=false"],
+        run=False,
+    )
+    cli.trainer.callbacks.append(ReadCsv())
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    assert on_disk == [0, 1, 2, 3]
