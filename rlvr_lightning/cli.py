@@ -32,6 +32,7 @@ import rlvr_lightning.data  # noqa: F401  registers the data modules: `--data.he
 import rlvr_lightning.modules  # noqa: F401  registers the modules: `--model.help RLVRModule`
 from rlvr_lightning import cli_errors
 from rlvr_lightning.callbacks.interrupt import SaveOnInterrupt, TrainingInterrupted
+from rlvr_lightning.callbacks.predictions import CompletionWriter
 from rlvr_lightning.callbacks.progress import ProgressLines, RewardProgressBar
 from rlvr_lightning.hub import go_offline_if_unreachable
 
@@ -60,6 +61,11 @@ DESCRIPTIONS = {
     "validate": "Evaluate a checkpoint (--ckpt_path) on the held-out prompts with the validation metrics. ",
     "predict": "Write completions for the held-out prompts to JSONL (--ckpt_path: the weights to use). ",
 }
+DESCRIPTION = (
+    "Reinforcement learning from verifiable rewards: train (fit), evaluate (validate) and sample (predict) "
+    "the run a YAML config describes. `rlvr fit --help` says how to list the options of the module and the "
+    "data module; --debug (or RLVR_DEBUG=1) shows tracebacks of configuration mistakes."
+)
 REMOVED_COMMANDS = {
     "test": "rlvr has no `test`: no task has a test split apart from its held-out prompts; "
     "`rlvr validate --config X --ckpt_path CKPT` evaluates a checkpoint on them",
@@ -72,6 +78,12 @@ class RLVRCLI(LightningCLI):
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
         return {name: skip for name, skip in LightningCLI.subcommands().items() if name not in REMOVED_COMMANDS}
+
+    def setup_parser(self, add_subcommands: bool, main_kwargs: dict, subparser_kwargs: dict) -> None:
+        super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
+        subcommands = getattr(self.parser, "_subcommands_action", None)
+        for choice in getattr(subcommands, "_choices_actions", []):  # `rlvr --help`: ours, not the Trainer's docstrings
+            choice.help = DESCRIPTIONS.get(choice.dest, choice.help).strip()
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument(
@@ -105,8 +117,6 @@ class RLVRCLI(LightningCLI):
         if self.subcommand == "fit" and not any(isinstance(cb, SaveOnInterrupt) for cb in callbacks):
             added.append(SaveOnInterrupt())
         if self.subcommand == "predict" and not any(isinstance(cb, BasePredictionWriter) for cb in callbacks):
-            from rlvr_lightning.callbacks.predictions import CompletionWriter
-
             root = trainer_config.get("default_root_dir") or "."
             added.append(CompletionWriter(os.path.join(str(root), "predictions.jsonl")))
         if added:
@@ -122,7 +132,7 @@ class RLVRCLI(LightningCLI):
 
 
 def _cli_kwargs(args: list[str] | None, run: bool, exit_on_error: bool = True) -> dict:
-    parser_kwargs: dict = {"exit_on_error": exit_on_error}
+    parser_kwargs: dict = {"exit_on_error": exit_on_error, "description": DESCRIPTION}
     for command in RLVRCLI.subcommands():
         parser_kwargs[command] = {
             "exit_on_error": exit_on_error,

@@ -127,3 +127,11 @@ def test_the_console_script_exits_2_with_the_short_message(in_tmp_dir):
     assert done.returncode == 2
     assert done.stderr.splitlines()[0] == "error: RLVRModule has no option 'clip_hgh'", done.stderr
     assert len(done.stderr.splitlines()) <= 6
+
+
+def test_top_level_help_describes_the_commands(capsys):
+    with pytest.raises(SystemExit):
+        entry_point(["--help"])
+    out = capsys.readouterr().out
+    assert "fit                 Train the module of the config." in out
+    assert "Write completions for the held-out prompts to JSONL" in out and "forward function" not in out
