@@ -96,14 +96,15 @@ class RewardScoring:
 
 def completion_rows(rollout: Rollout, correct: Tensor | None = None) -> list[dict]:
     """One plain dict per row: prompt and completion (text, or token ids without padding), rewards, correctness."""
+    prompt_ids, response_ids = rollout.prompt_ids.cpu(), rollout.response_ids.cpu()
     prompt_mask, response_mask = rollout.prompt_mask.bool().cpu(), rollout.response_mask.bool().cpu()
     rewards = {name: values.tolist() for name, values in rollout.rewards.items()}
     totals = rollout.reward.tolist() if rollout.reward is not None else [None] * rollout.num_rows
     rows = []
     for i in range(rollout.num_rows):
         rows.append({
-            "prompt": rollout.prompt_text[i] if rollout.prompt_text else rollout.prompt_ids[i][prompt_mask[i]].tolist(),
-            "completion": rollout.response_text[i] if rollout.response_text else rollout.response_ids[i][response_mask[i]].tolist(),
+            "prompt": rollout.prompt_text[i] if rollout.prompt_text else prompt_ids[i][prompt_mask[i]].tolist(),
+            "completion": rollout.response_text[i] if rollout.response_text else response_ids[i][response_mask[i]].tolist(),
             "reward": totals[i],
             "rewards": {name: values[i] for name, values in rewards.items()},
             "correct": None if correct is None else bool(correct[i]),
