@@ -10,11 +10,17 @@ For each example (gold = the number after ``####``):
   math-verify in the worker processes, not by the string fast path.
 
 Usage:
-    python scripts/check_gsm8k_answers.py [--data-dir DIR] [--workers N] [--timeout S]
+    python scripts/check_gsm8k_answers.py [DIR] [--workers N] [--timeout S]
 
-DIR defaults to ``<repo root>/../shared/data/gsm8k`` and must hold ``train.jsonl`` and
-``test.jsonl`` (one ``{"question": ..., "answer": ...}`` object per line). Exit code 0
-when every check passed.
+DIR (or ``--data-dir DIR``) must hold ``train.jsonl`` and ``test.jsonl`` (one
+``{"question": ..., "answer": ...}`` object per line); it defaults to ``<repo root>/../shared/data/gsm8k``.
+The files are not part of this repository: GSM8K's own are at
+https://github.com/openai/grade-school-math (``grade_school_math/data/{train,test}.jsonl``), or
+``datasets`` writes them:
+
+    python -c "from datasets import load_dataset; [load_dataset('openai/gsm8k', 'main', split=s).to_json(f'DIR/{s}.jsonl') for s in ('train', 'test')]"
+
+Exit code 0 when every check passed, 1 when one failed, 2 when a file is missing.
 """
 
 from __future__ import annotations
@@ -68,15 +74,27 @@ def load(path: Path, problems: list[str]) -> list[tuple[str, int, str]]:
     return rows
 
 
-def main() -> int:
+DEFAULT_DATA_DIR = REPO.parent / "shared" / "data" / "gsm8k"
+WHERE_TO_GET = (
+    "GSM8K is not part of this repository. Get train.jsonl and test.jsonl from "
+    "https://github.com/openai/grade-school-math (grade_school_math/data/), or write them with\n"
+    "  python -c \"from datasets import load_dataset; [load_dataset('openai/gsm8k', 'main', split=s).to_json(f'DIR/{s}.jsonl') "
+    "for s in ('train', 'test')]\"\n"
+    "and pass their directory: python scripts/check_gsm8k_answers.py DIR"
+)
+
+
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data-dir", type=Path, default=REPO.parent / "shared" / "data" / "gsm8k")
+    ap.add_argument("data_dir_arg", nargs="?", type=Path, metavar="DIR", help="directory of train.jsonl and test.jsonl")
+    ap.add_argument("--data-dir", type=Path, default=None, help=f"the same as DIR (default: {DEFAULT_DATA_DIR})")
     ap.add_argument("--files", nargs="+", default=["train.jsonl", "test.jsonl"])
     ap.add_argument("--workers", type=int, default=max(2, os.cpu_count() or 2))
     ap.add_argument("--timeout", type=float, default=5.0, help="per-answer budget (seconds)")
     ap.add_argument("--skip-rewrite", action="store_true", help="skip the \\frac{2g}{2} check")
     ap.add_argument("--max-failures", type=int, default=50, help="how many failures to list")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    args.data_dir = args.data_dir_arg or args.data_dir or DEFAULT_DATA_DIR
 
     t0 = time.monotonic()
     problems: list[str] = []
@@ -84,7 +102,7 @@ def main() -> int:
     for name in args.files:
         path = args.data_dir / name
         if not path.is_file():
-            print(f"missing file: {path}", file=sys.stderr)
+            print(f"missing file: {path}\n{WHERE_TO_GET}", file=sys.stderr)
             return 2
         rows += load(path, problems)
     golds = [g for _, _, g in rows]

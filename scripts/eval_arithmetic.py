@@ -2,10 +2,13 @@
 
     # accuracy and format rate on the 200 held-out problems, sampled at temperature 1.0 and greedily
     python scripts/eval_arithmetic.py eval --config configs/smollm2_arithmetic.yaml
-    python scripts/eval_arithmetic.py eval --config configs/smollm2_arithmetic.yaml --ckpt /tmp/run/last.ckpt
+    python scripts/eval_arithmetic.py eval --config configs/smollm2_arithmetic.yaml --ckpt /tmp/run/csv/version_0/checkpoints/final.ckpt
 
     # the curve of a run (its CSV log) as a PNG
-    python scripts/eval_arithmetic.py plot --csv /tmp/run/runs/csv/version_0/metrics.csv --out docs/smollm2_arithmetic.png
+    python scripts/eval_arithmetic.py plot --csv /tmp/run/csv/version_0/metrics.csv --out docs/smollm2_arithmetic.png
+
+(`/tmp/run` as in `scripts/train_smollm2_arithmetic.sh /tmp/run`, which logs to RUN_DIR/csv/version_0/ and puts
+the checkpoints, last.ckpt and final.ckpt, in its checkpoints/ folder.)
 
 `eval` builds the policy, the task and the reward callbacks from the recipe YAML (so prompts,
 answer extraction and format check are the recipe's), optionally loads the policy weights of a

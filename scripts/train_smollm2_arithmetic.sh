@@ -5,7 +5,9 @@
 #   scripts/train_smollm2_arithmetic.sh /tmp/smollm2_arith            # one hour (trainer.max_time)
 #   scripts/train_smollm2_arithmetic.sh /tmp/trial --trainer.max_time=00:00:05:00
 #
-# Then: python scripts/eval_arithmetic.py eval --ckpt RUN_DIR/checkpoints/final.ckpt
+# Checkpoints (last.ckpt every 10 steps, final.ckpt at the end) go beside the CSV log, where Lightning puts
+# them for a ModelCheckpoint without dirpath: RUN_DIR/csv/version_0/checkpoints/ (version_1, ... on reruns).
+# Then: python scripts/eval_arithmetic.py eval --config configs/smollm2_arithmetic.yaml --ckpt RUN_DIR/csv/version_0/checkpoints/final.ckpt
 #       python scripts/eval_arithmetic.py plot --csv RUN_DIR/csv/version_0/metrics.csv
 set -euo pipefail
 RUN_DIR=$(realpath -m "${1:-/tmp/smollm2_arith}")

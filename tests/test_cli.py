@@ -67,3 +67,86 @@ def test_a_single_callback_is_accepted(in_tmp_dir):
     names = [type(cb).__name__ for cb in cli.trainer.callbacks]
     assert "SortInclusionOrderingReward" in names and "RewardProgressBar" in names
     assert cli.trainer.fit_loop.epoch_loop._batches_that_stepped == 1
+
+
+def test_predict_writes_the_checkpoint_completions_and_validate_scores_them(in_tmp_dir):
+    """`rlvr predict --ckpt_path` writes one JSON line per held-out prompt, decoded greedily by the checkpoint's
+    policy; `rlvr validate --ckpt_path` reports the accuracy of exactly those completions."""
+    import json
+
+    from rlvr_lightning.policies.base import SamplingConfig
+
+    config = str(CONFIGS[0].parent / "sort_lecture.yaml")
+    fitted = main(["fit", "--config", config, *QUICK, "--trainer.limit_train_batches=2"])
+    fitted.trainer.save_checkpoint("trained.ckpt")
+    args = ["--config", config, "--trainer.logger=false", "--trainer.enable_progress_bar=false", "--ckpt_path", "trained.ckpt"]
+    main(["predict", *args])
+    rows = [json.loads(line) for line in Path("runs/predictions.jsonl").read_text().splitlines()]
+    prompts = [row["prompt"] for row in rows]
+    assert len(rows) == 256 and set(rows[0]) == {"prompt", "completion", "reward", "rewards", "correct", "truncated", "metadata"}
+    greedy = fitted.model.policy.sample({"prompt": prompts}, 1, SamplingConfig(do_sample=False))
+    assert [row["completion"] for row in rows] == greedy.response_ids.tolist()
+    assert all(row["correct"] == (row["completion"] == sorted(row["prompt"])) for row in rows)
+    validated = main(["validate", *args])
+    accuracy = validated.trainer.callback_metrics["val/accuracy"].item()
+    assert accuracy == pytest.approx(sum(row["correct"] for row in rows) / len(rows))
+
+
+def test_there_is_no_test_command():
+    from rlvr_lightning.cli import RLVRCLI
+
+    assert set(RLVRCLI.subcommands()) == {"fit", "validate", "predict"}
+
+
+def test_torch_runs_on_one_thread_unless_the_config_says_otherwise(in_tmp_dir):
+    import torch
+    import yaml
+
+    config = yaml.safe_load((CONFIGS[0].parent / "sort_lecture.yaml").read_text())
+    del config["torch_threads"]
+    Path("no_threads.yaml").write_text(yaml.safe_dump(config))
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        main(["--config", "no_threads.yaml"], run=False)
+        assert torch.get_num_threads() == 1  # the measured default (README "Threads")
+        torch.set_num_threads(2)
+        main(["--config", "no_threads.yaml", "--torch_threads", "null"], run=False)
+        assert torch.get_num_threads() == 2  # null: torch's own setting is left alone
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_sort_ddp_is_sort_grpo_on_two_processes():
+    """Same algorithm and global batch: only the per-rank sizes and the trainer's strategy differ."""
+    import yaml
+
+    grpo, ddp = (yaml.safe_load((CONFIGS[0].parent / f"{name}.yaml").read_text()) for name in ("sort_grpo", "sort_ddp"))
+    devices = ddp["trainer"]["devices"]
+    assert ddp["trainer"]["strategy"] == "ddp" and devices == 2
+    grpo_model, ddp_model = grpo["model"]["init_args"], ddp["model"]["init_args"]
+    assert ddp_model.pop("mini_batch_size") * devices == grpo_model.pop("mini_batch_size")
+    assert ddp_model == grpo_model  # dynamic sampling included
+    assert ddp["data"]["init_args"].pop("batch_size") * devices == grpo["data"]["init_args"].pop("batch_size")
+    assert ddp["data"] == grpo["data"]
+
+
+def test_default_csv_log_is_on_disk_after_every_step(in_tmp_dir):
+    """A run killed at any step boundary keeps the metrics of the steps before it."""
+    import lightning.pytorch as pl
+
+    on_disk = []
+
+    class ReadCsv(pl.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            files = list(Path("runs/csv").rglob("metrics.csv"))
+            on_disk.append(files[0].read_text().count("\n") - 1 if files else 0)  # rows written so far
+
+    cli = main(
+        ["--config", str(CONFIGS[0].parent / "sort_lecture.yaml"), "--trainer.limit_train_batches=4", "--trainer.limit_val_batches=0",
+         "--trainer.enable_progress_bar=false"],
+        run=False,
+    )
+    cli.trainer.callbacks.append(ReadCsv())
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    assert on_disk == [0, 1, 2, 3]

@@ -420,6 +420,10 @@ class RLVRDataModule(pl.LightningDataModule):
             generator=torch.Generator(),  # no draw from the global RNG
         )
 
+    def predict_dataloader(self) -> DataLoader | list:
+        """`rlvr predict` completes the held-out prompts."""
+        return self.val_dataloader()
+
     # ------------------------------------------------------------- checkpoints
 
     def state_dict(self) -> dict[str, Any]:

@@ -173,3 +173,7 @@ class SFTDataModule(pl.LightningDataModule):
         return DataLoader(
             ListDataset(self.val_examples), batch_size=self.val_batch_size, collate_fn=collate_pairs, num_workers=self.num_workers
         )
+
+    def predict_dataloader(self) -> DataLoader | list:
+        """`rlvr predict` completes the validation prompts (their reference responses are ignored)."""
+        return self.val_dataloader()

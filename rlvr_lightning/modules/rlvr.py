@@ -38,6 +38,7 @@ from rlvr_lightning.modules.gradients import policy_gradient_norm
 from rlvr_lightning.modules.scoring import RewardScoring
 from rlvr_lightning.modules.step_metrics import publish_step_metrics
 from rlvr_lightning.policies.base import Policy, PromptBatch, SamplingConfig
+from rlvr_lightning.progress import report_stage
 from rlvr_lightning.rewards.base import RewardCallback, find_reward_callbacks
 from rlvr_lightning.rollout import Rollout
 
@@ -267,14 +268,17 @@ class RLVRModule(RewardScoring, pl.LightningModule):
     def training_step(self, batch: PromptBatch, batch_idx: int) -> None:
         started = time.perf_counter()
         self._maybe_update_reference()
+        report_stage("generate")
         rollout = self.policy.sample(batch, self.group_size, self.sampling)
         generated = time.perf_counter()
+        report_stage("score")
         self.score(rollout)
         metrics: dict[str, Tensor | float] = {}
         if self.dynamic_sampling:
             rollout = self._dynamic_sampling(rollout, metrics)
         scored = time.perf_counter()
         metrics.update(self._reward_metrics(rollout, prefix="train"))
+        report_stage("log-probs")
         self._add_old_and_reference_log_probs(rollout)
         if self.reference is not None and self.kl_mode == "reward":
             self._penalize_reward_with_kl(rollout, metrics)
@@ -282,6 +286,7 @@ class RLVRModule(RewardScoring, pl.LightningModule):
         self.last_rollout = rollout
         metrics["train/advantage_mean"] = rollout.advantages.mean()
         metrics["train/advantage_std"] = rollout.advantages.std() if rollout.advantages.numel() > 1 else 0.0
+        report_stage("update")
         update_stats = self._update(rollout)
         finished = time.perf_counter()
 
@@ -295,6 +300,7 @@ class RLVRModule(RewardScoring, pl.LightningModule):
 
     def _dynamic_sampling(self, rollout: Rollout, metrics: dict) -> Rollout:
         def sample_more() -> Rollout:
+            report_stage("generate top-up")
             extra = self.policy.sample(self._next_topup_batch(), self.group_size, self.sampling)
             self.score(extra)
             return extra

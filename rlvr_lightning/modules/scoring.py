@@ -53,6 +53,14 @@ class RewardScoring:
             masked = dataclasses.replace(rollout, response_mask=rollout.response_mask.clone())
             self.validation_metrics.update(masked, plain(correct), answers, plain(format_ok))
 
+    def predict_step(self, batch: PromptBatch, batch_idx: int) -> list[dict]:
+        """`val_group_size` completions per prompt, decoded as in validation and scored: one row each
+        (`rlvr predict` writes them to JSONL)."""
+        sampling = dataclasses.replace(self.sampling, do_sample=not self.val_greedy)
+        rollout = self.policy.sample({"prompt": batch["prompt"], "metadata": batch.get("metadata")}, self.val_group_size, sampling)
+        self.score(rollout)
+        return completion_rows(rollout, self.correctness(rollout))
+
     @property
     def validation_metrics(self) -> ValidationMetrics:
         if getattr(self, "_validation_metrics", None) is None:
@@ -84,3 +92,23 @@ class RewardScoring:
                 if correct is not None:
                     return correct
         return None
+
+
+def completion_rows(rollout: Rollout, correct: Tensor | None = None) -> list[dict]:
+    """One plain dict per row: prompt and completion (text, or token ids without padding), rewards, correctness."""
+    prompt_ids, response_ids = rollout.prompt_ids.cpu(), rollout.response_ids.cpu()
+    prompt_mask, response_mask = rollout.prompt_mask.bool().cpu(), rollout.response_mask.bool().cpu()
+    rewards = {name: values.tolist() for name, values in rollout.rewards.items()}
+    totals = rollout.reward.tolist() if rollout.reward is not None else [None] * rollout.num_rows
+    rows = []
+    for i in range(rollout.num_rows):
+        rows.append({
+            "prompt": rollout.prompt_text[i] if rollout.prompt_text else prompt_ids[i][prompt_mask[i]].tolist(),
+            "completion": rollout.response_text[i] if rollout.response_text else response_ids[i][response_mask[i]].tolist(),
+            "reward": totals[i],
+            "rewards": {name: values[i] for name, values in rewards.items()},
+            "correct": None if correct is None else bool(correct[i]),
+            "truncated": bool(rollout.truncated[i]),
+            "metadata": rollout.metadata[i] if rollout.metadata else {},
+        })
+    return rows

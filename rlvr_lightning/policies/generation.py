@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from rlvr_lightning.progress import report_tokens
+
 
 def left_pad(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor]:
     """Left-pad token id lists into `ids long[B, P]` and `mask long[B, P]`."""
@@ -231,6 +233,7 @@ def _generate(
         rows = active[alive]
         tokens_out[rows, step] = token[alive]
         log_probs_out[rows, step] = token_log_prob[alive]
+        report_tokens(step + 1, max_new_tokens)
 
         done = torch.isin(token, eos) & alive
         if stop:

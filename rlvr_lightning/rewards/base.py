@@ -12,6 +12,9 @@ and four lines of YAML under `trainer.callbacks`.
 
 Model output is untrusted input. A reward that raises on one row costs that row (scored
 0, counted in `num_errors`) when `on_error="zero"`; `on_error="raise"` stops the run.
+The first failure prints one warning line (the error and where it was raised; the traceback
+is logged at DEBUG level); later ones are summarised every `error_summary_every_n_steps`
+training steps.
 `timeout_s` bounds each `score_row` call: a row that takes longer scores 0 and is counted.
 The call runs in a daemon thread, which Python cannot stop, so a row stuck in a tight loop
 keeps one thread busy until the process exits; rewards that judge untrusted programs or
@@ -23,14 +26,18 @@ from __future__ import annotations
 import logging
 import re
 import threading
+import traceback
+from pathlib import Path
 
 import torch
 from lightning.pytorch import Callback
+from lightning.pytorch.utilities import rank_zero_only
 from torch import Tensor
 
 from rlvr_lightning.rollout import Rollout
 
 log = logging.getLogger(__name__)
+_warn = rank_zero_only(log.warning)
 
 ON_ERROR_CHOICES = ("zero", "raise")
 
@@ -48,6 +55,7 @@ class RewardCallback(Callback):
     """
 
     kind: str = "task"
+    error_summary_every_n_steps: int = 50
 
     def __init__(
         self, weight: float = 1.0, name: str | None = None, on_error: str = "zero", timeout_s: float | None = None
@@ -61,6 +69,9 @@ class RewardCallback(Callback):
         self.on_error = on_error
         self.timeout_s = timeout_s
         self.num_errors = 0  # rows that raised or timed out since the last `pop_errors`
+        self._first_error: str | None = None  # the first exception this reward raised, described in one line
+        self._warned = False
+        self._failed_since_summary = self._rows_since_summary = self._failed_total = 0
 
     def score(self, rollout: Rollout) -> Tensor:
         """Unweighted scores `float[N]`. The default calls `score_row` on every row, isolating failures."""
@@ -68,10 +79,11 @@ class RewardCallback(Callback):
         for i in range(rollout.num_rows):
             try:
                 scores[i] = float(self._score_row_in_time(rollout, i))
-            except Exception:
+            except Exception as error:
                 if self.on_error == "raise":
                     raise
                 self.num_errors += 1
+                self._first_error = self._first_error or f"row {i}: {describe_error(error)}"
                 log.debug("reward %s failed on row %d", self.name, i, exc_info=True)
         return scores.to(rollout.response_ids.device)
 
@@ -108,19 +120,57 @@ class RewardCallback(Callback):
 
     def __call__(self, rollout: Rollout) -> Tensor:
         """`score` with whole-batch failures isolated as well (every row 0 and counted)."""
+        errors_before = self.num_errors
         try:
-            scores = self.score(rollout)
-        except Exception:
+            scores = self.score(rollout).float()
+        except Exception as error:
             if self.on_error == "raise":
                 raise
-            log.warning("reward %s failed on the whole batch; scoring it 0", self.name, exc_info=True)
+            self._first_error = self._first_error or f"the whole batch: {describe_error(error)}"
+            log.debug("reward %s failed on the whole batch", self.name, exc_info=True)
             self.num_errors += rollout.num_rows
-            return torch.zeros(rollout.num_rows, device=rollout.response_ids.device)
-        return scores.float()
+            scores = torch.zeros(rollout.num_rows, device=rollout.response_ids.device)
+        self._note_failures(self.num_errors - errors_before, rollout.num_rows)
+        return scores
+
+    def _note_failures(self, failed: int, rows: int) -> None:
+        """One warning at the first failure; after it, failures accumulate for the periodic summary."""
+        self._rows_since_summary += rows
+        if failed <= 0:
+            return
+        self._failed_total += failed
+        if self._warned:
+            self._failed_since_summary += failed
+            return
+        self._warned = True
+        self._rows_since_summary = 0
+        first = f" (first: {self._first_error})" if self._first_error else " (failed or timed out)"
+        _warn(
+            f"reward {self.name}: {failed} of {rows} rows scored 0{first}; counted in reward_errors/{self.name}. "
+            f"on_error: raise stops the run instead; later failures are summarised every "
+            f"{self.error_summary_every_n_steps} steps"
+        )
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        step = trainer.fit_loop.epoch_loop._batches_that_stepped + 1
+        if self._failed_since_summary and step % self.error_summary_every_n_steps == 0:
+            _warn(
+                f"reward {self.name}: {self._failed_since_summary} of {self._rows_since_summary} rows scored 0 "
+                f"in the last {self.error_summary_every_n_steps} steps ({self._failed_total} since the start)"
+            )
+            self._failed_since_summary = self._rows_since_summary = 0
 
     def pop_errors(self) -> int:
         errors, self.num_errors = self.num_errors, 0
         return errors
+
+
+def describe_error(error: BaseException) -> str:
+    """`TypeError: message (file.py:12)`: the error and the line that raised it, in one line."""
+    text = f"{type(error).__name__}: {error}".strip().replace("\n", " ")
+    text = text if len(text) <= 200 else text[:197] + "..."
+    frames = traceback.extract_tb(error.__traceback__)
+    return f"{text} ({Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else text
 
 
 def find_reward_callbacks(callbacks) -> list[RewardCallback]:

@@ -73,3 +73,22 @@ def test_stop_string_cut():
     assert checker.cut("nothing") == ("nothing", False)
     assert checker.check([[ord(c) for c in "ab</answer>"], [ord("a")]]) == [True, False]
     assert not StopStringChecker([], decode=lambda rows: [])
+
+
+def test_the_decode_loop_reports_its_tokens(make_policy):
+    from rlvr_lightning.policies.base import SamplingConfig
+    from rlvr_lightning.progress import listening
+
+    class Recorder:
+        def __init__(self):
+            self.tokens = []
+
+        def on_stage(self, stage):
+            pass
+
+        def on_tokens(self, done, total):
+            self.tokens.append((done, total))
+
+    with listening(Recorder()) as recorder:
+        make_policy().sample({"prompt": ["What is 2+3?"]}, 2, SamplingConfig(max_new_tokens=5, min_new_tokens=5))
+    assert recorder.tokens == [(i, 5) for i in range(1, 6)]

@@ -1,0 +1,137 @@
+"""What `rlvr` prints for a configuration mistake: what is wrong, where, the valid choices and the
+closest one, no usage dump and no traceback, exit status 2 (`--debug` keeps the old output)."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlvr_lightning.cli import entry_point
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+SORT = str(CONFIGS / "sort_grpo.yaml")
+QUIET = ["--trainer.logger=false", "--trainer.enable_progress_bar=false"]
+
+
+def run(capsys, *args: str) -> tuple[int, list[str]]:
+    code = entry_point(list(args))
+    err = capsys.readouterr().err
+    assert "usage:" not in err and "Traceback" not in err and "Namespace(" not in err, err
+    return code, [line for line in err.splitlines() if line.strip()]
+
+
+def write(path: Path, text: str) -> str:
+    path.write_text(text)
+    return str(path)
+
+
+def test_unknown_option_in_a_config_file_names_file_line_and_the_closest_option(in_tmp_dir, capsys):
+    bad = write(in_tmp_dir / "bad.yaml", "model:\n  init_args:\n    clip_hgh: 0.3\n")
+    code, lines = run(capsys, "fit", "--config", SORT, "--config", bad)
+    assert code == 2
+    assert lines[0] == "error: RLVRModule has no option 'clip_hgh'"
+    assert lines[1] == f"  at model.init_args.clip_hgh ({bad}:3)"
+    assert lines[2] == "  did you mean 'clip_high'?"
+    assert lines[3].startswith("  valid: aggregation, clip_high, clip_low,")
+    assert "rlvr fit --model.help rlvr_lightning.modules.RLVRModule" in lines[4]
+    assert len(lines) <= 6
+
+
+def test_unknown_option_on_the_command_line(capsys):
+    code, lines = run(capsys, "fit", "--config", SORT, "--model.init_args.policy.init_args.vocab_sise=3")
+    assert code == 2
+    assert lines[:3] == [
+        "error: ToySortPolicy has no option 'vocab_sise'",
+        "  at model.init_args.policy.init_args.vocab_sise (command line: --model.init_args.policy.init_args.vocab_sise=3)",
+        "  did you mean 'vocab_size'?",
+    ]
+
+
+def test_misspelled_class_path_suggests_the_class(in_tmp_dir, capsys):
+    bad = write(in_tmp_dir / "bad.yaml", "trainer:\n  callbacks:\n    - class_path: rlvr_lightning.rewards.SortInclusionOrderingRewrd\n")
+    code, lines = run(capsys, "fit", "--config", SORT, "--config", bad)
+    assert code == 2
+    assert "rlvr_lightning.rewards has no 'SortInclusionOrderingRewrd'" in lines[0]
+    assert lines[1] == f"  at trainer.callbacks ({bad}:3)"
+    assert lines[2] == "  did you mean 'rlvr_lightning.rewards.SortInclusionOrderingReward'?"
+
+
+def test_unknown_section_and_unknown_trainer_option(in_tmp_dir, capsys):
+    code, lines = run(capsys, "fit", "--config", SORT, "--config", write(in_tmp_dir / "a.yaml", "trainr:\n  max_epochs: 1\n"))
+    assert code == 2 and lines[0] == "error: unknown option 'trainr.max_epochs'" and "  did you mean 'trainer'?" in lines
+    code, lines = run(capsys, "fit", "--config", SORT, "--config", write(in_tmp_dir / "b.yaml", "trainer:\n  max_epoch: 1\n"))
+    assert code == 2 and "  did you mean 'trainer.max_epochs'?" in lines
+
+
+def test_a_value_the_module_rejects_at_construction(in_tmp_dir, capsys):
+    bad = write(in_tmp_dir / "bad.yaml", "model:\n  init_args:\n    loss: ppo_clipp\n")
+    code, lines = run(capsys, "fit", "--config", SORT, "--config", bad, *QUIET)
+    assert code == 2
+    assert lines[0] == "error: loss='ppo_clipp' is not valid; choose one of ['cispo', 'gspo', 'pg', 'ppo_clip', 'ratio']"
+    assert lines[1] == f"  at model.init_args.loss ({bad}:3)"
+    assert lines[2] == "  did you mean 'ppo_clip'?"
+
+
+def test_a_value_rejected_in_setup_names_the_option(in_tmp_dir, capsys):
+    code, lines = run(capsys, "fit", "--config", SORT, "--model.init_args.mini_batch_size=300", *QUIET)
+    assert code == 2
+    assert lines[0].startswith("error: mini_batch_size=300 must divide the rollout size")
+    assert lines[1] == "  at model.init_args.mini_batch_size (command line: --model.init_args.mini_batch_size=300)"
+
+
+def test_a_type_error_and_a_missing_config_file(in_tmp_dir, capsys):
+    code, lines = run(capsys, "fit", "--config", SORT, "--model.init_args.group_size=abc")
+    assert code == 2 and lines[0] == "error: group_size expects int, got 'abc'"
+    (in_tmp_dir / "sort_grpo.yaml").write_text("")
+    code, lines = run(capsys, "fit", "--config", str(in_tmp_dir / "sort_grp.yaml"))
+    assert code == 2 and lines[0].startswith("error: config file") and "did you mean" in lines[1]
+
+
+def test_commands(capsys):
+    code, lines = run(capsys, "fitt", "--config", SORT)
+    assert code == 2 and lines[:3] == ["error: 'fitt' is not a command", "  did you mean 'fit'?", "  valid: fit, validate, predict"]
+    code, lines = run(capsys, "test", "--config", SORT)
+    assert code == 2 and "rlvr validate --config X --ckpt_path CKPT" in lines[0]
+
+
+def test_debug_shows_the_parser_message_and_the_traceback(capsys, monkeypatch):
+    monkeypatch.setenv("RLVR_DEBUG", "0")  # --debug sets it to 1 for the other ranks; restored after the test
+    with pytest.raises(SystemExit) as exit_info:  # jsonargparse's own handling: usage, message, status 2
+        entry_point(["fit", "--config", SORT, "--model.init_args.clip_hgh=0.3", "--debug"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage:") and "Option 'clip_hgh' is not accepted" in err
+    with pytest.raises(ValueError, match="ppo_clipp"):
+        entry_point(["fit", "--config", SORT, "--model.init_args.loss=ppo_clipp", "--debug", *QUIET])
+    assert os.environ["RLVR_DEBUG"] == "1"
+
+
+def test_help_says_how_to_list_the_module_and_data_options(capsys):
+    with pytest.raises(SystemExit):
+        entry_point(["fit", "--help"])
+    head = " ".join(capsys.readouterr().out.splitlines()[:12])
+    assert "--model.help RLVRModule" in head and "--data.help RLVRDataModule" in head
+    with pytest.raises(SystemExit):
+        entry_point(["fit", "--model.help", "RLVRModule"])  # short names resolve: the modules are registered
+    assert "--model.clip_high" in capsys.readouterr().out
+
+
+def test_the_console_script_exits_2_with_the_short_message(in_tmp_dir):
+    script = "import sys; from rlvr_lightning.cli import entry_point; sys.argv[0] = 'rlvr'; sys.exit(entry_point())"
+    done = subprocess.run(
+        [sys.executable, "-c", script, "fit", "--config", SORT, "--model.init_args.clip_hgh=0.3"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 2
+    assert done.stderr.splitlines()[0] == "error: RLVRModule has no option 'clip_hgh'", done.stderr
+    assert len(done.stderr.splitlines()) <= 6
+
+
+def test_top_level_help_describes_the_commands(capsys):
+    with pytest.raises(SystemExit):
+        entry_point(["--help"])
+    out = capsys.readouterr().out
+    assert "fit                 Train the module of the config." in out
+    assert "Write completions for the held-out prompts to JSONL" in out and "forward function" not in out
