@@ -29,7 +29,8 @@ Cases: `tiny` = a random Llama (hidden 128, 2 layers, 4 heads, byte-level BPE vo
 trained on the spot), 8 raw-text prompts x 8 completions x 16 tokens; the prompts are an instruction
 plus a question, ~40 tokens (`--tiny-prompts short`: the bare question, ~10 tokens). `smollm2` =
 SmolLM2-135M-Instruct, 2 chat prompts (its chat template with its default system prompt, 40-44
-tokens) x 8 completions x 32 tokens; `smollm2_long` = 8 chat prompts x 8 completions x 128 tokens.
+tokens) x 8 completions x 32 tokens; `smollm2_long` = 8 chat prompts x 8 completions x 128 tokens, the
+update in 4 micro-batches of 16 completions on both sides (one optimizer step).
 Threads are pinned (`--threads`, default 1).
 """
 
@@ -82,7 +83,8 @@ SMOL_PROMPTS_8 = SMOL_PROMPTS + [
 CASES = {
     "tiny": {"prompts": TINY_PROMPTS["task"], "generations": 8, "new_tokens": 16, "template": "raw"},
     "smollm2": {"prompts": SMOL_PROMPTS, "generations": 8, "new_tokens": 32, "template": "chat"},
-    "smollm2_long": {"prompts": SMOL_PROMPTS_8, "generations": 8, "new_tokens": 128, "template": "chat"},
+    # 64 x 171 positions at once need > 20 GB on either side: 4 micro-batches of 16 rows, one optimizer step
+    "smollm2_long": {"prompts": SMOL_PROMPTS_8, "generations": 8, "new_tokens": 128, "template": "chat", "micro_batch": 16},
 }
 LEGS = ("ours", "vllm", "trl")
 
@@ -223,6 +225,7 @@ def run_ours(model_dir: Path, case: dict, steps: int, seed: int, engine: bool = 
         aggregation="token-mean",
         kl_coef=0.0,
         ppo_epochs=1,
+        micro_batch_size=case.get("micro_batch"),
         max_grad_norm=1.0,
     )
     timer.wrap(policy, "sample", "generation")
@@ -287,8 +290,9 @@ def run_trl(model_dir: Path, case: dict, steps: int, seed: int, output_dir: str)
     new_tokens, group = case["new_tokens"], case["generations"]
     args = GRPOConfig(
         output_dir=output_dir,
-        per_device_train_batch_size=len(prompts) * group,  # completions per optimizer step
-        gradient_accumulation_steps=1,
+        # completions per optimizer step: micro-batches x accumulation steps, generated at once
+        per_device_train_batch_size=case.get("micro_batch") or len(prompts) * group,
+        gradient_accumulation_steps=len(prompts) * group // (case.get("micro_batch") or len(prompts) * group),
         num_generations=group,
         max_completion_length=new_tokens,
         generation_kwargs={"min_new_tokens": new_tokens},
