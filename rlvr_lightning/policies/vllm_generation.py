@@ -35,14 +35,13 @@ import random
 import tempfile
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any, Literal
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
-from rlvr_lightning.policies.base import SamplingConfig
 from rlvr_lightning.policies.generation import GenerationOutput
 from rlvr_lightning.policies.generation_backend import GenerationBackend, response_tensors
 

@@ -171,7 +171,7 @@ class FirstRowEmptyPolicy(ToySortPolicy):
 
 @pytest.mark.parametrize("count_empty_rows, expected", [(True, 8), (False, 7)])
 def test_count_empty_rows_sets_the_sequence_divisor(in_tmp_dir, monkeypatch, count_empty_rows, expected):
-    import rlvr_lightning.modules.rlvr as rlvr_module
+    import rlvr_lightning.modules.policy_update as rlvr_module
 
     seen = []
     real = rlvr_module.aggregate_loss

@@ -1,0 +1,190 @@
+"""The inner PPO-style update of `RLVRModule`: epochs x mini-batches x micro-batches over one rollout.
+
+    for epoch in ppo_epochs: for mini-batch (shuffled): for micro-batch:
+        loss = aggregate(w_IS * policy_loss + kl_coef * KL - entropy_coef * H)   normalised by the mini-batch
+        manual_backward(loss)
+    clip the gradient norm; optimizer step (skipped, and counted, when the loss or gradient is not finite)
+
+A mixin: it reads the module's options (`loss`, `aggregation`, `ppo_epochs`, `mini_batch_size`, ...) and
+uses Lightning's manual optimisation (`optimizers`, `manual_backward`, `clip_gradients`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from rlvr_lightning.core.aggregation import aggregate_loss, non_empty_rows
+from rlvr_lightning.core.importance_sampling import mismatch_stats, rollout_is_weights
+from rlvr_lightning.core.kl import kl_estimate
+from rlvr_lightning.core.masked import join_masked, masked_mean
+from rlvr_lightning.core.policy_losses import PolicyLossOutput, compute_policy_loss, merged_stats
+from rlvr_lightning.modules.gradients import policy_gradient_norm
+from rlvr_lightning.rollout import Rollout
+
+log = logging.getLogger(__name__)
+
+
+class MicroBatchLoss(NamedTuple):
+    loss: Tensor  # the scalar that is back-propagated
+    policy_loss: PolicyLossOutput
+    mask: Tensor | None  # bool [n, T], None: every token counts
+    kl: Tensor | None  # detached per-token KL, when it is in the loss
+    entropy: Tensor | None  # detached per-token entropy, first epoch only
+    sampler_pair: tuple[Tensor, Tensor] | None  # (trainer, sampler) log-probs at the sampling weights, first update only
+
+
+class PolicyUpdate:
+    skipped_updates = 0
+    consecutive_skips = 0
+
+    def _micro_batches(self, rollout: Rollout):
+        size = self.micro_batch_size or self.mini_batch_size or rollout.num_rows
+        if size >= rollout.num_rows:
+            yield rollout
+            return
+        for start in range(0, rollout.num_rows, size):
+            yield rollout.select(slice(start, start + size))
+
+    def _update(self, rollout: Rollout) -> dict[str, Tensor | float]:
+        optimizer = self.optimizers()
+        scheduler = self.lr_schedulers()
+        mini_size = self.mini_batch_size or rollout.num_rows
+        # Fixed-length responses (every token real) skip all the masking ops of the loss.
+        masked = not bool(rollout.response_mask.all())
+        parts: list[MicroBatchLoss] = []
+        losses: list[float] = []
+        grad_norms: list[float] = []
+        for epoch in range(self.ppo_epochs):
+            order = torch.randperm(rollout.num_rows, device=rollout.response_ids.device) if mini_size < rollout.num_rows else None
+            for start in range(0, rollout.num_rows, mini_size):
+                minibatch = rollout if order is None else rollout.select(order[start : start + mini_size])
+                num_tokens = minibatch.response_mask.sum() if masked else minibatch.response_mask.numel()
+                num_sequences = minibatch.num_rows
+                if masked and not self.count_empty_rows:
+                    num_sequences = non_empty_rows(minibatch.response_mask)
+                micro_losses = []
+                for micro in self._micro_batches(minibatch):
+                    mask = micro.response_mask.bool() if masked else None
+                    first_update = epoch == 0 and start == 0  # the policy is still the one that sampled
+                    part = self._micro_batch_loss(micro, mask, num_sequences, num_tokens, epoch == 0, first_update)
+                    self.manual_backward(part.loss)
+                    micro_losses.append(part.loss.detach())
+                    parts.append(part)
+                loss_sum = micro_losses[0] if len(micro_losses) == 1 else torch.stack(micro_losses).sum()
+                loss, grad_norm = self._clip_and_step(optimizer, scheduler, loss_sum)
+                losses.append(loss)
+                grad_norms.append(grad_norm)
+        return self._update_metrics(parts, losses, grad_norms)
+
+    def _micro_batch_loss(
+        self,
+        micro: Rollout,
+        mask: Tensor | None,
+        num_sequences: int,
+        num_tokens: Tensor | int,
+        first_epoch: bool,
+        first_update: bool = False,
+    ) -> MicroBatchLoss:
+        """The micro-batch's share of the mini-batch loss, normalised by the mini-batch's sizes.
+
+        `mask` is the micro-batch's response mask, or None when every token is real."""
+        # Entropy is logged from the first epoch (the sampling policy) and costs a pass only where it is needed;
+        # as a metric only, without autograd.
+        with_entropy = first_epoch or self.entropy_coef != 0
+        log_probs, entropy = self.policy.token_log_probs(
+            micro, self.sampling.temperature, with_entropy=with_entropy, entropy_grad=self.entropy_coef != 0
+        )
+        policy_loss = compute_policy_loss(
+            self.loss, log_probs, micro.old_log_probs, micro.advantages, mask, **self.loss_options
+        )
+        token_loss = policy_loss.loss
+        sampler_pair = None
+        if micro.sampling_log_probs is not None:
+            if first_update:
+                sampler_pair = (log_probs.detach(), micro.sampling_log_probs)
+            if self.rollout_is is not None:
+                # the trainer's log-probs at the sampling weights: the recomputed old ones, else this first update's
+                trainer = micro.old_log_probs if micro.old_log_probs is not None else log_probs.detach()
+                token_loss = token_loss * rollout_is_weights(
+                    trainer, micro.sampling_log_probs, mask, self.rollout_is, self.rollout_is_max, self.rollout_is_min
+                )
+        kl = None
+        if self.reference is not None and self.kl_mode == "loss":
+            kl = kl_estimate(log_probs, micro.ref_log_probs, self.kl_estimator, clamp=self.kl_clamp)
+            token_loss = token_loss + self.kl_coef * kl
+        if self.entropy_coef != 0:
+            token_loss = token_loss - self.entropy_coef * entropy
+        loss = aggregate_loss(
+            token_loss, mask, self.aggregation, num_sequences=num_sequences, num_tokens=num_tokens, constant=self.loss_constant
+        )
+        return MicroBatchLoss(
+            loss,
+            policy_loss,
+            mask,
+            None if kl is None else kl.detach(),
+            entropy.detach() if first_epoch else None,
+            sampler_pair,
+        )
+
+    @torch.no_grad()
+    def _update_metrics(
+        self, parts: list[MicroBatchLoss], losses: list[float], grad_norms: list[float]
+    ) -> dict[str, Tensor | float]:
+        """The step's update statistics, each computed once over all of its micro-batches (token-weighted)."""
+        metrics = {f"train/{key}": value for key, value in merged_stats([part.policy_loss for part in parts]).items()}
+        for name in ("kl", "entropy"):
+            with_values = [part for part in parts if getattr(part, name) is not None]
+            if with_values:
+                values, mask = join_masked([getattr(part, name) for part in with_values], [part.mask for part in with_values])
+                metrics[f"train/{name}"] = masked_mean(values, mask)
+        with_sampler = [part for part in parts if part.sampler_pair is not None]
+        if with_sampler:
+            trainer, mask = join_masked([part.sampler_pair[0] for part in with_sampler], [part.mask for part in with_sampler])
+            sampler, _ = join_masked([part.sampler_pair[1] for part in with_sampler], [part.mask for part in with_sampler])
+            stats = mismatch_stats(trainer, sampler, mask, self.rollout_is_max)
+            metrics.update({f"train/mismatch/{key}": value for key, value in stats.items()})
+        metrics["train/loss"] = sum(losses) / len(losses)
+        metrics["train/grad_norm"] = sum(grad_norms) / len(grad_norms)
+        return metrics
+
+    def _clip_and_step(self, optimizer, scheduler, loss_sum: Tensor) -> tuple[float, float]:
+        """Clip and step, or skip the update when the loss or the gradient is not finite. Returns the
+        loss and the gradient norm before clipping."""
+        grad_norm = policy_gradient_norm(self.policy)
+        # one host transfer for both numbers: the check is then Python's, not a chain of tensor ops
+        loss, grad_norm = torch.stack((loss_sum.to(grad_norm.dtype), grad_norm)).tolist()
+        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+            optimizer.zero_grad(set_to_none=True)
+            self.skipped_updates += 1
+            self.consecutive_skips += 1
+            log.warning("non-finite loss or gradient: update skipped (%d in a row)", self.consecutive_skips)
+            if self.consecutive_skips >= self.max_consecutive_skips:
+                raise RuntimeError(
+                    f"{self.consecutive_skips} consecutive updates had a non-finite loss or gradient "
+                    f"(max_consecutive_skips={self.max_consecutive_skips}); stopping. Lower the learning rate, "
+                    "check the rewards for NaN, or raise max_consecutive_skips."
+                )
+            return loss, grad_norm
+        self.consecutive_skips = 0
+        if self.max_grad_norm is not None:
+            self.clip_gradients(optimizer, gradient_clip_val=self.max_grad_norm, gradient_clip_algorithm="norm")
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if scheduler is not None:
+            scheduler.step()
+        return loss, grad_norm
+
+    # ------------------------------------------------------------ checkpoints
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["rlvr_counters"] = {"skipped_updates": self.skipped_updates, "consecutive_skips": self.consecutive_skips}
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        counters = checkpoint.get("rlvr_counters", {})
+        self.skipped_updates = counters.get("skipped_updates", 0)
+        self.consecutive_skips = counters.get("consecutive_skips", 0)
