@@ -18,9 +18,12 @@ def tokenizer_dir(tmp_path_factory):
     return save_tiny_tokenizer(tmp_path_factory.mktemp("rm_tokenizer"))
 
 
+TINY_GPT2 = {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 256}  # absolute positions
+
+
 def tiny_reward_model(tokenizer_dir, **kwargs):
     torch.manual_seed(0)
-    config = tiny_llama_config(**kwargs.pop("config", {}))
+    config = {**kwargs.pop("base", tiny_llama_config()), **kwargs.pop("config", {})}
     return SequenceClassifierReward(config=config, tokenizer_name_or_path=str(tokenizer_dir), **kwargs)
 
 
@@ -31,15 +34,17 @@ def one_row_logits(reward, text):
         return reward.model(input_ids=torch.tensor([ids])).logits[0].float()
 
 
-def test_batched_scores_equal_each_row_scored_alone(tokenizer_dir):
-    reward = tiny_reward_model(tokenizer_dir, batch_size=4)
+@pytest.mark.parametrize("base", [tiny_llama_config(), TINY_GPT2], ids=["llama", "gpt2"])
+def test_batched_scores_equal_each_row_scored_alone(tokenizer_dir, base):
+    reward = tiny_reward_model(tokenizer_dir, base=base, batch_size=4)
     rollout = make_rollout(RESPONSES, prompts=PROMPTS)
     scores = reward(rollout)
     expected = [one_row_logits(reward, p + r)[0].item() for p, r in zip(PROMPTS, RESPONSES)]
-    assert scores.tolist() == pytest.approx(expected, abs=1e-5)  # right padding: no row depends on its batch
+    # right padding: no row depends on its batch (left padding would shift GPT-2's absolute positions)
+    assert scores.tolist() == pytest.approx(expected, abs=1e-5)
     assert len(set(round(s, 6) for s in expected)) == len(expected)  # and the rows do score differently
     assert reward.pop_errors() == 0 and reward.name == "reward_model" and reward.model.config.num_labels == 1
-    squashed = tiny_reward_model(tokenizer_dir, sigmoid=True)
+    squashed = tiny_reward_model(tokenizer_dir, base=base, sigmoid=True)
     assert squashed(rollout).tolist() == pytest.approx(torch.sigmoid(torch.tensor(expected)).tolist(), abs=1e-6)
 
 
