@@ -13,8 +13,9 @@ logger, no progress bar); a step is timed from `on_train_batch_start` to `on_tra
 TRL's step is timed from `on_step_begin` to `on_step_end` of a `TrainerCallback`. The first
 `--warmup` steps of each run are dropped; the script prints the median of the rest, the ratio of
 the medians, and where the time goes (per-step medians of each section; "other" is the step
-minus the sections: framework overhead). The `cpu` column is the process CPU time of a step:
-on a shared machine it is far less disturbed by other processes than the wall time.
+minus the sections: framework overhead). The `cpu` column is the process CPU time of a step and
+`gen_cpu` that of its generation: on a shared machine they are far less disturbed by other processes
+than the wall times.
 
     python scripts/bench_step.py                       # the tiny and smollm2 cases, ours vs TRL
     python scripts/bench_step.py --case tiny --steps 10
@@ -110,11 +111,12 @@ class StepTimer:
 
         @functools.wraps(fn)
         def timed(*args, **kwargs):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             try:
                 return fn(*args, **kwargs)
             finally:
                 self.current[section] += time.perf_counter() - t0
+                self.current[f"{section}_cpu"] += time.process_time() - c0
 
         setattr(obj, attr, timed)
 
@@ -131,7 +133,7 @@ class StepTimer:
 
     def medians(self, warmup: int) -> dict[str, float]:
         kept = self.steps[warmup:] or self.steps
-        keys = ["step", *SECTIONS, "other", "cpu"]
+        keys = ["step", *SECTIONS, "other", "cpu", "generation_cpu"]
         return {k: statistics.median(s.get(k, 0.0) for s in kept) for k in keys}
 
 
@@ -354,7 +356,7 @@ def _prompt_lengths(model_dir: Path, case: dict) -> list[int]:
 
 
 def fmt_row(label: str, m: dict[str, float]) -> str:
-    cells = " ".join(f"{m[k]:>9.3f}" for k in ["step", *SECTIONS, "other", "cpu"])
+    cells = " ".join(f"{m[k]:>9.3f}" for k in ["step", *SECTIONS, "other", "cpu", "generation_cpu"])
     return f"{label:<6} {cells}"
 
 
@@ -412,16 +414,17 @@ def main(argv: list[str] | None = None) -> int:
                 f"{case['new_tokens']} tokens ({rows} rows), {steps} measured steps x {args.rounds} round(s), "
                 f"{args.threads} thread(s); prompts of {min(prompt_tokens)}-{max(prompt_tokens)} tokens; median seconds per step"
             )
-            print(f"{'':<6} " + " ".join(f"{k:>9}" for k in ["step", "generate", "reward", "lp_fwd", "backward", "optim", "other", "cpu"]))
+            print(f"{'':<6} " + " ".join(f"{k:>9}" for k in ["step", "generate", "reward", "lp_fwd", "backward", "optim", "other", "cpu", "gen_cpu"]))
             for label, m in summary.items():
                 print(fmt_row(label, m))
             ratios = {}
             for a, b in (("ours", "trl"), ("vllm", "trl"), ("ours", "vllm")):
                 if a in summary and b in summary:
-                    ratios[f"{b}/{a}"] = {k: summary[b][k] / summary[a][k] for k in ("step", "cpu", "generation")}
+                    ratio = {k: summary[b][k] / summary[a][k] for k in ("step", "cpu", "generation", "generation_cpu")}
+                    ratios[f"{b}/{a}"] = ratio
                     print(
-                        f"{b} / {a} (median step time): {ratios[f'{b}/{a}']['step']:.2f}x wall, "
-                        f"{ratios[f'{b}/{a}']['cpu']:.2f}x process CPU time; generation {ratios[f'{b}/{a}']['generation']:.2f}x"
+                        f"{b} / {a} (medians): step {ratio['step']:.2f}x wall, {ratio['cpu']:.2f}x CPU; "
+                        f"generation {ratio['generation']:.2f}x wall, {ratio['generation_cpu']:.2f}x CPU"
                     )
             summary["ratios"] = ratios
             results[name] = summary
