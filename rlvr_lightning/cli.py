@@ -12,6 +12,7 @@ with `wandb sync`) plus a CSV log, under `trainer.default_root_dir`.
 from __future__ import annotations
 
 import os
+import sys
 
 import lightning.pytorch as pl
 import torch
@@ -80,6 +81,11 @@ class RLVRCLI(LightningCLI):
 
 def main(args: list[str] | None = None, run: bool = True) -> RLVRCLI:
     """`rlvr ...`; with `run=False` the config is parsed and instantiated but nothing runs (no subcommand)."""
+    argv = sys.argv[1:] if args is None else args
+    if argv and argv[0] == "export":  # a checkpoint as a Hugging Face directory: rlvr_lightning/export.py
+        from rlvr_lightning import export
+
+        return export.main(argv[1:])
     os.environ.setdefault("WANDB_SILENT", "true")
     return RLVRCLI(
         pl.LightningModule,  # RLVRModule, SFTModule, ExpertIterationModule, ... chosen by class_path

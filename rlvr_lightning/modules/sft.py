@@ -32,6 +32,7 @@ from torch import Tensor
 
 from rlvr_lightning.core.aggregation import AGGREGATION_MODES, aggregate_loss
 from rlvr_lightning.modules.scoring import RewardScoring
+from rlvr_lightning.parallel.fsdp import ShardedPolicyModule, is_sharded
 from rlvr_lightning.policies.base import Policy, SamplingConfig
 from rlvr_lightning.rewards.base import RewardCallback, find_reward_callbacks
 from rlvr_lightning.rollout import Rollout
@@ -191,7 +192,7 @@ class RewardScoringMixin(RewardScoring):
 # ------------------------------------------------------------------ the module
 
 
-class SFTModule(RewardScoringMixin, pl.LightningModule):
+class SFTModule(RewardScoringMixin, ShardedPolicyModule, pl.LightningModule):
     def __init__(
         self,
         policy: Policy,
@@ -262,6 +263,14 @@ class SFTModule(RewardScoringMixin, pl.LightningModule):
         if self.reward_callbacks:
             prompts = {"prompt": batch["prompt"], "metadata": batch.get("metadata")}
             self.sample_and_validate(prompts, batch_idx)
+
+    def configure_model(self) -> None:
+        super().configure_model()
+        if self.save_pretrained_dir is not None and is_sharded(self.policy):
+            raise ValueError(
+                "save_pretrained_dir writes the policy from one process, but it is sharded across processes (FSDP2); "
+                "export the run's last checkpoint instead: rlvr export --config ... --ckpt_path ... --output_dir ..."
+            )
 
     def on_train_end(self) -> None:
         if self.save_pretrained_dir is not None and self.trainer.is_global_zero:
