@@ -25,6 +25,7 @@ weight push to an inference engine).
 
 from __future__ import annotations
 
+import logging
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -32,6 +33,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
+
+log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -116,6 +119,11 @@ def shard_policy(policy: nn.Module, mesh, options: ShardingOptions, root_reshard
 
     if is_sharded(policy):  # configure_model runs again for a later trainer.fit / validate
         return
+    if getattr(policy, "share_prompt_prefix", False):
+        # HFPolicy decides per batch between one forward and two (prompt prefix, then responses): ranks would
+        # run different numbers of forwards, i.e. of all-gathers and reduce-scatters, and wait on each other
+        policy.share_prompt_prefix = False
+        log.info("FSDP2: %s scores with one forward per call (share_prompt_prefix off)", type(policy).__name__)
     kwargs = options.fsdp_kwargs()
     for block in transformer_blocks(policy):
         fully_shard(block, mesh=mesh, reshard_after_forward=options.reshard_after_forward, **kwargs)
@@ -205,7 +213,7 @@ def gathered_params(policy: nn.Module) -> Iterator[None]:
 def full_state_dict(module: nn.Module, device: torch.device | str | None = None) -> dict[str, Tensor]:
     """`module.state_dict()` with every sharded tensor (DTensor) assembled into a full plain tensor, on
     every rank (a collective: call it on all ranks, in the same order). `device`: where the tensors go
-    (default: where they are); an unsharded module gives its ordinary state dict (detached)."""
+    (default: where they are). Tensors that were not sharded are the module's own, detached, not copies."""
     from torch.distributed.tensor import DTensor
 
     state = {}
