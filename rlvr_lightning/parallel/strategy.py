@@ -85,7 +85,11 @@ class FSDP2Strategy(ModelParallelStrategy):
         path = Path(self.broadcast(str(filepath)))
         token = self.broadcast(uuid.uuid4().hex)
         staging = path.parent / f".{path.name}.{token}.partial"
-        super().save_checkpoint(checkpoint, staging, storage_options)
+        try:
+            super().save_checkpoint(checkpoint, staging, storage_options)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)  # the previous checkpoint at `path` is untouched
+            raise
         self.barrier()
         if self.is_global_zero:
             _fsync_tree(staging)
