@@ -71,6 +71,34 @@ class FinalWeights(pl.Callback):
             )
 
 
+class ShardedSampling(pl.Callback):
+    """At the end of fit, every rank samples its own prompt for a rank-dependent number of tokens (4 + 5 x rank) with
+    the trained policy inside `gathered_params`, and again with an unsharded copy of the same weights from the same
+    seed; writes whether the two agree to `<out>/<name>.sampling<r>.json`."""
+
+    def __init__(self, out: str, name: str, tokenizer_dir: str) -> None:
+        self.out, self.name, self.tokenizer_dir = out, name, tokenizer_dir
+
+    def on_train_end(self, trainer, pl_module):
+        from rlvr_lightning.parallel import gathered_params
+        from rlvr_lightning.policies.base import SamplingConfig
+        from rlvr_lightning.policies.hf import HFPolicy
+
+        rank = trainer.global_rank
+        batch, sampling = {"prompt": [PROMPTS[rank]]}, SamplingConfig(max_new_tokens=4 + 5 * rank)
+        plain = HFPolicy(config=TINY_LLAMA, tokenizer_name_or_path=self.tokenizer_dir)
+        plain.load_state_dict(full_state_dict(pl_module.policy))
+        torch.manual_seed(rank)
+        with gathered_params(pl_module.policy):
+            sharded = pl_module.policy.sample(batch, 2, sampling)
+            again = pl_module.policy.sample(batch, 1, sampling)  # a second call inside the same gathering
+        torch.manual_seed(rank)
+        expected = plain.sample(batch, 2, sampling)
+        result = {"width": sharded.response_ids.shape[1], "equal": torch.equal(sharded.response_ids, expected.response_ids),
+                  "second_call_rows": again.num_rows}
+        Path(self.out, f"{self.name}.sampling{rank}.json").write_text(json.dumps(result))
+
+
 class WaitAtStep(pl.Callback):
     """At the start of rollout step `step` (0-based), rank 0 writes `marker` and waits to be killed."""
 
@@ -114,7 +142,10 @@ def case_config(case: str, strategy: str, out: str, tokenizer_dir: str) -> dict:
         model = {"class_path": "rlvr_lightning.modules.RLVRModule", "init_args": {
             "policy": policy(tokenizer_dir, **lora), "optimizer": sgd, "group_size": 4, "sampling": {"max_new_tokens": 6},
             "kl_coef": 0.1, **refresh, "ppo_epochs": 2, "mini_batch_size": 8, "micro_batch_size": 4, "max_grad_norm": 1.0e3}}
-        return {"seed_everything": 0, "trainer": trainer(strategy, 2, record), "model": model, "data": inline_data()}
+        check = {"class_path": "fsdp_support.ShardedSampling",
+                 "init_args": {"out": out, "name": f"{case}-{strategy}", "tokenizer_dir": tokenizer_dir}}
+        callbacks = record + ([check] if case == "rl" else [])
+        return {"seed_everything": 0, "trainer": trainer(strategy, 2, callbacks), "model": model, "data": inline_data()}
     if case == "sft":  # 3 optimizer steps of 2 pairs per rank, clipped by the Trainer
         pairs = Path(out, "pairs.jsonl")
         pairs.write_text("".join(json.dumps({"prompt": p, "response": p[::-1]}) + "\n" for p in PROMPTS * 2))

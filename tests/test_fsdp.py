@@ -98,6 +98,15 @@ def test_fsdp2_ends_where_ddp_ends(pairs, case):
         assert ddp["metrics"]["train/kept"] != int(ddp["metrics"]["train/kept"])
 
 
+def test_sharded_sampling_gathers_once_and_samples_what_the_full_model_samples(pairs):
+    """Ranks decode different numbers of tokens: per-forward all-gathers would pair up wrongly across ranks."""
+    import json
+
+    results = [json.loads((pairs / f"rl-fsdp2.sampling{r}.json").read_text()) for r in (0, 1)]
+    assert [r["width"] for r in results] != [results[0]["width"]] * 2  # ranks sampled different lengths
+    assert all(r["equal"] and r["second_call_rows"] == 1 for r in results)
+
+
 def test_fsdp2_shards_every_parameter_across_the_ranks(pairs):
     import json
 
