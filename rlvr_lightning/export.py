@@ -23,24 +23,31 @@ from torch import nn
 SHARDED_METADATA = "meta.pt"  # what Lightning writes beside the shards of a distributed checkpoint
 
 
+def read_sharded_weights(path: str | Path, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Fill `weights` (state-dict names of the LightningModule -> full tensors of the right shapes) from the
+    sharded checkpoint directory `path`, in this one process, whatever the world size that wrote it."""
+    path = Path(path)
+    if not (path / SHARDED_METADATA).is_file() or not (path / ".metadata").is_file():
+        raise ValueError(
+            f"{path} is a directory but not a sharded checkpoint (it needs {SHARDED_METADATA} and the "
+            ".metadata of torch.distributed.checkpoint)"
+        )
+    import torch.distributed.checkpoint as dcp
+
+    state = {"state_dict": dict(weights)}  # Lightning saves the module's weights under "state_dict"
+    try:
+        dcp.load(state, checkpoint_id=str(path), no_dist=True)
+    except Exception as error:
+        raise RuntimeError(f"cannot read the sharded checkpoint {path}: the config builds a different model? {error}") from error
+    return state["state_dict"]
+
+
 def load_checkpoint_weights(module: nn.Module, ckpt_path: str | Path) -> str:
     """Load the weights of a Lightning checkpoint (file or sharded directory) into the unsharded `module`,
     strictly. Returns "sharded" or "full"."""
     path = Path(ckpt_path)
     if path.is_dir():
-        if not (path / SHARDED_METADATA).is_file() or not (path / ".metadata").is_file():
-            raise ValueError(
-                f"{path} is a directory but not a sharded checkpoint (it needs {SHARDED_METADATA} and the "
-                ".metadata of torch.distributed.checkpoint)"
-            )
-        import torch.distributed.checkpoint as dcp
-
-        state = {"state_dict": module.state_dict()}  # DCP reads every rank's shards into these full tensors
-        try:
-            dcp.load(state, checkpoint_id=str(path), no_dist=True)
-        except Exception as error:
-            raise RuntimeError(f"cannot read the sharded checkpoint {path}: the config builds a different model? {error}") from error
-        module.load_state_dict(state["state_dict"], strict=True)
+        module.load_state_dict(read_sharded_weights(path, module.state_dict()), strict=True)
         return "sharded"
     if not path.is_file():
         raise FileNotFoundError(f"--ckpt_path {str(ckpt_path)!r} does not exist")

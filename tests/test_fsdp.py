@@ -75,7 +75,7 @@ def pairs(tmp_path_factory, tokenizer_dir) -> Path:
             stdout=subprocess.DEVNULL, stderr=open(log, "w"),
         ))
         logs.append(log)
-    _wait(processes, logs, timeout=400)
+    _wait(processes, logs, timeout=300)
     return out
 
 
@@ -258,3 +258,16 @@ def test_export_refuses_what_it_cannot_write(resumed, tmp_path):
               "--output_dir", str(tmp_path / "out")])
     with pytest.raises(ValueError, match="not a sharded checkpoint"):
         main(["export", "--config", str(resumed / "full.yaml"), "--ckpt_path", str(busy), "--output_dir", str(tmp_path / "out")])
+
+
+def test_a_later_stage_starts_from_a_sharded_checkpoint(resumed, tokenizer_dir):
+    from fsdp_support import TINY_LLAMA
+
+    from rlvr_lightning.modules.sft import policy_from_checkpoint
+    from rlvr_lightning.policies.hf import HFPolicy
+
+    policy = HFPolicy(config=TINY_LLAMA, tokenizer_name_or_path=tokenizer_dir)
+    policy_from_checkpoint(policy, str(resumed / "ckpt_full" / "last.ckpt"))
+    final = torch.load(resumed / "full.pt")["state"]
+    for name, value in policy.state_dict().items():
+        assert torch.equal(value, final[f"policy.{name}"]), name

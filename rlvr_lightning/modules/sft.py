@@ -150,12 +150,20 @@ def policy_from_checkpoint(
 
     `checkpoint_path` is a Lightning checkpoint of any module that keeps its policy as `self.policy`
     (SFTModule, ExpertIterationModule, RLVRModule: the `policy.*` weights are taken, a KL reference
-    is not) or a plain `policy.state_dict()` saved with `torch.save`. Only the weights are loaded:
+    is not; a `.ckpt` file or the directory of shards of a sharded run) or a plain `policy.state_dict()`
+    saved with `torch.save`. Only the weights are loaded:
     the new run starts at step 0 with a fresh optimizer (unlike `--ckpt_path`, which resumes a run).
     `weights_only=False` is needed for checkpoints whose hyper-parameters hold Python objects
     (RLVRModule's `sampling`); load only checkpoints you trust then.
     """
     path = Path(checkpoint_path)
+    if path.is_dir():  # a sharded (FSDP2) run's checkpoint
+        from rlvr_lightning.export import read_sharded_weights
+
+        state = read_sharded_weights(path, {f"policy.{k}": v for k, v in policy.state_dict().items()})
+        policy.load_state_dict({k.removeprefix("policy."): v for k, v in state.items()}, strict=strict)
+        log.info("loaded policy weights from the sharded checkpoint %s", checkpoint_path)
+        return policy
     if not path.is_file():
         raise FileNotFoundError(f"policy_from_checkpoint: checkpoint_path={checkpoint_path!r} does not exist")
     try:
