@@ -117,3 +117,29 @@ def test_a_failed_sharded_write_leaves_the_last_checkpoint_intact(tmp_path, monk
         trainer.save_checkpoint(last)
     assert {p.name: p.read_bytes() for p in last.iterdir()} == before
     assert [p.name for p in last.parent.iterdir() if p.name.startswith(".")] == []  # the staging directory is gone
+
+
+def test_lora_with_a_refreshed_reference_is_refused_before_sharding(hf_policy):
+    from types import SimpleNamespace
+
+    from rlvr_lightning.parallel import ShardedPolicyModule
+
+    class Mesh:
+        mesh_dim_names = ("data_parallel",)
+
+        def __getitem__(self, name):
+            return self
+
+    policy = hf_policy(lora_r=2)
+    module = SimpleNamespace(device_mesh=Mesh(), trainer=SimpleNamespace(strategy=None), policy=policy,
+                             reference=None, ref_update_every=5)
+    with pytest.raises(NotImplementedError, match="ref_update_every: null"):
+        ShardedPolicyModule.configure_model(module)
+    assert not any(type(p).__name__ == "DTensor" for p in policy.parameters())
+
+
+def test_fsdp2_is_a_strategy_name():
+    from lightning.pytorch.strategies import StrategyRegistry
+
+    assert StrategyRegistry["fsdp2"]["strategy"] is FSDP2Strategy
+    assert FSDP2Strategy()._tensor_parallel_size == 1
