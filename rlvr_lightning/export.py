@@ -38,7 +38,9 @@ def read_sharded_weights(path: str | Path, weights: dict[str, torch.Tensor]) -> 
     try:
         dcp.load(state, checkpoint_id=str(path), no_dist=True)
     except Exception as error:
-        raise RuntimeError(f"cannot read the sharded checkpoint {path}: the config builds a different model? {error}") from error
+        raise RuntimeError(
+            f"cannot read the sharded checkpoint {path}: does the config build the model that wrote it? {error}"
+        ) from error
     return state["state_dict"]
 
 
@@ -90,7 +92,8 @@ def export_parser():
     parser.add_argument("--output_dir", type=str, required=True, help="where the Hugging Face directory is written")
     parser.add_argument("--merge_lora", type=bool, default=True, help="merge a LoRA adapter into the base weights")
     parser.add_argument("--overwrite", type=bool, default=False, help="write into a non-empty output_dir")
-    for section in ("trainer", "data", "seed_everything", "torch_threads", "optimizer", "lr_scheduler"):
+    # the rest of a run's config (as rlvr fit writes it to config.yaml) is read and ignored
+    for section in ("trainer", "data", "seed_everything", "torch_threads", "optimizer", "lr_scheduler", "weights_only"):
         parser.add_argument(f"--{section}", type=Any, default=None, help="(read from the config, not used)")
     return parser
 
@@ -102,14 +105,10 @@ def main(args: list[str] | None = None) -> Path:
     kind = load_checkpoint_weights(module, config.ckpt_path)
     output = export_policy(module, config.output_dir, merge_lora=config.merge_lora, overwrite=config.overwrite)
     count = sum(p.numel() for p in module.policy.parameters())
-    print(f"rlvr export: {kind} checkpoint {config.ckpt_path} -> {output} ({type(module.policy).__name__}, {count:,} parameters)")
+    policy = type(module.policy).__name__
+    print(f"rlvr export: {kind} checkpoint {config.ckpt_path} -> {output} ({policy}, {count:,} parameters)")
     return output
 
 
-def _main_entry() -> None:  # python -m rlvr_lightning.export ...
-    torch.set_grad_enabled(False)
+if __name__ == "__main__":  # python -m rlvr_lightning.export ... (the same as rlvr export ...)
     main()
-
-
-if __name__ == "__main__":
-    _main_entry()

@@ -12,7 +12,7 @@ start them. A callback measures on every rank, after the last step:
   (`ru_maxrss`), which includes Python, torch and the libraries (~0.5-1 GB), so it compares legs,
   not tensors.
 
-    python scripts/bench_memory.py                                   # SmolLM2-135M-Instruct (rlvr-models fetch smollm2-135m-instruct)
+    python scripts/bench_memory.py                                   # SmolLM2-135M-Instruct (rlvr-models fetch ...)
     python scripts/bench_memory.py --model tiny                      # a random 2-layer Llama, seconds
     python scripts/bench_memory.py --model qwen2.5-1.5b-random --accelerator gpu   # Qwen2.5-1.5B-shaped, random weights
 
@@ -93,7 +93,10 @@ def _probe_class():
         def on_train_end(self, trainer, pl_module):
             optimizer = trainer.optimizers[0]
             state = [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
-            peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+            if torch.cuda.is_available():
+                peak = torch.cuda.max_memory_allocated()
+            else:
+                peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kB on Linux
             row = {
                 "rank": trainer.global_rank,
                 "parameters": sum(_nbytes(p) for p in pl_module.parameters()),
@@ -156,7 +159,7 @@ def run_leg(args, leg: str, policy: dict, work: Path) -> list[dict]:
            "NODE_RANK": "0", "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": str(args.threads)}
     command = [sys.executable, __file__, "--worker", "--leg", leg, "--out", str(out), "--policy", json.dumps(policy),
-               *[f"--{k}={v}" for k, v in vars(args).items() if k in ("steps", "batch", "tokens", "threads", "dtype", "accelerator", "world_size")],
+               *[f"--{k}={getattr(args, k)}" for k in ("steps", "batch", "tokens", "threads", "dtype", "accelerator", "world_size")],
                *(["--gradient_checkpointing"] if args.gradient_checkpointing else [])]
     processes = [subprocess.Popen(command, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stdout=subprocess.DEVNULL,
                                   stderr=open(out / f"rank{r}.log", "w")) for r in range(args.world_size)]
@@ -172,7 +175,8 @@ def run_leg(args, leg: str, policy: dict, work: Path) -> list[dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="smollm2-135m-instruct", help="tiny, qwen2.5-1.5b-random, or an HFPolicy model_name_or_path")
+    parser.add_argument("--model", default="smollm2-135m-instruct",
+                        help="tiny, qwen2.5-1.5b-random, or an HFPolicy model_name_or_path")
     parser.add_argument("--world_size", type=int, default=2)
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--batch", type=int, default=2, help="pairs per rank and step")
@@ -195,11 +199,13 @@ def main() -> None:
         results = {leg: run_leg(args, leg, policy, work) for leg in LEGS}
     print(f"model {args.model}, {args.world_size} ranks, {args.batch} pairs x ~{args.tokens} tokens per rank, {args.dtype}, "
           f"AdamW; MB per rank")
-    print(f"{'leg':6} {'rank':>4} {'params':>9} {'grads':>9} {'optim':>9} {'params+optim':>13} {'activations':>12} {'peak':>9}  peak is")
+    print(f"{'leg':6} {'rank':>4} {'params':>9} {'grads':>9} {'optim':>9} {'params+optim':>13} {'activations':>12} "
+          f"{'peak':>9}  peak is")
     for leg, rows in results.items():
         for row in rows:
-            print(f"{leg:6} {row['rank']:>4} {row['parameters'] / MB:9.1f} {row['gradients'] / MB:9.1f} {row['optimizer'] / MB:9.1f} "
-                  f"{(row['parameters'] + row['optimizer']) / MB:13.1f} {row['activations'] / MB:12.1f} {row['peak'] / MB:9.1f}  {row['peak_kind']}")
+            mb = {key: row[key] / MB for key in ("parameters", "gradients", "optimizer", "activations", "peak")}
+            print(f"{leg:6} {row['rank']:>4} {mb['parameters']:9.1f} {mb['gradients']:9.1f} {mb['optimizer']:9.1f} "
+                  f"{mb['parameters'] + mb['optimizer']:13.1f} {mb['activations']:12.1f} {mb['peak']:9.1f}  {row['peak_kind']}")
     worst = {leg: max(r["parameters"] + r["optimizer"] for r in rows) for leg, rows in results.items()}
     print(f"params + optimizer state, FSDP2 / DDP (largest rank): {worst['fsdp2'] / worst['ddp']:.3f}")
 

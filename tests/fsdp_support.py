@@ -31,7 +31,8 @@ PROMPTS = ["What is 2+3?", "The quick brown", "def add(a, b):", "Count one two",
 STRATEGIES = {
     "ddp": "ddp",
     "fsdp2": "fsdp2",
-    "fsdp2_full_ckpt": {"class_path": "rlvr_lightning.parallel.FSDP2Strategy", "init_args": {"save_distributed_checkpoint": False}},
+    "fsdp2_full_ckpt": {"class_path": "rlvr_lightning.parallel.FSDP2Strategy",
+                        "init_args": {"save_distributed_checkpoint": False}},
 }
 
 
@@ -46,7 +47,8 @@ class EvenTokenReward(RewardCallback):
 
 class FinalWeights(pl.Callback):
     """At the end of fit, every rank takes part in assembling the full weights (`full_state_dict`); rank 0 saves
-    them (and those it started with, and the step count and last metrics) to `<out>/<name>.pt`, every rank its policy's parameter placement to `<name>.rank<r>.json`."""
+    them (and those it started with, the step count and the last metrics) to `<out>/<name>.pt`; every rank
+    writes where its policy's parameters live to `<name>.rank<r>.json`."""
 
     def __init__(self, out: str, name: str) -> None:
         self.out, self.name = out, name
@@ -149,9 +151,12 @@ def case_config(case: str, strategy: str, out: str, tokenizer_dir: str) -> dict:
     if case == "sft":  # 3 optimizer steps of 2 pairs per rank, clipped by the Trainer
         pairs = Path(out, "pairs.jsonl")
         pairs.write_text("".join(json.dumps({"prompt": p, "response": p[::-1]}) + "\n" for p in PROMPTS * 2))
-        model = {"class_path": "rlvr_lightning.modules.SFTModule", "init_args": {"policy": policy(tokenizer_dir), "optimizer": adam}}
-        data = {"class_path": "rlvr_lightning.data.sft_data.SFTDataModule", "init_args": {"train_file": str(pairs), "batch_size": 2}}
-        return {"seed_everything": 0, "trainer": trainer(strategy, 3, record, gradient_clip_val=1.0), "model": model, "data": data}
+        model = {"class_path": "rlvr_lightning.modules.SFTModule",
+                 "init_args": {"policy": policy(tokenizer_dir), "optimizer": adam}}
+        data = {"class_path": "rlvr_lightning.data.sft_data.SFTDataModule",
+                "init_args": {"train_file": str(pairs), "batch_size": 2}}
+        run = trainer(strategy, 3, record, gradient_clip_val=1.0)
+        return {"seed_everything": 0, "trainer": run, "model": model, "data": data}
     if case == "ei":  # 2 rounds; the ranks keep different numbers of responses
         model = {"class_path": "rlvr_lightning.modules.ExpertIterationModule", "init_args": {
             "policy": policy(tokenizer_dir), "optimizer": sgd, "group_size": 4, "sampling": {"max_new_tokens": 6},
@@ -178,7 +183,8 @@ def resume_config(name: str, out: str, tokenizer_dir: str, steps: int, wait_at: 
         {"class_path": "fsdp_support.FinalWeights", "init_args": {"out": out, "name": name}},
     ]
     if wait_at is not None:
-        callbacks.append({"class_path": "fsdp_support.WaitAtStep", "init_args": {"step": wait_at, "marker": f"{out}/{name}.waiting"}})
+        callbacks.append({"class_path": "fsdp_support.WaitAtStep",
+                          "init_args": {"step": wait_at, "marker": f"{out}/{name}.waiting"}})
     model = {"class_path": "rlvr_lightning.modules.RLVRModule", "init_args": {
         "policy": policy(tokenizer_dir), "optimizer": {"class_path": "torch.optim.Adam", "init_args": {"lr": 0.01}},
         "lr_scheduler": {"class_path": "torch.optim.lr_scheduler.StepLR", "init_args": {"step_size": 3, "gamma": 0.5}},
@@ -186,7 +192,8 @@ def resume_config(name: str, out: str, tokenizer_dir: str, steps: int, wait_at: 
         "ppo_epochs": 2, "mini_batch_size": 4, "dynamic_sampling": True, "val_greedy": False, "val_group_size": 2}}
     run = trainer("fsdp2", steps, callbacks, limit_val_batches=1, val_check_interval=3, check_val_every_n_epoch=None,
                   num_sanity_val_steps=0, enable_checkpointing=True,
-                  logger=[{"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": f"{out}/logs", "name": name}}])
+                  logger=[{"class_path": "lightning.pytorch.loggers.CSVLogger",
+                           "init_args": {"save_dir": f"{out}/logs", "name": name}}])
     return {"seed_everything": 3, "trainer": run, "model": model, "data": inline_data()}
 
 

@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_fsdp2_halves_parameter_and_optimizer_memory_per_rank():
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    env.pop("MASTER_PORT", None)
+    for name in ("MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK"):  # launch a fresh job, not join one
+        env.pop(name, None)
     result = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "bench_memory.py"), "--model", "tiny", "--steps", "1"],
         env=env, capture_output=True, text=True, timeout=300,

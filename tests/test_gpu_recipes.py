@@ -100,12 +100,14 @@ def test_recipe_runs_on_cpu_with_each_setting(setting, tiny_override, in_tmp_dir
 def test_recipe_runs_sharded_with_cpu_offload_on_two_processes(tiny_override, tmp_path):
     """fsdp2.yaml + cpu_offload.yaml (bf16 compute, fp32 reduction, offloaded shards) on 2 CPU processes."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), "OMP_NUM_THREADS": "1"}
-    env.pop("MASTER_PORT", None)
+    for name in ("MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK"):  # launch a fresh job, not join one
+        env.pop(name, None)
     command = [sys.executable, "-m", "rlvr_lightning.cli", "fit", "--config", str(RECIPE), "--config", str(tiny_override)]
     for overlay in ("fsdp2", "cpu_offload"):
         command += ["--config", str(ROOT / "configs" / "gpu" / f"{overlay}.yaml")]
+    logger = {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(tmp_path)}}
     command += ["--trainer.accelerator=cpu", "--trainer.devices=2", f"--trainer.default_root_dir={tmp_path}",
-                f"--trainer.logger={json.dumps({'class_path': 'lightning.pytorch.loggers.CSVLogger', 'init_args': {'save_dir': str(tmp_path)}})}"]
+                f"--trainer.logger={json.dumps(logger)}"]
     result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]
     rows = (next(tmp_path.rglob("metrics.csv"))).read_text()

@@ -4,6 +4,7 @@ behaviour is tests/test_fsdp.py's)."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -14,7 +15,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent / "policies"))
 from tiny_lm import save_tiny_tokenizer, tiny_llama_config  # noqa: E402
 
-from rlvr_lightning.parallel import FSDP2Strategy, ShardingOptions, full_state_dict, gathered_params, transformer_blocks  # noqa: E402
+from rlvr_lightning.parallel import (  # noqa: E402
+    FSDP2Strategy,
+    ShardingOptions,
+    full_state_dict,
+    gathered_params,
+    transformer_blocks,
+)
 from rlvr_lightning.parallel.fsdp import data_parallel_mesh, network_root  # noqa: E402
 from rlvr_lightning.policies.toy_sort import ToySortPolicy  # noqa: E402
 
@@ -75,9 +82,14 @@ def test_unsharded_modules_pass_through():
 
 @pytest.fixture
 def one_process_group():
+    environment = dict(os.environ)
     yield
     if torch.distributed.is_initialized():  # Lightning leaves it up; later tests expect none
         torch.distributed.destroy_process_group()
+    # and it leaves LOCAL_RANK, NODE_RANK, MASTER_*: a later `rlvr fit --trainer.devices=2` subprocess
+    # would then take itself for rank 0 of an externally launched job and wait for a rank 1
+    os.environ.clear()
+    os.environ.update(environment)
 
 
 def _toy_fit(tmp_path, **strategy_options) -> pl.Trainer:
@@ -92,7 +104,8 @@ def _toy_fit(tmp_path, **strategy_options) -> pl.Trainer:
     trainer = pl.Trainer(
         strategy=FSDP2Strategy(**strategy_options), accelerator="cpu", devices=1, max_epochs=1, limit_train_batches=2,
         limit_val_batches=0, logger=False, enable_progress_bar=False, enable_model_summary=False,
-        callbacks=[SortInclusionOrderingReward(), RolloutCheckpoint(dirpath=tmp_path / "ckpt", every_n_rollout_steps=1, save_last=True)],
+        callbacks=[SortInclusionOrderingReward(),
+                   RolloutCheckpoint(dirpath=tmp_path / "ckpt", every_n_rollout_steps=1, save_last=True)],
     )
     trainer.fit(module, datamodule=data)
     return trainer

@@ -128,4 +128,6 @@ def _fsync_tree(directory: Path) -> None:
 
 
 if "fsdp2" not in StrategyRegistry:
-    StrategyRegistry.register("fsdp2", FSDP2Strategy, description="FSDP2 (fully_shard per transformer block) over all processes")
+    StrategyRegistry.register(
+        "fsdp2", FSDP2Strategy, description="FSDP2 (fully_shard per transformer block) over all processes"
+    )
