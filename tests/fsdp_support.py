@@ -147,7 +147,12 @@ def case_config(case: str, strategy: str, out: str, tokenizer_dir: str) -> dict:
         check = {"class_path": "fsdp_support.ShardedSampling",
                  "init_args": {"out": out, "name": f"{case}-{strategy}", "tokenizer_dir": tokenizer_dir}}
         callbacks = record + ([check] if case == "rl" else [])
-        return {"seed_everything": 0, "trainer": trainer(strategy, 2, callbacks), "model": model, "data": inline_data()}
+        data = inline_data()
+        if case == "rl":  # a curriculum refresh first: 5 candidates, 3 and 2 per rank, sampled in 2 and 1 calls
+            data["init_args"]["difficulty_filter"] = {
+                "class_path": "rlvr_lightning.data.difficulty_filter.DifficultyFilter",
+                "init_args": {"n": 2, "max_candidates": 5, "batch_size": 2, "pass_threshold": 0.5}}
+        return {"seed_everything": 0, "trainer": trainer(strategy, 2, callbacks), "model": model, "data": data}
     if case == "sft":  # 3 optimizer steps of 2 pairs per rank, clipped by the Trainer
         pairs = Path(out, "pairs.jsonl")
         pairs.write_text("".join(json.dumps({"prompt": p, "response": p[::-1]}) + "\n" for p in PROMPTS * 2))
