@@ -40,6 +40,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 # the reshard_after_forward each FSDP unit was created with, restored after sampling
 _RESHARD_AFTER_FORWARD: weakref.WeakKeyDictionary[nn.Module, bool] = weakref.WeakKeyDictionary()
+# a sharded policy's FSDP units, root first (gathered_params looks them up instead of walking the modules)
+_UNITS: weakref.WeakKeyDictionary[nn.Module, list[nn.Module]] = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True)
@@ -125,12 +127,14 @@ def shard_policy(policy: nn.Module, mesh, options: ShardingOptions, root_reshard
         policy.share_prompt_prefix = False
         log.info("FSDP2: %s scores with one forward per call (share_prompt_prefix off)", type(policy).__name__)
     kwargs = options.fsdp_kwargs()
-    for block in transformer_blocks(policy):
+    blocks = transformer_blocks(policy)
+    for block in blocks:
         fully_shard(block, mesh=mesh, reshard_after_forward=options.reshard_after_forward, **kwargs)
         _RESHARD_AFTER_FORWARD[block] = options.reshard_after_forward
     root = network_root(policy)
     fully_shard(root, mesh=mesh, reshard_after_forward=root_reshard_after_forward, **kwargs)
     _RESHARD_AFTER_FORWARD[root] = root_reshard_after_forward
+    _UNITS[policy] = [root, *blocks]
 
 
 def sharding_options(strategy) -> ShardingOptions:
@@ -175,27 +179,20 @@ class ShardedPolicyModule:
 # ----------------------------------------------------------------------------- sampling
 
 
-def _fsdp_units(module: nn.Module) -> list:
-    from torch.distributed.fsdp import FSDPModule
-
-    return [m for m in module.modules() if isinstance(m, FSDPModule)]
-
-
 @contextmanager
 def gathered_params(policy: nn.Module) -> Iterator[None]:
     """Unshard every FSDP unit of `policy` once, keep them unsharded for everything inside (any number of
-    `policy.sample` calls), reshard at the end. Does nothing for a module that is not sharded.
+    `policy.sample` calls), reshard at the end. Does nothing for a policy `shard_policy` did not shard.
 
     Every rank must enter it at the same point (it all-gathers), as every rank runs the same training
     step, validation batch or curriculum refresh."""
-    units = _fsdp_units(policy)
-    if not units:
+    units = _UNITS.get(policy)
+    if not units:  # not sharded (DDP, one device): nothing to do, and cheap on every step
         yield
         return
     from torch.distributed.fsdp import fully_shard
 
-    root = network_root(policy)
-    fully_shard.state(root)._lazy_init()  # as the root's first forward would (no collective); idempotent
+    fully_shard.state(units[0])._lazy_init()  # as the root's first forward would (no collective); idempotent
     for unit in units:
         unit.set_reshard_after_forward(False, recurse=False)
         unit.unshard()
