@@ -63,15 +63,26 @@ DESCRIPTIONS = {
 }
 DESCRIPTION = (
     "Reinforcement learning from verifiable rewards: train (fit), evaluate (validate) and sample (predict) "
-    "the run a YAML config describes. `rlvr fit --help` says how to list the options of the module and the "
+    "the run a YAML config describes; `rlvr export` writes a checkpoint as a Hugging Face directory. "
+    "`rlvr fit --help` says how to list the options of the module and the "
     "data module; --debug (or RLVR_DEBUG=1) shows tracebacks of configuration mistakes."
 )
 REMOVED_COMMANDS = {
     "test": "rlvr has no `test`: no task has a test split apart from its held-out prompts; "
     "`rlvr validate --config X --ckpt_path CKPT` evaluates a checkpoint on them",
 }
+
+
+def _export(argv: list[str]) -> int:
+    """`rlvr export`: a checkpoint (a .ckpt file or a sharded directory) as a Hugging Face directory."""
+    from rlvr_lightning import export
+
+    export.main(argv)
+    return 0
+
+
 # Commands that are not Trainer methods: name -> function(argv) -> exit status.
-EXTRA_COMMANDS: dict[str, Callable[[list[str]], int]] = {}
+EXTRA_COMMANDS: dict[str, Callable[[list[str]], int]] = {"export": _export}
 
 
 class RLVRCLI(LightningCLI):
@@ -159,6 +170,11 @@ def main(args: list[str] | None = None, run: bool = True) -> RLVRCLI:
 
     Errors propagate as exceptions (a parser error exits with status 2, as jsonargparse does);
     `entry_point` is the console script, which prints configuration mistakes briefly."""
+    argv = sys.argv[1:] if args is None else args
+    if argv and argv[0] == "export":
+        from rlvr_lightning import export
+
+        return export.main(argv[1:])
     os.environ.setdefault("WANDB_SILENT", "true")
     return RLVRCLI(**_cli_kwargs(args, run))
 

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from rlvr_lightning.data.task import Example, collate_examples
+from rlvr_lightning.parallel.fsdp import gathered_params
 
 log = logging.getLogger(__name__)
 
@@ -171,7 +172,8 @@ class DifficultyFilter:
         device = module.device
         counts = torch.full((share,), -1, dtype=torch.long, device=device)
         fork_devices = [device.index or 0] if device.type == "cuda" else []
-        with torch.random.fork_rng(devices=fork_devices), torch.no_grad():
+        # a sharded (FSDP2) policy is gathered once for the whole estimation
+        with torch.random.fork_rng(devices=fork_devices), torch.no_grad(), gathered_params(module.policy):
             torch.manual_seed(seed)
             for start in range(0, len(mine), self.batch_size):
                 chunk = mine[start : start + self.batch_size]

@@ -30,7 +30,8 @@ from rlvr_lightning.core.aggregation import AGGREGATION_MODES
 from rlvr_lightning.modules.gradients import policy_gradient_norm
 from rlvr_lightning.modules.rlvr import RLVRModule
 from rlvr_lightning.modules.sft import RewardScoringMixin, response_nll
-from rlvr_lightning.modules.step_metrics import publish_step_metrics
+from rlvr_lightning.modules.step_metrics import all_gather, publish_step_metrics
+from rlvr_lightning.parallel.fsdp import ShardedPolicyModule, gathered_params
 from rlvr_lightning.policies.base import Policy, PromptBatch, SamplingConfig
 from rlvr_lightning.rewards.base import RewardCallback, find_reward_callbacks
 from rlvr_lightning.rollout import Rollout
@@ -38,7 +39,7 @@ from rlvr_lightning.rollout import Rollout
 log = logging.getLogger(__name__)
 
 
-class ExpertIterationModule(RewardScoringMixin, pl.LightningModule):
+class ExpertIterationModule(RewardScoringMixin, ShardedPolicyModule, pl.LightningModule):
     def __init__(
         self,
         policy: Policy,
@@ -144,7 +145,8 @@ class ExpertIterationModule(RewardScoringMixin, pl.LightningModule):
 
     def training_step(self, batch: PromptBatch, batch_idx: int) -> None:
         started = time.perf_counter()
-        rollout = self.policy.sample(batch, self.group_size, self.sampling)
+        with gathered_params(self.policy):  # sharded (FSDP2): gathered once for the whole sampling call
+            rollout = self.policy.sample(batch, self.group_size, self.sampling)
         self.score(rollout)
         passing = self.passing(rollout)
         rows = self.keep_rows(rollout, passing)
@@ -162,6 +164,7 @@ class ExpertIterationModule(RewardScoringMixin, pl.LightningModule):
         for callback in self.reward_callbacks:
             metrics[f"train/rewards/{callback.name}"] = rollout.rewards[callback.name].mean()
             metrics[f"train/reward_errors/{callback.name}"] = float(callback.pop_errors())
+        kept = self._pad_to_largest_rank(kept, rollout)
         if kept.num_rows == 0:
             log.warning("expert iteration round %d: no response passed; nothing to fine-tune on", batch_idx)
         else:
@@ -171,6 +174,20 @@ class ExpertIterationModule(RewardScoringMixin, pl.LightningModule):
         metrics["time/update_s"] = finished - sampled
         metrics["time/step_s"] = finished - started
         publish_step_metrics(self, metrics, progress_bar={"kept": "train/kept", "pass": "train/pass_rate"})
+
+    def _pad_to_largest_rank(self, kept: Rollout, rollout: Rollout) -> Rollout:
+        """Ranks keep different numbers of rows, but must run the same number of forward and backward passes
+        (DDP and FSDP reduce gradients at every backward). Pads `kept` to the largest count of any rank with
+        copies of a sampled row whose response mask is zero: they weigh nothing in the loss."""
+        if self.trainer.world_size <= 1:
+            return kept
+        counts = all_gather(self.trainer, torch.tensor([kept.num_rows], device=rollout.response_ids.device))
+        missing = int(counts.max()) - kept.num_rows
+        if missing == 0:
+            return kept
+        filler = rollout.select(torch.zeros(missing, dtype=torch.long, device=rollout.response_ids.device))
+        filler.response_mask = torch.zeros_like(filler.response_mask)
+        return Rollout.concat([kept, filler])
 
     def _fine_tune(self, kept: Rollout) -> dict[str, Tensor]:
         optimizer = self.optimizers()
@@ -182,10 +199,12 @@ class ExpertIterationModule(RewardScoringMixin, pl.LightningModule):
             for start in range(0, kept.num_rows, mini_size):
                 minibatch = kept.select(order[start : start + mini_size])
                 num_tokens = minibatch.response_mask.sum()
+                # rows padded in by _pad_to_largest_rank have no response token and do not count
+                num_sequences = (minibatch.response_mask.sum(-1) > 0).sum().clamp(min=1)
                 loss_sum = torch.zeros((), device=num_tokens.device)
                 for micro in self._micro_batches(minibatch):
                     loss = response_nll(
-                        self.policy, micro, self.aggregation, num_sequences=minibatch.num_rows, num_tokens=num_tokens
+                        self.policy, micro, self.aggregation, num_sequences=num_sequences, num_tokens=num_tokens
                     )
                     self.manual_backward(loss)
                     loss_sum = loss_sum + loss.detach()

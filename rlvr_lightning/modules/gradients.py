@@ -11,9 +11,17 @@ def total_norm(grads: list[Tensor]) -> Tensor:
     and dtype when there is one group (the usual case; 12 instead of 28 us per call on the toy task)."""
     if not grads:
         return torch.zeros(())
+    if _is_sharded(grads[0]):  # FSDP2: each rank holds a shard; torch's norm of DTensors reduces across ranks
+        return torch.nn.utils.get_total_norm(grads).full_tensor()
     if len({(g.device, g.dtype) for g in grads}) > 1 or any(g.is_sparse for g in grads):
         return torch.nn.utils.get_total_norm(grads)
     return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+
+
+def _is_sharded(tensor: Tensor) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(tensor, DTensor)
 
 
 def policy_gradient_norm(module: torch.nn.Module) -> Tensor:

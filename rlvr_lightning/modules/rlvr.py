@@ -35,6 +35,7 @@ from rlvr_lightning.modules.dynamic_sampling import keep_informative_groups
 from rlvr_lightning.modules.policy_update import PolicyUpdate
 from rlvr_lightning.modules.scoring import RewardScoring
 from rlvr_lightning.modules.step_metrics import publish_step_metrics
+from rlvr_lightning.parallel.fsdp import ShardedPolicyModule, gathered_params
 from rlvr_lightning.policies.base import Policy, PromptBatch, SamplingConfig
 from rlvr_lightning.progress import report_stage
 from rlvr_lightning.rewards.base import RewardCallback, find_reward_callbacks
@@ -52,7 +53,7 @@ def _choice(option: str, value: str, choices) -> str:
     return value
 
 
-class RLVRModule(PolicyUpdate, RewardScoring, pl.LightningModule):
+class RLVRModule(PolicyUpdate, RewardScoring, ShardedPolicyModule, pl.LightningModule):
     def __init__(
         self,
         policy: Policy,
@@ -257,14 +258,15 @@ class RLVRModule(PolicyUpdate, RewardScoring, pl.LightningModule):
     def training_step(self, batch: PromptBatch, batch_idx: int) -> None:
         started = time.perf_counter()
         self._maybe_update_reference()
-        report_stage("generate")
-        rollout = self.policy.sample(batch, self.group_size, self.sampling)
-        generated = time.perf_counter()
-        report_stage("score")
-        self.score(rollout)
         metrics: dict[str, Tensor | float] = {}
-        if self.dynamic_sampling:
-            rollout = self._dynamic_sampling(rollout, metrics)
+        with gathered_params(self.policy):  # sharded (FSDP2): gathered once for all of the step's sampling
+            report_stage("generate")
+            rollout = self.policy.sample(batch, self.group_size, self.sampling)
+            generated = time.perf_counter()
+            report_stage("score")
+            self.score(rollout)
+            if self.dynamic_sampling:
+                rollout = self._dynamic_sampling(rollout, metrics)
         scored = time.perf_counter()
         metrics.update(self._reward_metrics(rollout, prefix="train"))
         report_stage("log-probs")

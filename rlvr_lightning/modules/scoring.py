@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from rlvr_lightning.evaluation import ValidationMetrics
+from rlvr_lightning.parallel.fsdp import gathered_params
 from rlvr_lightning.policies.base import PromptBatch
 from rlvr_lightning.rollout import Rollout
 
@@ -39,7 +40,8 @@ class RewardScoring:
         """`val_group_size` responses per held-out prompt: mean reward and accuracy per batch; pass@k,
         majority vote, format rate and response length accumulate in `validation_metrics` for the epoch."""
         sampling = dataclasses.replace(self.sampling, do_sample=not self.val_greedy)
-        rollout = self.policy.sample(batch, self.val_group_size, sampling)
+        with gathered_params(self.policy):
+            rollout = self.policy.sample(batch, self.val_group_size, sampling)
         self.score(rollout)
         metrics = {"val/reward_mean": rollout.reward.mean()}
         correct = self.correctness(rollout)

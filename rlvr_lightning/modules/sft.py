@@ -32,6 +32,7 @@ from torch import Tensor
 
 from rlvr_lightning.core.aggregation import AGGREGATION_MODES, aggregate_loss
 from rlvr_lightning.modules.scoring import RewardScoring
+from rlvr_lightning.parallel.fsdp import ShardedPolicyModule, is_sharded
 from rlvr_lightning.policies.base import Policy, SamplingConfig
 from rlvr_lightning.rewards.base import RewardCallback, find_reward_callbacks
 from rlvr_lightning.rollout import Rollout
@@ -149,12 +150,20 @@ def policy_from_checkpoint(
 
     `checkpoint_path` is a Lightning checkpoint of any module that keeps its policy as `self.policy`
     (SFTModule, ExpertIterationModule, RLVRModule: the `policy.*` weights are taken, a KL reference
-    is not) or a plain `policy.state_dict()` saved with `torch.save`. Only the weights are loaded:
+    is not; a `.ckpt` file or the directory of shards of a sharded run) or a plain `policy.state_dict()`
+    saved with `torch.save`. Only the weights are loaded:
     the new run starts at step 0 with a fresh optimizer (unlike `--ckpt_path`, which resumes a run).
     `weights_only=False` is needed for checkpoints whose hyper-parameters hold Python objects
     (RLVRModule's `sampling`); load only checkpoints you trust then.
     """
     path = Path(checkpoint_path)
+    if path.is_dir():  # a sharded (FSDP2) run's checkpoint
+        from rlvr_lightning.export import read_sharded_weights
+
+        state = read_sharded_weights(path, {f"policy.{k}": v for k, v in policy.state_dict().items()})
+        policy.load_state_dict({k.removeprefix("policy."): v for k, v in state.items()}, strict=strict)
+        log.info("loaded policy weights from the sharded checkpoint %s", checkpoint_path)
+        return policy
     if not path.is_file():
         raise FileNotFoundError(f"policy_from_checkpoint: checkpoint_path={checkpoint_path!r} does not exist")
     try:
@@ -191,7 +200,7 @@ class RewardScoringMixin(RewardScoring):
 # ------------------------------------------------------------------ the module
 
 
-class SFTModule(RewardScoringMixin, pl.LightningModule):
+class SFTModule(RewardScoringMixin, ShardedPolicyModule, pl.LightningModule):
     def __init__(
         self,
         policy: Policy,
@@ -262,6 +271,14 @@ class SFTModule(RewardScoringMixin, pl.LightningModule):
         if self.reward_callbacks:
             prompts = {"prompt": batch["prompt"], "metadata": batch.get("metadata")}
             self.sample_and_validate(prompts, batch_idx)
+
+    def configure_model(self) -> None:
+        super().configure_model()
+        if self.save_pretrained_dir is not None and is_sharded(self.policy):
+            raise ValueError(
+                "save_pretrained_dir writes the policy from one process, but it is sharded across processes (FSDP2); "
+                "export the run's last checkpoint instead: rlvr export --config ... --ckpt_path ... --output_dir ..."
+            )
 
     def on_train_end(self) -> None:
         if self.save_pretrained_dir is not None and self.trainer.is_global_zero:

@@ -1,0 +1,114 @@
+"""`rlvr export`: a training checkpoint as a plain Hugging Face directory (LoRA merged).
+
+    rlvr export --config configs/my_run.yaml --ckpt_path runs/my_run/checkpoints/last.ckpt --output_dir exported/
+
+The run's config (the same `--config` files, and `--model.*` overrides, as `rlvr fit`) rebuilds the
+module; only its `model` section is used. The checkpoint is either a `.ckpt` file (single process,
+DDP, or `FSDP2Strategy(save_distributed_checkpoint=false)`) or the directory of per-rank shards that
+a sharded (FSDP2) run writes; it is read in this one process, whatever the world size that wrote it.
+The policy then writes itself with `save_pretrained` (weights, config and tokenizer; a LoRA adapter
+is merged into the base weights unless `--merge_lora false`), so that
+`AutoModelForCausalLM.from_pretrained(output_dir)` loads it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from torch import nn
+
+SHARDED_METADATA = "meta.pt"  # what Lightning writes beside the shards of a distributed checkpoint
+
+
+def read_sharded_weights(path: str | Path, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Fill `weights` (state-dict names of the LightningModule -> full tensors of the right shapes) from the
+    sharded checkpoint directory `path`, in this one process, whatever the world size that wrote it."""
+    path = Path(path)
+    if not (path / SHARDED_METADATA).is_file() or not (path / ".metadata").is_file():
+        raise ValueError(
+            f"{path} is a directory but not a sharded checkpoint (it needs {SHARDED_METADATA} and the "
+            ".metadata of torch.distributed.checkpoint)"
+        )
+    import torch.distributed.checkpoint as dcp
+
+    state = {"state_dict": dict(weights)}  # Lightning saves the module's weights under "state_dict"
+    try:
+        dcp.load(state, checkpoint_id=str(path), no_dist=True)
+    except Exception as error:
+        raise RuntimeError(
+            f"cannot read the sharded checkpoint {path}: does the config build the model that wrote it? {error}"
+        ) from error
+    return state["state_dict"]
+
+
+def load_checkpoint_weights(module: nn.Module, ckpt_path: str | Path) -> str:
+    """Load the weights of a Lightning checkpoint (file or sharded directory) into the unsharded `module`,
+    strictly. Returns "sharded" or "full"."""
+    path = Path(ckpt_path)
+    if path.is_dir():
+        module.load_state_dict(read_sharded_weights(path, module.state_dict()), strict=True)
+        return "sharded"
+    if not path.is_file():
+        raise FileNotFoundError(f"--ckpt_path {str(ckpt_path)!r} does not exist")
+    from rlvr_lightning.callbacks.checkpointing import AtomicCheckpointIO
+
+    # a run's own checkpoint: its hyper-parameters hold Python objects (SamplingConfig), so not weights_only
+    checkpoint = AtomicCheckpointIO().load_checkpoint(path, map_location="cpu", weights_only=False)
+    if "state_dict" not in checkpoint:
+        raise ValueError(f"{path} is not a Lightning checkpoint (it has no 'state_dict')")
+    try:
+        module.load_state_dict(checkpoint["state_dict"], strict=True)
+    except RuntimeError as error:
+        raise RuntimeError(f"the weights in {path} do not fit the module the config builds: {error}") from error
+    return "full"
+
+
+def export_policy(module: nn.Module, output_dir: str | Path, merge_lora: bool = True, overwrite: bool = False) -> Path:
+    """Write `module.policy` as a Hugging Face directory."""
+    policy = getattr(module, "policy", None)
+    if policy is None or not hasattr(policy, "save_pretrained"):
+        raise TypeError(
+            f"rlvr export writes a Hugging Face directory; the module's policy is {type(policy).__name__}, "
+            "which has no save_pretrained (only language-model policies such as HFPolicy can be exported)"
+        )
+    output = Path(output_dir)
+    if output.exists() and any(output.iterdir()) and not overwrite:
+        raise FileExistsError(f"--output_dir {output} exists and is not empty; choose another or pass --overwrite true")
+    output.mkdir(parents=True, exist_ok=True)
+    policy.save_pretrained(output, merge_lora=merge_lora)
+    return output
+
+
+def export_parser():
+    from jsonargparse import ActionConfigFile, ArgumentParser
+
+    parser = ArgumentParser(prog="rlvr export", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", action=ActionConfigFile, help="the run's config file(s), as given to rlvr fit")
+    parser.add_subclass_arguments(pl.LightningModule, "model", required=True, help="the module (from the config)")
+    parser.add_argument("--ckpt_path", type=str, required=True, help="a .ckpt file or a sharded checkpoint directory")
+    parser.add_argument("--output_dir", type=str, required=True, help="where the Hugging Face directory is written")
+    parser.add_argument("--merge_lora", type=bool, default=True, help="merge a LoRA adapter into the base weights")
+    parser.add_argument("--overwrite", type=bool, default=False, help="write into a non-empty output_dir")
+    # the rest of a run's config (as rlvr fit writes it to config.yaml) is read and ignored
+    for section in ("trainer", "data", "seed_everything", "torch_threads", "optimizer", "lr_scheduler", "weights_only"):
+        parser.add_argument(f"--{section}", type=Any, default=None, help="(read from the config, not used)")
+    return parser
+
+
+def main(args: list[str] | None = None) -> Path:
+    parser = export_parser()
+    config = parser.parse_args(args)
+    module = parser.instantiate_classes(config).model
+    kind = load_checkpoint_weights(module, config.ckpt_path)
+    output = export_policy(module, config.output_dir, merge_lora=config.merge_lora, overwrite=config.overwrite)
+    count = sum(p.numel() for p in module.policy.parameters())
+    policy = type(module.policy).__name__
+    print(f"rlvr export: {kind} checkpoint {config.ckpt_path} -> {output} ({policy}, {count:,} parameters)")
+    return output
+
+
+if __name__ == "__main__":  # python -m rlvr_lightning.export ... (the same as rlvr export ...)
+    main()

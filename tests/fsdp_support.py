@@ -1,0 +1,222 @@
+"""Helpers for the multi-process FSDP2 tests (tests/test_fsdp.py): configs of small runs of every module
+on a tiny random Llama, a reward with a known pass rate, and callbacks that record what a rank ends with.
+
+Run as a script, it is one rank of an externally launched job (torchrun-style environment: RANK,
+LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), which runs several `rlvr fit`s in a row, so that the
+job starts its processes once:
+
+    python tests/fsdp_support.py OUT TOKENIZER_DIR RUN [RUN ...]     (RUN: <case>:<strategy>)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+import yaml
+
+from rlvr_lightning.parallel import full_state_dict
+from rlvr_lightning.rewards.base import RewardCallback
+
+TINY_LLAMA = {
+    "model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256, "tie_word_embeddings": False,
+}
+PROMPTS = ["What is 2+3?", "The quick brown", "def add(a, b):", "Count one two", "A verifiable reward", "Think step by step"]
+STRATEGIES = {
+    "ddp": "ddp",
+    "fsdp2": "fsdp2",
+    "fsdp2_full_ckpt": {"class_path": "rlvr_lightning.parallel.FSDP2Strategy",
+                        "init_args": {"save_distributed_checkpoint": False}},
+}
+
+
+class EvenTokenReward(RewardCallback):
+    """The fraction of response tokens with an even id: varied and known without a trained model."""
+
+    def score(self, rollout):
+        mask = rollout.response_mask
+        even = (rollout.response_ids % 2 == 0).float() * mask
+        return even.sum(-1) / mask.sum(-1).clamp(min=1)
+
+
+class FinalWeights(pl.Callback):
+    """At the end of fit, every rank takes part in assembling the full weights (`full_state_dict`); rank 0 saves
+    them (and those it started with, the step count and the last metrics) to `<out>/<name>.pt`; every rank
+    writes where its policy's parameters live to `<name>.rank<r>.json`."""
+
+    def __init__(self, out: str, name: str) -> None:
+        self.out, self.name = out, name
+
+    def on_train_start(self, trainer, pl_module):
+        self.initial = {k: v.clone() for k, v in full_state_dict(pl_module, device="cpu").items()}  # DDP: views of live weights
+
+    def on_train_end(self, trainer, pl_module):
+        state = full_state_dict(pl_module, device="cpu")
+        placement = {
+            "world_size": trainer.world_size,
+            "dtensor_params": sum(type(p).__name__ == "DTensor" for p in pl_module.policy.parameters()),
+            "local_numel": sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in pl_module.policy.parameters()),
+            "full_numel": sum(v.numel() for k, v in state.items() if k.startswith("policy.")),
+        }
+        Path(self.out, f"{self.name}.rank{trainer.global_rank}.json").write_text(json.dumps(placement))
+        if trainer.is_global_zero:
+            metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+            torch.save(
+                {"state": state, "initial": self.initial, "global_step": trainer.global_step, "metrics": metrics},
+                Path(self.out, f"{self.name}.pt"),
+            )
+
+
+class ShardedSampling(pl.Callback):
+    """At the end of fit, every rank samples its own prompt for a rank-dependent number of tokens (4 + 5 x rank) with
+    the trained policy inside `gathered_params`, and again with an unsharded copy of the same weights from the same
+    seed; writes whether the two agree to `<out>/<name>.sampling<r>.json`."""
+
+    def __init__(self, out: str, name: str, tokenizer_dir: str) -> None:
+        self.out, self.name, self.tokenizer_dir = out, name, tokenizer_dir
+
+    def on_train_end(self, trainer, pl_module):
+        from rlvr_lightning.parallel import gathered_params
+        from rlvr_lightning.policies.base import SamplingConfig
+        from rlvr_lightning.policies.hf import HFPolicy
+
+        rank = trainer.global_rank
+        batch, sampling = {"prompt": [PROMPTS[rank]]}, SamplingConfig(max_new_tokens=4 + 5 * rank)
+        plain = HFPolicy(config=TINY_LLAMA, tokenizer_name_or_path=self.tokenizer_dir)
+        plain.load_state_dict(full_state_dict(pl_module.policy))
+        torch.manual_seed(rank)
+        with gathered_params(pl_module.policy):
+            sharded = pl_module.policy.sample(batch, 2, sampling)
+            again = pl_module.policy.sample(batch, 1, sampling)  # a second call inside the same gathering
+        torch.manual_seed(rank)
+        expected = plain.sample(batch, 2, sampling)
+        result = {"width": sharded.response_ids.shape[1], "equal": torch.equal(sharded.response_ids, expected.response_ids),
+                  "second_call_rows": again.num_rows}
+        Path(self.out, f"{self.name}.sampling{rank}.json").write_text(json.dumps(result))
+
+
+class WaitAtStep(pl.Callback):
+    """At the start of rollout step `step` (0-based), rank 0 writes `marker` and waits to be killed."""
+
+    def __init__(self, step: int, marker: str) -> None:
+        self.step, self.marker = step, marker
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.fit_loop.epoch_loop._batches_that_stepped == self.step and trainer.is_global_zero:
+            Path(self.marker).touch()
+            time.sleep(600)
+
+
+def policy(tokenizer_dir: str, **options) -> dict:
+    return {"class_path": "rlvr_lightning.policies.hf.HFPolicy",
+            "init_args": {"config": TINY_LLAMA, "tokenizer_name_or_path": tokenizer_dir, **options}}
+
+
+def inline_data(batch_size: int = 2) -> dict:
+    return {"class_path": "rlvr_lightning.data.RLVRDataModule", "init_args": {
+        "batch_size": batch_size, "val_batch_size": 2,
+        "task": {"class_path": "rlvr_lightning.data.inline_task.InlineTask", "init_args": {
+            "examples": [{"prompt": p} for p in PROMPTS], "val_examples": [{"prompt": p} for p in PROMPTS[:4]]}}}}
+
+
+def trainer(strategy: str, steps: int, callbacks: list, **options) -> dict:
+    return {"strategy": STRATEGIES[strategy], "accelerator": "cpu", "devices": 2, "max_epochs": 1,
+            "limit_train_batches": steps, "limit_val_batches": 0, "enable_progress_bar": False,
+            "enable_model_summary": False, "enable_checkpointing": False, "logger": False,
+            "callbacks": [{"class_path": "fsdp_support.EvenTokenReward"}, *callbacks], **options}
+
+
+def case_config(case: str, strategy: str, out: str, tokenizer_dir: str) -> dict:
+    """The run `case` under `strategy` (same global batch under every strategy: each rank its own prompts)."""
+    record = [{"class_path": "fsdp_support.FinalWeights", "init_args": {"out": out, "name": f"{case}-{strategy}"}}]
+    # plain SGD where it can be: Adam would hide a wrong gradient scale (its update is scale-free)
+    sgd = {"class_path": "torch.optim.SGD", "init_args": {"lr": 0.5}}
+    adam = {"class_path": "torch.optim.Adam", "init_args": {"lr": 0.001}}
+    if case in ("rl", "rl_lora"):  # 2 rollout steps x 2 epochs = 4 updates; KL to a (sharded) reference
+        lora = {"lora_r": 4, "lora_alpha": 8.0} if case == "rl_lora" else {}
+        refresh = {} if lora else {"ref_update_every": 1, "ref_mixup_alpha": 0.5}
+        model = {"class_path": "rlvr_lightning.modules.RLVRModule", "init_args": {
+            "policy": policy(tokenizer_dir, **lora), "optimizer": sgd, "group_size": 4, "sampling": {"max_new_tokens": 6},
+            "kl_coef": 0.1, **refresh, "ppo_epochs": 2, "mini_batch_size": 8, "micro_batch_size": 4, "max_grad_norm": 1.0e3}}
+        check = {"class_path": "fsdp_support.ShardedSampling",
+                 "init_args": {"out": out, "name": f"{case}-{strategy}", "tokenizer_dir": tokenizer_dir}}
+        callbacks = record + ([check] if case == "rl" else [])
+        data = inline_data()
+        if case == "rl":  # a curriculum refresh first: 5 candidates, 3 and 2 per rank, sampled in 2 and 1 calls
+            data["init_args"]["difficulty_filter"] = {
+                "class_path": "rlvr_lightning.data.difficulty_filter.DifficultyFilter",
+                "init_args": {"n": 2, "max_candidates": 5, "batch_size": 2, "pass_threshold": 0.5}}
+        return {"seed_everything": 0, "trainer": trainer(strategy, 2, callbacks), "model": model, "data": data}
+    if case == "sft":  # 3 optimizer steps of 2 pairs per rank, clipped by the Trainer
+        pairs = Path(out, "pairs.jsonl")
+        pairs.write_text("".join(json.dumps({"prompt": p, "response": p[::-1]}) + "\n" for p in PROMPTS * 2))
+        model = {"class_path": "rlvr_lightning.modules.SFTModule",
+                 "init_args": {"policy": policy(tokenizer_dir), "optimizer": adam}}
+        data = {"class_path": "rlvr_lightning.data.sft_data.SFTDataModule",
+                "init_args": {"train_file": str(pairs), "batch_size": 2}}
+        run = trainer(strategy, 3, record, gradient_clip_val=1.0)
+        return {"seed_everything": 0, "trainer": run, "model": model, "data": data}
+    if case == "ei":  # 2 rounds; the ranks keep different numbers of responses
+        model = {"class_path": "rlvr_lightning.modules.ExpertIterationModule", "init_args": {
+            "policy": policy(tokenizer_dir), "optimizer": sgd, "group_size": 4, "sampling": {"max_new_tokens": 6},
+            "reward_threshold": 0.5, "epochs_per_round": 2, "mini_batch_size": 2}}
+        return {"seed_everything": 0, "trainer": trainer(strategy, 2, record), "model": model, "data": inline_data()}
+    if case == "lora_ckpt":  # one rollout step of rl_lora that ends with a checkpoint (a .ckpt file under fsdp2_full_ckpt)
+        config = case_config("rl_lora", strategy, out, tokenizer_dir)
+        config["trainer"].update(limit_train_batches=1, enable_checkpointing=True)
+        config["trainer"]["callbacks"][1]["init_args"]["name"] = f"{case}-{strategy}"
+        config["trainer"]["callbacks"].append({"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+                                               "init_args": {"dirpath": f"{out}/ckpt_{case}-{strategy}", "filename": "final"}})
+        return config
+    raise ValueError(f"unknown case {case!r}")
+
+
+def resume_config(name: str, out: str, tokenizer_dir: str, steps: int, wait_at: int | None = None) -> dict:
+    """An RL run under fsdp2 with what a checkpoint must carry: sharded weights of the policy and of a KL reference
+    refreshed every 3 steps, Adam and an LR scheduler, shuffled mini-batches, dynamic sampling (top-up draws),
+    sampled validation every 3 steps; sharded checkpoints every 2 rollout steps, CSV log."""
+    callbacks = [
+        {"class_path": "rlvr_lightning.advantages.GroupNormalizedAdvantage"},
+        {"class_path": "rlvr_lightning.callbacks.RolloutCheckpoint",
+         "init_args": {"dirpath": f"{out}/ckpt_{name}", "every_n_rollout_steps": 2, "save_last": True}},
+        {"class_path": "fsdp_support.FinalWeights", "init_args": {"out": out, "name": name}},
+    ]
+    if wait_at is not None:
+        callbacks.append({"class_path": "fsdp_support.WaitAtStep",
+                          "init_args": {"step": wait_at, "marker": f"{out}/{name}.waiting"}})
+    model = {"class_path": "rlvr_lightning.modules.RLVRModule", "init_args": {
+        "policy": policy(tokenizer_dir), "optimizer": {"class_path": "torch.optim.Adam", "init_args": {"lr": 0.01}},
+        "lr_scheduler": {"class_path": "torch.optim.lr_scheduler.StepLR", "init_args": {"step_size": 3, "gamma": 0.5}},
+        "group_size": 4, "sampling": {"max_new_tokens": 6}, "kl_coef": 0.05, "ref_update_every": 3,
+        "ppo_epochs": 2, "mini_batch_size": 4, "dynamic_sampling": True, "val_greedy": False, "val_group_size": 2}}
+    run = trainer("fsdp2", steps, callbacks, limit_val_batches=1, val_check_interval=3, check_val_every_n_epoch=None,
+                  num_sanity_val_steps=0, enable_checkpointing=True,
+                  logger=[{"class_path": "lightning.pytorch.loggers.CSVLogger",
+                           "init_args": {"save_dir": f"{out}/logs", "name": name}}])
+    return {"seed_everything": 3, "trainer": run, "model": model, "data": inline_data()}
+
+
+def write_config(config: dict, path: Path) -> Path:
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def main(out: str, tokenizer_dir: str, runs: list[str]) -> None:
+    from rlvr_lightning.cli import main as rlvr
+
+    torch.set_num_threads(1)
+    rank = os.environ["RANK"]
+    for run in runs:
+        case, strategy = run.split(":")
+        config = write_config(case_config(case, strategy, out, tokenizer_dir), Path(out, f"{case}-{strategy}.rank{rank}.yaml"))
+        rlvr(["fit", "--config", str(config)])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], sys.argv[3:])

@@ -1,0 +1,114 @@
+"""The GSM8K GPU recipe and its overlays (configs/gpu/): every overlay parses on top of the recipe, and the
+recipe runs end to end on a CPU with each documented GPU setting (bf16-true, bf16-mixed, gradient
+checkpointing, attention implementation; FSDP2 with CPU offload on 2 processes), with the model and the
+data swapped for a tiny random Llama and a small GSM8K-format file (nothing downloaded).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+sys.path.insert(0, str(TESTS / "policies"))
+from tiny_lm import save_tiny_tokenizer, tiny_llama_config  # noqa: E402
+
+from rlvr_lightning.cli import main  # noqa: E402
+
+RECIPE = ROOT / "configs" / "gsm8k_qwen2.5_math_1.5b.yaml"
+OVERLAYS = sorted((ROOT / "configs" / "gpu").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS, ids=[o.stem for o in OVERLAYS])
+def test_overlay_parses_on_the_recipe(overlay, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(RECIPE), "--config", str(overlay), "--print_config"])
+    assert exit_info.value.code in (0, None)
+    config = yaml.safe_load(capsys.readouterr().out)
+    policy = config["model"]["init_args"]["policy"]["init_args"]
+    task = config["data"]["init_args"]["task"]
+    strategy = config["trainer"]["strategy"]
+    if overlay.stem.startswith("offline_"):  # weights and data that exist offline
+        assert task["class_path"] == "rlvr_lightning.data.jsonl_task.JSONLTask" and task["init_args"]["template"] == "r1_zero"
+        if "smollm2" in overlay.stem:
+            assert policy["model_name_or_path"] == "smollm2-135m-instruct"
+        else:
+            assert policy["model_name_or_path"] is None and policy["config"]["num_hidden_layers"] == 28
+    else:
+        assert strategy["class_path"] == "rlvr_lightning.parallel.FSDP2Strategy"
+        assert strategy["init_args"]["param_dtype"] == "bfloat16"
+        assert strategy["init_args"]["cpu_offload"] is (overlay.stem == "cpu_offload")
+
+
+@pytest.fixture(scope="module")
+def tiny_override(tmp_path_factory) -> Path:
+    """Swaps the recipe's model for a tiny random Llama (a 1024-token context: the R1-Zero prompt is ~330 of its
+    tokens) and its data for 6 GSM8K-format lines; 1 step on a CPU."""
+    tmp = tmp_path_factory.mktemp("gsm8k_tiny")
+    data = tmp / "gsm8k.jsonl"
+    data.write_text("".join(
+        json.dumps({"question": f"What is {a} + {b}?", "answer": f"{a}+{b}={a + b}\n#### {a + b}"}) + "\n"
+        for a, b in [(2, 3), (4, 5), (1, 1), (7, 2), (3, 3), (6, 1)]
+    ))
+    override = {
+        "trainer": {"accelerator": "cpu", "devices": 1, "limit_train_batches": 1, "limit_val_batches": 1,
+                    "val_check_interval": 1, "logger": False, "enable_progress_bar": False,
+                    "enable_model_summary": False, "default_root_dir": str(tmp / "runs")},
+        "model": {"init_args": {
+            "policy": {"init_args": {"model_name_or_path": None, "config": tiny_llama_config(max_position_embeddings=1024),
+                                     "tokenizer_name_or_path": str(save_tiny_tokenizer(tmp / "tokenizer"))}},
+            "group_size": 4, "sampling": {"max_new_tokens": 8}, "mini_batch_size": 4, "micro_batch_size": 2,
+            "val_group_size": 2}},
+        "data": {"init_args": {"batch_size": 2, "val_batch_size": 2, "task": {
+            "class_path": "rlvr_lightning.data.jsonl_task.JSONLTask",
+            "init_args": {"path": str(data), "val_path": str(data), "num_val": 2}}}},
+    }
+    path = tmp / "tiny.yaml"
+    path.write_text(yaml.safe_dump(override))
+    return path
+
+
+SETTINGS = {  # the README's GPU settings, as command-line overrides of the recipe
+    "recipe (bf16 weights, gradient checkpointing, sdpa)": [],
+    "bf16-mixed": ["--trainer.precision=bf16-mixed", "--model.init_args.policy.init_args.dtype=float32"],
+    "bf16-true": ["--trainer.precision=bf16-true", "--model.init_args.policy.init_args.dtype=float32"],
+    "eager attention, no checkpointing": ["--model.init_args.policy.init_args.attn_implementation=eager",
+                                          "--model.init_args.policy.init_args.gradient_checkpointing=false"],
+}
+
+
+@pytest.mark.parametrize("setting", list(SETTINGS))
+def test_recipe_runs_on_cpu_with_each_setting(setting, tiny_override, in_tmp_dir):
+    cli = main(["fit", "--config", str(RECIPE), "--config", str(tiny_override), *SETTINGS[setting]])
+    assert cli.trainer.global_step == 2  # one rollout of 2 x 4 responses, mini-batches of 4
+    assert "train/reward_mean" in cli.trainer.callback_metrics and "val/accuracy" in cli.trainer.callback_metrics
+    policy = cli.model.policy
+    expected_dtype = torch.float32 if setting == "bf16-mixed" else torch.bfloat16
+    assert {p.dtype for p in policy.parameters()} == {expected_dtype}
+    assert policy.model.config._attn_implementation == ("eager" if "eager" in setting else "sdpa")
+    assert policy.model.is_gradient_checkpointing is ("no checkpointing" not in setting)
+
+
+def test_recipe_runs_sharded_with_cpu_offload_on_two_processes(tiny_override, tmp_path):
+    """fsdp2.yaml + cpu_offload.yaml (bf16 compute, fp32 reduction, offloaded shards) on 2 CPU processes."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), "OMP_NUM_THREADS": "1"}
+    for name in ("MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK"):  # launch a fresh job, not join one
+        env.pop(name, None)
+    command = [sys.executable, "-m", "rlvr_lightning.cli", "fit", "--config", str(RECIPE), "--config", str(tiny_override)]
+    for overlay in ("fsdp2", "cpu_offload"):
+        command += ["--config", str(ROOT / "configs" / "gpu" / f"{overlay}.yaml")]
+    logger = {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(tmp_path)}}
+    command += ["--trainer.accelerator=cpu", "--trainer.devices=2", f"--trainer.default_root_dir={tmp_path}",
+                f"--trainer.logger={json.dumps(logger)}"]
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
+    rows = (next(tmp_path.rglob("metrics.csv"))).read_text()
+    assert "train/reward_mean" in rows and "train/grad_norm" in rows and "val/accuracy" in rows
