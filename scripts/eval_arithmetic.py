@@ -68,14 +68,22 @@ def build(config_path: str, ckpt: str | None):
 def evaluate(policy, examples, rewards, sampling, samples: int, batch_size: int) -> dict[str, float]:
     from rlvr_lightning.data.task import collate_examples
     from rlvr_lightning.evaluation import ValidationMetrics
+    from rlvr_lightning.rollout import TokenSource
 
     metrics = ValidationMetrics(group_size=samples)
     task_reward = next((r for r in rewards if r.kind == "task"), None)
     format_reward = next((r for r in rewards if r.kind == "format"), None)
     errors = 0
+    tool_rows = tool_calls = tool_errors = tool_users = 0.0
     for start in range(0, len(examples), batch_size):
         batch = collate_examples(examples[start : start + batch_size])
         rollout = policy.sample(batch, samples, sampling)
+        stats = getattr(policy, "last_generation_stats", {})
+        if "tool_calls/mean" in stats:  # multi-turn rollouts: how the tools were used
+            tool_rows += rollout.num_rows
+            tool_calls += stats["tool_calls/mean"] * rollout.num_rows
+            tool_errors += stats["tool_errors"]
+            tool_users += float((rollout.response_source == TokenSource.TOOL).any(-1).sum())
         correct = answers = format_ok = None
         if task_reward is not None:
             scores = task_reward(rollout)
@@ -87,6 +95,10 @@ def evaluate(policy, examples, rewards, sampling, samples: int, batch_size: int)
         metrics.update(rollout, correct, answers, format_ok)
     out = {k: round(float(v), 4) for k, v in metrics.compute().items()}
     out["reward_errors"] = errors
+    if tool_rows:
+        out["tool_use_rate"] = round(tool_users / tool_rows, 4)  # responses with at least one tool call
+        out["tool_calls_per_response"] = round(tool_calls / tool_rows, 4)
+        out["tool_errors_per_call"] = round(tool_errors / max(tool_calls, 1), 4)
     return out
 
 

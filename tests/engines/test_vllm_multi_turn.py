@@ -85,3 +85,14 @@ def test_sampled_groups_carry_the_engines_log_probs_on_the_mixed_sequence(tool_t
         trainer, _ = policy.token_log_probs(rollout, temperature=0.5)
     assert (trainer - rollout.sampling_log_probs).abs().max() <= 1e-4  # 0 = 0 on observations and padding
     assert rollout.sampling_log_probs[rollout.response_mask == 0].eq(0).all()
+
+
+def test_the_engine_caps_each_prompt_on_its_own(make_policy):
+    policy = make_policy(generation=VLLMGeneration(kv_cache_memory_gib=0.0625, dtype="float32"))
+    ids, _ = policy.encode_prompts(["ab", "The quick brown fox"])
+    out = policy.generation.generate(
+        policy.model, policy.tokenizer, ids, 2, SamplingConfig(max_new_tokens=6),
+        eos_token_ids=[], pad_token_id=policy.pad_token_id, max_new_tokens=[2, 5],
+    )  # fmt: skip
+    assert out.response_mask.sum(-1).tolist() == [2, 2, 5, 5]
+    assert out.truncated.all()

@@ -146,3 +146,17 @@ def test_observation_tokens_get_no_gradient(tool_tokenizer_dir):
     log_probs.sum().backward()
     for a, b in zip(with_weights, [p.grad for p in policy.parameters()], strict=True):
         torch.testing.assert_close(a, b)
+
+
+def test_our_loop_caps_each_prompt_on_its_own(tool_tokenizer_dir):
+    """The backend hook segmented generation needs: rows continue with different budgets left."""
+    from rlvr_lightning.policies.generation_backend import KVCacheGeneration
+
+    policy = tool_policy(tool_tokenizer_dir, tools=None)
+    ids, _ = policy.encode_prompts(["ab", "The quick brown fox"])
+    out = KVCacheGeneration().generate(
+        policy.model, policy.tokenizer, ids, 2, SamplingConfig(max_new_tokens=6, min_new_tokens=1),
+        eos_token_ids=[], pad_token_id=policy.pad_token_id, max_new_tokens=[2, 5],
+    )  # fmt: skip
+    assert out.response_mask.sum(-1).tolist() == [2, 2, 5, 5]
+    assert out.truncated.all()
