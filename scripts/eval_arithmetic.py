@@ -34,11 +34,15 @@ import torch  # noqa: E402
 import yaml  # noqa: E402
 
 
-def _instantiate(spec: dict):
+def _instantiate(spec):
+    """Objects from `class_path`/`init_args` specs, nested in dicts and lists (e.g. a policy's tools)."""
+    if isinstance(spec, list):
+        return [_instantiate(item) for item in spec]
+    if not (isinstance(spec, dict) and "class_path" in spec):
+        return spec
     module_name, _, class_name = spec["class_path"].rpartition(".")
     cls = getattr(importlib.import_module(module_name), class_name)
-    args = {k: (_instantiate(v) if isinstance(v, dict) and "class_path" in v else v) for k, v in (spec.get("init_args") or {}).items()}
-    return cls(**args)
+    return cls(**{k: _instantiate(v) for k, v in (spec.get("init_args") or {}).items()})
 
 
 def build(config_path: str, ckpt: str | None):

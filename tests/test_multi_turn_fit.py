@@ -46,7 +46,8 @@ def test_rlvr_fit_with_a_calculator_from_yaml(tmp_path, monkeypatch):
         "trainer": {
             "max_epochs": 1,
             "limit_train_batches": 2,
-            "limit_val_batches": 0,
+            "limit_val_batches": 1,
+            "val_check_interval": 2,
             "enable_checkpointing": False,
             "enable_progress_bar": False,
             "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(tmp_path), "name": "csv"}},
@@ -69,7 +70,7 @@ def test_rlvr_fit_with_a_calculator_from_yaml(tmp_path, monkeypatch):
         },
         "data": {
             "class_path": "rlvr_lightning.data.RLVRDataModule",
-            "init_args": {"batch_size": 2, "task": {"class_path": "rlvr_lightning.data.inline_task.InlineTask", "init_args": {"examples": EXAMPLES}}},
+            "init_args": {"batch_size": 2, "task": {"class_path": "rlvr_lightning.data.inline_task.InlineTask", "init_args": {"examples": EXAMPLES, "val_examples": EXAMPLES}}},
         },
     }
     path = tmp_path / "config.yaml"
@@ -85,6 +86,7 @@ def test_rlvr_fit_with_a_calculator_from_yaml(tmp_path, monkeypatch):
         assert all(row[f"train/generation/{key}"] != "" for row in rows), key
     assert max(float(row["train/generation/tool_calls/mean"]) for row in rows) > 0
     assert max(float(row["train/generation/turns/max"]) for row in rows) >= 2
+    assert cli.trainer.callback_metrics["val/response_length"] > 0  # validation samples with the tools too
 
 
 def final_parameters(tokenizer_dir, micro_batch_size):

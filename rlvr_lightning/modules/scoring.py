@@ -50,9 +50,7 @@ class RewardScoring:
         # Lightning validates in inference mode; metric states must stay ordinary tensors across passes.
         with torch.inference_mode(False):
             plain = lambda t: None if t is None else t.clone()  # noqa: E731
-            masked = dataclasses.replace(
-                rollout, response_mask=rollout.response_mask.clone(), response_source=plain(rollout.response_source)
-            )
+            masked = dataclasses.replace(rollout, response_mask=rollout.response_mask.clone())
             self.validation_metrics.update(masked, plain(correct), answers, plain(format_ok))
 
     @property
