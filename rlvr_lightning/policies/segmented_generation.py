@@ -165,8 +165,10 @@ def generate_segments(
         if not live:
             break
         caps = [_cap(row, rules) for row in live]
-        first = dict(min_new_tokens=min(sampling.min_new_tokens, min(caps))) if rounds == 0 else dict(min_new_tokens=0)
-        round_sampling = dataclasses.replace(sampling, stop_strings=stop_strings, max_new_tokens=max(caps), **first)
+        min_new_tokens = min(sampling.min_new_tokens, min(caps)) if rounds == 0 else 0  # the first segment only
+        round_sampling = dataclasses.replace(
+            sampling, stop_strings=stop_strings, max_new_tokens=max(caps), min_new_tokens=min_new_tokens
+        )
         out = backend.generate(
             model, tokenizer, [row.context for row in live], n_call, round_sampling,
             eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, max_new_tokens=caps,

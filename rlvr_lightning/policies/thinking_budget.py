@@ -65,7 +65,7 @@ class ThinkingBudget(SegmentRule):
         row.notes["thinking_start"] = 0
         row.notes["thinking_forced"] = False
 
-    def observe(self, row: RowState, segment: Segment, codec: Codec) -> None:
+    def observe(self, row: RowState, segment: Segment, codec: Codec) -> None:  # updates the state, never decides
         # a segment stops at either tag, so it holds at most one of them, at its end
         if row.notes["thinking"] == BEFORE and self.open_tag in segment.text:
             row.notes["thinking"] = OPEN
@@ -73,7 +73,6 @@ class ThinkingBudget(SegmentRule):
         elif row.notes["thinking"] == OPEN and self.close_tag in segment.text:
             row.notes["thinking"] = CLOSED
             row.notes["thinking_tokens"] = row.sampled_since(row.notes["thinking_start"])
-        return None
 
     def cap(self, row: RowState) -> int | None:
         if row.notes["thinking"] != OPEN:

@@ -12,7 +12,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-
 from tiny_lm import build_tiny_tokenizer
 
 TAGS = ["<calculator>", "</calculator>", "<result>", "</result>", "<think>", "</think>"]

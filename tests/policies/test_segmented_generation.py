@@ -143,7 +143,7 @@ def test_an_opening_fence_continues_and_the_closing_one_calls(tool_tokenizer):
 def test_stop_strings_cut_only_the_last_turn(tool_tokenizer):
     tok = tool_tokenizer
     plan = lambda context: "<calculator>5/2</calculator>" if "<result>" not in context else "It is 2.5. Yes<eos>"  # noqa: E731
-    out, backend, _ = run(tok, plan, [ToolUse([Calculator()])], stop_strings=["."])
+    out, _, _ = run(tok, plan, [ToolUse([Calculator()])], stop_strings=["."])
     assert out.stopped_by_string.tolist() == [True]
     lengths, texts = decode_responses(tok, out, ["."])
     # the observation's "." does not end the response; the answer's first "." does
@@ -160,7 +160,7 @@ def never_closes(context: str) -> str:
 def test_thinking_budget_forces_the_close_after_the_cap(tool_tokenizer):
     tok = tool_tokenizer
     budget = ThinkingBudget(max_thinking_tokens=5)
-    out, backend, prompt_ids = run(tok, never_closes, [budget], prompts=("Think. <think>",), n=2, max_new_tokens=30)
+    out, backend, _ = run(tok, never_closes, [budget], prompts=("Think. <think>",), n=2, max_new_tokens=30)
     forced, answer = enc(tok, "\n</think>\n\n"), enc(tok, "The answer is 5.")
     thinking = enc(tok, " ab" * 40)[:5]
     assert out.response_ids[0].tolist() == thinking + forced + answer + [tok.eos_token_id]
