@@ -128,7 +128,7 @@ class ValidationMetrics(nn.Module):
         format_ok: Tensor | None = None,
     ) -> None:
         group_size = rollout.group_size
-        self.response_length.update(rollout.response_mask.float().sum(-1))
+        self.response_length.update(rollout.response_lengths())
         if correct is not None:
             correct = correct.bool()
             self.accuracy.update(correct.float())

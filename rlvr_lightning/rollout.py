@@ -9,7 +9,10 @@ Shapes (documented here once; everything else refers to them):
     prompt_ids      long[N, P]
     prompt_mask     long[N, P]     1 on real prompt tokens, 0 on left padding
     response_ids    long[N, T]
-    response_mask   float[N, T]    1 on generated tokens up to and including EOS, 0 after
+    response_mask   float[N, T]    1 on the tokens the policy sampled (up to and including EOS), 0 elsewhere:
+                                   after the end, and on tokens inserted into the response (tool observations,
+                                   a forced `</think>`), which stay in the context of later tokens but get no
+                                   loss, KL or entropy. Without insertions it is a prefix of ones.
     group_index     long[N]        which prompt of the batch each row came from
     truncated       bool[N]        the response hit max_new_tokens without EOS
     rewards         name -> float[N], one entry per reward callback (unweighted)
@@ -18,17 +21,34 @@ Shapes (documented here once; everything else refers to them):
     old_log_probs   float[N, T]    log-probs under the policy that sampled, as the trainer computes them (no grad)
     ref_log_probs   float[N, T]    log-probs under the reference policy (no grad)
     sampling_log_probs float[N, T] log-probs the generator recorded while sampling (an inference engine's
-                                   kernels and precision may differ from the trainer's; no grad)
+                                   kernels and precision may differ from the trainer's; no grad); 0 where masked
+    response_source long[N, T]     where each response token came from (`TokenSource`: PAD, SAMPLED, TOOL,
+                                   FORCED), the turn structure of multi-turn responses; None when every
+                                   response is sampled tokens then padding (`response_mask` says it all)
+
+A multi-turn response is [sampled | observation | sampled | ...]: `response_mask` 1/0/1, `response_source`
+SAMPLED/TOOL/SAMPLED, padding after the end. Use `response_lengths()` for a response's length (tokens it
+occupies, inserted ones included: what the token budget counts), not `response_mask.sum(-1)` (sampled ones).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from enum import IntEnum
 from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
+
+
+class TokenSource(IntEnum):
+    """Where a response token came from (`Rollout.response_source`)."""
+
+    PAD = 0  # after the end of the response
+    SAMPLED = 1  # sampled by the policy: the only tokens with loss, KL and entropy (response_mask 1)
+    TOOL = 2  # a tool's observation, appended to the context between two turns
+    FORCED = 3  # inserted by a generation rule, e.g. the thinking budget's forced `</think>`
 
 
 class PromptRuns(NamedTuple):
@@ -57,6 +77,7 @@ class Rollout:
     old_log_probs: Tensor | None = None
     ref_log_probs: Tensor | None = None
     sampling_log_probs: Tensor | None = None
+    response_source: Tensor | None = None
 
     @property
     def num_rows(self) -> int:
@@ -65,6 +86,22 @@ class Rollout:
     @property
     def num_groups(self) -> int:
         return self.num_rows // self.group_size
+
+    def response_lengths(self) -> Tensor:
+        """Tokens each response occupies (`float[N]`): sampled and inserted ones, not the padding after it."""
+        if self.response_source is None:
+            return self.response_mask.float().sum(-1)
+        return (self.response_source != TokenSource.PAD).float().sum(-1)
+
+    def num_turns(self) -> Tensor:
+        """Policy turns per response (`long[N]`): runs of tokens separated by tool observations (a forced
+        `</think>` does not start a turn); 0 for an empty response."""
+        if self.response_source is None:
+            return (self.response_mask.sum(-1) > 0).long()
+        own = (self.response_source == TokenSource.SAMPLED) | (self.response_source == TokenSource.FORCED)
+        starts = own.clone()
+        starts[:, 1:] &= ~own[:, :-1]
+        return starts.long().sum(-1)
 
     def prompt_runs(self) -> PromptRuns:
         """Which rows share a prompt, for policies that compute per prompt what its rows share.
@@ -145,6 +182,7 @@ class Rollout:
             old_log_probs=cat("old_log_probs", response_len),
             ref_log_probs=cat("ref_log_probs", response_len),
             sampling_log_probs=cat("sampling_log_probs", response_len),
+            response_source=cat("response_source", response_len),
         )
 
     def to(self, device: torch.device | str) -> Rollout:

@@ -3,6 +3,8 @@
     # accuracy and format rate on the 200 held-out problems, sampled at temperature 1.0 and greedily
     python scripts/eval_arithmetic.py eval --config configs/smollm2_arithmetic.yaml
     python scripts/eval_arithmetic.py eval --config configs/smollm2_arithmetic.yaml --ckpt /tmp/run/csv/version_0/checkpoints/final.ckpt
+    # a tool-use recipe: tool use rate and calls are reported too; --no-tools takes the tools away
+    python scripts/eval_arithmetic.py eval --config configs/smollm2_calculator.yaml --num 100 --no-tools
 
     # the curve of a run (its CSV log) as a PNG
     python scripts/eval_arithmetic.py plot --csv /tmp/run/csv/version_0/metrics.csv --out docs/smollm2_arithmetic.png
@@ -37,19 +39,25 @@ import torch  # noqa: E402
 import yaml  # noqa: E402
 
 
-def _instantiate(spec: dict):
+def _instantiate(spec):
+    """Objects from `class_path`/`init_args` specs, nested in dicts and lists (e.g. a policy's tools)."""
+    if isinstance(spec, list):
+        return [_instantiate(item) for item in spec]
+    if not (isinstance(spec, dict) and "class_path" in spec):
+        return spec
     module_name, _, class_name = spec["class_path"].rpartition(".")
     cls = getattr(importlib.import_module(module_name), class_name)
-    args = {k: (_instantiate(v) if isinstance(v, dict) and "class_path" in v else v) for k, v in (spec.get("init_args") or {}).items()}
-    return cls(**args)
+    return cls(**{k: _instantiate(v) for k, v in (spec.get("init_args") or {}).items()})
 
 
-def build(config_path: str, ckpt: str | None):
+def build(config_path: str, ckpt: str | None, no_tools: bool = False):
     from rlvr_lightning.policies.base import SamplingConfig
     from rlvr_lightning.rewards.base import RewardCallback
 
     config = yaml.safe_load(Path(config_path).read_text())
     model_args = config["model"]["init_args"]
+    if no_tools:  # the same recipe with the policy's tools taken away (the control of a tool-use recipe)
+        model_args["policy"].get("init_args", {}).pop("tools", None)
     policy = _instantiate(model_args["policy"])
     if ckpt:
         state = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
@@ -71,14 +79,22 @@ def build(config_path: str, ckpt: str | None):
 def evaluate(policy, examples, rewards, sampling, samples: int, batch_size: int) -> dict[str, float]:
     from rlvr_lightning.data.task import collate_examples
     from rlvr_lightning.evaluation import ValidationMetrics
+    from rlvr_lightning.rollout import TokenSource
 
     metrics = ValidationMetrics(group_size=samples)
     task_reward = next((r for r in rewards if r.kind == "task"), None)
     format_reward = next((r for r in rewards if r.kind == "format"), None)
     errors = 0
+    tool_rows = tool_calls = tool_errors = tool_users = 0.0
     for start in range(0, len(examples), batch_size):
         batch = collate_examples(examples[start : start + batch_size])
         rollout = policy.sample(batch, samples, sampling)
+        stats = getattr(policy, "last_generation_stats", {})
+        if "tool_calls/mean" in stats:  # multi-turn rollouts: how the tools were used
+            tool_rows += rollout.num_rows
+            tool_calls += stats["tool_calls/mean"] * rollout.num_rows
+            tool_errors += stats["tool_errors"]
+            tool_users += float((rollout.response_source == TokenSource.TOOL).any(-1).sum())
         correct = answers = format_ok = None
         if task_reward is not None:
             scores = task_reward(rollout)
@@ -90,6 +106,10 @@ def evaluate(policy, examples, rewards, sampling, samples: int, batch_size: int)
         metrics.update(rollout, correct, answers, format_ok)
     out = {k: round(float(v), 4) for k, v in metrics.compute().items()}
     out["reward_errors"] = errors
+    if tool_rows:
+        out["tool_use_rate"] = round(tool_users / tool_rows, 4)  # responses with at least one tool call
+        out["tool_calls_per_response"] = round(tool_calls / tool_rows, 4)
+        out["tool_errors_per_call"] = round(tool_errors / max(tool_calls, 1), 4)
     return out
 
 
@@ -99,12 +119,12 @@ def cmd_eval(args) -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     started = time.perf_counter()
-    policy, task, rewards, sampling = build(args.config, args.ckpt)
+    policy, task, rewards, sampling = build(args.config, args.ckpt, args.no_tools)
     if args.max_new_tokens:
         sampling = dataclasses.replace(sampling, max_new_tokens=args.max_new_tokens)
     examples = task.val_examples() if hasattr(task, "val_examples") else list(task.val_dataset())
     examples = examples[: args.num]
-    report: dict = {"config": args.config, "ckpt": args.ckpt, "problems": len(examples),
+    report: dict = {"config": args.config, "ckpt": args.ckpt, "no_tools": args.no_tools, "problems": len(examples),
                     "max_new_tokens": sampling.max_new_tokens, "samples": args.samples}
     modes = {"temperature": dataclasses.replace(sampling, temperature=args.temperature, do_sample=True),
              "greedy": dataclasses.replace(sampling, do_sample=False)}
@@ -162,7 +182,7 @@ def cmd_plot(args) -> None:
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for key, label, color in [
         (args.accuracy_key, "train accuracy (T=1, per step)", "tab:blue"),
-        (args.format_key, "train boxed rate (T=1, per step)", "tab:orange"),
+        (args.format_key, args.format_label, "tab:orange"),
     ]:
         xs, ys = series(key)
         if xs:
@@ -208,6 +228,7 @@ def main(argv: list[str] | None = None) -> None:
     ev.add_argument("--threads", type=int, default=1)
     ev.add_argument("--seed", type=int, default=0)
     ev.add_argument("--out", default=None, help="write the JSON report here")
+    ev.add_argument("--no-tools", action="store_true", help="evaluate without the policy's tools (multi-turn recipes)")
     ev.set_defaults(fn=cmd_eval)
     pl = sub.add_parser("plot", help="training curve of a run from its CSV log")
     pl.add_argument("--csv", required=True)
@@ -216,6 +237,7 @@ def main(argv: list[str] | None = None) -> None:
     pl.add_argument("--after", default=None, help="JSON report of `eval` after training")
     pl.add_argument("--accuracy-key", default="train/rewards/math_accuracy")
     pl.add_argument("--format-key", default="train/rewards/boxed_format")
+    pl.add_argument("--format-label", default="train boxed rate (T=1, per step)")
     pl.add_argument("--window", type=int, default=10)
     pl.add_argument("--x", choices=["minutes", "step"], default="minutes")
     pl.add_argument("--title", default="GRPO, SmolLM2-135M-Instruct, 2-digit addition, 2-core CPU")

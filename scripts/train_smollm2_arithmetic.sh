@@ -4,6 +4,7 @@
 #
 #   scripts/train_smollm2_arithmetic.sh /tmp/smollm2_arith            # one hour (trainer.max_time)
 #   scripts/train_smollm2_arithmetic.sh /tmp/trial --trainer.max_time=00:00:05:00
+#   CONFIG=configs/smollm2_calculator.yaml scripts/train_smollm2_arithmetic.sh /tmp/calc   # another recipe
 #
 # Checkpoints (last.ckpt every 10 steps, final.ckpt at the end) go beside the CSV log, where Lightning puts
 # them for a ModelCheckpoint without dirpath: RUN_DIR/csv/version_0/checkpoints/ (version_1, ... on reruns).
@@ -13,6 +14,7 @@ set -euo pipefail
 RUN_DIR=$(realpath -m "${1:-/tmp/smollm2_arith}")
 shift || true
 REPO=$(cd "$(dirname "$0")/.." && pwd)
+CONFIG=$(realpath "${CONFIG:-$REPO/configs/smollm2_arithmetic.yaml}")
 PYTHON=${PYTHON:-python}
 mkdir -p "$RUN_DIR"
 cd "$RUN_DIR"
@@ -26,4 +28,4 @@ trainer:
     - class_path: lightning.pytorch.loggers.CSVLogger
       init_args: {save_dir: $RUN_DIR, name: csv, flush_logs_every_n_steps: 1}
 YAML
-exec "$PYTHON" -m rlvr_lightning.cli fit --config "$REPO/configs/smollm2_arithmetic.yaml" --config "$RUN_DIR/logging.yaml" "$@"
+exec "$PYTHON" -m rlvr_lightning.cli fit --config "$CONFIG" --config "$RUN_DIR/logging.yaml" "$@"

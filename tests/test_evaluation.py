@@ -62,6 +62,18 @@ def test_majority_vote_accuracy_by_hand():
         metric.update(answers[:3], correct, group_size=4)
 
 
+def test_response_length_of_multi_turn_responses_counts_observations():
+    from rlvr_lightning.rollout import TokenSource
+
+    rollout = make_rollout(["a", "b"], group_size=2, lengths=[4, 4])
+    S, T = TokenSource.SAMPLED, TokenSource.TOOL
+    rollout.response_source = torch.tensor([[S, T, T, S], [S, S, 0, 0]])
+    rollout.response_mask = (rollout.response_source == S).float()
+    metrics = ValidationMetrics(group_size=2)
+    metrics.update(rollout)
+    assert metrics.compute()["response_length"].item() == 3.0  # (4 + 2) / 2; the sampled tokens alone give 2
+
+
 def test_validation_metrics_by_hand():
     texts = ["a", "bb", "ccc", "dddd"]
     rollout = make_rollout(texts, group_size=2, lengths=[1, 2, 3, 4])

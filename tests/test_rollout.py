@@ -1,6 +1,6 @@
 import torch
 
-from rlvr_lightning.rollout import Rollout
+from rlvr_lightning.rollout import Rollout, TokenSource
 
 
 def rollout(prompt_len, response_len, groups, group_size=2, fill=1):
@@ -47,3 +47,33 @@ def test_prompt_runs_of_equal_and_unequal_groups():
     uneven = r.select(torch.tensor([3, 0, 1, 4]))  # groups 1 | 0 0 | 2
     runs = uneven.prompt_runs()
     assert runs.first_rows.tolist() == [0, 1, 3] and runs.row_run.tolist() == [0, 1, 1, 2] and runs.run_length == 0
+
+
+def multi_turn_rollout():
+    """Row 0: 2 sampled | 3 tool | 2 sampled | 1 pad; row 1: 2 sampled | 2 forced | 1 sampled | 3 pad;
+    row 2: 8 sampled."""
+    S, T, F = TokenSource.SAMPLED, TokenSource.TOOL, TokenSource.FORCED
+    source = torch.tensor([[S, S, T, T, T, S, S, 0], [S, S, F, F, S, 0, 0, 0], [S] * 8])
+    r = rollout(2, 8, groups=1, group_size=3)
+    r.response_source = source
+    r.response_mask = (source == S).float()
+    return r
+
+
+def test_lengths_and_turns_of_responses_with_holes():
+    r = multi_turn_rollout()
+    assert r.response_mask.sum(-1).tolist() == [4, 3, 8]  # sampled tokens only: not the lengths
+    assert r.response_lengths().tolist() == [7, 5, 8]
+    assert r.num_turns().tolist() == [2, 1, 1]  # a tool observation starts a turn, a forced close does not
+    plain = rollout(2, 3, groups=1)
+    plain.response_mask = torch.tensor([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
+    assert plain.response_lengths().tolist() == [2, 0] and plain.num_turns().tolist() == [1, 0]
+
+
+def test_select_and_concat_keep_the_turn_structure():
+    r = multi_turn_rollout()
+    assert r.select(torch.tensor([1])).response_source.tolist() == [r.response_source[1].tolist()]
+    both = Rollout.concat([r, rollout(2, 3, groups=1, group_size=3)])
+    assert both.response_source is None  # kept only when every part has it (as every optional field)
+    twice = Rollout.concat([r, r])
+    assert twice.response_lengths().tolist() == [7, 5, 8] * 2

@@ -44,7 +44,7 @@ def rollout_rows(rollout: Rollout, rows: list[int], max_chars: int = 1000) -> tu
     if advantages is not None and advantages.dim() == 2:  # token-level: the mean over the response
         mask = rollout.response_mask.float()
         advantages = (advantages * mask).sum(-1) / mask.sum(-1).clamp_min(1.0)
-    lengths = rollout.response_mask.float().sum(-1)
+    lengths = rollout.response_lengths()
     data = []
     for i in rows:
         prompt = rollout.prompt_text[i] if rollout.prompt_text else str(rollout.prompt_ids[i].tolist())

@@ -139,7 +139,10 @@ def batch_whitened_advantages(rewards: Tensor, group_size: int | None = None, ep
 
 
 def discounted_returns(rewards: Tensor, response_mask: Tensor, gamma: float = 1.0) -> Tensor:
-    """``[N, T]`` returns of an outcome reward given at each response's last token, discounted by ``gamma``."""
+    """``[N, T]`` returns of an outcome reward given at each response's last token, discounted by ``gamma``.
+
+    With holes in the mask (multi-turn responses: tool observations) the exponent counts the sampled tokens
+    after t, the policy's steps; the observations are not steps."""
     if not 0.0 <= gamma <= 1.0:
         raise ValueError(f"gamma must be in [0, 1], got {gamma}")
     mask = response_mask.to(_as_float(rewards).dtype)

@@ -143,6 +143,7 @@ class GenerationOutput:
     prefill_seconds: float | None = None  # None: the backend does not report it
     steps: int | None = None  # decoding steps (None: not reported)
     stats: dict[str, float] = field(default_factory=dict)  # backend-specific facts (weight push time, ...)
+    response_source: Tensor | None = None  # long[N, T] `TokenSource` per token, when tokens were inserted
 
 
 def _supports_logits_to_keep(model: nn.Module) -> bool:
@@ -174,6 +175,7 @@ def _generate(
     compact: bool = True,
     do_sample: bool = True,
     min_new_tokens: int = 0,
+    max_new_tokens_per_prompt: Sequence[int] | None = None,
 ) -> GenerationOutput:
     """Sample `n` continuations of each left-padded prompt (rows `i*n .. i*n+n-1` belong to prompt `i`).
 
@@ -182,6 +184,8 @@ def _generate(
     `compact` (and the cache supports it); the loop ends when every row has finished. With
     `do_sample=False` every row decodes greedily (argmax), so the `n` rows of a prompt are equal.
     EOS cannot be sampled before `min_new_tokens` tokens (stop strings still end a row).
+    `max_new_tokens_per_prompt` (each at most `max_new_tokens`) caps the rows of each prompt on their own;
+    a row that reaches its cap is truncated like one that reaches `max_new_tokens`.
     """
     from transformers import DynamicCache
 
@@ -223,6 +227,9 @@ def _generate(
     finished = torch.zeros(num_rows, dtype=torch.bool, device=device)
     by_string = torch.zeros(num_rows, dtype=torch.bool, device=device)
 
+    row_cap = None
+    if max_new_tokens_per_prompt is not None:
+        row_cap = torch.as_tensor(list(max_new_tokens_per_prompt), dtype=torch.long, device=device).repeat_interleave(n)
     active = torch.arange(num_rows, device=device)  # original row of each row of the current batch
     alive = torch.ones(num_rows, dtype=torch.bool, device=device)  # rows of the current batch still generating
     steps = 0
@@ -251,6 +258,11 @@ def _generate(
             lengths[active[done]] = step + 1
             finished[active[done]] = True
             alive = alive & ~done
+        if row_cap is not None:
+            capped = alive & (row_cap[active] <= step + 1)
+            if capped.any():
+                lengths[active[capped]] = step + 1
+                alive = alive & ~capped
         if step == max_new_tokens - 1 or not alive.any():
             break
 

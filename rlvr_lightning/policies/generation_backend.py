@@ -46,11 +46,14 @@ class GenerationBackend(ABC):
         *,
         eos_token_ids: Sequence[int],
         pad_token_id: int,
+        max_new_tokens: Sequence[int] | None = None,
     ) -> GenerationOutput:
         """`n` responses to each prompt; rows `i*n .. i*n+n-1` belong to prompt `i`.
 
         `model` is the policy's model (with its LoRA adapter, if any); `sampling.min_new_tokens` is
-        already the larger of the policy's and the sampling config's."""
+        already the larger of the policy's and the sampling config's. `max_new_tokens`, if given, caps the
+        responses of each prompt on their own (each at most `sampling.max_new_tokens`; multi-turn rollouts
+        continue rows with different budgets left)."""
 
     def sleep(self) -> None:
         """Free what the backend holds between rollouts (the update runs next)."""
@@ -59,7 +62,7 @@ class GenerationBackend(ABC):
 class KVCacheGeneration(GenerationBackend):
     """Our batched KV-cache loop over the training model itself (see `policies/generation.py`)."""
 
-    def generate(self, model, tokenizer, prompt_token_ids, n, sampling, *, eos_token_ids, pad_token_id):
+    def generate(self, model, tokenizer, prompt_token_ids, n, sampling, *, eos_token_ids, pad_token_id, max_new_tokens=None):
         device = next(model.parameters()).device
         prompt_ids, prompt_mask = left_pad(prompt_token_ids, pad_token_id)
         stop = StopStringChecker(
@@ -82,6 +85,7 @@ class KVCacheGeneration(GenerationBackend):
                 stop=stop,
                 do_sample=sampling.do_sample,
                 min_new_tokens=sampling.min_new_tokens,
+                max_new_tokens_per_prompt=max_new_tokens,
             )
         finally:
             model.train(was_training)

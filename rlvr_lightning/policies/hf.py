@@ -22,6 +22,11 @@ Three seams, one file each:
 * scoring (`hf_scoring.py`): `token_log_probs`, each distinct prompt run once with the responses on
   top of its cache.
 
+Multi-turn responses: `tools` (`policies/tool_use.py`: the policy calls tools mid-response, observations
+are appended) and `thinking_budget` (`policies/thinking_budget.py`: a forced `</think>` after so many
+thinking tokens) generate in segments above the backend (`policies/segmented_generation.py`); inserted
+tokens have `response_mask` 0 and are recorded in `rollout.response_source`.
+
 Dropout is switched off (`disable_dropout`, as in TRL) so that sampling and scoring see the same
 network, and the model is put in train mode (transformers only checkpoints activations in train mode).
 
@@ -43,10 +48,13 @@ from torch import Tensor, nn
 
 from rlvr_lightning.policies import hf_loading
 from rlvr_lightning.policies.base import Policy, PromptBatch, SamplingConfig
-from rlvr_lightning.policies.generation import StopStringChecker, left_pad
+from rlvr_lightning.policies.generation import left_pad
 from rlvr_lightning.policies.generation_backend import GenerationBackend, KVCacheGeneration
 from rlvr_lightning.policies.hf_scoring import HFScoring
 from rlvr_lightning.policies.model_cache import resolve_model_path
+from rlvr_lightning.policies.segmented_generation import decode_responses, generate_segments
+from rlvr_lightning.policies.thinking_budget import ThinkingBudget
+from rlvr_lightning.policies.tool_use import ToolUse
 from rlvr_lightning.rollout import Rollout
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -88,10 +96,14 @@ class HFPolicy(HFScoring, Policy):
         disable_dropout: bool = True,
         share_prompt_prefix: bool = True,
         trust_remote_code: bool = False,
+        tools: ToolUse | None = None,
+        thinking_budget: ThinkingBudget | None = None,
     ) -> None:
         """
         Args:
             generation: the backend that samples (default `KVCacheGeneration`, our loop; or `VLLMGeneration`).
+            tools: tool use in rollouts (`ToolUse`: the tools, call format, turns); None: single-turn.
+            thinking_budget: cap on the tokens between `<think>` and `</think>` (`ThinkingBudget`); None: no cap.
             keep_sampling_log_probs: use the log-probs recorded while sampling as the old log-probs when the
                 trainer needs them (saves a forward pass). None: when the backend says they are exact (an fp32
                 vLLM engine without top-k/top-p); our loop's are equal only to float precision, so by default
@@ -117,6 +129,7 @@ class HFPolicy(HFScoring, Policy):
         self.keep_sampling_log_probs = keep_sampling_log_probs
         self.min_new_tokens = min_new_tokens
         self.share_prompt_prefix = share_prompt_prefix
+        self.segment_rules = [rule for rule in (thinking_budget, tools) if rule is not None]
         self.gradient_checkpointing = gradient_checkpointing
         self.lora_r = lora_r
         self.torch_dtype = DTYPES[dtype]
@@ -253,24 +266,14 @@ class HFPolicy(HFScoring, Policy):
         min_new_tokens = max(self.min_new_tokens, sampling.min_new_tokens)
         if min_new_tokens != sampling.min_new_tokens:
             sampling = dataclasses.replace(sampling, min_new_tokens=min_new_tokens)
-        out = self.generation.generate(
-            self.model,
-            self.tokenizer,
-            prompt_token_ids,
-            n,
-            sampling,
-            eos_token_ids=self.eos_token_ids,
-            pad_token_id=self.pad_token_id,
-        )
-
-        lengths = out.response_mask.sum(-1)
-        response_token_lists = [
-            row[: int(length)] for row, length in zip(out.response_ids.tolist(), lengths.tolist(), strict=True)
-        ]
-        response_text = self.tokenizer.batch_decode(response_token_lists, skip_special_tokens=True)
-        if sampling.stop_strings:
-            stop = StopStringChecker(sampling.stop_strings, self.tokenizer.batch_decode)
-            response_text = [stop.cut(text)[0] if hit else text for text, hit in zip(response_text, out.stopped_by_string.tolist(), strict=True)]
+        special = dict(eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id)
+        if self.segment_rules:
+            out = generate_segments(
+                self.generation, self.model, self.tokenizer, prompt_token_ids, prompt_texts, n, sampling, self.segment_rules, **special
+            )  # fmt: skip
+        else:
+            out = self.generation.generate(self.model, self.tokenizer, prompt_token_ids, n, sampling, **special)
+        lengths, response_text = decode_responses(self.tokenizer, out, sampling.stop_strings)
 
         device = self.device
         prompt_ids, prompt_mask = left_pad(prompt_token_ids, self.pad_token_id)
@@ -288,11 +291,12 @@ class HFPolicy(HFScoring, Policy):
             response_text=response_text,
             metadata=[dict(m) for m in metadata for _ in range(n)],
             sampling_log_probs=out.log_probs,
+            response_source=out.response_source,
         )
 
     @staticmethod
     def _generation_stats(out, lengths: torch.Tensor, prompt_mask: torch.Tensor, num_rows: int) -> dict[str, float]:
-        generated = float(lengths.sum().item())
+        generated = float(out.response_mask.sum().item())  # sampled tokens (inserted ones are not generated)
         stats = {
             "response_length/mean": float(lengths.mean().item()),
             "response_length/min": float(lengths.min().item()),

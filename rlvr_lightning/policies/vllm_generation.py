@@ -107,7 +107,7 @@ class VLLMGeneration(GenerationBackend):
         fp32 = self._engine_dtype == self._trainer_dtype == torch.float32
         return fp32 and not self._last_filtered
 
-    def generate(self, model, tokenizer, prompt_token_ids, n, sampling, *, eos_token_ids, pad_token_id):
+    def generate(self, model, tokenizer, prompt_token_ids, n, sampling, *, eos_token_ids, pad_token_id, max_new_tokens=None):
         from vllm import SamplingParams
 
         started = time.perf_counter()
@@ -117,13 +117,14 @@ class VLLMGeneration(GenerationBackend):
         self._last_filtered = sampling.do_sample and (sampling.top_k > 0 or sampling.top_p < 1.0)
         # one seed per prompt from torch's generator: seed_everything governs sampling, resume draws the same
         seeds = torch.randint(0, 2**31 - 1, (len(prompt_token_ids),)).tolist()
+        caps = list(max_new_tokens) if max_new_tokens is not None else [sampling.max_new_tokens] * len(seeds)
         params = [
             SamplingParams(
                 n=n,
                 temperature=sampling.temperature if sampling.do_sample else 0.0,
                 top_p=sampling.top_p if sampling.do_sample else 1.0,
                 top_k=sampling.top_k if sampling.do_sample and sampling.top_k > 0 else 0,
-                max_tokens=sampling.max_new_tokens,
+                max_tokens=cap,
                 min_tokens=sampling.min_new_tokens,
                 stop=list(sampling.stop_strings) or None,
                 stop_token_ids=list(eos_token_ids),  # the policy's EOS set, and only it:
@@ -132,7 +133,7 @@ class VLLMGeneration(GenerationBackend):
                 logprobs=0,
                 seed=seed,
             )
-            for seed in seeds
+            for seed, cap in zip(seeds, caps, strict=True)
         ]
         generated = time.perf_counter()
         outputs = self._llm.generate([{"prompt_token_ids": list(p)} for p in prompt_token_ids], params, use_tqdm=False)

@@ -35,8 +35,9 @@ from rlvr_lightning.rollout import Rollout
 
 
 def response_lengths(rollout: Rollout) -> Tensor:
-    """Response tokens per row (`float[N]`)."""
-    return rollout.response_mask.float().sum(-1)
+    """Response tokens per row (`float[N]`), tool observations and forced tokens included: the length the
+    token budget (`max_new_tokens`) counts, as verl's overlong penalty does; not only the sampled tokens."""
+    return rollout.response_lengths()
 
 
 def kimi_length_reward(lengths: Tensor, correct: Tensor, group_size: int) -> Tensor:

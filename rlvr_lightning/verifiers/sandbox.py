@@ -75,9 +75,11 @@ from rlvr_lightning.verifiers.assertion_tests import (
 from rlvr_lightning.verifiers.sandbox_root import interpreter_files
 
 __all__ = [
+    "ProgramRun",
     "SandboxResult",
     "SandboxUnavailable",
     "extract_python_program",
+    "run_python",
     "run_python_tests",
     "sandbox_capabilities",
 ]
@@ -101,6 +103,17 @@ class SandboxResult:
     @property
     def reward(self) -> float:
         return self.passed / self.total if self.total else 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgramRun:
+    """One sandboxed run of a program (`run_python`)."""
+
+    status: str  # "exit", "timeout", "signal" or "setup_error"
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    error: str | None = None  # why it did not exit with code 0, in one line
 
 
 # --------------------------------------------------------------------------- extraction
@@ -347,17 +360,7 @@ def run_python_tests(
             raise ValueError(f"test {i}: expected an assertion string or {{'input', 'output'}}, got {case!r}"[:300])
     if not program or not program.strip():
         return SandboxResult(0, total, "no program")
-    caps = sandbox_capabilities()
-    if not caps["network_isolated"] and not allow_network_unisolated:
-        raise SandboxUnavailable(
-            "cannot isolate sandboxed programs on this host (no usable network, mount and pid namespaces "
-            "for a private filesystem view: " + "; ".join(caps["errors"])[:1000] + "). Pass "
-            "allow_network_unisolated=True to run untrusted code with network and filesystem access anyway "
-            "(rlimits, uid and time-outs still apply)."
-        )
-    python = caps["python"] if caps["mode"] != "none" else _unisolated_python()
-    opts = dict(mode=caps["mode"], child_userns=caps["child_userns"], python=python, timeout_s=timeout_s,
-                memory_mb=memory_mb, cpu_s=cpu_s, nproc=max_processes, fsize_mb=max_file_mb)
+    opts = _run_options(timeout_s, memory_mb, cpu_s, max_processes, max_file_mb, allow_network_unisolated)
     passed = 0
     errors: dict[int, str] = {}
     to_judge: list[tuple[int, str]] = []  # assertion tests whose values came back: (test, outcomes JSON)
@@ -389,6 +392,43 @@ def run_python_tests(
             else:
                 errors[i] = f"test {i}: {reason} ({split[i].source.strip()[:120]})"
     return SandboxResult(passed, total, errors[min(errors)] if errors else None)
+
+
+def _run_options(timeout_s: float, memory_mb: int, cpu_s: int, max_processes: int, max_file_mb: int,
+                 allow_network_unisolated: bool) -> dict[str, Any]:
+    caps = sandbox_capabilities()
+    if not caps["network_isolated"] and not allow_network_unisolated:
+        raise SandboxUnavailable(
+            "cannot isolate sandboxed programs on this host (no usable network, mount and pid namespaces "
+            "for a private filesystem view: " + "; ".join(caps["errors"])[:1000] + "). Pass "
+            "allow_network_unisolated=True to run untrusted code with network and filesystem access anyway "
+            "(rlimits, uid and time-outs still apply)."
+        )
+    python = caps["python"] if caps["mode"] != "none" else _unisolated_python()
+    return dict(mode=caps["mode"], child_userns=caps["child_userns"], python=python, timeout_s=timeout_s,
+                memory_mb=memory_mb, cpu_s=cpu_s, nproc=max_processes, fsize_mb=max_file_mb)
+
+
+def run_python(
+    program: str,
+    stdin: str | None = None,
+    *,
+    timeout_s: float = 5.0,
+    memory_mb: int = 512,
+    cpu_s: int = 5,
+    max_processes: int = 16,
+    max_file_mb: int = 1,
+    allow_network_unisolated: bool = False,
+) -> ProgramRun:
+    """Run ``program`` once in the sandbox (same isolation and limits as ``run_python_tests``) and return
+    its output, for callers that show it rather than judge it (the Python tool of multi-turn rollouts)."""
+    opts = _run_options(timeout_s, memory_mb, cpu_s, max_processes, max_file_mb, allow_network_unisolated)
+    r = _run_once(program, stdin, **opts)
+    ok = r["status"] == "exit" and r["code"] == 0
+    error = None if ok else _describe_failure(0, r, "").removeprefix("test 0: ")
+    if r["status"] == "timeout":
+        error = f"timed out after {timeout_s:g} s"
+    return ProgramRun(r["status"], r.get("code"), r["stdout"], r["stderr"], error)
 
 
 def _judge(tests: list[SplitTest], outcomes: list[str], opts: dict[str, Any]) -> list[tuple[bool, str | None]]:

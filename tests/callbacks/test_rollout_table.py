@@ -91,6 +91,19 @@ def test_rollout_rows_token_level_advantages_and_shortening():
     assert data[0][6] == 4 and data[1][6] == 2
 
 
+def test_rollout_rows_of_a_multi_turn_response():
+    from rlvr_lightning.rollout import TokenSource
+
+    rollout = make_rollout(["call obs answer"], group_size=1, lengths=[5])
+    S, T = TokenSource.SAMPLED, TokenSource.TOOL
+    rollout.response_source = torch.tensor([[S, T, T, S, S]])
+    rollout.response_mask = (rollout.response_source == S).float()
+    rollout.advantages = torch.tensor([[3.0, 100.0, 100.0, 3.0, 3.0]])  # observation positions carry no advantage
+    columns, data = rollout_rows(rollout, [0])
+    row = dict(zip(columns, data[0]))
+    assert row["advantage"] == 3.0 and row["length"] == 5  # the length counts the observation
+
+
 class TrainedBatchSpy(RLVRModule):
     def _update(self, rollout):
         self.trained = getattr(self, "trained", []) + [rollout]

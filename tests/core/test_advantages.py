@@ -159,6 +159,13 @@ def test_discounted_returns_hand_values():
         discounted_returns(torch.tensor([1.0]), torch.ones(1, 1), gamma=1.5)
 
 
+def test_discounted_returns_with_holes_count_only_sampled_tokens():
+    # a tool observation (mask 0) at positions 2-3: the reward sits at the last sampled token (4); the discount
+    # counts the policy's steps after t, not the observation: G = 0.5^(sampled tokens after t) r
+    mask = torch.tensor([[1, 1, 0, 0, 1, 0]])
+    assert_close(discounted_returns(torch.tensor([1.0]), mask, gamma=0.5), torch.tensor([[0.25, 0.5, 0.0, 0.0, 1.0, 0.0]]))
+
+
 def test_token_whitened_returns_weigh_every_token():
     # returns [[1, 1, -], [0, -, -]]: token mean 2/3, unbiased var ((1/3)^2 * 2 + (2/3)^2) / 2 = 1/3
     mask = torch.tensor([[1, 1, 0], [1, 0, 0]])

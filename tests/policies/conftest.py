@@ -38,3 +38,18 @@ def make_policy(tokenizer_dir):
         return HFPolicy(config=config or tiny_llama_config(), **kwargs)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def tool_tokenizer_dir(tmp_path_factory) -> Path:
+    """The tiny tokenizer with `<calculator>`, `<result>`, `<think>` and their closing tags as added tokens."""
+    from scripted_lm import save_tool_tokenizer
+
+    return save_tool_tokenizer(tmp_path_factory.mktemp("tool_tokenizer"))
+
+
+@pytest.fixture(scope="session")
+def tool_tokenizer(tool_tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tool_tokenizer_dir))

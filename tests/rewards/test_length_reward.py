@@ -69,3 +69,16 @@ def test_overlong_penalty_arguments():
     with pytest.raises(ValueError, match="buffer"):
         OverlongPenalty(max_len=10, buffer=11)
     assert OverlongPenalty(max_len=4, buffer=4)(make_rollout(["x"] * 3, lengths=[1, 2, 4])).tolist() == [-0.25, -0.5, -1.0]
+
+
+def test_lengths_count_inserted_tokens_of_multi_turn_responses():
+    """A tool observation (mask 0) inside a response counts in its length, as the token budget does."""
+    from rlvr_lightning.rollout import TokenSource
+
+    rollout = make_rollout(["a", "b"], group_size=2, lengths=[6, 6])
+    S, T = TokenSource.SAMPLED, TokenSource.TOOL
+    rollout.response_source = torch.tensor([[S, S, T, T, T, S], [S, S, S, S, S, S]])
+    rollout.response_mask = (rollout.response_source == S).float()  # 3 and 6 sampled tokens
+    assert OverlongPenalty(max_len=6, buffer=4)(rollout).tolist() == [-1.0, -1.0]  # both 6 long, not 3 and 6
+    rollout.rewards["math_accuracy"] = torch.tensor([1.0, 1.0])
+    assert LengthReward(correct_reward="math_accuracy")(rollout).tolist() == [0.0, 0.0]  # equal lengths
