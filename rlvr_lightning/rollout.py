@@ -19,6 +19,8 @@ Shapes (documented here once; everything else refers to them):
     ref_log_probs   float[N, T]    log-probs under the reference policy (no grad)
     sampling_log_probs float[N, T] log-probs the generator recorded while sampling (an inference engine's
                                    kernels and precision may differ from the trainer's; no grad)
+    values          float[N, T]    PPO: the critic's values V(s_t) when the rollout was scored (no grad)
+    returns         float[N, T]    PPO: the critic's regression targets (GAE advantages + values; no grad)
 """
 
 from __future__ import annotations
@@ -57,6 +59,8 @@ class Rollout:
     old_log_probs: Tensor | None = None
     ref_log_probs: Tensor | None = None
     sampling_log_probs: Tensor | None = None
+    values: Tensor | None = None
+    returns: Tensor | None = None
 
     @property
     def num_rows(self) -> int:
@@ -145,6 +149,8 @@ class Rollout:
             old_log_probs=cat("old_log_probs", response_len),
             ref_log_probs=cat("ref_log_probs", response_len),
             sampling_log_probs=cat("sampling_log_probs", response_len),
+            values=cat("values", response_len),
+            returns=cat("returns", response_len),
         )
 
     def to(self, device: torch.device | str) -> Rollout:
