@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Run recipes for several seeds and compare them: a Markdown table and a PNG of the reward curves.
 
-    python scripts/compare.py                                   # every RLVRModule recipe in configs/recipes, seeds 0 1 2
+    python scripts/compare.py                                   # every RL recipe in configs/recipes (RLVRModule, PPOModule), seeds 0 1 2
     python scripts/compare.py --in_process --out docs/compare_sort   # as the README's table (rewrites the tracked files)
     python scripts/compare.py --recipes configs/recipes/grpo.yaml configs/recipes/dapo.yaml --seeds 0 1 \
         --steps 100 --out docs/compare_small -- --data.init_args.batch_size=64
@@ -10,7 +10,9 @@ Each run is `rlvr fit --config RECIPE --seed_everything SEED` with a CSV logger 
 bar and no checkpoints, in a subprocess with OMP_NUM_THREADS=1 (`--in_process` runs them in this
 process instead; `--jobs N` runs N subprocesses at a time). Arguments after `--` go to every run.
 The runs' logs land in `--workdir/RECIPE/seed_SEED/metrics.csv`; the table goes to `OUT.md`, the
-plot to `OUT.png`, every number per run to `--workdir/summary.json`.
+plot to `OUT.png`, every number per run to `--workdir/summary.json`. `--lengths` adds Dr. GRPO's view:
+the mean response length of correct and of incorrect responses over training (`train/bias/length_*`,
+logged by every RL module) as `OUT_lengths.png` and a table of their final values.
 
 Table columns, per recipe, over seeds (mean ± sample std):
   final reward     mean of the metric (`--metric`, default train/reward_mean) over the last `--final_window` steps
@@ -34,12 +36,13 @@ import statistics
 import subprocess
 import sys
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-RLVR_MODULE = "rlvr_lightning.modules.RLVRModule"
+RL_MODULES = ("rlvr_lightning.modules.RLVRModule", "rlvr_lightning.modules.rlvr.RLVRModule", "rlvr_lightning.modules.PPOModule", "rlvr_lightning.modules.ppo.PPOModule")
 
 
 @dataclass
@@ -56,20 +59,26 @@ class Run:
     final: float = math.nan
     final_val_accuracy: float = math.nan
     steps_to_threshold: int | None = None
+    length_steps: list[int] = field(default_factory=list)  # steps of the two series below
+    length_correct: list[float] = field(default_factory=list)  # NaN where the step had no correct response
+    length_incorrect: list[float] = field(default_factory=list)
+
+
+LENGTH_CORRECT, LENGTH_INCORRECT = "train/bias/length_correct", "train/bias/length_incorrect"
 
 
 # ------------------------------------------------------------------ recipes
 
 
 def default_recipes(directory: Path = REPO / "configs" / "recipes") -> list[Path]:
-    """Every recipe in `directory` that trains an `RLVRModule` (SFT / expert-iteration stages need their own data)."""
+    """Every recipe in `directory` that trains an `RLVRModule` or a `PPOModule` (SFT / expert-iteration stages need their own data)."""
     import yaml
 
     recipes = []
     for path in sorted(directory.glob("*.yaml")):
         config = yaml.safe_load(path.read_text()) or {}
         model = config.get("model") or {}
-        if isinstance(model, dict) and model.get("class_path", RLVR_MODULE) in (RLVR_MODULE, "rlvr_lightning.modules.rlvr.RLVRModule"):
+        if isinstance(model, dict) and model.get("class_path", RL_MODULES[0]) in RL_MODULES:
             recipes.append(path)
     return recipes
 
@@ -148,12 +157,25 @@ def read_metrics(csv_path: Path, metric: str, accuracy: str = "val/accuracy") ->
     return steps, values, val_steps, val_values
 
 
+def read_lengths(csv_path: Path) -> tuple[list[int], list[float], list[float]]:
+    """(steps, mean length of correct responses, of incorrect ones) from a CSV log; empty without those columns."""
+    steps, correct, incorrect = [], [], []
+    with csv_path.open(newline="") as handle:
+        for row in csv.DictReader(handle):
+            if row.get(LENGTH_INCORRECT, "") != "":
+                steps.append(int(float(row["step"])) + 1)
+                correct.append(float(row.get(LENGTH_CORRECT) or "nan"))
+                incorrect.append(float(row[LENGTH_INCORRECT]))
+    return steps, correct, incorrect
+
+
 def summarise_run(run: Run, csv_path: Path, metric: str, threshold: float, final_window: int) -> Run:
     if not csv_path.is_file():
         run.ok = False
         run.error = run.error or f"no metrics at {csv_path}"
         return run
     run.steps, run.metric, run.val_steps, run.val_accuracy = read_metrics(csv_path, metric)
+    run.length_steps, run.length_correct, run.length_incorrect = read_lengths(csv_path)
     if not run.metric:
         run.ok = False
         run.error = run.error or f"{csv_path} has no {metric!r} column values"
@@ -276,6 +298,74 @@ def plot(runs: list[Run], metric: str, path: Path, title: str, smooth: int = 1) 
     plt.close(figure)
 
 
+def _nanmean(values: list[float]) -> float:
+    kept = [v for v in values if not math.isnan(v)]
+    return statistics.fmean(kept) if kept else math.nan
+
+
+def length_table(runs: list[Run], final_window: int) -> str:
+    """Mean response length of correct and incorrect responses at the start (first `final_window` steps) and at
+    the end (last `final_window`), per recipe: mean ± std over seeds."""
+    lines = [
+        "| recipe | correct: first steps | correct: last steps | incorrect: first steps | incorrect: last steps |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for row in recipe_rows(runs):
+        ok = [r for r in runs if r.recipe == row["recipe"] and r.ok and r.length_incorrect]
+        if not ok:
+            continue
+        cells = []
+        for series in ("length_correct", "length_incorrect"):
+            for window in (slice(0, final_window), slice(-final_window, None)):
+                cells.append(_cell([_nanmean(getattr(r, series)[window]) for r in ok]))
+        lines.append(f"| {row['recipe']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot_lengths(runs: list[Run], path: Path, title: str, smooth: int = 1) -> None:
+    """Two panels: mean length of correct and of incorrect responses per rollout step, one line per recipe
+    (mean over seeds, band = ± 1 std; steps without a correct response are gaps)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    figure, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+    colors = plt.get_cmap("tab10").colors
+    for i, row in enumerate(recipe_rows(runs)):
+        ok = [r for r in runs if r.recipe == row["recipe"] and r.ok and r.length_incorrect]
+        if not ok:
+            continue
+        length = min(len(r.length_steps) for r in ok)
+        steps = np.array(ok[0].length_steps[:length])
+        for axis, series in zip(axes, ("length_correct", "length_incorrect")):
+            curves = np.array([getattr(r, series)[:length] for r in ok], dtype=float)
+            if smooth > 1:  # moving average that skips NaN steps
+                kernel = np.ones(smooth)
+                valid = ~np.isnan(curves)
+                sums = np.array([np.convolve(np.pad(np.where(v, c, 0), (smooth - 1, 0)), kernel, "valid") for c, v in zip(curves, valid)])
+                counts = np.array([np.convolve(np.pad(v.astype(float), (smooth - 1, 0)), kernel, "valid") for v in valid])
+                curves = np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
+            with np.errstate(invalid="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN steps (no correct response yet)
+                mean = np.nanmean(curves, 0)
+                std = np.nanstd(curves, 0, ddof=1) if len(ok) > 1 else np.zeros(length)
+            axis.plot(steps, mean, color=colors[i % len(colors)], linewidth=1.6, label=f"{row['recipe']} ({len(ok)} seeds)")
+            axis.fill_between(steps, mean - std, mean + std, color=colors[i % len(colors)], alpha=0.15, linewidth=0)
+    for axis, name in zip(axes, ("correct", "incorrect")):
+        axis.set_title(f"mean length of {name} responses")
+        axis.set_xlabel("rollout step")
+        axis.grid(alpha=0.3)
+    axes[0].set_ylabel("tokens" + (f" (moving average of {smooth})" if smooth > 1 else ""))
+    axes[1].legend(fontsize=8)
+    figure.suptitle(title)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
 def write_report(
     runs: list[Run], args: argparse.Namespace, extra: list[str], command: str, total_s: float, md_path: Path, png_path: Path
 ) -> str:
@@ -316,11 +406,29 @@ def write_report(
             f"![reward curves]({png_link})",
             "",
         ]
+        + (_length_section(runs, args, md_path) if args.lengths else [])
         + (["Failed runs:", *failures, ""] if failures else [])
     )
     md_path.parent.mkdir(parents=True, exist_ok=True)
     md_path.write_text(text)
     return text
+
+
+def lengths_path(out: Path) -> Path:
+    return out.with_name(out.name + "_lengths").with_suffix(".png")
+
+
+def _length_section(runs: list[Run], args: argparse.Namespace, md_path: Path) -> list[str]:
+    link = os.path.relpath(lengths_path(args.out), md_path.parent)
+    return [
+        f"Mean response length (tokens) of correct and incorrect responses (`{LENGTH_CORRECT}`, `{LENGTH_INCORRECT}`), "
+        f"averaged over the first and the last {args.final_window} steps of each run (steps without a correct response are skipped):",
+        "",
+        length_table(runs, args.final_window),
+        "",
+        f"![length by correctness]({link})",
+        "",
+    ]
 
 
 # ------------------------------------------------------------------ main
@@ -333,7 +441,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
         cut = argv.index("--")
         argv, extra = argv[:cut], argv[cut + 1 :]
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--recipes", nargs="+", type=Path, help="recipe YAML files (default: every RLVRModule recipe in configs/recipes)")
+    parser.add_argument("--recipes", nargs="+", type=Path, help="recipe YAML files (default: every RLVRModule and PPOModule recipe in configs/recipes)")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=None, help="rollout steps per run (default: each recipe's limit_train_batches)")
     parser.add_argument("--metric", default="train/reward_mean", help="the logged metric to compare (default: %(default)s)")
@@ -349,6 +457,10 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--in_process", action="store_true", help="run in this process (no start-up cost; one at a time)")
     parser.add_argument("--title", default="Recipes on the sort task")
     parser.add_argument("--report_only", action="store_true", help="rebuild OUT.md and OUT.png from --workdir/summary.json, run nothing")
+    parser.add_argument(
+        "--lengths", action="store_true",
+        help="also plot the mean length of correct and incorrect responses (OUT_lengths.png) and tabulate it",
+    )
     args = parser.parse_args(argv)
     if args.jobs < 1 or args.final_window < 1 or args.smooth < 1:
         parser.error("--jobs, --final_window and --smooth must be >= 1")
@@ -388,6 +500,8 @@ def main(argv: list[str] | None = None) -> int:
 
     md_path, png_path = args.out.with_suffix(".md"), args.out.with_suffix(".png")
     plot(runs, args.metric, png_path, args.title, smooth=args.smooth)
+    if args.lengths:
+        plot_lengths(runs, lengths_path(args.out), args.title, smooth=args.smooth)
     text = write_report(runs, args, extra, command, total, md_path, png_path)
     workdir.mkdir(parents=True, exist_ok=True)
     summary = {"command": command, "total_s": total, "extra": extra, "in_process": args.in_process, "jobs": args.jobs, "steps": args.steps}
@@ -406,6 +520,8 @@ def report_from_summary(args: argparse.Namespace, extra: list[str]) -> int:
             setattr(args, key, summary[key])
     md_path, png_path = args.out.with_suffix(".md"), args.out.with_suffix(".png")
     plot(runs, args.metric, png_path, args.title, smooth=args.smooth)
+    if args.lengths:
+        plot_lengths(runs, lengths_path(args.out), args.title, smooth=args.smooth)
     print(write_report(runs, args, summary.get("extra", extra), summary["command"], summary["total_s"], md_path, png_path))
     return 0 if all(run.ok for run in runs) else 1
 
