@@ -36,12 +36,13 @@ import statistics
 import subprocess
 import sys
 import time
-import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import length_by_correctness as lengths  # noqa: E402  (the --lengths plot and table)
 RL_MODULES = ("rlvr_lightning.modules.RLVRModule", "rlvr_lightning.modules.rlvr.RLVRModule", "rlvr_lightning.modules.PPOModule", "rlvr_lightning.modules.ppo.PPOModule")
 
 
@@ -64,7 +65,6 @@ class Run:
     length_incorrect: list[float] = field(default_factory=list)
 
 
-LENGTH_CORRECT, LENGTH_INCORRECT = "train/bias/length_correct", "train/bias/length_incorrect"
 
 
 # ------------------------------------------------------------------ recipes
@@ -157,25 +157,13 @@ def read_metrics(csv_path: Path, metric: str, accuracy: str = "val/accuracy") ->
     return steps, values, val_steps, val_values
 
 
-def read_lengths(csv_path: Path) -> tuple[list[int], list[float], list[float]]:
-    """(steps, mean length of correct responses, of incorrect ones) from a CSV log; empty without those columns."""
-    steps, correct, incorrect = [], [], []
-    with csv_path.open(newline="") as handle:
-        for row in csv.DictReader(handle):
-            if row.get(LENGTH_INCORRECT, "") != "":
-                steps.append(int(float(row["step"])) + 1)
-                correct.append(float(row.get(LENGTH_CORRECT) or "nan"))
-                incorrect.append(float(row[LENGTH_INCORRECT]))
-    return steps, correct, incorrect
-
-
 def summarise_run(run: Run, csv_path: Path, metric: str, threshold: float, final_window: int) -> Run:
     if not csv_path.is_file():
         run.ok = False
         run.error = run.error or f"no metrics at {csv_path}"
         return run
     run.steps, run.metric, run.val_steps, run.val_accuracy = read_metrics(csv_path, metric)
-    run.length_steps, run.length_correct, run.length_incorrect = read_lengths(csv_path)
+    run.length_steps, run.length_correct, run.length_incorrect = lengths.read_lengths(csv_path)
     if not run.metric:
         run.ok = False
         run.error = run.error or f"{csv_path} has no {metric!r} column values"
@@ -227,6 +215,10 @@ def recipe_rows(runs: list[Run]) -> list[dict]:
         )
     rows.sort(key=lambda row: -mean_std(row["final"])[0] if row["final"] else math.inf)
     return rows
+
+
+def _recipe_order(runs: list[Run]) -> list[str]:
+    return [row["recipe"] for row in recipe_rows(runs)]
 
 
 def markdown_table(runs: list[Run], metric: str, threshold: float, final_window: int) -> str:
@@ -298,74 +290,6 @@ def plot(runs: list[Run], metric: str, path: Path, title: str, smooth: int = 1) 
     plt.close(figure)
 
 
-def _nanmean(values: list[float]) -> float:
-    kept = [v for v in values if not math.isnan(v)]
-    return statistics.fmean(kept) if kept else math.nan
-
-
-def length_table(runs: list[Run], final_window: int) -> str:
-    """Mean response length of correct and incorrect responses at the start (first `final_window` steps) and at
-    the end (last `final_window`), per recipe: mean ± std over seeds."""
-    lines = [
-        "| recipe | correct: first steps | correct: last steps | incorrect: first steps | incorrect: last steps |",
-        "| --- | ---: | ---: | ---: | ---: |",
-    ]
-    for row in recipe_rows(runs):
-        ok = [r for r in runs if r.recipe == row["recipe"] and r.ok and r.length_incorrect]
-        if not ok:
-            continue
-        cells = []
-        for series in ("length_correct", "length_incorrect"):
-            for window in (slice(0, final_window), slice(-final_window, None)):
-                cells.append(_cell([_nanmean(getattr(r, series)[window]) for r in ok]))
-        lines.append(f"| {row['recipe']} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def plot_lengths(runs: list[Run], path: Path, title: str, smooth: int = 1) -> None:
-    """Two panels: mean length of correct and of incorrect responses per rollout step, one line per recipe
-    (mean over seeds, band = ± 1 std; steps without a correct response are gaps)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    figure, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
-    colors = plt.get_cmap("tab10").colors
-    for i, row in enumerate(recipe_rows(runs)):
-        ok = [r for r in runs if r.recipe == row["recipe"] and r.ok and r.length_incorrect]
-        if not ok:
-            continue
-        length = min(len(r.length_steps) for r in ok)
-        steps = np.array(ok[0].length_steps[:length])
-        for axis, series in zip(axes, ("length_correct", "length_incorrect")):
-            curves = np.array([getattr(r, series)[:length] for r in ok], dtype=float)
-            if smooth > 1:  # moving average that skips NaN steps
-                kernel = np.ones(smooth)
-                valid = ~np.isnan(curves)
-                sums = np.array([np.convolve(np.pad(np.where(v, c, 0), (smooth - 1, 0)), kernel, "valid") for c, v in zip(curves, valid)])
-                counts = np.array([np.convolve(np.pad(v.astype(float), (smooth - 1, 0)), kernel, "valid") for v in valid])
-                curves = np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
-            with np.errstate(invalid="ignore"), warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN steps (no correct response yet)
-                mean = np.nanmean(curves, 0)
-                std = np.nanstd(curves, 0, ddof=1) if len(ok) > 1 else np.zeros(length)
-            axis.plot(steps, mean, color=colors[i % len(colors)], linewidth=1.6, label=f"{row['recipe']} ({len(ok)} seeds)")
-            axis.fill_between(steps, mean - std, mean + std, color=colors[i % len(colors)], alpha=0.15, linewidth=0)
-    for axis, name in zip(axes, ("correct", "incorrect")):
-        axis.set_title(f"mean length of {name} responses")
-        axis.set_xlabel("rollout step")
-        axis.grid(alpha=0.3)
-    axes[0].set_ylabel("tokens" + (f" (moving average of {smooth})" if smooth > 1 else ""))
-    axes[1].legend(fontsize=8)
-    figure.suptitle(title)
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-
-
 def write_report(
     runs: list[Run], args: argparse.Namespace, extra: list[str], command: str, total_s: float, md_path: Path, png_path: Path
 ) -> str:
@@ -406,29 +330,12 @@ def write_report(
             f"![reward curves]({png_link})",
             "",
         ]
-        + (_length_section(runs, args, md_path) if args.lengths else [])
+        + (lengths.report_section(runs, _recipe_order(runs), args.out, args.final_window, md_path) if args.lengths else [])
         + (["Failed runs:", *failures, ""] if failures else [])
     )
     md_path.parent.mkdir(parents=True, exist_ok=True)
     md_path.write_text(text)
     return text
-
-
-def lengths_path(out: Path) -> Path:
-    return out.with_name(out.name + "_lengths").with_suffix(".png")
-
-
-def _length_section(runs: list[Run], args: argparse.Namespace, md_path: Path) -> list[str]:
-    link = os.path.relpath(lengths_path(args.out), md_path.parent)
-    return [
-        f"Mean response length (tokens) of correct and incorrect responses (`{LENGTH_CORRECT}`, `{LENGTH_INCORRECT}`), "
-        f"averaged over the first and the last {args.final_window} steps of each run (steps without a correct response are skipped):",
-        "",
-        length_table(runs, args.final_window),
-        "",
-        f"![length by correctness]({link})",
-        "",
-    ]
 
 
 # ------------------------------------------------------------------ main
@@ -501,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
     md_path, png_path = args.out.with_suffix(".md"), args.out.with_suffix(".png")
     plot(runs, args.metric, png_path, args.title, smooth=args.smooth)
     if args.lengths:
-        plot_lengths(runs, lengths_path(args.out), args.title, smooth=args.smooth)
+        lengths.plot_lengths(runs, _recipe_order(runs), lengths.lengths_path(args.out), args.title, smooth=args.smooth)
     text = write_report(runs, args, extra, command, total, md_path, png_path)
     workdir.mkdir(parents=True, exist_ok=True)
     summary = {"command": command, "total_s": total, "extra": extra, "in_process": args.in_process, "jobs": args.jobs, "steps": args.steps}
@@ -521,7 +428,7 @@ def report_from_summary(args: argparse.Namespace, extra: list[str]) -> int:
     md_path, png_path = args.out.with_suffix(".md"), args.out.with_suffix(".png")
     plot(runs, args.metric, png_path, args.title, smooth=args.smooth)
     if args.lengths:
-        plot_lengths(runs, lengths_path(args.out), args.title, smooth=args.smooth)
+        lengths.plot_lengths(runs, _recipe_order(runs), lengths.lengths_path(args.out), args.title, smooth=args.smooth)
     print(write_report(runs, args, summary.get("extra", extra), summary["command"], summary["total_s"], md_path, png_path))
     return 0 if all(run.ok for run in runs) else 1
 

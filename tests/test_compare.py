@@ -105,11 +105,12 @@ def test_length_by_correctness_table_and_plot(compare, tmp_path):
         path = write_length_log(tmp_path / "a" / f"seed_{seed}" / "metrics.csv", correct, incorrect)
         runs.append(compare.summarise_run(compare.Run(recipe="a", seed=seed, ok=True, wall_s=1.0), path, "train/reward_mean", 0.5, 2))
     assert runs[0].length_steps == [1, 2, 3, 4] and runs[1].length_incorrect == [6.0, 6.0, 7.0, 9.0]
-    row = compare.length_table(runs, final_window=2).splitlines()[2]
+    row = compare.lengths.length_table(runs, ["a"], final_window=2).splitlines()[2]
     # correct, first 2 steps: seed 0 -> 4 (NaN skipped), seed 1 -> 2: 3 ± 1.41; last 2: 6 and 4: 5 ± 1.41
     # incorrect, first 2: 7 and 6: 6.5 ± 0.71; last 2: 10 and 8: 9 ± 1.41
-    assert row == "| a | 3.00 ± 1.41 | 5.00 ± 1.41 | 6.50 ± 0.71 | 9.00 ± 1.41 |"
+    # whole run: correct 16/3 and 3 -> 4.17 ± 1.65; incorrect 8.5 and 7 -> 7.75 ± 1.06
+    assert row == "| a | 3.00 ± 1.41 | 5.00 ± 1.41 | 4.17 ± 1.65 | 6.50 ± 0.71 | 9.00 ± 1.41 | 7.75 ± 1.06 |"
     png = tmp_path / "out_lengths.png"
-    compare.plot_lengths(runs, png, "t", smooth=2)
+    compare.lengths.plot_lengths(runs, ["a"], png, "t", smooth=2)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert compare.lengths_path(tmp_path / "docs" / "cmp") == tmp_path / "docs" / "cmp_lengths.png"
+    assert compare.lengths.lengths_path(tmp_path / "docs" / "cmp") == tmp_path / "docs" / "cmp_lengths.png"
