@@ -25,6 +25,8 @@ Shapes (documented here once; everything else refers to them):
     response_source long[N, T]     where each response token came from (`TokenSource`: PAD, SAMPLED, TOOL,
                                    FORCED), the turn structure of multi-turn responses; None when every
                                    response is sampled tokens then padding (`response_mask` says it all)
+    values          float[N, T]    PPO: the critic's values V(s_t) when the rollout was scored (no grad)
+    returns         float[N, T]    PPO: the critic's regression targets (GAE advantages + values; no grad)
 
 A multi-turn response is [sampled | observation | sampled | ...]: `response_mask` 1/0/1, `response_source`
 SAMPLED/TOOL/SAMPLED, padding after the end. Use `response_lengths()` for a response's length (tokens it
@@ -78,6 +80,8 @@ class Rollout:
     ref_log_probs: Tensor | None = None
     sampling_log_probs: Tensor | None = None
     response_source: Tensor | None = None
+    values: Tensor | None = None
+    returns: Tensor | None = None
 
     @property
     def num_rows(self) -> int:
@@ -183,6 +187,8 @@ class Rollout:
             ref_log_probs=cat("ref_log_probs", response_len),
             sampling_log_probs=cat("sampling_log_probs", response_len),
             response_source=cat("response_source", response_len),
+            values=cat("values", response_len),
+            returns=cat("returns", response_len),
         )
 
     def to(self, device: torch.device | str) -> Rollout:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Run recipes for several seeds and compare them: a Markdown table and a PNG of the reward curves.
 
-    python scripts/compare.py                                   # every RLVRModule recipe in configs/recipes, seeds 0 1 2
+    python scripts/compare.py                                   # every RL recipe in configs/recipes (RLVRModule, PPOModule), seeds 0 1 2
     python scripts/compare.py --in_process --out docs/compare_sort   # as the README's table (rewrites the tracked files)
     python scripts/compare.py --recipes configs/recipes/grpo.yaml configs/recipes/dapo.yaml --seeds 0 1 \
         --steps 100 --out docs/compare_small -- --data.init_args.batch_size=64
@@ -10,7 +10,9 @@ Each run is `rlvr fit --config RECIPE --seed_everything SEED` with a CSV logger 
 bar and no checkpoints, in a subprocess with OMP_NUM_THREADS=1 (`--in_process` runs them in this
 process instead; `--jobs N` runs N subprocesses at a time). Arguments after `--` go to every run.
 The runs' logs land in `--workdir/RECIPE/seed_SEED/metrics.csv`; the table goes to `OUT.md`, the
-plot to `OUT.png`, every number per run to `--workdir/summary.json`.
+plot to `OUT.png`, every number per run to `--workdir/summary.json`. `--lengths` adds Dr. GRPO's view:
+the mean response length of correct and of incorrect responses over training (`train/bias/length_*`,
+logged by every RL module) as `OUT_lengths.png` and a table of their final values.
 
 Table columns, per recipe, over seeds (mean ± sample std):
   final reward     mean of the metric (`--metric`, default train/reward_mean) over the last `--final_window` steps
@@ -39,7 +41,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-RLVR_MODULE = "rlvr_lightning.modules.RLVRModule"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import length_by_correctness as lengths  # noqa: E402  (the --lengths plot and table)
+RL_MODULES = ("rlvr_lightning.modules.RLVRModule", "rlvr_lightning.modules.rlvr.RLVRModule", "rlvr_lightning.modules.PPOModule", "rlvr_lightning.modules.ppo.PPOModule")
 
 
 @dataclass
@@ -56,20 +60,25 @@ class Run:
     final: float = math.nan
     final_val_accuracy: float = math.nan
     steps_to_threshold: int | None = None
+    length_steps: list[int] = field(default_factory=list)  # steps of the two series below
+    length_correct: list[float] = field(default_factory=list)  # NaN where the step had no correct response
+    length_incorrect: list[float] = field(default_factory=list)
+
+
 
 
 # ------------------------------------------------------------------ recipes
 
 
 def default_recipes(directory: Path = REPO / "configs" / "recipes") -> list[Path]:
-    """Every recipe in `directory` that trains an `RLVRModule` (SFT / expert-iteration stages need their own data)."""
+    """Every recipe in `directory` that trains an `RLVRModule` or a `PPOModule` (SFT / expert-iteration stages need their own data)."""
     import yaml
 
     recipes = []
     for path in sorted(directory.glob("*.yaml")):
         config = yaml.safe_load(path.read_text()) or {}
         model = config.get("model") or {}
-        if isinstance(model, dict) and model.get("class_path", RLVR_MODULE) in (RLVR_MODULE, "rlvr_lightning.modules.rlvr.RLVRModule"):
+        if isinstance(model, dict) and model.get("class_path", RL_MODULES[0]) in RL_MODULES:
             recipes.append(path)
     return recipes
 
@@ -154,6 +163,7 @@ def summarise_run(run: Run, csv_path: Path, metric: str, threshold: float, final
         run.error = run.error or f"no metrics at {csv_path}"
         return run
     run.steps, run.metric, run.val_steps, run.val_accuracy = read_metrics(csv_path, metric)
+    run.length_steps, run.length_correct, run.length_incorrect = lengths.read_lengths(csv_path)
     if not run.metric:
         run.ok = False
         run.error = run.error or f"{csv_path} has no {metric!r} column values"
@@ -205,6 +215,10 @@ def recipe_rows(runs: list[Run]) -> list[dict]:
         )
     rows.sort(key=lambda row: -mean_std(row["final"])[0] if row["final"] else math.inf)
     return rows
+
+
+def _recipe_order(runs: list[Run]) -> list[str]:
+    return [row["recipe"] for row in recipe_rows(runs)]
 
 
 def markdown_table(runs: list[Run], metric: str, threshold: float, final_window: int) -> str:
@@ -316,6 +330,7 @@ def write_report(
             f"![reward curves]({png_link})",
             "",
         ]
+        + (lengths.report_section(runs, _recipe_order(runs), args.out, args.final_window, md_path) if args.lengths else [])
         + (["Failed runs:", *failures, ""] if failures else [])
     )
     md_path.parent.mkdir(parents=True, exist_ok=True)
@@ -333,7 +348,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
         cut = argv.index("--")
         argv, extra = argv[:cut], argv[cut + 1 :]
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--recipes", nargs="+", type=Path, help="recipe YAML files (default: every RLVRModule recipe in configs/recipes)")
+    parser.add_argument("--recipes", nargs="+", type=Path, help="recipe YAML files (default: every RLVRModule and PPOModule recipe in configs/recipes)")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=None, help="rollout steps per run (default: each recipe's limit_train_batches)")
     parser.add_argument("--metric", default="train/reward_mean", help="the logged metric to compare (default: %(default)s)")
@@ -349,6 +364,10 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--in_process", action="store_true", help="run in this process (no start-up cost; one at a time)")
     parser.add_argument("--title", default="Recipes on the sort task")
     parser.add_argument("--report_only", action="store_true", help="rebuild OUT.md and OUT.png from --workdir/summary.json, run nothing")
+    parser.add_argument(
+        "--lengths", action="store_true",
+        help="also plot the mean length of correct and incorrect responses (OUT_lengths.png) and tabulate it",
+    )
     args = parser.parse_args(argv)
     if args.jobs < 1 or args.final_window < 1 or args.smooth < 1:
         parser.error("--jobs, --final_window and --smooth must be >= 1")
@@ -388,6 +407,8 @@ def main(argv: list[str] | None = None) -> int:
 
     md_path, png_path = args.out.with_suffix(".md"), args.out.with_suffix(".png")
     plot(runs, args.metric, png_path, args.title, smooth=args.smooth)
+    if args.lengths:
+        lengths.plot_lengths(runs, _recipe_order(runs), lengths.lengths_path(args.out), args.title, smooth=args.smooth)
     text = write_report(runs, args, extra, command, total, md_path, png_path)
     workdir.mkdir(parents=True, exist_ok=True)
     summary = {"command": command, "total_s": total, "extra": extra, "in_process": args.in_process, "jobs": args.jobs, "steps": args.steps}
@@ -406,6 +427,8 @@ def report_from_summary(args: argparse.Namespace, extra: list[str]) -> int:
             setattr(args, key, summary[key])
     md_path, png_path = args.out.with_suffix(".md"), args.out.with_suffix(".png")
     plot(runs, args.metric, png_path, args.title, smooth=args.smooth)
+    if args.lengths:
+        lengths.plot_lengths(runs, _recipe_order(runs), lengths.lengths_path(args.out), args.title, smooth=args.smooth)
     print(write_report(runs, args, summary.get("extra", extra), summary["command"], summary["total_s"], md_path, png_path))
     return 0 if all(run.ok for run in runs) else 1
 

@@ -61,19 +61,21 @@ def test_a_real_comparison_writes_the_table_and_the_plot(compare, tmp_path, caps
         [
             "--recipes", str(REPO / "configs" / "recipes" / "grpo.yaml"), str(REPO / "configs" / "recipes" / "reinforce.yaml"),
             "--seeds", "0", "1", "--steps", "2", "--in_process", "--threshold", "0",
-            "--out", str(out), "--workdir", str(tmp_path / "runs"),
+            "--out", str(out), "--workdir", str(tmp_path / "runs"), "--lengths",
             "--", "--trainer.val_check_interval=2", "--trainer.limit_val_batches=1",
         ]
     )
     assert status == 0
     text = out.with_suffix(".md").read_text()
-    rows = [line for line in text.splitlines() if line.startswith("| grpo") or line.startswith("| reinforce")]
+    main_table = text.split("Mean response length")[0]
+    rows = [line for line in main_table.splitlines() if line.startswith("| grpo") or line.startswith("| reinforce")]
     assert len(rows) == 2 and all(" ± " in row for row in rows)
     assert "| 1 |" in text  # the threshold 0 is reached at the first step
     assert "2 recipes x 2 seeds" in text and "![reward curves](cmp.png)" in text
     png = out.with_suffix(".png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     assert (tmp_path / "runs" / "summary.json").is_file()
+    assert out.with_name("cmp_lengths.png").is_file() and "![length by correctness](cmp_lengths.png)" in text
 
 
 def test_default_recipes_are_the_rl_recipes(compare):
@@ -84,3 +86,31 @@ def test_default_recipes_are_the_rl_recipes(compare):
 def test_the_default_output_is_not_a_tracked_file(compare):
     args, _ = compare.parse_args([])
     assert args.out == REPO / "runs" / "compare" / "compare_sort"  # runs/ is not tracked; docs/compare_sort.* are
+
+
+def write_length_log(path: Path, correct: list[float], incorrect: list[float]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = ["epoch,step,train/reward_mean,train/bias/length_correct,train/bias/length_incorrect"]
+    for step, (c, i) in enumerate(zip(correct, incorrect)):
+        lines.append(f"0,{step},1.0,{c},{i}")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_length_by_correctness_table_and_plot(compare, tmp_path):
+    nan = float("nan")
+    runs = []
+    # seed 0: no correct response in the first step (NaN is skipped); window of 2 steps
+    for seed, correct, incorrect in [(0, [nan, 4.0, 5.0, 7.0], [8.0, 6.0, 9.0, 11.0]), (1, [2.0, 2.0, 3.0, 5.0], [6.0, 6.0, 7.0, 9.0])]:
+        path = write_length_log(tmp_path / "a" / f"seed_{seed}" / "metrics.csv", correct, incorrect)
+        runs.append(compare.summarise_run(compare.Run(recipe="a", seed=seed, ok=True, wall_s=1.0), path, "train/reward_mean", 0.5, 2))
+    assert runs[0].length_steps == [1, 2, 3, 4] and runs[1].length_incorrect == [6.0, 6.0, 7.0, 9.0]
+    row = compare.lengths.length_table(runs, ["a"], final_window=2).splitlines()[2]
+    # correct, first 2 steps: seed 0 -> 4 (NaN skipped), seed 1 -> 2: 3 ± 1.41; last 2: 6 and 4: 5 ± 1.41
+    # incorrect, first 2: 7 and 6: 6.5 ± 0.71; last 2: 10 and 8: 9 ± 1.41
+    # whole run: correct 16/3 and 3 -> 4.17 ± 1.65; incorrect 8.5 and 7 -> 7.75 ± 1.06
+    assert row == "| a | 3.00 ± 1.41 | 5.00 ± 1.41 | 4.17 ± 1.65 | 6.50 ± 0.71 | 9.00 ± 1.41 | 7.75 ± 1.06 |"
+    png = tmp_path / "out_lengths.png"
+    compare.lengths.plot_lengths(runs, ["a"], png, "t", smooth=2)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert compare.lengths.lengths_path(tmp_path / "docs" / "cmp") == tmp_path / "docs" / "cmp_lengths.png"

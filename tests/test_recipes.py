@@ -16,7 +16,7 @@ RECIPES_DIR = Path(__file__).resolve().parents[1] / "configs" / "recipes"
 
 def _trains_rlvr_module(path: Path) -> bool:
     model = (yaml.safe_load(path.read_text()) or {}).get("model") or {}
-    return model.get("class_path", "").endswith(".RLVRModule")
+    return model.get("class_path", "").endswith((".RLVRModule", ".PPOModule"))
 
 
 # the RL recipes (the SFT / expert-iteration stage configs are tested in tests/modules)
@@ -43,6 +43,8 @@ EXPECTED = {
     "reinforce": dict(advantage=advantages.RawRewardAdvantage, loss="pg", aggregation="seq-mean-token-sum", kl=None),
     "reinforce_baseline": dict(advantage=advantages.CenteredAdvantage, loss="pg", aggregation="seq-mean-token-sum", kl=None),
     "max_reward": dict(advantage=advantages.MaxOnlyAdvantage, loss="ppo_clip", kl=(0.08, "k3", "loss")),
+    # no AdvantageCallback: GAE from a separate critic
+    "ppo": dict(advantage=type(None), loss="ppo_clip", clip=(0.2, 0.2), aggregation="token-mean", kl=None, value_model="separate"),
 }
 
 
@@ -67,7 +69,7 @@ def test_recipe_runs_two_steps_on_the_sort_task(recipe, in_tmp_dir):
     assert module.loss == expected["loss"]
     if "clip" in expected:
         assert (module.loss_options["clip_low"], module.loss_options["clip_high"]) == pytest.approx(expected["clip"])
-    for option in ("aggregation", "loss_constant", "dynamic_sampling"):
+    for option in ("aggregation", "loss_constant", "dynamic_sampling", "value_model"):
         if option in expected:
             assert getattr(module, option) == expected[option]
     if expected["kl"] is None:
@@ -95,8 +97,29 @@ def test_recipe_runs_two_steps_on_the_sort_task(recipe, in_tmp_dir):
         ("rloo", ["--model.init_args.group_size=1"], "RLOOAdvantage needs group_size >= 2"),
         # mini-batches that do not tile the rollout
         ("dapo", ["--model.init_args.mini_batch_size=300"], "mini_batch_size=300 must divide the rollout size"),
+        # PPO's advantages come from its critic, not from a group baseline
+        ("ppo", ["--trainer.callbacks+=rlvr_lightning.advantages.CenteredAdvantage"], "PPOModule estimates advantages with GAE"),
     ],
 )
 def test_contradictory_recipe_fails_at_start_up(recipe, overrides, message, in_tmp_dir):
     with pytest.raises(ValueError, match=message):
         main(["fit", "--config", str(RECIPES_DIR / f"{recipe}.yaml"), *overrides, *QUICK])
+
+
+LENGTH_BIAS = {
+    "grpo": dict(advantage=advantages.GroupNormalizedAdvantage, aggregation="seq-mean-token-mean"),
+    "dr_grpo": dict(advantage=advantages.CenteredAdvantage, aggregation="seq-sum-constant"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LENGTH_BIAS))
+def test_length_bias_configs_run_and_log_length_by_correctness(name, monkeypatch):
+    # the configs name their tokenizer relative to the repository root, as scripts/compare.py runs them
+    monkeypatch.chdir(RECIPES_DIR.parents[1])
+    path = RECIPES_DIR.parent / "length_bias" / f"{name}.yaml"
+    cli = main(["fit", "--config", str(path), *QUICK[:1], "--trainer.limit_val_batches=0", *QUICK[3:]])
+    module, metrics = cli.model, cli.trainer.callback_metrics
+    assert type(module.advantage_estimator) is LENGTH_BIAS[name]["advantage"]
+    assert module.aggregation == LENGTH_BIAS[name]["aggregation"]
+    assert module.policy.tokenizer.convert_ids_to_tokens(list(range(12))) == [*map(str, range(10)), "<eos>", "<pad>"]
+    assert {"train/bias/length_incorrect", "train/bias/token_weight_long_over_short"} <= set(metrics)

@@ -86,3 +86,38 @@ def _positive(name: str, value: int | float | Tensor) -> int | float | Tensor:
 def _clamp_count(value: int | float | Tensor) -> int | float | Tensor:
     """A token count of 0 becomes 1, so an empty batch gives loss 0 instead of NaN."""
     return value.clamp(min=1) if isinstance(value, Tensor) else max(value, 1)
+
+
+def token_weights(
+    mask: Tensor,
+    mode: str,
+    num_sequences: int | float | Tensor | None = None,
+    constant: float | None = None,
+    count_empty_rows: bool = True,
+) -> Tensor:
+    """``[N]``: the weight ``aggregate_loss`` gives each token of row ``i``, i.e. ``d loss / d loss_it``.
+
+    The weight depends on the row only through its length ``|o_i|``: ``1 / (G |o_i|)`` for
+    seq-mean-token-mean (a token of a long response counts less: Dr. GRPO's length bias),
+    ``1 / sum_j |o_j|`` for token-mean, ``1 / G`` for seq-mean-token-sum and ``1 / (G C)`` for
+    seq-sum-constant. Rows without tokens get 0.
+    """
+    if mode not in AGGREGATION_MODES:
+        raise ValueError(f"unknown aggregation mode {mode!r}; valid choices: {', '.join(AGGREGATION_MODES)}")
+    m = mask.bool()
+    lengths = m.sum(dim=-1).to(torch.get_default_dtype())
+    if num_sequences is None:
+        num_sequences = m.shape[0] if count_empty_rows else non_empty_rows(m)
+    has_tokens = lengths > 0
+    if mode == "seq-mean-token-mean":
+        # d/dl_it [1/G sum_i 1/|o_i| sum_t l_it] = 1 / (G |o_i|)  (Liu et al. 2025, Dr. GRPO §3.1 "response-level length bias")
+        weights = 1.0 / (lengths.clamp(min=1) * num_sequences)
+    elif mode == "token-mean":
+        weights = torch.full_like(lengths, 1.0) / lengths.sum().clamp(min=1)
+    elif mode == "seq-mean-token-sum":
+        weights = torch.full_like(lengths, 1.0) / num_sequences
+    else:
+        if constant is None or constant <= 0:
+            raise ValueError(f"mode 'seq-sum-constant' needs a constant > 0 (e.g. max_new_tokens), got {constant!r}")
+        weights = torch.full_like(lengths, 1.0) / (constant * num_sequences)
+    return torch.where(has_tokens, weights, torch.zeros_like(weights))

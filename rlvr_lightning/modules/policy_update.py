@@ -96,9 +96,7 @@ class PolicyUpdate:
         # Entropy is logged from the first epoch (the sampling policy) and costs a pass only where it is needed;
         # as a metric only, without autograd.
         with_entropy = first_epoch or self.entropy_coef != 0
-        log_probs, entropy = self.policy.token_log_probs(
-            micro, self.sampling.temperature, with_entropy=with_entropy, entropy_grad=self.entropy_coef != 0
-        )
+        log_probs, entropy = self._policy_forward(micro, with_entropy, entropy_grad=self.entropy_coef != 0)
         policy_loss = compute_policy_loss(
             self.loss, log_probs, micro.old_log_probs, micro.advantages, mask, **self.loss_options
         )
@@ -131,6 +129,11 @@ class PolicyUpdate:
             sampler_pair,
         )
 
+    def _policy_forward(self, micro: Rollout, with_entropy: bool, entropy_grad: bool) -> tuple[Tensor, Tensor | None]:
+        """The trained log-probs (and entropy) of a micro-batch. A hook: `PPOModule` reads its value head off
+        the same forward."""
+        return self.policy.token_log_probs(micro, self.sampling.temperature, with_entropy=with_entropy, entropy_grad=entropy_grad)
+
     @torch.no_grad()
     def _update_metrics(
         self, parts: list[MicroBatchLoss], losses: list[float], grad_norms: list[float]
@@ -155,7 +158,7 @@ class PolicyUpdate:
     def _clip_and_step(self, optimizer, scheduler, loss_sum: Tensor) -> tuple[float, float]:
         """Clip and step, or skip the update when the loss or the gradient is not finite. Returns the
         loss and the gradient norm before clipping."""
-        grad_norm = policy_gradient_norm(self.policy)
+        grad_norm = self._gradient_norm()
         # one host transfer for both numbers: the check is then Python's, not a chain of tensor ops
         loss, grad_norm = torch.stack((loss_sum.to(grad_norm.dtype), grad_norm)).tolist()
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
@@ -172,12 +175,20 @@ class PolicyUpdate:
             return loss, grad_norm
         self.consecutive_skips = 0
         if self.max_grad_norm is not None:
-            self.clip_gradients(optimizer, gradient_clip_val=self.max_grad_norm, gradient_clip_algorithm="norm")
+            self._clip_gradients(optimizer)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if scheduler is not None:
             scheduler.step()
         return loss, grad_norm
+
+    def _gradient_norm(self) -> Tensor:
+        """The gradient norm that is logged and must be finite for the update to happen (a hook)."""
+        return policy_gradient_norm(self.policy)
+
+    def _clip_gradients(self, optimizer) -> None:
+        """Clip to `max_grad_norm` (a hook: `PPOModule` clips the policy and the critic separately)."""
+        self.clip_gradients(optimizer, gradient_clip_val=self.max_grad_norm, gradient_clip_algorithm="norm")
 
     # ------------------------------------------------------------ checkpoints
 

@@ -31,6 +31,7 @@ from rlvr_lightning.core.importance_sampling import ROLLOUT_IS_MODES
 from rlvr_lightning.core.kl import KL_ESTIMATORS, kl_estimate
 from rlvr_lightning.core.masked import masked_mean, masked_sum
 from rlvr_lightning.core.policy_losses import POLICY_LOSSES
+from rlvr_lightning.modules.bias_diagnostics import bias_metrics
 from rlvr_lightning.modules.dynamic_sampling import keep_informative_groups
 from rlvr_lightning.modules.policy_update import PolicyUpdate
 from rlvr_lightning.modules.scoring import RewardScoring
@@ -54,6 +55,9 @@ def _choice(option: str, value: str, choices) -> str:
 
 
 class RLVRModule(PolicyUpdate, RewardScoring, ShardedPolicyModule, pl.LightningModule):
+    #: arguments that are models or factories, not hyperparameters (the checkpoint holds them)
+    MODEL_ARGUMENTS: tuple[str, ...] = ("policy", "optimizer", "lr_scheduler")
+
     def __init__(
         self,
         policy: Policy,
@@ -120,7 +124,7 @@ class RLVRModule(PolicyUpdate, RewardScoring, ShardedPolicyModule, pl.LightningM
             val_group_size, val_greedy: responses per validation prompt and whether they are decoded greedily.
         """
         super().__init__()
-        self.save_hyperparameters(ignore=["policy", "optimizer", "lr_scheduler"])
+        self.save_hyperparameters(ignore=list(self.MODEL_ARGUMENTS))
         self.automatic_optimization = False
         self.policy = policy
         self.optimizer_factory = optimizer
@@ -226,7 +230,11 @@ class RLVRModule(PolicyUpdate, RewardScoring, ShardedPolicyModule, pl.LightningM
         self.reward_callbacks = find_reward_callbacks(callbacks)
         if not self.reward_callbacks:
             raise ValueError("no RewardCallback in trainer.callbacks: add at least one reward to the config")
-        estimators = [cb for cb in callbacks if isinstance(cb, AdvantageCallback)]
+        self._setup_advantage_estimator([cb for cb in callbacks if isinstance(cb, AdvantageCallback)])
+        self._check_batch_sizes()
+
+    def _setup_advantage_estimator(self, estimators: list[AdvantageCallback]) -> None:
+        """Exactly one `AdvantageCallback` (GRPO's when none is configured). A hook: `PPOModule` has its critic."""
         if len(estimators) > 1:
             raise ValueError(
                 f"exactly one AdvantageCallback per run, got {len(estimators)}: "
@@ -240,7 +248,6 @@ class RLVRModule(PolicyUpdate, RewardScoring, ShardedPolicyModule, pl.LightningM
             if self.trainer.is_global_zero:
                 print("rlvr: no AdvantageCallback configured, using GroupNormalizedAdvantage (GRPO)")
         self.advantage_estimator.check_group_size(self.group_size)
-        self._check_batch_sizes()
 
     def _check_batch_sizes(self) -> None:
         prompts = getattr(self.trainer.datamodule, "batch_size", None)
@@ -269,11 +276,12 @@ class RLVRModule(PolicyUpdate, RewardScoring, ShardedPolicyModule, pl.LightningM
                 rollout = self._dynamic_sampling(rollout, metrics)
         scored = time.perf_counter()
         metrics.update(self._reward_metrics(rollout, prefix="train"))
+        metrics.update(bias_metrics(self, rollout))
         report_stage("log-probs")
         self._add_old_and_reference_log_probs(rollout)
         if self.reference is not None and self.kl_mode == "reward":
             self._penalize_reward_with_kl(rollout, metrics)
-        rollout.advantages = self.advantage_estimator.compute(rollout)
+        rollout.advantages = self._advantages(rollout, metrics)
         self.last_rollout = rollout
         metrics["train/advantage_mean"] = rollout.advantages.mean()
         metrics["train/advantage_std"] = rollout.advantages.std() if rollout.advantages.numel() > 1 else 0.0
@@ -288,6 +296,10 @@ class RLVRModule(PolicyUpdate, RewardScoring, ShardedPolicyModule, pl.LightningM
         metrics["time/update_s"] = finished - scored
         metrics["time/step_s"] = finished - started
         publish_step_metrics(self, metrics, progress_bar={"reward": "train/reward_mean"})
+
+    def _advantages(self, rollout: Rollout, metrics: dict) -> Tensor:
+        """The rollout's advantages (a hook: `PPOModule` estimates them with GAE from its critic)."""
+        return self.advantage_estimator.compute(rollout)
 
     def _dynamic_sampling(self, rollout: Rollout, metrics: dict) -> Rollout:
         def sample_more() -> Rollout:
@@ -314,12 +326,17 @@ class RLVRModule(PolicyUpdate, RewardScoring, ShardedPolicyModule, pl.LightningM
             return next(self._topup_batches)
 
     @torch.no_grad()
-    def _penalize_reward_with_kl(self, rollout: Rollout, metrics: dict) -> None:
-        """reward_i -= kl_coef * sum_t KL_t (PPO-style KL reward shaping; Ouyang et al. 2022 eq. 2)."""
+    def _token_kl(self, rollout: Rollout) -> Tensor:
+        """`[N, T]` KL estimate to the reference at the sampling policy (no grad)."""
         log_probs = rollout.old_log_probs
         if log_probs is None:
             log_probs = torch.cat([self.policy.token_log_probs(mb, self.sampling.temperature)[0] for mb in self._micro_batches(rollout)])
-        kl = kl_estimate(log_probs, rollout.ref_log_probs, self.kl_estimator, clamp=self.kl_clamp)
+        return kl_estimate(log_probs, rollout.ref_log_probs, self.kl_estimator, clamp=self.kl_clamp)
+
+    @torch.no_grad()
+    def _penalize_reward_with_kl(self, rollout: Rollout, metrics: dict) -> None:
+        """reward_i -= kl_coef * sum_t KL_t (PPO-style KL reward shaping; Ouyang et al. 2022 eq. 2)."""
+        kl = self._token_kl(rollout)
         penalty = self.kl_coef * masked_sum(kl, rollout.response_mask, dim=-1)
         rollout.reward = rollout.reward - penalty
         metrics["train/kl_reward_penalty"] = penalty.mean()

@@ -77,6 +77,24 @@ class Policy(nn.Module, ABC):
         """Differentiable log-probs `[N, T]` of `rollout.response_ids`, and token entropy `[N, T]` if asked
         (differentiable unless `entropy_grad=False`: then only a logged metric)."""
 
+    # The hook a PPO value model reads: hidden states of the positions that predict the response tokens.
+
+    @property
+    def hidden_size(self) -> int:
+        """Width `H` of the hidden states of `token_log_probs_and_hidden`."""
+        raise NotImplementedError(f"{type(self).__name__} does not expose hidden states (a PPO value model reads them)")
+
+    def token_log_probs_and_hidden(
+        self, rollout: Rollout, temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = True
+    ) -> tuple[Tensor, Tensor | None, Tensor]:
+        """`token_log_probs`, plus the last hidden states `[N, T, H]` of the positions whose logits score
+        `response_ids[:, t]` (the state before token t), from the same forward pass (differentiable)."""
+        raise NotImplementedError(f"{type(self).__name__} does not expose hidden states (a PPO value model reads them)")
+
+    def response_hidden_states(self, rollout: Rollout) -> Tensor:
+        """The hidden states of `token_log_probs_and_hidden` alone; a policy may skip its output layer here."""
+        return self.token_log_probs_and_hidden(rollout)[2]
+
     def create_reference(self) -> nn.Module:
         """A frozen copy used as the KL reference. Policies with adapters override this to share weights."""
         reference = copy.deepcopy(self)

@@ -11,7 +11,7 @@ gives the same numbers.
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +20,18 @@ from torch import Tensor, nn
 from rlvr_lightning.core.log_probs import token_log_probs_and_entropy, token_log_probs_from_logits
 from rlvr_lightning.policies.generation import position_ids_from_mask
 from rlvr_lightning.rollout import Rollout
+
+
+class _Output(NamedTuple):
+    logits: Tensor | None
+    hidden: Tensor | None
+    cache: Any
+
+
+def _last(values: Tensor | None, count: int) -> Tensor | None:
+    """The last `count` positions of `[N, L, ...]` values (None stays None)."""
+    return None if values is None else values[:, -count:]
+
 
 class HFScoring:
     """`token_log_probs` for `HFPolicy` (a mixin: needs `model`, `base_model`, `hf_config`,
@@ -35,11 +47,39 @@ class HFScoring:
         """Log-probs `[N, T]` of `rollout.response_ids` at `temperature` (0 on masked positions), and the
         token entropy `[N, T]` if asked; `entropy_grad=False` computes it detached (a logged metric only),
         without keeping its `[N, T, V]` intermediates for the backward pass."""
+        log_probs, entropy, _ = self._score(rollout, temperature, with_entropy, entropy_grad, with_hidden=False)
+        return log_probs, entropy
+
+    def token_log_probs_and_hidden(
+        self, rollout: Rollout, temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = True
+    ) -> tuple[Tensor, Tensor | None, Tensor]:
+        """`token_log_probs` and the last layer's hidden states `[N, T, H]` of the same forward (the
+        positions whose logits score each response token; 0 on masked positions)."""
+        return self._score(rollout, temperature, with_entropy, entropy_grad, with_hidden=True)
+
+    def response_hidden_states(self, rollout: Rollout) -> Tensor:
+        """The hidden states of `token_log_probs_and_hidden` from the decoder alone (no LM head, no logits)."""
+        num_rows, width = rollout.response_ids.shape
+        if width == 0:
+            return rollout.response_mask.new_zeros((num_rows, 0, self.hidden_size))
+        _, hidden, t = self._forward_response(rollout, with_logits=False, with_hidden=True)
+        mask = (rollout.response_mask[:, :t] > 0).unsqueeze(-1)
+        return F.pad(torch.where(mask, hidden, 0.0), (0, 0, 0, width - t))
+
+    @property
+    def hidden_size(self) -> int:
+        config = self.hf_config.get_text_config(decoder=True) if hasattr(self.hf_config, "get_text_config") else self.hf_config
+        return int(config.hidden_size)
+
+    def _score(
+        self, rollout: Rollout, temperature: float, with_entropy: bool, entropy_grad: bool, with_hidden: bool
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
         num_rows, width = rollout.response_ids.shape
         if width == 0:
             empty = rollout.response_mask.new_zeros((num_rows, 0))
-            return empty, (empty if with_entropy else None)
-        logits, t = self._forward_response_logits(rollout)
+            hidden = rollout.response_mask.new_zeros((num_rows, 0, self.hidden_size)) if with_hidden else None
+            return empty, (empty if with_entropy else None), hidden
+        logits, hidden, t = self._forward_response(rollout, with_logits=True, with_hidden=with_hidden)
         mask = rollout.response_mask[:, :t] > 0
         ids = rollout.response_ids[:, :t]
         entropy = None
@@ -49,10 +89,20 @@ class HFScoring:
         else:
             log_probs = token_log_probs_from_logits(logits, ids, temperature)
         log_probs = F.pad(torch.where(mask, log_probs, 0.0), (0, width - t))
-        return log_probs, entropy
+        if hidden is not None:
+            hidden = F.pad(torch.where(mask.unsqueeze(-1), hidden, 0.0), (0, 0, 0, width - t))
+        return log_probs, entropy, hidden
 
     def _forward_response_logits(self, rollout: Rollout) -> tuple[Tensor, int]:
         """Logits `[N, t, V]` of the positions predicting `response_ids[:, :t]` (t = last masked column + 1)."""
+        logits, _, t = self._forward_response(rollout)
+        return logits, t
+
+    def _forward_response(
+        self, rollout: Rollout, with_logits: bool = True, with_hidden: bool = False
+    ) -> tuple[Tensor | None, Tensor | None, int]:
+        """Logits `[N, t, V]` and/or last hidden states `[N, t, H]` of the positions predicting
+        `response_ids[:, :t]` (t = last masked column + 1). Without logits only the decoder runs."""
         prompt_mask = rollout.prompt_mask
         used_prompt = prompt_mask.bool().any(0).nonzero()
         if used_prompt.numel() == 0:
@@ -63,23 +113,33 @@ class HFScoring:
         t = min(t, rollout.response_ids.shape[1])
         prompt_ids, prompt_mask = rollout.prompt_ids[:, first:], prompt_mask[:, first:]
         if self.share_prompt_prefix and self._prefix_sharing_supported():
-            shared = self._shared_prefix_logits(prompt_ids, prompt_mask, rollout.response_ids[:, : t - 1])
+            shared = self._shared_prefix_forward(prompt_ids, prompt_mask, rollout.response_ids[:, : t - 1], with_logits, with_hidden)
             if shared is not None:
-                return shared, t
+                return (*shared, t)
         ids = torch.cat([prompt_ids, rollout.response_ids[:, : t - 1]], dim=1)
         mask = torch.cat(
             [prompt_mask, torch.ones_like(rollout.response_ids[:, : t - 1], dtype=prompt_mask.dtype)], dim=1
         )
-        kwargs: dict[str, Any] = {}
-        if self._logits_to_keep_supported():
-            kwargs["logits_to_keep"] = t
-        out = self.model(
-            input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), use_cache=False, **kwargs
-        )
-        return out.logits[:, -t:, :], t
+        out = self._run(with_logits, with_hidden, keep=t, input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), use_cache=False)
+        return _last(out.logits, t), _last(out.hidden, t), t
 
-    def _shared_prefix_logits(self, prompt_ids: Tensor, prompt_mask: Tensor, responses: Tensor) -> Tensor | None:
-        """The logits of `_forward_response_logits`, with each distinct prompt run through the model once.
+    def _run(self, with_logits: bool, with_hidden: bool, keep: int, **inputs: Any) -> "_Output":
+        """One forward: the causal LM (logits of the last `keep` positions, and the last layer's hidden states
+        if asked) or, without logits, the decoder alone (its last hidden states)."""
+        if not with_logits:
+            out = self.base_model.get_decoder()(**inputs)
+            return _Output(None, out.last_hidden_state, getattr(out, "past_key_values", None))
+        kwargs: dict[str, Any] = {"logits_to_keep": keep} if self._logits_to_keep_supported() else {}
+        if with_hidden:
+            kwargs["output_hidden_states"] = True
+        out = self.model(**inputs, **kwargs)
+        hidden = out.hidden_states[-1] if with_hidden else None  # after the final norm: what the LM head reads
+        return _Output(out.logits, hidden, getattr(out, "past_key_values", None))
+
+    def _shared_prefix_forward(
+        self, prompt_ids: Tensor, prompt_mask: Tensor, responses: Tensor, with_logits: bool = True, with_hidden: bool = False
+    ) -> tuple[Tensor | None, Tensor | None] | None:
+        """The logits and/or hidden states of `_forward_response`, with each distinct prompt run through the model once.
 
         The rows of a group share their prompt: its key/value cache is computed once (with gradients)
         and gathered for every row, then the responses run on top of it. Same numbers as the joint
@@ -96,32 +156,31 @@ class HFScoring:
         width = prompt_ids.shape[1]
         unique_ids, unique_mask = distinct[:, :width], distinct[:, width:]
         unique_positions = position_ids_from_mask(unique_mask)
-        kwargs: dict[str, Any] = {"logits_to_keep": 1} if self._logits_to_keep_supported() else {}
         cache = DynamicCache(config=self.hf_config)
-        out = self.model(
-            input_ids=unique_ids,
-            attention_mask=unique_mask,
-            position_ids=unique_positions,
-            past_key_values=cache,
-            use_cache=True,
-            **kwargs,
+        out = self._run(
+            with_logits, with_hidden, keep=1,
+            input_ids=unique_ids, attention_mask=unique_mask, position_ids=unique_positions, past_key_values=cache, use_cache=True,
         )
-        cache = out.past_key_values
+        cache = out.cache
         if not all(type(layer) is DynamicLayer for layer in getattr(cache, "layers", [None])):
             self._prefix_sharing = False  # sliding windows, linear attention, ...: always the joint forward
             return None
-        first_logits = out.logits[:, -1:, :][inverse]
+        first_logits, first_hidden = _last(out.logits, 1), _last(out.hidden, 1)
+        first_logits = None if first_logits is None else first_logits[inverse]
+        first_hidden = None if first_hidden is None else first_hidden[inverse]
         del out
         if responses.shape[1] == 0:
-            return first_logits
+            return first_logits, first_hidden
         cache.batch_select_indices(inverse)
         mask = torch.cat([prompt_mask, torch.ones_like(responses, dtype=prompt_mask.dtype)], dim=1)
         start = unique_positions[:, -1][inverse] + 1
         positions = start.unsqueeze(1) + torch.arange(responses.shape[1], device=responses.device)
-        out = self.model(
-            input_ids=responses, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True
+        out = self._run(
+            with_logits, with_hidden, keep=0,
+            input_ids=responses, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True,
         )
-        return torch.cat([first_logits, out.logits], dim=1)
+        join = lambda first, rest: None if first is None else torch.cat([first, rest], dim=1)  # noqa: E731
+        return join(first_logits, out.logits), join(first_hidden, out.hidden)
 
     def _prefix_sharing_supported(self) -> bool:
         supported = getattr(self, "_prefix_sharing", None)

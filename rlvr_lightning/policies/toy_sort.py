@@ -9,6 +9,10 @@ The lecture's model is bilinear: the logits of a response position are a sum of 
 per prompt position, which cannot express "the second-smallest token". `activation` applies
 a nonlinearity to the summed encoding, turning the model into a one-hidden-layer network
 that can; `activation=None` is the lecture's model.
+
+With `eos_token` set, a response ends at its first `eos_token` (included in `response_mask`, as a
+language model's EOS is), which makes response lengths vary: the length-bias diagnostics need that.
+`hidden_states` (the vector each response position is projected from) is what a PPO value head reads.
 """
 
 from __future__ import annotations
@@ -35,12 +39,18 @@ class ToySortPolicy(Policy):
         embedding_dim: int = 10,
         tie_embeddings: bool = True,
         activation: str | None = None,
+        eos_token: int | None = None,
     ) -> None:
         """`response_length` defaults to `prompt_length`; `tie_embeddings` reuses the embedding as output
-        projection (as the lecture does); `activation` is one of `ACTIVATIONS` or None (the lecture's model)."""
+        projection (as the lecture does); `activation` is one of `ACTIVATIONS` or None (the lecture's model);
+        `eos_token`: a token id that ends a response (None: every response is `response_length` tokens)."""
         super().__init__()
         if activation is not None and activation not in ACTIVATIONS:
             raise ValueError(f"activation={activation!r} is not valid; choose one of {sorted(ACTIVATIONS)} or null")
+        if eos_token is not None and not 0 <= eos_token < vocab_size:
+            raise ValueError(f"eos_token={eos_token} is not a token of the vocabulary range(vocab_size={vocab_size})")
+        self.eos_token = eos_token
+        self.embedding_dim = embedding_dim
         self.activation = ACTIVATIONS[activation]() if activation else nn.Identity()
         self.vocab_size = vocab_size
         self.prompt_length = prompt_length
@@ -51,14 +61,25 @@ class ToySortPolicy(Policy):
         self.decode_weights = nn.Parameter(torch.randn(self.response_length, embedding_dim, embedding_dim) * scale)
         self.output = None if tie_embeddings else nn.Linear(embedding_dim, vocab_size, bias=False)
 
-    def forward(self, prompt_ids: Tensor) -> Tensor:
-        """Logits `[B, response_length, V]` for prompts `[B, prompt_length]`."""
+    @property
+    def hidden_size(self) -> int:
+        return self.embedding_dim
+
+    def hidden_states(self, prompt_ids: Tensor) -> Tensor:
+        """`[B, response_length, D]`: the vector each response position's logits are projected from."""
         embedded = self.embedding(prompt_ids)  # [B, P, D]
         encoded = self.activation(torch.einsum("bpd,pde->be", embedded, self.encode_weights))
-        decoded = torch.einsum("be,red->brd", encoded, self.decode_weights)
+        return torch.einsum("be,red->brd", encoded, self.decode_weights)
+
+    def project(self, hidden: Tensor) -> Tensor:
+        """Logits from hidden states (the tied embedding, or the output layer)."""
         if self.output is None:
-            return decoded @ self.embedding.weight.T
-        return self.output(decoded)
+            return hidden @ self.embedding.weight.T
+        return self.output(hidden)
+
+    def forward(self, prompt_ids: Tensor) -> Tensor:
+        """Logits `[B, response_length, V]` for prompts `[B, prompt_length]`."""
+        return self.project(self.hidden_states(prompt_ids))
 
     def _prompt_tensor(self, prompts: list) -> Tensor:
         prompt_ids = torch.as_tensor(prompts, dtype=torch.long, device=self.embedding.weight.device)
@@ -85,17 +106,29 @@ class ToySortPolicy(Policy):
         response_ids = response_ids.reshape(num_prompts * n, self.response_length)
         rows = num_prompts * n
         metadata = batch.get("metadata") or [{} for _ in range(num_prompts)]
+        response_mask, truncated = self._response_mask(response_ids)
         return Rollout(
             prompt_ids=prompt_ids.repeat_interleave(n, dim=0),
             prompt_mask=torch.ones(rows, self.prompt_length, dtype=torch.long, device=prompt_ids.device),
             response_ids=response_ids,
-            response_mask=torch.ones(rows, self.response_length, device=prompt_ids.device),
+            response_mask=response_mask,
             group_index=torch.arange(num_prompts, device=prompt_ids.device).repeat_interleave(n),
             group_size=n,
-            truncated=torch.zeros(rows, dtype=torch.bool, device=prompt_ids.device),
+            truncated=truncated,
             metadata=[metadata[i] for i in range(num_prompts) for _ in range(n)],
             old_log_probs=old_log_probs.view(num_prompts * n, self.response_length),
         )
+
+    def _response_mask(self, response_ids: Tensor) -> tuple[Tensor, Tensor]:
+        """`response_mask` (1 through the first EOS) and `truncated` (no EOS) of sampled responses."""
+        rows = response_ids.shape[0]
+        if self.eos_token is None:
+            ones = torch.ones(rows, self.response_length, device=response_ids.device)
+            return ones, torch.zeros(rows, dtype=torch.bool, device=response_ids.device)
+        is_eos = (response_ids == self.eos_token).long()
+        # a position is in the response while no EOS came before it (the EOS itself is in)
+        eos_before = torch.cumsum(is_eos, dim=-1) - is_eos
+        return (eos_before == 0).float(), is_eos.sum(dim=-1) == 0
 
     def _logits(self, prompt_ids: Tensor, temperature: float) -> Tensor:
         logits = self(prompt_ids)
@@ -104,17 +137,30 @@ class ToySortPolicy(Policy):
     def token_log_probs(
         self, rollout: Rollout, temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = True
     ) -> tuple[Tensor, Tensor | None]:
+        log_probs, entropy, _ = self._score(rollout, temperature, with_entropy, with_hidden=False)
+        return log_probs, entropy
+
+    def token_log_probs_and_hidden(
+        self, rollout: Rollout, temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = True
+    ) -> tuple[Tensor, Tensor | None, Tensor]:
+        return self._score(rollout, temperature, with_entropy, with_hidden=True)
+
+    def _score(
+        self, rollout: Rollout, temperature: float, with_entropy: bool, with_hidden: bool
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
         # Rows of one prompt share their distribution: run the model and the softmax once per prompt.
         runs = rollout.prompt_runs()
-        log_softmax = torch.log_softmax(self._logits(rollout.prompt_ids[runs.first_rows], temperature), dim=-1)  # [U, R, V]
+        hidden = self.hidden_states(rollout.prompt_ids[runs.first_rows])  # [U, R, D]
+        logits = self.project(hidden)
+        if temperature != 1.0:
+            logits = logits / temperature
+        log_softmax = torch.log_softmax(logits, dim=-1)  # [U, R, V]
         if runs.run_length:
             # equal contiguous groups: broadcast instead of copying every row's distribution
             per_row = log_softmax.unsqueeze(1).expand(log_softmax.shape[0], runs.run_length, *log_softmax.shape[1:])
             log_probs = per_row.gather(-1, rollout.response_ids.view(*per_row.shape[:3], 1)).view(rollout.num_rows, -1)
         else:
             log_probs = log_softmax[runs.row_run].gather(-1, rollout.response_ids.unsqueeze(-1)).squeeze(-1)
-        entropy = None
-        if with_entropy:
-            entropy = entropy_from_log_probs(log_softmax)
-            entropy = entropy.repeat_interleave(runs.run_length, dim=0) if runs.run_length else entropy[runs.row_run]
-        return log_probs, entropy
+        per_row = (lambda t: t.repeat_interleave(runs.run_length, dim=0)) if runs.run_length else (lambda t: t[runs.row_run])
+        entropy = per_row(entropy_from_log_probs(log_softmax)) if with_entropy else None
+        return log_probs, entropy, (per_row(hidden) if with_hidden else None)

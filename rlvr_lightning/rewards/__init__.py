@@ -1,4 +1,4 @@
 from rlvr_lightning.rewards.base import RewardCallback
-from rlvr_lightning.rewards.sort import SortDistanceReward, SortInclusionOrderingReward
+from rlvr_lightning.rewards.sort import SortAndStopReward, SortDistanceReward, SortInclusionOrderingReward
 
-__all__ = ["RewardCallback", "SortDistanceReward", "SortInclusionOrderingReward"]
+__all__ = ["RewardCallback", "SortAndStopReward", "SortDistanceReward", "SortInclusionOrderingReward"]

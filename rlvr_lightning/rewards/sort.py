@@ -66,3 +66,47 @@ class SortInclusionOrderingReward(RewardCallback):
 
     def is_correct(self, rollout: Rollout, scores: Tensor) -> Tensor:
         return _exact_sort(rollout)
+
+
+STOP_RULES = ("exact", "any")
+
+
+class SortAndStopReward(RewardCallback):
+    """The sort task for a policy that ends its responses (an EOS token): one point per position where the
+    response, before it ends, matches the sorted prompt, plus `stop_bonus` when it stops as `stop` says:
+
+    * "exact": EOS right after the sorted tokens (responses that stop early lose the positions they did not
+      reach; responses that run on lose the bonus);
+    * "any": EOS anywhere after them; a response cut off at the generation budget (no EOS) scores 0, as an
+      unfinished math solution has no answer. What follows the answer is free, so response lengths are the
+      policy's choice: the task of `configs/length_bias/`, where GRPO's length bias shows.
+
+    Correct: every position matched, and stopped."""
+
+    def __init__(self, stop_bonus: float = 1.0, stop: str = "exact", **kwargs) -> None:
+        """`kwargs`: `weight`, `name`, `on_error`, `timeout_s` of `RewardCallback`."""
+        super().__init__(**kwargs)
+        if stop not in STOP_RULES:
+            raise ValueError(f"stop={stop!r} is not valid; choose one of {list(STOP_RULES)}")
+        self.stop_bonus = stop_bonus
+        self.stop = stop
+
+    def _matches_and_stop(self, rollout: Rollout) -> tuple[Tensor, Tensor]:
+        target = _sorted_prompts(rollout)
+        answer_length = target.shape[1]
+        width = min(answer_length, rollout.response_ids.shape[1])
+        mask = rollout.response_mask.bool()
+        matches = (rollout.response_ids[:, :width] == target[:, :width]) & mask[:, :width]
+        length = mask.sum(dim=-1)
+        # the response (EOS included) is one token longer than the answer (or longer, for "any") and was not cut off
+        stopped = (length == answer_length + 1) if self.stop == "exact" else (length > answer_length)
+        return matches.sum(dim=-1), stopped & ~rollout.truncated
+
+    def score(self, rollout: Rollout) -> Tensor:
+        matches, stopped = self._matches_and_stop(rollout)
+        scores = matches.float() + self.stop_bonus * stopped.float()
+        return scores if self.stop == "exact" else torch.where(rollout.truncated, 0.0, scores)
+
+    def is_correct(self, rollout: Rollout, scores: Tensor) -> Tensor:
+        matches, stopped = self._matches_and_stop(rollout)
+        return (matches == rollout.prompt_ids.shape[1]) & stopped

@@ -110,3 +110,35 @@ def test_a_hanging_row_costs_that_row_only():
     assert reward.pop_errors() == 1
     with pytest.raises(ValueError, match="timeout_s"):
         HangsOnRowOne(timeout_s=0)
+
+
+def stop_rollout(responses, eos=9):
+    """Prompt [2, 0, 1] (sorted: 0, 1, 2); responses end at their first `eos` (a truncated one has none)."""
+    from rlvr_lightning.policies.toy_sort import ToySortPolicy
+
+    rollout = make_rollout([[2, 0, 1]] * len(responses), responses)
+    policy = ToySortPolicy(vocab_size=10, prompt_length=3, response_length=len(responses[0]), eos_token=eos)
+    rollout.response_mask, rollout.truncated = policy._response_mask(rollout.response_ids)
+    return rollout
+
+
+def test_sort_and_stop_exact_by_hand():
+    from rlvr_lightning.rewards import SortAndStopReward
+
+    rollout = stop_rollout([[0, 1, 2, 9, 5], [0, 1, 2, 3, 9], [0, 9, 2, 9, 9], [0, 1, 2, 4, 4], [1, 1, 2, 9, 0]])
+    reward = SortAndStopReward(stop_bonus=0.5)
+    # 3 + stop; 3, ran on; 1 (position 2 is after the end); 3, cut off; 2 + stop
+    assert reward.score(rollout).tolist() == [3.5, 3.0, 1.0, 3.0, 2.5]
+    assert reward.is_correct(rollout, reward.score(rollout)).tolist() == [True, False, False, False, False]
+
+
+def test_sort_and_stop_any_by_hand():
+    from rlvr_lightning.rewards import SortAndStopReward
+
+    rollout = stop_rollout([[0, 1, 2, 9, 5], [0, 1, 2, 3, 9], [0, 9, 2, 9, 9], [0, 1, 2, 4, 4], [1, 1, 2, 7, 9]])
+    reward = SortAndStopReward(stop="any", stop_bonus=0.0)
+    # anywhere after the answer is fine; stopping inside it loses positions; cut off at the budget scores 0
+    assert reward.score(rollout).tolist() == [3.0, 3.0, 1.0, 0.0, 2.0]
+    assert reward.is_correct(rollout, reward.score(rollout)).tolist() == [True, True, False, False, False]
+    with pytest.raises(ValueError, match="stop='never' is not valid"):
+        SortAndStopReward(stop="never")

@@ -1,0 +1,229 @@
+"""`PPOModule`: PPO with a learned critic and generalised advantage estimation (verl's default algorithm).
+
+`RLVRModule`'s rollout step, with advantages from a critic instead of a group baseline:
+
+    1. rollout, rewards, old / reference log-probs as in RLVRModule (no AdvantageCallback)
+    2. old values V_old [N, T] = value_head(trunk hidden states)                           no grad
+       token rewards: each response's reward on its last token; kl_mode="reward" subtracts kl_coef * KL_t
+       from every token's reward (Ouyang et al. 2022 eq. 2; verl apply_kl_penalty)
+    3. advantages, returns = GAE(token rewards, V_old; gamma, lam)                         core/gae.py
+       advantages whitened over the batch's response tokens (whiten_advantages)
+    4. ppo_epochs x mini- x micro-batches (modules/policy_update.py):
+           loss = RLVRModule's policy loss + vf_coef * value loss (clipped around V_old)   core/value_loss.py
+       one optimizer with two parameter groups: the policy (the optimizer's lr) and the critic (critic_lr);
+       each group's gradient norm is clipped to max_grad_norm on its own (as verl clips actor and critic)
+
+During the first `critic_warmup_steps` rollout steps only the critic learns: the policy loss is dropped
+and a shared trunk reads detached hidden states, so the policy's parameters get no gradient at all.
+
+The value model (`modules/value_model.py`): "separate" (verl: a critic model of its own, by default a
+trainable copy of the policy) or "shared" (a value head on the policy's own hidden states, from the
+policy's forward; the value loss also trains the policy's trunk).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from rlvr_lightning.advantages import AdvantageCallback
+from rlvr_lightning.core.aggregation import aggregate_loss
+from rlvr_lightning.core.gae import gae_advantages, outcome_token_rewards
+from rlvr_lightning.core.masked import join_masked, masked_mean, masked_normalize, masked_sum
+from rlvr_lightning.core.value_loss import explained_variance, value_loss
+from rlvr_lightning.modules.gradients import total_norm
+from rlvr_lightning.modules.rlvr import RLVRModule, _choice
+from rlvr_lightning.modules.value_model import VALUE_MODELS, ValueHead, check_hidden_states, trainable_copy
+from rlvr_lightning.policies.base import Policy
+from rlvr_lightning.rollout import Rollout
+
+
+class _ValuePart(NamedTuple):
+    loss: Tensor  # the micro-batch's share of its mini-batch's value loss (detached)
+    clipped: Tensor  # bool [n, T]
+    mask: Tensor | None
+
+
+class PPOModule(RLVRModule):
+    MODEL_ARGUMENTS = (*RLVRModule.MODEL_ARGUMENTS, "critic")
+
+    def __init__(
+        self,
+        policy: Policy,
+        value_model: str = "separate",
+        critic: Policy | None = None,
+        critic_lr: float | None = None,
+        vf_coef: float = 0.1,
+        value_clip: float | None = 0.2,
+        gamma: float = 1.0,
+        lam: float = 1.0,
+        whiten_advantages: bool = True,
+        critic_warmup_steps: int = 0,
+        **kwargs,
+    ) -> None:
+        """
+        Args:
+            policy: the model being trained; it must expose hidden states for a shared value head.
+            value_model: "separate" (a critic model of its own: `critic`, else a trainable copy of the policy, as
+                verl initialises its critic from the actor) or "shared" (a value head on the policy's hidden states).
+            critic: the separate critic's trunk, any policy that exposes hidden states (e.g. a smaller model).
+            critic_lr: learning rate of the critic's parameters (value head and separate trunk); None: the optimizer's.
+            vf_coef: weight of the value loss in the loss (TRL's vf_coef; 0.1).
+            value_clip: how far a value may move from the rollout's value before its loss is clipped (TRL's
+                cliprange_value 0.2; verl's 0.5); None: the plain squared error.
+            gamma, lam: GAE's discount and lambda (verl's defaults 1.0 and 1.0; TRL uses lam 0.95).
+            whiten_advantages: normalise the advantages to mean 0 and std 1 over the rollout's response tokens.
+            critic_warmup_steps: rollout steps at the start in which only the critic learns (verl's critic_warmup).
+            **kwargs: `RLVRModule`'s options (loss, clip range, aggregation, KL, ppo_epochs, mini-batches, ...).
+        """
+        super().__init__(policy, **kwargs)
+        self.value_model = _choice("value_model", value_model, VALUE_MODELS)
+        if critic is not None and value_model == "shared":
+            raise ValueError("critic is the trunk of a separate value model; value_model='shared' reads the policy's own hidden states")
+        if not (0.0 <= gamma <= 1.0 and 0.0 <= lam <= 1.0):
+            raise ValueError(f"gamma and lam must be in [0, 1], got gamma={gamma} and lam={lam}")
+        if vf_coef <= 0:
+            raise ValueError(f"vf_coef must be > 0 (the critic learns from the value loss), got {vf_coef}")
+        if value_clip is not None and value_clip <= 0:
+            raise ValueError(f"value_clip must be > 0, or null for no clipping, got {value_clip}")
+        if critic_lr is not None and critic_lr <= 0:
+            raise ValueError(f"critic_lr must be > 0, got {critic_lr}")
+        if critic_warmup_steps < 0:
+            raise ValueError(f"critic_warmup_steps must be >= 0, got {critic_warmup_steps}")
+        if value_model == "separate":
+            self.critic = critic if critic is not None else trainable_copy(policy)
+            hidden_size = check_hidden_states(self.critic, "critic")
+        else:
+            self.critic = None
+            hidden_size = check_hidden_states(policy, "shared value head")
+        self.value_head = ValueHead(hidden_size)
+        self.critic_lr = critic_lr
+        self.vf_coef = vf_coef
+        self.value_clip = value_clip
+        self.gamma = gamma
+        self.lam = lam
+        self.whiten_advantages = whiten_advantages
+        self.critic_warmup_steps = critic_warmup_steps
+        self._shared_hidden: Tensor | None = None  # the policy forward's hidden states, read by the value loss
+        self._token_kl_penalty: Tensor | None = None  # kl_coef * KL_t of this step (kl_mode="reward")
+        self._value_parts: list[_ValuePart] = []
+        self._critic_grad_norms: list[Tensor] = []
+
+    # ----------------------------------------------------------------- set-up
+
+    def critic_parameters(self) -> list[torch.nn.Parameter]:
+        """The value head's parameters and, for a separate value model, its trunk's."""
+        trunk = [] if self.critic is None else list(self.critic.parameters())
+        return [*self.value_head.parameters(), *trunk]
+
+    def configure_optimizers(self):
+        critic_group: dict = {"params": self.critic_parameters()}
+        if self.critic_lr is not None:
+            critic_group["lr"] = self.critic_lr
+        optimizer = self.optimizer_factory([{"params": list(self.policy.parameters())}, critic_group])
+        if self.lr_scheduler_factory is None:
+            return optimizer
+        return {"optimizer": optimizer, "lr_scheduler": self.lr_scheduler_factory(optimizer)}
+
+    def _setup_advantage_estimator(self, estimators: list[AdvantageCallback]) -> None:
+        if estimators:
+            names = ", ".join(type(cb).__name__ for cb in estimators)
+            raise ValueError(f"PPOModule estimates advantages with GAE from its critic; remove {names} from trainer.callbacks")
+        self.advantage_estimator = None
+
+    @property
+    def warming_up(self) -> bool:
+        """Whether this rollout step trains the critic only."""
+        return self.rollout_step < self.critic_warmup_steps
+
+    # ------------------------------------------------------------- advantages
+
+    def _values(self, micro: Rollout, hidden: Tensor | None = None) -> Tensor:
+        """`[n, T]` values of a micro-batch, 0 on masked positions (`hidden`: the policy forward's, when shared)."""
+        if hidden is None:
+            trunk = self.critic if self.critic is not None else self.policy
+            hidden = trunk.response_hidden_states(micro)
+        values = self.value_head(hidden)
+        return values * micro.response_mask.to(values.dtype)
+
+    @torch.no_grad()
+    def _penalize_reward_with_kl(self, rollout: Rollout, metrics: dict) -> None:
+        """kl_mode="reward": every token's reward is -kl_coef * KL_t, the last one's plus the task reward
+        (Ouyang et al. 2022 eq. 2; verl apply_kl_penalty)."""
+        mask = rollout.response_mask
+        kl = self._token_kl(rollout)
+        self._token_kl_penalty = self.kl_coef * kl * mask.to(kl.dtype)
+        metrics["train/kl_reward_penalty"] = masked_sum(self._token_kl_penalty, mask, dim=-1).mean()
+        metrics["train/kl"] = masked_mean(kl, mask)
+
+    @torch.no_grad()
+    def _advantages(self, rollout: Rollout, metrics: dict) -> Tensor:
+        mask = rollout.response_mask
+        values = torch.cat([self._values(mb) for mb in self._micro_batches(rollout)])
+        token_rewards = outcome_token_rewards(rollout.reward, mask)
+        if self._token_kl_penalty is not None:
+            token_rewards = token_rewards - self._token_kl_penalty
+            self._token_kl_penalty = None
+        advantages, returns = gae_advantages(token_rewards, values, mask, self.gamma, self.lam)
+        if self.whiten_advantages:
+            # (A - mean) / sqrt(var + 1e-8) over the response tokens  (verl compute_gae_advantage_return: masked_whiten)
+            advantages = masked_normalize(advantages, mask)
+        rollout.values, rollout.returns = values, returns
+        metrics["train/critic/values_mean"] = masked_mean(values, mask)
+        metrics["train/critic/returns_mean"] = masked_mean(returns, mask)
+        metrics["train/critic/explained_variance"] = explained_variance(values, returns, mask)
+        metrics["train/critic/warmup"] = float(self.warming_up)
+        return advantages
+
+    # ----------------------------------------------------------------- update
+
+    def _update(self, rollout: Rollout) -> dict[str, Tensor | float]:
+        self._value_parts, self._critic_grad_norms = [], []
+        metrics = super()._update(rollout)
+        parts, norms = self._value_parts, self._critic_grad_norms
+        clipped, mask = join_masked([p.clipped for p in parts], [p.mask for p in parts])
+        # the micro-batch losses of a mini-batch add up to its loss; averaged over the optimizer steps
+        metrics["train/critic/value_loss"] = torch.stack([p.loss for p in parts]).sum() / max(len(norms), 1)
+        metrics["train/critic/clip_frac"] = masked_mean(clipped.float(), mask)
+        metrics["train/critic/grad_norm"] = torch.stack(norms).mean() if norms else 0.0
+        return metrics
+
+    def _policy_forward(self, micro: Rollout, with_entropy: bool, entropy_grad: bool) -> tuple[Tensor, Tensor | None]:
+        if self.critic is not None:
+            return super()._policy_forward(micro, with_entropy, entropy_grad)
+        log_probs, entropy, self._shared_hidden = self.policy.token_log_probs_and_hidden(
+            micro, self.sampling.temperature, with_entropy=with_entropy, entropy_grad=entropy_grad
+        )
+        return log_probs, entropy
+
+    def _micro_batch_loss(self, micro, mask, num_sequences, num_tokens, first_epoch, first_update=False):
+        part = super()._micro_batch_loss(micro, mask, num_sequences, num_tokens, first_epoch, first_update)
+        hidden, self._shared_hidden = self._shared_hidden, None
+        warming_up = self.warming_up
+        if hidden is not None and warming_up:
+            hidden = hidden.detach()  # the policy's trunk stays where it is during the warm-up
+        values = self._values(micro, hidden)
+        out = value_loss(values, micro.values, micro.returns, mask, self.value_clip)
+        # token-mean over the mini-batch (verl's critic loss_agg_mode), normalised by the mini-batch's tokens
+        critic_loss = aggregate_loss(out.loss, mask, "token-mean", num_tokens=num_tokens)
+        self._value_parts.append(_ValuePart(critic_loss.detach(), out.clipped, mask))
+        loss = self.vf_coef * critic_loss if warming_up else part.loss + self.vf_coef * critic_loss
+        return part._replace(loss=loss)
+
+    def _gradient_norm(self) -> Tensor:
+        """The policy's gradient norm (logged as train/grad_norm); NaN when the critic's is not finite, so that
+        the update is skipped as for a non-finite policy gradient."""
+        policy = super()._gradient_norm()
+        critic = total_norm([p.grad for p in self.critic_parameters() if p.grad is not None]).to(policy.device)
+        self._critic_grad_norms.append(critic)
+        return torch.where(torch.isfinite(critic), policy, critic)
+
+    def _clip_gradients(self, optimizer) -> None:
+        # each model on its own: one joint norm would let a large value loss shrink the policy's step (verl clips
+        # actor and critic separately)
+        for params in (self.policy.parameters(), self.critic_parameters()):
+            grads = [p for p in params if p.grad is not None]
+            if grads:
+                torch.nn.utils.clip_grad_norm_(grads, self.max_grad_norm)
