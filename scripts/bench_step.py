@@ -25,6 +25,7 @@ than the wall times.
 Legs: `ours` (our KV-cache loop), `vllm` (the same module with `VLLMGeneration`, an fp32 engine in this
 process, weights pushed after every update; needs vLLM: scripts/vllm_cpu_env.sh), `trl`. With several
 rounds the legs are interleaved (ours, vllm, trl, ours, ...) so that a busy machine slows them alike.
+Each leg runs in a fresh process (no memory, allocator state or engine carries over).
 
 Cases: `tiny` = a random Llama (hidden 128, 2 layers, 4 heads, byte-level BPE vocabulary of 512
 trained on the spot), 8 raw-text prompts x 8 completions x 16 tokens; the prompts are an instruction
@@ -360,6 +361,32 @@ def fmt_row(label: str, m: dict[str, float]) -> str:
     return f"{label:<6} {cells}"
 
 
+def run_leg(leg: str, case: str, model_dir: Path, args, steps: int, tmp: Path) -> list[dict]:
+    """One leg in a process of its own: no memory, allocator state or engine carries over between legs."""
+    import subprocess
+
+    out = tmp / f"{leg}.json"
+    command = [
+        sys.executable, __file__, "--worker", leg, "--case", case, "--model-dir", str(model_dir), "--steps",
+        str(args.warmup + steps), "--seed", str(args.seed), "--threads", str(args.threads), "--json", str(out),
+        "--tiny-prompts", args.tiny_prompts,
+    ]
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    return json.loads(out.read_text())
+
+
+def worker(args) -> int:
+    case = CASES[args.case[0]]
+    model_dir = Path(args.model_dir)
+    if args.worker == "trl":
+        with tempfile.TemporaryDirectory(prefix="bench_step-trl-") as tmp:
+            timer = run_trl(model_dir, case, args.steps, args.seed, tmp)
+    else:
+        timer = run_ours(model_dir, case, args.steps, args.seed, engine=args.worker == "vllm")
+    Path(args.json).write_text(json.dumps(timer.steps))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--case", choices=[*CASES, "all"], nargs="+", default=["all"], help="all: tiny and smollm2")
@@ -374,6 +401,8 @@ def main(argv: list[str] | None = None) -> int:
         "--tiny-prompts", choices=sorted(TINY_PROMPTS), default="task",
         help="tiny case: RLVR-style instruction prompts (~40 tokens) or the bare question (~10 tokens)",
     )
+    parser.add_argument("--worker", choices=LEGS, default=None, help=argparse.SUPPRESS)  # one leg (run_leg)
+    parser.add_argument("--model-dir", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     CASES["tiny"]["prompts"] = TINY_PROMPTS[args.tiny_prompts]
 
@@ -387,6 +416,8 @@ def main(argv: list[str] | None = None) -> int:
 
     transformers.logging.set_verbosity_error()
 
+    if args.worker:
+        return worker(args)
     cases = ["tiny", "smollm2"] if "all" in args.case else args.case
     results = {}
     with tempfile.TemporaryDirectory(prefix="bench_step-") as tmp:
@@ -397,11 +428,7 @@ def main(argv: list[str] | None = None) -> int:
             recorded: dict[str, list[dict]] = {leg: [] for leg in LEGS if leg in args.legs}
             for _ in range(args.rounds):
                 for leg in recorded:
-                    if leg == "trl":
-                        timer = run_trl(model_dir, case, args.warmup + steps, args.seed, str(Path(tmp) / "trl"))
-                    else:
-                        timer = run_ours(model_dir, case, args.warmup + steps, args.seed, engine=leg == "vllm")
-                    recorded[leg] += timer.steps[args.warmup :]
+                    recorded[leg] += run_leg(leg, name, model_dir, args, steps, Path(tmp))[args.warmup :]
             summary = {}
             for label, leg_steps in recorded.items():
                 timer = StepTimer()
