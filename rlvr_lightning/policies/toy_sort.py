@@ -77,9 +77,12 @@ class ToySortPolicy(Policy):
             return hidden @ self.embedding.weight.T
         return self.output(hidden)
 
-    def forward(self, prompt_ids: Tensor) -> Tensor:
-        """Logits `[B, response_length, V]` for prompts `[B, prompt_length]`."""
-        return self.project(self.hidden_states(prompt_ids))
+    def forward(self, prompt_ids: Tensor, with_hidden: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        """Logits `[B, response_length, V]` for prompts `[B, prompt_length]` (and the hidden states they are
+        projected from). Scoring goes through `forward`: a sharded (FSDP2) policy gathers its parameters there."""
+        hidden = self.hidden_states(prompt_ids)
+        logits = self.project(hidden)
+        return (logits, hidden) if with_hidden else logits
 
     def _prompt_tensor(self, prompts: list) -> Tensor:
         prompt_ids = torch.as_tensor(prompts, dtype=torch.long, device=self.embedding.weight.device)
@@ -150,8 +153,7 @@ class ToySortPolicy(Policy):
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
         # Rows of one prompt share their distribution: run the model and the softmax once per prompt.
         runs = rollout.prompt_runs()
-        hidden = self.hidden_states(rollout.prompt_ids[runs.first_rows])  # [U, R, D]
-        logits = self.project(hidden)
+        logits, hidden = self(rollout.prompt_ids[runs.first_rows], with_hidden=True)  # [U, R, V], [U, R, D]
         if temperature != 1.0:
             logits = logits / temperature
         log_softmax = torch.log_softmax(logits, dim=-1)  # [U, R, V]
