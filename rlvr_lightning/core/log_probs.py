@@ -20,15 +20,19 @@ def token_log_probs_from_logits(logits: Tensor, token_ids: Tensor, temperature: 
     upcast to float32 first (the result is float32); use the same
     ``temperature`` as the sampler so that log-probs match the behaviour policy.
     """
+    logits = _scaled(logits, temperature)
+    chosen = torch.gather(logits, dim=-1, index=token_ids.long().unsqueeze(-1)).squeeze(-1)
+    # log p(y_t) = l_{y_t} - logsumexp_v l_v  (verl torch_functional.logprobs_from_logits_v2)
+    return chosen - torch.logsumexp(logits, dim=-1)
+
+
+def _scaled(logits: Tensor, temperature: float) -> Tensor:
+    """float32 logits divided by the temperature."""
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if logits.dtype in _LOW_PRECISION:
         logits = logits.float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    chosen = torch.gather(logits, dim=-1, index=token_ids.long().unsqueeze(-1)).squeeze(-1)
-    # log p(y_t) = l_{y_t} - logsumexp_v l_v  (verl torch_functional.logprobs_from_logits_v2)
-    return chosen - torch.logsumexp(logits, dim=-1)
+    return logits / temperature if temperature != 1.0 else logits
 
 
 # rows of the detached entropy computed at once: bounds its [rows, T, V] temporaries
@@ -44,12 +48,7 @@ def token_log_probs_and_entropy(
     probability-0 (-inf) entries contribute 0. ``entropy_grad=False`` computes the entropy without
     autograd (a logged metric) in row chunks, so none of its ``[.., V]`` temporaries outlive the call.
     """
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
-    if logits.dtype in _LOW_PRECISION:
-        logits = logits.float()
-    if temperature != 1.0:
-        logits = logits / temperature
+    logits = _scaled(logits, temperature)
     log_z = torch.logsumexp(logits, dim=-1)
     chosen = torch.gather(logits, dim=-1, index=token_ids.long().unsqueeze(-1)).squeeze(-1)
     log_probs = chosen - log_z

@@ -79,17 +79,7 @@ def load_tokenizer(source: str, gguf_name: str | None, trust_remote_code: bool =
     """The tokenizer, with the EOS token as pad when it has no pad token (pad positions are always masked)."""
     from transformers import AutoTokenizer
 
-    kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}
-    if gguf_name is not None:
-        kwargs["gguf_file"] = gguf_name
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-    except Exception as error:
-        if gguf_name is not None:
-            check_gguf(source, gguf_name, error)
-        if not Path(source).exists():
-            raise FileNotFoundError(missing_model_message(source) + f" ({type(error).__name__}: {error})") from error
-        raise
+    tokenizer = _from_pretrained(AutoTokenizer, source, gguf_name, {"trust_remote_code": trust_remote_code})
     if tokenizer.pad_token_id is None:
         if tokenizer.eos_token_id is None:
             raise ValueError(f"The tokenizer of {source!r} has neither a pad token nor an EOS token to pad with")
@@ -108,21 +98,26 @@ def load_model(source: str, gguf_name: str | None, kwargs: dict[str, Any]) -> nn
     """`AutoModelForCausalLM.from_pretrained`, with clear errors for missing models and GGUF files."""
     from transformers import AutoModelForCausalLM
 
+    model = _from_pretrained(AutoModelForCausalLM, source, gguf_name, kwargs)
+    if gguf_name is not None and hasattr(model.config, "quantization_config"):
+        # the weights are de-quantised: train and save them as a plain model
+        del model.config.quantization_config
+        model.hf_quantizer = None
+    return model
+
+
+def _from_pretrained(auto_class: Any, source: str, gguf_name: str | None, kwargs: dict[str, Any]) -> Any:
+    """`auto_class.from_pretrained`, failing with the model's name (and the GGUF architecture) when it cannot load."""
     if gguf_name is not None:
         kwargs = dict(kwargs, gguf_file=gguf_name)
     try:
-        model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+        return auto_class.from_pretrained(source, **kwargs)
     except Exception as error:
         if gguf_name is not None:
             check_gguf(source, gguf_name, error)
         if not Path(source).exists():
             raise FileNotFoundError(missing_model_message(source) + f" ({type(error).__name__}: {error})") from error
         raise
-    if gguf_name is not None and hasattr(model.config, "quantization_config"):
-        # the weights are de-quantised: train and save them as a plain model
-        del model.config.quantization_config
-        model.hf_quantizer = None
-    return model
 
 
 def model_from_config(config: dict[str, Any] | str, tokenizer: Any, kwargs: dict[str, Any]) -> nn.Module:
