@@ -232,7 +232,9 @@ class HFPolicy(HFScoring, Policy):
     # ------------------------------------------------------------------ sampling
 
     @torch.no_grad()
-    def sample(self, batch: PromptBatch, n: int, sampling: SamplingConfig) -> Rollout:
+    def sample(
+        self, batch: PromptBatch, n: int, sampling: SamplingConfig, generator: torch.Generator | None = None
+    ) -> Rollout:
         prompts = list(batch["prompt"])
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
@@ -261,6 +263,7 @@ class HFPolicy(HFScoring, Policy):
             sampling,
             eos_token_ids=self.eos_token_ids,
             pad_token_id=self.pad_token_id,
+            generator=generator,
         )
 
         lengths = out.response_mask.sum(-1)
@@ -310,6 +313,15 @@ class HFPolicy(HFScoring, Policy):
             stats["generation_steps"] = float(out.steps)
         stats.update(out.stats)
         return stats
+
+    def sampling_copy(self) -> Policy:
+        """An engine that holds its own weights samples for this policy as it is (`push_weights` refreshes it);
+        our loop samples from a copy of the model sharing the frozen weights, the tokenizer and the backend."""
+        if self.generation.owns_weights:
+            return self
+        memo = {id(p): p for p in self.parameters() if not p.requires_grad}
+        memo.update({id(self.tokenizer): self.tokenizer, id(self.generation): self.generation})
+        return copy.deepcopy(self, memo)
 
     # ------------------------------------------------------------------ reference
 
