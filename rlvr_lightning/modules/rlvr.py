@@ -222,7 +222,7 @@ class RLVRModule(PolicyUpdate, RewardScoring, pl.LightningModule):
         self.consecutive_skips = 0
         self.last_rollout: Rollout | None = None  # the step's trained batch (read by RolloutTableLogger)
         self.rollout_staleness = rollout_staleness
-        self.rollouts = AsyncRollouts(policy, group_size, self.sampling) if rollout_staleness else None
+        self.async_rollouts = AsyncRollouts(policy, group_size, self.sampling) if rollout_staleness else None
 
     # ----------------------------------------------------------------- set-up
 
@@ -281,8 +281,8 @@ class RLVRModule(PolicyUpdate, RewardScoring, pl.LightningModule):
         self.score(rollout)
         if self.dynamic_sampling:
             rollout = self._dynamic_sampling(rollout, metrics)
-        if self.rollouts is not None:  # the next rollout is sampled while this one trains
-            metrics["time/weight_push_s"] = self.rollouts.launch(batch, self.trainer.global_step)
+        if self.async_rollouts is not None:  # the next rollout is sampled while this one trains
+            metrics["time/weight_push_s"] = self.async_rollouts.launch(batch, self.trainer.global_step)
         scored = time.perf_counter()
         metrics.update(self._reward_metrics(rollout, prefix="train", generation_stats=generation_stats))
         report_stage("log-probs")
@@ -295,8 +295,8 @@ class RLVRModule(PolicyUpdate, RewardScoring, pl.LightningModule):
         metrics["train/advantage_std"] = rollout.advantages.std() if rollout.advantages.numel() > 1 else 0.0
         report_stage("update")
         update_stats = self._update(rollout)
-        if self.rollouts is not None:
-            metrics["time/rollout_wait_s"] = self.rollouts.wait()  # 0 when sampling took no longer than the update
+        if self.async_rollouts is not None:
+            metrics["time/rollout_wait_s"] = self.async_rollouts.wait()  # 0 when sampling took no longer than the update
         finished = time.perf_counter()
 
         metrics.update(update_stats)
@@ -311,9 +311,9 @@ class RLVRModule(PolicyUpdate, RewardScoring, pl.LightningModule):
         """The rollout this step trains on and its generation's statistics (None: the policy's last). With
         `rollout_staleness=1` it was sampled during the previous step's update; at the first step there is none
         yet (None): `batch` is sampled for the next step."""
-        if self.rollouts is None:
+        if self.async_rollouts is None:
             return self.policy.sample(batch, self.group_size, self.sampling), None
-        sampled = self.rollouts.take(batch, self.trainer.global_step)
+        sampled = self.async_rollouts.take(batch, self.trainer.global_step)
         if sampled is None:
             return None, None
         metrics["time/generation_s"] = sampled.stats.pop("sampling_seconds")  # in the background, beside an update
@@ -322,9 +322,9 @@ class RLVRModule(PolicyUpdate, RewardScoring, pl.LightningModule):
 
     def _sample_now(self, batch: PromptBatch) -> Rollout:
         """`batch` sampled now with the current weights (dynamic sampling's top-ups)."""
-        if self.rollouts is None:
+        if self.async_rollouts is None:
             return self.policy.sample(batch, self.group_size, self.sampling)
-        return self.rollouts.sample_now(batch, self.trainer.global_step).rollout  # nothing is in flight yet
+        return self.async_rollouts.sample_now(batch, self.trainer.global_step).rollout  # nothing is in flight yet
 
     def _dynamic_sampling(self, rollout: Rollout, metrics: dict) -> Rollout:
         def sample_more() -> Rollout:
@@ -364,17 +364,20 @@ class RLVRModule(PolicyUpdate, RewardScoring, pl.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         super().on_save_checkpoint(checkpoint)
-        if self.rollouts is not None:  # the rollout sampled during the last update, which the next step trains on
-            checkpoint["rlvr_async_rollouts"] = self.rollouts.state_dict()
+        if self.async_rollouts is not None:  # the rollout sampled during the last update, which the next step trains on
+            checkpoint["rlvr_async_rollouts"] = self.async_rollouts.state_dict()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         super().on_load_checkpoint(checkpoint)
-        if self.rollouts is not None and "rlvr_async_rollouts" in checkpoint:
-            self.rollouts.load_state_dict(checkpoint["rlvr_async_rollouts"])
+        ready = checkpoint.get("rlvr_async_rollouts", {}).get("ready")
+        if self.async_rollouts is not None and "rlvr_async_rollouts" in checkpoint:
+            self.async_rollouts.load_state_dict(checkpoint["rlvr_async_rollouts"])
+        elif ready is not None:
+            log.warning("the checkpoint holds a rollout sampled for rollout_staleness=1; this run samples on-policy without it")
 
     def teardown(self, stage: str) -> None:
-        if self.rollouts is not None:
-            self.rollouts.close()
+        if self.async_rollouts is not None:
+            self.async_rollouts.close()
 
     @property
     def rollout_step(self) -> int:

@@ -170,4 +170,4 @@ def test_rollout_staleness_options():
     with pytest.raises(ValueError, match=r"rollout_staleness=2 is not valid; choose 0 \(on-policy\) or 1"):
         RLVRModule(policy, rollout_staleness=2)
     assert RLVRModule(policy, rollout_staleness=1, rollout_is="token_truncate").rollout_is == "token_truncate"
-    assert RLVRModule(policy).rollout_is is None and RLVRModule(policy).rollouts is None
+    assert RLVRModule(policy).rollout_is is None and RLVRModule(policy).async_rollouts is None

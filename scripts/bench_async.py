@@ -1,0 +1,231 @@
+#!/usr/bin/env python
+"""Asynchronous rollouts on SmolLM2: what the overlap buys (step time) and what one update of staleness
+costs (learning per minute), `rollout_staleness` 0 against 1 on `configs/smollm2_arithmetic.yaml` (LoRA r=16,
+4 problems x 8 samples x 32 new tokens, one update per step; validation, checkpoints and rollout tables off).
+
+  steps   `--steps` rollout steps per leg, the two legs alternating in order within each of `--rounds`
+          rounds (same seed for both legs of a round), one torch thread (the asynchronous leg runs a second
+          Python thread). Prints per leg the median over rounds of each round's median step time (steps
+          after the first: the first is warm-up, or with staleness 1 only samples), its parts, the speed-up.
+  curves  each leg trains for the same wall-clock budget (`--minutes`, trainer.max_time) with each of
+          `--seeds` (legs alternating), then the trained policy decodes `--num` held-out problems greedily.
+          Writes OUT/<leg>_seed<s>.json per run (reruns skip finished runs), OUT/results.json, the curves of
+          training accuracy (T = 1) against minutes to OUT/curves.png, and prints a table.
+
+    rlvr-models fetch smollm2-135m-instruct      # once
+    python scripts/bench_async.py steps --rounds 3 --steps 6
+    python scripts/bench_async.py curves --seeds 0 1 2 --minutes 12 --out runs/bench_async
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("WANDB_MODE", "disabled")
+
+import yaml  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+LEGS = {0: "staleness0", 1: "staleness1"}
+ACCURACY = "train/rewards/math_accuracy"
+PARTS = ("time/generation_s", "time/update_s", "time/rollout_wait_s", "time/weight_push_s")
+
+
+def leg_config(base: Path, out: Path, name: str, staleness: int, seed: int, trainer: dict) -> Path:
+    """The recipe with `rollout_staleness`, a seed, a CSV log of every step, and no validation or checkpoints."""
+    config = yaml.safe_load(base.read_text())
+    config["seed_everything"] = seed
+    config["model"]["init_args"]["rollout_staleness"] = staleness
+    options = config["trainer"]
+    options["callbacks"] = [
+        cb for cb in options["callbacks"] if not cb["class_path"].endswith(("ModelCheckpoint", "RolloutTableLogger"))
+    ]
+    options.update(
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=1,
+        limit_val_batches=0, num_sanity_val_steps=0,
+        logger={"class_path": "lightning.pytorch.loggers.CSVLogger",
+                "init_args": {"save_dir": str(out), "name": name, "version": 0, "flush_logs_every_n_steps": 1}},
+    )
+    options.update(trainer)
+    path = out / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def fit(config: Path):
+    from rlvr_lightning.cli import main
+
+    return main(["fit", "--config", str(config)])
+
+
+def step_rows(out: Path, name: str) -> list[dict[str, float]]:
+    """One dict per logged training step (`step` and the numeric metrics)."""
+    with open(out / name / "version_0" / "metrics.csv", newline="") as handle:
+        rows = [{k: float(v) for k, v in row.items() if v not in ("", None)} for row in csv.DictReader(handle)]
+    return [row for row in rows if "time/step_s" in row]
+
+
+# ------------------------------------------------------------------ steps
+
+
+def cmd_steps(args) -> None:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    medians: dict[int, list[dict[str, float]]] = {0: [], 1: []}
+    for round_index in range(args.rounds):
+        for staleness in (0, 1) if round_index % 2 == 0 else (1, 0):
+            name = f"steps_{LEGS[staleness]}_round{round_index}"
+            load = os.getloadavg()[0]
+            fit(leg_config(Path(args.config), out, name, staleness, round_index, {"max_time": None, "limit_train_batches": args.steps}))
+            rows = [row for row in step_rows(out, name) if row["step"] >= 1]
+            median = {key: statistics.median(row.get(key, 0.0) for row in rows) for key in ("time/step_s", *PARTS)}
+            medians[staleness].append(median)
+            print(f"round {round_index} {LEGS[staleness]}: median step {median['time/step_s']:.2f} s over steps 1-{args.steps - 1} "
+                  f"(load average {load:.1f} before)", flush=True)
+    summary = {LEGS[s]: {key: statistics.median(m[key] for m in medians[s]) for key in medians[s][0]} for s in (0, 1)}
+    summary["rounds"] = {LEGS[s]: [round(m["time/step_s"], 2) for m in medians[s]] for s in (0, 1)}
+    print("\nleg          step s  generation s  update s  wait s  push s  (per round)")
+    for staleness in (0, 1):
+        m = summary[LEGS[staleness]]
+        print(f"{LEGS[staleness]}  {m['time/step_s']:6.2f}  {m['time/generation_s']:12.2f}  {m['time/update_s']:8.2f}  "
+              f"{m['time/rollout_wait_s']:6.2f}  {m['time/weight_push_s']:6.3f}  {summary['rounds'][LEGS[staleness]]}")
+    speedup = summary[LEGS[0]]["time/step_s"] / summary[LEGS[1]]["time/step_s"]
+    print(f"speed-up of staleness 1: {speedup:.2f}x (medians of {args.rounds} rounds)")
+    (out / "steps.json").write_text(json.dumps({**summary, "speedup": speedup}, indent=2) + "\n")
+
+
+# ------------------------------------------------------------------ curves
+
+
+def heldout_accuracy(policy, config: Path, num: int) -> tuple[float, float]:
+    """Greedy accuracy of `policy` on the recipe's first `num` held-out problems, and the seconds it took."""
+    import dataclasses
+
+    import torch
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    from eval_arithmetic import _instantiate, evaluate
+
+    from rlvr_lightning.policies.base import SamplingConfig
+    from rlvr_lightning.rewards.base import RewardCallback
+
+    started = time.perf_counter()
+    spec = yaml.safe_load(config.read_text())
+    rewards = [cb for cb in (_instantiate(s) for s in spec["trainer"]["callbacks"] if ".rewards." in s["class_path"]) if isinstance(cb, RewardCallback)]
+    task = _instantiate(spec["data"]["init_args"]["task"])
+    examples = (task.val_examples() if hasattr(task, "val_examples") else list(task.val_dataset()))[:num]
+    sampling = dataclasses.replace(SamplingConfig(**spec["model"]["init_args"]["sampling"]), do_sample=False)
+    with torch.no_grad():
+        result = evaluate(policy, examples, rewards, sampling, 1, 50)
+    for reward in rewards:
+        getattr(reward, "close", lambda: None)()
+    return result["accuracy"], time.perf_counter() - started
+
+
+def cmd_curves(args) -> None:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    budget = time.strftime("00:%H:%M:%S", time.gmtime(args.minutes * 60))
+    for index, seed in enumerate(args.seeds):
+        for staleness in (0, 1) if index % 2 == 0 else (1, 0):
+            name = f"{LEGS[staleness]}_seed{seed}"
+            if (out / f"{name}.json").exists():
+                continue
+            config = leg_config(Path(args.config), out, name, staleness, seed, {"max_time": budget})
+            started, load = time.perf_counter(), os.getloadavg()[0]
+            cli = fit(config)
+            wall = time.perf_counter() - started
+            rows = step_rows(out, name)
+            accuracy, eval_seconds = heldout_accuracy(cli.model.policy, config, args.num)
+            trained = [row[ACCURACY] for row in rows if ACCURACY in row]
+            result = {
+                "leg": LEGS[staleness], "seed": seed, "steps": len(rows), "updates": cli.trainer.global_step,
+                "fit_wall_s": round(wall, 1), "train_minutes": round(sum(row["time/step_s"] for row in rows) / 60, 2),
+                "train_accuracy_last10": round(statistics.mean(trained[-10:]), 4) if trained else None,
+                "heldout_greedy_accuracy": accuracy, "heldout_problems": args.num, "eval_s": round(eval_seconds, 1),
+                "median_step_s": round(statistics.median(row["time/step_s"] for row in rows[1:]), 2),
+                "load_average_before": round(load, 2),
+            }
+            (out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+            print(json.dumps(result), flush=True)
+    results = [json.loads((out / f"{LEGS[s]}_seed{seed}.json").read_text()) for s in (0, 1) for seed in args.seeds]
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    table(results)
+    plot(out, args.seeds, args.minutes)
+
+
+def table(results: list[dict]) -> None:
+    def mean_std(values):
+        return f"{statistics.mean(values):.1%} ± {statistics.stdev(values) if len(values) > 1 else 0:.1%}"
+
+    print("\n| leg | updates in the budget | median step s | train accuracy, last 10 steps | held-out greedy accuracy | per seed |")
+    print("|---|---:|---:|---:|---:|---|")
+    for leg in LEGS.values():
+        runs = [r for r in results if r["leg"] == leg]
+        per_seed = ", ".join(f"{r['heldout_greedy_accuracy']:.1%}" for r in runs)
+        print(f"| {leg} | {statistics.mean(r['updates'] for r in runs):.1f} | {statistics.median(r['median_step_s'] for r in runs):.2f} | "
+              f"{mean_std([r['train_accuracy_last10'] for r in runs])} | {mean_std([r['heldout_greedy_accuracy'] for r in runs])} | {per_seed} |")
+
+
+def plot(out: Path, seeds: list[int], minutes: float, window: int = 10) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for staleness, color in ((0, "tab:blue"), (1, "tab:red")):
+        for seed in seeds:
+            rows = step_rows(out, f"{LEGS[staleness]}_seed{seed}")
+            elapsed, xs, ys = 0.0, [], []
+            for row in rows:
+                elapsed += row["time/step_s"]
+                if ACCURACY in row:
+                    xs.append(elapsed / 60)
+                    ys.append(row[ACCURACY])
+            smooth = [statistics.mean(ys[max(0, i - window + 1) : i + 1]) for i in range(len(ys))]
+            ax.plot(xs, smooth, color=color, alpha=0.8, label=f"rollout_staleness {staleness}" if seed == seeds[0] else None)
+    ax.set_xlabel("minutes of training steps (sum of time/step_s)")
+    ax.set_ylabel(f"train accuracy at T = 1, mean of {window} steps")
+    ax.set_xlim(0, minutes)
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.set_title(f"SmolLM2-135M GRPO on 2-digit addition, 2 shared CPU cores, seeds {', '.join(map(str, seeds))}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "curves.png", dpi=110)
+    print(f"wrote {out / 'curves.png'}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    steps = sub.add_parser("steps", help="step time of rollout_staleness 0 and 1, interleaved rounds")
+    steps.add_argument("--rounds", type=int, default=3)
+    steps.add_argument("--steps", type=int, default=6, help="rollout steps per leg and round (the first is not timed)")
+    steps.add_argument("--out", default="runs/bench_async")
+    steps.set_defaults(fn=cmd_steps)
+    curves = sub.add_parser("curves", help="learning of both legs in the same wall-clock budget")
+    curves.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    curves.add_argument("--minutes", type=float, default=12.0, help="trainer.max_time of every run")
+    curves.add_argument("--num", type=int, default=200, help="held-out problems decoded greedily after training")
+    curves.add_argument("--out", default="runs/bench_async")
+    curves.set_defaults(fn=cmd_curves)
+    for command in (steps, curves):
+        command.add_argument("--config", default=str(REPO / "configs" / "smollm2_arithmetic.yaml"))
+    args = parser.parse_args(argv)
+    args.fn(args)
+
+
+if __name__ == "__main__":
+    main()
