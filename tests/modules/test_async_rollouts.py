@@ -171,3 +171,38 @@ def test_rollout_staleness_options():
         RLVRModule(policy, rollout_staleness=2)
     assert RLVRModule(policy, rollout_staleness=1, rollout_is="token_truncate").rollout_is == "token_truncate"
     assert RLVRModule(policy).rollout_is is None and RLVRModule(policy).async_rollouts is None
+
+
+def test_what_the_sampler_computed_becomes_the_behaviour_log_probs():
+    torch.manual_seed(0)
+    policy = ToySortPolicy(vocab_size=5, prompt_length=3, embedding_dim=4)
+    rollouts = AsyncRollouts(policy, group_size=2, sampling=RLVRModule(policy).sampling)
+    rollout = rollouts.sample_now({"prompt": [[1, 2, 3]]}, version=0).rollout
+    assert rollout.old_log_probs is None  # the trainer's own, at the weights it trains from, come later
+    torch.testing.assert_close(rollout.sampling_log_probs, policy.token_log_probs(rollout)[0].detach())
+
+
+def test_a_muted_thread_reports_no_progress():
+    from rlvr_lightning import progress
+
+    class Listener:
+        def __init__(self):
+            self.events = []
+
+        def on_stage(self, stage):
+            self.events.append((threading.current_thread().name, stage))
+
+        def on_tokens(self, done, total):
+            self.events.append((threading.current_thread().name, done))
+
+    def background():
+        with progress.muted():
+            progress.report_tokens(1, 2)
+            progress.report_stage("generate")
+
+    with progress.listening(Listener()) as listener:
+        thread = threading.Thread(target=background, name="rollout")
+        thread.start()
+        thread.join()
+        progress.report_stage("update")  # the main thread is not muted
+    assert listener.events == [("MainThread", "update")]
