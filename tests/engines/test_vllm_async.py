@@ -4,6 +4,7 @@ and weights reach it only between generations, from the training thread; a resum
 from __future__ import annotations
 
 import threading
+import time
 
 import torch
 import yaml
@@ -23,11 +24,18 @@ def _async_config(tmp_path, tokenizer_dir, name: str, steps: int):
 
 
 def test_the_engine_samples_beside_the_update_and_is_pushed_between(tokenizer_dir, tmp_path, monkeypatch):
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
     from rlvr_lightning.cli import main
+    from rlvr_lightning.modules.async_rollouts import AsyncRollouts
 
     monkeypatch.chdir(tmp_path)
-    pushes, generations = [], []
-    push, generate = VLLMGeneration._push_weights_if_changed, VLLMGeneration.generate
+    steps, launched_at, pushes, generations = [0], [-1], [], []
+    push, generate, launch = VLLMGeneration._push_weights_if_changed, VLLMGeneration.generate, AsyncRollouts.launch
+
+    def recording_launch(self, batch, version):
+        launched_at[0] = steps[0]
+        return launch(self, batch, version)
 
     def recording_push(self, model):
         seconds = push(self, model)
@@ -36,18 +44,30 @@ def test_the_engine_samples_beside_the_update_and_is_pushed_between(tokenizer_di
         return seconds
 
     def recording_generate(self, *args, **kwargs):
+        main_thread = threading.current_thread() is threading.main_thread()
         generations.append(None)  # running
+        if not main_thread:  # beside an update: let its first optimizer step happen before the engine starts
+            deadline = time.monotonic() + 60
+            while steps[0] <= launched_at[0] and time.monotonic() < deadline:
+                time.sleep(0.001)
         out = generate(self, *args, **kwargs)
-        generations[-1] = threading.current_thread() is threading.main_thread()
+        generations[-1] = (main_thread, steps[0] > launched_at[0])
         return out
 
+    monkeypatch.setattr(AsyncRollouts, "launch", recording_launch)
     monkeypatch.setattr(VLLMGeneration, "_push_weights_if_changed", recording_push)
     monkeypatch.setattr(VLLMGeneration, "generate", recording_generate)
-    full = main(["fit", "--config", str(_async_config(tmp_path, tokenizer_dir, "full", steps=4))])
+    hook = register_optimizer_step_post_hook(lambda optimizer, args, kwargs: steps.__setitem__(0, steps[0] + 1))
+    try:
+        full = main(["fit", "--config", str(_async_config(tmp_path, tokenizer_dir, "full", steps=4))])
+    finally:
+        hook.remove()
 
     assert full.trainer.global_step == 3 * 2  # step 0 samples only, then 3 steps x 2 epochs
-    # step 0 samples batch 0 in the training thread; steps 1-3 launch batches 1-3 in the background
-    assert generations == [True, False, False, False]
+    # step 0 samples batch 0 in the training thread; steps 1-3 launch batches 1-3 in the background, each of
+    # which ran while the update of its step stepped the optimizer
+    assert [main_thread for main_thread, _ in generations] == [True, False, False, False]
+    assert all(overlapped for _, overlapped in generations[1:])
     # the first push, then one before each launch whose weights changed (steps 2 and 3): all from the training
     # thread, none while a generation ran
     assert pushes == [(True, False)] * 3
