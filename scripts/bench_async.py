@@ -34,6 +34,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_MODE", "disabled")
 
 import yaml  # noqa: E402
+from lightning.pytorch import Callback  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 LEGS = {0: "staleness0", 1: "staleness1"}
@@ -62,10 +63,27 @@ def leg_config(base: Path, out: Path, name: str, staleness: int, seed: int, trai
     return path
 
 
+class StepClock(Callback):
+    """Wall and process CPU seconds (every thread: the background sampler's too) of each training step."""
+
+    def __init__(self) -> None:
+        self.wall: list[float] = []
+        self.cpu: list[float] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._started = (time.perf_counter(), time.process_time())
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.wall.append(time.perf_counter() - self._started[0])
+        self.cpu.append(time.process_time() - self._started[1])
+
+
 def fit(config: Path):
+    """`rlvr fit --config config` in this process; returns the CLI and the steps' `StepClock`."""
     from rlvr_lightning.cli import main
 
-    return main(["fit", "--config", str(config)])
+    cli = main(["fit", "--config", str(config), "--trainer.callbacks+=bench_async.StepClock"])
+    return cli, next(cb for cb in cli.trainer.callbacks if type(cb).__name__ == "StepClock")
 
 
 def step_rows(out: Path, name: str) -> list[dict[str, float]]:
@@ -86,19 +104,21 @@ def cmd_steps(args) -> None:
         for staleness in (0, 1) if round_index % 2 == 0 else (1, 0):
             name = f"steps_{LEGS[staleness]}_round{round_index}"
             load = os.getloadavg()[0]
-            fit(leg_config(Path(args.config), out, name, staleness, round_index, {"max_time": None, "limit_train_batches": args.steps}))
+            _, clock = fit(leg_config(Path(args.config), out, name, staleness, round_index, {"max_time": None, "limit_train_batches": args.steps}))
             rows = [row for row in step_rows(out, name) if row["step"] >= 1]
             median = {key: statistics.median(row.get(key, 0.0) for row in rows) for key in ("time/step_s", *PARTS)}
+            median["cpu_s"] = statistics.median(clock.cpu[1:])
+            median["cores"] = statistics.median(cpu / wall for cpu, wall in zip(clock.cpu[1:], clock.wall[1:]))
             medians[staleness].append(median)
-            print(f"round {round_index} {LEGS[staleness]}: median step {median['time/step_s']:.2f} s over steps 1-{args.steps - 1} "
-                  f"(load average {load:.1f} before)", flush=True)
+            print(f"round {round_index} {LEGS[staleness]}: median step {median['time/step_s']:.2f} s over steps 1-{args.steps - 1}, "
+                  f"CPU {median['cpu_s']:.2f} s ({median['cores']:.2f} cores; load average {load:.1f} before)", flush=True)
     summary = {LEGS[s]: {key: statistics.median(m[key] for m in medians[s]) for key in medians[s][0]} for s in (0, 1)}
     summary["rounds"] = {LEGS[s]: [round(m["time/step_s"], 2) for m in medians[s]] for s in (0, 1)}
-    print("\nleg          step s  generation s  update s  wait s  push s  (per round)")
+    print("\nleg          step s  CPU s  cores  generation s  update s  wait s  push s  (step s per round)")
     for staleness in (0, 1):
         m = summary[LEGS[staleness]]
-        print(f"{LEGS[staleness]}  {m['time/step_s']:6.2f}  {m['time/generation_s']:12.2f}  {m['time/update_s']:8.2f}  "
-              f"{m['time/rollout_wait_s']:6.2f}  {m['time/weight_push_s']:6.3f}  {summary['rounds'][LEGS[staleness]]}")
+        print(f"{LEGS[staleness]}  {m['time/step_s']:6.2f}  {m['cpu_s']:5.2f}  {m['cores']:5.2f}  {m['time/generation_s']:12.2f}  "
+              f"{m['time/update_s']:8.2f}  {m['time/rollout_wait_s']:6.2f}  {m['time/weight_push_s']:6.3f}  {summary['rounds'][LEGS[staleness]]}")
     speedup = summary[LEGS[0]]["time/step_s"] / summary[LEGS[1]]["time/step_s"]
     print(f"speed-up of staleness 1: {speedup:.2f}x (medians of {args.rounds} rounds)")
     (out / "steps.json").write_text(json.dumps({**summary, "speedup": speedup}, indent=2) + "\n")
@@ -143,7 +163,7 @@ def cmd_curves(args) -> None:
                 continue
             config = leg_config(Path(args.config), out, name, staleness, seed, {"max_time": budget})
             started, load = time.perf_counter(), os.getloadavg()[0]
-            cli = fit(config)
+            cli, clock = fit(config)
             wall = time.perf_counter() - started
             rows = step_rows(out, name)
             accuracy, eval_seconds = heldout_accuracy(cli.model.policy, config, args.num)
@@ -154,6 +174,7 @@ def cmd_curves(args) -> None:
                 "train_accuracy_last10": round(statistics.mean(trained[-10:]), 4) if trained else None,
                 "heldout_greedy_accuracy": accuracy, "heldout_problems": args.num, "eval_s": round(eval_seconds, 1),
                 "median_step_s": round(statistics.median(row["time/step_s"] for row in rows[1:]), 2),
+                "median_step_cpu_s": round(statistics.median(clock.cpu[1:]), 2),
                 "load_average_before": round(load, 2),
             }
             (out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")

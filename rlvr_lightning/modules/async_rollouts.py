@@ -11,7 +11,8 @@ the rollout of batch t-1 while batch t is sampled beside the update.
 
 So the rollout trained at step t was sampled with W_{t-1}, the weights before step t-1's update. N steps
 make N - 1 updates; the last batch's rollout is sampled and kept (in `last.ckpt`) but trained on only by
-a run that continues from that checkpoint.
+a run that continues from that checkpoint. Dynamic sampling's top-ups are sampled by the same sampler
+before the launch, with W_t (nothing is in flight then).
 
 Who samples. `policy.sampling_copy()`: for our loops, a copy of the policy that shares its frozen
 parameters (a LoRA policy's copy holds only the adapter; a fully trained one doubles the trainable
@@ -19,6 +20,7 @@ weights' memory), refreshed by copying the trainable parameters and buffers befo
 engine with its own weights (`VLLMGeneration`), the policy itself, with the engine's `push_weights` called
 here and its push-on-generate turned off while the background generation runs. Either way the generator
 never sees weights change under it, and the push blocks nothing but itself: no generation is in flight.
+(On a GPU our loop samples on a CUDA side stream; that path has not run on a GPU yet.)
 
 Randomness. Each rollout draws one seed from torch's global generator when it is launched (main thread,
 a deterministic point of the step) and samples from a `torch.Generator` of its own seeded with it (our
@@ -65,13 +67,13 @@ from rlvr_lightning.policies.base import Policy, PromptBatch, SamplingConfig
 from rlvr_lightning.rollout import Rollout
 
 
+@dataclasses.dataclass
 class SampledRollout:
     """A rollout with what its generation reported and the policy version (optimizer steps) that sampled it."""
 
-    def __init__(self, rollout: Rollout, stats: dict[str, float], version: int) -> None:
-        self.rollout = rollout
-        self.stats = stats
-        self.version = version
+    rollout: Rollout
+    stats: dict[str, float]
+    version: int
 
 
 class AsyncRollouts:
