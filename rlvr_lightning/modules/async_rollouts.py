@@ -55,6 +55,7 @@ it in the checkpoint (`state_dict`), so a resumed run trains on exactly what the
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
@@ -78,6 +79,11 @@ class SampledRollout:
 
 class AsyncRollouts:
     def __init__(self, policy: Policy, group_size: int, sampling: SamplingConfig) -> None:
+        if "generator" not in inspect.signature(policy.sample).parameters:
+            raise TypeError(
+                f"rollout_staleness=1 samples in a background thread with a torch.Generator of its own: "
+                f"{type(policy).__name__}.sample(batch, n, sampling) needs a `generator` argument to draw from"
+            )
         self.policy = policy
         self.group_size = group_size
         self.sampling = sampling

@@ -172,6 +172,13 @@ def test_rollout_staleness_options():
     assert RLVRModule(policy, rollout_staleness=1, rollout_is="token_truncate").rollout_is == "token_truncate"
     assert RLVRModule(policy).rollout_is is None and RLVRModule(policy).async_rollouts is None
 
+    class OldPolicy(ToySortPolicy):
+        def sample(self, batch, n, sampling):
+            return super().sample(batch, n, sampling)
+
+    with pytest.raises(TypeError, match=r"OldPolicy.sample\(batch, n, sampling\) needs a `generator` argument"):
+        RLVRModule(OldPolicy(vocab_size=5, prompt_length=3), rollout_staleness=1)
+
 
 def test_what_the_sampler_computed_becomes_the_behaviour_log_probs():
     torch.manual_seed(0)
