@@ -5,6 +5,12 @@
         manual_backward(loss)
     clip the gradient norm; optimizer step (skipped, and counted, when the loss or gradient is not finite)
 
+Its inputs first (`_add_old_and_reference_log_probs`): the old log-probs, the trainer's numbers at the
+weights the step starts from (recomputed only when the policy moves before the last update; otherwise the
+first update's own, detached), and the reference log-probs. `w_IS` compares the old log-probs with the
+sampler's (`rollout_is`); with asynchronous rollouts the sampler is one update behind, and the same
+arithmetic is AReaL's decoupled PPO (see `modules/async_rollouts.py`).
+
 A mixin: it reads the module's options (`loss`, `aggregation`, `ppo_epochs`, `mini_batch_size`, ...) and
 uses Lightning's manual optimisation (`optimizers`, `manual_backward`, `clip_gradients`).
 """
@@ -28,6 +34,8 @@ from rlvr_lightning.rollout import Rollout
 
 log = logging.getLogger(__name__)
 
+RATIO_FREE_LOSSES = ("pg",)  # losses that never read old log-probs
+
 
 class MicroBatchLoss(NamedTuple):
     loss: Tensor  # the scalar that is back-propagated
@@ -49,6 +57,36 @@ class PolicyUpdate:
             return
         for start in range(0, rollout.num_rows, size):
             yield rollout.select(slice(start, start + size))
+
+    def _needs_old_log_probs(self, num_rows: int) -> bool:
+        """Old log-probs matter only once the policy has moved, i.e. after the first optimizer step."""
+        updates = self.ppo_epochs * (num_rows // (self.mini_batch_size or num_rows))
+        return self.loss not in RATIO_FREE_LOSSES and updates > 1
+
+    @torch.no_grad()
+    def _add_old_and_reference_log_probs(self, rollout: Rollout) -> None:
+        """Old log-probs (unless the policy already recorded them while sampling) and reference log-probs.
+
+        Sampling log-probs serve as old log-probs only when the policy says they are the trainer's and no
+        importance-sampling correction needs the trainer's own numbers next to them."""
+        temperature = self.sampling.temperature
+        if not self._needs_old_log_probs(rollout.num_rows):
+            rollout.old_log_probs = None  # the ratio is 1 by construction: the loss uses detached log-probs
+        elif (
+            rollout.old_log_probs is None
+            and rollout.sampling_log_probs is not None
+            and self.policy.sampling_log_probs_exact
+            and self.rollout_is is None
+        ):
+            rollout.old_log_probs = rollout.sampling_log_probs
+        elif rollout.old_log_probs is None:
+            rollout.old_log_probs = torch.cat(
+                [self.policy.token_log_probs(mb, temperature)[0] for mb in self._micro_batches(rollout)]
+            )
+        if self.reference is not None:
+            rollout.ref_log_probs = torch.cat(
+                [self.policy.reference_log_probs(self.reference, mb, temperature) for mb in self._micro_batches(rollout)]
+            )
 
     def _update(self, rollout: Rollout) -> dict[str, Tensor | float]:
         optimizer = self.optimizers()

@@ -12,6 +12,8 @@ One `training_step` is one rollout step:
 
 Lightning's `global_step` counts optimizer updates (ppo_epochs x mini-batches per rollout
 step); logged metrics are indexed by rollout step. Step 5 lives in `modules/policy_update.py`.
+With `rollout_staleness=1`, step 1 takes the rollout sampled during the previous step's update
+and the next one is sampled in a background thread meanwhile (`modules/async_rollouts.py`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from rlvr_lightning.core.kl import KL_ESTIMATORS, kl_estimate
 from rlvr_lightning.core.masked import masked_mean, masked_sum
 from rlvr_lightning.core.policy_losses import POLICY_LOSSES
 from rlvr_lightning.modules.bias_diagnostics import bias_metrics
+from rlvr_lightning.modules.async_rollouts import AsyncRollouts
 from rlvr_lightning.modules.dynamic_sampling import keep_informative_groups
 from rlvr_lightning.modules.policy_update import PolicyUpdate
 from rlvr_lightning.modules.scoring import RewardScoring
@@ -44,7 +47,6 @@ from rlvr_lightning.rollout import Rollout
 
 log = logging.getLogger(__name__)
 
-RATIO_FREE_LOSSES = ("pg",)  # losses that never read old log-probs
 KL_MODES = ("loss", "reward")
 
 
@@ -82,6 +84,7 @@ class RLVRModule(PolicyUpdate, RewardScoring, ShardedPolicyModule, pl.LightningM
         rollout_is: str | None = None,
         rollout_is_max: float = 2.0,
         rollout_is_min: float | None = None,
+        rollout_staleness: int = 0,
         dynamic_sampling: bool = False,
         max_sampling_rounds: int = 4,
         ppo_epochs: int = 1,
@@ -114,6 +117,9 @@ class RLVRModule(PolicyUpdate, RewardScoring, ShardedPolicyModule, pl.LightningM
                 one of `core.importance_sampling.ROLLOUT_IS_MODES` (Yao et al. 2025 TIS: `token_truncate`), or None.
                 The mismatch itself is logged (`train/mismatch/*`) whenever the policy records sampling log-probs.
             rollout_is_max, rollout_is_min: the weights' cap C (truncate) or the band outside which weights are 0 (mask).
+            rollout_staleness: 0: each step samples, then trains (on-policy); 1: the next rollout is sampled in a
+                background thread while the current one trains, one update behind (`modules/async_rollouts.py`),
+                with AReaL's decoupled PPO loss: `rollout_is` weights pi_old / pi_sampler (None: `token_mask`).
             dynamic_sampling: DAPO's dynamic sampling: drop groups whose rewards all agree and top the batch up
                 with fresh prompts, for at most `max_sampling_rounds` generation rounds in all; if the batch is
                 still short, it is filled with dropped groups (advantage 0), so every update has the same size.
@@ -158,6 +164,10 @@ class RLVRModule(PolicyUpdate, RewardScoring, ShardedPolicyModule, pl.LightningM
         if loss == "pg" and ppo_epochs > 1:
             log.warning("loss='pg' has no importance ratio: epochs after the first train on stale samples uncorrected")
         self.kl_clamp = kl_clamp
+        if rollout_staleness not in (0, 1):
+            raise ValueError(f"rollout_staleness={rollout_staleness!r} is not valid; choose 0 (on-policy) or 1 (one step off-policy)")
+        if rollout_staleness and rollout_is is None:
+            rollout_is = "token_mask"  # AReaL's decoupled PPO: tokens whose behaviour weight exceeds the cap drop out
         self.rollout_is = None if rollout_is is None else _choice("rollout_is", rollout_is, ROLLOUT_IS_MODES)
         if rollout_is_max <= 0 or (rollout_is_min is not None and not 0 <= rollout_is_min < rollout_is_max):
             raise ValueError(f"need 0 <= rollout_is_min < rollout_is_max, got {rollout_is_min} and {rollout_is_max}")
@@ -216,6 +226,8 @@ class RLVRModule(PolicyUpdate, RewardScoring, ShardedPolicyModule, pl.LightningM
         self.skipped_updates = 0
         self.consecutive_skips = 0
         self.last_rollout: Rollout | None = None  # the step's trained batch (read by RolloutTableLogger)
+        self.rollout_staleness = rollout_staleness
+        self.async_rollouts = AsyncRollouts(policy, group_size, self.sampling) if rollout_staleness else None
 
     # ----------------------------------------------------------------- set-up
 
@@ -268,14 +280,20 @@ class RLVRModule(PolicyUpdate, RewardScoring, ShardedPolicyModule, pl.LightningM
         metrics: dict[str, Tensor | float] = {}
         with gathered_params(self.policy):  # sharded (FSDP2): gathered once for all of the step's sampling
             report_stage("generate")
-            rollout = self.policy.sample(batch, self.group_size, self.sampling)
+            rollout, generation_stats = self._rollout_to_train(batch, metrics)
+            if rollout is None:  # the first step of asynchronous rollouts only samples what the next step trains on
+                metrics["time/generation_s"] = metrics["time/step_s"] = time.perf_counter() - started
+                publish_step_metrics(self, metrics)
+                return
             generated = time.perf_counter()
             report_stage("score")
             self.score(rollout)
             if self.dynamic_sampling:
                 rollout = self._dynamic_sampling(rollout, metrics)
+        if self.async_rollouts is not None:  # the next rollout is sampled while this one trains
+            metrics["time/weight_push_s"] = self.async_rollouts.launch(batch, self.trainer.global_step)
         scored = time.perf_counter()
-        metrics.update(self._reward_metrics(rollout, prefix="train"))
+        metrics.update(self._reward_metrics(rollout, prefix="train", generation_stats=generation_stats))
         metrics.update(bias_metrics(self, rollout))
         report_stage("log-probs")
         self._add_old_and_reference_log_probs(rollout)
@@ -287,15 +305,36 @@ class RLVRModule(PolicyUpdate, RewardScoring, ShardedPolicyModule, pl.LightningM
         metrics["train/advantage_std"] = rollout.advantages.std() if rollout.advantages.numel() > 1 else 0.0
         report_stage("update")
         update_stats = self._update(rollout)
+        if self.async_rollouts is not None:
+            metrics["time/rollout_wait_s"] = self.async_rollouts.wait()  # 0 when sampling took no longer than the update
         finished = time.perf_counter()
 
         metrics.update(update_stats)
         metrics["train/skipped_updates"] = float(self.skipped_updates)
-        metrics["time/generation_s"] = generated - started
+        metrics.setdefault("time/generation_s", generated - started)
         metrics["time/scoring_s"] = scored - generated
         metrics["time/update_s"] = finished - scored
         metrics["time/step_s"] = finished - started
         publish_step_metrics(self, metrics, progress_bar={"reward": "train/reward_mean"})
+
+    def _rollout_to_train(self, batch: PromptBatch, metrics: dict) -> tuple[Rollout | None, dict | None]:
+        """The rollout this step trains on and its generation's statistics (None: the policy's last). With
+        `rollout_staleness=1` it was sampled during the previous step's update; at the first step there is none
+        yet (None): `batch` is sampled for the next step."""
+        if self.async_rollouts is None:
+            return self.policy.sample(batch, self.group_size, self.sampling), None
+        sampled = self.async_rollouts.take(batch, self.trainer.global_step)
+        if sampled is None:
+            return None, None
+        metrics["time/generation_s"] = sampled.stats.pop("sampling_seconds")  # in the background, beside an update
+        metrics["train/async/policy_lag"] = float(self.trainer.global_step - sampled.version)  # optimizer steps
+        return sampled.rollout, sampled.stats
+
+    def _sample_now(self, batch: PromptBatch) -> Rollout:
+        """`batch` sampled now with the current weights (dynamic sampling's top-ups)."""
+        if self.async_rollouts is None:
+            return self.policy.sample(batch, self.group_size, self.sampling)
+        return self.async_rollouts.sample_now(batch, self.trainer.global_step).rollout  # nothing is in flight yet
 
     def _advantages(self, rollout: Rollout, metrics: dict) -> Tensor:
         """The rollout's advantages (a hook: `PPOModule` estimates them with GAE from its critic)."""
@@ -304,7 +343,7 @@ class RLVRModule(PolicyUpdate, RewardScoring, ShardedPolicyModule, pl.LightningM
     def _dynamic_sampling(self, rollout: Rollout, metrics: dict) -> Rollout:
         def sample_more() -> Rollout:
             report_stage("generate top-up")
-            extra = self.policy.sample(self._next_topup_batch(), self.group_size, self.sampling)
+            extra = self._sample_now(self._next_topup_batch())
             self.score(extra)
             return extra
 
@@ -342,6 +381,23 @@ class RLVRModule(PolicyUpdate, RewardScoring, ShardedPolicyModule, pl.LightningM
         metrics["train/kl_reward_penalty"] = penalty.mean()
         metrics["train/kl"] = masked_mean(kl, rollout.response_mask)
 
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        super().on_save_checkpoint(checkpoint)
+        if self.async_rollouts is not None:  # the rollout sampled during the last update, which the next step trains on
+            checkpoint["rlvr_async_rollouts"] = self.async_rollouts.state_dict()
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        super().on_load_checkpoint(checkpoint)
+        ready = checkpoint.get("rlvr_async_rollouts", {}).get("ready")
+        if self.async_rollouts is not None and "rlvr_async_rollouts" in checkpoint:
+            self.async_rollouts.load_state_dict(checkpoint["rlvr_async_rollouts"])
+        elif ready is not None:
+            log.warning("the checkpoint holds a rollout sampled for rollout_staleness=1; this run samples on-policy without it")
+
+    def teardown(self, stage: str) -> None:
+        if self.async_rollouts is not None:
+            self.async_rollouts.close()
+
     @property
     def rollout_step(self) -> int:
         """Rollout steps completed so far (Lightning's logging step; restored from checkpoints)."""
@@ -353,39 +409,9 @@ class RLVRModule(PolicyUpdate, RewardScoring, ShardedPolicyModule, pl.LightningM
         if self.rollout_step > 0 and self.rollout_step % self.ref_update_every == 0:
             self.policy.update_reference(self.reference, alpha=self.ref_mixup_alpha)
 
-    def _needs_old_log_probs(self, num_rows: int) -> bool:
-        """Old log-probs matter only once the policy has moved, i.e. after the first optimizer step."""
-        updates = self.ppo_epochs * (num_rows // (self.mini_batch_size or num_rows))
-        return self.loss not in RATIO_FREE_LOSSES and updates > 1
-
-    @torch.no_grad()
-    def _add_old_and_reference_log_probs(self, rollout: Rollout) -> None:
-        """Old log-probs (unless the policy already recorded them while sampling) and reference log-probs.
-
-        Sampling log-probs serve as old log-probs only when the policy says they are the trainer's and no
-        importance-sampling correction needs the trainer's own numbers next to them."""
-        temperature = self.sampling.temperature
-        if not self._needs_old_log_probs(rollout.num_rows):
-            rollout.old_log_probs = None  # the ratio is 1 by construction: the loss uses detached log-probs
-        elif (
-            rollout.old_log_probs is None
-            and rollout.sampling_log_probs is not None
-            and self.policy.sampling_log_probs_exact
-            and self.rollout_is is None
-        ):
-            rollout.old_log_probs = rollout.sampling_log_probs
-        elif rollout.old_log_probs is None:
-            rollout.old_log_probs = torch.cat(
-                [self.policy.token_log_probs(mb, temperature)[0] for mb in self._micro_batches(rollout)]
-            )
-        if self.reference is not None:
-            rollout.ref_log_probs = torch.cat(
-                [self.policy.reference_log_probs(self.reference, mb, temperature) for mb in self._micro_batches(rollout)]
-            )
-
     # ---------------------------------------------------------------- metrics
 
-    def _reward_metrics(self, rollout: Rollout, prefix: str) -> dict[str, Tensor | float]:
+    def _reward_metrics(self, rollout: Rollout, prefix: str, generation_stats: dict | None = None) -> dict[str, Tensor | float]:
         reward = rollout.reward
         metrics: dict[str, Tensor | float] = {
             f"{prefix}/reward_mean": reward.mean(),
@@ -397,7 +423,7 @@ class RLVRModule(PolicyUpdate, RewardScoring, ShardedPolicyModule, pl.LightningM
         for callback in self.reward_callbacks:
             metrics[f"{prefix}/rewards/{callback.name}"] = rollout.rewards[callback.name].mean()
             metrics[f"{prefix}/reward_errors/{callback.name}"] = float(callback.pop_errors())
-        stats = getattr(self.policy, "last_generation_stats", None)
+        stats = generation_stats if generation_stats is not None else getattr(self.policy, "last_generation_stats", None)
         if stats:
             metrics.update({f"{prefix}/generation/{key}": float(value) for key, value in stats.items()})
         return metrics

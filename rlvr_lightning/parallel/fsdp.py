@@ -171,6 +171,11 @@ class ShardedPolicyModule:
                 "ref_update_every with a LoRA policy copies the adapter into a second one, which FSDP2 cannot add to "
                 "an already sharded model; keep the reference fixed (ref_update_every: null) or train without sharding"
             )
+        if getattr(self, "async_rollouts", None) is not None:
+            raise NotImplementedError(
+                "rollout_staleness=1 samples from a full copy of the policy in a background thread, which a sharded "
+                "policy does not have; use rollout_staleness: 0 with FSDP2, or a DDP strategy"
+            )
         shard_policy(self.policy, mesh, options, root_reshard_after_forward=False)
         if reference is not None and any(True for _ in reference.parameters()):
             shard_policy(reference, mesh, options, root_reshard_after_forward=True)

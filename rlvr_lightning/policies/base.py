@@ -55,8 +55,13 @@ class Policy(nn.Module, ABC):
     last_generation_stats: dict[str, float]
 
     @abstractmethod
-    def sample(self, batch: PromptBatch, n: int, sampling: SamplingConfig) -> Rollout:
+    def sample(
+        self, batch: PromptBatch, n: int, sampling: SamplingConfig, generator: torch.Generator | None = None
+    ) -> Rollout:
         """`n` responses per prompt, without gradients, as one `Rollout` of `len(prompts) * n` rows.
+
+        Random draws come from `generator` (None: torch's global generator); asynchronous rollouts
+        (`RLVRModule(rollout_staleness=1)`) sample in a background thread with a generator of their own.
 
         A policy whose sampling forward is the training forward may fill `rollout.old_log_probs` (at
         `sampling.temperature`), which saves the trainer a forward pass when it needs them. A policy that
@@ -76,6 +81,14 @@ class Policy(nn.Module, ABC):
     ) -> tuple[Tensor, Tensor | None]:
         """Differentiable log-probs `[N, T]` of `rollout.response_ids`, and token entropy `[N, T]` if asked
         (differentiable unless `entropy_grad=False`: then only a logged metric)."""
+
+    def sampling_copy(self) -> Policy:
+        """A policy that samples as this one does from weights of its own, so that it can sample in a
+        background thread while this one trains (`RLVRModule(rollout_staleness=1)` copies the weights into it
+        before each rollout). It shares the frozen parameters, which never change: a LoRA policy's copy holds
+        only its adapter. A policy whose sampler already owns a copy of the weights may return itself."""
+        frozen = {id(p): p for p in self.parameters() if not p.requires_grad}
+        return copy.deepcopy(self, frozen)
 
     # The hook a PPO value model reads: hidden states of the positions that predict the response tokens.
 

@@ -6,7 +6,8 @@ The loop (`generate`) is written by hand instead of calling `model.generate` so 
 * drop finished rows from the batch and the cache as soon as they finish (no compute spent on padding),
 * return the log-prob of every sampled token under the *unfiltered* distribution at the sampling
   temperature (what `token_log_probs` recomputes), and
-* use the global torch RNG, so `lightning.seed_everything` governs it.
+* use the global torch RNG, so `lightning.seed_everything` governs it (or a `generator` of its own, for
+  sampling in a background thread while the training thread draws from the global one).
 
 Everything here is model-agnostic: it needs a transformers-style causal LM that accepts
 `input_ids`, `attention_mask`, `position_ids`, `past_key_values`, `use_cache` and returns `.logits`.
@@ -57,14 +58,14 @@ def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
     return logits
 
 
-def _sample_categorical(probs: Tensor) -> Tensor:
+def _sample_categorical(probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
     """One draw per row of `probs [B, V]` by inverting the CDF with one uniform per row.
 
     Same distribution as `torch.multinomial(probs, 1)`, whose CPU kernel draws an exponential
     variate per vocabulary entry (~10% of a SmolLM2 decoding step); this draws one number per row.
     """
     cdf = probs.cumsum(dim=-1)
-    u = torch.rand((probs.shape[0], 1), device=probs.device, dtype=cdf.dtype) * cdf[:, -1:]
+    u = torch.rand((probs.shape[0], 1), device=probs.device, dtype=cdf.dtype, generator=generator) * cdf[:, -1:]
     tokens = torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
     # `u` rounding up to the total mass can land on a zero-probability tail token: take the mode then
     valid = probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) > 0
@@ -80,10 +81,12 @@ def sample_next_token(
     top_p: float = 1.0,
     do_sample: bool = True,
     suppress: Tensor | None = None,
+    generator: torch.Generator | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Sample one token per row of `logits [B, V]` (the argmax when `do_sample` is False).
 
-    `suppress` (token ids) are never chosen (e.g. EOS before `min_new_tokens`). Returns
+    `suppress` (token ids) are never chosen (e.g. EOS before `min_new_tokens`); draws come from `generator`
+    (None: torch's global generator). Returns
     `(tokens long[B], log_probs float[B])`; the log-probs are under the unfiltered
     `softmax(logits / temperature)`, i.e. what `token_log_probs` recomputes for the same tokens.
     """
@@ -96,7 +99,7 @@ def sample_next_token(
     if do_sample:
         filtered = filter_logits(choose_from, top_k=top_k, top_p=top_p)
         probs = torch.softmax(filtered, dim=-1)
-        tokens = _sample_categorical(probs)
+        tokens = _sample_categorical(probs, generator)
         if filtered is scaled:  # nothing filtered: the sampling distribution is the unfiltered one
             return tokens, probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).log()
     else:
@@ -176,6 +179,7 @@ def _generate(
     do_sample: bool = True,
     min_new_tokens: int = 0,
     max_new_tokens_per_prompt: Sequence[int] | None = None,
+    generator: torch.Generator | None = None,
 ) -> GenerationOutput:
     """Sample `n` continuations of each left-padded prompt (rows `i*n .. i*n+n-1` belong to prompt `i`).
 
@@ -185,7 +189,8 @@ def _generate(
     `do_sample=False` every row decodes greedily (argmax), so the `n` rows of a prompt are equal.
     EOS cannot be sampled before `min_new_tokens` tokens (stop strings still end a row).
     `max_new_tokens_per_prompt` (each at most `max_new_tokens`) caps the rows of each prompt on their own;
-    a row that reaches its cap is truncated like one that reaches `max_new_tokens`.
+    a row that reaches its cap is truncated like one that reaches `max_new_tokens`. Random draws come
+    from `generator` (None: torch's global generator).
     """
     from transformers import DynamicCache
 
@@ -236,7 +241,7 @@ def _generate(
     for step in range(max_new_tokens):
         steps = step + 1
         suppress = eos if step < min_new_tokens else None
-        token, token_log_prob = sample_next_token(logits, temperature, top_k, top_p, do_sample, suppress)
+        token, token_log_prob = sample_next_token(logits, temperature, top_k, top_p, do_sample, suppress, generator)
         rows = active[alive]
         tokens_out[rows, step] = token[alive]
         log_probs_out[rows, step] = token_log_prob[alive]

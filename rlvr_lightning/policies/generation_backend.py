@@ -29,6 +29,12 @@ from rlvr_lightning.policies.generation import GenerationOutput, StopStringCheck
 class GenerationBackend(ABC):
     """Samples `n` responses per prompt from a Hugging Face causal LM."""
 
+    #: True for a backend that samples from its own copy of the weights (an engine), which `push_weights` refreshes
+    owns_weights = False
+    #: whether `generate` first pushes weights that changed since the last push (an owner of weights only). An
+    #: asynchronous driver that pushes between updates turns it off while a generation runs beside an update.
+    push_on_generate = True
+
     @property
     def exact_log_probs(self) -> bool:
         """Whether the sampling log-probs equal the trainer's to float precision (fp32, the unfiltered
@@ -47,13 +53,20 @@ class GenerationBackend(ABC):
         eos_token_ids: Sequence[int],
         pad_token_id: int,
         max_new_tokens: Sequence[int] | None = None,
+        generator: torch.Generator | None = None,
     ) -> GenerationOutput:
         """`n` responses to each prompt; rows `i*n .. i*n+n-1` belong to prompt `i`.
 
         `model` is the policy's model (with its LoRA adapter, if any); `sampling.min_new_tokens` is
         already the larger of the policy's and the sampling config's. `max_new_tokens`, if given, caps the
         responses of each prompt on their own (each at most `sampling.max_new_tokens`; multi-turn rollouts
-        continue rows with different budgets left)."""
+        continue rows with different budgets left). Random draws come from `generator` (None: torch's
+        global generator)."""
+
+    def push_weights(self, model: nn.Module, tokenizer: Any) -> float:
+        """Copy `model`'s weights into the backend's own copy if they changed; the seconds it took. A backend
+        that samples from the model it is given (`owns_weights` False) has nothing to push."""
+        return 0.0
 
     def sleep(self) -> None:
         """Free what the backend holds between rollouts (the update runs next)."""
@@ -62,7 +75,7 @@ class GenerationBackend(ABC):
 class KVCacheGeneration(GenerationBackend):
     """Our batched KV-cache loop over the training model itself (see `policies/generation.py`)."""
 
-    def generate(self, model, tokenizer, prompt_token_ids, n, sampling, *, eos_token_ids, pad_token_id, max_new_tokens=None):
+    def generate(self, model, tokenizer, prompt_token_ids, n, sampling, *, eos_token_ids, pad_token_id, max_new_tokens=None, generator=None):
         device = next(model.parameters()).device
         prompt_ids, prompt_mask = left_pad(prompt_token_ids, pad_token_id)
         stop = StopStringChecker(
@@ -86,6 +99,7 @@ class KVCacheGeneration(GenerationBackend):
                 do_sample=sampling.do_sample,
                 min_new_tokens=sampling.min_new_tokens,
                 max_new_tokens_per_prompt=max_new_tokens,
+                generator=generator,
             )
         finally:
             model.train(was_training)

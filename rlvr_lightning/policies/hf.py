@@ -245,7 +245,9 @@ class HFPolicy(HFScoring, Policy):
     # ------------------------------------------------------------------ sampling
 
     @torch.no_grad()
-    def sample(self, batch: PromptBatch, n: int, sampling: SamplingConfig) -> Rollout:
+    def sample(
+        self, batch: PromptBatch, n: int, sampling: SamplingConfig, generator: torch.Generator | None = None
+    ) -> Rollout:
         prompts = list(batch["prompt"])
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
@@ -266,7 +268,7 @@ class HFPolicy(HFScoring, Policy):
         min_new_tokens = max(self.min_new_tokens, sampling.min_new_tokens)
         if min_new_tokens != sampling.min_new_tokens:
             sampling = dataclasses.replace(sampling, min_new_tokens=min_new_tokens)
-        special = dict(eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id)
+        special = dict(eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id, generator=generator)
         if self.segment_rules:
             out = generate_segments(
                 self.generation, self.model, self.tokenizer, prompt_token_ids, prompt_texts, n, sampling, self.segment_rules, **special
@@ -314,6 +316,15 @@ class HFPolicy(HFScoring, Policy):
             stats["generation_steps"] = float(out.steps)
         stats.update(out.stats)
         return stats
+
+    def sampling_copy(self) -> Policy:
+        """An engine that holds its own weights samples for this policy as it is (`push_weights` refreshes it);
+        our loop samples from a copy of the model sharing the frozen weights, the tokenizer and the backend."""
+        if self.generation.owns_weights:
+            return self
+        memo = {id(p): p for p in self.parameters() if not p.requires_grad}
+        memo.update({id(self.tokenizer): self.tokenizer, id(self.generation): self.generation})
+        return copy.deepcopy(self, memo)
 
     # ------------------------------------------------------------------ reference
 

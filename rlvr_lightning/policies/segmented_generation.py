@@ -139,8 +139,10 @@ def generate_segments(
     *,
     eos_token_ids: Sequence[int],
     pad_token_id: int,
+    generator: torch.Generator | None = None,
 ) -> GenerationOutput:
-    """`n` responses per prompt (rows `i*n .. i*n+n-1` belong to prompt `i`), generated segment by segment."""
+    """`n` responses per prompt (rows `i*n .. i*n+n-1` belong to prompt `i`), generated segment by segment;
+    random draws come from `generator` (None: torch's global generator)."""
     started = time.perf_counter()
     codec = Codec(tokenizer)
     stop_strings = list(dict.fromkeys([*sampling.stop_strings, *(s for rule in rules for s in rule.stop_strings)]))
@@ -171,7 +173,7 @@ def generate_segments(
         )
         out = backend.generate(
             model, tokenizer, [row.context for row in live], n_call, round_sampling,
-            eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, max_new_tokens=caps,
+            eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, max_new_tokens=caps, generator=generator,
         )  # fmt: skip
         rounds += 1
         prefill += out.prefill_seconds or 0.0

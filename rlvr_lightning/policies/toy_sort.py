@@ -93,13 +93,15 @@ class ToySortPolicy(Policy):
         return prompt_ids
 
     @torch.no_grad()
-    def sample(self, batch: PromptBatch, n: int, sampling: SamplingConfig) -> Rollout:
+    def sample(
+        self, batch: PromptBatch, n: int, sampling: SamplingConfig, generator: torch.Generator | None = None
+    ) -> Rollout:
         prompt_ids = self._prompt_tensor(batch["prompt"])
         num_prompts = prompt_ids.shape[0]
         logits = self._logits(prompt_ids, sampling.temperature)  # [B, R, V]
         if sampling.do_sample:
             probs = torch.softmax(logits.reshape(-1, self.vocab_size), dim=-1)
-            samples = torch.multinomial(probs, num_samples=n, replacement=True)  # [B*R, n]
+            samples = torch.multinomial(probs, num_samples=n, replacement=True, generator=generator)  # [B*R, n]
             response_ids = samples.view(num_prompts, self.response_length, n).transpose(1, 2)
         else:
             response_ids = logits.argmax(-1).unsqueeze(1).expand(num_prompts, n, self.response_length)

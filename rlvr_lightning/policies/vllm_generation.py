@@ -20,11 +20,13 @@ trainer computes them). They are exact enough to serve as old log-probs only fro
 without top-k/top-p filtering (`exact_log_probs`); otherwise the trainer recomputes them, and
 `RLVRModule(rollout_is=...)` can correct for the mismatch, which is logged every step.
 
-Each request gets a seed drawn from torch's global generator, so `seed_everything` governs sampling
-and a resumed run draws the same seeds; the engine's own seeding at start-up is kept away from the
-training process's random states. Not bitwise across a resume: the engine's kernels run again on a new
-engine. Sleep mode (`sleep_level`) frees the KV cache (1) or also the weights (2) between rollouts on
-GPU; vLLM's CPU backend cannot sleep, so on a CPU it is a no-op with a warning.
+Each request gets a seed drawn from torch's global generator (or the `generator` the caller passes), so
+`seed_everything` governs sampling and a resumed run draws the same seeds; the engine's own seeding at
+start-up is kept away from the training process's random states. Not bitwise across a resume: the
+engine's kernels run again on a new engine. Sleep mode (`sleep_level`) frees the KV cache (1) or also
+the weights (2) between rollouts on GPU; vLLM's CPU backend cannot sleep, so on a CPU it is a no-op
+with a warning. `RLVRModule(rollout_staleness=1)` calls `push_weights` between updates and turns
+`push_on_generate` off while a generation runs in its background thread.
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ ENGINE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 class VLLMGeneration(GenerationBackend):
+    owns_weights = True  # the engine holds its own copy of the weights
+
     def __init__(
         self,
         dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto",
@@ -107,16 +111,17 @@ class VLLMGeneration(GenerationBackend):
         fp32 = self._engine_dtype == self._trainer_dtype == torch.float32
         return fp32 and not self._last_filtered
 
-    def generate(self, model, tokenizer, prompt_token_ids, n, sampling, *, eos_token_ids, pad_token_id, max_new_tokens=None):
+    def generate(self, model, tokenizer, prompt_token_ids, n, sampling, *, eos_token_ids, pad_token_id, max_new_tokens=None, generator=None):
         from vllm import SamplingParams
 
         started = time.perf_counter()
         engine_start = self._ensure_engine(model, tokenizer)
         self._wake_up()
-        push_seconds = self._push_weights_if_changed(model)
+        push_seconds = self._push_weights_if_changed(model) if self.push_on_generate else 0.0
         self._last_filtered = sampling.do_sample and (sampling.top_k > 0 or sampling.top_p < 1.0)
-        # one seed per prompt from torch's generator: seed_everything governs sampling, resume draws the same
-        seeds = torch.randint(0, 2**31 - 1, (len(prompt_token_ids),)).tolist()
+        # one seed per prompt from torch's generator (or the caller's): seed_everything governs sampling, resume
+        # draws the same
+        seeds = torch.randint(0, 2**31 - 1, (len(prompt_token_ids),), generator=generator).tolist()
         caps = list(max_new_tokens) if max_new_tokens is not None else [sampling.max_new_tokens] * len(seeds)
         params = [
             SamplingParams(
@@ -163,6 +168,12 @@ class VLLMGeneration(GenerationBackend):
             steps=int(response_mask.sum(-1).max().item()),
             stats=stats,
         )
+
+    def push_weights(self, model: nn.Module, tokenizer: Any) -> float:
+        """Start the engine if needed, wake it, and push the weights if they changed (seconds for the push)."""
+        self._ensure_engine(model, tokenizer)
+        self._wake_up()
+        return self._push_weights_if_changed(model)
 
     def sleep(self) -> None:
         if self.sleep_level == 0 or self._llm is None or self._sleeping:

@@ -1,0 +1,245 @@
+"""Asynchronous rollouts (`RLVRModule(rollout_staleness=1)`): the next rollout is sampled in a background
+thread while the current one trains, one update behind (verl's one-step off-policy trainer, AReaL, prime-rl).
+
+Lightning hands `training_step` one prompt batch at a time, so the stream shifts by one: step t trains on
+the rollout of batch t-1 while batch t is sampled beside the update.
+
+    step 0:   sample batch 0 (nothing to overlap with)                                        no update
+    step t:   take R_{t-1}; score it; push W_t; launch batch t  ──background──▶  R_t = sample(batch t, W_t)
+              old / reference log-probs, advantages, update: W_t -> W_{t+1}
+              wait for R_t (it is ready when the step ends; checkpoints hold it)
+
+So the rollout trained at step t was sampled with W_{t-1}, the weights before step t-1's update. N steps
+make N - 1 updates; the last batch's rollout is sampled and kept (in `last.ckpt`) but trained on only by
+a run that continues from that checkpoint. Dynamic sampling's top-ups are sampled by the same sampler
+before the launch, with W_t (nothing is in flight then).
+
+Who samples. `policy.sampling_copy()`: for our loops, a copy of the policy that shares its frozen
+parameters (a LoRA policy's copy holds only the adapter; a fully trained one doubles the trainable
+weights' memory), refreshed by copying the trainable parameters and buffers before each launch; for an
+engine with its own weights (`VLLMGeneration`), the policy itself, with the engine's `push_weights` called
+here and its push-on-generate turned off while the background generation runs. Either way the generator
+never sees weights change under it, and the push blocks nothing but itself: no generation is in flight.
+(On a GPU our loop samples on a CUDA side stream; that path has not run on a GPU yet.)
+
+Randomness. Each rollout draws one seed from torch's global generator when it is launched (main thread,
+a deterministic point of the step) and samples from a `torch.Generator` of its own seeded with it (our
+loops; vLLM's per-request seeds come from it too), so the background thread never touches the global
+generator the update draws from (mini-batch order), and a resumed run draws the same seeds.
+
+Loss: AReaL's decoupled PPO (Fu et al. 2025, "AReaL: a large-scale asynchronous reinforcement learning
+system for language reasoning", sec. 5.2, after Hilton et al. 2022, "Batch size-invariance for policy
+optimization"); verl's one-step off-policy recipe computes the same (old log-probs recomputed by the
+trainer, rollout IS against the sampler's log-probs):
+
+    loss_t = -sg(w_t) * min(r_t A_t, clip(r_t, 1 - eps_low, 1 + eps_high) A_t)
+    r_t = pi_theta(y_t) / pi_prox(y_t)   pi_prox: the trainer at the weights this step starts from (old log-probs)
+    w_t = pi_prox(y_t) / pi_behav(y_t)   pi_behav: `rollout.sampling_log_probs`, the sampler one update back;
+                                         0 above `rollout_is_max` (`token_mask`, AReaL's behav_imp_weight_cap,
+                                         the default here) or truncated there (`token_truncate`, TIS)
+
+No new loss code: the old log-probs are the trainer's as always (`policy_update.py`) and `w_t` is the
+`rollout_is` weight. The alternative, the behaviour log-probs as old log-probs (PPO's ratio pi_theta /
+pi_behav) plus truncated IS for the engine mismatch, was rejected: its clip range is centred on weights
+one update old, so a token the previous update already moved past 1 + eps (A > 0) or 1 - eps (A < 0) gets
+no gradient now and the two updates share one trust region (AReaL's argument); and its engine-mismatch
+weight needs the trainer's log-probs at the sampling weights, gone once the previous update ran (a second
+copy of the weights and a forward pass to keep them). The decoupled loss costs no extra forward pass when
+a step makes one update (pi_prox is that update's own detached log-probs), and one, as on-policy PPO does,
+otherwise. `train/mismatch/*` then measures staleness and engine mismatch together.
+
+Checkpoints. The rollout waiting to be trained on is complete at the end of every step; the module puts
+it in the checkpoint (`state_dict`), so a resumed run trains on exactly what the uninterrupted one did.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+
+from rlvr_lightning import progress
+from rlvr_lightning.policies.base import Policy, PromptBatch, SamplingConfig
+from rlvr_lightning.rollout import Rollout
+
+
+@dataclasses.dataclass
+class SampledRollout:
+    """A rollout with what its generation reported and the policy version (optimizer steps) that sampled it."""
+
+    rollout: Rollout
+    stats: dict[str, float]
+    version: int
+
+
+class AsyncRollouts:
+    def __init__(self, policy: Policy, group_size: int, sampling: SamplingConfig) -> None:
+        if "generator" not in inspect.signature(policy.sample).parameters:
+            raise TypeError(
+                f"rollout_staleness=1 samples in a background thread with a torch.Generator of its own: "
+                f"{type(policy).__name__}.sample(batch, n, sampling) needs a `generator` argument to draw from"
+            )
+        self.policy = policy
+        self.group_size = group_size
+        self.sampling = sampling
+        self.ready: SampledRollout | None = None  # sampled, not yet trained on
+        self._sampler: Policy | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._future: Future | None = None
+        self._stream = None  # a CUDA side stream for our loop's background generation
+
+    # ------------------------------------------------------------------ the pipeline
+
+    def take(self, batch: PromptBatch, version: int) -> SampledRollout | None:
+        """The rollout to train on now. At the first step there is none yet: `batch` is sampled here (policy
+        version `version`) for the next step, and None returned. Nothing is in flight afterwards."""
+        self.wait()
+        if self.ready is None:
+            self.ready = self.sample_now(batch, version)
+            return None
+        ready, self.ready = self.ready, None
+        ready.rollout = ready.rollout.to(self._device())
+        return ready
+
+    def launch(self, batch: PromptBatch, version: int) -> float:
+        """Push the current weights (policy version `version`), draw the rollout's seed from torch's global
+        generator, and sample `batch` in the background thread. Returns the seconds the push took."""
+        if self._future is not None or self.ready is not None:
+            raise RuntimeError("a rollout is already in flight or waiting to be trained on")
+        push_seconds = self._push_weights()
+        seed = _draw_seed()
+        backend = self._engine()
+        if backend is not None:
+            backend.push_on_generate = False  # pushed above; the update must not reach it mid-generation
+        if self._stream is not None:
+            self._stream.wait_stream(torch.cuda.current_stream())  # the pushed weights, before the sampler reads them
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlvr-rollout")
+        self._future = self._executor.submit(self._sample, batch, seed, version, True)
+        return push_seconds
+
+    def wait(self) -> float:
+        """Block until the rollout in flight is sampled (it becomes `ready`); the seconds spent waiting."""
+        if self._future is None:
+            return 0.0
+        started = time.perf_counter()
+        try:
+            self.ready = self._future.result()
+        finally:
+            self._future = None
+            backend = self._engine()
+            if backend is not None:
+                backend.push_on_generate = True  # between steps (validation) the engine pushes as it always does
+        if self._stream is not None:
+            torch.cuda.current_stream().wait_stream(self._stream)
+            _record_stream(self.ready.rollout, torch.cuda.current_stream())
+        return time.perf_counter() - started
+
+    def sample_now(self, batch: PromptBatch, version: int) -> SampledRollout:
+        """Sample `batch` in this thread as the background thread does (current weights, a seed of its own):
+        the first rollout of the pipeline, and dynamic sampling's top-ups (nothing is in flight then)."""
+        if self._future is not None:
+            raise RuntimeError("cannot sample while a rollout is in flight")
+        self._push_weights()
+        return self._sample(batch, _draw_seed(), version, False)
+
+    def _sample(self, batch: PromptBatch, seed: int, version: int, background: bool) -> SampledRollout:
+        generator = torch.Generator(device=self._generator_device()).manual_seed(seed)
+        started = time.perf_counter()
+        stream = torch.cuda.stream(self._stream) if background and self._stream is not None else nullcontext()
+        with progress.muted() if background else nullcontext(), stream:
+            rollout = self._sampler.sample(batch, self.group_size, self.sampling, generator=generator)
+        if self._stream is not None and background:
+            self._stream.synchronize()
+        # What the sampler computed is the behaviour policy's log-probs; the trainer computes its own.
+        if rollout.sampling_log_probs is None:
+            rollout.sampling_log_probs = rollout.old_log_probs
+        rollout.old_log_probs = None
+        stats = dict(getattr(self._sampler, "last_generation_stats", None) or {})
+        stats["sampling_seconds"] = time.perf_counter() - started
+        return SampledRollout(rollout, stats, version)
+
+    # ------------------------------------------------------------------ weights
+
+    def _push_weights(self) -> float:
+        """The policy's current weights reach the sampler (main thread, nothing in flight); the seconds it took."""
+        started = time.perf_counter()
+        if self._sampler is None:
+            self._sampler = self.policy.sampling_copy()
+            if self._sampler is not self.policy and self._device().type == "cuda":
+                self._stream = torch.cuda.Stream(device=self._device())
+        backend = self._engine()
+        if backend is not None:
+            backend.push_weights(self.policy.model, self.policy.tokenizer)
+        elif self._sampler is not self.policy:
+            copy_weights(self.policy, self._sampler)
+        return time.perf_counter() - started
+
+    def _engine(self):
+        """The sampler's generation backend when it samples from weights of its own, else None."""
+        backend = getattr(self._sampler, "generation", None)
+        return backend if getattr(backend, "owns_weights", False) else None
+
+    def _device(self) -> torch.device:
+        return next(self.policy.parameters()).device
+
+    def _generator_device(self) -> torch.device:
+        # an engine's per-request seeds are drawn on the CPU; our loops sample where the policy lives
+        return torch.device("cpu") if self._engine() is not None else self._device()
+
+    # ------------------------------------------------------------------ checkpoints and shutdown
+
+    def state_dict(self) -> dict[str, Any]:
+        self.wait()
+        if self.ready is None:
+            return {"ready": None}
+        fields = {f.name: getattr(self.ready.rollout, f.name) for f in dataclasses.fields(Rollout)}
+        return {"ready": _to_cpu(fields), "stats": dict(self.ready.stats), "version": self.ready.version}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.close()
+        ready = state.get("ready")
+        self.ready = None if ready is None else SampledRollout(Rollout(**ready), dict(state["stats"]), int(state["version"]))
+
+    def close(self) -> None:
+        """Wait for the rollout in flight and stop the thread (a later launch starts a new one)."""
+        self.wait()
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+
+
+@torch.no_grad()
+def copy_weights(source: torch.nn.Module, target: torch.nn.Module) -> None:
+    """`target`'s parameters and buffers <- `source`'s of the same name, skipping the tensors they share."""
+    for named in ("named_parameters", "named_buffers"):
+        sources = dict(getattr(source, named)())
+        for name, tensor in getattr(target, named)():
+            origin = sources[name]
+            if origin is not tensor:
+                tensor.copy_(origin)
+
+
+def _draw_seed() -> int:
+    return int(torch.randint(0, 2**62, (1,)).item())
+
+
+def _to_cpu(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    return value
+
+
+def _record_stream(rollout: Rollout, stream) -> None:
+    """Tensors made on the side stream are used on `stream` from now on (the caching allocator must know)."""
+    for f in dataclasses.fields(rollout):
+        value = getattr(rollout, f.name)
+        if isinstance(value, torch.Tensor) and value.is_cuda:
+            value.record_stream(stream)
