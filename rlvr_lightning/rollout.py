@@ -142,6 +142,25 @@ class Rollout:
         return Rollout(**values)
 
     @classmethod
+    def from_texts(cls, response_text: list[str], prompt_text: list[str] | str = "", metadata: list[dict] | None = None) -> Rollout:
+        """A rollout of texts alone (one placeholder token each, groups of one), to score text with reward
+        callbacks outside training (scripts, tests)."""
+        n = len(response_text)
+        prompts = [prompt_text] * n if isinstance(prompt_text, str) else list(prompt_text)
+        return cls(
+            prompt_ids=torch.zeros(n, 1, dtype=torch.long),
+            prompt_mask=torch.ones(n, 1, dtype=torch.long),
+            response_ids=torch.zeros(n, 1, dtype=torch.long),
+            response_mask=torch.ones(n, 1),
+            group_index=torch.arange(n),
+            group_size=1,
+            truncated=torch.zeros(n, dtype=torch.bool),
+            prompt_text=prompts,
+            response_text=list(response_text),
+            metadata=metadata if metadata is not None else [{} for _ in response_text],
+        )
+
+    @classmethod
     def concat(cls, rollouts: list[Rollout]) -> Rollout:
         """Rows of several rollouts (e.g. generation rounds of dynamic sampling), groups renumbered.
 

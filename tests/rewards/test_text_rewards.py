@@ -10,18 +10,7 @@ from rlvr_lightning.rollout import Rollout
 
 
 def rollout(texts, metadata):
-    n = len(texts)
-    return Rollout(
-        prompt_ids=torch.zeros(n, 1, dtype=torch.long),
-        prompt_mask=torch.ones(n, 1, dtype=torch.long),
-        response_ids=torch.zeros(n, 1, dtype=torch.long),
-        response_mask=torch.ones(n, 1),
-        group_index=torch.arange(n),
-        group_size=1,
-        truncated=torch.zeros(n, dtype=torch.bool),
-        response_text=texts,
-        metadata=metadata,
-    )
+    return Rollout.from_texts(texts, metadata=metadata)
 
 
 def test_fixed_target_and_metadata_key():
