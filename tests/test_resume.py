@@ -54,7 +54,14 @@ FILTER = """
 """
 
 
-def config(tmp_path: Path, name: str, with_filter: bool, extra_callbacks: str = "") -> Path:
+PPO = """    value_model: shared
+    critic_lr: 0.01
+    critic_warmup_steps: 2
+    lam: 0.95
+"""
+
+
+def config(tmp_path: Path, name: str, with_filter: bool, extra_callbacks: str = "", ppo: bool = False) -> Path:
     text = f"""
 seed_everything: 3
 trainer:
@@ -71,14 +78,14 @@ trainer:
       init_args: {{save_dir: {tmp_path}/logs, name: {name}}}
   callbacks:
     - class_path: rlvr_lightning.rewards.SortInclusionOrderingReward
-    - class_path: rlvr_lightning.advantages.GroupNormalizedAdvantage
+{"" if ppo else "    - class_path: rlvr_lightning.advantages.GroupNormalizedAdvantage"}
     - class_path: rlvr_lightning.callbacks.RolloutCheckpoint
       init_args: {{dirpath: {tmp_path}/ckpt_{name}, every_n_rollout_steps: 2, save_last: true, save_top_k: -1}}
 {extra_callbacks}
 model:
-  class_path: rlvr_lightning.modules.RLVRModule
+  class_path: rlvr_lightning.modules.{"PPOModule" if ppo else "RLVRModule"}
   init_args:
-    policy:
+{PPO if ppo else ""}    policy:
       class_path: rlvr_lightning.policies.toy_sort.ToySortPolicy
       init_args: {{vocab_size: 5, prompt_length: 3, embedding_dim: 8, activation: relu}}
     optimizer:
@@ -124,12 +131,12 @@ def logged(tmp_path: Path, name: str, key: str = "train/reward_mean") -> dict[in
     return values
 
 
-def start_killed_run(tmp_path: Path, name: str, with_filter: bool) -> tuple[subprocess.Popen, Path]:
+def start_killed_run(tmp_path: Path, name: str, with_filter: bool, ppo: bool = False) -> tuple[subprocess.Popen, Path]:
     (tmp_path / "killpoint.py").write_text(KILLPOINT)
     marker = tmp_path / f"{name}.waiting"
     waiter = f"""    - class_path: killpoint.WaitAtStep
       init_args: {{step: {K}, marker: {marker}}}"""
-    cfg = config(tmp_path, name, with_filter, waiter)
+    cfg = config(tmp_path, name, with_filter, waiter, ppo)
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1"}
     process = subprocess.Popen(
         [sys.executable, "-m", "rlvr_lightning.cli", "fit", "--config", str(cfg)],
@@ -149,12 +156,12 @@ def kill_when_waiting(process: subprocess.Popen, marker: Path, tmp_path: Path, n
     assert process.wait(timeout=60) == -signal.SIGKILL
 
 
-@pytest.mark.parametrize("with_filter", [False, True], ids=["plain", "difficulty_filter"])
-def test_sigkill_then_resume_is_bitwise_identical(tmp_path, monkeypatch, with_filter):
+@pytest.mark.parametrize(("with_filter", "ppo"), [(False, False), (True, False), (False, True)], ids=["plain", "difficulty_filter", "ppo"])
+def test_sigkill_then_resume_is_bitwise_identical(tmp_path, monkeypatch, with_filter, ppo):
     monkeypatch.chdir(tmp_path)
-    process, marker = start_killed_run(tmp_path, "killed", with_filter)  # runs while the reference trains here
+    process, marker = start_killed_run(tmp_path, "killed", with_filter, ppo)  # runs while the reference trains here
 
-    full = main(["fit", "--config", str(config(tmp_path, "full", with_filter))])
+    full = main(["fit", "--config", str(config(tmp_path, "full", with_filter, ppo=ppo))])
     assert full.trainer.fit_loop.epoch_loop._batches_that_stepped == STEPS_PER_EPOCH * EPOCHS
     expected = parameters(full.model)
 
@@ -163,7 +170,7 @@ def test_sigkill_then_resume_is_bitwise_identical(tmp_path, monkeypatch, with_fi
     assert torch.load(last, weights_only=False)["loops"]["fit_loop"]["epoch_loop.state_dict"]["_batches_that_stepped"] == K - 1
 
     # resume through the CLI's `--ckpt_path last` (same config as the killed run, minus the kill point)
-    resumed_cfg = config(tmp_path, "resumed", with_filter)
+    resumed_cfg = config(tmp_path, "resumed", with_filter, ppo=ppo)
     resumed_cfg.write_text(resumed_cfg.read_text().replace("ckpt_resumed", "ckpt_killed"))
     resumed = main(["fit", "--config", str(resumed_cfg), "--ckpt_path", "last"])
     assert resumed.trainer.fit_loop.epoch_loop._batches_that_stepped == STEPS_PER_EPOCH * EPOCHS
@@ -172,6 +179,7 @@ def test_sigkill_then_resume_is_bitwise_identical(tmp_path, monkeypatch, with_fi
     assert resumed.datamodule.topup_batches == full.datamodule.topup_batches
     actual = parameters(resumed.model)
     assert expected.keys() == actual.keys() and any(k.startswith("reference.") for k in expected)
+    assert not ppo or any("value" in k for k in expected)  # PPO: the critic's value head too
     for key in expected:
         assert torch.equal(expected[key], actual[key]), key  # bitwise, policy and reference
 
