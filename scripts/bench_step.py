@@ -20,10 +20,14 @@ than the wall times.
     python scripts/bench_step.py                       # the tiny and smollm2 cases, ours vs TRL
     python scripts/bench_step.py --case tiny --steps 10
     python scripts/bench_step.py --case smollm2 --steps 4   # needs `rlvr-models fetch smollm2-135m-instruct`
-    python scripts/bench_step.py --case smollm2 smollm2_long --legs ours vllm trl --rounds 2   # in .venv-vllm
+    python scripts/bench_step.py --case smollm2 smollm2_long --legs ours vllm trl --rounds 2 --vllm-python .venv-vllm/bin/python
 
-Legs: `ours` (our KV-cache loop), `vllm` (the same module with `VLLMGeneration`, an fp32 engine in this
-process, weights pushed after every update; needs vLLM: scripts/vllm_cpu_env.sh), `trl`. With several
+Legs: `ours` (our KV-cache loop), `vllm` (the same module with `VLLMGeneration`, an fp32 engine in the
+leg's process, weights pushed after every update; needs vLLM: scripts/vllm_cpu_env.sh), `trl`. Run the
+vllm leg with `--vllm-python` from the main environment rather than the whole script inside .venv-vllm:
+vllm-cpu pins transformers < 5.20, whose SDPA path copies the grouped-query keys and values at every
+decoding step (measured: our loop samples 1.55x slower there, 27.7 s against 17.8 s of CPU for
+SmolLM2, 8 prompts x 8 x 64 tokens), which would handicap our loop and TRL against the engine. With several
 rounds the legs are interleaved (ours, vllm, trl, ours, ...) so that a busy machine slows them alike.
 Each leg runs in a fresh process (no memory, allocator state or engine carries over).
 
@@ -366,8 +370,9 @@ def run_leg(leg: str, case: str, model_dir: Path, args, steps: int, tmp: Path) -
     import subprocess
 
     out = tmp / f"{leg}.json"
+    python = args.vllm_python if leg == "vllm" and args.vllm_python else sys.executable
     command = [
-        sys.executable, __file__, "--worker", leg, "--case", case, "--model-dir", str(model_dir), "--steps",
+        python, __file__, "--worker", leg, "--case", case, "--model-dir", str(model_dir), "--steps",
         str(args.warmup + steps), "--seed", str(args.seed), "--threads", str(args.threads), "--json", str(out),
         "--tiny-prompts", args.tiny_prompts,
     ]
@@ -400,6 +405,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--tiny-prompts", choices=sorted(TINY_PROMPTS), default="task",
         help="tiny case: RLVR-style instruction prompts (~40 tokens) or the bare question (~10 tokens)",
+    )
+    parser.add_argument(
+        "--vllm-python", default=None,
+        help="the interpreter of the vllm leg, in an environment of its own (scripts/vllm_cpu_env.sh: .venv-vllm/bin/python); "
+        "default: this one. Run the script from the main environment so that our loop and TRL run with its transformers",
     )
     parser.add_argument("--worker", choices=LEGS, default=None, help=argparse.SUPPRESS)  # one leg (run_leg)
     parser.add_argument("--model-dir", default=None, help=argparse.SUPPRESS)

@@ -16,8 +16,8 @@ from .test_resume import EPOCHS, K, STEPS_PER_EPOCH, kill_when_waiting, logged, 
 SYNC_CONFIG = test_resume.config
 
 
-def async_config(tmp_path, name: str, with_filter: bool = False, extra_callbacks: str = ""):
-    path = SYNC_CONFIG(tmp_path, name, with_filter, extra_callbacks)
+def async_config(tmp_path, name: str, with_filter: bool = False, extra_callbacks: str = "", ppo: bool = False):
+    path = SYNC_CONFIG(tmp_path, name, with_filter, extra_callbacks, ppo)
     path.write_text(path.read_text().replace("    group_size: 4\n", "    group_size: 4\n    rollout_staleness: 1\n"))
     return path
 
