@@ -120,7 +120,8 @@ class AsyncRollouts:
             self._stream.wait_stream(torch.cuda.current_stream())  # the pushed weights, before the sampler reads them
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlvr-rollout")
-        self._future = self._executor.submit(self._sample, batch, seed, version, True)
+        # a new thread starts with OpenMP's default thread count, not torch's setting (vLLM's CPU kernels read it)
+        self._future = self._executor.submit(self._sample, batch, seed, version, True, torch.get_num_threads())
         return push_seconds
 
     def wait(self) -> float:
@@ -148,7 +149,9 @@ class AsyncRollouts:
         self._push_weights()
         return self._sample(batch, _draw_seed(), version, False)
 
-    def _sample(self, batch: PromptBatch, seed: int, version: int, background: bool) -> SampledRollout:
+    def _sample(self, batch: PromptBatch, seed: int, version: int, background: bool, threads: int | None = None) -> SampledRollout:
+        if threads is not None:
+            torch.set_num_threads(threads)
         generator = torch.Generator(device=self._generator_device()).manual_seed(seed)
         started = time.perf_counter()
         stream = torch.cuda.stream(self._stream) if background and self._stream is not None else nullcontext()

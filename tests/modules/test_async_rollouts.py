@@ -3,9 +3,11 @@ overlap of generation and update, the decoupled loss by hand, and the options.""
 
 from __future__ import annotations
 
+import ctypes
 import math
 import threading
 import time
+from pathlib import Path
 
 import lightning.pytorch as pl
 import pytest
@@ -26,6 +28,13 @@ def fingerprint(policy: torch.nn.Module) -> float:
     return float(sum(p.detach().double().sum() for p in policy.parameters()))
 
 
+def openmp_threads() -> int | None:
+    """This thread's OpenMP thread count as native kernels see it (torch's own query reads a global)."""
+    maps = Path("/proc/self/maps")
+    paths = {line.split()[-1] for line in maps.read_text().splitlines() if "libgomp" in line} if maps.exists() else set()
+    return ctypes.CDLL(sorted(paths)[0]).omp_get_max_threads() if paths else None
+
+
 class RecordingPolicy(ToySortPolicy):
     """Writes into every row which weights sampled it, and in which thread; while sampling beside an update
     (not in the main thread), it waits for that update's first optimizer step to happen (`overlap`)."""
@@ -33,6 +42,7 @@ class RecordingPolicy(ToySortPolicy):
     overlap: dict | None = None  # {"steps": [int], "launched_at": int}: set by the overlap test
 
     def sample(self, batch, n, sampling, generator=None):
+        threads = openmp_threads()  # before any torch operation of this thread could set it lazily
         before = fingerprint(self)
         background = threading.current_thread() is not threading.main_thread()
         overlapped = None
@@ -43,7 +53,7 @@ class RecordingPolicy(ToySortPolicy):
             overlapped = self.overlap["steps"][0] > self.overlap["launched_at"]
         rollout = super().sample(batch, n, sampling, generator)
         record = {"sampled_with": before, "unchanged": fingerprint(self) == before, "background": background,
-                  "own_generator": generator is not None, "overlapped": overlapped}
+                  "own_generator": generator is not None, "overlapped": overlapped, "threads": threads}
         rollout.metadata = [{**m, **record} for m in rollout.metadata]
         return rollout
 
@@ -213,3 +223,22 @@ def test_a_muted_thread_reports_no_progress():
         thread.join()
         progress.report_stage("update")  # the main thread is not muted
     assert listener.events == [("MainThread", "update")]
+
+
+def test_the_background_thread_samples_with_the_trainer_s_torch_thread_count(in_tmp_dir):
+    # a new thread starts with OpenMP's default (OMP_NUM_THREADS, or one per core), not torch's setting, until a
+    # parallel torch operation sets it: native kernels that read it first saw another count (vLLM's CPU
+    # attention failed in CI: "thread_num 2 vs. 1")
+    if openmp_threads() is None:
+        pytest.skip("torch here does not use libgomp")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(3)  # neither default
+    try:
+        module = RLVRModule(recording_policy(), group_size=4, rollout_staleness=1)
+        weights = WeightsAtStepStart()
+        fit(module, [SortInclusionOrderingReward(), weights], steps=3)
+    finally:
+        torch.set_num_threads(threads)
+    background = [record for record in weights.trained[1:] if record["background"]]
+    assert background and all(record["threads"] == 3 for record in background)
+
