@@ -47,7 +47,8 @@ def _is_local(path) -> bool:
     return "://" not in str(path) or str(path).startswith("file://")
 
 
-def _fsync_directory(directory: str) -> None:
+def fsync_directory(directory: str | Path) -> None:
+    """Make a rename or a new file in `directory` durable (a no-op where directories cannot be synced)."""
     try:
         fd = os.open(directory, os.O_RDONLY)
     except OSError:  # some file systems do not allow opening directories
@@ -85,7 +86,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             except OSError:
                 pass
             raise
-        _fsync_directory(directory)
+        fsync_directory(directory)
 
     def load_checkpoint(self, path, map_location=lambda storage, loc: storage, weights_only: bool | None = None) -> dict[str, Any]:
         if _is_local(path):

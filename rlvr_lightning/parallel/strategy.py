@@ -31,6 +31,7 @@ from typing import Any, Literal
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.pytorch.strategies import ModelParallelStrategy, StrategyRegistry
 
+from rlvr_lightning.callbacks.checkpointing import fsync_directory
 from rlvr_lightning.parallel.fsdp import ShardingOptions
 
 DType = Literal["float32", "bfloat16", "float16"]
@@ -97,25 +98,12 @@ class FSDP2Strategy(ModelParallelStrategy):
             if path.exists():
                 os.replace(path, previous)  # kept until the new one is in place
             os.replace(staging, path)
-            _fsync_directory(path.parent)
+            fsync_directory(path.parent)
             if previous.is_dir():
                 shutil.rmtree(previous)
             elif previous.exists():
                 previous.unlink()
         self.barrier()
-
-
-def _fsync_directory(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _fsync_tree(directory: Path) -> None:
@@ -124,7 +112,7 @@ def _fsync_tree(directory: Path) -> None:
         if item.is_file():
             with open(item, "rb") as f:
                 os.fsync(f.fileno())
-    _fsync_directory(directory)
+    fsync_directory(directory)
 
 
 if "fsdp2" not in StrategyRegistry:
