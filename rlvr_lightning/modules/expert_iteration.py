@@ -161,9 +161,7 @@ class ExpertIterationModule(RewardScoringMixin, ShardedPolicyModule, pl.Lightnin
         correct = self.correctness(rollout)
         if correct is not None:
             metrics["train/accuracy"] = correct.float().mean()
-        for callback in self.reward_callbacks:
-            metrics[f"train/rewards/{callback.name}"] = rollout.rewards[callback.name].mean()
-            metrics[f"train/reward_errors/{callback.name}"] = float(callback.pop_errors())
+        metrics.update(self.per_reward_metrics(rollout, "train"))
         kept = self._pad_to_largest_rank(kept, rollout)
         if kept.num_rows == 0:
             log.warning("expert iteration round %d: no response passed; nothing to fine-tune on", batch_idx)

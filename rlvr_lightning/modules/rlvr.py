@@ -420,9 +420,7 @@ class RLVRModule(PolicyUpdate, RewardScoring, ShardedPolicyModule, pl.LightningM
             f"{prefix}/reward_max": reward.max(),
             f"{prefix}/zero_variance_groups": zero_variance_group_fraction(reward, rollout.group_size),
         }
-        for callback in self.reward_callbacks:
-            metrics[f"{prefix}/rewards/{callback.name}"] = rollout.rewards[callback.name].mean()
-            metrics[f"{prefix}/reward_errors/{callback.name}"] = float(callback.pop_errors())
+        metrics.update(self.per_reward_metrics(rollout, prefix))
         stats = generation_stats if generation_stats is not None else getattr(self.policy, "last_generation_stats", None)
         if stats:
             metrics.update({f"{prefix}/generation/{key}": float(value) for key, value in stats.items()})

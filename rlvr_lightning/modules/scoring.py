@@ -36,6 +36,15 @@ class RewardScoring:
             total = total + callback.weight * scores
         rollout.reward = total
 
+    def per_reward_metrics(self, rollout: Rollout, prefix: str) -> dict[str, Tensor | float]:
+        """Each reward's mean (`{prefix}/rewards/<name>`) and the rows it failed on since the last call
+        (`{prefix}/reward_errors/<name>`)."""
+        metrics: dict[str, Tensor | float] = {}
+        for callback in self.reward_callbacks:
+            metrics[f"{prefix}/rewards/{callback.name}"] = rollout.rewards[callback.name].mean()
+            metrics[f"{prefix}/reward_errors/{callback.name}"] = float(callback.pop_errors())
+        return metrics
+
     def validation_step(self, batch: PromptBatch, batch_idx: int) -> None:
         """`val_group_size` responses per held-out prompt: mean reward and accuracy per batch; pass@k,
         majority vote, format rate and response length accumulate in `validation_metrics` for the epoch."""
