@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# Train the SmolLM2 arithmetic recipe (configs/smollm2_arithmetic.yaml) on a CPU, logging to a CSV
-# file flushed every step (and rollout samples to the console), with one torch thread.
+# Train the SmolLM2 arithmetic recipe on a CPU, one torch thread, logging to a CSV file flushed every step:
+#   1. the format warm-up (configs/smollm2_arithmetic_warmup.yaml, SFT on 1-digit sums, ~1.5 min),
+#      skipped when RUN_DIR/checkpoints/warmup/warmup.ckpt exists;
+#   2. GRPO from it (configs/smollm2_arithmetic.yaml, or $CONFIG).
 #
-#   scripts/train_smollm2_arithmetic.sh /tmp/smollm2_arith            # one hour (trainer.max_time)
-#   scripts/train_smollm2_arithmetic.sh /tmp/trial --trainer.max_time=00:00:05:00
-#   CONFIG=configs/smollm2_calculator.yaml scripts/train_smollm2_arithmetic.sh /tmp/calc   # another recipe
+#   scripts/train_smollm2_arithmetic.sh /tmp/smollm2_arith                      # seed 0
+#   scripts/train_smollm2_arithmetic.sh /tmp/smollm2_arith_s1 --seed_everything 1
+#   CONFIG=configs/smollm2_calculator.yaml scripts/train_smollm2_arithmetic.sh /tmp/calc   # another recipe (no warm-up)
 #
-# Checkpoints (last.ckpt every 10 steps, final.ckpt at the end) go beside the CSV log, where Lightning puts
-# them for a ModelCheckpoint without dirpath: RUN_DIR/csv/version_0/checkpoints/ (version_1, ... on reruns).
+# Extra arguments go to the RL stage (and --seed_everything to both). The RL stage's log is
+# RUN_DIR/csv/version_0/metrics.csv (the warm-up's RUN_DIR/csv_warmup/...); its checkpoints
+# (last.ckpt every 10 steps, final.ckpt at the end) are in RUN_DIR/csv/version_0/checkpoints/.
 # Then: python scripts/eval_arithmetic.py eval --config configs/smollm2_arithmetic.yaml --ckpt RUN_DIR/csv/version_0/checkpoints/final.ckpt
-#       python scripts/eval_arithmetic.py plot --csv RUN_DIR/csv/version_0/metrics.csv
+#       python scripts/learning_suite.py --only smollm2_arithmetic --plot     (all seeds' curves)
 set -euo pipefail
 RUN_DIR=$(realpath -m "${1:-/tmp/smollm2_arith}")
 shift || true
@@ -20,12 +23,28 @@ mkdir -p "$RUN_DIR"
 cd "$RUN_DIR"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} MKL_NUM_THREADS=${MKL_NUM_THREADS:-1}
 export TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-cat > "$RUN_DIR/logging.yaml" <<YAML
+logging() {  # a CSV logger flushed every step, under RUN_DIR/$1
+  cat > "$RUN_DIR/logging_$1.yaml" <<YAML
 trainer:
   default_root_dir: $RUN_DIR
   enable_progress_bar: false
   logger:
     - class_path: lightning.pytorch.loggers.CSVLogger
-      init_args: {save_dir: $RUN_DIR, name: csv, flush_logs_every_n_steps: 1}
+      init_args: {save_dir: $RUN_DIR, name: $1, flush_logs_every_n_steps: 1}
 YAML
-exec "$PYTHON" -m rlvr_lightning.cli fit --config "$CONFIG" --config "$RUN_DIR/logging.yaml" "$@"
+}
+seed=()
+for ((i = 1; i <= $#; i++)); do
+  case "${!i}" in
+    --seed_everything) j=$((i + 1)); seed=(--seed_everything "${!j}") ;;
+    --seed_everything=*) seed=("${!i}") ;;
+  esac
+done
+if grep -q "checkpoints/warmup/warmup.ckpt" "$CONFIG" && [ ! -f checkpoints/warmup/warmup.ckpt ]; then
+  logging csv_warmup
+  "$PYTHON" -m rlvr_lightning.cli fit --config "$REPO/configs/smollm2_arithmetic_warmup.yaml" \
+    --config "$RUN_DIR/logging_csv_warmup.yaml" \
+    --data.init_args.train_file "$REPO/configs/data/arithmetic_format_warmup.jsonl" "${seed[@]}"
+fi
+logging csv
+exec "$PYTHON" -m rlvr_lightning.cli fit --config "$CONFIG" --config "$RUN_DIR/logging_csv.yaml" "$@"
