@@ -156,3 +156,12 @@ def test_fsdp2_is_a_strategy_name():
 
     assert StrategyRegistry["fsdp2"]["strategy"] is FSDP2Strategy
     assert FSDP2Strategy()._tensor_parallel_size == 1
+
+
+def test_cpu_offload_on_gpus_gives_the_cpu_tensors_a_gloo_backend(monkeypatch):
+    monkeypatch.setattr(FSDP2Strategy, "root_device", property(lambda self: torch.device("cuda", 0)))
+    assert FSDP2Strategy(cpu_offload=True)._get_process_group_backend() == "cuda:nccl,cpu:gloo"
+    assert FSDP2Strategy()._get_process_group_backend() == "nccl"
+    assert FSDP2Strategy(cpu_offload=True, process_group_backend="nccl")._get_process_group_backend() == "nccl"
+    monkeypatch.setattr(FSDP2Strategy, "root_device", property(lambda self: torch.device("cpu")))
+    assert FSDP2Strategy(cpu_offload=True)._get_process_group_backend() == "gloo"

@@ -34,6 +34,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from rlvr_lightning.policies.base import set_compute_device
+
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -158,9 +160,13 @@ def data_parallel_mesh(pl_module):
 
 class ShardedPolicyModule:
     """Mixin for LightningModules with `self.policy` (and optionally a `self.reference` copy): FSDP2 under
-    `ModelParallelStrategy` / `FSDP2Strategy`, nothing under any other strategy."""
+    `ModelParallelStrategy` / `FSDP2Strategy`, nothing under any other strategy. Under every strategy it
+    records the strategy's root device as where the modules compute (`policies.base.compute_device`)."""
 
     def configure_model(self) -> None:
+        strategy = getattr(self.trainer, "strategy", None)
+        if strategy is not None:
+            set_compute_device(self, strategy.root_device)
         mesh = data_parallel_mesh(self)
         if mesh is None:
             return
