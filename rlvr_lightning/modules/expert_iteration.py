@@ -206,7 +206,7 @@ class ExpertIterationModule(RewardScoringMixin, ShardedPolicyModule, pl.Lightnin
                     )
                     self.manual_backward(loss)
                     loss_sum = loss_sum + loss.detach()
-                grad_norms.append(policy_gradient_norm(self.policy))
+                grad_norms.append(policy_gradient_norm(self.policy, loss_sum.device))
                 if self.max_grad_norm is not None:
                     self.clip_gradients(optimizer, gradient_clip_val=self.max_grad_norm, gradient_clip_algorithm="norm")
                 optimizer.step()

@@ -196,7 +196,7 @@ class PolicyUpdate:
     def _clip_and_step(self, optimizer, scheduler, loss_sum: Tensor) -> tuple[float, float]:
         """Clip and step, or skip the update when the loss or the gradient is not finite. Returns the
         loss and the gradient norm before clipping."""
-        grad_norm = self._gradient_norm()
+        grad_norm = self._gradient_norm(loss_sum.device)
         # one host transfer for both numbers: the check is then Python's, not a chain of tensor ops
         loss, grad_norm = torch.stack((loss_sum.to(grad_norm.dtype), grad_norm)).tolist()
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
@@ -220,9 +220,10 @@ class PolicyUpdate:
             scheduler.step()
         return loss, grad_norm
 
-    def _gradient_norm(self) -> Tensor:
-        """The gradient norm that is logged and must be finite for the update to happen (a hook)."""
-        return policy_gradient_norm(self.policy)
+    def _gradient_norm(self, device: torch.device) -> Tensor:
+        """The gradient norm that is logged and must be finite for the update to happen, on `device` (the
+        loss's; a hook)."""
+        return policy_gradient_norm(self.policy, device)
 
     def _clip_gradients(self, optimizer) -> None:
         """Clip to `max_grad_norm` (a hook: `PPOModule` clips the policy and the critic separately)."""

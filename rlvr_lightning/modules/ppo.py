@@ -212,11 +212,12 @@ class PPOModule(RLVRModule):
         loss = self.vf_coef * critic_loss if warming_up else part.loss + self.vf_coef * critic_loss
         return part._replace(loss=loss)
 
-    def _gradient_norm(self) -> Tensor:
+    def _gradient_norm(self, device: torch.device) -> Tensor:
         """The policy's gradient norm (logged as train/grad_norm); NaN when the critic's is not finite, so that
-        the update is skipped as for a non-finite policy gradient."""
-        policy = super()._gradient_norm()
-        critic = total_norm([p.grad for p in self.critic_parameters() if p.grad is not None]).to(policy.device)
+        the update is skipped as for a non-finite policy gradient. During the warm-up the policy has no gradient:
+        its norm is a 0 on `device` too."""
+        policy = super()._gradient_norm(device)
+        critic = total_norm([p.grad for p in self.critic_parameters() if p.grad is not None], device)
         self._critic_grad_norms.append(critic)
         return torch.where(torch.isfinite(critic), policy, critic)
 
