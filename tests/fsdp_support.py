@@ -14,7 +14,9 @@ import json
 import os
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from unittest import mock
 
 import lightning.pytorch as pl
 import torch
@@ -113,6 +115,14 @@ class WaitAtStep(pl.Callback):
             time.sleep(600)
 
 
+@contextmanager
+def evaluation_as_on_gpus():
+    """Lightning evaluates (`validate`, `test`, `predict`) under `torch.inference_mode`, except over gloo where it
+    takes `no_grad`; inside this, gloo runs take the inference-mode path that NCCL runs take."""
+    with mock.patch("lightning.pytorch.loops.utilities._distributed_is_initialized", return_value=False):
+        yield
+
+
 def policy(tokenizer_dir: str, **options) -> dict:
     return {"class_path": "rlvr_lightning.policies.hf.HFPolicy",
             "init_args": {"config": TINY_LLAMA, "tokenizer_name_or_path": tokenizer_dir, **options}}
@@ -167,6 +177,12 @@ def case_config(case: str, strategy: str, out: str, tokenizer_dir: str) -> dict:
             "policy": policy(tokenizer_dir), "optimizer": sgd, "group_size": 4, "sampling": {"max_new_tokens": 6},
             "reward_threshold": 0.5, "epochs_per_round": 2, "mini_batch_size": 2}}
         return {"seed_everything": 0, "trainer": trainer(strategy, 2, record), "model": model, "data": inline_data()}
+    if case == "validate_first":  # validated, then one step (validated before it and after it)
+        model = {"class_path": "rlvr_lightning.modules.RLVRModule", "init_args": {
+            "policy": policy(tokenizer_dir), "optimizer": sgd, "group_size": 4, "sampling": {"max_new_tokens": 6},
+            "kl_coef": 0.1}}
+        return {"seed_everything": 0, "trainer": trainer(strategy, 1, record, limit_val_batches=1), "model": model,
+                "data": inline_data()}
     if case == "lora_ckpt":  # one rollout step of rl_lora that ends with a checkpoint (a .ckpt file under fsdp2_full_ckpt)
         config = case_config("rl_lora", strategy, out, tokenizer_dir)
         config["trainer"].update(limit_train_batches=1, enable_checkpointing=True)
@@ -215,7 +231,13 @@ def main(out: str, tokenizer_dir: str, runs: list[str]) -> None:
     for run in runs:
         case, strategy = run.split(":")
         config = write_config(case_config(case, strategy, out, tokenizer_dir), Path(out, f"{case}-{strategy}.rank{rank}.yaml"))
-        rlvr(["fit", "--config", str(config)])
+        if case == "validate_first":  # one trainer and module: validated, then trained
+            with evaluation_as_on_gpus():
+                cli = rlvr(["--config", str(config)], run=False)
+                cli.trainer.validate(cli.model, datamodule=cli.datamodule)
+                cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+        else:
+            rlvr(["fit", "--config", str(config)])
 
 
 if __name__ == "__main__":

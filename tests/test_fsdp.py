@@ -64,7 +64,8 @@ def tokenizer_dir(tmp_path_factory) -> str:
 def pairs(tmp_path_factory, tokenizer_dir) -> Path:
     """One 2-process job (ranks started as torchrun would) running every case under DDP and under FSDP2."""
     out = tmp_path_factory.mktemp("fsdp_vs_ddp")
-    runs = [f"{case}:{strategy}" for case in CASES for strategy in ("ddp", "fsdp2")] + ["lora_ckpt:fsdp2_full_ckpt"]
+    runs = [f"{case}:{strategy}" for case in CASES for strategy in ("ddp", "fsdp2")]
+    runs += ["lora_ckpt:fsdp2_full_ckpt", "validate_first:fsdp2"]
     env = _env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE="2", NODE_RANK="0")
     processes, logs = [], []
     for rank in (1, 0):
@@ -96,6 +97,13 @@ def test_fsdp2_ends_where_ddp_ends(pairs, case):
         assert any(not torch.equal(fsdp["state"][k], fsdp["initial"][k]) for k in fsdp["state"] if k.startswith("reference."))
     if case == "ei":  # ranks kept different numbers of responses (padded to the same number of passes)
         assert ddp["metrics"]["train/kept"] != int(ddp["metrics"]["train/kept"])
+
+
+def test_validating_before_the_first_step_in_inference_mode(pairs):
+    """`rlvr validate`, then a fit, with Lightning's evaluation in inference mode as on GPUs (`evaluation_as_on_gpus`):
+    FSDP2's first unshard under inference mode made inference tensors of the buffers later unshards reuse."""
+    run = torch.load(pairs / "validate_first-fsdp2.pt")
+    assert run["global_step"] == 1 and "val/reward_mean" in run["metrics"]
 
 
 def test_sharded_sampling_gathers_once_and_samples_what_the_full_model_samples(pairs):

@@ -185,6 +185,16 @@ class ShardedPolicyModule:
         shard_policy(self.policy, mesh, options, root_reshard_after_forward=False)
         if reference is not None and any(True for _ in reference.parameters()):
             shard_policy(reference, mesh, options, root_reshard_after_forward=True)
+        evaluate_without_inference_mode(self.trainer)
+
+
+def evaluate_without_inference_mode(trainer) -> None:
+    """Lightning's `validate`, `test` and `predict` run under `torch.inference_mode` (except on gloo); FSDP2
+    allocates its all-gather buffers at a unit's first unshard and reuses them, and made there they are
+    inference tensors that no later unshard may use ("Inference tensors do not track version counter"). The
+    loops then run under `no_grad`, as Lightning runs them for its own FSDPStrategy."""
+    for loop in (trainer.validate_loop, trainer.test_loop, trainer.predict_loop):
+        loop.inference_mode = False
 
 
 # ----------------------------------------------------------------------------- sampling
