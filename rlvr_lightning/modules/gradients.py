@@ -1,8 +1,13 @@
-"""The total gradient norm that the training modules log (and the RL module checks for finiteness)."""
+"""Gradients in the training modules: the total norm they log (and the RL module checks for finiteness),
+and which backward passes synchronise them across ranks."""
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
+
+import lightning.pytorch as pl
 import torch
+from lightning.pytorch.strategies import ParallelStrategy
 from torch import Tensor
 
 
@@ -32,3 +37,13 @@ def _is_sharded(tensor: Tensor) -> bool:
 def policy_gradient_norm(module: torch.nn.Module, device: torch.device | None = None) -> Tensor:
     """`total_norm` of the gradients `module`'s parameters hold, on `device` when given."""
     return total_norm([p.grad for p in module.parameters() if p.grad is not None], device)
+
+
+def backward_sync(module: pl.LightningModule, sync: bool) -> AbstractContextManager:
+    """Around a `manual_backward`: with `sync` False (every micro-batch of a mini-batch but the last), DDP keeps
+    this backward's gradients local and the last one all-reduces them all, once per optimizer step
+    (Lightning's `block_backward_sync`, DDP's `no_sync`). Nothing to do without DDP."""
+    strategy = module.trainer.strategy
+    if sync or not isinstance(strategy, ParallelStrategy):
+        return nullcontext()
+    return strategy.block_backward_sync()

@@ -26,6 +26,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
+from lightning.pytorch.strategies import DDPStrategy
 from torch import Tensor
 
 from rlvr_lightning.advantages import AdvantageCallback
@@ -126,6 +127,15 @@ class PPOModule(RLVRModule):
         if self.lr_scheduler_factory is None:
             return optimizer
         return {"optimizer": optimizer, "lr_scheduler": self.lr_scheduler_factory(optimizer)}
+
+    def configure_model(self) -> None:
+        super().configure_model()
+        strategy = self.trainer.strategy
+        if isinstance(strategy, DDPStrategy) and (self.critic is not None or self.critic_warmup_steps):
+            # DDP waits at every synchronised backward for a gradient of each parameter: during the warm-up the
+            # policy gets none, and a separate critic reads hidden states, so its trunk's output layer gets none.
+            # An explicit find_unused_parameters=false is kept (DDP then names the fix).
+            strategy._ddp_kwargs.setdefault("find_unused_parameters", True)
 
     def _setup_advantage_estimator(self, estimators: list[AdvantageCallback]) -> None:
         if estimators:
