@@ -211,3 +211,21 @@ def test_predict_gathers_the_sharded_policy(hf_policy, one_process_group):
     trainer = _trainer(EvenTokenReward())
     rows = [row for batch in trainer.predict(module, datamodule=RLVRDataModule(task=task, val_batch_size=2)) for row in batch]
     assert len(rows) == 3 and all(isinstance(row["completion"], str) for row in rows)
+
+
+@pytest.mark.parametrize("value_model", ["shared", "separate"])
+def test_ppo_shards_its_critic_and_reads_hidden_states_through_the_sharded_model(hf_policy, one_process_group, value_model):
+    """The value head reads `response_hidden_states`, which ran the decoder alone: outside the model's forward,
+    where FSDP2 gathers the embeddings (a sharded DTensor met a plain tensor)."""
+    from rlvr_lightning.data import RLVRDataModule
+    from rlvr_lightning.data.inline_task import InlineTask
+    from rlvr_lightning.modules import PPOModule
+    from rlvr_lightning.policies.base import SamplingConfig
+
+    pl.seed_everything(0)
+    module = PPOModule(hf_policy(), value_model=value_model, group_size=2, sampling=SamplingConfig(max_new_tokens=4))
+    task = InlineTask(examples=[{"prompt": p} for p in PROMPTS])
+    trainer = _trainer(EvenTokenReward(), limit_train_batches=1, limit_val_batches=0)
+    trainer.fit(module, datamodule=RLVRDataModule(task=task, batch_size=2))
+    assert trainer.global_step == 1
+    assert all(type(p).__name__ == "DTensor" for p in module.parameters())  # policy, critic, value head

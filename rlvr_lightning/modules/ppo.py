@@ -23,6 +23,7 @@ policy's forward; the value loss also trains the policy's trunk).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
 import torch
@@ -37,6 +38,7 @@ from rlvr_lightning.core.value_loss import explained_variance, value_loss
 from rlvr_lightning.modules.gradients import total_norm
 from rlvr_lightning.modules.rlvr import RLVRModule, _choice
 from rlvr_lightning.modules.value_model import VALUE_MODELS, ValueHead, check_hidden_states, trainable_copy
+from rlvr_lightning.parallel.fsdp import data_parallel_mesh, shard_policy, shard_unit, sharding_options
 from rlvr_lightning.policies.base import Policy
 from rlvr_lightning.rollout import Rollout
 
@@ -130,6 +132,12 @@ class PPOModule(RLVRModule):
 
     def configure_model(self) -> None:
         super().configure_model()
+        mesh = data_parallel_mesh(self)
+        if mesh is not None:  # FSDP2: the critic is sharded as the policy is (its gradients are then reduced across ranks)
+            options = sharding_options(self.trainer.strategy)
+            if self.critic is not None:
+                shard_policy(self.critic, mesh, options, root_reshard_after_forward=False)
+            shard_unit(self.value_head, mesh, dataclasses.replace(options, param_dtype=None))  # computes in float32
         strategy = self.trainer.strategy
         if isinstance(strategy, DDPStrategy) and (self.critic is not None or self.critic_warmup_steps):
             # DDP waits at every synchronised backward for a gradient of each parameter: during the warm-up the

@@ -128,6 +128,9 @@ def shard_policy(policy: nn.Module, mesh, options: ShardingOptions, root_reshard
         # run different numbers of forwards, i.e. of all-gathers and reduce-scatters, and wait on each other
         policy.share_prompt_prefix = False
         log.info("FSDP2: %s scores with one forward per call (share_prompt_prefix off)", type(policy).__name__)
+    if getattr(policy, "decoder_only_hidden_states", False):
+        # the decoder alone would run without the root unit's forward, which gathers the embeddings and final norm
+        policy.decoder_only_hidden_states = False
     kwargs = options.fsdp_kwargs()
     blocks = transformer_blocks(policy)
     for block in blocks:
@@ -137,6 +140,14 @@ def shard_policy(policy: nn.Module, mesh, options: ShardingOptions, root_reshard
     fully_shard(root, mesh=mesh, reshard_after_forward=root_reshard_after_forward, **kwargs)
     _RESHARD_AFTER_FORWARD[root] = root_reshard_after_forward
     _UNITS[policy] = [root, *blocks]
+
+
+def shard_unit(module: nn.Module, mesh, options: ShardingOptions) -> None:
+    """`fully_shard` `module` as one unit over the 1-D `mesh` (nothing when it already is)."""
+    from torch.distributed.fsdp import fully_shard
+
+    if not is_sharded(module):
+        fully_shard(module, mesh=mesh, reshard_after_forward=options.reshard_after_forward, **options.fsdp_kwargs())
 
 
 def sharding_options(strategy) -> ShardingOptions:
