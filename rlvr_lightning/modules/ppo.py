@@ -132,14 +132,13 @@ class PPOModule(RLVRModule):
 
     def configure_model(self) -> None:
         super().configure_model()
-        mesh = data_parallel_mesh(self)
+        strategy, mesh = self.trainer.strategy, data_parallel_mesh(self)
         if mesh is not None:  # FSDP2: the critic is sharded as the policy is (its gradients are then reduced across ranks)
-            options = sharding_options(self.trainer.strategy)
+            options = sharding_options(strategy)
             if self.critic is not None:
                 shard_policy(self.critic, mesh, options, root_reshard_after_forward=False)
             shard_unit(self.value_head, mesh, dataclasses.replace(options, param_dtype=None))  # computes in float32
-        strategy = self.trainer.strategy
-        if isinstance(strategy, DDPStrategy) and (self.critic is not None or self.critic_warmup_steps):
+        elif isinstance(strategy, DDPStrategy) and (self.critic is not None or self.critic_warmup_steps):
             # DDP waits at every synchronised backward for a gradient of each parameter: during the warm-up the
             # policy gets none, and a separate critic reads hidden states, so its trunk's output layer gets none.
             # An explicit find_unused_parameters=false is kept (DDP then names the fix).
