@@ -14,7 +14,9 @@ import json
 import os
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from unittest import mock
 
 import lightning.pytorch as pl
 import torch
@@ -48,7 +50,8 @@ class EvenTokenReward(RewardCallback):
 class FinalWeights(pl.Callback):
     """At the end of fit, every rank takes part in assembling the full weights (`full_state_dict`); rank 0 saves
     them (and those it started with, the step count and the last metrics) to `<out>/<name>.pt`; every rank
-    writes where its policy's parameters live to `<name>.rank<r>.json`."""
+    writes where its parameters live to `<name>.rank<r>.json` and the weights it assembled to `<name>.rank<r>.pt`
+    (ranks that drifted apart assemble different ones)."""
 
     def __init__(self, out: str, name: str) -> None:
         self.out, self.name = out, name
@@ -58,19 +61,42 @@ class FinalWeights(pl.Callback):
 
     def on_train_end(self, trainer, pl_module):
         state = full_state_dict(pl_module, device="cpu")
+        params = dict(pl_module.named_parameters())  # the policy's, and a reference's or a critic's
         placement = {
             "world_size": trainer.world_size,
-            "dtensor_params": sum(type(p).__name__ == "DTensor" for p in pl_module.policy.parameters()),
-            "local_numel": sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in pl_module.policy.parameters()),
-            "full_numel": sum(v.numel() for k, v in state.items() if k.startswith("policy.")),
+            "dtensor_params": sum(type(p).__name__ == "DTensor" for p in params.values()),
+            "plain_params": [name for name, p in params.items() if type(p).__name__ != "DTensor"],
+            "local_numel": sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in params.values()),
+            "full_numel": sum(state[name].numel() for name in params),
         }
         Path(self.out, f"{self.name}.rank{trainer.global_rank}.json").write_text(json.dumps(placement))
+        torch.save(state, Path(self.out, f"{self.name}.rank{trainer.global_rank}.pt"))
         if trainer.is_global_zero:
             metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
             torch.save(
                 {"state": state, "initial": self.initial, "global_step": trainer.global_step, "metrics": metrics},
                 Path(self.out, f"{self.name}.pt"),
             )
+
+
+class GradientSyncs(pl.Callback):
+    """Under DDP, counts the gradient all-reduces (those of DDP's first bucket, through a communication hook) and
+    writes the count to `<out>/<name>.syncs<r>.json` at the end of fit."""
+
+    def __init__(self, out: str, name: str) -> None:
+        self.out, self.name, self.count = out, name, 0
+
+    def on_fit_start(self, trainer, pl_module):
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        def counted(state, bucket):
+            self.count += bucket.index() == 0
+            return allreduce_hook(state, bucket)
+
+        trainer.strategy.model.register_comm_hook(None, counted)
+
+    def on_train_end(self, trainer, pl_module):
+        Path(self.out, f"{self.name}.syncs{trainer.global_rank}.json").write_text(json.dumps(self.count))
 
 
 class ShardedSampling(pl.Callback):
@@ -113,6 +139,14 @@ class WaitAtStep(pl.Callback):
             time.sleep(600)
 
 
+@contextmanager
+def evaluation_as_on_gpus():
+    """Lightning evaluates (`validate`, `test`, `predict`) under `torch.inference_mode`, except over gloo where it
+    takes `no_grad`; inside this, gloo runs take the inference-mode path that NCCL runs take."""
+    with mock.patch("lightning.pytorch.loops.utilities._distributed_is_initialized", return_value=False):
+        yield
+
+
 def policy(tokenizer_dir: str, **options) -> dict:
     return {"class_path": "rlvr_lightning.policies.hf.HFPolicy",
             "init_args": {"config": TINY_LLAMA, "tokenizer_name_or_path": tokenizer_dir, **options}}
@@ -135,6 +169,8 @@ def trainer(strategy: str, steps: int, callbacks: list, **options) -> dict:
 def case_config(case: str, strategy: str, out: str, tokenizer_dir: str) -> dict:
     """The run `case` under `strategy` (same global batch under every strategy: each rank its own prompts)."""
     record = [{"class_path": "fsdp_support.FinalWeights", "init_args": {"out": out, "name": f"{case}-{strategy}"}}]
+    if strategy == "ddp":
+        record.append({"class_path": "fsdp_support.GradientSyncs", "init_args": {"out": out, "name": f"{case}-{strategy}"}})
     # plain SGD where it can be: Adam would hide a wrong gradient scale (its update is scale-free)
     sgd = {"class_path": "torch.optim.SGD", "init_args": {"lr": 0.5}}
     adam = {"class_path": "torch.optim.Adam", "init_args": {"lr": 0.001}}
@@ -165,8 +201,20 @@ def case_config(case: str, strategy: str, out: str, tokenizer_dir: str) -> dict:
     if case == "ei":  # 2 rounds; the ranks keep different numbers of responses
         model = {"class_path": "rlvr_lightning.modules.ExpertIterationModule", "init_args": {
             "policy": policy(tokenizer_dir), "optimizer": sgd, "group_size": 4, "sampling": {"max_new_tokens": 6},
-            "reward_threshold": 0.5, "epochs_per_round": 2, "mini_batch_size": 2}}
+            "reward_threshold": 0.5, "epochs_per_round": 2, "mini_batch_size": 2, "micro_batch_size": 1}}
         return {"seed_everything": 0, "trainer": trainer(strategy, 2, record), "model": model, "data": inline_data()}
+    if case in ("ppo", "ppo_whole"):  # a separate critic (its untied LM head gets no gradient), warmed up for a step
+        model = {"class_path": "rlvr_lightning.modules.PPOModule", "init_args": {
+            "policy": policy(tokenizer_dir), "optimizer": sgd, "critic_lr": 0.1, "critic_warmup_steps": 1,
+            "group_size": 4, "sampling": {"max_new_tokens": 6}, "mini_batch_size": 4,
+            "micro_batch_size": None if case == "ppo_whole" else 2, "max_grad_norm": 1.0e3}}
+        return {"seed_everything": 0, "trainer": trainer(strategy, 2, record), "model": model, "data": inline_data()}
+    if case == "validate_first":  # validated, then one step (validated before it and after it)
+        model = {"class_path": "rlvr_lightning.modules.RLVRModule", "init_args": {
+            "policy": policy(tokenizer_dir), "optimizer": sgd, "group_size": 4, "sampling": {"max_new_tokens": 6},
+            "kl_coef": 0.1}}
+        return {"seed_everything": 0, "trainer": trainer(strategy, 1, record, limit_val_batches=1), "model": model,
+                "data": inline_data()}
     if case == "lora_ckpt":  # one rollout step of rl_lora that ends with a checkpoint (a .ckpt file under fsdp2_full_ckpt)
         config = case_config("rl_lora", strategy, out, tokenizer_dir)
         config["trainer"].update(limit_train_batches=1, enable_checkpointing=True)
@@ -215,7 +263,13 @@ def main(out: str, tokenizer_dir: str, runs: list[str]) -> None:
     for run in runs:
         case, strategy = run.split(":")
         config = write_config(case_config(case, strategy, out, tokenizer_dir), Path(out, f"{case}-{strategy}.rank{rank}.yaml"))
-        rlvr(["fit", "--config", str(config)])
+        if case == "validate_first":  # one trainer and module: validated, then trained
+            with evaluation_as_on_gpus():
+                cli = rlvr(["--config", str(config)], run=False)
+                cli.trainer.validate(cli.model, datamodule=cli.datamodule)
+                cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+        else:
+            rlvr(["fit", "--config", str(config)])
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ the DDP/FSDP2 pairs in a row; the resume test starts 3 `rlvr fit` jobs through L
 from __future__ import annotations
 
 import csv
+import json
 import os
 import signal
 import socket
@@ -27,7 +28,7 @@ sys.path.insert(0, str(TESTS / "policies"))
 from fsdp_support import resume_config, write_config  # noqa: E402
 from tiny_lm import save_tiny_tokenizer  # noqa: E402
 
-CASES = ["rl", "rl_lora", "sft", "ei"]
+CASES = ["rl", "rl_lora", "sft", "ei", "ppo"]
 K, STEPS = 4, 8  # the resumed run is killed at the start of rollout step K (checkpoint of step K just written)
 
 
@@ -64,7 +65,8 @@ def tokenizer_dir(tmp_path_factory) -> str:
 def pairs(tmp_path_factory, tokenizer_dir) -> Path:
     """One 2-process job (ranks started as torchrun would) running every case under DDP and under FSDP2."""
     out = tmp_path_factory.mktemp("fsdp_vs_ddp")
-    runs = [f"{case}:{strategy}" for case in CASES for strategy in ("ddp", "fsdp2")] + ["lora_ckpt:fsdp2_full_ckpt"]
+    runs = [f"{case}:{strategy}" for case in CASES for strategy in ("ddp", "fsdp2")]
+    runs += ["ppo_whole:ddp", "lora_ckpt:fsdp2_full_ckpt", "validate_first:fsdp2"]
     env = _env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE="2", NODE_RANK="0")
     processes, logs = [], []
     for rank in (1, 0):
@@ -89,33 +91,67 @@ def test_fsdp2_ends_where_ddp_ends(pairs, case):
     for key, value in ddp["state"].items():
         assert torch.allclose(value, fsdp["state"][key], rtol=0, atol=1e-5), (key, (value - fsdp["state"][key]).abs().max())
     for name, value in ddp["metrics"].items():
-        if name.startswith("train/") and "generation" not in name:
+        # a value that moved less than value_clip is counted as clipped when V_old + (V - V_old) rounds above V
+        if name.startswith("train/") and "generation" not in name and name != "train/critic/clip_frac":
             assert fsdp["metrics"][name] == pytest.approx(value, rel=1e-4, abs=1e-6), name
     if case == "rl":  # the KL term was on, against a sharded reference refreshed (mixup 0.5) every step
         assert ddp["metrics"]["train/kl"] > 0
         assert any(not torch.equal(fsdp["state"][k], fsdp["initial"][k]) for k in fsdp["state"] if k.startswith("reference."))
     if case == "ei":  # ranks kept different numbers of responses (padded to the same number of passes)
         assert ddp["metrics"]["train/kept"] != int(ddp["metrics"]["train/kept"])
+    if case == "ppo":  # the critic and its value head trained after the warm-up step, the policy only after it
+        for prefix in ("critic.", "value_head.", "policy."):
+            assert any(not torch.equal(fsdp["state"][k], fsdp["initial"][k]) for k in fsdp["state"] if k.startswith(prefix))
+        assert torch.equal(fsdp["state"]["critic.model.lm_head.weight"], fsdp["initial"]["critic.model.lm_head.weight"])
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+@pytest.mark.parametrize("case", CASES)
+def test_ranks_end_with_the_same_weights(pairs, case, strategy):
+    """Each rank trains on its own prompts; unsynchronised gradients (a replicated critic under FSDP2) drift apart."""
+    ranks = [torch.load(pairs / f"{case}-{strategy}.rank{r}.pt") for r in (0, 1)]
+    for key, value in ranks[0].items():
+        assert torch.equal(value, ranks[1][key]), key
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_ddp_all_reduces_gradients_once_per_optimizer_step(pairs, case):
+    """rl, ppo and ei accumulate 2 micro-batches per optimizer step: the first backward keeps its gradients local."""
+    steps = torch.load(pairs / f"{case}-ddp.pt")["global_step"]
+    for rank in (0, 1):
+        assert json.loads((pairs / f"{case}-ddp.syncs{rank}.json").read_text()) == steps
+
+
+def test_ppo_warms_up_under_ddp_and_micro_batches_change_nothing(pairs):
+    """PPO's warm-up leaves the policy without gradients and the separate critic never uses its LM head: DDP must
+    find unused parameters. Skipping the all-reduce of all micro-batches but the last is exact accumulation."""
+    micro, whole = (torch.load(pairs / f"{case}-ddp.pt") for case in ("ppo", "ppo_whole"))
+    assert micro["global_step"] == whole["global_step"] == 4
+    for key, value in micro["state"].items():
+        assert torch.allclose(value, whole["state"][key], rtol=0, atol=1e-6), key
+
+
+def test_validating_before_the_first_step_in_inference_mode(pairs):
+    """`rlvr validate`, then a fit, with Lightning's evaluation in inference mode as on GPUs (`evaluation_as_on_gpus`):
+    FSDP2's first unshard under inference mode made inference tensors of the buffers later unshards reuse."""
+    run = torch.load(pairs / "validate_first-fsdp2.pt")
+    assert run["global_step"] == 1 and "val/reward_mean" in run["metrics"]
 
 
 def test_sharded_sampling_gathers_once_and_samples_what_the_full_model_samples(pairs):
     """Ranks decode different numbers of tokens: per-forward all-gathers would pair up wrongly across ranks."""
-    import json
-
     results = [json.loads((pairs / f"rl-fsdp2.sampling{r}.json").read_text()) for r in (0, 1)]
     assert [r["width"] for r in results] != [results[0]["width"]] * 2  # ranks sampled different lengths
     assert all(r["equal"] and r["second_call_rows"] == 1 for r in results)
 
 
 def test_fsdp2_shards_every_parameter_across_the_ranks(pairs):
-    import json
-
     for case in CASES:
         ranks = [json.loads((pairs / f"{case}-fsdp2.rank{r}.json").read_text()) for r in (0, 1)]
         ddp = json.loads((pairs / f"{case}-ddp.rank0.json").read_text())
         assert ddp["dtensor_params"] == 0 and ddp["local_numel"] == ddp["full_numel"]
         for rank in ranks:
-            assert rank["dtensor_params"] > 0
+            assert rank["dtensor_params"] > 0 and rank["plain_params"] == []  # policy, reference, critic, value head
             assert rank["local_numel"] <= rank["full_numel"] / 2 + 64 * 4  # dim-0 shards (padding at most a few rows)
         assert sum(rank["local_numel"] for rank in ranks) == ranks[0]["full_numel"]
 

@@ -13,6 +13,8 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent / "policies"))
+sys.path.insert(0, str(Path(__file__).parent))
+from fsdp_support import PROMPTS, EvenTokenReward, evaluation_as_on_gpus  # noqa: E402
 from tiny_lm import save_tiny_tokenizer, tiny_llama_config  # noqa: E402
 
 from rlvr_lightning.parallel import (  # noqa: E402
@@ -156,3 +158,74 @@ def test_fsdp2_is_a_strategy_name():
 
     assert StrategyRegistry["fsdp2"]["strategy"] is FSDP2Strategy
     assert FSDP2Strategy()._tensor_parallel_size == 1
+
+
+def test_cpu_offload_on_gpus_gives_the_cpu_tensors_a_gloo_backend(monkeypatch):
+    monkeypatch.setattr(FSDP2Strategy, "root_device", property(lambda self: torch.device("cuda", 0)))
+    assert FSDP2Strategy(cpu_offload=True)._get_process_group_backend() == "cuda:nccl,cpu:gloo"
+    assert FSDP2Strategy()._get_process_group_backend() == "nccl"
+    assert FSDP2Strategy(cpu_offload=True, process_group_backend="nccl")._get_process_group_backend() == "nccl"
+    monkeypatch.setattr(FSDP2Strategy, "root_device", property(lambda self: torch.device("cpu")))
+    assert FSDP2Strategy(cpu_offload=True)._get_process_group_backend() == "gloo"
+
+
+def _toy_module_and_data():
+    from rlvr_lightning.data import RLVRDataModule, SortTask
+    from rlvr_lightning.modules import RLVRModule
+
+    pl.seed_everything(0)
+    module = RLVRModule(ToySortPolicy(vocab_size=5, prompt_length=3, embedding_dim=8), group_size=4, kl_coef=0.1)
+    return module, RLVRDataModule(task=SortTask(vocab_size=5, length=3, num_val=4), batch_size=4, val_batch_size=2)
+
+
+def _trainer(reward, **options) -> pl.Trainer:
+    return pl.Trainer(
+        strategy=FSDP2Strategy(), accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_progress_bar=False,
+        enable_model_summary=False, enable_checkpointing=False, callbacks=[reward], **options,
+    )
+
+
+def test_validating_before_the_first_step_in_inference_mode_then_training(one_process_group):
+    """`rlvr validate` on GPUs evaluates under `torch.inference_mode`: FSDP2's first unshard there made inference
+    tensors of the buffers every later unshard reuses."""
+    from rlvr_lightning.rewards import SortInclusionOrderingReward
+
+    module, data = _toy_module_and_data()
+    trainer = _trainer(SortInclusionOrderingReward(), limit_train_batches=2, limit_val_batches=1)
+    with evaluation_as_on_gpus():
+        (metrics,) = trainer.validate(module, datamodule=data)
+        trainer.fit(module, datamodule=data)
+    assert "val/reward_mean" in metrics and trainer.global_step == 2
+
+
+def test_predict_gathers_the_sharded_policy(hf_policy, one_process_group):
+    """Sampling decodes under `torch.inference_mode`; without `gathered_params` around it, FSDP2's first unshard
+    happened there (and ranks decoding different numbers of tokens would pair their all-gathers wrongly)."""
+    from rlvr_lightning.data import RLVRDataModule
+    from rlvr_lightning.data.inline_task import InlineTask
+    from rlvr_lightning.modules import RLVRModule
+    from rlvr_lightning.policies.base import SamplingConfig
+
+    module = RLVRModule(hf_policy(), group_size=2, sampling=SamplingConfig(max_new_tokens=4), val_greedy=False)
+    task = InlineTask(examples=[{"prompt": p} for p in PROMPTS], val_examples=[{"prompt": p} for p in PROMPTS[:3]])
+    trainer = _trainer(EvenTokenReward())
+    rows = [row for batch in trainer.predict(module, datamodule=RLVRDataModule(task=task, val_batch_size=2)) for row in batch]
+    assert len(rows) == 3 and all(isinstance(row["completion"], str) for row in rows)
+
+
+@pytest.mark.parametrize("value_model", ["shared", "separate"])
+def test_ppo_shards_its_critic_and_reads_hidden_states_through_the_sharded_model(hf_policy, one_process_group, value_model):
+    """The value head reads `response_hidden_states`, which ran the decoder alone: outside the model's forward,
+    where FSDP2 gathers the embeddings (a sharded DTensor met a plain tensor)."""
+    from rlvr_lightning.data import RLVRDataModule
+    from rlvr_lightning.data.inline_task import InlineTask
+    from rlvr_lightning.modules import PPOModule
+    from rlvr_lightning.policies.base import SamplingConfig
+
+    pl.seed_everything(0)
+    module = PPOModule(hf_policy(), value_model=value_model, group_size=2, sampling=SamplingConfig(max_new_tokens=4))
+    task = InlineTask(examples=[{"prompt": p} for p in PROMPTS])
+    trainer = _trainer(EvenTokenReward(), limit_train_batches=1, limit_val_batches=0)
+    trainer.fit(module, datamodule=RLVRDataModule(task=task, batch_size=2))
+    assert trainer.global_step == 1
+    assert all(type(p).__name__ == "DTensor" for p in module.parameters())  # policy, critic, value head

@@ -27,7 +27,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 
 from rlvr_lightning.core.aggregation import AGGREGATION_MODES
-from rlvr_lightning.modules.gradients import policy_gradient_norm
+from rlvr_lightning.modules.gradients import backward_sync, policy_gradient_norm
 from rlvr_lightning.modules.rlvr import RLVRModule
 from rlvr_lightning.modules.sft import RewardScoringMixin, response_nll
 from rlvr_lightning.modules.step_metrics import all_gather, publish_step_metrics
@@ -200,13 +200,15 @@ class ExpertIterationModule(RewardScoringMixin, ShardedPolicyModule, pl.Lightnin
                 # rows padded in by _pad_to_largest_rank have no response token and do not count
                 num_sequences = (minibatch.response_mask.sum(-1) > 0).sum().clamp(min=1)
                 loss_sum = torch.zeros((), device=num_tokens.device)
-                for micro in self._micro_batches(minibatch):
+                micros = list(self._micro_batches(minibatch))
+                for i, micro in enumerate(micros):
                     loss = response_nll(
                         self.policy, micro, self.aggregation, num_sequences=num_sequences, num_tokens=num_tokens
                     )
-                    self.manual_backward(loss)
+                    with backward_sync(self, sync=i == len(micros) - 1):
+                        self.manual_backward(loss)
                     loss_sum = loss_sum + loss.detach()
-                grad_norms.append(policy_gradient_norm(self.policy))
+                grad_norms.append(policy_gradient_norm(self.policy, loss_sum.device))
                 if self.max_grad_norm is not None:
                     self.clip_gradients(optimizer, gradient_clip_val=self.max_grad_norm, gradient_clip_algorithm="norm")
                 optimizer.step()

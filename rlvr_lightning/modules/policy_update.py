@@ -2,7 +2,7 @@
 
     for epoch in ppo_epochs: for mini-batch (shuffled): for micro-batch:
         loss = aggregate(w_IS * policy_loss + kl_coef * KL - entropy_coef * H)   normalised by the mini-batch
-        manual_backward(loss)
+        manual_backward(loss)                           DDP all-reduces at the last micro-batch only
     clip the gradient norm; optimizer step (skipped, and counted, when the loss or gradient is not finite)
 
 Its inputs first (`_add_old_and_reference_log_probs`): the old log-probs, the trainer's numbers at the
@@ -29,7 +29,7 @@ from rlvr_lightning.core.importance_sampling import mismatch_stats, rollout_is_w
 from rlvr_lightning.core.kl import kl_estimate
 from rlvr_lightning.core.masked import join_masked, masked_mean
 from rlvr_lightning.core.policy_losses import PolicyLossOutput, compute_policy_loss, merged_stats
-from rlvr_lightning.modules.gradients import policy_gradient_norm
+from rlvr_lightning.modules.gradients import backward_sync, policy_gradient_norm
 from rlvr_lightning.rollout import Rollout
 
 log = logging.getLogger(__name__)
@@ -106,11 +106,13 @@ class PolicyUpdate:
                 if masked and not self.count_empty_rows:
                     num_sequences = non_empty_rows(minibatch.response_mask)
                 micro_losses = []
-                for micro in self._micro_batches(minibatch):
+                micros = list(self._micro_batches(minibatch))
+                for i, micro in enumerate(micros):
                     mask = micro.response_mask.bool() if masked else None
                     first_update = epoch == 0 and start == 0  # the policy is still the one that sampled
                     part = self._micro_batch_loss(micro, mask, num_sequences, num_tokens, epoch == 0, first_update)
-                    self.manual_backward(part.loss)
+                    with backward_sync(self, sync=i == len(micros) - 1):
+                        self.manual_backward(part.loss)
                     micro_losses.append(part.loss.detach())
                     parts.append(part)
                 loss_sum = micro_losses[0] if len(micro_losses) == 1 else torch.stack(micro_losses).sum()
@@ -196,7 +198,7 @@ class PolicyUpdate:
     def _clip_and_step(self, optimizer, scheduler, loss_sum: Tensor) -> tuple[float, float]:
         """Clip and step, or skip the update when the loss or the gradient is not finite. Returns the
         loss and the gradient norm before clipping."""
-        grad_norm = self._gradient_norm()
+        grad_norm = self._gradient_norm(loss_sum.device)
         # one host transfer for both numbers: the check is then Python's, not a chain of tensor ops
         loss, grad_norm = torch.stack((loss_sum.to(grad_norm.dtype), grad_norm)).tolist()
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
@@ -220,9 +222,10 @@ class PolicyUpdate:
             scheduler.step()
         return loss, grad_norm
 
-    def _gradient_norm(self) -> Tensor:
-        """The gradient norm that is logged and must be finite for the update to happen (a hook)."""
-        return policy_gradient_norm(self.policy)
+    def _gradient_norm(self, device: torch.device) -> Tensor:
+        """The gradient norm that is logged and must be finite for the update to happen, on `device` (the
+        loss's; a hook)."""
+        return policy_gradient_norm(self.policy, device)
 
     def _clip_gradients(self, optimizer) -> None:
         """Clip to `max_grad_norm` (a hook: `PPOModule` clips the policy and the critic separately)."""

@@ -23,9 +23,11 @@ policy's forward; the value loss also trains the policy's trunk).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
 import torch
+from lightning.pytorch.strategies import DDPStrategy
 from torch import Tensor
 
 from rlvr_lightning.advantages import AdvantageCallback
@@ -36,6 +38,7 @@ from rlvr_lightning.core.value_loss import explained_variance, value_loss
 from rlvr_lightning.modules.gradients import total_norm
 from rlvr_lightning.modules.rlvr import RLVRModule, _choice
 from rlvr_lightning.modules.value_model import VALUE_MODELS, ValueHead, check_hidden_states, trainable_copy
+from rlvr_lightning.parallel.fsdp import data_parallel_mesh, shard_policy, shard_unit, sharding_options
 from rlvr_lightning.policies.base import Policy
 from rlvr_lightning.rollout import Rollout
 
@@ -127,6 +130,20 @@ class PPOModule(RLVRModule):
             return optimizer
         return {"optimizer": optimizer, "lr_scheduler": self.lr_scheduler_factory(optimizer)}
 
+    def configure_model(self) -> None:
+        super().configure_model()
+        strategy, mesh = self.trainer.strategy, data_parallel_mesh(self)
+        if mesh is not None:  # FSDP2: the critic is sharded as the policy is (its gradients are then reduced across ranks)
+            options = sharding_options(strategy)
+            if self.critic is not None:
+                shard_policy(self.critic, mesh, options, root_reshard_after_forward=False)
+            shard_unit(self.value_head, mesh, dataclasses.replace(options, param_dtype=None))  # computes in float32
+        elif isinstance(strategy, DDPStrategy) and (self.critic is not None or self.critic_warmup_steps):
+            # DDP waits at every synchronised backward for a gradient of each parameter: during the warm-up the
+            # policy gets none, and a separate critic reads hidden states, so its trunk's output layer gets none.
+            # An explicit find_unused_parameters=false is kept (DDP then names the fix).
+            strategy._ddp_kwargs.setdefault("find_unused_parameters", True)
+
     def _setup_advantage_estimator(self, estimators: list[AdvantageCallback]) -> None:
         if estimators:
             names = ", ".join(type(cb).__name__ for cb in estimators)
@@ -212,11 +229,12 @@ class PPOModule(RLVRModule):
         loss = self.vf_coef * critic_loss if warming_up else part.loss + self.vf_coef * critic_loss
         return part._replace(loss=loss)
 
-    def _gradient_norm(self) -> Tensor:
+    def _gradient_norm(self, device: torch.device) -> Tensor:
         """The policy's gradient norm (logged as train/grad_norm); NaN when the critic's is not finite, so that
-        the update is skipped as for a non-finite policy gradient."""
-        policy = super()._gradient_norm()
-        critic = total_norm([p.grad for p in self.critic_parameters() if p.grad is not None]).to(policy.device)
+        the update is skipped as for a non-finite policy gradient. During the warm-up the policy has no gradient:
+        its norm is a 0 on `device` too."""
+        policy = super()._gradient_norm(device)
+        critic = total_norm([p.grad for p in self.critic_parameters() if p.grad is not None], device)
         self._critic_grad_norms.append(critic)
         return torch.where(torch.isfinite(critic), policy, critic)
 

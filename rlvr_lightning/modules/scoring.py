@@ -68,7 +68,8 @@ class RewardScoring:
         """`val_group_size` completions per prompt, decoded as in validation and scored: one row each
         (`rlvr predict` writes them to JSONL)."""
         sampling = dataclasses.replace(self.sampling, do_sample=not self.val_greedy)
-        rollout = self.policy.sample({"prompt": batch["prompt"], "metadata": batch.get("metadata")}, self.val_group_size, sampling)
+        with gathered_params(self.policy):
+            rollout = self.policy.sample({"prompt": batch["prompt"], "metadata": batch.get("metadata")}, self.val_group_size, sampling)
         self.score(rollout)
         return completion_rows(rollout, self.correctness(rollout))
 

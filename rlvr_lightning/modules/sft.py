@@ -33,7 +33,7 @@ from torch import Tensor
 from rlvr_lightning.core.aggregation import AGGREGATION_MODES, aggregate_loss
 from rlvr_lightning.modules.scoring import RewardScoring
 from rlvr_lightning.parallel.fsdp import ShardedPolicyModule, is_sharded
-from rlvr_lightning.policies.base import Policy, SamplingConfig
+from rlvr_lightning.policies.base import Policy, SamplingConfig, compute_device
 from rlvr_lightning.rewards.base import RewardCallback, find_reward_callbacks
 from rlvr_lightning.rollout import Rollout
 
@@ -110,7 +110,7 @@ def pair_rollout(
                 )
     prompt_ids, prompt_mask = _pad(prompt_ids_list, pad_id, left=True)
     response_ids, response_mask = _pad(response_ids_list, pad_id, left=False)
-    device = next(policy.parameters()).device
+    device = compute_device(policy)
     rows = len(prompts)
     return Rollout(
         prompt_ids=prompt_ids.to(device),

@@ -34,6 +34,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from rlvr_lightning.policies.base import set_compute_device
+
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -126,6 +128,9 @@ def shard_policy(policy: nn.Module, mesh, options: ShardingOptions, root_reshard
         # run different numbers of forwards, i.e. of all-gathers and reduce-scatters, and wait on each other
         policy.share_prompt_prefix = False
         log.info("FSDP2: %s scores with one forward per call (share_prompt_prefix off)", type(policy).__name__)
+    if getattr(policy, "decoder_only_hidden_states", False):
+        # the decoder alone would run without the root unit's forward, which gathers the embeddings and final norm
+        policy.decoder_only_hidden_states = False
     kwargs = options.fsdp_kwargs()
     blocks = transformer_blocks(policy)
     for block in blocks:
@@ -135,6 +140,14 @@ def shard_policy(policy: nn.Module, mesh, options: ShardingOptions, root_reshard
     fully_shard(root, mesh=mesh, reshard_after_forward=root_reshard_after_forward, **kwargs)
     _RESHARD_AFTER_FORWARD[root] = root_reshard_after_forward
     _UNITS[policy] = [root, *blocks]
+
+
+def shard_unit(module: nn.Module, mesh, options: ShardingOptions) -> None:
+    """`fully_shard` `module` as one unit over the 1-D `mesh` (nothing when it already is)."""
+    from torch.distributed.fsdp import fully_shard
+
+    if not is_sharded(module):
+        fully_shard(module, mesh=mesh, reshard_after_forward=options.reshard_after_forward, **options.fsdp_kwargs())
 
 
 def sharding_options(strategy) -> ShardingOptions:
@@ -158,9 +171,13 @@ def data_parallel_mesh(pl_module):
 
 class ShardedPolicyModule:
     """Mixin for LightningModules with `self.policy` (and optionally a `self.reference` copy): FSDP2 under
-    `ModelParallelStrategy` / `FSDP2Strategy`, nothing under any other strategy."""
+    `ModelParallelStrategy` / `FSDP2Strategy`, nothing under any other strategy. Under every strategy it
+    records the strategy's root device as where the modules compute (`policies.base.compute_device`)."""
 
     def configure_model(self) -> None:
+        strategy = getattr(self.trainer, "strategy", None)
+        if strategy is not None:
+            set_compute_device(self, strategy.root_device)
         mesh = data_parallel_mesh(self)
         if mesh is None:
             return
@@ -179,6 +196,16 @@ class ShardedPolicyModule:
         shard_policy(self.policy, mesh, options, root_reshard_after_forward=False)
         if reference is not None and any(True for _ in reference.parameters()):
             shard_policy(reference, mesh, options, root_reshard_after_forward=True)
+        evaluate_without_inference_mode(self.trainer)
+
+
+def evaluate_without_inference_mode(trainer) -> None:
+    """Lightning's `validate`, `test` and `predict` run under `torch.inference_mode` (except on gloo); FSDP2
+    allocates its all-gather buffers at a unit's first unshard and reuses them, and made there they are
+    inference tensors that no later unshard may use ("Inference tensors do not track version counter"). The
+    loops then run under `no_grad`, as Lightning runs them for its own FSDPStrategy."""
+    for loop in (trainer.validate_loop, trainer.test_loop, trainer.predict_loop):
+        loop.inference_mode = False
 
 
 # ----------------------------------------------------------------------------- sampling

@@ -55,6 +55,7 @@ class FSDP2Strategy(ModelParallelStrategy):
                 `rlvr_lightning.parallel.fsdp.ShardingOptions`.
             save_distributed_checkpoint: a directory of per-rank shards (True) or one full `.ckpt` file (False).
             data_parallel_size: processes that shard the model ("auto": all of them).
+            process_group_backend: None: NCCL on GPUs ("cuda:nccl,cpu:gloo" with `cpu_offload`), gloo on CPUs.
         """
         super().__init__(
             data_parallel_size=data_parallel_size,
@@ -72,6 +73,13 @@ class FSDP2Strategy(ModelParallelStrategy):
         if self._data_parallel_size == "auto":
             self._data_parallel_size = self.num_nodes * self.num_processes
         super().setup_environment()
+
+    def _get_process_group_backend(self) -> str:
+        if self._process_group_backend is None and self.sharding_options.cpu_offload and self.root_device.type == "cuda":
+            # offloaded gradients and parameters are CPU tensors: their collectives (the gradient norm, clipping,
+            # checkpoints) need a CPU backend beside NCCL, as torchtitan sets up for CPU offload
+            return "cuda:nccl,cpu:gloo"
+        return super()._get_process_group_backend()
 
     def model_to_device(self) -> None:
         if self.sharding_options.cpu_offload:

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from rlvr_lightning.policies.base import SamplingConfig
+from rlvr_lightning.policies.base import SamplingConfig, compute_device
 from rlvr_lightning.policies.generation import GenerationOutput, StopStringChecker, generate, left_pad
 
 
@@ -76,7 +76,7 @@ class KVCacheGeneration(GenerationBackend):
     """Our batched KV-cache loop over the training model itself (see `policies/generation.py`)."""
 
     def generate(self, model, tokenizer, prompt_token_ids, n, sampling, *, eos_token_ids, pad_token_id, max_new_tokens=None, generator=None):
-        device = next(model.parameters()).device
+        device = compute_device(model)
         prompt_ids, prompt_mask = left_pad(prompt_token_ids, pad_token_id)
         stop = StopStringChecker(
             sampling.stop_strings, lambda rows: tokenizer.batch_decode(rows, skip_special_tokens=True)

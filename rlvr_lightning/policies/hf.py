@@ -47,7 +47,7 @@ import torch
 from torch import Tensor, nn
 
 from rlvr_lightning.policies import hf_loading
-from rlvr_lightning.policies.base import Policy, PromptBatch, SamplingConfig
+from rlvr_lightning.policies.base import Policy, PromptBatch, SamplingConfig, compute_device
 from rlvr_lightning.policies.generation import left_pad
 from rlvr_lightning.policies.generation_backend import GenerationBackend, KVCacheGeneration
 from rlvr_lightning.policies.hf_scoring import HFScoring
@@ -183,7 +183,7 @@ class HFPolicy(HFScoring, Policy):
 
     @property
     def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        return compute_device(self)
 
     @property
     def sampling_log_probs_exact(self) -> bool:

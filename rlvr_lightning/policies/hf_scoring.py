@@ -40,6 +40,9 @@ class HFScoring:
     model: nn.Module
     share_prompt_prefix: bool
     gradient_checkpointing: bool
+    #: `response_hidden_states` runs the decoder alone (no LM head); off, the whole model runs (one position's
+    #: logits). Sharding turns it off: FSDP2 gathers the parameters outside the blocks in the model's own forward.
+    decoder_only_hidden_states: bool = True
 
     def token_log_probs(
         self, rollout: Rollout, temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = True
@@ -125,16 +128,18 @@ class HFScoring:
 
     def _run(self, with_logits: bool, with_hidden: bool, keep: int, **inputs: Any) -> "_Output":
         """One forward: the causal LM (logits of the last `keep` positions, and the last layer's hidden states
-        if asked) or, without logits, the decoder alone (its last hidden states)."""
-        if not with_logits:
+        if asked) or, without logits, the decoder alone (its last hidden states; `decoder_only_hidden_states`)."""
+        if not with_logits and self.decoder_only_hidden_states:
             out = self.base_model.get_decoder()(**inputs)
             return _Output(None, out.last_hidden_state, getattr(out, "past_key_values", None))
+        if not with_logits:
+            keep = 1  # the fewest logits (0 would keep them all)
         kwargs: dict[str, Any] = {"logits_to_keep": keep} if self._logits_to_keep_supported() else {}
         if with_hidden:
             kwargs["output_hidden_states"] = True
         out = self.model(**inputs, **kwargs)
         hidden = out.hidden_states[-1] if with_hidden else None  # after the final norm: what the LM head reads
-        return _Output(out.logits, hidden, getattr(out, "past_key_values", None))
+        return _Output(out.logits if with_logits else None, hidden, getattr(out, "past_key_values", None))
 
     def _shared_prefix_forward(
         self, prompt_ids: Tensor, prompt_mask: Tensor, responses: Tensor, with_logits: bool = True, with_hidden: bool = False

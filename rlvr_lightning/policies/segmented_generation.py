@@ -29,7 +29,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from rlvr_lightning.policies.base import SamplingConfig
+from rlvr_lightning.policies.base import SamplingConfig, compute_device
 from rlvr_lightning.policies.generation import GenerationOutput, StopStringChecker
 from rlvr_lightning.rollout import TokenSource
 
@@ -190,7 +190,7 @@ def generate_segments(
             row.log_probs += log_probs[j][: lengths[j]]
             _settle(row, Segment(tokens, codec.decode(tokens), ended), rules, codec, user_stop)
 
-    device = next(model.parameters()).device
+    device = compute_device(model)
     output = _assemble(rows, pad_token_id, device)
     output.seconds = time.perf_counter() - started
     output.prefill_seconds = prefill

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from rlvr_lightning.core.entropy import entropy_from_log_probs
-from rlvr_lightning.policies.base import Policy, PromptBatch, SamplingConfig
+from rlvr_lightning.policies.base import Policy, PromptBatch, SamplingConfig, compute_device
 from rlvr_lightning.rollout import Rollout
 
 
@@ -85,7 +85,7 @@ class ToySortPolicy(Policy):
         return (logits, hidden) if with_hidden else logits
 
     def _prompt_tensor(self, prompts: list) -> Tensor:
-        prompt_ids = torch.as_tensor(prompts, dtype=torch.long, device=self.embedding.weight.device)
+        prompt_ids = torch.as_tensor(prompts, dtype=torch.long, device=compute_device(self))
         if prompt_ids.ndim != 2 or prompt_ids.shape[1] != self.prompt_length:
             raise ValueError(
                 f"ToySortPolicy(prompt_length={self.prompt_length}) got prompts of shape {tuple(prompt_ids.shape)}"

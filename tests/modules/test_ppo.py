@@ -147,9 +147,21 @@ def test_a_non_finite_critic_gradient_skips_the_update():
     module._critic_grad_norms = []
     for p in [*module.policy.parameters(), *module.critic_parameters()]:
         p.grad = torch.ones_like(p)
-    assert torch.isfinite(module._gradient_norm())
+    assert torch.isfinite(module._gradient_norm(torch.device("cpu")))
     module.value_head.linear.bias.grad.fill_(float("inf"))
-    assert not torch.isfinite(module._gradient_norm())
+    assert not torch.isfinite(module._gradient_norm(torch.device("cpu")))
+
+
+def test_warm_up_gradient_norms_are_on_the_loss_device():
+    # the policy has no gradient during the warm-up: its norm is a 0 made on the loss's device (meta stands for the
+    # GPU), not a CPU 0 that the loss would be stacked with
+    module = PPOModule(toy(), group_size=4, critic_warmup_steps=1)
+    module._critic_grad_norms = []
+    for p in module.critic_parameters():
+        p.grad = torch.ones_like(p)
+    meta = torch.device("meta")
+    assert module._gradient_norm(meta).device == meta
+    assert module._critic_grad_norms[0].device == meta
 
 
 def test_critic_learning_rate_is_its_parameter_group():

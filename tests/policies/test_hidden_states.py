@@ -65,3 +65,20 @@ def test_hf_prompt_sharing_does_not_change_the_hidden_states(make_policy):
     rollout = shared.sample({"prompt": PROMPTS}, n=4, sampling=SamplingConfig(max_new_tokens=5))
     assert_close(shared.response_hidden_states(rollout), joint.response_hidden_states(rollout), atol=1e-5, rtol=1e-5)
     assert_close(shared.token_log_probs_and_hidden(rollout)[2], joint.token_log_probs_and_hidden(rollout)[2], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("share_prompt_prefix", [True, False])
+def test_hf_hidden_states_through_the_whole_model(make_policy, share_prompt_prefix):
+    """A sharded model gathers the parameters outside its blocks in its own forward: `response_hidden_states` then
+    runs the whole model (`decoder_only_hidden_states` off), with the same hidden states."""
+    policy = make_policy(share_prompt_prefix=share_prompt_prefix)
+    torch.manual_seed(0)
+    rollout = policy.sample({"prompt": PROMPTS}, n=2, sampling=SamplingConfig(max_new_tokens=5))
+    calls = []
+    policy.model.register_forward_hook(lambda module, args, output: calls.append(output.logits.shape[1]))
+    decoder_only = policy.response_hidden_states(rollout)
+    assert calls == []
+    policy.decoder_only_hidden_states = False
+    whole = policy.response_hidden_states(rollout)
+    assert calls and set(calls) == {1}  # one position's logits per forward
+    assert_close(whole, decoder_only, atol=1e-5, rtol=1e-5)
