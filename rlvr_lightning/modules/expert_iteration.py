@@ -30,6 +30,7 @@ from rlvr_lightning.modules.gradients import policy_gradient_norm
 from rlvr_lightning.modules.rlvr import RLVRModule
 from rlvr_lightning.modules.sft import RewardScoringMixin, response_nll
 from rlvr_lightning.modules.step_metrics import all_gather, publish_step_metrics
+from rlvr_lightning.modules.training_precision import TrainingPrecisionCheck
 from rlvr_lightning.parallel.fsdp import ShardedPolicyModule, gathered_params
 from rlvr_lightning.policies.base import Policy, PromptBatch, SamplingConfig
 from rlvr_lightning.rewards.base import RewardCallback, find_reward_callbacks
@@ -39,7 +40,7 @@ from rlvr_lightning.timing import clock
 log = logging.getLogger(__name__)
 
 
-class ExpertIterationModule(RewardScoringMixin, ShardedPolicyModule, pl.LightningModule):
+class ExpertIterationModule(TrainingPrecisionCheck, RewardScoringMixin, ShardedPolicyModule, pl.LightningModule):
     def __init__(
         self,
         policy: Policy,

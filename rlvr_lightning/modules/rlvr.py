@@ -38,6 +38,7 @@ from rlvr_lightning.modules.dynamic_sampling import keep_informative_groups
 from rlvr_lightning.modules.policy_update import PolicyUpdate
 from rlvr_lightning.modules.scoring import RewardScoring
 from rlvr_lightning.modules.step_metrics import publish_step_metrics
+from rlvr_lightning.modules.training_precision import TrainingPrecisionCheck
 from rlvr_lightning.parallel.fsdp import ShardedPolicyModule, gathered_params
 from rlvr_lightning.policies.base import Policy, PromptBatch, SamplingConfig
 from rlvr_lightning.progress import report_stage
@@ -56,7 +57,7 @@ def _choice(option: str, value: str, choices) -> str:
     return value
 
 
-class RLVRModule(PolicyUpdate, RewardScoring, ShardedPolicyModule, pl.LightningModule):
+class RLVRModule(TrainingPrecisionCheck, PolicyUpdate, RewardScoring, ShardedPolicyModule, pl.LightningModule):
     #: arguments that are models or factories, not hyperparameters (the checkpoint holds them)
     MODEL_ARGUMENTS: tuple[str, ...] = ("policy", "optimizer", "lr_scheduler")
 
