@@ -11,7 +11,7 @@ by a nested message, and a value a module rejects as a long traceback ending in 
 
 What is a configuration mistake (short message, exit status 2): any error of the argument parser;
 a `ValueError`, `FileNotFoundError` or `ImportError` raised while the configured classes are built;
-a `ValueError` raised by a `setup` or `configure_optimizers` hook; Lightning's
+a `ValueError` raised by a `setup`, `configure_optimizers` or `on_fit_start` hook; Lightning's
 `MisconfigurationException`. Everything else keeps its traceback.
 """
 
@@ -37,7 +37,7 @@ HELP_TIPS = {
     "model": "the module's options, with their help: rlvr fit --model.help {class_path}",
     "data": "the data module's options, with their help: rlvr fit --data.help {class_path}",
 }
-SETUP_HOOKS = ("setup", "configure_optimizers", "configure_model")
+SETUP_HOOKS = ("setup", "configure_optimizers", "configure_model", "on_fit_start")
 # jsonargparse's structural lines, which say nothing about the mistake itself
 _NOISE = re.compile(
     r"^(- )?(Does not validate against any of the Union subtypes|Subtypes:|Errors:|Given value( type)?:|"

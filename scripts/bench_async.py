@@ -37,6 +37,8 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 import yaml  # noqa: E402
 from lightning.pytorch import Callback  # noqa: E402
 
+from rlvr_lightning.timing import clock  # noqa: E402  (waits for the device's queued work before reading the time)
+
 REPO = Path(__file__).resolve().parents[1]
 LEGS = {0: "staleness0", 1: "staleness1"}
 # what the plot and table show: the reward, and the rate of responses whose last number is the sum (the
@@ -74,10 +76,10 @@ class StepClock(Callback):
         self.cpu: list[float] = []
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        self._started = (time.perf_counter(), time.process_time())
+        self._started = (clock(pl_module.device), time.process_time())
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self.wall.append(time.perf_counter() - self._started[0])
+        self.wall.append(clock(pl_module.device) - self._started[0])
         self.cpu.append(time.process_time() - self._started[1])
 
 

@@ -135,14 +135,14 @@ def worker(args) -> None:
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     pl.seed_everything(0)
-    policy = HFPolicy(**json.loads(args.policy), dtype=args.dtype, gradient_checkpointing=args.gradient_checkpointing)
+    policy = HFPolicy(**json.loads(args.policy), dtype="float32", gradient_checkpointing=args.gradient_checkpointing)
     words = " ".join(f"w{i}" for i in range(args.tokens))  # ~tokens response tokens
     pairs = out / f"pairs{os.environ['RANK']}.jsonl"  # the same pairs, one file per rank (no rank waits for another)
     pairs.write_text("".join(json.dumps({"prompt": f"Say {i}", "response": words}) + "\n" for i in range(64)))
     module = SFTModule(policy, optimizer=lambda params: torch.optim.AdamW(params, lr=1e-5))
     data = SFTDataModule(str(pairs), batch_size=args.batch)
     trainer = pl.Trainer(
-        strategy=args.leg, accelerator=args.accelerator, devices=args.world_size, max_steps=args.steps,
+        strategy=args.leg, accelerator=args.accelerator, devices=args.world_size, max_steps=args.steps, precision=args.precision,
         logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         callbacks=[_probe_class()(str(out))],
     )
@@ -159,7 +159,7 @@ def run_leg(args, leg: str, policy: dict, work: Path) -> list[dict]:
            "NODE_RANK": "0", "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": str(args.threads)}
     command = [sys.executable, __file__, "--worker", "--leg", leg, "--out", str(out), "--policy", json.dumps(policy),
-               *[f"--{k}={getattr(args, k)}" for k in ("steps", "batch", "tokens", "threads", "dtype", "accelerator", "world_size")],
+               *[f"--{k}={getattr(args, k)}" for k in ("steps", "batch", "tokens", "threads", "precision", "accelerator", "world_size")],
                *(["--gradient_checkpointing"] if args.gradient_checkpointing else [])]
     processes = [subprocess.Popen(command, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stdout=subprocess.DEVNULL,
                                   stderr=open(out / f"rank{r}.log", "w")) for r in range(args.world_size)]
@@ -181,7 +181,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--batch", type=int, default=2, help="pairs per rank and step")
     parser.add_argument("--tokens", type=int, default=64, help="about this many response tokens per pair")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    # fp32 weights always (training refuses bf16 trainable weights); bf16-mixed computes in bf16 over them
+    parser.add_argument("--precision", default="32-true", choices=["32-true", "bf16-mixed"])
     parser.add_argument("--gradient_checkpointing", action="store_true")
     parser.add_argument("--accelerator", default="cpu")
     parser.add_argument("--threads", type=int, default=1)
@@ -197,7 +198,7 @@ def main() -> None:
         work = Path(tmp)
         policy = _policy(args, work)
         results = {leg: run_leg(args, leg, policy, work) for leg in LEGS}
-    print(f"model {args.model}, {args.world_size} ranks, {args.batch} pairs x ~{args.tokens} tokens per rank, {args.dtype}, "
+    print(f"model {args.model}, {args.world_size} ranks, {args.batch} pairs x ~{args.tokens} tokens per rank, {args.precision}, "
           f"AdamW; MB per rank")
     print(f"{'leg':6} {'rank':>4} {'params':>9} {'grads':>9} {'optim':>9} {'params+optim':>13} {'activations':>12} "
           f"{'peak':>9}  peak is")

@@ -36,6 +36,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from rlvr_lightning.timing import clock  # noqa: E402  (waits for the device's queued work before reading the time)
+
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ["What is 12 + 7? Answer with a number.", "Name a prime number larger than 10."]
 GENERATIONS, NEW_TOKENS, LR = 8, 32, 1e-5
@@ -76,11 +78,11 @@ def run_leg(leg: str, steps: int, seed: int, threads: int) -> dict:
             memory["start_rss_gb"] = _status_gb("VmRSS")
             _reset_peak_rss()
 
-        def on_train_batch_start(self, *args):
-            self.started, self.cpu = time.perf_counter(), time.process_time()
+        def on_train_batch_start(self, trainer, module, *args):
+            self.started, self.cpu = clock(module.device), time.process_time()
 
         def on_train_batch_end(self, trainer, module, *args):
-            step = {"step_s": time.perf_counter() - self.started, "cpu_s": time.process_time() - self.cpu}
+            step = {"step_s": clock(module.device) - self.started, "cpu_s": time.process_time() - self.cpu}
             step.update({f"{k}_s": module.section_times.get(k, 0.0) for k in ("generation", "advantages", "update")})
             module.section_times.clear()
             steps_log.append(step)
@@ -140,11 +142,11 @@ def _time(module, obj, attr: str, section: str) -> None:
     fn = getattr(obj, attr)
 
     def timed(*args, **kwargs):
-        started = time.perf_counter()
+        started = clock(module.device)
         try:
             return fn(*args, **kwargs)
         finally:
-            module.section_times[section] = module.section_times.get(section, 0.0) + time.perf_counter() - started
+            module.section_times[section] = module.section_times.get(section, 0.0) + clock(module.device) - started
 
     setattr(obj, attr, timed)
 

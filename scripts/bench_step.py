@@ -61,6 +61,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
 
+from rlvr_lightning.timing import clock  # noqa: E402  (waits for the device's queued work before reading the time)
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "policies"))  # tiny_lm: the test suite's tiny model + tokenizer builder
 
@@ -104,34 +106,35 @@ def digit_reward(text: str) -> float:
 
 
 class StepTimer:
-    """Per-step wall time and time spent inside wrapped functions (sections)."""
+    """Per-step wall time and time spent inside wrapped functions (sections), on `device`'s clock."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: torch.device | str = "cpu") -> None:
         self.steps: list[dict[str, float]] = []
         self.current: dict[str, float] = defaultdict(float)
         self.started = 0.0
+        self.device = device
 
     def wrap(self, obj, attr: str, section: str) -> None:
         fn = getattr(obj, attr)
 
         @functools.wraps(fn)
         def timed(*args, **kwargs):
-            t0, c0 = time.perf_counter(), time.process_time()
+            t0, c0 = clock(self.device), time.process_time()
             try:
                 return fn(*args, **kwargs)
             finally:
-                self.current[section] += time.perf_counter() - t0
+                self.current[section] += clock(self.device) - t0
                 self.current[f"{section}_cpu"] += time.process_time() - c0
 
         setattr(obj, attr, timed)
 
     def begin(self) -> None:
         self.current = defaultdict(float)
-        self.started = time.perf_counter()
+        self.started = clock(self.device)
         self.started_cpu = time.process_time()
 
     def end(self) -> None:
-        total = time.perf_counter() - self.started
+        total = clock(self.device) - self.started
         step = {"step": total, **self.current, "cpu": time.process_time() - self.started_cpu}
         step["other"] = total - sum(self.current.get(s, 0.0) for s in SECTIONS)
         self.steps.append(step)
@@ -276,10 +279,10 @@ def run_trl(model_dir: Path, case: dict, steps: int, seed: int, output_dir: str)
             timer.begin()
 
         def on_pre_optimizer_step(self, args, state, control, **kwargs):
-            self.t0 = time.perf_counter()
+            self.t0 = clock(timer.device)
 
         def on_optimizer_step(self, args, state, control, **kwargs):
-            timer.current["optimizer"] += time.perf_counter() - self.t0
+            timer.current["optimizer"] += clock(timer.device) - self.t0
 
         def on_step_end(self, args, state, control, **kwargs):
             timer.end()

@@ -17,7 +17,6 @@ import argparse
 import collections
 import os
 import sys
-import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -57,6 +56,7 @@ def main() -> None:
 
     from rlvr_lightning.policies.base import SamplingConfig
     from rlvr_lightning.policies.hf import HFPolicy
+    from rlvr_lightning.timing import clock
 
     generation = None
     if args.engine == "vllm":
@@ -73,9 +73,9 @@ def main() -> None:
 
     def sample() -> float:
         torch.manual_seed(0)
-        started = time.perf_counter()
+        started = clock(policy.device)
         policy.sample(batch, args.generations, sampling)
-        return time.perf_counter() - started
+        return clock(policy.device) - started
 
     warm = sample()  # start-up (an engine's), allocations
     with profile(activities=[ProfilerActivity.CPU]) as prof:

@@ -1,7 +1,8 @@
 """The GSM8K GPU recipe and its overlays (configs/gpu/): every overlay parses on top of the recipe, and the
-recipe runs end to end on a CPU with each documented GPU setting (bf16-true, bf16-mixed, gradient
-checkpointing, attention implementation; FSDP2 with CPU offload on 2 processes), with the model and the
-data swapped for a tiny random Llama and a small GSM8K-format file (nothing downloaded).
+recipe runs end to end on a CPU with each documented GPU setting (bf16-mixed over fp32 weights, 32-true,
+gradient checkpointing, attention implementation; FSDP2 with CPU offload on 2 processes), with the model and
+the data swapped for a tiny random Llama and a small GSM8K-format file (nothing downloaded); its updates move
+the weights, and settings that would train bf16 weights in place are refused.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import lightning.pytorch as pl
 import pytest
 import torch
 import yaml
@@ -21,7 +23,8 @@ ROOT = TESTS.parent
 sys.path.insert(0, str(TESTS / "policies"))
 from tiny_lm import save_tiny_tokenizer, tiny_llama_config  # noqa: E402
 
-from rlvr_lightning.cli import main  # noqa: E402
+from rlvr_lightning.cli import entry_point, main  # noqa: E402
+from rlvr_lightning.rewards.base import RewardCallback  # noqa: E402
 
 RECIPE = ROOT / "configs" / "gsm8k_qwen2.5_math_1.5b.yaml"
 OVERLAYS = sorted((ROOT / "configs" / "gpu").glob("*.yaml"))
@@ -46,6 +49,11 @@ def test_overlay_parses_on_the_recipe(overlay, capsys):
         assert strategy["class_path"] == "rlvr_lightning.parallel.FSDP2Strategy"
         assert strategy["init_args"]["param_dtype"] == "bfloat16"
         assert strategy["init_args"]["cpu_offload"] is (overlay.stem == "cpu_offload")
+    # fp32 master weights everywhere: bf16 compute comes from autocast or from FSDP2's param_dtype
+    assert policy["dtype"] == "float32"
+    assert config["trainer"]["precision"] == ("bf16-mixed" if overlay.stem.startswith("offline_") else "32-true")
+    comment = "".join(line for line in overlay.read_text().splitlines(keepends=True) if line.startswith("#"))
+    assert "Precision:" in comment or "Precision as fsdp2.yaml" in comment
 
 
 @pytest.fixture(scope="module")
@@ -77,24 +85,50 @@ def tiny_override(tmp_path_factory) -> Path:
 
 
 SETTINGS = {  # the README's GPU settings, as command-line overrides of the recipe
-    "recipe (bf16 weights, gradient checkpointing, sdpa)": [],
-    "bf16-mixed": ["--trainer.precision=bf16-mixed", "--model.init_args.policy.init_args.dtype=float32"],
-    "bf16-true": ["--trainer.precision=bf16-true", "--model.init_args.policy.init_args.dtype=float32"],
+    "recipe (fp32 weights, bf16-mixed, gradient checkpointing, sdpa)": [],
+    "32-true": ["--trainer.precision=32-true"],
     "eager attention, no checkpointing": ["--model.init_args.policy.init_args.attn_implementation=eager",
                                           "--model.init_args.policy.init_args.gradient_checkpointing=false"],
 }
 
 
+class WeightsAtStart(pl.Callback):
+    def on_train_start(self, trainer, pl_module):
+        self.weights = [p.detach().clone() for p in pl_module.policy.parameters()]
+
+
+class EvenTokenReward(RewardCallback):
+    """Varies over a random model's responses (GSM8K's rewards are all 0 there: no advantage, no gradient)."""
+
+    def score(self, rollout):
+        mask = rollout.response_mask
+        return ((rollout.response_ids % 2 == 0).float() * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+
+
 @pytest.mark.parametrize("setting", list(SETTINGS))
 def test_recipe_runs_on_cpu_with_each_setting(setting, tiny_override, in_tmp_dir):
-    cli = main(["fit", "--config", str(RECIPE), "--config", str(tiny_override), *SETTINGS[setting]])
+    cli = main(["fit", "--config", str(RECIPE), "--config", str(tiny_override), *SETTINGS[setting],
+                f"--trainer.callbacks+={__name__}.WeightsAtStart", f"--trainer.callbacks+={__name__}.EvenTokenReward"])
+    start = next(cb for cb in cli.trainer.callbacks if isinstance(cb, WeightsAtStart))
     assert cli.trainer.global_step == 2  # one rollout of 2 x 4 responses, mini-batches of 4
     assert "train/reward_mean" in cli.trainer.callback_metrics and "val/accuracy" in cli.trainer.callback_metrics
     policy = cli.model.policy
-    expected_dtype = torch.float32 if setting == "bf16-mixed" else torch.bfloat16
-    assert {p.dtype for p in policy.parameters()} == {expected_dtype}
+    assert {p.dtype for p in policy.parameters()} == {torch.float32}
+    assert cli.trainer.precision == ("32-true" if setting == "32-true" else "bf16-mixed")
+    # the two AdamW steps at lr 1e-6 moved nearly every weight that had a gradient (bf16 weights: ~2%)
+    moved = sum(int((p.detach() != w).sum()) for p, w in zip(policy.parameters(), start.weights))
+    assert moved / sum(w.numel() for w in start.weights) > 0.5
     assert policy.model.config._attn_implementation == ("eager" if "eager" in setting else "sdpa")
     assert policy.model.is_gradient_checkpointing is ("no checkpointing" not in setting)
+
+
+@pytest.mark.parametrize("override", ["--model.init_args.policy.init_args.dtype=bfloat16", "--trainer.precision=bf16-true"])
+def test_recipe_refuses_to_train_bf16_weights_in_place(override, tiny_override, in_tmp_dir, capsys):
+    status = entry_point(["fit", "--config", str(RECIPE), "--config", str(tiny_override), override])
+    error = capsys.readouterr().err
+    assert status == 2 and "Traceback" not in error  # a configuration mistake, said in a few lines
+    assert "torch.bfloat16" in error and "Keep fp32 master weights" in error and "bf16-mixed" in error
+    assert ("dtype: float32" in error) if "dtype" in override else ("trainer.precision='bf16-true'" in error)
 
 
 def test_recipe_runs_sharded_with_cpu_offload_on_two_processes(tiny_override, tmp_path):

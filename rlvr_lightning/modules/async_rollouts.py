@@ -20,7 +20,20 @@ weights' memory), refreshed by copying the trainable parameters and buffers befo
 engine with its own weights (`VLLMGeneration`), the policy itself, with the engine's `push_weights` called
 here and its push-on-generate turned off while the background generation runs. Either way the generator
 never sees weights change under it, and the push blocks nothing but itself: no generation is in flight.
-(On a GPU our loop samples on a CUDA side stream; that path has not run on a GPU yet.)
+
+The thread. A new thread starts with none of the training thread's per-thread state, so each background
+rollout first takes on what the first (foreground) rollout ran with: torch's thread count, the rank's CUDA
+device (a new thread would use cuda:0) and the autocast state of the launching thread (Lightning's
+`bf16-mixed` autocast is entered around `training_step`, per thread), captured at the launch.
+
+Streams. On a GPU our loop samples on a CUDA side stream of its own, beside the update on the default
+stream: kernels of one stream run in order, so on the default stream the sampler's kernels would wait
+behind the update's, and each decoding step's host read would wait for the update's queued work too. The
+stream exists only for that overlap: the first rollout and dynamic sampling's top-ups (nothing runs
+beside them) sample on the default stream, and an engine with its own weights on the streams it manages.
+Memory the sampler frees returns to the side stream's pool and is reused by the next background rollout;
+the rollout handed to the training thread is recorded on its stream (`record_stream`), since the update
+may free it while the next rollout samples. Clocks read in the thread wait for the side stream only.
 
 Randomness. Each rollout draws one seed from torch's global generator when it is launched (main thread,
 a deterministic point of the step) and samples from a `torch.Generator` of its own seeded with it (our
@@ -58,7 +71,7 @@ import dataclasses
 import inspect
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from typing import Any
 
 import torch
@@ -66,6 +79,7 @@ import torch
 from rlvr_lightning import progress
 from rlvr_lightning.policies.base import Policy, PromptBatch, SamplingConfig
 from rlvr_lightning.rollout import Rollout
+from rlvr_lightning.timing import elapsed_seconds
 
 
 @dataclasses.dataclass
@@ -116,12 +130,14 @@ class AsyncRollouts:
         backend = self._engine()
         if backend is not None:
             backend.push_on_generate = False  # pushed above; the update must not reach it mid-generation
+        if self._stream is None and self._sampler is not self.policy and self._device().type == "cuda":
+            self._stream = torch.cuda.Stream(device=self._device())  # our loop beside the update: see "Streams"
         if self._stream is not None:
             self._stream.wait_stream(torch.cuda.current_stream())  # the pushed weights, before the sampler reads them
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlvr-rollout")
-        # a new thread starts with OpenMP's default thread count, not torch's setting (vLLM's CPU kernels read it)
-        self._future = self._executor.submit(self._sample, batch, seed, version, True, torch.get_num_threads())
+        thread_state = BackgroundThreadState(torch.get_num_threads(), self._device(), autocast_state(self._device()))
+        self._future = self._executor.submit(self._sample, batch, seed, version, thread_state)
         return push_seconds
 
     def wait(self) -> float:
@@ -147,24 +163,27 @@ class AsyncRollouts:
         if self._future is not None:
             raise RuntimeError("cannot sample while a rollout is in flight")
         self._push_weights()
-        return self._sample(batch, _draw_seed(), version, False)
+        return self._sample(batch, _draw_seed(), version)
 
-    def _sample(self, batch: PromptBatch, seed: int, version: int, background: bool, threads: int | None = None) -> SampledRollout:
-        if threads is not None:
-            torch.set_num_threads(threads)
-        generator = torch.Generator(device=self._generator_device()).manual_seed(seed)
-        started = time.perf_counter()
+    def _sample(self, batch: PromptBatch, seed: int, version: int, thread: BackgroundThreadState | None = None) -> SampledRollout:
+        """Sample `batch`; `thread`: in the background thread, the training thread's state to take on first."""
+        background = thread is not None
+        if background:
+            thread.enter()
+        device = self._device()
         stream = torch.cuda.stream(self._stream) if background and self._stream is not None else nullcontext()
-        with progress.muted() if background else nullcontext(), stream:
+        with progress.muted() if background else nullcontext(), stream, thread.precision() if background else nullcontext():
+            generator = torch.Generator(device=self._generator_device()).manual_seed(seed)
+            started = time.perf_counter()
             rollout = self._sampler.sample(batch, self.group_size, self.sampling, generator=generator)
-        if self._stream is not None and background:
-            self._stream.synchronize()
+            # on this thread's stream: the side stream's work is done before the training thread takes the rollout
+            seconds = elapsed_seconds(started, device)
         # What the sampler computed is the behaviour policy's log-probs; the trainer computes its own.
         if rollout.sampling_log_probs is None:
             rollout.sampling_log_probs = rollout.old_log_probs
         rollout.old_log_probs = None
         stats = dict(getattr(self._sampler, "last_generation_stats", None) or {})
-        stats["sampling_seconds"] = time.perf_counter() - started
+        stats["sampling_seconds"] = seconds
         return SampledRollout(rollout, stats, version)
 
     # ------------------------------------------------------------------ weights
@@ -174,14 +193,12 @@ class AsyncRollouts:
         started = time.perf_counter()
         if self._sampler is None:
             self._sampler = self.policy.sampling_copy()
-            if self._sampler is not self.policy and self._device().type == "cuda":
-                self._stream = torch.cuda.Stream(device=self._device())
         backend = self._engine()
         if backend is not None:
             backend.push_weights(self.policy.model, self.policy.tokenizer)
         elif self._sampler is not self.policy:
             copy_weights(self.policy, self._sampler)
-        return time.perf_counter() - started
+        return elapsed_seconds(started, self._device())
 
     def _engine(self):
         """The sampler's generation backend when it samples from weights of its own, else None."""
@@ -226,6 +243,41 @@ def copy_weights(source: torch.nn.Module, target: torch.nn.Module) -> None:
             origin = sources[name]
             if origin is not tensor:
                 tensor.copy_(origin)
+
+
+@dataclasses.dataclass(frozen=True)
+class BackgroundThreadState:
+    """Per-thread state of the training thread that the background sampler takes on: a new thread starts with
+    OpenMP's default thread count (vLLM's CPU kernels read it), on cuda:0, and without autocast."""
+
+    threads: int
+    device: torch.device
+    autocast: tuple[tuple[str, torch.dtype, bool], ...]  # (device type, dtype, cache enabled) of each active autocast
+
+    def enter(self) -> None:
+        torch.set_num_threads(self.threads)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+
+    def precision(self) -> AbstractContextManager:
+        stack = ExitStack()
+        for device_type, dtype, cache in self.autocast:
+            stack.enter_context(torch.autocast(device_type, dtype=dtype, cache_enabled=cache))
+        return stack
+
+
+def autocast_state(device: torch.device) -> tuple[tuple[str, torch.dtype, bool], ...]:
+    """The calling thread's active autocast contexts for `device`'s type and the CPU (Lightning's mixed
+    precision enters one around each training step)."""
+    state = []
+    for device_type in dict.fromkeys((device.type, "cpu")):
+        try:
+            enabled = torch.is_autocast_enabled(device_type)
+        except RuntimeError:  # a device type autocast does not know (meta)
+            continue
+        if enabled:
+            state.append((device_type, torch.get_autocast_dtype(device_type), torch.is_autocast_cache_enabled()))
+    return tuple(state)
 
 
 def _draw_seed() -> int:

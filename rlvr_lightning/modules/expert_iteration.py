@@ -19,7 +19,6 @@ RLVRModule's (the same `val/accuracy`). Lightning's `global_step` counts optimiz
 from __future__ import annotations
 
 import logging
-import time
 
 import lightning.pytorch as pl
 import torch
@@ -31,15 +30,17 @@ from rlvr_lightning.modules.gradients import backward_sync, policy_gradient_norm
 from rlvr_lightning.modules.rlvr import RLVRModule
 from rlvr_lightning.modules.sft import RewardScoringMixin, response_nll
 from rlvr_lightning.modules.step_metrics import all_gather, publish_step_metrics
+from rlvr_lightning.modules.training_precision import TrainingPrecisionCheck
 from rlvr_lightning.parallel.fsdp import ShardedPolicyModule, gathered_params
 from rlvr_lightning.policies.base import Policy, PromptBatch, SamplingConfig
 from rlvr_lightning.rewards.base import RewardCallback, find_reward_callbacks
 from rlvr_lightning.rollout import Rollout
+from rlvr_lightning.timing import clock
 
 log = logging.getLogger(__name__)
 
 
-class ExpertIterationModule(RewardScoringMixin, ShardedPolicyModule, pl.LightningModule):
+class ExpertIterationModule(TrainingPrecisionCheck, RewardScoringMixin, ShardedPolicyModule, pl.LightningModule):
     def __init__(
         self,
         policy: Policy,
@@ -144,13 +145,13 @@ class ExpertIterationModule(RewardScoringMixin, ShardedPolicyModule, pl.Lightnin
         return passing.nonzero().squeeze(-1)
 
     def training_step(self, batch: PromptBatch, batch_idx: int) -> None:
-        started = time.perf_counter()
+        started = clock(self.device)
         with gathered_params(self.policy):  # sharded (FSDP2): gathered once for the whole sampling call
             rollout = self.policy.sample(batch, self.group_size, self.sampling)
         self.score(rollout)
         passing = self.passing(rollout)
         rows = self.keep_rows(rollout, passing)
-        sampled = time.perf_counter()
+        sampled = clock(self.device)
         kept = rollout.select(rows)
         metrics: dict[str, Tensor | float] = {
             "train/reward_mean": rollout.reward.mean(),
@@ -167,7 +168,7 @@ class ExpertIterationModule(RewardScoringMixin, ShardedPolicyModule, pl.Lightnin
             log.warning("expert iteration round %d: no response passed; nothing to fine-tune on", batch_idx)
         else:
             metrics.update(self._fine_tune(kept))
-        finished = time.perf_counter()
+        finished = clock(self.device)
         metrics["time/sampling_s"] = sampled - started
         metrics["time/update_s"] = finished - sampled
         metrics["time/step_s"] = finished - started

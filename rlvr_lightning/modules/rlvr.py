@@ -19,7 +19,6 @@ and the next one is sampled in a background thread meanwhile (`modules/async_rol
 from __future__ import annotations
 
 import logging
-import time
 
 import lightning.pytorch as pl
 import torch
@@ -39,11 +38,13 @@ from rlvr_lightning.modules.dynamic_sampling import keep_informative_groups
 from rlvr_lightning.modules.policy_update import PolicyUpdate
 from rlvr_lightning.modules.scoring import RewardScoring
 from rlvr_lightning.modules.step_metrics import publish_step_metrics
+from rlvr_lightning.modules.training_precision import TrainingPrecisionCheck
 from rlvr_lightning.parallel.fsdp import ShardedPolicyModule, gathered_params
 from rlvr_lightning.policies.base import Policy, PromptBatch, SamplingConfig
 from rlvr_lightning.progress import report_stage
 from rlvr_lightning.rewards.base import RewardCallback, find_reward_callbacks
 from rlvr_lightning.rollout import Rollout
+from rlvr_lightning.timing import clock
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,7 @@ def _choice(option: str, value: str, choices) -> str:
     return value
 
 
-class RLVRModule(PolicyUpdate, RewardScoring, ShardedPolicyModule, pl.LightningModule):
+class RLVRModule(TrainingPrecisionCheck, PolicyUpdate, RewardScoring, ShardedPolicyModule, pl.LightningModule):
     #: arguments that are models or factories, not hyperparameters (the checkpoint holds them)
     MODEL_ARGUMENTS: tuple[str, ...] = ("policy", "optimizer", "lr_scheduler")
 
@@ -275,24 +276,24 @@ class RLVRModule(PolicyUpdate, RewardScoring, ShardedPolicyModule, pl.LightningM
     # ---------------------------------------------------------- training step
 
     def training_step(self, batch: PromptBatch, batch_idx: int) -> None:
-        started = time.perf_counter()
+        started = clock(self.device)
         self._maybe_update_reference()
         metrics: dict[str, Tensor | float] = {}
         with gathered_params(self.policy):  # sharded (FSDP2): gathered once for all of the step's sampling
             report_stage("generate")
             rollout, generation_stats = self._rollout_to_train(batch, metrics)
             if rollout is None:  # the first step of asynchronous rollouts only samples what the next step trains on
-                metrics["time/generation_s"] = metrics["time/step_s"] = time.perf_counter() - started
+                metrics["time/generation_s"] = metrics["time/step_s"] = clock(self.device) - started
                 publish_step_metrics(self, metrics)
                 return
-            generated = time.perf_counter()
+            generated = clock(self.device)
             report_stage("score")
             self.score(rollout)
             if self.dynamic_sampling:
                 rollout = self._dynamic_sampling(rollout, metrics)
         if self.async_rollouts is not None:  # the next rollout is sampled while this one trains
             metrics["time/weight_push_s"] = self.async_rollouts.launch(batch, self.trainer.global_step)
-        scored = time.perf_counter()
+        scored = clock(self.device)
         metrics.update(self._reward_metrics(rollout, prefix="train", generation_stats=generation_stats))
         metrics.update(bias_metrics(self, rollout))
         report_stage("log-probs")
@@ -307,7 +308,7 @@ class RLVRModule(PolicyUpdate, RewardScoring, ShardedPolicyModule, pl.LightningM
         update_stats = self._update(rollout)
         if self.async_rollouts is not None:
             metrics["time/rollout_wait_s"] = self.async_rollouts.wait()  # 0 when sampling took no longer than the update
-        finished = time.perf_counter()
+        finished = clock(self.device)
 
         metrics.update(update_stats)
         metrics["train/skipped_updates"] = float(self.skipped_updates)

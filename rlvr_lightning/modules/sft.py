@@ -32,6 +32,7 @@ from torch import Tensor
 
 from rlvr_lightning.core.aggregation import AGGREGATION_MODES, aggregate_loss
 from rlvr_lightning.modules.scoring import RewardScoring
+from rlvr_lightning.modules.training_precision import TrainingPrecisionCheck
 from rlvr_lightning.parallel.fsdp import ShardedPolicyModule, is_sharded
 from rlvr_lightning.policies.base import Policy, SamplingConfig, compute_device
 from rlvr_lightning.rewards.base import RewardCallback, find_reward_callbacks
@@ -200,7 +201,7 @@ class RewardScoringMixin(RewardScoring):
 # ------------------------------------------------------------------ the module
 
 
-class SFTModule(RewardScoringMixin, ShardedPolicyModule, pl.LightningModule):
+class SFTModule(TrainingPrecisionCheck, RewardScoringMixin, ShardedPolicyModule, pl.LightningModule):
     def __init__(
         self,
         policy: Policy,

@@ -23,7 +23,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from rlvr_lightning.policies.kv_cache import reserve_room
 from rlvr_lightning.progress import report_tokens
+from rlvr_lightning.timing import elapsed_seconds
 
 
 def left_pad(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor]:
@@ -67,11 +69,18 @@ def _sample_categorical(probs: Tensor, generator: torch.Generator | None = None)
     cdf = probs.cumsum(dim=-1)
     u = torch.rand((probs.shape[0], 1), device=probs.device, dtype=cdf.dtype, generator=generator) * cdf[:, -1:]
     tokens = torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
-    # `u` rounding up to the total mass can land on a zero-probability tail token: take the mode then
+    # `u` rounding up to the total mass can land on a zero-probability tail token: take the mode then. Asking
+    # whether a row needs it costs nothing on a CPU and saves a pass over the vocabulary; on an accelerator
+    # the answer would wait for the queued work, so the mode is computed for every row instead.
     valid = probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) > 0
-    if bool(valid.all()):
+    if host_reads_are_free(probs.device) and bool(valid.all()):
         return tokens
     return torch.where(valid, tokens, probs.argmax(dim=-1))
+
+
+def host_reads_are_free(device: torch.device) -> bool:
+    """Whether reading a value of `device` on the host costs no synchronisation (a CPU: nothing is queued)."""
+    return device.type == "cpu"
 
 
 def sample_next_token(
@@ -197,14 +206,15 @@ def _generate(
     start = time.perf_counter()
     device = prompt_ids.device
     num_rows = prompt_ids.shape[0] * n
-    eos = torch.as_tensor(sorted(set(eos_token_ids)), dtype=torch.long, device=device)
+    eos_ids = set(eos_token_ids)
+    eos = torch.as_tensor(sorted(eos_ids), dtype=torch.long, device=device)
     keep_kwargs = {"logits_to_keep": 1} if _supports_logits_to_keep(model) else {}
 
     # prefill the distinct prompts
     positions = position_ids_from_mask(prompt_mask)
     config = getattr(model, "config", None)
     cache = DynamicCache(config=config) if config is not None else DynamicCache()
-    _reserve_room(cache, prompt_ids.shape[1] + max_new_tokens)
+    reserve_room(cache, prompt_ids.shape[1] + max_new_tokens)
     out = model(
         input_ids=prompt_ids,
         attention_mask=prompt_mask,
@@ -219,68 +229,78 @@ def _generate(
     if n > 1:
         cache.batch_repeat_interleave(n)
         logits = logits.repeat_interleave(n, dim=0)
-    prefill_seconds = time.perf_counter() - start
+    prefill_seconds = elapsed_seconds(start, device)
 
     prompt_len = prompt_ids.shape[1]
     attention = torch.ones((num_rows, prompt_len + max_new_tokens), dtype=prompt_mask.dtype, device=device)
     attention[:, :prompt_len] = prompt_mask.repeat_interleave(n, dim=0)
     next_position = positions[:, -1].repeat_interleave(n, dim=0) + 1
-
     tokens_out = torch.full((num_rows, max_new_tokens), pad_token_id, dtype=torch.long, device=device)
     log_probs_out = torch.zeros((num_rows, max_new_tokens), dtype=torch.float32, device=device)
-    lengths = torch.full((num_rows,), max_new_tokens, dtype=torch.long, device=device)
-    finished = torch.zeros(num_rows, dtype=torch.bool, device=device)
-    by_string = torch.zeros(num_rows, dtype=torch.bool, device=device)
 
-    row_cap = None
-    if max_new_tokens_per_prompt is not None:
-        row_cap = torch.as_tensor(list(max_new_tokens_per_prompt), dtype=torch.long, device=device).repeat_interleave(n)
-    active = torch.arange(num_rows, device=device)  # original row of each row of the current batch
-    alive = torch.ones(num_rows, dtype=torch.bool, device=device)  # rows of the current batch still generating
+    # The host decides which rows end, from the step's tokens (one device-to-host copy per step: on a GPU
+    # every read of a device value waits for the queued work). Per original row:
+    lengths = [max_new_tokens] * num_rows
+    finished = [False] * num_rows
+    by_string = [False] * num_rows
+    caps = None if max_new_tokens_per_prompt is None else [cap for cap in max_new_tokens_per_prompt for _ in range(n)]
+    history: list[list[int]] = [[] for _ in range(num_rows)] if stop else []
+    # Per row of the current batch: its original row and whether it is still generating.
+    active = list(range(num_rows))
+    alive = [True] * num_rows
+    active_rows = torch.arange(num_rows, device=device)
+    dead_inputs = None  # bool[B] on the device: rows kept in the batch (no compaction) that ended; they are fed pad
     steps = 0
     for step in range(max_new_tokens):
         steps = step + 1
         suppress = eos if step < min_new_tokens else None
         token, token_log_prob = sample_next_token(logits, temperature, top_k, top_p, do_sample, suppress, generator)
-        rows = active[alive]
-        tokens_out[rows, step] = token[alive]
-        log_probs_out[rows, step] = token_log_prob[alive]
+        tokens_out[active_rows, step] = token  # rows that ended earlier are overwritten with pad at the end
+        log_probs_out[active_rows, step] = token_log_prob
         report_tokens(step + 1, max_new_tokens)
 
-        done = torch.isin(token, eos) & alive
-        if stop:
-            candidates = (alive & ~done).nonzero().squeeze(-1).tolist()
-            if candidates:
-                lo = max(0, step + 1 - stop.window)
-                tails = tokens_out[active[candidates], lo : step + 1].tolist()
-                hits = stop.check(tails)
-                hit_rows = [c for c, hit in zip(candidates, hits, strict=True) if hit]
-                if hit_rows:
-                    hit_index = torch.as_tensor(hit_rows, dtype=torch.long, device=device)
-                    done[hit_index] = True
-                    by_string[active[hit_index]] = True
-        if done.any():
-            lengths[active[done]] = step + 1
-            finished[active[done]] = True
-            alive = alive & ~done
-        if row_cap is not None:
-            capped = alive & (row_cap[active] <= step + 1)
-            if capped.any():
-                lengths[active[capped]] = step + 1
-                alive = alive & ~capped
-        if step == max_new_tokens - 1 or not alive.any():
+        sampled = token.tolist()  # the step's one host synchronisation
+        ended, candidates = [], []
+        for i, row in enumerate(active):
+            if not alive[i]:
+                continue
+            if stop:
+                history[row].append(sampled[i])
+            if sampled[i] in eos_ids:
+                ended.append(i)
+                finished[row] = True
+            elif stop:
+                candidates.append(i)
+        if candidates:
+            lo = max(0, step + 1 - stop.window)
+            hits = stop.check([history[active[i]][lo:] for i in candidates])
+            for i, hit in zip(candidates, hits, strict=True):
+                if hit:
+                    ended.append(i)
+                    finished[active[i]] = by_string[active[i]] = True
+        if caps is not None:
+            ending = set(ended)
+            ended += [i for i, row in enumerate(active) if alive[i] and i not in ending and caps[row] <= step + 1]
+        for i in ended:
+            lengths[active[i]] = step + 1
+            alive[i] = False
+        if step == max_new_tokens - 1 or not any(alive):
             break
-
-        if compact and not alive.all():
-            keep = alive.nonzero().squeeze(-1)
-            try:
-                cache.batch_select_indices(keep)
-            except (NotImplementedError, AttributeError):
-                compact = False
-            else:
-                active, token, attention, next_position = active[keep], token[keep], attention[keep], next_position[keep]
-                alive = alive[keep]
-        token = torch.where(alive, token, torch.full_like(token, pad_token_id))
+        if ended:
+            if compact:
+                keep = [i for i, flag in enumerate(alive) if flag]
+                try:
+                    cache.batch_select_indices(keep_index := host_to_device(keep, device, torch.long))
+                except (NotImplementedError, AttributeError):
+                    compact = False
+                else:
+                    active, alive = [active[i] for i in keep], [True] * len(keep)
+                    active_rows, token, attention = active_rows[keep_index], token[keep_index], attention[keep_index]
+                    next_position = next_position[keep_index]
+            if not compact:
+                dead_inputs = host_to_device([not flag for flag in alive], device, torch.bool)
+        if dead_inputs is not None:
+            token = token.masked_fill(dead_inputs, pad_token_id)
 
         out = model(
             input_ids=token.unsqueeze(-1),
@@ -295,84 +315,30 @@ def _generate(
         next_position = next_position + 1
     del cache
 
-    width = max(int(lengths.max().item()), 1) if num_rows else 1
-    width = min(width, steps)
-    columns = torch.arange(width, device=device)
-    mask = columns.unsqueeze(0) < lengths.unsqueeze(-1)
+    width = min(max(max(lengths), 1), steps) if num_rows else 1
+    lengths_tensor = host_to_device(lengths, device, torch.long)
+    mask = torch.arange(width, device=device).unsqueeze(0) < lengths_tensor.unsqueeze(-1)
     response_ids = tokens_out[:, :width].masked_fill(~mask, pad_token_id)
     log_probs = log_probs_out[:, :width].masked_fill(~mask, 0.0)
     return GenerationOutput(
         response_ids=response_ids,
         response_mask=mask.float(),
-        truncated=~finished,
+        truncated=~host_to_device(finished, device, torch.bool),
         log_probs=log_probs,
-        stopped_by_string=by_string,
-        seconds=time.perf_counter() - start,
+        stopped_by_string=host_to_device(by_string, device, torch.bool),
+        seconds=elapsed_seconds(start, device),
         prefill_seconds=prefill_seconds,
         steps=steps,
     )
 
 
-def _reserve_room(cache, capacity: int) -> None:
-    """Plain (full-attention) layers of a `DynamicCache` append in place instead of `torch.cat`: each decoding
-    step would otherwise re-allocate every layer's keys and values. Room doubles when full, up to `capacity`."""
-    from transformers.cache_utils import DynamicLayer
-
-    layers = getattr(cache, "layers", None)
-    if isinstance(layers, list):
-        cache.layers = [_growing_layer(capacity) if type(layer) is DynamicLayer else layer for layer in layers]
-
-
-def _growing_layer(capacity: int):
-    layer = _growing_layer_class()()
-    layer.capacity = capacity
-    return layer
-
-
-@functools.cache
-def _growing_layer_class() -> type:
-    from transformers.cache_utils import DynamicLayer
-
-    class GrowingLayer(DynamicLayer):
-        capacity = 0
-        length = 0
-        key_room = value_room = None
-
-        def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
-            if not self.is_initialized:
-                self.lazy_initialization(key_states, value_states)
-            end = self.length + key_states.shape[-2]
-            if self.key_room is None or end > self.key_room.shape[-2]:
-                room = min(max(end, 2 * self.length, 64), max(self.capacity, end))
-                self.key_room = self._grown(self.key_room, key_states, room)
-                self.value_room = self._grown(self.value_room, value_states, room)
-            self.key_room[..., self.length : end, :] = key_states
-            self.value_room[..., self.length : end, :] = value_states
-            self.length = end
-            return self._views()
-
-        def _grown(self, old: Tensor | None, new: Tensor, room: int) -> Tensor:
-            grown = new.new_empty((*new.shape[:-2], room, new.shape[-1]))
-            if old is not None:
-                grown[..., : self.length, :] = old[..., : self.length, :]
-            return grown
-
-        def _views(self) -> tuple[Tensor, Tensor]:
-            self.keys, self.values = self.key_room[..., : self.length, :], self.value_room[..., : self.length, :]
-            return self.keys, self.values
-
-        def batch_repeat_interleave(self, repeats: int) -> None:
-            if self.key_room is not None:
-                self.key_room = self.key_room.repeat_interleave(repeats, dim=0)
-                self.value_room = self.value_room.repeat_interleave(repeats, dim=0)
-                self._views()
-
-        def batch_select_indices(self, indices: Tensor) -> None:
-            if self.key_room is not None:
-                self.key_room, self.value_room = self.key_room[indices], self.value_room[indices]
-                self._views()
-
-    return GrowingLayer
+def host_to_device(values: list, device: torch.device, dtype: torch.dtype) -> Tensor:
+    """`values` as a tensor on `device`, queued without waiting for the device (a CUDA copy from pageable
+    memory synchronises; one from pinned memory is ordered on the stream like a kernel)."""
+    tensor = torch.tensor(values, dtype=dtype)
+    if device.type == "cuda":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
 
 
 @functools.wraps(_generate)

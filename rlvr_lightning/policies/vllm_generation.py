@@ -13,7 +13,10 @@ As TRL's colocate mode: the engine is created on the first `sample` (inside the 
 own engine on its own prompts). It starts from the model's config with dummy weights and receives the
 policy's weights right away, and again before every rollout whose weights changed (optimizer steps and
 parameter version counters tell; LoRA adapters are merged out of place, sharded parameters gathered).
-Pushing uses the worker's in-place `reload_weights`, which works on GPU and CPU alike.
+Pushing uses the worker's in-place `reload_weights`, which works on GPU and CPU alike, fed one tensor at a
+time, cast to the engine's dtype (never a list of every full tensor: an 8B model's fp32 weights are 32 GB).
+`dtype: auto` is the trainer's compute dtype (FSDP2's `param_dtype`, or `bf16-mixed`'s autocast dtype, else
+the weights'); the engine computes in its own dtype, so autocast is off around its calls.
 
 Sampling log-probs are the engine's (`logprobs_mode="processed_logprobs"`: after temperature, as the
 trainer computes them). They are exact enough to serve as old log-probs only from an fp32 engine
@@ -24,8 +27,9 @@ Each request gets a seed drawn from torch's global generator (or the `generator`
 `seed_everything` governs sampling and a resumed run draws the same seeds; the engine's own seeding at
 start-up is kept away from the training process's random states. Not bitwise across a resume: the
 engine's kernels run again on a new engine. Sleep mode (`sleep_level`) frees the KV cache (1) or also
-the weights (2) between rollouts on GPU; vLLM's CPU backend cannot sleep, so on a CPU it is a no-op
-with a warning. `RLVRModule(rollout_staleness=1)` calls `push_weights` between updates and turns
+the weights (2) between rollouts on GPU; waking takes the weights first, then the push, then the KV
+cache, so that the cache is not held while the pushed tensors are gathered and cast. vLLM's CPU backend
+cannot sleep, so on a CPU it is a no-op with a warning. `RLVRModule(rollout_staleness=1)` calls `push_weights` between updates and turns
 `push_on_generate` off while a generation runs in its background thread.
 """
 
@@ -44,8 +48,10 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from rlvr_lightning.policies.compute_dtype import compute_dtype
 from rlvr_lightning.policies.generation import GenerationOutput
 from rlvr_lightning.policies.generation_backend import GenerationBackend, response_tensors
+from rlvr_lightning.timing import elapsed_seconds
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +75,8 @@ class VLLMGeneration(GenerationBackend):
     ) -> None:
         """
         Args:
-            dtype: the engine's weights and activations; "auto" follows the policy's dtype.
+            dtype: the engine's weights and activations; "auto": the trainer's compute dtype (FSDP2's
+                `param_dtype`, autocast's dtype under `bf16-mixed`, else the policy's weights').
             gpu_memory_utilization: the share of GPU memory vLLM may take (weights + KV cache), leaving the
                 rest to training.
             kv_cache_memory_gib: a fixed KV cache size instead (the default on a CPU: 1 GiB).
@@ -100,7 +107,7 @@ class VLLMGeneration(GenerationBackend):
         self._trainer_dtype: torch.dtype | None = None
         self._model_dir: tempfile.TemporaryDirectory | None = None
         self._pushed_version: tuple | None = None
-        self._sleeping = False
+        self._asleep: set[str] = set()  # the engine's memory that sleep released: "weights", "kv_cache"
         self._last_filtered = False
         self.weight_pushes = 0
 
@@ -116,8 +123,9 @@ class VLLMGeneration(GenerationBackend):
 
         started = time.perf_counter()
         engine_start = self._ensure_engine(model, tokenizer)
-        self._wake_up()
+        self._wake("weights")
         push_seconds = self._push_weights_if_changed(model) if self.push_on_generate else 0.0
+        self._wake("kv_cache")
         self._last_filtered = sampling.do_sample and (sampling.top_k > 0 or sampling.top_p < 1.0)
         # one seed per prompt from torch's generator (or the caller's): seed_everything governs sampling, resume
         # draws the same
@@ -141,7 +149,8 @@ class VLLMGeneration(GenerationBackend):
             for seed, cap in zip(seeds, caps, strict=True)
         ]
         generated = time.perf_counter()
-        outputs = self._llm.generate([{"prompt_token_ids": list(p)} for p in prompt_token_ids], params, use_tqdm=False)
+        with _no_autocast(model):
+            outputs = self._llm.generate([{"prompt_token_ids": list(p)} for p in prompt_token_ids], params, use_tqdm=False)
         decode_seconds = time.perf_counter() - generated
 
         responses, log_probs, truncated, by_string = [], [], [], []
@@ -172,28 +181,29 @@ class VLLMGeneration(GenerationBackend):
     def push_weights(self, model: nn.Module, tokenizer: Any) -> float:
         """Start the engine if needed, wake it, and push the weights if they changed (seconds for the push)."""
         self._ensure_engine(model, tokenizer)
-        self._wake_up()
+        self._wake("weights")  # the KV cache wakes when a generation needs it
         return self._push_weights_if_changed(model)
 
     def sleep(self) -> None:
-        if self.sleep_level == 0 or self._llm is None or self._sleeping:
+        if self.sleep_level == 0 or self._llm is None or self._asleep:
             return
         if not torch.cuda.is_available():
             return  # warned once when the engine was created
         self._llm.sleep(level=self.sleep_level)
-        self._sleeping = True
+        self._asleep = {"weights", "kv_cache"}
 
-    def _wake_up(self) -> None:
-        if not self._sleeping:
+    def _wake(self, tag: str) -> None:
+        """Reallocate the engine's `tag` memory ("weights" or "kv_cache") if sleep released it."""
+        if tag not in self._asleep:
             return
-        self._llm.wake_up()
-        self._sleeping = False
-        if self.sleep_level == 2:
+        self._llm.wake_up(tags=[tag])
+        self._asleep.discard(tag)
+        if tag == "weights" and self.sleep_level == 2:
             self._pushed_version = None  # level 2 discarded the weights
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        state.update(_llm=None, _model_dir=None, _pushed_version=None, _sleeping=False)  # an engine does not travel
+        state.update(_llm=None, _model_dir=None, _pushed_version=None, _asleep=set())  # an engine does not travel
         return state
 
     # ------------------------------------------------------------------ engine
@@ -215,9 +225,9 @@ class VLLMGeneration(GenerationBackend):
         logging.getLogger("vllm.model_executor.model_loader.reload").setLevel(logging.ERROR)
         on_gpu = torch.cuda.is_available()
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        dtype = self.dtype if self.dtype != "auto" else str(next(base.parameters()).dtype).removeprefix("torch.")
+        self._trainer_dtype = compute_dtype(base)
+        dtype = self.dtype if self.dtype != "auto" else str(self._trainer_dtype).removeprefix("torch.")
         self._engine_dtype = getattr(torch, dtype)
-        self._trainer_dtype = next(base.parameters()).dtype
         kwargs: dict[str, Any] = {
             "dtype": dtype,
             "seed": self.seed + _rank(),
@@ -260,35 +270,39 @@ class VLLMGeneration(GenerationBackend):
         if version == self._pushed_version:
             return 0.0
         started = time.perf_counter()
-        self._llm.collective_rpc(
-            "reload_weights", kwargs={"weights_iterator": iter(list(named_weights(model))), "is_checkpoint_format": True}
-        )
+        weights = named_weights(model, self._engine_dtype)  # a generator: one gathered, cast tensor at a time
+        with _no_autocast(model):
+            self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
         self._llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
         self._pushed_version = version
         self.weight_pushes += 1
-        return time.perf_counter() - started
+        return elapsed_seconds(started, next(model.parameters()).device)
 
 
-def named_weights(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
-    """The model's weights under their Hugging Face checkpoint names: LoRA adapters merged into copies of
-    the base weights (the "default" adapter; the base weights are not touched), sharded tensors gathered."""
-    deltas: dict[str, Tensor] = {}
+def named_weights(model: nn.Module, dtype: torch.dtype | None = None) -> Iterator[tuple[str, Tensor]]:
+    """The model's weights under their Hugging Face checkpoint names, one at a time, cast to `dtype` (None: as
+    they are): LoRA adapters merged into copies of the base weights (the "default" adapter; the base weights
+    are not touched), sharded tensors gathered. Only the tensor being yielded is held in full."""
+    adapters: dict[str, nn.Module] = {}
     is_peft = hasattr(model, "get_base_model")
     if is_peft:
         from peft.tuners.lora import LoraLayer
 
-        with torch.no_grad():
-            for name, module in model.named_modules():
-                if isinstance(module, LoraLayer) and "default" in module.lora_A:
-                    deltas[f"{name}.base_layer.weight"] = _full(module.get_delta_weight("default"))
+        adapters = {
+            f"{name}.base_layer.weight": module
+            for name, module in model.named_modules()
+            if isinstance(module, LoraLayer) and "default" in module.lora_A
+        }
     for name, tensor in model.state_dict().items():
         if is_peft:
             if ".lora_" in name:
                 continue
-            if name in deltas:
-                tensor = _full(tensor) + deltas[name].to(tensor.dtype)
+            if name in adapters:
+                with torch.no_grad():
+                    tensor = _full(tensor) + _full(adapters[name].get_delta_weight("default")).to(tensor.dtype)
             name = name.removeprefix("base_model.model.").replace(".base_layer.", ".")
-        yield name, _full(tensor).detach()
+        tensor = _full(tensor).detach()
+        yield name, tensor.to(dtype) if dtype is not None and tensor.is_floating_point() else tensor
 
 
 def _full(tensor: Tensor) -> Tensor:
@@ -318,6 +332,12 @@ def _parameter_version(model: nn.Module) -> tuple:
     version counters, so steps are counted), in place otherwise (load_state_dict), or replaced."""
     versions = tuple((id(p), getattr(p, "_local_tensor", p)._version) for p in model.parameters())
     return _optimizer_steps, versions
+
+
+def _no_autocast(model: nn.Module):
+    """Autocast (per thread, entered by Lightning's mixed precision) off for the model's device type: the engine
+    computes in its own dtype."""
+    return torch.autocast(next(model.parameters()).device.type, enabled=False)
 
 
 def _rank() -> int:

@@ -167,7 +167,7 @@ def test_sleep_mode_is_a_no_op_with_a_warning_on_cpu(make_policy):
     policy = make_policy(generation=engine(sleep_level=1))
     with pytest.warns(UserWarning, match="no sleep mode"):
         rollout = policy.sample({"prompt": PROMPTS[:1]}, 2, SamplingConfig(max_new_tokens=4))
-    assert rollout.num_rows == 2 and not policy.generation._sleeping
+    assert rollout.num_rows == 2 and not policy.generation._asleep
 
 
 def test_bad_options_name_the_choices():

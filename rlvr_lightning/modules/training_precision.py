@@ -1,0 +1,52 @@
+"""Refuse training precisions that lose the update: weights the optimizer steps in bf16/fp16, and fp16's loss
+scaling under manual optimisation.
+
+bf16 keeps 8 significant bits: an update smaller than about 1/256 of a weight rounds away. AdamW's update is
+about `lr` per weight, so at RL learning rates (1e-6) almost no bf16 weight moves; mixed-precision training
+keeps fp32 master weights for that reason (Micikevicius et al. 2018, "Mixed precision training", sec. 3.1).
+Here that is `trainer.precision: bf16-mixed` over fp32 weights, or FSDP2's `param_dtype: bfloat16` over
+fp32 shards; LoRA adapters are fp32 over a bf16 base (peft's default).
+"""
+
+from __future__ import annotations
+
+import torch
+
+LOW_PRECISION = (torch.bfloat16, torch.float16)
+
+
+class TrainingPrecisionCheck:
+    """Mixin for the training modules: `check_training_precision` when fit starts (after Lightning's precision
+    plugin converted the weights and the strategy sharded them)."""
+
+    def on_fit_start(self) -> None:
+        super().on_fit_start()
+        check_training_precision(self)
+
+
+def check_training_precision(module) -> None:
+    precision = str(module.trainer.precision)
+    if precision.startswith("16") and precision.endswith("mixed") and not module.automatic_optimization:
+        raise ValueError(
+            f"trainer.precision={precision!r} is not supported by {type(module).__name__}: fp16 needs a loss scaler, "
+            "and this module steps its optimizer itself (manual optimisation), so gradients would be clipped while "
+            "still scaled and a skipped non-finite step would never lower the scale. Use trainer.precision: "
+            "bf16-mixed (no scaling needed), or 32-true"
+        )
+    low = [(name, p.dtype) for name, p in module.named_parameters() if p.requires_grad and p.dtype in LOW_PRECISION]
+    if not low:
+        return
+    dtype = low[0][1]
+    names = ", ".join(name for name, _ in low[:3]) + (f", ... ({len(low)} in all)" if len(low) > 3 else "")
+    if precision.endswith("-true") and not precision.startswith(("32", "64")):
+        cause = f"trainer.precision={precision!r} converts every weight to {dtype}"
+        fix = "train with trainer.precision: bf16-mixed over fp32 weights"
+    else:
+        cause = f"the policy's weights are loaded in {dtype} (its dtype option) and trainer.precision={precision!r} keeps them so"
+        fix = "load the policy with dtype: float32 and train with trainer.precision: bf16-mixed"
+    raise ValueError(
+        f"{cause}: the optimizer would update {dtype} weights in place ({names}), and an update smaller than "
+        f"1/256 of a weight is rounded away (at lr 1e-6 almost none moves). Keep fp32 master weights: {fix}, or "
+        "shard with FSDP2Strategy(param_dtype: bfloat16) over fp32 weights; or train a LoRA adapter (lora_r > 0), "
+        "whose weights stay fp32 over a bf16 base"
+    )
