@@ -14,7 +14,8 @@ the checkpoints, last.ckpt and final.ckpt, in its checkpoints/ folder.)
 
 `eval` builds the policy, the task and the reward callbacks from the recipe YAML (so prompts,
 answer extraction and format check are the recipe's), optionally loads the policy weights of a
-Lightning checkpoint, and calls `HFPolicy.sample` directly on the task's validation examples. It
+Lightning checkpoint (a recipe whose policy starts from an earlier stage's checkpoint is evaluated
+untrained without `--ckpt`: pass that stage's checkpoint to evaluate it), and calls `HFPolicy.sample` directly on the task's validation examples. It
 reports `rlvr_lightning.evaluation.ValidationMetrics` (accuracy from the first `kind: task`
 reward, format rate from the first `kind: format` reward, pass@k and majority vote when
 `--samples` > 1, mean response length) for each decoding mode, plus wall time, as JSON.
@@ -58,7 +59,10 @@ def build(config_path: str, ckpt: str | None, no_tools: bool = False):
     model_args = config["model"]["init_args"]
     if no_tools:  # the same recipe with the policy's tools taken away (the control of a tool-use recipe)
         model_args["policy"].get("init_args", {}).pop("tools", None)
-    policy = _instantiate(model_args["policy"])
+    policy_spec = model_args["policy"]
+    if policy_spec["class_path"].endswith("policy_from_checkpoint"):  # a later stage: its weights come from --ckpt
+        policy_spec = policy_spec["init_args"]["policy"]
+    policy = _instantiate(policy_spec)
     if ckpt:
         state = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
         policy_state = {k.removeprefix("policy."): v for k, v in state.items() if k.startswith("policy.")}
