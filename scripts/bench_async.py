@@ -52,6 +52,13 @@ def leg_config(base: Path, out: Path, name: str, staleness: int, seed: int, trai
     config = yaml.safe_load(base.read_text())
     config["seed_everything"] = seed
     config["model"]["init_args"]["rollout_staleness"] = staleness
+    policy = config["model"]["init_args"]["policy"]
+    if policy["class_path"].endswith("policy_from_checkpoint"):  # the recipe starts from its warm-up's checkpoint
+        checkpoint = Path(policy["init_args"]["checkpoint_path"]).resolve()
+        if not checkpoint.is_file():
+            raise SystemExit(f"{base} starts from {checkpoint}, which does not exist: run its warm-up stage first "
+                             "(scripts/train_smollm2_arithmetic.sh writes it under RUN_DIR/checkpoints/warmup)")
+        policy["init_args"]["checkpoint_path"] = str(checkpoint)
     options = config["trainer"]
     options["callbacks"] = [
         cb for cb in options["callbacks"] if not cb["class_path"].endswith(("ModelCheckpoint", "RolloutTableLogger"))
