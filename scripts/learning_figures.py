@@ -280,13 +280,14 @@ def curriculum_figure(name: str, bench_args: tuple[str, ...], no_filter: Band, f
 def language_model_figures() -> list[Figure]:
     train = ("bash", "{repo}/scripts/train_smollm2_arithmetic.sh", "{run_dir}", "--seed_everything", "{seed}")
     calculator = "{repo}/configs/smollm2_calculator.yaml"
+    interpreter = (("PYTHON", "{python}"),)  # the script runs $PYTHON (default: python on the PATH)
     return [
-        Figure("smollm2_arithmetic", "README: SmolLM2 learns 2-digit addition", (Command(train, cwd="repo"),), (
+        Figure("smollm2_arithmetic", "README: SmolLM2 learns 2-digit addition", (Command(train, cwd="repo", env=interpreter),), (
             Metric("final_val_accuracy", csv_final(CSV_LOG, "val/accuracy"), Band(ARITHMETIC_MIN_VAL_ACCURACY),
                    f"last val/accuracy (greedy, held-out) of {CSV_LOG}", percent=True),
         ), curves=(Curve("smollm2_arithmetic", CSV_LOG),)),
         Figure("smollm2_calculator", "README: SmolLM2 learns to use the calculator", (
-            Command(train, cwd="repo", env=(("CONFIG", calculator),)),
+            Command(train, cwd="repo", env=(*interpreter, ("CONFIG", calculator))),
             Command(("{python}", "{repo}/scripts/eval_arithmetic.py", "eval", "--config", calculator, "--num", "100", "--modes", "greedy",
                      "--ckpt", "{run_dir}/csv/version_0/checkpoints/final.ckpt", "--out", "{run_dir}/eval_after.json"), cwd="repo"),
         ), (

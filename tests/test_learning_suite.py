@@ -133,6 +133,7 @@ def test_the_registry_quick_set_and_bands(suite, figures):
 FAKE_TRAIN = """#!/usr/bin/env bash
 # stand-in of scripts/train_smollm2_arithmetic.sh: RUN_DIR --seed_everything SEED -> RUN_DIR/csv/version_0/
 set -euo pipefail
+test -x "$PYTHON"  # the suite's interpreter, which the real script runs
 run_dir=$1; seed=$3
 mkdir -p "$run_dir/csv/version_0/checkpoints"
 case $seed in 0) final=0.76;; 1) final=0.72;; *) final=0.64;; esac
