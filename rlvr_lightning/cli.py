@@ -31,6 +31,7 @@ from lightning.pytorch.cli import LightningCLI
 import rlvr_lightning.data  # noqa: F401  registers the data modules: `--data.help RLVRDataModule`
 import rlvr_lightning.modules  # noqa: F401  registers the modules: `--model.help RLVRModule`
 from rlvr_lightning import cli_errors
+from rlvr_lightning.callbacks.environment import WriteEnvironment
 from rlvr_lightning.callbacks.interrupt import SaveOnInterrupt, TrainingInterrupted
 from rlvr_lightning.callbacks.predictions import CompletionWriter
 from rlvr_lightning.callbacks.progress import ProgressLines, RewardProgressBar
@@ -116,7 +117,8 @@ class RLVRCLI(LightningCLI):
     def instantiate_trainer(self, **kwargs) -> pl.Trainer:
         """Adds what the config does not have: a Rich progress bar showing the mean reward and what a long
         step is doing (or, with the bar disabled, a line per minute of a long step), `SaveOnInterrupt`
-        for `fit`, and a JSONL writer of the completions for `predict`."""
+        and `WriteEnvironment` (environment.json beside the logs) for `fit`, and a JSONL writer of the
+        completions for `predict`."""
         trainer_config = self._get(self.config_init, "trainer", default={})
         callbacks = trainer_config.get("callbacks") or []
         callbacks = [callbacks] if isinstance(callbacks, pl.Callback) else list(callbacks)  # Lightning accepts one
@@ -128,6 +130,8 @@ class RLVRCLI(LightningCLI):
             added.append(ProgressLines())
         if self.subcommand == "fit" and not any(isinstance(cb, SaveOnInterrupt) for cb in callbacks):
             added.append(SaveOnInterrupt())
+        if self.subcommand == "fit" and not any(isinstance(cb, WriteEnvironment) for cb in callbacks):
+            added.append(WriteEnvironment())
         if self.subcommand == "predict" and not any(isinstance(cb, BasePredictionWriter) for cb in callbacks):
             root = trainer_config.get("default_root_dir") or "."
             added.append(CompletionWriter(os.path.join(str(root), "predictions.jsonl")))

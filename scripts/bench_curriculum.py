@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import os
 import statistics
 import sys
@@ -96,6 +97,7 @@ def main() -> None:
     parser.add_argument("--mode", default="window", choices=["window", "fail_all"])
     parser.add_argument("--filter-arg", action="append", default=[], help="extra DifficultyFilter init arg, KEY=VALUE")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--out", type=Path, default=None, help="also write every run's numbers here, as JSON ({label: [one dict per seed]})")
     args = parser.parse_args()
     torch.set_num_threads(1)
     os.environ.setdefault("WANDB_MODE", "disabled")
@@ -112,6 +114,9 @@ def main() -> None:
                 result = run(name, args, seed, with_filter, Path(tmp))
                 results[label].append(result)
                 print(f"seed {seed} {label:>9}: " + ", ".join(f"{k} {v:.4g}" for k, v in result.items()), flush=True)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"seeds": args.seeds, **results}, indent=1) + "\n")
     plain, filtered = results["no filter"], results["filter"]
     assert [r["updates"] for r in plain] == [r["updates"] for r in filtered], "runs made different numbers of updates"
 

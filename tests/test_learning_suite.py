@@ -1,0 +1,185 @@
+"""scripts/learning_suite.py: seeds in fresh one-thread processes, bands checked per seed, records and plots;
+the registry's language-model entries against stand-ins of their scripts (same arguments, same outputs)."""
+
+import importlib.util
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+QUICK = {"sort_lecture", "sort_grpo", "sft_then_grpo"} | {f"recipe_{r}" for r in (
+    "dapo", "dr_grpo", "gspo", "cispo", "rloo", "ppo", "reinforce_pp", "reinforce_baseline", "grpo", "max_reward", "reinforce")}
+
+
+def load(name):
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def suite():
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        yield load("learning_suite")
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+
+
+@pytest.fixture(scope="module")
+def figures(suite):
+    return sys.modules["learning_figures"]
+
+
+# A run that logs one validation accuracy per seed, and what its process was: pid and thread settings.
+FAKE_RUN = """
+import json, os, sys
+seed, run_dir = int(sys.argv[1]), sys.argv[2]
+accuracy = {0: 0.8, 1: 0.5, 2: 0.9}[seed]
+os.makedirs(run_dir + "/csv/version_0", exist_ok=True)
+with open(run_dir + "/csv/version_0/metrics.csv", "w") as f:
+    f.write("step,time/step_s,val/accuracy\\n0,30.0,\\n0,,0.1\\n1,30.0,\\n1,,%s\\n" % accuracy)
+json.dump({"pid": os.getpid(), "omp": os.environ.get("OMP_NUM_THREADS"), "mkl": os.environ.get("MKL_NUM_THREADS"), "cwd": os.getcwd()},
+          open(run_dir + "/process.json", "w"))
+"""
+
+
+def fake_figure(figures, band, name="fake"):
+    return figures.Figure(
+        name, "nowhere",
+        (figures.Command(("{python}", "-c", FAKE_RUN, "{seed}", "{run_dir}")),),
+        (figures.Metric("val", figures.csv_final(figures.CSV_LOG, "val/accuracy"), band, "last val/accuracy", percent=True),),
+        curves=(figures.Curve("fake", figures.CSV_LOG),),
+    )
+
+
+def test_every_seed_runs_in_its_own_one_thread_process_and_is_checked_against_the_band(suite, figures, tmp_path, capsys):
+    figure = fake_figure(figures, figures.Band(0.6))
+    status = suite.main(["--workdir", str(tmp_path / "runs"), "--figures_dir", str(tmp_path / "docs"), "--plot"], figures=(figure,))
+    out = capsys.readouterr().out
+    assert status == 1  # seed 1 (50%) is outside [60%, ...)
+    rows = [line.split() for line in out.splitlines() if line.startswith("fake ")]
+    assert [(row[2], row[3], row[-1]) for row in rows] == [("0", "80.0%", "PASS"), ("1", "50.0%", "FAIL"), ("2", "90.0%", "PASS")]
+    processes = [json.loads((tmp_path / "runs" / "fake" / f"seed_{s}" / "process.json").read_text()) for s in (0, 1, 2)]
+    assert len({p["pid"] for p in processes} | {os.getpid()}) == 4
+    assert all(p["omp"] == "1" and p["mkl"] == "1" for p in processes)
+    assert processes[0]["cwd"] == str((tmp_path / "runs" / "fake" / "seed_0").resolve())  # cwd="run_dir"
+
+    record = json.loads((tmp_path / "docs" / "fake.json").read_text())
+    metric = record["metrics"]["val"]
+    assert metric["values"] == {"0": 0.8, "1": 0.5, "2": 0.9}
+    assert metric["mean"] == pytest.approx(2.2 / 3) and metric["std"] == pytest.approx(0.2081666, abs=1e-6)
+    assert metric["band"] == {"lo": 0.6, "hi": None, "over": "each", "text": ">= 60.0% every seed"}
+    assert not metric["pass"] and not record["pass"] and record["seeds"] == [0, 1, 2]
+    assert record["check"] == "python scripts/learning_suite.py --only fake --seeds 0 1 2"
+    assert record["commands"][0].startswith("(in {run_dir}) python -c")
+    assert record["date"].count("-") == 2
+    environment = record["environment"]
+    assert environment["threads"] == {"torch": 1, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    assert {"python", "torch", "packages", "machine", "git", "date"} <= set(environment)
+    assert (tmp_path / "docs" / "fake.png").stat().st_size > 0
+
+
+def test_a_mean_band_a_failed_command_and_no_run(suite, figures, tmp_path, capsys):
+    workdir, docs = str(tmp_path / "runs"), str(tmp_path / "docs")
+    mean_band = fake_figure(figures, figures.Band(0.7, 0.8, over="mean"))  # mean 73.3%; seed 1 alone is not checked
+    assert suite.main(["--workdir", workdir, "--figures_dir", docs], figures=(mean_band,)) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("fake ")]
+    assert [len(row) for row in rows[:3]] == [4, 4, 4]  # per seed: a value, no band, no verdict
+    assert rows[3] == ["fake", "val", "mean", "73.3%", "[70.0%,", "80.0%]", "mean", "PASS"]
+
+    broken = figures.Figure("broken", "nowhere", (figures.Command(("{python}", "-c", "raise SystemExit(3)")),),
+                            (figures.Metric("val", figures.csv_final(figures.CSV_LOG, "val/accuracy"), figures.Band(0.0), "x"),), seeds=(0,))
+    assert suite.main(["--workdir", workdir, "--figures_dir", docs], figures=(broken,)) == 1
+    out = capsys.readouterr().out
+    assert "command 1 exited with 3" in out and out.rstrip().splitlines()[-1].startswith("0 of 1 figures hold")
+    assert json.loads((tmp_path / "docs" / "broken.json").read_text())["errors"]["0"].startswith("command 1 exited with 3")
+
+    # --no_run reads the runs already there: the mean-band runs of above, checked against another band
+    strict = fake_figure(figures, figures.Band(0.75))
+    assert suite.main(["--workdir", workdir, "--figures_dir", docs, "--no_run", "--seeds", "0", "2"], figures=(strict,)) == 0
+
+
+def test_list_and_unknown_names(suite, capsys):
+    assert suite.main(["--list", "--only", "smollm2_*"]) == 0
+    out = capsys.readouterr().out
+    assert "bash '{repo}/scripts/train_smollm2_arithmetic.sh' '{run_dir}' --seed_everything '{seed}'" in out
+    assert "CONFIG='{repo}/configs/smollm2_calculator.yaml'" in out
+    with pytest.raises(SystemExit, match="--only nope names no figure; valid: sort_lecture, sort_grpo"):
+        suite.main(["--only", "nope"])
+
+
+def test_the_registry_quick_set_and_bands(suite, figures):
+    names = [figure.name for figure in figures.FIGURES]
+    assert len(names) == len(set(names))
+    assert {figure.name for figure in suite.select(suite.parse_args(["--quick"]), figures.FIGURES)} == QUICK
+    for figure in figures.FIGURES:
+        assert figure.seeds == (0, 1, 2) and figure.metrics
+        for metric in figure.metrics:
+            finite = [bound for bound in (metric.band.lo, metric.band.hi) if bound is not None and math.isfinite(bound)]
+            assert finite, f"{figure.name}.{metric.name} has no band"
+    arithmetic = next(f for f in figures.FIGURES if f.name == "smollm2_arithmetic")
+    assert arithmetic.metrics[0].band == figures.Band(figures.ARITHMETIC_MIN_VAL_ACCURACY) and figures.ARITHMETIC_MIN_VAL_ACCURACY == 0.70
+    with pytest.raises(ValueError, match="over='all' is not valid; choose one of 'each', 'mean'"):
+        figures.Band(0.5, over="all")
+
+
+FAKE_TRAIN = """#!/usr/bin/env bash
+# stand-in of scripts/train_smollm2_arithmetic.sh: RUN_DIR --seed_everything SEED -> RUN_DIR/csv/version_0/
+set -euo pipefail
+test -x "$PYTHON"  # the suite's interpreter, which the real script runs
+run_dir=$1; seed=$3
+mkdir -p "$run_dir/csv/version_0/checkpoints"
+case $seed in 0) final=0.76;; 1) final=0.72;; *) final=0.64;; esac
+printf 'step,time/step_s,train/rewards/math_accuracy,val/accuracy\\n' > "$run_dir/csv/version_0/metrics.csv"
+for step in 0 1 2 3; do printf '%s,12.5,0.5,\\n' $step >> "$run_dir/csv/version_0/metrics.csv"; done
+printf '1,,,0.3\\n3,,,%s\\n' $final >> "$run_dir/csv/version_0/metrics.csv"
+echo "${CONFIG:-arithmetic} $seed" > "$run_dir/csv/version_0/checkpoints/final.ckpt"
+"""
+FAKE_EVAL = """import json, sys
+args = sys.argv[1:]
+config, ckpt, out = (args[args.index(flag) + 1] for flag in ("--config", "--ckpt", "--out"))
+trained, seed = open(ckpt).read().split()
+assert trained == config and args[0] == "eval" and args[args.index("--num") + 1] == "100", args
+json.dump({"greedy": {"accuracy": {"0": 0.7, "1": 0.61, "2": 0.55}[seed]}}, open(out, "w"))
+"""
+
+
+def test_the_language_model_entries_run_their_scripts_and_read_what_they_leave(suite, figures, tmp_path, capsys):
+    repo = tmp_path / "repo"
+    (repo / "scripts").mkdir(parents=True)
+    (repo / "scripts" / "train_smollm2_arithmetic.sh").write_text(FAKE_TRAIN)
+    (repo / "scripts" / "eval_arithmetic.py").write_text(FAKE_EVAL)
+    workdir, docs = str(tmp_path / "runs"), str(tmp_path / "docs")
+    status = suite.main(["--only", "smollm2_arithmetic", "smollm2_calculator", "--workdir", workdir, "--figures_dir", docs, "--plot"], repo=repo)
+    out = capsys.readouterr().out
+    assert status == 1
+    verdicts = [(row.split()[0], row.split()[2], row.split()[3], row.split()[-1]) for row in out.splitlines() if row.startswith("smollm2_")]
+    assert verdicts == [
+        ("smollm2_arithmetic", "0", "76.0%", "PASS"), ("smollm2_arithmetic", "1", "72.0%", "PASS"), ("smollm2_arithmetic", "2", "64.0%", "FAIL"),
+        ("smollm2_calculator", "0", "70.0%", "PASS"), ("smollm2_calculator", "1", "61.0%", "PASS"), ("smollm2_calculator", "2", "55.0%", "FAIL"),
+    ]
+    assert (tmp_path / "docs" / "smollm2_arithmetic.png").is_file() and (tmp_path / "docs" / "smollm2_calculator.png").is_file()
+
+
+def test_curves_over_seeds_by_hand(tmp_path):
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        curves = load("seed_curves")
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    path = tmp_path / "metrics.csv"
+    path.write_text("step,time/step_s,val/accuracy\n0,60.0,\n0,,0.2\n1,120.0,\n1,,nan\n2,60.0,\n2,,0.4\n")
+    assert curves.series(path, "val/accuracy") == ([1, 3], [1.0, 4.0], [0.2, 0.4])
+    steps, mean, std = curves.over_steps([([1, 2, 3], [0.0, 0.5, 1.0]), ([2, 3], [0.3, 0.6])])
+    assert steps.tolist() == [2, 3] and mean.tolist() == pytest.approx([0.4, 0.8])
+    assert std.tolist() == pytest.approx([math.sqrt(0.02), math.sqrt(0.08)])
+    grid, mean, std = curves.over_minutes([([0.0, 2.0], [0.0, 1.0]), ([0.0, 1.0], [1.0, 1.0])])
+    assert grid[0] == 0.0 and grid[-1] == 1.0  # ends where the shorter seed ends
+    assert mean[-1] == pytest.approx(0.75) and std[-1] == pytest.approx(math.sqrt(0.125))
