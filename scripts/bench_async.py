@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Asynchronous rollouts on SmolLM2: what the overlap buys (step time) and what one update of staleness
-costs (learning per minute), `rollout_staleness` 0 against 1 on `configs/smollm2_arithmetic.yaml` (LoRA r=16,
+costs (learning per minute), `rollout_staleness` 0 against 1 on `configs/smollm2_arithmetic_single_stage.yaml` (LoRA r=16,
 4 problems x 8 samples x 32 new tokens, one update per step; validation, checkpoints and rollout tables off).
 
   steps   `--steps` rollout steps per leg, the two legs alternating in order within each of `--rounds`
@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> None:
     curves.add_argument("--out", default="runs/bench_async")
     curves.set_defaults(fn=cmd_curves)
     for command in (steps, curves):
-        command.add_argument("--config", default=str(REPO / "configs" / "smollm2_arithmetic.yaml"))
+        command.add_argument("--config", default=str(REPO / "configs" / "smollm2_arithmetic_single_stage.yaml"))
     args = parser.parse_args(argv)
     args.fn(args)
 
