@@ -124,9 +124,9 @@ def _padding_mask_off_by_one(monkeypatch):
 @pytest.mark.parametrize(
     "bug, layout, temperature, detected_by",
     [
-        (_temperature_applied_twice, "one_group", 0.7, "first_token"),
-        (_shared_cache_loses_the_last_prompt_token, "one_group", 1.0, "length"),
-        (_padding_mask_off_by_one, "left_padded", 1.0, "first_token"),
+        pytest.param(_temperature_applied_twice, "one_group", 0.7, "first_token", id="temperature_twice"),
+        pytest.param(_shared_cache_loses_the_last_prompt_token, "one_group", 1.0, "length", id="shared_cache_drops_last_prompt_token"),
+        pytest.param(_padding_mask_off_by_one, "left_padded", 1.0, "first_token", id="padding_mask_off_by_one"),
     ],
 )
 def test_a_broken_loop_fails_the_comparison(setup, monkeypatch, bug, layout, temperature, detected_by):
