@@ -4,8 +4,8 @@ A completion is summarised by three categorical variables: its first token, its 
 own when the completion ended after one), and its length class (1..L when it ended with EOS, L + 1 when
 `max_new_tokens` = L cut it). The first token is drawn from the prompt's forward alone; the second already
 depends on the cache of the prompt and the first token; the length on every step. Two samplers agree when each
-variable has the same distribution under both; `homogeneity_chi2` tests that on two samples of counts, `CHI2_THRESHOLD(df)` is the
-statistic a correct sampler exceeds with probability 1e-4.
+variable has the same distribution under both: `homogeneity_chi2` tests that on two samples of counts, and
+`chi2_threshold(df)` is the statistic that two samples of one distribution exceed with probability 1e-4.
 
 The ground truth is `reference_sample`: plain `model(...)` calls on the whole sequence at every step (no KV
 cache, no padding, no sharing) and `torch.multinomial` on the softmax of the last position's logits.
@@ -31,7 +31,8 @@ def chi2_upper_quantile(df: int, z: float = Z_UPPER_1E4) -> float:
     """The chi-square(df) quantile above which a fraction Phi(-z) of the mass lies, by Wilson and Hilferty's
     cube-root normal approximation (Wilson & Hilferty 1931, PNAS 17:684): k * (1 - 2/(9k) + z * sqrt(2/(9k)))^3.
     At the 1e-4 tail it errs on the high side (30.4 against the exact 29.9 for 7 degrees of freedom, 67.9
-    against 67.6 for 30; checked for 1..400 in the tests), so a correct sampler fails with probability below 1e-4."""
+    against 67.6 for 30; checked for 1 to 400 degrees of freedom in the tests), so a correct sampler fails with
+    probability below 1e-4."""
     c = 2.0 / (9.0 * df)
     return df * (1.0 - c + z * math.sqrt(c)) ** 3
 
@@ -90,12 +91,14 @@ class Completions:
         return cls(rollout.response_ids[rows, 0], second, length_class, vocab_size, max_new_tokens)
 
 
-def compare(ours: Completions, reference: Completions) -> dict[str, tuple[float, float]]:
-    """{"first_token" | "second_token" | "length": (chi-square statistic, threshold)}."""
+VARIABLES = {"first_token": Completions.first_counts, "second_token": Completions.second_counts, "length": Completions.length_counts}
+
+
+def compare(a: Completions, b: Completions) -> dict[str, tuple[float, float]]:
+    """{"first_token" | "second_token" | "length": (chi-square statistic of `a` against `b`, threshold)}."""
     results = {}
-    variables = (("first_token", Completions.first_counts), ("second_token", Completions.second_counts), ("length", Completions.length_counts))
-    for name, counts in variables:
-        statistic, df = homogeneity_chi2(counts(ours), counts(reference))
+    for name, counts in VARIABLES.items():
+        statistic, df = homogeneity_chi2(counts(a), counts(b))
         results[name] = (statistic, chi2_threshold(df))
     return results
 
@@ -135,7 +138,7 @@ def policy_sample(
     rollout = policy.sample({"prompt": prompts}, n, sampling, generator=torch.Generator().manual_seed(seed))
     rows = torch.tensor([p == prompt for p in prompts]).repeat_interleave(n).nonzero().squeeze(-1)
     assert rows.numel() == num_samples
-    return Completions.from_rollout_rows(rollout, rows, len(policy.tokenizer), max_new_tokens)
+    return Completions.from_rollout_rows(rollout, rows, policy.hf_config.vocab_size, max_new_tokens)
 
 
 @torch.no_grad()
@@ -172,7 +175,8 @@ def reference_sample(
                 if not alive.numel():
                     break
             firsts.append(sequences[:, len(prompt)])
-            seconds.append(sequences[:, len(prompt) + 1] if sequences.shape[1] > len(prompt) + 1 else torch.zeros(rows, dtype=torch.long))
+            ended_at_once = sequences.shape[1] == len(prompt) + 1
+            seconds.append(torch.zeros(rows, dtype=torch.long) if ended_at_once else sequences[:, len(prompt) + 1])
             classes.append(length_class)
     finally:
         model.train(was_training)
@@ -184,7 +188,7 @@ def reference_sample(
 def peak_distribution(model: nn.Module, eos_token_id: int, logit_scale: float = 20.0, eos_weight: float = 2.5) -> None:
     """Rescale a random Llama in place so that its next-token distribution is neither uniform nor degenerate.
 
-    The output layer is multiplied by `logit_scale` (about 15 plausible tokens instead of the whole vocabulary);
+    The output layer is multiplied by `logit_scale` (some 10-30 plausible tokens instead of the whole vocabulary);
     hidden dimension 0 of every token embedding is set to a constant, which survives the residual stream and
     the final RMSNorm, and only EOS's output row reads it (`eos_weight`): EOS gets a logit bonus of about 7 at
     every position, whatever the context, so that most completions end within 8 tokens, at varied lengths."""
