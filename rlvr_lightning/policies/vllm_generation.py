@@ -31,6 +31,7 @@ with a warning. `RLVRModule(rollout_staleness=1)` calls `push_weights` between u
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import random
@@ -249,6 +250,7 @@ class VLLMGeneration(GenerationBackend):
         self._model_dir = tempfile.TemporaryDirectory(prefix="rlvr_vllm_")
         base.config.save_pretrained(self._model_dir.name)
         tokenizer.save_pretrained(self._model_dir.name)
+        _finalise_dead_engines()
         with _isolated_from_the_engine():
             self._llm = LLM(model=self._model_dir.name, **kwargs)
         self._pushed_version = None
@@ -318,6 +320,15 @@ def _parameter_version(model: nn.Module) -> tuple:
     version counters, so steps are counted), in place otherwise (load_state_dict), or replaced."""
     versions = tuple((id(p), getattr(p, "_local_tensor", p)._version) for p in model.parameters())
     return _optimizer_steps, versions
+
+
+def _finalise_dead_engines() -> None:
+    """vLLM's in-process engine tears down the process's distributed state when it is finalised, and a new engine's
+    model loader runs the garbage collector: an engine that died in a reference cycle (a trainer and its module)
+    would be finalised there, after the new engine set that state up, and take it along. Finalise such engines
+    first; `gc.unfreeze` releases what the last engine froze at its start, as vLLM's own shutdown does."""
+    gc.unfreeze()
+    gc.collect()
 
 
 def _rank() -> int:
