@@ -35,6 +35,7 @@ cannot sleep, so on a CPU it is a no-op with a warning. `RLVRModule(rollout_stal
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import random
@@ -259,6 +260,7 @@ class VLLMGeneration(GenerationBackend):
         self._model_dir = tempfile.TemporaryDirectory(prefix="rlvr_vllm_")
         base.config.save_pretrained(self._model_dir.name)
         tokenizer.save_pretrained(self._model_dir.name)
+        _finalise_dead_engines()
         with _isolated_from_the_engine():
             self._llm = LLM(model=self._model_dir.name, **kwargs)
         self._pushed_version = None
@@ -338,6 +340,15 @@ def _no_autocast(model: nn.Module):
     """Autocast (per thread, entered by Lightning's mixed precision) off for the model's device type: the engine
     computes in its own dtype."""
     return torch.autocast(next(model.parameters()).device.type, enabled=False)
+
+
+def _finalise_dead_engines() -> None:
+    """vLLM's in-process engine tears down the process's distributed state when it is finalised, and a new engine's
+    model loader runs the garbage collector: an engine that died in a reference cycle (a trainer and its module)
+    would be finalised there, after the new engine set that state up, and take it along. Finalise such engines
+    first; `gc.unfreeze` releases what the last engine froze at its start, as vLLM's own shutdown does."""
+    gc.unfreeze()
+    gc.collect()
 
 
 def _rank() -> int:
