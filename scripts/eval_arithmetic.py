@@ -7,7 +7,7 @@
     python scripts/eval_arithmetic.py eval --config configs/smollm2_calculator.yaml --num 100 --no-tools
 
     # the curve of a run (its CSV log) as a PNG
-    python scripts/eval_arithmetic.py plot --csv /tmp/run/csv/version_0/metrics.csv --out docs/smollm2_arithmetic.png
+    python scripts/eval_arithmetic.py plot --csv /tmp/run/csv/version_0/metrics.csv --out runs/smollm2_arithmetic.png
 
 (`/tmp/run` as in `scripts/train_smollm2_arithmetic.sh /tmp/run`, which logs to RUN_DIR/csv/version_0/ and puts
 the checkpoints, last.ckpt and final.ckpt, in its checkpoints/ folder.)
@@ -236,7 +236,7 @@ def main(argv: list[str] | None = None) -> None:
     ev.set_defaults(fn=cmd_eval)
     pl = sub.add_parser("plot", help="training curve of a run from its CSV log")
     pl.add_argument("--csv", required=True)
-    pl.add_argument("--out", default="docs/smollm2_arithmetic.png")
+    pl.add_argument("--out", default="runs/smollm2_arithmetic.png")
     pl.add_argument("--before", default=None, help="JSON report of `eval` before training")
     pl.add_argument("--after", default=None, help="JSON report of `eval` after training")
     pl.add_argument("--accuracy-key", default="train/rewards/math_accuracy")
