@@ -27,7 +27,7 @@ from sampling_distribution import (
 )
 from tiny_lm import tiny_llama_config
 
-from rlvr_lightning.policies import generation, generation_backend
+from rlvr_lightning.policies import generation, generation_backend, kv_cache
 
 SAMPLES = 10_000
 MAX_NEW_TOKENS = 8
@@ -96,7 +96,7 @@ def _temperature_applied_twice(monkeypatch):
 
 def _shared_cache_loses_the_last_prompt_token(monkeypatch):
     """When a prompt's cache is repeated for its group, its last position is overwritten by the one before."""
-    layer = generation._growing_layer_class()
+    layer = kv_cache._growing_layer_class()
     repeat = layer.batch_repeat_interleave
 
     def broken(self, repeats):
