@@ -1,4 +1,4 @@
-"""What does the best-of-n difficulty filter buy and cost on the sort task? (issue 3, "bench_curriculum")
+"""What does the best-of-n difficulty filter buy and cost on the sort task?
 
 Runs configs/sort_curriculum.yaml twice through `rlvr fit`, with the filter and without it
 (`data.difficulty_filter: null`), same seed, same rollout steps, hence the same number of

@@ -1,4 +1,4 @@
-"""How fast and how right is the language consistency reward? (issue 13, item 5)
+"""How fast and how right is the language consistency reward?
 
 Scores 1,000 synthetic chains of thought with `LanguageConsistencyReward(language="en")` under each
 judge: the Unicode-script fallback, py3langid over all its languages, and py3langid restricted to

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Time and memory of one training step on SmolLM2: GRPO next to PPO with a separate critic and PPO with a
-value head on the policy's trunk (issue 13).
+value head on the policy's trunk.
 
     python scripts/bench_ppo.py                       # 2 rounds x 3 legs, 1 warm-up + 2 timed steps per leg
     python scripts/bench_ppo.py --rounds 1 --steps 2 --legs grpo ppo_shared

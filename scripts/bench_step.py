@@ -1,4 +1,4 @@
-"""One GRPO training step, this framework vs TRL's `GRPOTrainer`, on identical work (issue 4).
+"""One GRPO training step, this framework vs TRL's `GRPOTrainer`, on identical work.
 
 Both sides load the same saved model directory (same weights, fp32, SDPA attention), sample
 `prompts x generations` completions of exactly `new_tokens` tokens (EOS is suppressed until then

@@ -1,4 +1,4 @@
-"""How often does a config's generative judge agree with hand labels? (issue 13, item 4)
+"""How often does a config's generative judge agree with hand labels?
 
 Builds the `GenerativeJudgeReward` of a config (its first one under `trainer.callbacks`, judge model
 included) and scores 12 hand-labelled one-sentence reviews, 6 positive and 6 negative, in one batch.
