@@ -26,6 +26,7 @@ from torch import Tensor
 
 from rlvr_lightning.data.inline_task import InlineTask
 from rlvr_lightning.rewards.base import RewardCallback
+from tiny_lm import tiny_llama_config
 
 PAD, EOS = "<|pad|>", "<|endoftext|>"
 DIGITS = [str(d) for d in range(10)]
@@ -109,19 +110,7 @@ class RewardCurve(pl.Callback):
 def model_config(**overrides: Any) -> dict[str, Any]:
     """The tiny Llama (`HFPolicy(config=...)`). Initialised with std 0.1 rather than transformers' 0.02: the
     logits of a model this small then move within a few dozen steps at a learning rate that stays stable."""
-    config: dict[str, Any] = {
-        "model_type": "llama",
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "max_position_embeddings": 32,
-        "tie_word_embeddings": False,
-        "initializer_range": 0.1,
-    }
-    config.update(overrides)
-    return config
+    return tiny_llama_config(**{"max_position_embeddings": 32, "initializer_range": 0.1, **overrides})
 
 
 def fit_config(
