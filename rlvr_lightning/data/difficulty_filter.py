@@ -57,10 +57,12 @@ class DifficultyFilter:
         Args:
             n: responses sampled per candidate prompt to estimate its pass rate.
             mode: "window" (keep low < pass rate < high) or "fail_all" (keep prompts failed n times out of n).
-            low, high: the window's bounds (exclusive).
+            low: the window's lower bound (exclusive).
+            high: the window's upper bound (exclusive).
             pass_threshold: a response passes when its weighted total reward is >= this.
-            pass_reward, pass_reward_max: a response passes when reward `pass_reward` (a reward callback's
-                name) is >= `pass_reward_max` (default: the callback's `max_score` attribute).
+            pass_reward: a response passes when reward `pass_reward` (a reward callback's name) is >=
+                `pass_reward_max`.
+            pass_reward_max: the pass mark of `pass_reward` (default: the callback's `max_score` attribute).
             batch_size: prompts per sampling call of the estimation.
             max_candidates: candidate prompts scored per refresh (None: the whole pool of a finite task).
             refresh_every_n_epochs: re-estimate every this many epochs (Lightning reloads the train dataloader).

@@ -74,10 +74,16 @@ class HFDatasetTask(Task):
         Args:
             dataset: a dataset id (``openai/gsm8k``) or a local path `datasets.load_dataset` understands.
             config_name: the dataset's configuration (``main`` for GSM8K).
-            split, val_split: training / validation split (None: no validation).
-            num_val, limit: at most this many validation / training records.
-            format, template, question_key, answer_key: as in `JSONLTask`.
-            revision, data_files: passed to `datasets.load_dataset`.
+            split: the training split.
+            val_split: the validation split (None: no validation).
+            num_val: at most this many validation records.
+            limit: at most this many training records.
+            format: as in `JSONLTask`.
+            template: as in `JSONLTask`.
+            question_key: as in `JSONLTask`.
+            answer_key: as in `JSONLTask`.
+            revision: passed to `datasets.load_dataset`.
+            data_files: passed to `datasets.load_dataset`.
         """
         if format not in FORMATS:
             raise ValueError(f"format must be one of {FORMATS}, got {format!r}")

@@ -186,7 +186,8 @@ class JSONLTask(Task):
                 without, a seeded random `num_val` of the training file (None or 0: no validation).
             format: ``auto``, ``gsm8k``, ``math`` or ``fields`` (see the module docstring).
             template: how the question becomes the prompt (see `rlvr_lightning.data.templates`).
-            question_key, answer_key: field names for ``format: fields``.
+            question_key: the question's field name for ``format: fields``.
+            answer_key: the answer's field name for ``format: fields``.
             limit: read at most this many training records.
             max_prompt_chars: a longer prompt fails at load time, naming its file and line (None: no limit;
                 prompts longer than the model's context fail when the run starts, see `prompt_lengths`).

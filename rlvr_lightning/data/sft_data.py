@@ -122,7 +122,8 @@ class SFTDataModule(pl.LightningDataModule):
             val_file: JSONL of validation pairs (validation loss; accuracy too when rewards are configured).
             val_task: a `Task` whose `val_dataset()` prompts are sampled and scored instead (accuracy only).
             batch_size: pairs per optimizer step.
-            prompt_key, response_key: the JSON keys of the prompt and the response.
+            prompt_key: the JSON key of the prompt.
+            response_key: the JSON key of the response.
         """
         super().__init__()
         if batch_size < 1:

@@ -41,7 +41,8 @@ class ThinkingBudget(SegmentRule):
         """
         Args:
             max_thinking_tokens: sampled tokens allowed after `open_tag` before `forced_text` is inserted (>= 0).
-            open_tag, close_tag: what opens and closes the thinking.
+            open_tag: what opens the thinking.
+            close_tag: what closes the thinking.
             forced_text: inserted at the cap; must contain `close_tag`.
         """
         if max_thinking_tokens < 0:

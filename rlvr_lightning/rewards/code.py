@@ -80,7 +80,10 @@ class CodeExecutionReward(RewardCallback):
         """
         Args:
             tests_key: the metadata field holding the test cases.
-            timeout_s, memory_mb, cpu_s, max_processes: per-run limits (see `run_python_tests`).
+            timeout_s: per-run wall-clock limit (see `run_python_tests`).
+            memory_mb: per-run memory limit.
+            cpu_s: per-run CPU-time limit.
+            max_processes: per-run process-count limit.
             max_concurrency: rows run at the same time (threads, each waiting on sandboxed subprocesses).
             allow_network_unisolated: run even where no network namespace is available (not recommended).
         """

@@ -94,7 +94,8 @@ class GenerativeJudgeReward(ModelReward):
             template: the judge's prompt, with ``{response}`` and optionally ``{prompt}`` and metadata fields.
             labels: answer words and their scores (e.g. ``{positive: 1.0, negative: 0.0}``); None: a number.
             pattern: regular expression of the number in the judge's answer (its first group if it has one).
-            min_score, max_score: the range a number must lie in; mapped to [0, 1] when `normalize`.
+            min_score: the lowest number accepted; mapped to 0 when `normalize`.
+            max_score: the highest number accepted; mapped to 1 when `normalize`.
             max_new_tokens: length of the judge's answer (greedy decoding).
         """
         super().__init__(
