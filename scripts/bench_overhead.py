@@ -1,4 +1,4 @@
-"""What does the framework cost over a plain PyTorch loop? (issue: core, acceptance "bench_overhead")
+"""What does the framework cost over a plain PyTorch loop?
 
 Runs the CS336 lecture-17 sort algorithm (configs/sort_lecture.yaml) as `rlvr fit` with that exact
 config (W&B offline + CSV logging, Rich progress bar, validation), as `rlvr fit` without loggers

@@ -104,7 +104,7 @@ def test_validation_metrics_by_hand():
 
 
 class EvaluatingModule(RLVRModule):
-    """RLVRModule with the validation lines proposed for `RLVRModule.validation_step` (issue 5)."""
+    """RLVRModule with the validation lines of `RLVRModule.validation_step`."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -1,4 +1,4 @@
-"""GRPO on language models end to end through `rlvr fit` (issue 4).
+"""GRPO on language models end to end through `rlvr fit`.
 
 A tiny random Llama and a byte-level BPE tokenizer are built in the test (nothing downloaded),
 saved to a temporary directory and named by path in a YAML config written on the spot; the CLI

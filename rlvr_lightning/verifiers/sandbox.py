@@ -34,7 +34,7 @@ Judging. Input/output tests compare stdout in the caller. Assertion tests are ju
 outside the program's process (`assertion_tests`): the program's run only reports the
 plain values of the calls the assertion makes (``add(2, 3)``), and a second sandboxed
 run that never executes program code evaluates the assertion on them, so the expected
-values never reach the program. Forgeries that no longer pass: an object (or int
+values never reach the program. Forgeries that do not pass: an object (or int
 subclass) whose ``__eq__`` always agrees, a success marker read from its own source,
 ``sys.settrace`` jumping over assertions, ``sys.exit(0)`` / ``os._exit(0)`` before the
 checks, a patched encoder (``tests/verifiers/test_sandbox_hostile.py``). What remains

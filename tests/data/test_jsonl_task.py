@@ -136,14 +136,14 @@ def test_hf_task_loads_through_datasets_lazily(monkeypatch):
     [("1/2", "1/2"), ("1e3", "1e3"), ("1 000", "1000"), ("1,234.5", "1234.5"), ("-3.5", "-3.5"), ("$1,000", "1000"), ("72.", "72")],
 )
 def test_gsm8k_gold_keeps_the_whole_final_answer(tmp_path, final, gold):
-    # these used to be cut at the first character that was not a digit or a comma: "1/2" -> "1", "1 000" -> "1"
+    # the whole answer, not cut at the first character that is not a digit or a comma ("1/2" is not "1")
     path = write(tmp_path / "g.jsonl", [{"question": "q?", "answer": f"work\n#### {final}"}])
     assert read_jsonl(path)[0]["answer"] == gold
 
 
 @pytest.mark.parametrize("final", ["3,14", "1,000,0000", "5 apples", "seven"])
 def test_gsm8k_gold_that_cannot_be_parsed_names_file_and_line(tmp_path, final):
-    # "#### 3,14" used to become "314", a correct "3.14" then scored 0 for the whole run
+    # read as "314", "#### 3,14" would score a correct "3.14" 0 for the whole run: it is refused
     path = write(tmp_path / "g.jsonl", GSM8K, extra_lines=[json.dumps({"question": "q?", "answer": f"#### {final}"})])
     with pytest.raises(ValueError, match=rf"g\.jsonl:3: GSM8K record: .*'{final}'"):
         read_jsonl(path)
@@ -172,7 +172,7 @@ def test_a_byte_order_mark_is_accepted(tmp_path):
 def test_huge_lines_and_prompts_fail_at_load_naming_file_and_line(tmp_path):
     from rlvr_lightning.data.jsonl_task import MAX_LINE_BYTES
 
-    # a 50 MB line (the case) is refused before it is parsed
+    # a 50 MB line is refused before it is parsed
     huge = tmp_path / "huge.jsonl"
     with huge.open("w") as f:
         f.write(json.dumps(GSM8K[0]) + "\n")
