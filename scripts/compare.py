@@ -2,7 +2,7 @@
 """Run recipes for several seeds and compare them: a Markdown table and a PNG of the reward curves.
 
     python scripts/compare.py                                   # every RL recipe in configs/recipes (RLVRModule, PPOModule), seeds 0 1 2
-    python scripts/compare.py --in_process --out docs/compare_sort   # as the README's table (rewrites the tracked files)
+    python scripts/compare.py --in_process --out docs/compare_sort   # as docs/benchmarks.md's table (rewrites the tracked files)
     python scripts/compare.py --recipes configs/recipes/grpo.yaml configs/recipes/dapo.yaml --seeds 0 1 \
         --steps 100 --out docs/compare_small -- --data.init_args.batch_size=64
 
@@ -357,7 +357,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--smooth", type=int, default=1, help="moving-average window of the plotted curves (default: none)")
     parser.add_argument(
         "--out", type=Path, default=REPO / "runs" / "compare" / "compare_sort",
-        help="writes OUT.md and OUT.png (default: %(default)s; the README's are docs/compare_sort)",
+        help="writes OUT.md and OUT.png (default: %(default)s; the documentation's are docs/compare_sort)",
     )
     parser.add_argument("--workdir", type=Path, default=REPO / "runs" / "compare", help="run logs and summary.json")
     parser.add_argument("--jobs", type=int, default=1, help="subprocesses at a time")

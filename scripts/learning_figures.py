@@ -1,8 +1,8 @@
-"""The registry of every learning figure the README publishes: how each is produced, read and checked.
+"""The registry of every learning figure the documentation publishes (docs/benchmarks.md): how each is produced, read and checked.
 
 One `Figure` per published figure: the command(s) that produce one seed's run (the project's own
 `rlvr fit` or scripts, never a copy of their logic), the seeds, and the metrics read from that run's
-CSV/JSON output, each with the band the README states for it. `scripts/learning_suite.py` reruns
+CSV/JSON output, each with the band docs/benchmarks.md states for it. `scripts/learning_suite.py` reruns
 them and checks every seed against its band.
 
 Command arguments may name `{python}` (this interpreter), `{repo}`, `{run_dir}` (one seed's empty
@@ -86,7 +86,7 @@ class Curve:
 @dataclass(frozen=True)
 class Figure:
     name: str
-    published: str  # where the README shows it
+    published: str  # where the documentation shows it
     commands: tuple[Command, ...]
     metrics: tuple[Metric, ...]
     seeds: tuple[int, ...] = (0, 1, 2)
@@ -196,20 +196,20 @@ RECIPE_BANDS: dict[str, tuple[Band, Band]] = {
 
 def sort_figures() -> list[Figure]:
     figures = [
-        Figure("sort_lecture", "README: Results on the sort task", (rlvr_fit("configs/sort_lecture.yaml"),),
+        Figure("sort_lecture", "docs/benchmarks.md: The sort task", (rlvr_fit("configs/sort_lecture.yaml"),),
                toy_metrics(reward=Band(5.0, 6.5), accuracy=Band(0.01, 0.12)), quick=True, curves=(Curve("sort_lecture", CSV_LOG),)),
-        Figure("sort_grpo", "README: Results on the sort task", (rlvr_fit("configs/sort_grpo.yaml"),),
+        Figure("sort_grpo", "docs/benchmarks.md: The sort task", (rlvr_fit("configs/sort_grpo.yaml"),),
                toy_metrics(reward=Band(6.7, 7.0), accuracy=Band(0.50, 0.85)), quick=True, curves=(Curve("sort_grpo", CSV_LOG),)),
     ]
     for recipe in RECIPES:
         reward, accuracy = RECIPE_BANDS[recipe]
-        figures.append(Figure(f"recipe_{recipe}", "README: Algorithm recipes (docs/compare_sort.md)",
+        figures.append(Figure(f"recipe_{recipe}", "docs/benchmarks.md: Algorithm recipes on the sort task (docs/compare_sort.md)",
                               (rlvr_fit(f"configs/recipes/{recipe}.yaml"),), toy_metrics(reward=reward, accuracy=accuracy),
                               quick=True, curves=(Curve(recipe, CSV_LOG),)))
     stage = "logs/{stage}/seed_{seed}/metrics.csv"
     grpo, scratch, ei = (stage.replace("{stage}", name) for name in ("grpo", "grpo_scratch", "ei"))
     figures.append(Figure(
-        "sft_then_grpo", "README: SFT, then RL or expert iteration",
+        "sft_then_grpo", "docs/benchmarks.md: SFT, then RL or expert iteration",
         (Command(("{python}", "{repo}/scripts/sft_then_grpo.py", "--seed", "{seed}", "--workdir", "{run_dir}")),),
         (
             Metric("sft", csv_final(stage.replace("{stage}", "sft"), "val/accuracy"), Band(0.25, 0.38), "last val/accuracy of the SFT stage", percent=True),
@@ -262,7 +262,7 @@ def length_bias_figure() -> Figure:
         Metric("dr_grpo_reward_gain", difference(csv_final(runs["dr_grpo"], "train/reward_mean", 10), csv_final(runs["grpo"], "train/reward_mean", 10)),
                Band(0.15), "Dr. GRPO's final train reward minus GRPO's, same seed"),
     ]
-    return Figure("length_bias", "README: GRPO's biases (docs/length_bias.md)", (fit("grpo"), fit("dr_grpo")), tuple(metrics),
+    return Figure("length_bias", "docs/benchmarks.md: GRPO vs Dr. GRPO: response lengths (docs/length_bias.md)", (fit("grpo"), fit("dr_grpo")), tuple(metrics),
                   curves=tuple(Curve(recipe, path, "train/bias/length_incorrect") for recipe, path in runs.items()))
 
 
@@ -270,7 +270,7 @@ def curriculum_figure(name: str, bench_args: tuple[str, ...], no_filter: Band, f
     """scripts/bench_curriculum.py: configs/sort_curriculum.yaml with and without the difficulty filter, same seed."""
     command = Command(("{python}", "{repo}/scripts/bench_curriculum.py", "--seeds", "{seed}", "--out", "{run_dir}/results.json", *bench_args))
     plain, filtered = (json_value("results.json", label, "0", "val_accuracy") for label in ("no filter", "filter"))
-    return Figure(name, "README: Difficulty filter", (command,), (
+    return Figure(name, "docs/benchmarks.md: Curriculum (difficulty filter)", (command,), (
         Metric("no_filter", plain, no_filter, "val exact-sort without the filter (results.json)", percent=True),
         Metric("filter", filtered, filter_, "val exact-sort with the filter (results.json)", percent=True),
         Metric("filter_gain", difference(filtered, plain), gain, "with the filter minus without, same seed", percent=True),
@@ -282,11 +282,11 @@ def language_model_figures() -> list[Figure]:
     calculator = "{repo}/configs/smollm2_calculator.yaml"
     interpreter = (("PYTHON", "{python}"),)  # the script runs $PYTHON (default: python on the PATH)
     return [
-        Figure("smollm2_arithmetic", "README: SmolLM2 learns 2-digit addition", (Command(train, cwd="repo", env=interpreter),), (
+        Figure("smollm2_arithmetic", "docs/benchmarks.md: SmolLM2 learns 2-digit addition", (Command(train, cwd="repo", env=interpreter),), (
             Metric("final_val_accuracy", csv_final(CSV_LOG, "val/accuracy"), Band(ARITHMETIC_MIN_VAL_ACCURACY),
                    f"last val/accuracy (greedy, held-out) of {CSV_LOG}", percent=True),
         ), curves=(Curve("smollm2_arithmetic", CSV_LOG),)),
-        Figure("smollm2_calculator", "README: SmolLM2 learns to use the calculator", (
+        Figure("smollm2_calculator", "docs/benchmarks.md: SmolLM2 learns to use the calculator", (
             Command(train, cwd="repo", env=(*interpreter, ("CONFIG", calculator))),
             Command(("{python}", "{repo}/scripts/eval_arithmetic.py", "eval", "--config", calculator, "--num", "100", "--modes", "greedy",
                      "--ckpt", "{run_dir}/csv/version_0/checkpoints/final.ckpt", "--out", "{run_dir}/eval_after.json"), cwd="repo"),
@@ -294,7 +294,7 @@ def language_model_figures() -> list[Figure]:
             Metric("greedy_accuracy", json_value("eval_after.json", "greedy", "accuracy"), Band(CALCULATOR_MIN_GREEDY_ACCURACY),
                    "greedy accuracy on 100 held-out problems after training (scripts/eval_arithmetic.py eval)", percent=True),
         ), curves=(Curve("train accuracy (T = 1)", CSV_LOG, "train/rewards/math_accuracy"),)),
-        Figure("async_curves", "README: Asynchronous rollouts (learning in the same wall-clock budget)", (
+        Figure("async_curves", "docs/benchmarks.md: Asynchronous rollouts", (
             Command(("{python}", "{repo}/scripts/bench_async.py", "curves", "--seeds", "{seed}", "--out", "{run_dir}"), cwd="repo"),
         ), tuple(
             Metric(f"{leg}_heldout_last_number", json_value(f"{leg}_seed{{seed}}.json", "heldout_greedy/last_number_accuracy"),
@@ -307,7 +307,7 @@ def language_model_figures() -> list[Figure]:
 FIGURES: tuple[Figure, ...] = (
     *sort_figures(),
     length_bias_figure(),
-    Figure("sort_ddp", "README: Multi-process training", (rlvr_fit("configs/sort_ddp.yaml"),),
+    Figure("sort_ddp", "docs/benchmarks.md: Multi-process training", (rlvr_fit("configs/sort_ddp.yaml"),),
            toy_metrics(reward=Band(6.7, 7.0), accuracy=Band(0.50, 0.80)), curves=(Curve("sort_ddp", CSV_LOG),)),
     curriculum_figure("curriculum", (), Band(0.18, 0.38), Band(0.18, 0.50), Band(-0.05)),
     curriculum_figure("curriculum_min_kept", ("--filter-arg", "min_kept=32"), Band(0.18, 0.38), Band(0.10, 0.50), Band(-0.15, 0.15)),

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Rerun the README's learning figures over their seeds and check every seed against the band the README states.
+"""Rerun the documentation's learning figures over their seeds and check every seed against its band.
 
     python scripts/learning_suite.py --quick                 # the toy figures (sort task): about 15 minutes on one thread
     python scripts/learning_suite.py --only sort_grpo 'recipe_*' --seeds 0 1

@@ -110,7 +110,7 @@ def test_torch_runs_on_one_thread_unless_the_config_says_otherwise(in_tmp_dir):
     try:
         torch.set_num_threads(2)
         main(["--config", "no_threads.yaml"], run=False)
-        assert torch.get_num_threads() == 1  # the measured default (README "Threads")
+        assert torch.get_num_threads() == 1  # the measured default (docs/benchmarks.md, "Threads")
         torch.set_num_threads(2)
         main(["--config", "no_threads.yaml", "--torch_threads", "null"], run=False)
         assert torch.get_num_threads() == 2  # null: torch's own setting is left alone

@@ -84,7 +84,7 @@ def tiny_override(tmp_path_factory) -> Path:
     return path
 
 
-SETTINGS = {  # the README's GPU settings, as command-line overrides of the recipe
+SETTINGS = {  # the GPU settings of docs/scaling.md, as command-line overrides of the recipe
     "recipe (fp32 weights, bf16-mixed, gradient checkpointing, sdpa)": [],
     "32-true": ["--trainer.precision=32-true"],
     "eager attention, no checkpointing": ["--model.init_args.policy.init_args.attn_implementation=eager",
