@@ -20,9 +20,9 @@ module sets `trainer.reload_dataloaders_every_n_epochs = 1` and decides itself w
 due, so that resumed runs refresh at the same epochs). An epoch of filtered training is
 `trainer.limit_train_batches` batches.
 
-`setup` also adds a `ResumeState` callback when the trainer has none (RNG states in
-checkpoints, atomic checkpoint files): pass `resume_state=False` to opt out, and rejects a
-prompt longer than the model's context before any batch is built (`prompt_lengths`).
+`setup` rejects a prompt longer than the model's context before any batch is built
+(`prompt_lengths`). The RNG states that exact resumes also need are `ResumeState`'s (a callback
+`rlvr` adds).
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_in
 from rlvr_lightning.data.difficulty_filter import DifficultyFilter
 from rlvr_lightning.data.prompt_lengths import check_prompt_lengths
 from rlvr_lightning.data.task import Example, Task, collate_examples
+from rlvr_lightning.distributed import log_to_loggers, reduce_across_ranks
 
 log = logging.getLogger(__name__)
 
@@ -198,14 +199,12 @@ class RLVRDataModule(pl.LightningDataModule):
         num_workers: int = 0,
         difficulty_filter: DifficultyFilter | None = None,
         seed: int | None = None,
-        resume_state: bool = True,
     ):
         """
         Args:
             batch_size: prompts per rank and step; each is sampled `group_size` times by the module.
             difficulty_filter: best-of-n curriculum (see `DifficultyFilter`); None trains on every prompt.
             seed: shuffles finite datasets and the kept prompts; default the run's `seed_everything` seed.
-            resume_state: add a `ResumeState` callback when the trainer has none.
         """
         super().__init__()
         if batch_size < 1:
@@ -216,7 +215,6 @@ class RLVRDataModule(pl.LightningDataModule):
         self.num_workers = num_workers
         self.difficulty_filter = difficulty_filter
         self.seed = seed
-        self.resume_state = resume_state
         self._source = None
         self.source_position = 0  # examples of the task's training data consumed (training and candidates)
         self.pool_position = 0  # examples of the kept-prompt pool consumed since the last refresh
@@ -237,11 +235,6 @@ class RLVRDataModule(pl.LightningDataModule):
         trainer = self.trainer
         if trainer is None:
             return
-        if self.resume_state:
-            from rlvr_lightning.callbacks.checkpointing import ResumeState
-
-            if not any(isinstance(cb, ResumeState) for cb in trainer.callbacks):
-                trainer.callbacks.append(ResumeState())
         if stage in ("fit", "validate") and trainer.lightning_module is not None:
             check_prompt_lengths(self.task, trainer.lightning_module)
         if stage == "fit" and self.difficulty_filter is not None:
@@ -367,8 +360,6 @@ class RLVRDataModule(pl.LightningDataModule):
         self._publish(stats)
 
     def _publish(self, stats: dict[str, float]) -> None:
-        from rlvr_lightning.modules.step_metrics import log_to_loggers, reduce_across_ranks
-
         trainer, flt = self.trainer, self.difficulty_filter
         names = list(stats)
         values = torch.tensor([stats[k] for k in names], dtype=torch.float64, device=trainer.lightning_module.device)

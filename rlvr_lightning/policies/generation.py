@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from rlvr_lightning.policies.kv_cache import reserve_room
-from rlvr_lightning.progress import report_tokens
+from rlvr_lightning.stage_reports import report_tokens
 from rlvr_lightning.timing import elapsed_seconds
 
 

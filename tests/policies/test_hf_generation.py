@@ -77,7 +77,7 @@ def test_stop_string_cut():
 
 def test_the_decode_loop_reports_its_tokens(make_policy):
     from rlvr_lightning.policies.base import SamplingConfig
-    from rlvr_lightning.progress import listening
+    from rlvr_lightning.stage_reports import listening
 
     class Recorder:
         def __init__(self):
