@@ -6,13 +6,13 @@ import pytest
 import torch
 
 from rlvr_lightning.policies.generation import (
-    StopStringChecker,
     _sample_categorical,
     filter_logits,
     left_pad,
     position_ids_from_mask,
     sample_next_token,
 )
+from rlvr_lightning.policies.generation_output import StopStringChecker
 
 
 def test_left_pad_and_positions():
