@@ -1,6 +1,6 @@
 """`AdvantageCallback`: turns a rollout's rewards into advantages. Exactly one per run.
 
-Each class is a thin wrapper over an estimator in `rlvr_lightning.core.advantages`; the
+Each class is a thin wrapper over an estimator in `rlvr_lightning.core.advantage_estimators`; the
 module finds the callback in `trainer.callbacks` (GRPO's normalised advantage when none is
 configured). A new estimator is one subclass overriding `compute`.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 from lightning.pytorch import Callback
 from torch import Tensor
 
-from rlvr_lightning.core import advantages as estimators
+from rlvr_lightning.core import advantage_estimators as estimators
 from rlvr_lightning.rollout import Rollout
 
 

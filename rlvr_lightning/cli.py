@@ -31,6 +31,7 @@ from lightning.pytorch.cli import LightningCLI
 import rlvr_lightning.data  # noqa: F401  registers the data modules: `--data.help RLVRDataModule`
 import rlvr_lightning.modules  # noqa: F401  registers the modules: `--model.help RLVRModule`
 from rlvr_lightning import cli_errors
+from rlvr_lightning.callbacks.checkpointing import ResumeState
 from rlvr_lightning.callbacks.environment import WriteEnvironment
 from rlvr_lightning.callbacks.interrupt import SaveOnInterrupt, TrainingInterrupted
 from rlvr_lightning.callbacks.predictions import CompletionWriter
@@ -135,6 +136,8 @@ class RLVRCLI(LightningCLI):
         if self.subcommand == "predict" and not any(isinstance(cb, BasePredictionWriter) for cb in callbacks):
             root = trainer_config.get("default_root_dir") or "."
             added.append(CompletionWriter(os.path.join(str(root), "predictions.jsonl")))
+        if not any(isinstance(cb, ResumeState) for cb in callbacks):  # RNG states in checkpoints, atomic files
+            added.append(ResumeState())
         if added:
             kwargs["callbacks"] = [*callbacks, *added]
         return super().instantiate_trainer(**kwargs)

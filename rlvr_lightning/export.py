@@ -17,53 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
-import torch
 from torch import nn
 
-SHARDED_METADATA = "meta.pt"  # what Lightning writes beside the shards of a distributed checkpoint
-
-
-def read_sharded_weights(path: str | Path, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Fill `weights` (state-dict names of the LightningModule -> full tensors of the right shapes) from the
-    sharded checkpoint directory `path`, in this one process, whatever the world size that wrote it."""
-    path = Path(path)
-    if not (path / SHARDED_METADATA).is_file() or not (path / ".metadata").is_file():
-        raise ValueError(
-            f"{path} is a directory but not a sharded checkpoint (it needs {SHARDED_METADATA} and the "
-            ".metadata of torch.distributed.checkpoint)"
-        )
-    import torch.distributed.checkpoint as dcp
-
-    state = {"state_dict": dict(weights)}  # Lightning saves the module's weights under "state_dict"
-    try:
-        dcp.load(state, checkpoint_id=str(path), no_dist=True)
-    except Exception as error:
-        raise RuntimeError(
-            f"cannot read the sharded checkpoint {path}: does the config build the model that wrote it? {error}"
-        ) from error
-    return state["state_dict"]
-
-
-def load_checkpoint_weights(module: nn.Module, ckpt_path: str | Path) -> str:
-    """Load the weights of a Lightning checkpoint (file or sharded directory) into the unsharded `module`,
-    strictly. Returns "sharded" or "full"."""
-    path = Path(ckpt_path)
-    if path.is_dir():
-        module.load_state_dict(read_sharded_weights(path, module.state_dict()), strict=True)
-        return "sharded"
-    if not path.is_file():
-        raise FileNotFoundError(f"--ckpt_path {str(ckpt_path)!r} does not exist")
-    from rlvr_lightning.callbacks.checkpointing import AtomicCheckpointIO
-
-    # a run's own checkpoint: its hyper-parameters hold Python objects (SamplingConfig), so not weights_only
-    checkpoint = AtomicCheckpointIO().load_checkpoint(path, map_location="cpu", weights_only=False)
-    if "state_dict" not in checkpoint:
-        raise ValueError(f"{path} is not a Lightning checkpoint (it has no 'state_dict')")
-    try:
-        module.load_state_dict(checkpoint["state_dict"], strict=True)
-    except RuntimeError as error:
-        raise RuntimeError(f"the weights in {path} do not fit the module the config builds: {error}") from error
-    return "full"
+from rlvr_lightning.checkpoint_files import load_checkpoint_weights
 
 
 def export_policy(module: nn.Module, output_dir: str | Path, merge_lora: bool = True, overwrite: bool = False) -> Path:

@@ -46,12 +46,9 @@ import argparse
 import functools
 import json
 import os
-import statistics
 import sys
 import tempfile
-import time
 import warnings
-from collections import defaultdict
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -63,123 +60,19 @@ import torch  # noqa: E402
 
 from rlvr_lightning.timing import clock  # noqa: E402  (waits for the device's queued work before reading the time)
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "policies"))  # tiny_lm: the test suite's tiny model + tokenizer builder
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_step_cases import (  # noqa: E402
+    CASES,
+    LR,
+    SECTIONS,
+    TINY_PROMPTS,
+    StepTimer,
+    digit_reward,
+    make_tiny_model,
+    smollm2_dir,
+)
 
-LR = 1e-5
-SECTIONS = ("generation", "reward", "logprob_forward", "backward", "optimizer")
-
-PAIRS = [(3, 4), (12, 7), (25, 17), (8, 9), (101, 5), (64, 36), (7, 70), (250, 250)]
-# "task": an RLVR-style prompt (instruction + question, ~40 tokens); "short": the bare question (~10 tokens)
-TINY_PROMPTS = {
-    "task": [
-        f"Give the final answer after 'The answer is'.\nQuestion: What is {a} + {b}?\nAnswer:"
-        for a, b in PAIRS
-    ],
-    "short": [f"What is {a} + {b}? The answer is" for a, b in PAIRS],
-}
-SMOL_PROMPTS = ["What is 12 + 7? Answer with a number.", "Name a prime number larger than 10."]
-SMOL_PROMPTS_8 = SMOL_PROMPTS + [
-    "What is 9 times 8?",
-    "Spell the word cat backwards.",
-    "What is the capital of France?",
-    "Give an even number between 21 and 25.",
-    "How many days are in a week?",
-    "What is 100 minus 37?",
-]
-
-CASES = {
-    "tiny": {"prompts": TINY_PROMPTS["task"], "generations": 8, "new_tokens": 16, "template": "raw"},
-    "smollm2": {"prompts": SMOL_PROMPTS, "generations": 8, "new_tokens": 32, "template": "chat"},
-    # 64 x 171 positions at once need > 20 GB on either side: 4 micro-batches of 16 rows, one optimizer step
-    "smollm2_long": {"prompts": SMOL_PROMPTS_8, "generations": 8, "new_tokens": 128, "template": "chat", "micro_batch": 16},
-}
 LEGS = ("ours", "vllm", "trl")
-
-
-def digit_reward(text: str) -> float:
-    """The shared reward: the fraction of characters that are digits."""
-    return sum(c.isdigit() for c in text) / max(len(text), 1)
-
-
-# ----------------------------------------------------------------------------- timing
-
-
-class StepTimer:
-    """Per-step wall time and time spent inside wrapped functions (sections), on `device`'s clock."""
-
-    def __init__(self, device: torch.device | str = "cpu") -> None:
-        self.steps: list[dict[str, float]] = []
-        self.current: dict[str, float] = defaultdict(float)
-        self.started = 0.0
-        self.device = device
-
-    def wrap(self, obj, attr: str, section: str) -> None:
-        fn = getattr(obj, attr)
-
-        @functools.wraps(fn)
-        def timed(*args, **kwargs):
-            t0, c0 = clock(self.device), time.process_time()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self.current[section] += clock(self.device) - t0
-                self.current[f"{section}_cpu"] += time.process_time() - c0
-
-        setattr(obj, attr, timed)
-
-    def begin(self) -> None:
-        self.current = defaultdict(float)
-        self.started = clock(self.device)
-        self.started_cpu = time.process_time()
-
-    def end(self) -> None:
-        total = clock(self.device) - self.started
-        step = {"step": total, **self.current, "cpu": time.process_time() - self.started_cpu}
-        step["other"] = total - sum(self.current.get(s, 0.0) for s in SECTIONS)
-        self.steps.append(step)
-
-    def medians(self, warmup: int) -> dict[str, float]:
-        kept = self.steps[warmup:] or self.steps
-        keys = ["step", *SECTIONS, "other", "cpu", "generation_cpu"]
-        return {k: statistics.median(s.get(k, 0.0) for s in kept) for k in keys}
-
-
-# ----------------------------------------------------------------------------- models
-
-
-def make_tiny_model(directory: Path, seed: int = 0) -> Path:
-    from tiny_lm import bench_corpus, build_tiny_tokenizer
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    tokenizer = build_tiny_tokenizer(vocab_size=512, corpus=bench_corpus())
-    config = AutoConfig.for_model(
-        "llama",
-        vocab_size=len(tokenizer),
-        hidden_size=128,
-        intermediate_size=512,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=512,
-        tie_word_embeddings=False,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-    )
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.save_pretrained(str(directory))
-    tokenizer.save_pretrained(str(directory))
-    return directory
-
-
-def smollm2_dir() -> Path:
-    from rlvr_lightning.policies.model_cache import is_fetched, model_dir
-
-    if not is_fetched("smollm2-135m-instruct"):
-        raise SystemExit("SmolLM2 is not fetched: run `rlvr-models fetch smollm2-135m-instruct` first")
-    return model_dir("smollm2-135m-instruct")
 
 
 # ----------------------------------------------------------------------------- ours

@@ -25,7 +25,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_step  # noqa: E402
+import bench_step_cases  # noqa: E402
 
 GROUPS = {  # operator name -> group (vLLM's CPU kernels included)
     "matmul (weights)": ("aten::mm", "aten::addmm", "aten::bmm", "aten::linear", "onednn_mm", "gemm"),
@@ -64,10 +64,10 @@ def main() -> None:
 
         generation = VLLMGeneration(dtype="float32", kv_cache_memory_gib=1.0, max_model_len=512)
     policy = HFPolicy(
-        model_name_or_path=str(bench_step.smollm2_dir()), prompt_template="chat", dtype="float32",
+        model_name_or_path=str(bench_step_cases.smollm2_dir()), prompt_template="chat", dtype="float32",
         attn_implementation="sdpa", min_new_tokens=args.new_tokens, generation=generation,
     )
-    prompts = (bench_step.SMOL_PROMPTS if args.prompts == 2 else bench_step.SMOL_PROMPTS_8)[: args.prompts]
+    prompts = (bench_step_cases.SMOL_PROMPTS if args.prompts == 2 else bench_step_cases.SMOL_PROMPTS_8)[: args.prompts]
     batch = {"prompt": prompts, "metadata": [{}] * len(prompts)}
     sampling = SamplingConfig(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=args.new_tokens)
 

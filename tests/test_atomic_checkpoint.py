@@ -186,6 +186,13 @@ def test_the_trainer_uses_it_and_reports_unreadable_checkpoints(tmp_path):
         trainer().fit(Tiny(), data, ckpt_path="last")
 
 
+def test_rlvr_gives_every_run_one_resume_state():
+    """`rlvr` adds the callback (the data module does not), once, before any stage runs."""
+    config = Path(__file__).resolve().parents[1] / "configs" / "sort_lecture.yaml"
+    cli = main(["--config", str(config), "--trainer.logger=false", "--trainer.enable_checkpointing=false"], run=False)
+    assert sum(isinstance(cb, ResumeState) for cb in cli.trainer.callbacks) == 1
+
+
 REAL_RUN = """
 seed_everything: 0
 trainer:

@@ -21,7 +21,7 @@ sys.path.insert(0, str(TESTS / "data"))
 from test_difficulty_filter import N, V, expected_kept, scripted_passes  # noqa: E402
 
 from rlvr_lightning.data import SortTask  # noqa: E402
-from rlvr_lightning.data.datamodule import PromptStream, _ReshuffledPool  # noqa: E402
+from rlvr_lightning.data.prompt_streams import PromptStream, ReshuffledPool  # noqa: E402
 from rlvr_lightning.data.sort_task import SortStream  # noqa: E402
 
 STEPS, EPOCHS, BATCH, CANDIDATES = 3, 2, 8, 40
@@ -136,7 +136,7 @@ def test_two_process_ddp_run(tmp_path):
         candidates = [stream.example_at(i) for i in range(epoch * CANDIDATES, (epoch + 1) * CANDIDATES)]
         kept = expected_kept(candidates, "window")
         assert ranks[0]["kept"][epoch] == ranks[1]["kept"][epoch] == kept
-        pool = _ReshuffledPool([{"prompt": p} for p in kept], seed=epoch + 1)  # data seed 0, refresh index epoch + 1
+        pool = ReshuffledPool([{"prompt": p} for p in kept], seed=epoch + 1)  # data seed 0, refresh index epoch + 1
         for rank in (0, 1):
             share = itertools.islice(iter(PromptStream(pool, BATCH, rank, 2)), STEPS)
             expected = [prompt for batch in share for prompt in batch["prompt"]]

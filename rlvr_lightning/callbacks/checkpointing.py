@@ -1,17 +1,11 @@
-"""Checkpoints a run can resume from exactly, written so that a crash never loses the last one.
+"""Callbacks for runs that resume exactly.
 
-- `AtomicCheckpointIO`: Lightning `CheckpointIO` plugin. A checkpoint is written to a temporary
-  file in the target's directory, flushed and fsynced, renamed over the target (atomic on POSIX)
-  and the directory fsynced: a process killed at any instant leaves the previous file intact.
-  A checkpoint that cannot be read raises `CheckpointReadError` naming the file and the reason.
-  (Lightning's own writer stages the file in the system temp directory, so its final move can be
-  a non-atomic copy across file systems, and it never fsyncs.)
 - `ResumeState`: callback that puts the RNG states (torch, CUDA, numpy, python; every rank's)
   in each checkpoint and restores them right before the first training batch after a resume;
   keeps what runs between training steps (validation, curriculum refreshes, dataloader seed
-  draws) from consuming the training RNG streams; installs `AtomicCheckpointIO` when
-  the strategy uses Lightning's default `TorchCheckpointIO`; under DDP gives each rank > 0 its own
-  sampling seed. `RLVRDataModule` adds one to the trainer unless told not to.
+  draws) from consuming the training RNG streams; installs `AtomicCheckpointIO`
+  (`rlvr_lightning.checkpoint_files`) when the strategy uses Lightning's default `TorchCheckpointIO`;
+  under DDP gives each rank > 0 its own sampling seed. `rlvr` adds one to the trainer.
 - `RolloutCheckpoint`: `ModelCheckpoint` counting rollout steps (training batches) instead of
   optimizer steps, which differ when `ppo_epochs` or mini-batches make several updates per step.
 """
@@ -21,9 +15,6 @@ from __future__ import annotations
 import logging
 import os
 import random
-import uuid
-import zipfile
-from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
@@ -34,105 +25,11 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
 
+from rlvr_lightning.checkpoint_files import AtomicCheckpointIO, CheckpointReadError, is_local, remove_partial_checkpoints
+
+__all__ = ["AtomicCheckpointIO", "CheckpointReadError", "ResumeState", "RolloutCheckpoint"]
+
 log = logging.getLogger(__name__)
-
-PARTIAL_SUFFIX = ".partial"
-
-
-class CheckpointReadError(RuntimeError):
-    """A checkpoint file exists but cannot be loaded."""
-
-
-def _is_local(path) -> bool:
-    return "://" not in str(path) or str(path).startswith("file://")
-
-
-def fsync_directory(directory: str | Path) -> None:
-    """Make a rename or a new file in `directory` durable (a no-op where directories cannot be synced)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # some file systems do not allow opening directories
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-class AtomicCheckpointIO(TorchCheckpointIO):
-    """`torch.save` to `.<name>.<random>.partial` beside the target, fsync, `os.replace`, fsync the directory."""
-
-    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
-        if not _is_local(path):
-            return super().save_checkpoint(checkpoint, path, storage_options)
-        if storage_options is not None:
-            raise TypeError(f"{type(self).__name__}.save_checkpoint does not take storage_options")
-        path = os.path.abspath(str(path).removeprefix("file://"))
-        directory = os.path.dirname(path)
-        os.makedirs(directory, exist_ok=True)
-        partial = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex}{PARTIAL_SUFFIX}")
-        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                torch.save(checkpoint, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(partial, path)
-        except BaseException:
-            try:
-                os.unlink(partial)
-            except OSError:
-                pass
-            raise
-        fsync_directory(directory)
-
-    def load_checkpoint(self, path, map_location=lambda storage, loc: storage, weights_only: bool | None = None) -> dict[str, Any]:
-        if _is_local(path):
-            local = str(path).removeprefix("file://")
-            if not os.path.exists(local):
-                raise FileNotFoundError(f"Checkpoint file not found: {path}")
-            if os.path.isfile(local) and os.path.getsize(local) == 0:
-                raise CheckpointReadError(f"cannot read checkpoint {path}: the file is empty (0 bytes)")
-        try:
-            checkpoint = super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
-        except FileNotFoundError:
-            raise
-        except Exception as error:
-            raise CheckpointReadError(f"cannot read checkpoint {path}{_diagnose(path)}: {type(error).__name__}: {error}".rstrip()) from error
-        if not isinstance(checkpoint, dict):
-            raise CheckpointReadError(f"cannot read checkpoint {path}: it holds a {type(checkpoint).__name__}, not a dict")
-        return checkpoint
-
-
-def _diagnose(path) -> str:
-    """`, <size> bytes[, what is wrong with the file]` for a local checkpoint that failed to load."""
-    local = str(path).removeprefix("file://")
-    if not _is_local(path) or not os.path.isfile(local):
-        return ""
-    text = f", {os.path.getsize(local)} bytes"
-    with open(local, "rb") as f:
-        magic = f.read(4)
-    if magic == b"PK\x03\x04" and not zipfile.is_zipfile(local):
-        text += ", truncated or corrupt (its zip archive has no end record: a write that did not finish?)"
-    elif magic != b"PK\x03\x04":
-        text += ", not a torch.save zip archive"
-    return text
-
-
-def remove_partial_checkpoints(directory) -> list[Path]:
-    """Delete the temporary files that writes killed mid-way left in `directory`; returns them."""
-    removed = []
-    directory = Path(directory)
-    if directory.is_dir():
-        for path in directory.glob(f".*{PARTIAL_SUFFIX}"):
-            try:
-                path.unlink()
-                removed.append(path)
-            except OSError:
-                pass
-    return removed
 
 
 # ----------------------------------------------------------------------------- RNG states
@@ -220,7 +117,7 @@ class ResumeState(Callback):
         if trainer.is_global_zero:
             for callback in trainer.checkpoint_callbacks:
                 dirpath = getattr(callback, "dirpath", None)
-                if dirpath and _is_local(dirpath):
+                if dirpath and is_local(dirpath):
                     for path in remove_partial_checkpoints(dirpath):
                         log.info("removed a partial checkpoint left by a killed write: %s", path)
 

@@ -26,7 +26,7 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info
 
-from rlvr_lightning import progress
+from rlvr_lightning import stage_reports
 
 SIGNALS = ("SIGINT", "SIGTERM")
 
@@ -63,7 +63,7 @@ class SaveOnInterrupt(Callback):
             return
         for signum in self.signals:
             self._previous[signum] = signal.signal(signum, self._handle)
-        progress.add_listener(self)
+        stage_reports.add_listener(self)
 
     def _handle(self, signum: int, frame) -> None:
         if self.received is not None:  # the second signal: stop now, without a checkpoint
@@ -75,7 +75,7 @@ class SaveOnInterrupt(Callback):
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
         self._previous = {}
-        progress.remove_listener(self)
+        stage_reports.remove_listener(self)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._restore_handlers()

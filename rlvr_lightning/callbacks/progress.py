@@ -7,7 +7,7 @@
 - `ProgressLines`: for runs without a bar (logs, batch jobs): a console line every `every_s`
   seconds while a step runs, saying what it is doing.
 
-Both listen to `rlvr_lightning.progress` (stages reported by the module, tokens by the generation loop).
+Both listen to `rlvr_lightning.stage_reports` (stages reported by the module, tokens by the generation loop).
 """
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ from lightning.pytorch.utilities import rank_zero_only
 from rich.progress import ProgressColumn
 from rich.text import Text
 
-from rlvr_lightning import progress
+from rlvr_lightning import stage_reports
 
 METRICS_MAX_AGE_S = 1.0  # slow steps update the metrics column after every batch
 LOG_NAMES = ("lightning", "lightning.pytorch", "lightning.fabric", "")  # loggers Lightning prints through
 
 
 class StepStatus:
-    """The stage and token count of the step in progress, as reported through `rlvr_lightning.progress`."""
+    """The stage and token count of the step in progress, as reported through `rlvr_lightning.stage_reports`."""
 
     def __init__(self) -> None:
         self.clear()
@@ -106,7 +106,7 @@ class RewardProgressBar(RichProgressBar):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
         if self.is_enabled and trainer.is_global_zero:
-            progress.add_listener(self)
+            stage_reports.add_listener(self)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self.status.clear()
@@ -121,11 +121,11 @@ class RewardProgressBar(RichProgressBar):
         super().on_validation_batch_end(trainer, pl_module, outputs, batch, batch_idx, dataloader_idx)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        progress.remove_listener(self)
+        stage_reports.remove_listener(self)
         super().teardown(trainer, pl_module, stage)
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
-        progress.remove_listener(self)
+        stage_reports.remove_listener(self)
         super().on_exception(trainer, pl_module, exception)
 
     # ------------------------------------------------------------ metrics
@@ -181,13 +181,13 @@ class ProgressLines(Callback):
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if trainer.is_global_zero:
-            progress.add_listener(self)
+            stage_reports.add_listener(self)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        progress.remove_listener(self)
+        stage_reports.remove_listener(self)
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
-        progress.remove_listener(self)
+        stage_reports.remove_listener(self)
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module, batch, batch_idx: int) -> None:
         total = trainer.num_training_batches

@@ -3,7 +3,7 @@
 Depends on torch only. See each module's docstring for conventions.
 """
 
-from rlvr_lightning.core.advantages import (
+from rlvr_lightning.core.advantage_estimators import (
     ADVANTAGE_ESTIMATORS,
     STD_SCOPES,
     batch_whitened_advantages,

@@ -1,18 +1,10 @@
 """`RLVRDataModule`: batches of prompts from a `Task` for training and validation.
 
-Training prompts are read from an endless, indexable view of the task's training data, so a
-run's position is a few integers that checkpoints carry and a resumed run continues from:
-
-- an endless stream with `example_at(i)` (`SortStream`) is read by index;
-- any other `IterableDataset` is read in order (resuming skips what was consumed; worker
-  processes are not supported for it);
-- a finite dataset is read as an endless sequence of passes, each shuffled by (seed, pass);
-  a Lightning epoch is `len(dataset) // (batch_size * world_size)` batches.
-
-Under DDP, rank r's share of global batch j is examples `[(j * world + r) * B, ... + B)`; with
-worker processes, worker w produces the batches j = w (mod num_workers), so the examples and
-their order do not depend on `num_workers`. The data module counts consumed batches in
-`on_before_batch_transfer` (not what the loader prefetched), which is what `state_dict` saves.
+Training prompts are read from an endless, indexable view of the task's training data
+(`prompt_streams.py`), so a run's position is a few integers that checkpoints carry and a resumed
+run continues from; over a finite dataset a Lightning epoch is `len(dataset) // (batch_size *
+world_size)` batches. The data module counts consumed batches in `on_before_batch_transfer` (not
+what the loader prefetched), which is what `state_dict` saves.
 
 With a `DifficultyFilter` the training prompts are the kept prompts, reshuffled each pass, and
 refreshed every `refresh_every_n_epochs` epochs through Lightning's dataloader reloading (the
@@ -20,173 +12,41 @@ module sets `trainer.reload_dataloaders_every_n_epochs = 1` and decides itself w
 due, so that resumed runs refresh at the same epochs). An epoch of filtered training is
 `trainer.limit_train_batches` batches.
 
-`setup` also adds a `ResumeState` callback when the trainer has none (RNG states in
-checkpoints, atomic checkpoint files): pass `resume_state=False` to opt out, and rejects a
-prompt longer than the model's context before any batch is built (`prompt_lengths`).
+`setup` rejects a prompt longer than the model's context before any batch is built
+(`prompt_lengths`). The RNG states that exact resumes also need are `ResumeState`'s (a callback
+`rlvr` adds).
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
-from collections.abc import Callable
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
-from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
+from torch.utils.data import DataLoader
 
 from rlvr_lightning.data.difficulty_filter import DifficultyFilter
 from rlvr_lightning.data.prompt_lengths import check_prompt_lengths
+from rlvr_lightning.data.prompt_streams import (
+    TOPUP_OFFSET,
+    IndexedStream,
+    OffsetView,
+    PromptStream,
+    ReshuffledPool,
+    ResumableLoader,
+    SequentialStream,
+    as_is,
+    example_source,
+)
 from rlvr_lightning.data.task import Example, Task, collate_examples
+from rlvr_lightning.distributed import log_to_loggers, reduce_across_ranks
 
 log = logging.getLogger(__name__)
 
 STATE_VERSION = 1
-
-
-# ------------------------------------------------------------------ sources: endless indexable views
-
-
-class _IndexedStream:
-    """A stream read by index through its `example_at`."""
-
-    finite_size = None
-
-    def __init__(self, stream: IterableDataset) -> None:
-        self.stream = stream
-
-    def __getitem__(self, index: int) -> Example:
-        return self.stream.example_at(index)
-
-
-class _SequentialStream:
-    """Any other stream, read in order; going back restarts it."""
-
-    finite_size = None
-    indexed = False
-
-    def __init__(self, stream: IterableDataset) -> None:
-        self.stream = stream
-        self._iterator = None
-        self._next = 0
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"stream": self.stream, "_iterator": None, "_next": 0}
-
-    def __getitem__(self, index: int) -> Example:
-        if self._iterator is None or index < self._next:
-            self._iterator, self._next = iter(self.stream), 0
-        if index > self._next:
-            next(itertools.islice(self._iterator, index - self._next - 1, None))  # skip
-            self._next = index
-        self._next += 1
-        return next(self._iterator)
-
-
-class _ReshuffledPool:
-    """A finite dataset as an endless sequence of passes, pass p shuffled by (seed, p)."""
-
-    def __init__(self, dataset, seed: int) -> None:
-        if len(dataset) == 0:
-            raise ValueError("the training dataset is empty")
-        self.dataset = dataset
-        self.seed = seed
-        self.finite_size = len(dataset)
-        self._permutation: tuple[int, list[int]] | None = None
-
-    def __getitem__(self, index: int) -> Example:
-        p = index // self.finite_size
-        if self._permutation is None or self._permutation[0] != p:
-            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + p)
-            self._permutation = (p, torch.randperm(self.finite_size, generator=generator).tolist())
-        return self.dataset[self._permutation[1][index % self.finite_size]]
-
-
-class _OffsetView:
-    """Examples `offset + i` of an indexed stream: a part of it the regular batches never reach."""
-
-    finite_size = None
-
-    def __init__(self, source: _IndexedStream, offset: int) -> None:
-        self.source = source
-        self.offset = offset
-
-    def __getitem__(self, index: int) -> Example:
-        return self.source[self.offset + index]
-
-
-TOPUP_OFFSET = 2**40  # where the top-up prompts of an endless indexed stream start
-
-
-def example_source(dataset: Dataset | IterableDataset, seed: int):
-    if isinstance(dataset, IterableDataset):
-        return _IndexedStream(dataset) if hasattr(dataset, "example_at") else _SequentialStream(dataset)
-    return _ReshuffledPool(dataset, seed)
-
-
-class PromptStream(IterableDataset):
-    """One rank's training batches (collated) from `start` (a global example index): `num_batches`, or endless.
-
-    It yields whole batches, so its loader has `batch_size=None`: per-example work stays in one loop here."""
-
-    def __init__(self, source, batch_size: int, rank: int = 0, world_size: int = 1, start: int = 0, num_batches: int | None = None):
-        self.source = source
-        self.batch_size = batch_size
-        self.rank = rank
-        self.world_size = world_size
-        self.start = start
-        self.num_batches = num_batches
-
-    def __len__(self) -> int:
-        if self.num_batches is None:
-            raise TypeError("an endless prompt stream has no length")
-        return self.num_batches
-
-    def __iter__(self):
-        worker = get_worker_info()
-        worker_id, num_workers = (worker.id, worker.num_workers) if worker is not None else (0, 1)
-        if num_workers > 1 and isinstance(self.source, _SequentialStream):
-            raise ValueError(
-                "a training stream without `example_at(index)` cannot be read exactly by worker processes: "
-                "set data.num_workers=0 or give the stream an example_at method"
-            )
-        batches = itertools.count(worker_id, num_workers)
-        if self.num_batches is not None:
-            batches = range(worker_id, self.num_batches, num_workers)
-        for j in batches:
-            first = self.start + (j * self.world_size + self.rank) * self.batch_size
-            yield collate_examples([self.source[index] for index in range(first, first + self.batch_size)])
-
-
-def _as_is(batch):
-    return batch
-
-
-class ResumableLoader(DataLoader):
-    """A `DataLoader` whose every iteration starts at the data module's current position.
-
-    It has `state_dict`/`load_state_dict` so that Lightning treats it as resumable; the position
-    itself is saved and restored by `RLVRDataModule.state_dict` / `load_state_dict`."""
-
-    def __init__(self, dataset: PromptStream, position: Callable[[], int], **kwargs) -> None:
-        super().__init__(dataset, **kwargs)
-        self._position = position
-
-    def __iter__(self):
-        self.dataset.start = self._position()
-        return super().__iter__()
-
-    def state_dict(self) -> dict[str, int]:
-        return {"position": self._position()}
-
-    def load_state_dict(self, state_dict: dict[str, int]) -> None:
-        """Nothing to do: `RLVRDataModule.load_state_dict` restored the position before this loader existed."""
-
-
-# ------------------------------------------------------------------ the data module
 
 
 class RLVRDataModule(pl.LightningDataModule):
@@ -198,14 +58,12 @@ class RLVRDataModule(pl.LightningDataModule):
         num_workers: int = 0,
         difficulty_filter: DifficultyFilter | None = None,
         seed: int | None = None,
-        resume_state: bool = True,
     ):
         """
         Args:
             batch_size: prompts per rank and step; each is sampled `group_size` times by the module.
             difficulty_filter: best-of-n curriculum (see `DifficultyFilter`); None trains on every prompt.
             seed: shuffles finite datasets and the kept prompts; default the run's `seed_everything` seed.
-            resume_state: add a `ResumeState` callback when the trainer has none.
         """
         super().__init__()
         if batch_size < 1:
@@ -216,7 +74,6 @@ class RLVRDataModule(pl.LightningDataModule):
         self.num_workers = num_workers
         self.difficulty_filter = difficulty_filter
         self.seed = seed
-        self.resume_state = resume_state
         self._source = None
         self.source_position = 0  # examples of the task's training data consumed (training and candidates)
         self.pool_position = 0  # examples of the kept-prompt pool consumed since the last refresh
@@ -237,11 +94,6 @@ class RLVRDataModule(pl.LightningDataModule):
         trainer = self.trainer
         if trainer is None:
             return
-        if self.resume_state:
-            from rlvr_lightning.callbacks.checkpointing import ResumeState
-
-            if not any(isinstance(cb, ResumeState) for cb in trainer.callbacks):
-                trainer.callbacks.append(ResumeState())
         if stage in ("fit", "validate") and trainer.lightning_module is not None:
             check_prompt_lengths(self.task, trainer.lightning_module)
         if stage == "fit" and self.difficulty_filter is not None:
@@ -273,7 +125,7 @@ class RLVRDataModule(pl.LightningDataModule):
         """This rank's training prompts from the current position: the kept prompts, or the task's."""
         rank, world = self._rank_world()
         if self._pool_active():
-            pool = _ReshuffledPool(self.difficulty_filter.kept, self.data_seed * 7_919 + self.difficulty_filter.refresh_index)
+            pool = ReshuffledPool(self.difficulty_filter.kept, self.data_seed * 7_919 + self.difficulty_filter.refresh_index)
             return PromptStream(pool, self.batch_size, rank, world, self.pool_position)
         source = self.source()
         num_batches = None
@@ -292,7 +144,7 @@ class RLVRDataModule(pl.LightningDataModule):
             self.train_prompts(),
             position=self.position,
             batch_size=None,  # the stream yields collated batches
-            collate_fn=_as_is,
+            collate_fn=as_is,
             num_workers=self.num_workers,
             generator=torch.Generator(),  # the loader's base seed must not draw from the global RNG (exact resume)
         )
@@ -319,15 +171,15 @@ class RLVRDataModule(pl.LightningDataModule):
         key = self.difficulty_filter.refresh_index if self._pool_active() else None
         if self._topup is None or self._topup[0] != key:
             if self._pool_active():
-                view = _ReshuffledPool(self.difficulty_filter.kept, self.data_seed * 7_919 + key + 500_009)
+                view = ReshuffledPool(self.difficulty_filter.kept, self.data_seed * 7_919 + key + 500_009)
             else:
                 source = self.source()
-                if isinstance(source, _IndexedStream):
-                    view = _OffsetView(source, TOPUP_OFFSET)
-                elif isinstance(source, _ReshuffledPool):
-                    view = _ReshuffledPool(source.dataset, source.seed + 500_009)
+                if isinstance(source, IndexedStream):
+                    view = OffsetView(source, TOPUP_OFFSET)
+                elif isinstance(source, ReshuffledPool):
+                    view = ReshuffledPool(source.dataset, source.seed + 500_009)
                 else:
-                    view = _SequentialStream(source.stream)
+                    view = SequentialStream(source.stream)
             self._topup = (key, view)
         first = (self.topup_batches * world + rank) * self.batch_size
         self.topup_batches += 1
@@ -367,8 +219,6 @@ class RLVRDataModule(pl.LightningDataModule):
         self._publish(stats)
 
     def _publish(self, stats: dict[str, float]) -> None:
-        from rlvr_lightning.modules.step_metrics import log_to_loggers, reduce_across_ranks
-
         trainer, flt = self.trainer, self.difficulty_filter
         names = list(stats)
         values = torch.tensor([stats[k] for k in names], dtype=torch.float64, device=trainer.lightning_module.device)

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from rlvr_lightning.data.task import Example, collate_examples
+from rlvr_lightning.distributed import all_gather
 from rlvr_lightning.parallel.fsdp import gathered_params
 
 log = logging.getLogger(__name__)
@@ -185,8 +186,6 @@ class DifficultyFilter:
                 counts[start : start + len(chunk)] = passed.to(device=device, dtype=torch.long)
         seconds = time.perf_counter() - started
         if world_size > 1:
-            from rlvr_lightning.modules.step_metrics import all_gather
-
             counts = all_gather(trainer, counts).reshape(-1)
         counts = counts[: len(candidates)].cpu()
         if bool((counts < 0).any()):

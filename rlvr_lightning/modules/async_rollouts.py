@@ -76,7 +76,7 @@ from typing import Any
 
 import torch
 
-from rlvr_lightning import progress
+from rlvr_lightning import stage_reports
 from rlvr_lightning.policies.base import Policy, PromptBatch, SamplingConfig
 from rlvr_lightning.rollout import Rollout
 from rlvr_lightning.timing import elapsed_seconds
@@ -172,7 +172,7 @@ class AsyncRollouts:
             thread.enter()
         device = self._device()
         stream = torch.cuda.stream(self._stream) if background and self._stream is not None else nullcontext()
-        with progress.muted() if background else nullcontext(), stream, thread.precision() if background else nullcontext():
+        with stage_reports.muted() if background else nullcontext(), stream, thread.precision() if background else nullcontext():
             generator = torch.Generator(device=self._generator_device()).manual_seed(seed)
             started = time.perf_counter()
             rollout = self._sampler.sample(batch, self.group_size, self.sampling, generator=generator)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from rlvr_lightning.core.advantages import zero_variance_group_mask
+from rlvr_lightning.core.advantage_estimators import zero_variance_group_mask
 from rlvr_lightning.rollout import Rollout
 
 

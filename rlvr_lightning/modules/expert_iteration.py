@@ -26,10 +26,11 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 
 from rlvr_lightning.core.aggregation import AGGREGATION_MODES
+from rlvr_lightning.distributed import all_gather
 from rlvr_lightning.modules.gradients import backward_sync, policy_gradient_norm
 from rlvr_lightning.modules.rlvr import RLVRModule
 from rlvr_lightning.modules.sft import RewardScoringMixin, response_nll
-from rlvr_lightning.modules.step_metrics import all_gather, publish_step_metrics
+from rlvr_lightning.modules.step_metrics import publish_step_metrics
 from rlvr_lightning.modules.training_precision import TrainingPrecisionCheck
 from rlvr_lightning.parallel.fsdp import ShardedPolicyModule, gathered_params
 from rlvr_lightning.policies.base import Policy, PromptBatch, SamplingConfig

@@ -26,7 +26,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 
 from rlvr_lightning.advantages import AdvantageCallback, GroupNormalizedAdvantage
-from rlvr_lightning.core.advantages import zero_variance_group_fraction
+from rlvr_lightning.core.advantage_estimators import zero_variance_group_fraction
 from rlvr_lightning.core.aggregation import AGGREGATION_MODES
 from rlvr_lightning.core.importance_sampling import ROLLOUT_IS_MODES
 from rlvr_lightning.core.kl import KL_ESTIMATORS, kl_estimate
@@ -41,7 +41,7 @@ from rlvr_lightning.modules.step_metrics import publish_step_metrics
 from rlvr_lightning.modules.training_precision import TrainingPrecisionCheck
 from rlvr_lightning.parallel.fsdp import ShardedPolicyModule, gathered_params
 from rlvr_lightning.policies.base import Policy, PromptBatch, SamplingConfig
-from rlvr_lightning.progress import report_stage
+from rlvr_lightning.stage_reports import report_stage
 from rlvr_lightning.rewards.base import RewardCallback, find_reward_callbacks
 from rlvr_lightning.rollout import Rollout
 from rlvr_lightning.timing import clock

@@ -31,7 +31,7 @@ from typing import Any, Literal
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.pytorch.strategies import ModelParallelStrategy, StrategyRegistry
 
-from rlvr_lightning.callbacks.checkpointing import fsync_directory
+from rlvr_lightning.checkpoint_files import fsync_directory
 from rlvr_lightning.parallel.fsdp import ShardingOptions
 
 DType = Literal["float32", "bfloat16", "float16"]

@@ -17,14 +17,16 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
 
+from rlvr_lightning.policies.base import compute_device
+from rlvr_lightning.policies.generation_backend import GenerationBackend
+from rlvr_lightning.policies.generation_output import GenerationOutput, StopStringChecker
 from rlvr_lightning.policies.kv_cache import reserve_room
-from rlvr_lightning.progress import report_tokens
+from rlvr_lightning.stage_reports import report_tokens
 from rlvr_lightning.timing import elapsed_seconds
 
 
@@ -115,47 +117,6 @@ def sample_next_token(
         tokens = choose_from.argmax(dim=-1)
     log_probs = scaled.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
     return tokens, log_probs
-
-
-class StopStringChecker:
-    """Does the decoded tail of a row's response contain one of the stop strings?"""
-
-    def __init__(self, stop_strings: Sequence[str], decode: Callable[[list[list[int]]], list[str]]):
-        self.stop_strings = [s for s in stop_strings if s]
-        self.decode = decode
-        longest = max((len(s) for s in self.stop_strings), default=0)
-        # a character needs at most 4 byte-level tokens; +2 covers a merge at the boundary
-        self.window = 4 * longest + 2
-
-    def __bool__(self) -> bool:
-        return bool(self.stop_strings)
-
-    def check(self, tails: list[list[int]]) -> list[bool]:
-        texts = self.decode(tails)
-        return [any(s in text for s in self.stop_strings) for text in texts]
-
-    def cut(self, text: str) -> tuple[str, bool]:
-        """`text` up to and including its first stop string, and whether one was found."""
-        found = [(text.find(s), s) for s in self.stop_strings if s in text]
-        if not found:
-            return text, False
-        # the stop string that ends first is the one that stopped generation
-        end = min(index + len(s) for index, s in found)
-        return text[:end], True
-
-
-@dataclass
-class GenerationOutput:
-    response_ids: Tensor  # long[N, T] trimmed to the longest response, pad after the end
-    response_mask: Tensor  # float[N, T]
-    truncated: Tensor  # bool[N]
-    log_probs: Tensor  # float[N, T] sampling log-probs (0 where masked)
-    stopped_by_string: Tensor  # bool[N]
-    seconds: float
-    prefill_seconds: float | None = None  # None: the backend does not report it
-    steps: int | None = None  # decoding steps (None: not reported)
-    stats: dict[str, float] = field(default_factory=dict)  # backend-specific facts (weight push time, ...)
-    response_source: Tensor | None = None  # long[N, T] `TokenSource` per token, when tokens were inserted
 
 
 def _supports_logits_to_keep(model: nn.Module) -> bool:
@@ -350,3 +311,36 @@ def generate(*args, **kwargs) -> GenerationOutput:
     for name in ("response_ids", "response_mask", "truncated", "log_probs", "stopped_by_string"):
         setattr(out, name, getattr(out, name).clone())
     return out
+
+
+class KVCacheGeneration(GenerationBackend):
+    """The loop above (`generate`) over the training model itself, as a `GenerationBackend`."""
+
+    def generate(self, model, tokenizer, prompt_token_ids, n, sampling, *, eos_token_ids, pad_token_id, max_new_tokens=None, generator=None):
+        device = compute_device(model)
+        prompt_ids, prompt_mask = left_pad(prompt_token_ids, pad_token_id)
+        stop = StopStringChecker(
+            sampling.stop_strings, lambda rows: tokenizer.batch_decode(rows, skip_special_tokens=True)
+        )
+        was_training = model.training
+        model.eval()  # no dropout while sampling; gradient checkpointing would also turn the cache off
+        try:
+            return generate(
+                model,
+                prompt_ids.to(device),
+                prompt_mask.to(device),
+                n,
+                max_new_tokens=sampling.max_new_tokens,
+                eos_token_ids=eos_token_ids,
+                pad_token_id=pad_token_id,
+                temperature=sampling.temperature,
+                top_k=sampling.top_k,
+                top_p=sampling.top_p,
+                stop=stop,
+                do_sample=sampling.do_sample,
+                min_new_tokens=sampling.min_new_tokens,
+                max_new_tokens_per_prompt=max_new_tokens,
+                generator=generator,
+            )
+        finally:
+            model.train(was_training)

@@ -3,7 +3,7 @@
 Two implementations, chosen in YAML under the policy's `generation` option:
 
 * `KVCacheGeneration` (the default): our own batched loop over the training model
-  (`rlvr_lightning.policies.generation`): one prefill per distinct prompt, finished rows dropped,
+  (in `rlvr_lightning.policies.generation`): one prefill per distinct prompt, finished rows dropped,
   no second copy of the weights. The CPU default.
 * `VLLMGeneration` (`rlvr_lightning.policies.vllm_generation`): a vLLM engine colocated in the
   training process, fed the policy's weights whenever they changed.
@@ -22,8 +22,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from rlvr_lightning.policies.base import SamplingConfig, compute_device
-from rlvr_lightning.policies.generation import GenerationOutput, StopStringChecker, generate, left_pad
+from rlvr_lightning.policies.base import SamplingConfig
+from rlvr_lightning.policies.generation_output import GenerationOutput
 
 
 class GenerationBackend(ABC):
@@ -70,39 +70,6 @@ class GenerationBackend(ABC):
 
     def sleep(self) -> None:
         """Free what the backend holds between rollouts (the update runs next)."""
-
-
-class KVCacheGeneration(GenerationBackend):
-    """Our batched KV-cache loop over the training model itself (see `policies/generation.py`)."""
-
-    def generate(self, model, tokenizer, prompt_token_ids, n, sampling, *, eos_token_ids, pad_token_id, max_new_tokens=None, generator=None):
-        device = compute_device(model)
-        prompt_ids, prompt_mask = left_pad(prompt_token_ids, pad_token_id)
-        stop = StopStringChecker(
-            sampling.stop_strings, lambda rows: tokenizer.batch_decode(rows, skip_special_tokens=True)
-        )
-        was_training = model.training
-        model.eval()  # no dropout while sampling; gradient checkpointing would also turn the cache off
-        try:
-            return generate(
-                model,
-                prompt_ids.to(device),
-                prompt_mask.to(device),
-                n,
-                max_new_tokens=sampling.max_new_tokens,
-                eos_token_ids=eos_token_ids,
-                pad_token_id=pad_token_id,
-                temperature=sampling.temperature,
-                top_k=sampling.top_k,
-                top_p=sampling.top_p,
-                stop=stop,
-                do_sample=sampling.do_sample,
-                min_new_tokens=sampling.min_new_tokens,
-                max_new_tokens_per_prompt=max_new_tokens,
-                generator=generator,
-            )
-        finally:
-            model.train(was_training)
 
 
 def response_tensors(

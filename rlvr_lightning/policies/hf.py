@@ -48,8 +48,8 @@ from torch import Tensor, nn
 
 from rlvr_lightning.policies import hf_loading
 from rlvr_lightning.policies.base import Policy, PromptBatch, SamplingConfig, compute_device
-from rlvr_lightning.policies.generation import left_pad
-from rlvr_lightning.policies.generation_backend import GenerationBackend, KVCacheGeneration
+from rlvr_lightning.policies.generation import KVCacheGeneration, left_pad
+from rlvr_lightning.policies.generation_backend import GenerationBackend
 from rlvr_lightning.policies.hf_scoring import HFScoring
 from rlvr_lightning.policies.model_cache import resolve_model_path
 from rlvr_lightning.policies.segmented_generation import decode_responses, generate_segments

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from rlvr_lightning.policies.base import SamplingConfig, compute_device
-from rlvr_lightning.policies.generation import GenerationOutput, StopStringChecker
+from rlvr_lightning.policies.generation_output import GenerationOutput, StopStringChecker
 from rlvr_lightning.rollout import TokenSource
 
 

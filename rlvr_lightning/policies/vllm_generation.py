@@ -50,7 +50,7 @@ import torch
 from torch import Tensor, nn
 
 from rlvr_lightning.policies.compute_dtype import compute_dtype
-from rlvr_lightning.policies.generation import GenerationOutput
+from rlvr_lightning.policies.generation_output import GenerationOutput
 from rlvr_lightning.policies.generation_backend import GenerationBackend, response_tensors
 from rlvr_lightning.timing import elapsed_seconds
 

@@ -41,6 +41,7 @@ from rlvr_lightning.rewards.base import RewardCallback
 from rlvr_lightning.rewards.math import metadata_values, response_texts
 from rlvr_lightning.rollout import Rollout
 from rlvr_lightning.verifiers.sandbox import SandboxUnavailable, extract_python_program, run_python_tests
+from rlvr_lightning.verifiers.sandbox_limits import SandboxLimits
 
 log = logging.getLogger(__name__)
 
@@ -67,10 +68,10 @@ class CodeExecutionReward(RewardCallback):
     def __init__(
         self,
         tests_key: str = "tests",
-        timeout_s: float = 5.0,
-        memory_mb: int = 512,
-        cpu_s: int = 5,
-        max_processes: int = 16,
+        timeout_s: float = SandboxLimits.timeout_s,
+        memory_mb: int = SandboxLimits.memory_mb,
+        cpu_s: int = SandboxLimits.cpu_s,
+        max_processes: int = SandboxLimits.max_processes,
         max_concurrency: int = 2,
         allow_network_unisolated: bool = False,
         weight: float = 1.0,
@@ -80,7 +81,7 @@ class CodeExecutionReward(RewardCallback):
         """
         Args:
             tests_key: the metadata field holding the test cases.
-            timeout_s: per-run wall-clock limit (see `run_python_tests`).
+            timeout_s: per-run wall-clock limit (`SandboxLimits`).
             memory_mb: per-run memory limit.
             cpu_s: per-run CPU-time limit.
             max_processes: per-run process-count limit.
@@ -91,7 +92,7 @@ class CodeExecutionReward(RewardCallback):
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
         super().__init__(weight=weight, name=name or "code_execution", on_error=on_error)
         self.tests_key = tests_key
-        self.limits = {"timeout_s": timeout_s, "memory_mb": memory_mb, "cpu_s": cpu_s, "max_processes": max_processes}
+        self.limits = SandboxLimits(timeout_s=timeout_s, memory_mb=memory_mb, cpu_s=cpu_s, max_processes=max_processes)
         self.max_concurrency = max_concurrency
         self.allow_network_unisolated = allow_network_unisolated
         self.last_errors: list[str | None] = []  # the first failure of each row of the last batch (debugging)
@@ -132,7 +133,7 @@ class CodeExecutionReward(RewardCallback):
 
         def run(i: int):
             return run_python_tests(
-                programs[i], tests[i], allow_network_unisolated=self.allow_network_unisolated, **self.limits
+                programs[i], tests[i], limits=self.limits, allow_network_unisolated=self.allow_network_unisolated
             )
 
         with ThreadPoolExecutor(max_workers=min(self.max_concurrency, len(jobs))) as pool:

@@ -13,6 +13,7 @@ from typing import Any
 
 from rlvr_lightning.tools.base import Tool, ToolError
 from rlvr_lightning.verifiers.sandbox import run_python
+from rlvr_lightning.verifiers.sandbox_limits import SandboxLimits
 
 
 class PythonTool(Tool):
@@ -21,25 +22,22 @@ class PythonTool(Tool):
     def __init__(
         self,
         name: str | None = None,
-        timeout_s: float = 5.0,
-        memory_mb: int = 512,
-        cpu_s: int = 5,
-        max_processes: int = 16,
+        timeout_s: float = SandboxLimits.timeout_s,
+        memory_mb: int = SandboxLimits.memory_mb,
+        cpu_s: int = SandboxLimits.cpu_s,
+        max_processes: int = SandboxLimits.max_processes,
         max_output_chars: int = 1000,
         allow_network_unisolated: bool = False,
     ) -> None:
         """
         Args:
-            timeout_s, memory_mb, cpu_s, max_processes: the sandbox's limits for one call.
+            timeout_s, memory_mb, cpu_s, max_processes: the sandbox's limits for one call (`SandboxLimits`).
             max_output_chars: stdout shown to the policy (the rest is cut, with a note).
             allow_network_unisolated: run even where the OS cannot isolate network and filesystem
                 (see `run_python_tests`); refused by default.
         """
         super().__init__(name)
-        self.timeout_s = timeout_s
-        self.memory_mb = memory_mb
-        self.cpu_s = cpu_s
-        self.max_processes = max_processes
+        self.limits = SandboxLimits(timeout_s=timeout_s, memory_mb=memory_mb, cpu_s=cpu_s, max_processes=max_processes)
         self.max_output_chars = max_output_chars
         self.allow_network_unisolated = allow_network_unisolated
 
@@ -47,14 +45,7 @@ class PythonTool(Tool):
         code = self.text_argument(arguments, "code")
         if not code.strip():
             raise ToolError("no code to run")
-        result = run_python(
-            code,
-            timeout_s=self.timeout_s,
-            memory_mb=self.memory_mb,
-            cpu_s=self.cpu_s,
-            max_processes=self.max_processes,
-            allow_network_unisolated=self.allow_network_unisolated,
-        )
+        result = run_python(code, limits=self.limits, allow_network_unisolated=self.allow_network_unisolated)
         output = self._cut(result.stdout.rstrip("\n"))
         if result.error is not None:
             raise ToolError(f"{output}\n{result.error}" if output else result.error)

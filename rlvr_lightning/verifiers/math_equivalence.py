@@ -22,26 +22,18 @@ from __future__ import annotations
 
 import atexit
 import collections
-import json
 import os
 import select
-import signal
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 import weakref
-from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
 from rlvr_lightning.verifiers._math_worker import judge as _judge
 from rlvr_lightning.verifiers.answers import DEFAULT_METHODS, clean_answer, extract_answer, normalize_answer
+from rlvr_lightning.verifiers.math_worker_process import MathWorker
 
 __all__ = ["MathVerifier", "answers_match"]
-
-_WORKER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_math_worker.py")
-
 
 def answers_match(prediction: str | None, gold: str | None, *, timeout_seconds: int | None = 5) -> bool:
     """True if two extracted answers are mathematically equivalent.
@@ -65,109 +57,6 @@ def answers_match(prediction: str | None, gold: str | None, *, timeout_seconds: 
         return _judge(clean_answer(prediction), clean_answer(gold), timeout_seconds)
     except Exception:
         return False
-
-
-class _Task:
-    """A request in flight. Until the worker acknowledges it, `deadline` is the (generous) delivery
-    deadline; from the acknowledgement on, it is the row's own time budget."""
-
-    __slots__ = ("req_id", "deadline", "acked")
-
-    def __init__(self, req_id: int, deadline: float) -> None:
-        self.req_id = req_id
-        self.deadline = deadline
-        self.acked = False
-
-
-_SPAWNER_LOCK = threading.Lock()
-_SPAWNER: tuple[int, ThreadPoolExecutor] | None = None  # (owning pid, executor)
-
-
-def _popen_from_a_lasting_thread(*args, **kwargs) -> subprocess.Popen:
-    """``subprocess.Popen`` run on one long-lived thread of this process.
-
-    A worker arms ``PR_SET_PDEATHSIG``, which fires when the *thread* that forked it exits
-    (prctl(2)), not only the process: a worker started from a short-lived thread (a reward
-    computed in a helper thread) would die with that thread."""
-    global _SPAWNER
-    with _SPAWNER_LOCK:
-        if _SPAWNER is None or _SPAWNER[0] != os.getpid():  # none yet, or inherited across fork (no thread)
-            _SPAWNER = (os.getpid(), ThreadPoolExecutor(max_workers=1, thread_name_prefix="math-worker-spawner"))
-        spawner = _SPAWNER[1]
-    return spawner.submit(subprocess.Popen, *args, **kwargs).result()
-
-
-class _Worker:
-    """One ``_math_worker.py`` child; talks newline-delimited JSON over pipes."""
-
-    def __init__(self, memory_mb: int, row_cpu_s: float) -> None:
-        self.stderr = tempfile.TemporaryFile()
-        self.proc = _popen_from_a_lasting_thread(
-            [sys.executable, "-u", _WORKER_PATH, str(memory_mb), str(os.getpid()), str(row_cpu_s)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self.stderr,
-            close_fds=True,
-            start_new_session=True,  # own process group: killable as a unit, no Ctrl-C
-        )
-        self.fd = self.proc.stdout.fileno()
-        os.set_blocking(self.fd, False)
-        self.buf = b""
-        self.ready = False
-        self.started = time.monotonic()
-        self.task: _Task | None = None
-
-    def send(self, req_id: int, pred: str, gold: str, ack_deadline: float) -> bool:
-        try:
-            self.proc.stdin.write((json.dumps({"id": req_id, "p": pred, "g": gold}) + "\n").encode())
-            self.proc.stdin.flush()
-        except (BrokenPipeError, OSError):
-            return False
-        self.task = _Task(req_id, ack_deadline)
-        return True
-
-    def read(self) -> list[dict] | None:
-        """Complete messages available now; None once the worker has closed stdout."""
-        try:
-            chunk = os.read(self.fd, 1 << 16)
-        except BlockingIOError:
-            return []
-        except OSError:
-            return None
-        if not chunk:
-            return None
-        self.buf += chunk
-        *lines, self.buf = self.buf.split(b"\n")
-        out = []
-        for line in lines:
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                pass
-        return out
-
-    def stderr_tail(self) -> str:
-        try:
-            self.stderr.seek(0)
-            return self.stderr.read()[-2000:].decode(errors="replace")
-        except Exception:
-            return ""
-
-    def kill(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            self.proc.kill()
-        except OSError:
-            pass
-        self.proc.wait()  # reap: no zombies
-        for f in (self.proc.stdin, self.proc.stdout, self.stderr):
-            try:
-                f.close()
-            except Exception:
-                pass
 
 
 _LIVE: "weakref.WeakSet[MathVerifier]" = weakref.WeakSet()
@@ -231,7 +120,7 @@ class MathVerifier:
         self.row_cpu_s = 2 * self.timeout_s + 1 if row_cpu_s is None else float(row_cpu_s)
         self.startup_timeout_s = float(startup_timeout_s)
         self.string_fast_path = bool(string_fast_path)
-        self._workers: list[_Worker] = []
+        self._workers: list[MathWorker] = []
         self._seq = 0  # request ids are unique across calls: a stale reply can never match
         self._owner_pid = os.getpid()
         self._lock = threading.Lock()
@@ -327,11 +216,11 @@ class MathVerifier:
             self._owner_pid = os.getpid()
         self._workers = [w for w in self._workers if w.proc.poll() is None or w.kill()]
         while len(self._workers) < self.num_workers:
-            self._workers.append(_Worker(self.memory_mb, self.row_cpu_s))
+            self._workers.append(MathWorker(self.memory_mb, self.row_cpu_s))
 
-    def _replace(self, w: _Worker) -> None:
+    def _replace(self, w: MathWorker) -> None:
         w.kill()
-        self._workers[self._workers.index(w)] = _Worker(self.memory_mb, self.row_cpu_s)
+        self._workers[self._workers.index(w)] = MathWorker(self.memory_mb, self.row_cpu_s)
 
     def _judge_all(self, keys: list[tuple[str, str]]) -> list[bool | None]:
         """Verdict per key: True/False, or None if it timed out or crashed the worker."""
@@ -354,7 +243,7 @@ class MathVerifier:
         resends: collections.Counter[int] = collections.Counter()
         startup_failures = 0
 
-        def undelivered(w: _Worker) -> None:
+        def undelivered(w: MathWorker) -> None:
             """`w` died or stalled before acknowledging its row: not the row's fault, send it again."""
             k = local[w.task.req_id]
             resends[k] += 1

@@ -58,9 +58,7 @@ import re
 import secrets
 import shutil
 import signal
-import subprocess
 import sys
-import tempfile
 import threading
 from typing import Any, Mapping, Sequence
 
@@ -72,7 +70,8 @@ from rlvr_lightning.verifiers.assertion_tests import (
     probe_source,
     split_assertion,
 )
-from rlvr_lightning.verifiers.sandbox_root import interpreter_files
+from rlvr_lightning.verifiers.sandbox_limits import SandboxLimits
+from rlvr_lightning.verifiers.sandbox_process import run_once
 
 __all__ = [
     "ProgramRun",
@@ -84,10 +83,7 @@ __all__ = [
     "sandbox_capabilities",
 ]
 
-_BOOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sandbox_boot.py")
-_MIN_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
-_NOBODY = 65534
-_SLACK_S = 3.0  # caller-side grace on top of the bootstrap's own deadline
+_PROBE_LIMITS = SandboxLimits(timeout_s=10.0, cpu_s=10)  # the runs that find which isolation works here
 
 
 class SandboxUnavailable(RuntimeError):
@@ -182,8 +178,7 @@ def sandbox_capabilities(refresh: bool = False) -> dict[str, Any]:
         found: dict[str, Any] | None = None
         for mode, child_userns in _mode_candidates():
             for py in _python_candidates():
-                r = _run_once("print(6*7)", None, mode=mode, child_userns=child_userns, python=py,
-                              timeout_s=10.0, memory_mb=512, cpu_s=10, nproc=16, fsize_mb=1)
+                r = run_once("print(6*7)", None, _PROBE_LIMITS, mode=mode, child_userns=child_userns, python=py)
                 if r["status"] == "exit" and r["code"] == 0 and r["stdout"].strip() == "42":
                     found = {"network_isolated": True, "mode": mode, "child_userns": child_userns,
                              "python": py, "features": r.get("features", []), "errors": errors}
@@ -207,97 +202,12 @@ def _unisolated_python() -> str:
     if not _UNISOLATED_PYTHON:
         chosen = _python_candidates()[0]
         for cand in _python_candidates():
-            r = _run_once("print(6*7)", None, mode="none", child_userns=False, python=cand,
-                          timeout_s=10.0, memory_mb=512, cpu_s=10, nproc=16, fsize_mb=1)
+            r = run_once("print(6*7)", None, _PROBE_LIMITS, mode="none", child_userns=False, python=cand)
             if r["status"] == "exit" and r["stdout"].strip() == "42":
                 chosen = cand
                 break
         _UNISOLATED_PYTHON.append(chosen)
     return _UNISOLATED_PYTHON[0]
-
-
-# --------------------------------------------------------------------------- running
-
-
-def _kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _read_capped(path: str, cap: int) -> str:
-    try:
-        with open(path, "rb") as f:
-            return f.read(cap).decode("utf-8", errors="replace")
-    except OSError:
-        return ""
-
-
-def _run_once(source: str, stdin: str | None, *, mode: str, child_userns: bool, python: str,
-              timeout_s: float, memory_mb: int, cpu_s: int, nproc: int, fsize_mb: int) -> dict[str, Any]:
-    """One isolated run. Returns the bootstrap's report plus ``stdout``/``stderr``."""
-    stage = tempfile.mkdtemp(prefix="rlvr_sandbox_")  # 0700, ours: the program never sees it
-    try:
-        work = os.path.join(stage, "work")
-        os.mkdir(work, 0o700)
-        if mode == "none" and os.geteuid() == 0:
-            # Without namespaces the program runs in this host directory as nobody: let it
-            # traverse (not list) the staging directory to reach it.
-            os.chown(work, _NOBODY, _NOBODY)
-            os.chmod(stage, 0o711)
-        prog = os.path.join(stage, "prog.py")
-        with open(prog, "w", encoding="utf-8") as f:
-            f.write(source)
-        stdin_path = None
-        if stdin is not None:
-            stdin_path = os.path.join(stage, "stdin.txt")
-            with open(stdin_path, "w", encoding="utf-8") as f:
-                f.write(stdin)
-        files: dict[str, Any] = {"binds": [], "hide": []}
-        root = None
-        if mode != "none":  # the program's whole filesystem: see _sandbox_boot.build_root
-            try:
-                files = interpreter_files(python)
-            except (OSError, ValueError, subprocess.SubprocessError) as error:
-                return {"status": "setup_error", "error": f"{type(error).__name__}: {error}", "stdout": "", "stderr": ""}
-            root = os.path.join(stage, "root")
-            os.mkdir(root, 0o755)
-            python = files["python"]
-        cfg = {
-            "root": root, "binds": files["binds"], "hide": files["hide"],
-            "mode": mode, "child_userns": child_userns, "uid": _NOBODY, "gid": _NOBODY, "workdir": work,
-            "program": prog, "stdin": stdin_path, "stdout": os.path.join(stage, "stdout"),
-            "stderr": os.path.join(stage, "stderr"), "python": python, "timeout_s": float(timeout_s),
-            "cpu_s": int(cpu_s), "memory_mb": int(memory_mb), "nproc": int(nproc), "fsize_mb": int(fsize_mb),
-            "tmpfs_kb": max(4096, 8 * 1024 * int(fsize_mb)),
-        }
-        proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", _BOOT, json.dumps(cfg)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            env=dict(_MIN_ENV), close_fds=True, start_new_session=True,
-        )
-        try:
-            out, err = proc.communicate(timeout=timeout_s + _SLACK_S)
-            try:
-                report = json.loads(out.decode().strip().splitlines()[-1])
-            except (ValueError, IndexError):
-                report = {"status": "setup_error", "error": f"bootstrap failed: {err.decode(errors='replace')[-500:]}"}
-        except subprocess.TimeoutExpired:
-            _kill_group(proc.pid)
-            proc.communicate()
-            report = {"status": "timeout"}
-        finally:
-            _kill_group(proc.pid)  # stragglers of the group (only possible in mode "none")
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        cap = fsize_mb * 1024 * 1024 + 1
-        report["stdout"] = _read_capped(cfg["stdout"], cap)
-        report["stderr"] = _read_capped(cfg["stderr"], 64 * 1024)
-        return report
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
 
 
 def _same_output(got: str, expected: str) -> bool:
@@ -324,11 +234,7 @@ def run_python_tests(
     program: str | None,
     tests: Sequence[Mapping[str, str] | str],
     *,
-    timeout_s: float = 5.0,
-    memory_mb: int = 512,
-    cpu_s: int = 5,
-    max_processes: int = 16,
-    max_file_mb: int = 1,
+    limits: SandboxLimits = SandboxLimits(),
     allow_network_unisolated: bool = False,
 ) -> SandboxResult:
     """Run ``program`` on each test case in the sandbox; ``passed/total`` is the reward.
@@ -341,10 +247,8 @@ def run_python_tests(
     that never executes program code checks them against the assertion). An assertion
     test that cannot be judged that way raises ValueError before anything runs.
 
-    ``timeout_s`` is the wall-clock limit of each run; after the first timeout the
-    remaining tests are not run (they fail), so a hanging program costs the caller
-    about one ``timeout_s``. ``max_processes`` is RLIMIT_NPROC (processes and threads)
-    of the run, ``max_file_mb`` caps every file it writes, its stdout included.
+    ``limits`` apply to each run; after the first timeout the remaining tests are not
+    run (they fail), so a hanging program costs the caller about one ``limits.timeout_s``.
     """
     total = len(tests)
     if total == 0:
@@ -360,21 +264,21 @@ def run_python_tests(
             raise ValueError(f"test {i}: expected an assertion string or {{'input', 'output'}}, got {case!r}"[:300])
     if not program or not program.strip():
         return SandboxResult(0, total, "no program")
-    opts = _run_options(timeout_s, memory_mb, cpu_s, max_processes, max_file_mb, allow_network_unisolated)
+    opts = _run_options(limits, allow_network_unisolated)
     passed = 0
     errors: dict[int, str] = {}
     to_judge: list[tuple[int, str]] = []  # assertion tests whose values came back: (test, outcomes JSON)
     for i, case in enumerate(tests):
         if i in split:
             nonce = "rlvr-values-" + secrets.token_hex(8)
-            r = _run_once(probe_source(program, split[i], nonce), None, **opts)
+            r = run_once(probe_source(program, split[i], nonce), None, **opts)
             outcomes = parse_probe_line(r["stdout"], nonce) if r["status"] == "exit" and r["code"] == 0 else None
             if outcomes is not None:
                 to_judge.append((i, outcomes))
                 continue
             what = "the program ended before its functions could be called"
         else:
-            r = _run_once(program, str(case["input"]), **opts)
+            r = run_once(program, str(case["input"]), **opts)
             if r["status"] == "exit" and r["code"] == 0 and _same_output(r["stdout"], str(case["output"])):
                 passed += 1
                 continue
@@ -394,8 +298,7 @@ def run_python_tests(
     return SandboxResult(passed, total, errors[min(errors)] if errors else None)
 
 
-def _run_options(timeout_s: float, memory_mb: int, cpu_s: int, max_processes: int, max_file_mb: int,
-                 allow_network_unisolated: bool) -> dict[str, Any]:
+def _run_options(limits: SandboxLimits, allow_network_unisolated: bool) -> dict[str, Any]:
     caps = sandbox_capabilities()
     if not caps["network_isolated"] and not allow_network_unisolated:
         raise SandboxUnavailable(
@@ -405,36 +308,31 @@ def _run_options(timeout_s: float, memory_mb: int, cpu_s: int, max_processes: in
             "(rlimits, uid and time-outs still apply)."
         )
     python = caps["python"] if caps["mode"] != "none" else _unisolated_python()
-    return dict(mode=caps["mode"], child_userns=caps["child_userns"], python=python, timeout_s=timeout_s,
-                memory_mb=memory_mb, cpu_s=cpu_s, nproc=max_processes, fsize_mb=max_file_mb)
+    return dict(limits=limits, mode=caps["mode"], child_userns=caps["child_userns"], python=python)
 
 
 def run_python(
     program: str,
     stdin: str | None = None,
     *,
-    timeout_s: float = 5.0,
-    memory_mb: int = 512,
-    cpu_s: int = 5,
-    max_processes: int = 16,
-    max_file_mb: int = 1,
+    limits: SandboxLimits = SandboxLimits(),
     allow_network_unisolated: bool = False,
 ) -> ProgramRun:
     """Run ``program`` once in the sandbox (same isolation and limits as ``run_python_tests``) and return
     its output, for callers that show it rather than judge it (the Python tool of multi-turn rollouts)."""
-    opts = _run_options(timeout_s, memory_mb, cpu_s, max_processes, max_file_mb, allow_network_unisolated)
-    r = _run_once(program, stdin, **opts)
+    opts = _run_options(limits, allow_network_unisolated)
+    r = run_once(program, stdin, **opts)
     ok = r["status"] == "exit" and r["code"] == 0
     error = None if ok else _describe_failure(0, r, "").removeprefix("test 0: ")
     if r["status"] == "timeout":
-        error = f"timed out after {timeout_s:g} s"
+        error = f"timed out after {limits.timeout_s:g} s"
     return ProgramRun(r["status"], r.get("code"), r["stdout"], r["stderr"], error)
 
 
 def _judge(tests: list[SplitTest], outcomes: list[str], opts: dict[str, Any]) -> list[tuple[bool, str | None]]:
     """(passed, reason) per test, from one sandboxed judge run that never executes program code."""
     payload = json.dumps([[t.imports, t.checks, o] for t, o in zip(tests, outcomes, strict=True)])
-    r = _run_once(judge_source(), payload, **{**opts, "fsize_mb": max(opts["fsize_mb"], 1)})
+    r = run_once(judge_source(), payload, **opts)
     if r["status"] == "exit" and r["code"] == 0:
         try:
             verdicts = json.loads(r["stdout"].strip().splitlines()[-1])

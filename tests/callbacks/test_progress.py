@@ -10,7 +10,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.loggers import CSVLogger
 
-from rlvr_lightning import progress
+from rlvr_lightning import stage_reports
 from rlvr_lightning.callbacks import progress as progress_callbacks
 from rlvr_lightning.callbacks.progress import ProgressLines, RewardProgressBar, StageColumn
 from rlvr_lightning.data import RLVRDataModule, SortTask
@@ -31,8 +31,8 @@ class DecodingSortPolicy(ToySortPolicy):
 
     def sample(self, batch, n, sampling):
         for done in range(1, TOKENS + 1):
-            progress.report_tokens(done, TOKENS)
-            for listener in progress._listeners:
+            stage_reports.report_tokens(done, TOKENS)
+            for listener in stage_reports._listeners:
                 if isinstance(listener, RewardProgressBar) and listener.train_progress_bar_id is not None:
                     self.seen.append(StageColumn(listener).render(listener.train_progress_bar).plain)
         return super().sample(batch, n, sampling)
@@ -65,20 +65,20 @@ def fit(callbacks, steps: int = 2, logger=False, **trainer_kwargs) -> tuple[pl.T
 def test_the_module_reports_its_stages_and_the_bar_shows_stage_and_tokens(in_tmp_dir):
     stages = Stages()
     bar = RewardProgressBar()
-    with progress.listening(stages):
+    with stage_reports.listening(stages):
         trainer, module = fit([bar], steps=2, logger=CSVLogger("logs"))
     one_step = ["generate", "1/4", "2/4", "3/4", "4/4", "score", "log-probs", "update"]
     assert stages.events == one_step * 2
     assert module.policy.seen == [f"generate {done}/{TOKENS} tokens" for done in range(1, TOKENS + 1)] * 2
-    assert bar not in progress._listeners  # removed at teardown
+    assert bar not in stage_reports._listeners  # removed at teardown
     assert "v_num" not in bar.get_metrics(trainer, module) and "reward" in bar.get_metrics(trainer, module)
     assert bar.status.text() == ""  # cleared between steps
 
 
 def test_nothing_listens_by_default():
-    assert progress._listeners == []
-    progress.report_stage("generate")  # no listener: a no-op
-    progress.report_tokens(1, 2)
+    assert stage_reports._listeners == []
+    stage_reports.report_stage("generate")  # no listener: a no-op
+    stage_reports.report_tokens(1, 2)
 
 
 def test_progress_lines_without_a_bar(in_tmp_dir, capsys):

@@ -203,7 +203,7 @@ def test_what_the_sampler_computed_becomes_the_behaviour_log_probs():
 
 
 def test_a_muted_thread_reports_no_progress():
-    from rlvr_lightning import progress
+    from rlvr_lightning import stage_reports
 
     class Listener:
         def __init__(self):
@@ -216,15 +216,15 @@ def test_a_muted_thread_reports_no_progress():
             self.events.append((threading.current_thread().name, done))
 
     def background():
-        with progress.muted():
-            progress.report_tokens(1, 2)
-            progress.report_stage("generate")
+        with stage_reports.muted():
+            stage_reports.report_tokens(1, 2)
+            stage_reports.report_stage("generate")
 
-    with progress.listening(Listener()) as listener:
+    with stage_reports.listening(Listener()) as listener:
         thread = threading.Thread(target=background, name="rollout")
         thread.start()
         thread.join()
-        progress.report_stage("update")  # the main thread is not muted
+        stage_reports.report_stage("update")  # the main thread is not muted
     assert listener.events == [("MainThread", "update")]
 
 

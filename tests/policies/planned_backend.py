@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import torch
 
-from rlvr_lightning.policies.generation import GenerationOutput
+from rlvr_lightning.policies.generation_output import GenerationOutput
 from rlvr_lightning.policies.generation_backend import GenerationBackend, response_tensors
 
 

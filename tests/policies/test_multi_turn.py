@@ -150,7 +150,7 @@ def test_observation_tokens_get_no_gradient(tool_tokenizer_dir):
 
 def test_our_loop_caps_each_prompt_on_its_own(tool_tokenizer_dir):
     """The backend hook segmented generation needs: rows continue with different budgets left."""
-    from rlvr_lightning.policies.generation_backend import KVCacheGeneration
+    from rlvr_lightning.policies.generation import KVCacheGeneration
 
     policy = tool_policy(tool_tokenizer_dir, tools=None)
     ids, _ = policy.encode_prompts(["ab", "The quick brown fox"])

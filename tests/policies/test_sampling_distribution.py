@@ -27,7 +27,7 @@ from sampling_distribution import (
 )
 from tiny_lm import tiny_llama_config
 
-from rlvr_lightning.policies import generation, generation_backend, kv_cache
+from rlvr_lightning.policies import generation, kv_cache
 
 SAMPLES = 10_000
 MAX_NEW_TOKENS = 8
@@ -109,7 +109,7 @@ def _shared_cache_loses_the_last_prompt_token(monkeypatch):
 
 def _padding_mask_off_by_one(monkeypatch):
     """Each left-padded row's attention mask starts one pad token early."""
-    left_pad = generation_backend.left_pad
+    left_pad = generation.left_pad
 
     def broken(sequences, pad_id):
         ids, mask = left_pad(sequences, pad_id)
@@ -118,7 +118,7 @@ def _padding_mask_off_by_one(monkeypatch):
         mask[padded, starts[padded] - 1] = 1
         return ids, mask
 
-    monkeypatch.setattr(generation_backend, "left_pad", broken)
+    monkeypatch.setattr(generation, "left_pad", broken)
 
 
 @pytest.mark.parametrize(

@@ -100,3 +100,8 @@ def bias_tokens(policy, token_ids, bias: float):
         return output
 
     return head.register_forward_hook(hook)
+
+
+def masked_max_diff(a, b, mask) -> float:
+    """The largest absolute difference of two tensors where `mask` is 1."""
+    return ((a - b).abs() * mask).max().item()

@@ -18,9 +18,10 @@ from rlvr_lightning.verifiers.sandbox import (
     run_python_tests,
     sandbox_capabilities,
 )
+from rlvr_lightning.verifiers.sandbox_limits import SandboxLimits
 
 TIMEOUT = 1.5
-SLACK = 3.0 + 1.5  # the caller's own grace (sandbox._SLACK_S) plus scheduling noise
+SLACK = 3.0 + 1.5  # the caller's own grace (sandbox_process.SLACK_S) plus scheduling noise
 
 pytestmark = pytest.mark.skipif(
     not sandbox_capabilities()["network_isolated"],
@@ -53,10 +54,10 @@ def _sandbox_uid() -> int:
     return 65534 if os.geteuid() == 0 else os.getuid()
 
 
-def _run(program, tests=None, **kw):
-    kw.setdefault("timeout_s", TIMEOUT)
+def _run(program, tests=None, **limits):
+    limits.setdefault("timeout_s", TIMEOUT)
     t0 = time.monotonic()
-    r = run_python_tests(program, tests if tests is not None else IO_TESTS, **kw)
+    r = run_python_tests(program, tests if tests is not None else IO_TESTS, limits=SandboxLimits(**limits))
     return r, time.monotonic() - t0
 
 
@@ -222,7 +223,7 @@ def test_concurrent_runs_with_a_fork_bomb():
     results = {}
 
     def go(name, program, tests):
-        results[name] = run_python_tests(program, tests, timeout_s=TIMEOUT)
+        results[name] = run_python_tests(program, tests, limits=SandboxLimits(timeout_s=TIMEOUT))
 
     threads = [threading.Thread(target=go, args=("bomb", "import os\nwhile True:\n    os.fork()\n", ["assert True"]))]
     threads += [threading.Thread(target=go, args=(f"ok{i}", ECHO_DOUBLE, IO_TESTS)) for i in range(3)]

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from rlvr_lightning.verifiers.sandbox import run_python_tests, sandbox_capabilities
+from rlvr_lightning.verifiers.sandbox_limits import SandboxLimits
 from rlvr_lightning.verifiers.sandbox_root import interpreter_files
 
 pytestmark = pytest.mark.skipif(
@@ -89,7 +90,7 @@ def test_host_unix_sockets_are_unreachable():
     servers = [UnixServer(str(directory / "host.sock")), UnixServer("\0rlvr-hostile-" + uuid.uuid4().hex)]
     try:
         for server in servers:
-            result = run_python_tests(CONNECT.format(path=server.path), [{"input": "", "output": "pong"}], timeout_s=TIMEOUT)
+            result = run_python_tests(CONNECT.format(path=server.path), [{"input": "", "output": "pong"}], limits=SandboxLimits(timeout_s=TIMEOUT))
             assert result.passed == 0, (server.path, result)
         seen = run_python_tests(f"import os\nprint(os.path.exists({str(directory)!r}))", [{"input": "", "output": "False"}])
         assert seen.passed == 1, seen  # the host directory does not exist for the program
@@ -110,7 +111,7 @@ def test_host_files_are_invisible():
         for path in ("/etc/passwd", str(secret), "/proc/1/root/etc/passwd"):
             read = f"print(open({path!r}).read()[:11])"
             expected = "host secret" if path == str(secret) else "root:x:0:0:"
-            assert run_python_tests(read, [{"input": "", "output": expected}], timeout_s=TIMEOUT).passed == 0, path
+            assert run_python_tests(read, [{"input": "", "output": expected}], limits=SandboxLimits(timeout_s=TIMEOUT)).passed == 0, path
         # what the program sees of the filesystem: its interpreter's files, a private /tmp, devices, its /proc
         binds = interpreter_files(sandbox_capabilities()["python"])["binds"]
         allowed = {"dev", "proc", "tmp"} | {p.split("/")[1] for b in binds for p in (b, os.path.realpath(b))}
@@ -174,14 +175,14 @@ FORGERIES = {
 
 @pytest.mark.parametrize("name", list(FORGERIES))
 def test_forged_passes_score_zero(name):
-    result = run_python_tests(FORGERIES[name], ADD_TESTS, timeout_s=TIMEOUT)
+    result = run_python_tests(FORGERIES[name], ADD_TESTS, limits=SandboxLimits(timeout_s=TIMEOUT))
     assert result.passed == 0, (name, result)
 
 
 def test_honest_programs_still_pass_assertion_tests():
-    assert run_python_tests(HONEST_ADD, ADD_TESTS, timeout_s=TIMEOUT).reward == 1.0
+    assert run_python_tests(HONEST_ADD, ADD_TESTS, limits=SandboxLimits(timeout_s=TIMEOUT)).reward == 1.0
     printing = "def add(a, b):\n    print('adding', a, b)\n    return a + b\nprint('module loaded')\n"
-    assert run_python_tests(printing, ADD_TESTS, timeout_s=TIMEOUT).reward == 1.0
+    assert run_python_tests(printing, ADD_TESTS, limits=SandboxLimits(timeout_s=TIMEOUT)).reward == 1.0
     tests = [
         "import math\nassert math.isclose(area(2), 12.566, rel_tol=1e-3)",
         "assert sorted(pairs([3, 1, 2])) == [(1, 2), (2, 3)]",
@@ -198,10 +199,10 @@ def test_honest_programs_still_pass_assertion_tests():
         "def table():\n    return {'a': [1], 'b': [2]}\n"
         "def is_even(n):\n    return n % 2 == 0\n"
     )
-    result = run_python_tests(program, tests, timeout_s=TIMEOUT)
+    result = run_python_tests(program, tests, limits=SandboxLimits(timeout_s=TIMEOUT))
     assert result.reward == 1.0, result
     wrong = program.replace("self.n ** 3", "float(self.n ** 3)")  # 27.0 == 27 but not an int
-    assert run_python_tests(wrong, tests, timeout_s=TIMEOUT).passed == 5
+    assert run_python_tests(wrong, tests, limits=SandboxLimits(timeout_s=TIMEOUT)).passed == 5
 
 
 def test_assertions_that_cannot_be_judged_outside_are_refused():
@@ -226,13 +227,13 @@ PARENT_KILLERS = {
 def test_the_calling_process_survives(name):
     sentinel = subprocess.Popen(["sleep", "30"])  # a host process of the caller's uid
     try:
-        run_python_tests(PARENT_KILLERS[name], [{"input": "", "output": "1"}], timeout_s=TIMEOUT)
+        run_python_tests(PARENT_KILLERS[name], [{"input": "", "output": "1"}], limits=SandboxLimits(timeout_s=TIMEOUT))
         time.sleep(0.1)
         assert sentinel.poll() is None
     finally:
         sentinel.send_signal(signal.SIGKILL)
         sentinel.wait()
-    assert run_python_tests(HONEST_ADD, ADD_TESTS[:1], timeout_s=TIMEOUT).reward == 1.0  # still works
+    assert run_python_tests(HONEST_ADD, ADD_TESTS[:1], limits=SandboxLimits(timeout_s=TIMEOUT)).reward == 1.0  # still works
 
 
 CTYPES = {
@@ -254,7 +255,7 @@ CTYPES = {
 
 @pytest.mark.parametrize("name", list(CTYPES))
 def test_ctypes_gets_nothing(name):
-    result = run_python_tests(CTYPES[name], [{"input": "", "output": "root"}, {"input": "", "output": "True"}], timeout_s=TIMEOUT)
+    result = run_python_tests(CTYPES[name], [{"input": "", "output": "root"}, {"input": "", "output": "True"}], limits=SandboxLimits(timeout_s=TIMEOUT))
     assert result.passed == 0, (name, result)
 
 
@@ -262,10 +263,11 @@ def test_refuses_when_the_filesystem_view_cannot_be_built(monkeypatch):
     # a root that cannot be assembled (here: a library that cannot be mounted) is a failed probe,
     # and without an isolated mode the sandbox refuses, as it does without a network namespace
     import rlvr_lightning.verifiers.sandbox as sandbox
+    import rlvr_lightning.verifiers.sandbox_process as sandbox_process
     from rlvr_lightning.verifiers.sandbox import SandboxUnavailable
 
-    real = sandbox.interpreter_files
-    monkeypatch.setattr(sandbox, "interpreter_files", lambda py: {**real(py), "binds": [*real(py)["binds"], "/nonexistent/lib.so"]})
+    real = sandbox_process.interpreter_files
+    monkeypatch.setattr(sandbox_process, "interpreter_files", lambda py: {**real(py), "binds": [*real(py)["binds"], "/nonexistent/lib.so"]})
     monkeypatch.setattr(sandbox, "_PROBE", None)
     caps = sandbox.sandbox_capabilities()
     assert not caps["network_isolated"] and caps["mode"] == "none"

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from rlvr_lightning.core.advantages import (
+from rlvr_lightning.core.advantage_estimators import (
     ADVANTAGE_ESTIMATORS,
     STD_SCOPES,
     batch_whitened_advantages,
