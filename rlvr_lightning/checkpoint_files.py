@@ -75,7 +75,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             raise
         fsync_directory(directory)
 
-    def load_checkpoint(self, path, map_location=lambda storage, loc: storage, weights_only: bool | None = None) -> dict[str, Any]:
+    def load_checkpoint(
+        self, path, map_location=lambda storage, loc: storage, weights_only: bool | None = None
+    ) -> dict[str, Any]:
         if is_local(path):
             local = str(path).removeprefix("file://")
             if not os.path.exists(local):
@@ -87,9 +89,13 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         except FileNotFoundError:
             raise
         except Exception as error:
-            raise CheckpointReadError(f"cannot read checkpoint {path}{_diagnose(path)}: {type(error).__name__}: {error}".rstrip()) from error
+            raise CheckpointReadError(
+                f"cannot read checkpoint {path}{_diagnose(path)}: {type(error).__name__}: {error}".rstrip()
+            ) from error
         if not isinstance(checkpoint, dict):
-            raise CheckpointReadError(f"cannot read checkpoint {path}: it holds a {type(checkpoint).__name__}, not a dict")
+            raise CheckpointReadError(
+                f"cannot read checkpoint {path}: it holds a {type(checkpoint).__name__}, not a dict"
+            )
         return checkpoint
 
 

@@ -47,7 +47,13 @@ def _yaml_line(path: Path, keys: list[str], value: str | None) -> int | None:
 def _find_scalar(node: Any, value: str) -> int | None:
     if isinstance(node, yaml.ScalarNode):
         return node.start_mark.line + 1 if node.value == value else None
-    children = node.value if isinstance(node, yaml.SequenceNode) else [v for _, v in node.value] if isinstance(node, yaml.MappingNode) else []
+    children = (
+        node.value
+        if isinstance(node, yaml.SequenceNode)
+        else [v for _, v in node.value]
+        if isinstance(node, yaml.MappingNode)
+        else []
+    )
     for child in children:
         found = _find_scalar(child, value)
         if found is not None:
@@ -68,7 +74,11 @@ def locate(option: str | None, argv: list[str], value: str | None = None) -> str
         name = arg.split("=", 1)[0]
         if option and name in (f"--{option}", f"--{short}"):
             return f"command line: {arg if '=' in arg else arg + ' ' + (argv[i + 1] if i + 1 < len(argv) else '')}"
-        if value is not None and arg.startswith("--") and (arg.endswith(f"={value}") or (i + 1 < len(argv) and argv[i + 1] == value)):
+        if (
+            value is not None
+            and arg.startswith("--")
+            and (arg.endswith(f"={value}") or (i + 1 < len(argv) and argv[i + 1] == value))
+        ):
             return f"command line: {arg if '=' in arg else arg + ' ' + value}"
         if name in ("--config", "-c"):
             file = arg.split("=", 1)[1] if "=" in arg else (argv[i + 1] if i + 1 < len(argv) else None)

@@ -77,5 +77,8 @@ def go_offline_if_unreachable(config: Any) -> bool:
     except ImportError:
         pass
     endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
-    print(f"rlvr: the Hugging Face hub ({endpoint}) does not answer: using the local cache only for {', '.join(ids)}", flush=True)
+    print(
+        f"rlvr: the Hugging Face hub ({endpoint}) does not answer: using the local cache only for {', '.join(ids)}",
+        flush=True,
+    )
     return True

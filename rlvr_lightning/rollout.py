@@ -142,7 +142,9 @@ class Rollout:
         return Rollout(**values)
 
     @classmethod
-    def from_texts(cls, response_text: list[str], prompt_text: list[str] | str = "", metadata: list[dict] | None = None) -> Rollout:
+    def from_texts(
+        cls, response_text: list[str], prompt_text: list[str] | str = "", metadata: list[dict] | None = None
+    ) -> Rollout:
         """A rollout of texts alone (one placeholder token each, groups of one), to score text with reward
         callbacks outside training (scripts, tests)."""
         n = len(response_text)
@@ -187,7 +189,9 @@ class Rollout:
         rewards = {}
         if all(r.rewards.keys() == rollouts[0].rewards.keys() for r in rollouts):
             rewards = {k: torch.cat([r.rewards[k] for r in rollouts]) for k in rollouts[0].rewards}
-        texts = lambda name: None if any(getattr(r, name) is None for r in rollouts) else sum((getattr(r, name) for r in rollouts), [])  # noqa: E731
+        texts = lambda name: (
+            None if any(getattr(r, name) is None for r in rollouts) else sum((getattr(r, name) for r in rollouts), [])
+        )  # noqa: E731
         return cls(
             prompt_ids=cat("prompt_ids", prompt_len, left=True),
             prompt_mask=cat("prompt_mask", prompt_len, left=True),

@@ -45,7 +45,9 @@ def torch_build() -> dict:
     """torch's version and what it was built for: "cpu", "cuda 12.8" or "rocm 6.4"."""
     cuda, hip = torch.version.cuda, getattr(torch.version, "hip", None)
     build = f"cuda {cuda}" if cuda else f"rocm {hip}" if hip else "cpu"
-    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    gpus = (
+        [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    )
     return {"version": torch.__version__, "build": build, "gpus": gpus}
 
 

@@ -1,7 +1,19 @@
 """Lightning callbacks and plugins of rlvr_lightning."""
 
-from rlvr_lightning.callbacks.checkpointing import AtomicCheckpointIO, CheckpointReadError, ResumeState, RolloutCheckpoint
+from rlvr_lightning.callbacks.checkpointing import (
+    AtomicCheckpointIO,
+    CheckpointReadError,
+    ResumeState,
+    RolloutCheckpoint,
+)
 from rlvr_lightning.callbacks.environment import WriteEnvironment
 from rlvr_lightning.callbacks.rollout_table import RolloutTableLogger
 
-__all__ = ["AtomicCheckpointIO", "CheckpointReadError", "ResumeState", "RolloutCheckpoint", "RolloutTableLogger", "WriteEnvironment"]
+__all__ = [
+    "AtomicCheckpointIO",
+    "CheckpointReadError",
+    "ResumeState",
+    "RolloutCheckpoint",
+    "RolloutTableLogger",
+    "WriteEnvironment",
+]

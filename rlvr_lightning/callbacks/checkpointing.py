@@ -25,7 +25,12 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
 
-from rlvr_lightning.checkpoint_files import AtomicCheckpointIO, CheckpointReadError, is_local, remove_partial_checkpoints
+from rlvr_lightning.checkpoint_files import (
+    AtomicCheckpointIO,
+    CheckpointReadError,
+    is_local,
+    remove_partial_checkpoints,
+)
 
 __all__ = ["AtomicCheckpointIO", "CheckpointReadError", "ResumeState", "RolloutCheckpoint"]
 
@@ -40,8 +45,13 @@ def capture_rng_state() -> dict[str, Any]:
     name, keys, pos, has_gauss, cached = np.random.get_state()
     state: dict[str, Any] = {
         "torch": torch.get_rng_state(),
-        "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
-                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "numpy": {
+            "name": name,
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
         "python": random.getstate(),
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -63,7 +73,13 @@ def restore_rng_state(state: dict[str, Any]) -> None:
     if "numpy" in state:
         numpy = state["numpy"]
         np.random.set_state(
-            (numpy["name"], numpy["keys"].numpy().astype(np.uint32), numpy["pos"], numpy["has_gauss"], numpy["cached_gaussian"])
+            (
+                numpy["name"],
+                numpy["keys"].numpy().astype(np.uint32),
+                numpy["pos"],
+                numpy["has_gauss"],
+                numpy["cached_gaussian"],
+            )
         )
     if "python" in state:
         python = state["python"]
@@ -90,7 +106,9 @@ class ResumeState(Callback):
     ~0.3 ms; nothing in rlvr_lightning draws from them between steps.)
     """
 
-    def __init__(self, atomic_checkpoints: bool = True, per_rank_seeds: bool = True, freeze_between_steps: bool = True) -> None:
+    def __init__(
+        self, atomic_checkpoints: bool = True, per_rank_seeds: bool = True, freeze_between_steps: bool = True
+    ) -> None:
         """
         Args:
             atomic_checkpoints: install `AtomicCheckpointIO` when the strategy has Lightning's default IO.
@@ -128,7 +146,9 @@ class ResumeState(Callback):
 
     # ------------------------------------------------------------------ steps
 
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         if self._pending is not None:
             states, self._pending = self._pending["rng_states"], None
             if len(states) != trainer.world_size:
@@ -142,7 +162,9 @@ class ResumeState(Callback):
             restore_rng_state(self._step_end_state)
         self._step_end_state = None
 
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs, batch: Any, batch_idx: int
+    ) -> None:
         if self.freeze_between_steps:
             self._step_end_state = capture_torch_rng_state()
 
@@ -153,7 +175,12 @@ class ResumeState(Callback):
         if self._step_end_state is not None:  # between steps: torch's state is the one the last step ended with
             state.update(self._step_end_state)
         trainer = self._trainer
-        if trainer is not None and trainer.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+        if (
+            trainer is not None
+            and trainer.world_size > 1
+            and torch.distributed.is_available()
+            and torch.distributed.is_initialized()
+        ):
             states: list[Any] = [None] * trainer.world_size
             torch.distributed.all_gather_object(states, state)
             return {"rng_states": states}
@@ -172,11 +199,15 @@ class RolloutCheckpoint(ModelCheckpoint):
     save at epoch ends.
     """
 
-    def __init__(self, every_n_rollout_steps: int = 100, filename: str | None = "{epoch}-{rollout_step}", **kwargs) -> None:
+    def __init__(
+        self, every_n_rollout_steps: int = 100, filename: str | None = "{epoch}-{rollout_step}", **kwargs
+    ) -> None:
         if every_n_rollout_steps < 1:
             raise ValueError(f"every_n_rollout_steps must be >= 1, got {every_n_rollout_steps}")
         if kwargs.get("every_n_train_steps"):
-            raise ValueError("RolloutCheckpoint counts rollout steps: use every_n_rollout_steps, not every_n_train_steps")
+            raise ValueError(
+                "RolloutCheckpoint counts rollout steps: use every_n_rollout_steps, not every_n_train_steps"
+            )
         kwargs.setdefault("every_n_epochs", 0)
         super().__init__(filename=filename, every_n_train_steps=0, **kwargs)
         self.every_n_rollout_steps = every_n_rollout_steps
@@ -187,7 +218,9 @@ class RolloutCheckpoint(ModelCheckpoint):
         candidates["rollout_step"] = torch.tensor(trainer.fit_loop.epoch_loop._batches_that_stepped + 1)
         return candidates
 
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs, batch, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs, batch, batch_idx: int
+    ) -> None:
         if trainer.fast_dev_run or trainer.state.fn != TrainerFn.FITTING or trainer.sanity_checking:
             return
         step = trainer.fit_loop.epoch_loop._batches_that_stepped + 1  # rollout steps completed, this one included

@@ -25,7 +25,9 @@ class WriteEnvironment(Callback):
         log_dir = trainer.log_dir  # every rank: the property broadcasts rank 0's directory
         if not trainer.is_global_zero:
             return
-        directories = [log_dir] + [logger.log_dir for logger in trainer.loggers if isinstance(logger, (CSVLogger, TensorBoardLogger))]
+        directories = [log_dir] + [
+            logger.log_dir for logger in trainer.loggers if isinstance(logger, (CSVLogger, TensorBoardLogger))
+        ]
         text = json.dumps(environment_record(), indent=1) + "\n"
         for directory in dict.fromkeys(d for d in directories if d):
             path = Path(directory)

@@ -95,11 +95,15 @@ class SaveOnInterrupt(Callback):
             self._announced = True
             name = signal.Signals(self.received).name
             again = "Ctrl-C" if self.received == signal.SIGINT else name
-            rank_zero_info(f"rlvr: {name} received: saving a checkpoint when this rollout step ends ({again} again stops now, without it)")
+            rank_zero_info(
+                f"rlvr: {name} received: saving a checkpoint when this rollout step ends ({again} again stops now, without it)"
+            )
 
     # ---------------------------------------------------------------- the save
 
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs, batch, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs, batch, batch_idx: int
+    ) -> None:
         received = self.received or 0
         if trainer.world_size > 1:  # every rank stops after the same step, if any rank was signalled
             flag = torch.tensor([received], device=trainer.strategy.root_device)

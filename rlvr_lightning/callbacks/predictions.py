@@ -35,7 +35,9 @@ class CompletionWriter(BasePredictionWriter):
         self._file = open(path, "w", encoding="utf-8")
         self.rows = 0
 
-    def write_on_batch_end(self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dataloader_idx) -> None:
+    def write_on_batch_end(
+        self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dataloader_idx
+    ) -> None:
         for row in prediction:
             self._file.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
         self._file.flush()

@@ -123,7 +123,9 @@ class RolloutTableLogger(Callback):
 
     # ------------------------------------------------------------------ logging
 
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs, batch, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs, batch, batch_idx: int
+    ) -> None:
         step = trainer.fit_loop.epoch_loop.batch_progress.total.ready  # rollout steps started, this one included
         if not trainer.is_global_zero or not (step == 1 or step % self.every_n_steps == 0):
             return
@@ -135,7 +137,9 @@ class RolloutTableLogger(Callback):
         columns, data = rollout_rows(rollout, self.sample_rows(rollout, step), self.max_chars)
         log_step = trainer.fit_loop.epoch_loop._batches_that_stepped
         for logger in wandb_loggers:
-            logger.log_table(key=self.key, columns=["step", *columns], data=[[step, *row] for row in data], step=log_step)
+            logger.log_table(
+                key=self.key, columns=["step", *columns], data=[[step, *row] for row in data], step=log_step
+            )
         if self.console or (self.console is None and not wandb_loggers):
             self.print_table(columns, data[: self.console_rows], step)
 

@@ -17,7 +17,7 @@ mean, which divided by a std of the same size would be advantages of order 0.05 
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import Tensor

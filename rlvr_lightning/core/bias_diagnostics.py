@@ -35,7 +35,9 @@ def length_by_correctness(response_mask: Tensor, correct: Tensor) -> dict[str, T
     return {"length_correct": mean(correct), "length_incorrect": mean(~correct)}
 
 
-def group_std_quantiles(rewards: Tensor, group_size: int, quantiles: tuple[float, ...] = STD_QUANTILES) -> dict[str, Tensor]:
+def group_std_quantiles(
+    rewards: Tensor, group_size: int, quantiles: tuple[float, ...] = STD_QUANTILES
+) -> dict[str, Tensor]:
     """Quantiles of the per-group (unbiased) reward std, GRPO's advantage divisor: ``group_reward_std_q10`` etc."""
     if group_size < 2 or rewards.numel() % group_size:
         raise ValueError(f"group_size must be >= 2 and divide the {rewards.numel()} rewards, got {group_size}")

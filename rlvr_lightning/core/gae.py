@@ -26,7 +26,9 @@ def outcome_token_rewards(rewards: Tensor, response_mask: Tensor) -> Tensor:
     A response without any real token has nowhere to put its reward: its row is all 0.
     """
     if rewards.dim() != 1 or response_mask.dim() != 2 or rewards.shape[0] != response_mask.shape[0]:
-        raise ValueError(f"rewards must be [N] and response_mask [N, T], got {tuple(rewards.shape)} and {tuple(response_mask.shape)}")
+        raise ValueError(
+            f"rewards must be [N] and response_mask [N, T], got {tuple(rewards.shape)} and {tuple(response_mask.shape)}"
+        )
     mask = response_mask.bool()
     dtype = rewards.dtype if rewards.is_floating_point() else torch.get_default_dtype()
     token_rewards = torch.zeros(mask.shape, dtype=dtype, device=rewards.device)

@@ -27,7 +27,11 @@ def value_loss(
     values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor | None, clip_range: float | None = None
 ) -> ValueLossOutput:
     """Per-token clipped value loss (see the module docstring)."""
-    if values.shape != returns.shape or values.shape != old_values.shape or (mask is not None and mask.shape != values.shape):
+    if (
+        values.shape != returns.shape
+        or values.shape != old_values.shape
+        or (mask is not None and mask.shape != values.shape)
+    ):
         raise ValueError(
             f"values, old_values, returns and mask must have one shape, got {tuple(values.shape)}, "
             f"{tuple(old_values.shape)}, {tuple(returns.shape)} and {None if mask is None else tuple(mask.shape)}"

@@ -125,7 +125,9 @@ class RLVRDataModule(pl.LightningDataModule):
         """This rank's training prompts from the current position: the kept prompts, or the task's."""
         rank, world = self._rank_world()
         if self._pool_active():
-            pool = ReshuffledPool(self.difficulty_filter.kept, self.data_seed * 7_919 + self.difficulty_filter.refresh_index)
+            pool = ReshuffledPool(
+                self.difficulty_filter.kept, self.data_seed * 7_919 + self.difficulty_filter.refresh_index
+            )
             return PromptStream(pool, self.batch_size, rank, world, self.pool_position)
         source = self.source()
         num_batches = None
@@ -200,7 +202,9 @@ class RLVRDataModule(pl.LightningDataModule):
     def _maybe_refresh(self) -> None:
         trainer, flt = self.trainer, self.difficulty_filter
         if trainer is None:
-            raise RuntimeError("the difficulty filter samples with the trained policy: attach the data module to a Trainer")
+            raise RuntimeError(
+                "the difficulty filter samples with the trained policy: attach the data module to a Trainer"
+            )
         epoch = trainer.current_epoch
         if not flt.refresh_due(epoch):
             return
@@ -209,8 +213,14 @@ class RLVRDataModule(pl.LightningDataModule):
         candidates = self._candidates()
         min_kept = flt.min_kept if flt.min_kept is not None else self.batch_size * world
         stats = flt.refresh(
-            module, candidates, epoch=epoch, seed=self.data_seed, rank=rank, world_size=world,
-            trainer=trainer, min_kept=min_kept,
+            module,
+            candidates,
+            epoch=epoch,
+            seed=self.data_seed,
+            rank=rank,
+            world_size=world,
+            trainer=trainer,
+            min_kept=min_kept,
         )
         self.pool_position = 0
         self.topup_batches = 0
@@ -257,7 +267,9 @@ class RLVRDataModule(pl.LightningDataModule):
         counts = np.bincount(np.asarray(self.difficulty_filter.pass_counts, dtype=np.int64), minlength=n + 1)
         edges = np.linspace(-0.5 / n, 1 + 0.5 / n, n + 2)  # one bin per pass rate k/n
         for logger in loggers:
-            logger.log_metrics({"curriculum/pass_rate_histogram": wandb.Histogram(np_histogram=(counts, edges))}, step=step)
+            logger.log_metrics(
+                {"curriculum/pass_rate_histogram": wandb.Histogram(np_histogram=(counts, edges))}, step=step
+            )
 
     # ------------------------------------------------------------- validation
 
@@ -266,7 +278,10 @@ class RLVRDataModule(pl.LightningDataModule):
         if dataset is None:
             return []
         return DataLoader(
-            dataset, batch_size=self.val_batch_size, collate_fn=collate_examples, num_workers=self.num_workers,
+            dataset,
+            batch_size=self.val_batch_size,
+            collate_fn=collate_examples,
+            num_workers=self.num_workers,
             generator=torch.Generator(),  # no draw from the global RNG
         )
 
@@ -280,7 +295,12 @@ class RLVRDataModule(pl.LightningDataModule):
         """Called on every rank when a checkpoint is saved: the top-up counts, which differ by rank, are gathered."""
         topups = [self.topup_batches]
         trainer = self.trainer
-        if trainer is not None and trainer.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+        if (
+            trainer is not None
+            and trainer.world_size > 1
+            and torch.distributed.is_available()
+            and torch.distributed.is_initialized()
+        ):
             topups = [None] * trainer.world_size
             torch.distributed.all_gather_object(topups, self.topup_batches)
         return {
@@ -303,4 +323,6 @@ class RLVRDataModule(pl.LightningDataModule):
         elif self.difficulty_filter is not None:
             rank_zero_warn("the checkpoint has no curriculum state: the difficulty filter starts afresh")
         elif curriculum is not None and curriculum.get("kept") is not None:
-            rank_zero_warn("the checkpoint was trained with a difficulty filter; this run has none: training on every prompt")
+            rank_zero_warn(
+                "the checkpoint was trained with a difficulty filter; this run has none: training on every prompt"
+            )

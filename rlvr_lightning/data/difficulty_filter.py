@@ -74,7 +74,9 @@ class DifficultyFilter:
         if mode not in MODES:
             raise ValueError(f"difficulty_filter.mode={mode!r} is not valid; choose one of {list(MODES)}")
         if too_few not in TOO_FEW_CHOICES:
-            raise ValueError(f"difficulty_filter.too_few={too_few!r} is not valid; choose one of {list(TOO_FEW_CHOICES)}")
+            raise ValueError(
+                f"difficulty_filter.too_few={too_few!r} is not valid; choose one of {list(TOO_FEW_CHOICES)}"
+            )
         if n < 1 or batch_size < 1 or refresh_every_n_epochs < 1:
             raise ValueError("difficulty_filter.n, batch_size and refresh_every_n_epochs must be >= 1")
         if max_candidates is not None and max_candidates < 1:
@@ -120,7 +122,9 @@ class DifficultyFilter:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("n", self.n) != self.n:
-            log.warning("difficulty filter: checkpoint estimated pass rates with n=%s, this run uses n=%s", state["n"], self.n)
+            log.warning(
+                "difficulty filter: checkpoint estimated pass rates with n=%s, this run uses n=%s", state["n"], self.n
+            )
         self.refresh_index = int(state["refresh_index"])
         self.refresh_epoch = state["refresh_epoch"]
         self.kept = state["kept"]
@@ -162,7 +166,9 @@ class DifficultyFilter:
             )
         return correct
 
-    def estimate(self, module, candidates: list[Example], seed: int, rank: int = 0, world_size: int = 1, trainer=None) -> tuple[Tensor, float]:
+    def estimate(
+        self, module, candidates: list[Example], seed: int, rank: int = 0, world_size: int = 1, trainer=None
+    ) -> tuple[Tensor, float]:
         """Pass counts `long[C]` (out of `n`) of the candidates, and this rank's seconds.
 
         Rank r scores the r-th contiguous share of the candidates; the counts are all-gathered, so
@@ -215,8 +221,12 @@ class DifficultyFilter:
     ) -> dict[str, float]:
         """Estimate, select and update the curriculum state; returns the stats to log."""
         counts, seconds = self.estimate(
-            module, candidates, seed=seed * 1_000_003 + self.refresh_index * 7_919 + rank,
-            rank=rank, world_size=world_size, trainer=trainer,
+            module,
+            candidates,
+            seed=seed * 1_000_003 + self.refresh_index * 7_919 + rank,
+            rank=rank,
+            world_size=world_size,
+            trainer=trainer,
         )
         keep, too_easy, too_hard = self.select(counts)
         kept = [candidates[i] for i in keep.nonzero().flatten().tolist()]

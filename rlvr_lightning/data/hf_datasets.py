@@ -114,7 +114,9 @@ class HFDatasetTask(Task):
     def to_examples(self, data: Any, split: str = "train", limit: int | None = None) -> list[Example]:
         """Examples of an already loaded split (a `datasets.Dataset` or any iterable of dicts)."""
         source = f"{self.dataset}:{split}"
-        return examples_from_dataset(data, self.format, self.template, self.question_key, self.answer_key, limit, source)
+        return examples_from_dataset(
+            data, self.format, self.template, self.question_key, self.answer_key, limit, source
+        )
 
     def train_dataset(self) -> Dataset:
         return ListDataset(self.load_split(self.split, self.limit))

@@ -68,7 +68,9 @@ def record_to_example(
         if format == "auto":
             format = "gsm8k" if "question" in record else "math" if "problem" in record else ""
             if not format:
-                raise RecordError(f"cannot tell the format: no 'question' (GSM8K) or 'problem' (MATH) field; keys {sorted(record)}")
+                raise RecordError(
+                    f"cannot tell the format: no 'question' (GSM8K) or 'problem' (MATH) field; keys {sorted(record)}"
+                )
         if format == "gsm8k":
             question, solution = _field(record, "question"), str(_field(record, "answer"))
             if "####" not in solution:
@@ -223,7 +225,9 @@ class JSONLTask(Task):
                 val, val_at = self._read(self.val_path, self.num_val)
             elif self.num_val:
                 if self.num_val >= len(train):
-                    raise ValueError(f"num_val={self.num_val} leaves no training examples of the {len(train)} in {self.path}")
+                    raise ValueError(
+                        f"num_val={self.num_val} leaves no training examples of the {len(train)} in {self.path}"
+                    )
                 order = list(range(len(train)))
                 random.Random(self.seed).shuffle(order)
                 held = set(order[: self.num_val])
@@ -249,4 +253,12 @@ class JSONLTask(Task):
         return ListDataset(val) if val else None
 
 
-__all__ = ["DEFAULT_MAX_PROMPT_CHARS", "FORMATS", "JSONLTask", "MAX_LINE_BYTES", "RecordError", "read_jsonl", "record_to_example"]
+__all__ = [
+    "DEFAULT_MAX_PROMPT_CHARS",
+    "FORMATS",
+    "JSONLTask",
+    "MAX_LINE_BYTES",
+    "RecordError",
+    "read_jsonl",
+    "record_to_example",
+]

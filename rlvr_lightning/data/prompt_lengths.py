@@ -26,7 +26,11 @@ def prompt_token_budget(module: Any) -> tuple[Any, int, int] | None:
     """(policy, tokens a prompt may have, the context), or None when the policy cannot say."""
     policy = getattr(module, "policy", None)
     context = getattr(policy, "max_context", None)
-    if not context or not callable(getattr(policy, "render_prompt", None)) or not callable(getattr(policy, "encode_prompts", None)):
+    if (
+        not context
+        or not callable(getattr(policy, "render_prompt", None))
+        or not callable(getattr(policy, "encode_prompts", None))
+    ):
         return None
     max_new_tokens = int(getattr(getattr(module, "sampling", None), "max_new_tokens", 0) or 0)
     return policy, int(context) - max_new_tokens, int(context)
@@ -45,7 +49,10 @@ def check_prompt_lengths(task: Any, module: Any) -> int:
         suspects = []
         for i in range(len(dataset)):
             prompt = dataset[i]["prompt"]
-            if not isinstance(prompt, str) or len(policy.render_prompt(prompt).encode()) + SPECIAL_TOKENS_MARGIN > max_tokens:
+            if (
+                not isinstance(prompt, str)
+                or len(policy.render_prompt(prompt).encode()) + SPECIAL_TOKENS_MARGIN > max_tokens
+            ):
                 suspects.append(i)
         for start in range(0, len(suspects), CHUNK):
             chunk = suspects[start : start + CHUNK]

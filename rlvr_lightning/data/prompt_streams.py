@@ -107,7 +107,15 @@ class PromptStream(IterableDataset):
 
     It yields whole batches, so its loader has `batch_size=None`: per-example work stays in one loop here."""
 
-    def __init__(self, source, batch_size: int, rank: int = 0, world_size: int = 1, start: int = 0, num_batches: int | None = None):
+    def __init__(
+        self,
+        source,
+        batch_size: int,
+        rank: int = 0,
+        world_size: int = 1,
+        start: int = 0,
+        num_batches: int | None = None,
+    ):
         self.source = source
         self.batch_size = batch_size
         self.rank = rank

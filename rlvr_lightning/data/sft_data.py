@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import lightning.pytorch as pl
 from torch.utils.data import DataLoader
@@ -166,13 +167,18 @@ class SFTDataModule(pl.LightningDataModule):
             dataset = self.val_task.val_dataset()
             if dataset is None:
                 return []
-            return DataLoader(dataset, batch_size=self.val_batch_size, collate_fn=collate_examples, num_workers=self.num_workers)
+            return DataLoader(
+                dataset, batch_size=self.val_batch_size, collate_fn=collate_examples, num_workers=self.num_workers
+            )
         if self.val_file is None:
             return []
         if self.val_examples is None:
             self.setup("validate")
         return DataLoader(
-            ListDataset(self.val_examples), batch_size=self.val_batch_size, collate_fn=collate_pairs, num_workers=self.num_workers
+            ListDataset(self.val_examples),
+            batch_size=self.val_batch_size,
+            collate_fn=collate_pairs,
+            num_workers=self.num_workers,
         )
 
     def predict_dataloader(self) -> DataLoader | list:

@@ -316,7 +316,19 @@ def generate(*args, **kwargs) -> GenerationOutput:
 class KVCacheGeneration(GenerationBackend):
     """The loop above (`generate`) over the training model itself, as a `GenerationBackend`."""
 
-    def generate(self, model, tokenizer, prompt_token_ids, n, sampling, *, eos_token_ids, pad_token_id, max_new_tokens=None, generator=None):
+    def generate(
+        self,
+        model,
+        tokenizer,
+        prompt_token_ids,
+        n,
+        sampling,
+        *,
+        eos_token_ids,
+        pad_token_id,
+        max_new_tokens=None,
+        generator=None,
+    ):
         device = compute_device(model)
         prompt_ids, prompt_mask = left_pad(prompt_token_ids, pad_token_id)
         stop = StopStringChecker(

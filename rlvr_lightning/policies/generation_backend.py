@@ -73,7 +73,10 @@ class GenerationBackend(ABC):
 
 
 def response_tensors(
-    responses: Sequence[Sequence[int]], log_probs: Sequence[Sequence[float]] | None, pad_token_id: int, device: torch.device
+    responses: Sequence[Sequence[int]],
+    log_probs: Sequence[Sequence[float]] | None,
+    pad_token_id: int,
+    device: torch.device,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-padded `response_ids long[N, T]`, `response_mask float[N, T]` and `log_probs float[N, T]`
     (zeros where masked or when none are given) from per-row token lists, T = the longest row (>= 1)."""

@@ -141,7 +141,9 @@ class HFPolicy(HFScoring, Policy):
         elif model_source is not None:
             tokenizer_source, tokenizer_gguf = model_source, gguf_name
         else:
-            raise ValueError("HFPolicy(config=...) needs tokenizer_name_or_path (or model_name_or_path) for the tokenizer")
+            raise ValueError(
+                "HFPolicy(config=...) needs tokenizer_name_or_path (or model_name_or_path) for the tokenizer"
+            )
         self.tokenizer = hf_loading.load_tokenizer(tokenizer_source, tokenizer_gguf, trust_remote_code)
 
         model_kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code, "dtype": self.torch_dtype}
@@ -165,7 +167,11 @@ class HFPolicy(HFScoring, Policy):
         self.eos_token_ids = hf_loading.eos_token_ids(self.tokenizer, self.base_model)
         if not self.eos_token_ids:
             warnings.warn("HFPolicy: neither the tokenizer nor the generation config names an EOS token", stacklevel=2)
-        text_config = self.hf_config.get_text_config(decoder=True) if hasattr(self.hf_config, "get_text_config") else self.hf_config
+        text_config = (
+            self.hf_config.get_text_config(decoder=True)
+            if hasattr(self.hf_config, "get_text_config")
+            else self.hf_config
+        )
         self.max_context: int | None = getattr(text_config, "max_position_embeddings", None)
 
     # ------------------------------------------------------------------ properties
@@ -211,7 +217,9 @@ class HFPolicy(HFScoring, Policy):
                 )
             return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         if not isinstance(prompt, str):
-            raise TypeError(f"prompt_template={self.prompt_template!r} needs string prompts, got {type(prompt).__name__}")
+            raise TypeError(
+                f"prompt_template={self.prompt_template!r} needs string prompts, got {type(prompt).__name__}"
+            )
         if self.prompt_template == "raw":
             return prompt
         text = self.prompt_template.replace("{prompt}", prompt)

@@ -71,7 +71,11 @@ class HFScoring:
 
     @property
     def hidden_size(self) -> int:
-        config = self.hf_config.get_text_config(decoder=True) if hasattr(self.hf_config, "get_text_config") else self.hf_config
+        config = (
+            self.hf_config.get_text_config(decoder=True)
+            if hasattr(self.hf_config, "get_text_config")
+            else self.hf_config
+        )
         return int(config.hidden_size)
 
     def _score(
@@ -116,17 +120,27 @@ class HFScoring:
         t = min(t, rollout.response_ids.shape[1])
         prompt_ids, prompt_mask = rollout.prompt_ids[:, first:], prompt_mask[:, first:]
         if self.share_prompt_prefix and self._prefix_sharing_supported():
-            shared = self._shared_prefix_forward(prompt_ids, prompt_mask, rollout.response_ids[:, : t - 1], with_logits, with_hidden)
+            shared = self._shared_prefix_forward(
+                prompt_ids, prompt_mask, rollout.response_ids[:, : t - 1], with_logits, with_hidden
+            )
             if shared is not None:
                 return (*shared, t)
         ids = torch.cat([prompt_ids, rollout.response_ids[:, : t - 1]], dim=1)
         mask = torch.cat(
             [prompt_mask, torch.ones_like(rollout.response_ids[:, : t - 1], dtype=prompt_mask.dtype)], dim=1
         )
-        out = self._run(with_logits, with_hidden, keep=t, input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), use_cache=False)
+        out = self._run(
+            with_logits,
+            with_hidden,
+            keep=t,
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=position_ids_from_mask(mask),
+            use_cache=False,
+        )
         return _last(out.logits, t), _last(out.hidden, t), t
 
-    def _run(self, with_logits: bool, with_hidden: bool, keep: int, **inputs: Any) -> "_Output":
+    def _run(self, with_logits: bool, with_hidden: bool, keep: int, **inputs: Any) -> _Output:
         """One forward: the causal LM (logits of the last `keep` positions, and the last layer's hidden states
         if asked) or, without logits, the decoder alone (its last hidden states; `decoder_only_hidden_states`)."""
         if not with_logits and self.decoder_only_hidden_states:
@@ -142,7 +156,12 @@ class HFScoring:
         return _Output(out.logits if with_logits else None, hidden, getattr(out, "past_key_values", None))
 
     def _shared_prefix_forward(
-        self, prompt_ids: Tensor, prompt_mask: Tensor, responses: Tensor, with_logits: bool = True, with_hidden: bool = False
+        self,
+        prompt_ids: Tensor,
+        prompt_mask: Tensor,
+        responses: Tensor,
+        with_logits: bool = True,
+        with_hidden: bool = False,
     ) -> tuple[Tensor | None, Tensor | None] | None:
         """The logits and/or hidden states of `_forward_response`, with each distinct prompt run through the model once.
 
@@ -163,8 +182,14 @@ class HFScoring:
         unique_positions = position_ids_from_mask(unique_mask)
         cache = DynamicCache(config=self.hf_config)
         out = self._run(
-            with_logits, with_hidden, keep=1,
-            input_ids=unique_ids, attention_mask=unique_mask, position_ids=unique_positions, past_key_values=cache, use_cache=True,
+            with_logits,
+            with_hidden,
+            keep=1,
+            input_ids=unique_ids,
+            attention_mask=unique_mask,
+            position_ids=unique_positions,
+            past_key_values=cache,
+            use_cache=True,
         )
         cache = out.cache
         if not all(type(layer) is DynamicLayer for layer in getattr(cache, "layers", [None])):
@@ -181,8 +206,14 @@ class HFScoring:
         start = unique_positions[:, -1][inverse] + 1
         positions = start.unsqueeze(1) + torch.arange(responses.shape[1], device=responses.device)
         out = self._run(
-            with_logits, with_hidden, keep=0,
-            input_ids=responses, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True,
+            with_logits,
+            with_hidden,
+            keep=0,
+            input_ids=responses,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
         )
         join = lambda first, rest: None if first is None else torch.cat([first, rest], dim=1)  # noqa: E731
         return join(first_logits, out.logits), join(first_hidden, out.hidden)
@@ -190,7 +221,11 @@ class HFScoring:
     def _prefix_sharing_supported(self) -> bool:
         supported = getattr(self, "_prefix_sharing", None)
         if supported is None:
-            text_config = self.hf_config.get_text_config(decoder=True) if hasattr(self.hf_config, "get_text_config") else self.hf_config
+            text_config = (
+                self.hf_config.get_text_config(decoder=True)
+                if hasattr(self.hf_config, "get_text_config")
+                else self.hf_config
+            )
             layer_types = getattr(text_config, "layer_types", None) or ["full_attention"]
             supported = (
                 not self.gradient_checkpointing  # transformers turns the cache off in train mode then

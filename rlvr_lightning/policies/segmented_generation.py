@@ -146,7 +146,9 @@ def generate_segments(
     started = time.perf_counter()
     codec = Codec(tokenizer)
     stop_strings = list(dict.fromkeys([*sampling.stop_strings, *(s for rule in rules for s in rule.stop_strings)]))
-    user_stop = StopStringChecker(sampling.stop_strings, lambda rows: tokenizer.batch_decode(rows, skip_special_tokens=True))
+    user_stop = StopStringChecker(
+        sampling.stop_strings, lambda rows: tokenizer.batch_decode(rows, skip_special_tokens=True)
+    )
     rows = [
         RowState(list(ids), text, sampling.max_new_tokens)
         for ids, text in zip(prompt_token_ids, prompt_texts, strict=True)
@@ -280,10 +282,16 @@ def _turn_stats(rows: Sequence[RowState]) -> dict[str, float]:
         turns.append(sum(1 for i, o in enumerate(own) if o and (i == 0 or not own[i - 1])))
     inserted = sum(1 for row in rows for s in row.sources if s != TokenSource.SAMPLED)
     num = max(len(rows), 1)
-    return {"turns/mean": sum(turns) / num, "turns/max": float(max(turns, default=0)), "inserted_tokens/mean": inserted / num}
+    return {
+        "turns/mean": sum(turns) / num,
+        "turns/max": float(max(turns, default=0)),
+        "inserted_tokens/mean": inserted / num,
+    }
 
 
-def decode_responses(tokenizer: Any, out: GenerationOutput, stop_strings: Sequence[str]) -> tuple[torch.Tensor, list[str]]:
+def decode_responses(
+    tokenizer: Any, out: GenerationOutput, stop_strings: Sequence[str]
+) -> tuple[torch.Tensor, list[str]]:
     """Response lengths (`float[N]`, inserted tokens included) and texts of a backend's or `generate_segments`'
     output; a row stopped by a stop string is cut after it, looking only at its last turn's text."""
     if out.response_source is None:
@@ -297,7 +305,9 @@ def decode_responses(tokenizer: Any, out: GenerationOutput, stop_strings: Sequen
         positions = torch.arange(out.response_source.shape[1], device=after_insert.device)
         starts = torch.where(after_insert, positions + 1, 0).max(-1).values.tolist()
     rows = out.response_ids.tolist()
-    heads = tokenizer.batch_decode([row[:start] for row, start in zip(rows, starts, strict=True)], skip_special_tokens=True)
+    heads = tokenizer.batch_decode(
+        [row[:start] for row, start in zip(rows, starts, strict=True)], skip_special_tokens=True
+    )
     tails = tokenizer.batch_decode(
         [row[start : int(length)] for row, start, length in zip(rows, starts, lengths.tolist(), strict=True)],
         skip_special_tokens=True,

@@ -26,7 +26,6 @@ from rlvr_lightning.core.entropy import entropy_from_log_probs
 from rlvr_lightning.policies.base import Policy, PromptBatch, SamplingConfig, compute_device
 from rlvr_lightning.rollout import Rollout
 
-
 ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU, "tanh": nn.Tanh}
 
 
@@ -165,6 +164,8 @@ class ToySortPolicy(Policy):
             log_probs = per_row.gather(-1, rollout.response_ids.view(*per_row.shape[:3], 1)).view(rollout.num_rows, -1)
         else:
             log_probs = log_softmax[runs.row_run].gather(-1, rollout.response_ids.unsqueeze(-1)).squeeze(-1)
-        per_row = (lambda t: t.repeat_interleave(runs.run_length, dim=0)) if runs.run_length else (lambda t: t[runs.row_run])
+        per_row = (
+            (lambda t: t.repeat_interleave(runs.run_length, dim=0)) if runs.run_length else (lambda t: t[runs.row_run])
+        )
         entropy = per_row(entropy_from_log_probs(log_softmax)) if with_entropy else None
         return log_probs, entropy, (per_row(hidden) if with_hidden else None)

@@ -50,8 +50,8 @@ import torch
 from torch import Tensor, nn
 
 from rlvr_lightning.policies.compute_dtype import compute_dtype
-from rlvr_lightning.policies.generation_output import GenerationOutput
 from rlvr_lightning.policies.generation_backend import GenerationBackend, response_tensors
+from rlvr_lightning.policies.generation_output import GenerationOutput
 from rlvr_lightning.timing import elapsed_seconds
 
 log = logging.getLogger(__name__)
@@ -119,7 +119,19 @@ class VLLMGeneration(GenerationBackend):
         fp32 = self._engine_dtype == self._trainer_dtype == torch.float32
         return fp32 and not self._last_filtered
 
-    def generate(self, model, tokenizer, prompt_token_ids, n, sampling, *, eos_token_ids, pad_token_id, max_new_tokens=None, generator=None):
+    def generate(
+        self,
+        model,
+        tokenizer,
+        prompt_token_ids,
+        n,
+        sampling,
+        *,
+        eos_token_ids,
+        pad_token_id,
+        max_new_tokens=None,
+        generator=None,
+    ):
         from vllm import SamplingParams
 
         started = time.perf_counter()
@@ -151,7 +163,9 @@ class VLLMGeneration(GenerationBackend):
         ]
         generated = time.perf_counter()
         with _no_autocast(model):
-            outputs = self._llm.generate([{"prompt_token_ids": list(p)} for p in prompt_token_ids], params, use_tqdm=False)
+            outputs = self._llm.generate(
+                [{"prompt_token_ids": list(p)} for p in prompt_token_ids], params, use_tqdm=False
+            )
         decode_seconds = time.perf_counter() - generated
 
         responses, log_probs, truncated, by_string = [], [], [], []
@@ -249,8 +263,14 @@ class VLLMGeneration(GenerationBackend):
             if on_gpu:
                 kwargs["enable_sleep_mode"] = True
             else:
-                warnings.warn("VLLMGeneration: vLLM's CPU backend has no sleep mode; sleep_level is ignored", stacklevel=3)
-        if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+                warnings.warn(
+                    "VLLMGeneration: vLLM's CPU backend has no sleep mode; sleep_level is ignored", stacklevel=3
+                )
+        if (
+            torch.distributed.is_available()
+            and torch.distributed.is_initialized()
+            and torch.distributed.get_world_size() > 1
+        ):
             # one engine per rank inside the launched processes (TRL colocate mode)
             kwargs["distributed_executor_backend"] = "external_launcher"
             os.environ.setdefault("RANK", str(torch.distributed.get_rank()))
@@ -274,7 +294,9 @@ class VLLMGeneration(GenerationBackend):
         started = time.perf_counter()
         weights = named_weights(model, self._engine_dtype)  # a generator: one gathered, cast tensor at a time
         with _no_autocast(model):
-            self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
+            self._llm.collective_rpc(
+                "reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True}
+            )
         self._llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
         self._pushed_version = version
         self.weight_pushes += 1

@@ -75,7 +75,9 @@ class R1FormatReward(RewardCallback):
             think_in_prompt: whether the prompt already opened the think block; None detects it per
                 row (the rendered prompt ends in ``<think>``).
         """
-        super().__init__(weight=weight, name=name or ("r1_format" if strict else "r1_format_lenient"), on_error=on_error)
+        super().__init__(
+            weight=weight, name=name or ("r1_format" if strict else "r1_format_lenient"), on_error=on_error
+        )
         self.strict = strict
         self.think_in_prompt = think_in_prompt
 

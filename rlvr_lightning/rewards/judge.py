@@ -55,7 +55,11 @@ def parse_score(
     """The score a judge's answer gives (module docstring); ValueError when it gives none."""
     shown = repr(output[:200])
     if labels:
-        found = [(m.start(), -len(label), label) for label in labels if (m := re.search(rf"\b{re.escape(label)}\b", output, re.I))]
+        found = [
+            (m.start(), -len(label), label)
+            for label in labels
+            if (m := re.search(rf"\b{re.escape(label)}\b", output, re.I))
+        ]
         if not found:
             raise ValueError(f"judge answer {shown} names none of {sorted(labels)}")
         return float(labels[min(found)[2]])  # the earliest; at one place the longest ("no way" over "no")
@@ -125,7 +129,9 @@ class GenerativeJudgeReward(ModelReward):
         results: list[float | Exception] = []
         for answer in answers:
             try:
-                results.append(parse_score(answer, self.labels, self.pattern, self.min_score, self.max_score, self.normalize))
+                results.append(
+                    parse_score(answer, self.labels, self.pattern, self.min_score, self.max_score, self.normalize)
+                )
             except ValueError as error:
                 results.append(error)
         return results

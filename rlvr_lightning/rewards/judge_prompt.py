@@ -78,7 +78,9 @@ class JudgePrompt:
             else:
                 metadata = rollout.metadata[i] if rollout.metadata else {}
                 if field not in metadata:
-                    raise KeyError(f"template field {{{field}}}: row {i} has no metadata key {field!r} (keys: {sorted(metadata)})")
+                    raise KeyError(
+                        f"template field {{{field}}}: row {i} has no metadata key {field!r} (keys: {sorted(metadata)})"
+                    )
                 value = metadata[field]
             value = str(value)
             values[field] = remove_special_tokens(value, self.special_tokens) if field in self.untrusted else value

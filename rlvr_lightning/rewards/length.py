@@ -101,7 +101,9 @@ class LengthReward(RewardCallback):
 
     def score(self, rollout: Rollout) -> Tensor:
         correct = rollout.rewards[self._resolved] >= self.correct_threshold
-        return kimi_length_reward(response_lengths(rollout), correct, rollout.group_size).to(rollout.response_ids.device)
+        return kimi_length_reward(response_lengths(rollout), correct, rollout.group_size).to(
+            rollout.response_ids.device
+        )
 
 
 class OverlongPenalty(RewardCallback):

@@ -161,7 +161,9 @@ class MathAccuracyReward(RewardCallback):
         answers: list[str | None] = []
         for text in response_texts(rollout, type(self).__name__):
             answer = extract_answer(text, self.methods)
-            if answer is not None and (len(answer) > self.max_answer_chars or (self.numeric_only and not is_plain_number(answer))):
+            if answer is not None and (
+                len(answer) > self.max_answer_chars or (self.numeric_only and not is_plain_number(answer))
+            ):
                 answer = None
             normalised = normalize_answer(answer) if answer else ""
             answers.append(normalised or None)

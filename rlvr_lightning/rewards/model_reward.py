@@ -119,7 +119,9 @@ class ModelReward(RewardCallback):
         for position, i in enumerate(chunk):
             if deadline is not None and time.monotonic() >= deadline:
                 self.num_timeouts += len(chunk) - position
-                results += [TimeoutError(f"not scored within batch_timeout_s={self.batch_timeout_s}")] * (len(chunk) - position)
+                results += [TimeoutError(f"not scored within batch_timeout_s={self.batch_timeout_s}")] * (
+                    len(chunk) - position
+                )
                 break
             try:
                 results.append(self.score_rows(rollout, [i])[0])

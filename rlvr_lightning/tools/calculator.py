@@ -30,7 +30,9 @@ _MAX_EXPONENT = 64
 class Calculator(Tool):
     default_name = "calculator"
 
-    def __init__(self, name: str | None = None, max_chars: int = 200, max_depth: int = 32, max_digits: int = 100) -> None:
+    def __init__(
+        self, name: str | None = None, max_chars: int = 200, max_depth: int = 32, max_digits: int = 100
+    ) -> None:
         super().__init__(name)
         self.max_chars = max_chars
         self.max_depth = max_depth
@@ -56,7 +58,7 @@ def _tokens(text: str) -> list[str | Fraction]:
         if match is None or match.end() == position:
             if text[position:].strip() == "":
                 break
-            raise ToolError(f"cannot read {text[position:position + 10]!r} at character {position}")
+            raise ToolError(f"cannot read {text[position : position + 10]!r} at character {position}")
         number, operator = match.groups()
         tokens.append(Fraction(number.replace(",", "")) if number is not None else operator)
         position = match.end()

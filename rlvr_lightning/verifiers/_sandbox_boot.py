@@ -59,8 +59,12 @@ libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 
 
 class MountAttr(ctypes.Structure):
-    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64),
-                ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
+    _fields_ = [
+        ("attr_set", ctypes.c_uint64),
+        ("attr_clr", ctypes.c_uint64),
+        ("propagation", ctypes.c_uint64),
+        ("userns_fd", ctypes.c_uint64),
+    ]
 
 
 def _check(ret, what):
@@ -101,7 +105,7 @@ def _replicate(root, path, depth=0):
             if not os.path.lexists(inside):
                 os.symlink(target, inside)
             absolute = target if target.startswith("/") else os.path.join(current, target)
-            rest = "/".join(parts[i + 1:])
+            rest = "/".join(parts[i + 1 :])
             return _replicate(root, absolute + ("/" + rest if rest else ""), depth + 1)
         if i < len(parts) - 1:
             if not os.path.isdir(inside):
@@ -121,11 +125,18 @@ def _replicate(root, path, depth=0):
 def _make_read_only(root, binds):
     """Every mount under ``root`` read-only and nosuid (mount_setattr; remounts on older kernels)."""
     attr = MountAttr(MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID, 0, 0, 0)
-    if libc.syscall(SYS_mount_setattr, AT_FDCWD, root.encode(), AT_RECURSIVE, ctypes.byref(attr), ctypes.sizeof(attr)) == 0:
+    if (
+        libc.syscall(SYS_mount_setattr, AT_FDCWD, root.encode(), AT_RECURSIVE, ctypes.byref(attr), ctypes.sizeof(attr))
+        == 0
+    ):
         return
     for target in [root] + binds:  # a bind remount must keep the flags the mount is locked with
         flags = os.statvfs(target).f_flag
-        keep = sum(ms for st, ms in ((os.ST_NODEV, MS_NODEV), (os.ST_NOEXEC, MS_NOEXEC), (os.ST_NOSUID, MS_NOSUID)) if flags & st)
+        keep = sum(
+            ms
+            for st, ms in ((os.ST_NODEV, MS_NODEV), (os.ST_NOEXEC, MS_NOEXEC), (os.ST_NOSUID, MS_NOSUID))
+            if flags & st
+        )
         mount(None, target, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | keep)
 
 
@@ -144,8 +155,12 @@ def build_root(cfg, features):
         inside = os.path.join(root, "dev", name)
         os.close(os.open(inside, os.O_WRONLY | os.O_CREAT, 0o644))
         mount("/dev/" + name, inside, None, MS_BIND)
-    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
-                         ("stderr", "/proc/self/fd/2")):
+    for name, target in (
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ):
         os.symlink(target, os.path.join(root, "dev", name))
     binds = [line.split()[4] for line in open("/proc/self/mountinfo") if line.split()[4].startswith(root + "/")]
     _make_read_only(root, binds)
@@ -210,9 +225,14 @@ def child(cfg, to_parent, from_parent, prog_src, fds, features):
         os.setresuid(uid, uid, uid)
         features.append("setuid")
     mem = cfg["memory_mb"] * 1024 * 1024
-    for lim, val in ((resource.RLIMIT_CPU, cfg["cpu_s"]), (resource.RLIMIT_AS, mem),
-                     (resource.RLIMIT_NPROC, cfg["nproc"]), (resource.RLIMIT_FSIZE, cfg["fsize_mb"] * 1024 * 1024),
-                     (resource.RLIMIT_CORE, 0), (resource.RLIMIT_NOFILE, 256)):
+    for lim, val in (
+        (resource.RLIMIT_CPU, cfg["cpu_s"]),
+        (resource.RLIMIT_AS, mem),
+        (resource.RLIMIT_NPROC, cfg["nproc"]),
+        (resource.RLIMIT_FSIZE, cfg["fsize_mb"] * 1024 * 1024),
+        (resource.RLIMIT_CORE, 0),
+        (resource.RLIMIT_NOFILE, 256),
+    ):
         resource.setrlimit(lim, (val, val))
     _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")  # setuid binaries stay powerless
     # After setuid, which clears the parent-death signal (prctl(2), PR_SET_PDEATHSIG).
@@ -232,9 +252,11 @@ def main():
     deadline = t0 + cfg["timeout_s"]
     with open(cfg["program"], "rb") as f:
         prog_src = f.read()
-    fds = [os.open(cfg["stdin"] or os.devnull, os.O_RDONLY),
-           os.open(cfg["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600),
-           os.open(cfg["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)]
+    fds = [
+        os.open(cfg["stdin"] or os.devnull, os.O_RDONLY),
+        os.open(cfg["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600),
+        os.open(cfg["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600),
+    ]
     mode = cfg["mode"]
     if mode == "root":
         unshare(CLONE_NEWPID)  # the next child is PID 1 of a new pid namespace
@@ -257,8 +279,12 @@ def main():
             child(cfg, c2p_w, p2c_r, prog_src, fds, features)
         except BaseException as e:  # report set-up failures, never run the program half-isolated
             try:
-                os.write(c2p_w, ("E" + json.dumps({"error": "%s: %s" % (type(e).__name__, e),
-                                                    "features": features}) + "\n").encode())
+                os.write(
+                    c2p_w,
+                    (
+                        "E" + json.dumps({"error": "%s: %s" % (type(e).__name__, e), "features": features}) + "\n"
+                    ).encode(),
+                )
             finally:
                 os._exit(127)
         os._exit(127)

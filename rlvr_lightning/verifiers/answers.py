@@ -22,8 +22,8 @@ Policy decisions (documented once, tested in ``tests/verifiers/test_answers.py``
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Sequence
 from decimal import Decimal
-from typing import Iterable, Sequence
 
 __all__ = [
     "DEFAULT_METHODS",

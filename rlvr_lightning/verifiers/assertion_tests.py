@@ -119,7 +119,7 @@ def split_assertion(source: str) -> SplitTest:
 
 # Appended to the program (runs in its process: it may tamper with this code, which only changes
 # the values it claims). Types are checked exactly; ints and floats travel as hex (exact, no size limit).
-_ENCODE = '''
+_ENCODE = """
 def _rlvr_encode(x, depth=0):
     if depth > 100:
         raise ValueError("nested too deeply")
@@ -140,7 +140,7 @@ def _rlvr_encode(x, depth=0):
     if t is dict:
         return {"d": [[_rlvr_encode(k, depth + 1), _rlvr_encode(v, depth + 1)] for k, v in x.items()]}
     raise TypeError("not a plain value: " + t.__name__)
-'''
+"""
 
 
 def probe_source(program: str, test: SplitTest, nonce: str) -> str:

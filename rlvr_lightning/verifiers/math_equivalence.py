@@ -27,13 +27,14 @@ import select
 import threading
 import time
 import weakref
-from typing import Sequence
+from collections.abc import Sequence
 
 from rlvr_lightning.verifiers._math_worker import judge as _judge
 from rlvr_lightning.verifiers.answers import DEFAULT_METHODS, clean_answer, extract_answer, normalize_answer
 from rlvr_lightning.verifiers.math_worker_process import MathWorker
 
 __all__ = ["MathVerifier", "answers_match"]
+
 
 def answers_match(prediction: str | None, gold: str | None, *, timeout_seconds: int | None = 5) -> bool:
     """True if two extracted answers are mathematically equivalent.
@@ -59,7 +60,7 @@ def answers_match(prediction: str | None, gold: str | None, *, timeout_seconds: 
         return False
 
 
-_LIVE: "weakref.WeakSet[MathVerifier]" = weakref.WeakSet()
+_LIVE: weakref.WeakSet[MathVerifier] = weakref.WeakSet()
 
 
 @atexit.register
@@ -178,7 +179,7 @@ class MathVerifier:
             self._stop_workers()
         _LIVE.discard(self)
 
-    def __enter__(self) -> "MathVerifier":
+    def __enter__(self) -> MathVerifier:
         return self
 
     def __exit__(self, *exc) -> None:

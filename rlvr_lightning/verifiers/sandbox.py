@@ -60,7 +60,8 @@ import shutil
 import signal
 import sys
 import threading
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from rlvr_lightning.verifiers.assertion_tests import (
     SplitTest,
@@ -180,16 +181,30 @@ def sandbox_capabilities(refresh: bool = False) -> dict[str, Any]:
             for py in _python_candidates():
                 r = run_once("print(6*7)", None, _PROBE_LIMITS, mode=mode, child_userns=child_userns, python=py)
                 if r["status"] == "exit" and r["code"] == 0 and r["stdout"].strip() == "42":
-                    found = {"network_isolated": True, "mode": mode, "child_userns": child_userns,
-                             "python": py, "features": r.get("features", []), "errors": errors}
+                    found = {
+                        "network_isolated": True,
+                        "mode": mode,
+                        "child_userns": child_userns,
+                        "python": py,
+                        "features": r.get("features", []),
+                        "errors": errors,
+                    }
                     break
-                errors.append(f"{mode}{'+userns' if child_userns else ''} {py}: "
-                              f"{r.get('error') or r['status']} {r['stderr'][-300:]}".strip())
+                errors.append(
+                    f"{mode}{'+userns' if child_userns else ''} {py}: "
+                    f"{r.get('error') or r['status']} {r['stderr'][-300:]}".strip()
+                )
             if found:
                 break
         if found is None:
-            found = {"network_isolated": False, "mode": "none", "child_userns": False, "python": _unisolated_python(),
-                     "features": [], "errors": errors}
+            found = {
+                "network_isolated": False,
+                "mode": "none",
+                "child_userns": False,
+                "python": _unisolated_python(),
+                "features": [],
+                "errors": errors,
+            }
         _PROBE = found
         return found
 

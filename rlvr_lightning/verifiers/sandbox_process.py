@@ -38,8 +38,9 @@ def _read_capped(path: str, cap: int) -> str:
         return ""
 
 
-def run_once(source: str, stdin: str | None, limits: SandboxLimits, *, mode: str, child_userns: bool,
-             python: str) -> dict[str, Any]:
+def run_once(
+    source: str, stdin: str | None, limits: SandboxLimits, *, mode: str, child_userns: bool, python: str
+) -> dict[str, Any]:
     """One isolated run. Returns the bootstrap's report plus ``stdout``/``stderr``."""
     stage = tempfile.mkdtemp(prefix="rlvr_sandbox_")  # 0700, ours: the program never sees it
     try:
@@ -64,23 +65,44 @@ def run_once(source: str, stdin: str | None, limits: SandboxLimits, *, mode: str
             try:
                 files = interpreter_files(python)
             except (OSError, ValueError, subprocess.SubprocessError) as error:
-                return {"status": "setup_error", "error": f"{type(error).__name__}: {error}", "stdout": "", "stderr": ""}
+                return {
+                    "status": "setup_error",
+                    "error": f"{type(error).__name__}: {error}",
+                    "stdout": "",
+                    "stderr": "",
+                }
             root = os.path.join(stage, "root")
             os.mkdir(root, 0o755)
             python = files["python"]
         cfg = {
-            "root": root, "binds": files["binds"], "hide": files["hide"],
-            "mode": mode, "child_userns": child_userns, "uid": NOBODY, "gid": NOBODY, "workdir": work,
-            "program": prog, "stdin": stdin_path, "stdout": os.path.join(stage, "stdout"),
-            "stderr": os.path.join(stage, "stderr"), "python": python,
-            "timeout_s": float(limits.timeout_s), "cpu_s": int(limits.cpu_s), "memory_mb": int(limits.memory_mb),
-            "nproc": int(limits.max_processes), "fsize_mb": int(limits.max_file_mb),
+            "root": root,
+            "binds": files["binds"],
+            "hide": files["hide"],
+            "mode": mode,
+            "child_userns": child_userns,
+            "uid": NOBODY,
+            "gid": NOBODY,
+            "workdir": work,
+            "program": prog,
+            "stdin": stdin_path,
+            "stdout": os.path.join(stage, "stdout"),
+            "stderr": os.path.join(stage, "stderr"),
+            "python": python,
+            "timeout_s": float(limits.timeout_s),
+            "cpu_s": int(limits.cpu_s),
+            "memory_mb": int(limits.memory_mb),
+            "nproc": int(limits.max_processes),
+            "fsize_mb": int(limits.max_file_mb),
             "tmpfs_kb": max(4096, 8 * 1024 * int(limits.max_file_mb)),
         }
         proc = subprocess.Popen(
             [sys.executable, "-I", "-S", _BOOT, json.dumps(cfg)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            env=dict(_MIN_ENV), close_fds=True, start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=dict(_MIN_ENV),
+            close_fds=True,
+            start_new_session=True,
         )
         try:
             out, err = proc.communicate(timeout=limits.timeout_s + SLACK_S)

@@ -56,16 +56,25 @@ def interpreter_files(python: str) -> dict[str, Any]:
     ``binds``: the interpreter, its standard library directories and the shared libraries it and
     its extension modules load; ``hide``: directories inside those (site-packages) left empty."""
     if python not in _INTERPRETER_FILES:
-        out = subprocess.run([python, "-I", "-S", "-c", _DISCOVER], capture_output=True, text=True, timeout=60,
-                             env=dict(_MIN_ENV), stdin=subprocess.DEVNULL)
+        out = subprocess.run(
+            [python, "-I", "-S", "-c", _DISCOVER],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=dict(_MIN_ENV),
+            stdin=subprocess.DEVNULL,
+        )
         if out.returncode != 0:
             raise OSError(f"cannot list the files of {python}: {out.stderr[-300:]}")
         info = json.loads(out.stdout.strip().splitlines()[-1])
         dirs = [os.path.realpath(d) for d in info["stdlib"]]
         dirs = [d for d in dirs if not any(d.startswith(other + "/") for other in dirs)]  # lib-dynload is inside
         libs = [lib for lib in info["libs"] if not any(os.path.realpath(lib).startswith(d + "/") for d in dirs)]
-        _INTERPRETER_FILES[python] = {"python": info["executable"], "binds": [info["executable"], *dirs, *libs],
-                                      "hide": [os.path.realpath(d) for d in info["hide"]]}
+        _INTERPRETER_FILES[python] = {
+            "python": info["executable"],
+            "binds": [info["executable"], *dirs, *libs],
+            "hide": [os.path.realpath(d) for d in info["hide"]],
+        }
     return _INTERPRETER_FILES[python]
 
 
