@@ -1,4 +1,5 @@
-"""The registry of every learning figure the documentation publishes (docs/benchmarks.md): how each is produced, read and checked.
+"""The registry of every learning figure the documentation publishes (docs/benchmarks.md): how each is
+produced, read and checked.
 
 One `Figure` per published figure: the command(s) that produce one seed's run (the project's own
 `rlvr fit` or scripts, never a copy of their logic), the seeds, and the metrics read from that run's
@@ -13,170 +14,47 @@ Paths that metrics read are relative to `{run_dir}` and may name `{seed}`.
 
 from __future__ import annotations
 
-import csv
-import json
-import math
-import statistics
+import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from learning_figure_parts import (  # noqa: E402
+    CSV_LOG,
+    Band,
+    Command,
+    Curve,
+    Figure,
+    Metric,
+    csv_final,
+    csv_mean,
+    csv_nth,
+    difference,
+    json_value,
+    rlvr_fit,
+    toy_metrics,
+)
 
 # Bands of the language-model figures, one place to change them.
 ARITHMETIC_MIN_VAL_ACCURACY = 0.70  # smollm2_arithmetic: final greedy val/accuracy (50 held-out problems), every seed
-CALCULATOR_MIN_GREEDY_ACCURACY = 0.60  # smollm2_calculator: greedy accuracy on 100 held-out problems after training, every seed
+# smollm2_calculator: greedy accuracy on 100 held-out problems after training, every seed
+CALCULATOR_MIN_GREEDY_ACCURACY = 0.60
 ASYNC_MIN_HELDOUT_ACCURACY = 0.50  # async_curves: held-out greedy last-number accuracy of both legs, every seed
 
 
-@dataclass(frozen=True)
-class Band:
-    """Where a metric must lie: `lo <= value <= hi` (either bound may be open), for every seed's value
-    (`over="each"`) or for the mean over seeds (`over="mean"`)."""
-
-    lo: float | None = None
-    hi: float | None = None
-    over: str = "each"
-
-    def __post_init__(self) -> None:
-        if self.over not in ("each", "mean"):
-            raise ValueError(f"Band over={self.over!r} is not valid; choose one of 'each', 'mean'")
-        if self.lo is None and self.hi is None:
-            raise ValueError("Band needs lo, hi or both")
-
-    def holds(self, value: float) -> bool:
-        if value is None or math.isnan(value):
-            return False
-        return (self.lo is None or value >= self.lo) and (self.hi is None or value <= self.hi)
-
-    def describe(self, percent: bool = False) -> str:
-        show = (lambda v: f"{100 * v:.1f}%") if percent else (lambda v: f"{v:g}")
-        if self.lo is not None and self.hi is not None:
-            text = f"[{show(self.lo)}, {show(self.hi)}]"
-        elif self.lo is not None:
-            text = f">= {show(self.lo)}"
-        else:
-            text = f"<= {show(self.hi)}"
-        return f"{text} {'every seed' if self.over == 'each' else 'mean'}"
-
-
-@dataclass(frozen=True)
-class Metric:
-    name: str
-    read: Callable[[Path, int], float]  # (one seed's run directory, seed) -> value
-    band: Band
-    source: str  # how it is read, in words
-    percent: bool = False  # shown as a percentage
-
-
-@dataclass(frozen=True)
-class Command:
-    argv: tuple[str, ...]
-    cwd: str = "run_dir"  # or "repo"
-    env: tuple[tuple[str, str], ...] = ()
-
-
-@dataclass(frozen=True)
-class Curve:
-    """One line of `--plot`: a column of a CSV log, per seed (path relative to the run directory)."""
-
-    label: str
-    csv: str
-    column: str = "val/accuracy"
-
-
-@dataclass(frozen=True)
-class Figure:
-    name: str
-    published: str  # where the documentation shows it
-    commands: tuple[Command, ...]
-    metrics: tuple[Metric, ...]
-    seeds: tuple[int, ...] = (0, 1, 2)
-    quick: bool = False
-    curves: tuple[Curve, ...] = field(default_factory=tuple)
-
-
-# ------------------------------------------------------------------ reading one run's output
-
-
-def csv_column(path: Path, column: str) -> list[float]:
-    """The non-empty values of `column` in a Lightning CSV log, in order."""
-    with path.open(newline="") as handle:
-        return [float(row[column]) for row in csv.DictReader(handle) if row.get(column) not in (None, "")]
-
-
-def csv_final(path: str, column: str, window: int = 1) -> Callable[[Path, int], float]:
-    """The mean of the last `window` values of `column` (window 1: the last value)."""
-
-    def read(run_dir: Path, seed: int) -> float:
-        values = csv_column(run_dir / path.replace("{seed}", str(seed)), column)
-        return statistics.fmean(values[-window:]) if values else math.nan
-
-    return read
-
-
-def csv_mean(path: str, column: str) -> Callable[[Path, int], float]:
-    """The mean of `column` over the whole run, NaN rows left out."""
-
-    def read(run_dir: Path, seed: int) -> float:
-        values = [v for v in csv_column(run_dir / path.replace("{seed}", str(seed)), column) if not math.isnan(v)]
-        return statistics.fmean(values) if values else math.nan
-
-    return read
-
-
-def csv_nth(path: str, column: str, index: int) -> Callable[[Path, int], float]:
-    def read(run_dir: Path, seed: int) -> float:
-        return csv_column(run_dir / path.replace("{seed}", str(seed)), column)[index]
-
-    return read
-
-
-def json_value(path: str, *keys: str) -> Callable[[Path, int], float]:
-    def read(run_dir: Path, seed: int) -> float:
-        value = json.loads((run_dir / path.replace("{seed}", str(seed))).read_text())
-        for key in keys:
-            value = value[int(key)] if isinstance(value, list) else value[key]
-        return float(value)
-
-    return read
-
-
-def difference(first: Callable[[Path, int], float], second: Callable[[Path, int], float]) -> Callable[[Path, int], float]:
-    """first - second, on the same seed's run (a comparison that must hold on every seed)."""
-    return lambda run_dir, seed: first(run_dir, seed) - second(run_dir, seed)
-
-
-# ------------------------------------------------------------------ how runs are made
-
-CSV_LOG = "csv/version_0/metrics.csv"
-
-
-def rlvr_fit(config: str, *extra: str, cwd: str = "run_dir", log_name: str = "csv") -> Command:
-    """`rlvr fit --config CONFIG --seed_everything SEED` on one thread, logging to a CSV file in the run directory only
-    (no W&B, no progress bar): `{run_dir}/LOG_NAME/version_0/metrics.csv`."""
-    logger = '{"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": "{run_dir}", "name": "%s", "version": 0}}' % log_name
-    return Command(
-        (
-            "{python}", "-m", "rlvr_lightning.cli", "fit", "--config", "{repo}/" + config, "--seed_everything={seed}", "--torch_threads=1",
-            "--trainer.logger=" + logger, "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
-            "--trainer.default_root_dir={run_dir}", *extra,
-        ),
-        cwd=cwd,
-    )
-
-
-def toy_metrics(csv_path: str = CSV_LOG, reward: Band | None = None, accuracy: Band | None = None, prefix: str = "") -> tuple[Metric, ...]:
-    """The sort task's two figures: final train reward (mean of the last 10 steps) and val exact-sort (the last validation)."""
-    return (
-        Metric(f"{prefix}final_train_reward", csv_final(csv_path, "train/reward_mean", 10), reward,
-               f"mean of train/reward_mean over the last 10 steps of {csv_path}"),
-        Metric(f"{prefix}val_exact_sort", csv_final(csv_path, "val/accuracy"), accuracy,
-               f"last val/accuracy (greedy exact-sort, 256 held-out prompts) of {csv_path}", percent=True),
-    )
-
-
-# ------------------------------------------------------------------ the registry
-
-RECIPES = ("dapo", "dr_grpo", "gspo", "cispo", "rloo", "ppo", "reinforce_pp", "reinforce_baseline", "grpo", "max_reward", "reinforce")
+RECIPES = (
+    "dapo",
+    "dr_grpo",
+    "gspo",
+    "cispo",
+    "rloo",
+    "ppo",
+    "reinforce_pp",
+    "reinforce_baseline",
+    "grpo",
+    "max_reward",
+    "reinforce",
+)
 # (final train reward, val exact-sort) of every seed: the seeds' range here widened by about their spread,
 # since another CPU or torch build changes a run as another seed would
 RECIPE_BANDS: dict[str, tuple[Band, Band]] = {
@@ -196,41 +74,104 @@ RECIPE_BANDS: dict[str, tuple[Band, Band]] = {
 
 def sort_figures() -> list[Figure]:
     figures = [
-        Figure("sort_lecture", "docs/benchmarks.md: The sort task", (rlvr_fit("configs/sort_lecture.yaml"),),
-               toy_metrics(reward=Band(5.0, 6.5), accuracy=Band(0.01, 0.12)), quick=True, curves=(Curve("sort_lecture", CSV_LOG),)),
-        Figure("sort_grpo", "docs/benchmarks.md: The sort task", (rlvr_fit("configs/sort_grpo.yaml"),),
-               toy_metrics(reward=Band(6.7, 7.0), accuracy=Band(0.50, 0.85)), quick=True, curves=(Curve("sort_grpo", CSV_LOG),)),
+        Figure(
+            "sort_lecture",
+            "docs/benchmarks.md: The sort task",
+            (rlvr_fit("configs/sort_lecture.yaml"),),
+            toy_metrics(reward=Band(5.0, 6.5), accuracy=Band(0.01, 0.12)),
+            quick=True,
+            curves=(Curve("sort_lecture", CSV_LOG),),
+        ),
+        Figure(
+            "sort_grpo",
+            "docs/benchmarks.md: The sort task",
+            (rlvr_fit("configs/sort_grpo.yaml"),),
+            toy_metrics(reward=Band(6.7, 7.0), accuracy=Band(0.50, 0.85)),
+            quick=True,
+            curves=(Curve("sort_grpo", CSV_LOG),),
+        ),
     ]
     for recipe in RECIPES:
         reward, accuracy = RECIPE_BANDS[recipe]
-        figures.append(Figure(f"recipe_{recipe}", "docs/benchmarks.md: Algorithm recipes on the sort task (docs/compare_sort.md)",
-                              (rlvr_fit(f"configs/recipes/{recipe}.yaml"),), toy_metrics(reward=reward, accuracy=accuracy),
-                              quick=True, curves=(Curve(recipe, CSV_LOG),)))
+        figures.append(
+            Figure(
+                f"recipe_{recipe}",
+                "docs/benchmarks.md: Algorithm recipes on the sort task (docs/compare_sort.md)",
+                (rlvr_fit(f"configs/recipes/{recipe}.yaml"),),
+                toy_metrics(reward=reward, accuracy=accuracy),
+                quick=True,
+                curves=(Curve(recipe, CSV_LOG),),
+            )
+        )
     stage = "logs/{stage}/seed_{seed}/metrics.csv"
     grpo, scratch, ei = (stage.replace("{stage}", name) for name in ("grpo", "grpo_scratch", "ei"))
-    figures.append(Figure(
-        "sft_then_grpo", "docs/benchmarks.md: SFT, then RL or expert iteration",
-        (Command(("{python}", "{repo}/scripts/sft_then_grpo.py", "--seed", "{seed}", "--workdir", "{run_dir}")),),
-        (
-            Metric("sft", csv_final(stage.replace("{stage}", "sft"), "val/accuracy"), Band(0.25, 0.38), "last val/accuracy of the SFT stage", percent=True),
-            Metric("grpo_from_sft", csv_final(grpo, "val/accuracy"), Band(0.60, 0.75), "last val/accuracy of GRPO from the SFT checkpoint", percent=True),
-            Metric("grpo_from_scratch", csv_final(scratch, "val/accuracy"), Band(0.10, 0.22), "last val/accuracy of GRPO from a random policy", percent=True),
-            Metric("sft_gain_for_grpo", difference(csv_final(grpo, "val/accuracy"), csv_final(scratch, "val/accuracy")), Band(0.40),
-                   "GRPO from SFT minus GRPO from scratch, same seed", percent=True),
-            Metric("ei_round_1", csv_nth(ei, "val/accuracy", 0), Band(0.30, 0.50), "val/accuracy after expert-iteration round 1", percent=True),
-            Metric("ei_round_3", csv_final(ei, "val/accuracy"), Band(0.50, 0.68), "val/accuracy after expert-iteration round 3", percent=True),
-            Metric("ei_gain", difference(csv_final(ei, "val/accuracy"), csv_nth(ei, "val/accuracy", 0)), Band(0.10),
-                   "expert iteration's round 3 minus round 1, same seed", percent=True),
-        ),
-        quick=True,
-        curves=(Curve("GRPO from SFT", grpo), Curve("GRPO from scratch", scratch)),
-    ))
+    figures.append(
+        Figure(
+            "sft_then_grpo",
+            "docs/benchmarks.md: SFT, then RL or expert iteration",
+            (Command(("{python}", "{repo}/scripts/sft_then_grpo.py", "--seed", "{seed}", "--workdir", "{run_dir}")),),
+            (
+                Metric(
+                    "sft",
+                    csv_final(stage.replace("{stage}", "sft"), "val/accuracy"),
+                    Band(0.25, 0.38),
+                    "last val/accuracy of the SFT stage",
+                    percent=True,
+                ),
+                Metric(
+                    "grpo_from_sft",
+                    csv_final(grpo, "val/accuracy"),
+                    Band(0.60, 0.75),
+                    "last val/accuracy of GRPO from the SFT checkpoint",
+                    percent=True,
+                ),
+                Metric(
+                    "grpo_from_scratch",
+                    csv_final(scratch, "val/accuracy"),
+                    Band(0.10, 0.22),
+                    "last val/accuracy of GRPO from a random policy",
+                    percent=True,
+                ),
+                Metric(
+                    "sft_gain_for_grpo",
+                    difference(csv_final(grpo, "val/accuracy"), csv_final(scratch, "val/accuracy")),
+                    Band(0.40),
+                    "GRPO from SFT minus GRPO from scratch, same seed",
+                    percent=True,
+                ),
+                Metric(
+                    "ei_round_1",
+                    csv_nth(ei, "val/accuracy", 0),
+                    Band(0.30, 0.50),
+                    "val/accuracy after expert-iteration round 1",
+                    percent=True,
+                ),
+                Metric(
+                    "ei_round_3",
+                    csv_final(ei, "val/accuracy"),
+                    Band(0.50, 0.68),
+                    "val/accuracy after expert-iteration round 3",
+                    percent=True,
+                ),
+                Metric(
+                    "ei_gain",
+                    difference(csv_final(ei, "val/accuracy"), csv_nth(ei, "val/accuracy", 0)),
+                    Band(0.10),
+                    "expert iteration's round 3 minus round 1, same seed",
+                    percent=True,
+                ),
+            ),
+            quick=True,
+            curves=(Curve("GRPO from SFT", grpo), Curve("GRPO from scratch", scratch)),
+        )
+    )
     return figures
 
 
 def length_bias_figure() -> Figure:
     runs = {recipe: f"{recipe}/version_0/metrics.csv" for recipe in ("grpo", "dr_grpo")}
-    bands = {  # final train reward (of 3), mean length (tokens) of incorrect and of correct responses, truncated fraction
+    # final train reward (of 3), mean length (tokens) of incorrect and of correct responses, truncated fraction
+    bands = {
         "grpo": (Band(0.8, 1.2), Band(6.0, 8.5), Band(7.5, 8.8), Band(0.10, 0.20)),
         "dr_grpo": (Band(1.1, 1.6), Band(4.8, 6.5), Band(5.6, 7.3), Band(0.04, 0.10)),
     }
@@ -245,36 +186,101 @@ def length_bias_figure() -> Figure:
     for recipe, path in runs.items():
         reward, incorrect, correct, truncated = bands[recipe]
         metrics += [
-            Metric(f"{recipe}_final_train_reward", csv_final(path, "train/reward_mean", 10), reward, f"mean of train/reward_mean over the last 10 steps of {path}"),
-            Metric(f"{recipe}_length_incorrect", mean_of(recipe, "train/bias/length_incorrect"), incorrect, "mean over the run of train/bias/length_incorrect"),
-            Metric(f"{recipe}_length_correct", mean_of(recipe, "train/bias/length_correct"), correct,
-                   "mean over the run of train/bias/length_correct (steps with a correct response)"),
-            Metric(f"{recipe}_truncated", mean_of(recipe, "train/generation/truncated_fraction"), truncated,
-                   "mean over the run of train/generation/truncated_fraction", percent=True),
+            Metric(
+                f"{recipe}_final_train_reward",
+                csv_final(path, "train/reward_mean", 10),
+                reward,
+                f"mean of train/reward_mean over the last 10 steps of {path}",
+            ),
+            Metric(
+                f"{recipe}_length_incorrect",
+                mean_of(recipe, "train/bias/length_incorrect"),
+                incorrect,
+                "mean over the run of train/bias/length_incorrect",
+            ),
+            Metric(
+                f"{recipe}_length_correct",
+                mean_of(recipe, "train/bias/length_correct"),
+                correct,
+                "mean over the run of train/bias/length_correct (steps with a correct response)",
+            ),
+            Metric(
+                f"{recipe}_truncated",
+                mean_of(recipe, "train/generation/truncated_fraction"),
+                truncated,
+                "mean over the run of train/generation/truncated_fraction",
+                percent=True,
+            ),
         ]
     metrics += [
-        Metric("grpo_token_weight_long_over_short", mean_of("grpo", "train/bias/token_weight_long_over_short"), Band(0.4, 0.6),
-               "mean over the GRPO run of train/bias/token_weight_long_over_short"),
-        Metric("incorrect_longer_under_grpo", difference(mean_of("grpo", "train/bias/length_incorrect"), mean_of("dr_grpo", "train/bias/length_incorrect")),
-               Band(0.5), "GRPO's mean incorrect length minus Dr. GRPO's, same seed (tokens)"),
-        Metric("correct_longer_under_grpo", difference(mean_of("grpo", "train/bias/length_correct"), mean_of("dr_grpo", "train/bias/length_correct")),
-               Band(0.5), "GRPO's mean correct length minus Dr. GRPO's, same seed (tokens)"),
-        Metric("dr_grpo_reward_gain", difference(csv_final(runs["dr_grpo"], "train/reward_mean", 10), csv_final(runs["grpo"], "train/reward_mean", 10)),
-               Band(0.15), "Dr. GRPO's final train reward minus GRPO's, same seed"),
+        Metric(
+            "grpo_token_weight_long_over_short",
+            mean_of("grpo", "train/bias/token_weight_long_over_short"),
+            Band(0.4, 0.6),
+            "mean over the GRPO run of train/bias/token_weight_long_over_short",
+        ),
+        Metric(
+            "incorrect_longer_under_grpo",
+            difference(
+                mean_of("grpo", "train/bias/length_incorrect"), mean_of("dr_grpo", "train/bias/length_incorrect")
+            ),
+            Band(0.5),
+            "GRPO's mean incorrect length minus Dr. GRPO's, same seed (tokens)",
+        ),
+        Metric(
+            "correct_longer_under_grpo",
+            difference(mean_of("grpo", "train/bias/length_correct"), mean_of("dr_grpo", "train/bias/length_correct")),
+            Band(0.5),
+            "GRPO's mean correct length minus Dr. GRPO's, same seed (tokens)",
+        ),
+        Metric(
+            "dr_grpo_reward_gain",
+            difference(
+                csv_final(runs["dr_grpo"], "train/reward_mean", 10), csv_final(runs["grpo"], "train/reward_mean", 10)
+            ),
+            Band(0.15),
+            "Dr. GRPO's final train reward minus GRPO's, same seed",
+        ),
     ]
-    return Figure("length_bias", "docs/benchmarks.md: GRPO vs Dr. GRPO: response lengths (docs/length_bias.md)", (fit("grpo"), fit("dr_grpo")), tuple(metrics),
-                  curves=tuple(Curve(recipe, path, "train/bias/length_incorrect") for recipe, path in runs.items()))
+    return Figure(
+        "length_bias",
+        "docs/benchmarks.md: GRPO vs Dr. GRPO: response lengths (docs/length_bias.md)",
+        (fit("grpo"), fit("dr_grpo")),
+        tuple(metrics),
+        curves=tuple(Curve(recipe, path, "train/bias/length_incorrect") for recipe, path in runs.items()),
+    )
 
 
 def curriculum_figure(name: str, bench_args: tuple[str, ...], no_filter: Band, filter_: Band, gain: Band) -> Figure:
     """scripts/bench_curriculum.py: configs/sort_curriculum.yaml with and without the difficulty filter, same seed."""
-    command = Command(("{python}", "{repo}/scripts/bench_curriculum.py", "--seeds", "{seed}", "--out", "{run_dir}/results.json", *bench_args))
+    command = Command(
+        (
+            "{python}",
+            "{repo}/scripts/bench_curriculum.py",
+            "--seeds",
+            "{seed}",
+            "--out",
+            "{run_dir}/results.json",
+            *bench_args,
+        )
+    )
     plain, filtered = (json_value("results.json", label, "0", "val_accuracy") for label in ("no filter", "filter"))
-    return Figure(name, "docs/benchmarks.md: Curriculum (difficulty filter)", (command,), (
-        Metric("no_filter", plain, no_filter, "val exact-sort without the filter (results.json)", percent=True),
-        Metric("filter", filtered, filter_, "val exact-sort with the filter (results.json)", percent=True),
-        Metric("filter_gain", difference(filtered, plain), gain, "with the filter minus without, same seed", percent=True),
-    ))
+    return Figure(
+        name,
+        "docs/benchmarks.md: Curriculum (difficulty filter)",
+        (command,),
+        (
+            Metric("no_filter", plain, no_filter, "val exact-sort without the filter (results.json)", percent=True),
+            Metric("filter", filtered, filter_, "val exact-sort with the filter (results.json)", percent=True),
+            Metric(
+                "filter_gain",
+                difference(filtered, plain),
+                gain,
+                "with the filter minus without, same seed",
+                percent=True,
+            ),
+        ),
+    )
 
 
 def language_model_figures() -> list[Figure]:
@@ -282,35 +288,95 @@ def language_model_figures() -> list[Figure]:
     calculator = "{repo}/configs/smollm2_calculator.yaml"
     interpreter = (("PYTHON", "{python}"),)  # the script runs $PYTHON (default: python on the PATH)
     return [
-        Figure("smollm2_arithmetic", "docs/benchmarks.md: SmolLM2 learns 2-digit addition", (Command(train, cwd="repo", env=interpreter),), (
-            Metric("final_val_accuracy", csv_final(CSV_LOG, "val/accuracy"), Band(ARITHMETIC_MIN_VAL_ACCURACY),
-                   f"last val/accuracy (greedy, held-out) of {CSV_LOG}", percent=True),
-        ), curves=(Curve("smollm2_arithmetic", CSV_LOG),)),
-        Figure("smollm2_calculator", "docs/benchmarks.md: SmolLM2 learns to use the calculator", (
-            Command(train, cwd="repo", env=(*interpreter, ("CONFIG", calculator))),
-            Command(("{python}", "{repo}/scripts/eval_arithmetic.py", "eval", "--config", calculator, "--num", "100", "--modes", "greedy",
-                     "--ckpt", "{run_dir}/csv/version_0/checkpoints/final.ckpt", "--out", "{run_dir}/eval_after.json"), cwd="repo"),
-        ), (
-            Metric("greedy_accuracy", json_value("eval_after.json", "greedy", "accuracy"), Band(CALCULATOR_MIN_GREEDY_ACCURACY),
-                   "greedy accuracy on 100 held-out problems after training (scripts/eval_arithmetic.py eval)", percent=True),
-        ), curves=(Curve("train accuracy (T = 1)", CSV_LOG, "train/rewards/math_accuracy"),)),
-        Figure("async_curves", "docs/benchmarks.md: Asynchronous rollouts", (
-            Command(("{python}", "{repo}/scripts/bench_async.py", "curves", "--seeds", "{seed}", "--out", "{run_dir}"), cwd="repo"),
-        ), tuple(
-            Metric(f"{leg}_heldout_last_number", json_value(f"{leg}_seed{{seed}}.json", "heldout_greedy/last_number_accuracy"),
-                   Band(ASYNC_MIN_HELDOUT_ACCURACY), "held-out greedy last-number accuracy after the budget", percent=True)
-            for leg in ("staleness0", "staleness1")
-        )),
+        Figure(
+            "smollm2_arithmetic",
+            "docs/benchmarks.md: SmolLM2 learns 2-digit addition",
+            (Command(train, cwd="repo", env=interpreter),),
+            (
+                Metric(
+                    "final_val_accuracy",
+                    csv_final(CSV_LOG, "val/accuracy"),
+                    Band(ARITHMETIC_MIN_VAL_ACCURACY),
+                    f"last val/accuracy (greedy, held-out) of {CSV_LOG}",
+                    percent=True,
+                ),
+            ),
+            curves=(Curve("smollm2_arithmetic", CSV_LOG),),
+        ),
+        Figure(
+            "smollm2_calculator",
+            "docs/benchmarks.md: SmolLM2 learns to use the calculator",
+            (
+                Command(train, cwd="repo", env=(*interpreter, ("CONFIG", calculator))),
+                Command(
+                    (
+                        "{python}",
+                        "{repo}/scripts/eval_arithmetic.py",
+                        "eval",
+                        "--config",
+                        calculator,
+                        "--num",
+                        "100",
+                        "--modes",
+                        "greedy",
+                        "--ckpt",
+                        "{run_dir}/csv/version_0/checkpoints/final.ckpt",
+                        "--out",
+                        "{run_dir}/eval_after.json",
+                    ),
+                    cwd="repo",
+                ),
+            ),
+            (
+                Metric(
+                    "greedy_accuracy",
+                    json_value("eval_after.json", "greedy", "accuracy"),
+                    Band(CALCULATOR_MIN_GREEDY_ACCURACY),
+                    "greedy accuracy on 100 held-out problems after training (scripts/eval_arithmetic.py eval)",
+                    percent=True,
+                ),
+            ),
+            curves=(Curve("train accuracy (T = 1)", CSV_LOG, "train/rewards/math_accuracy"),),
+        ),
+        Figure(
+            "async_curves",
+            "docs/benchmarks.md: Asynchronous rollouts",
+            (
+                Command(
+                    ("{python}", "{repo}/scripts/bench_async.py", "curves", "--seeds", "{seed}", "--out", "{run_dir}"),
+                    cwd="repo",
+                ),
+            ),
+            tuple(
+                Metric(
+                    f"{leg}_heldout_last_number",
+                    json_value(f"{leg}_seed{{seed}}.json", "heldout_greedy/last_number_accuracy"),
+                    Band(ASYNC_MIN_HELDOUT_ACCURACY),
+                    "held-out greedy last-number accuracy after the budget",
+                    percent=True,
+                )
+                for leg in ("staleness0", "staleness1")
+            ),
+        ),
     ]
 
 
 FIGURES: tuple[Figure, ...] = (
     *sort_figures(),
     length_bias_figure(),
-    Figure("sort_ddp", "docs/benchmarks.md: Multi-process training", (rlvr_fit("configs/sort_ddp.yaml"),),
-           toy_metrics(reward=Band(6.7, 7.0), accuracy=Band(0.50, 0.80)), curves=(Curve("sort_ddp", CSV_LOG),)),
+    Figure(
+        "sort_ddp",
+        "docs/benchmarks.md: Multi-process training",
+        (rlvr_fit("configs/sort_ddp.yaml"),),
+        toy_metrics(reward=Band(6.7, 7.0), accuracy=Band(0.50, 0.80)),
+        curves=(Curve("sort_ddp", CSV_LOG),),
+    ),
     curriculum_figure("curriculum", (), Band(0.18, 0.38), Band(0.18, 0.50), Band(-0.05)),
-    curriculum_figure("curriculum_min_kept", ("--filter-arg", "min_kept=32"), Band(0.18, 0.38), Band(0.10, 0.50), Band(-0.15, 0.15)),
-    curriculum_figure("curriculum_fail_all", ("--mode", "fail_all"), Band(0.18, 0.38), Band(0.15, 0.28), Band(hi=-0.02)),
+    curriculum_figure(
+        "curriculum_min_kept", ("--filter-arg", "min_kept=32"), Band(0.18, 0.38), Band(0.10, 0.50), Band(-0.15, 0.15)
+    ),
+    curriculum_figure(
+        "curriculum_fail_all", ("--mode", "fail_all"), Band(0.18, 0.38), Band(0.15, 0.28), Band(hi=-0.02)
+    ),
     *language_model_figures(),
 )
