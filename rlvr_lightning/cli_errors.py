@@ -139,6 +139,22 @@ def init_options(class_path: str) -> list[str]:
         return []
 
 
+def group_fields(class_path: str, group: str) -> list[str]:
+    """The fields of the option group (a dataclass) `group` of class `class_path`'s constructor."""
+    import dataclasses
+    import typing
+
+    try:
+        for cls in _import(class_path).__mro__:
+            hints = typing.get_type_hints(cls.__init__) if "__init__" in vars(cls) else {}
+            for kind in (hints.get(group), *typing.get_args(hints.get(group))):
+                if dataclasses.is_dataclass(kind):
+                    return sorted(field.name for field in dataclasses.fields(kind))
+    except Exception:  # noqa: BLE001 - only a suggestion is lost
+        pass
+    return []
+
+
 def _module_members(module_path: str) -> list[str]:
     try:
         module = importlib.import_module(module_path)
@@ -174,6 +190,14 @@ def explain_parse_error(message: str, argv: list[str], parser: Any = None) -> Co
         owner = class_path.rpartition(".")[2] if class_path else "this section"
         return ConfigProblem(
             f"{owner} has no option {name!r}", option, locate(option, argv), choices, closest(name, choices),
+            _help_tip(keys[0] if len(keys) == 1 and len(classes) == 1 else None, class_path),
+        )
+    if (m := re.search(r"Group '([\w.]+)' does not accept option '(\w+)'", text)) and class_path:
+        group, name = m.groups()
+        option = f"{option}.init_args.{group}.{name}" if option else f"{group}.{name}"
+        choices = group_fields(class_path, group)
+        return ConfigProblem(
+            f"{group} has no option {name!r}", option, locate(option, argv), choices, closest(name, choices),
             _help_tip(keys[0] if len(keys) == 1 and len(classes) == 1 else None, class_path),
         )
     if m := re.search(r"module '([\w.]+)' has no attribute '(\w+)'", text):
@@ -345,15 +369,32 @@ def explain_build_error(error: BaseException, argv: list[str], config: Any, duri
             break
     option = None
     if section is not None:
-        head = re.match(r"^(?:[\w]+\.)*([a-z_][a-z0-9_]*)\b", text)
+        # the message starts with the option it is about: `name=...` or `group.name=...` (an option group)
+        head = re.match(r"^([a-z_]\w*)(?:\.([a-z_]\w*))?\b", text)
         if head and class_path and head.group(1) in init_options(class_path):
-            option = f"{section}.init_args.{head.group(1)}" if section else head.group(1)
+            name = head.group(0) if head.group(2) in group_fields(class_path, head.group(1)) else head.group(1)
+            option = f"{section}.init_args.{name}" if section else name
+    if option is None and (head := re.match(r"^([a-z_]\w*)\.([a-z_]\w*)\b", text)):
+        option, class_path = _group_option(config, *head.groups())  # an option group rejected its own values
     where = locate(option, argv) if option else None
     if option is None and section is not None and obj is not None:
         option = section or None
     choices, suggestion = _choices_in(text)
     tip = _help_tip(section, class_path)
     return ConfigProblem(text.splitlines()[0] if len(text) < 2000 else text[:2000], option, where, choices, suggestion, tip)
+
+
+def _group_option(config: Any, group: str, name: str) -> tuple[str | None, str | None]:
+    """(`section.init_args.group.name`, class_path) of the configured class that has the option group `group`
+    with the field `name`."""
+    if config is None:
+        return None, None
+    tree = config.as_dict() if hasattr(config, "as_dict") else config
+    for section, node in tree.items() if isinstance(tree, dict) else ():
+        class_path = node.get("class_path") if isinstance(node, dict) else None
+        if isinstance(class_path, str) and name in group_fields(class_path, group):
+            return f"{section}.init_args.{group}.{name}", class_path
+    return None, None
 
 
 def _in_setup_hook(error: BaseException) -> bool:

@@ -36,6 +36,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from rlvr_lightning.core.policy_losses import PPOClip  # noqa: E402
+from rlvr_lightning.modules.options import AggregationConfig, UpdateConfig, ValueConfig  # noqa: E402
 from rlvr_lightning.timing import clock  # noqa: E402  (waits for the device's queued work before reading the time)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -92,14 +94,15 @@ def run_leg(leg: str, steps: int, seed: int, threads: int) -> dict:
     options = dict(
         optimizer=functools.partial(torch.optim.AdamW, lr=LR, weight_decay=0.0, fused=True),
         group_size=GENERATIONS, sampling=SamplingConfig(temperature=1.0, max_new_tokens=NEW_TOKENS),
-        loss="ppo_clip", clip_low=0.2, clip_high=0.2, aggregation="token-mean", ppo_epochs=1, max_grad_norm=1.0,
+        loss=PPOClip(clip_low=0.2, clip_high=0.2), aggregation=AggregationConfig(mode="token-mean"),
+        update=UpdateConfig(epochs=1, max_grad_norm=1.0),
     )
     callbacks = [DigitReward(), Timing()]
     if leg == "grpo":
         module = RLVRModule(policy, **options)
         callbacks.append(GroupNormalizedAdvantage())
     else:
-        module = PPOModule(policy, value_model=leg.removeprefix("ppo_"), critic_lr=LR, **options)
+        module = PPOModule(policy, value=ValueConfig(model=leg.removeprefix("ppo_"), lr=LR), **options)
     module.section_times = {}
     _time(module, policy, "sample", "generation")
     _time(module, module, "_advantages", "advantages")

@@ -58,6 +58,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
 
+from rlvr_lightning.core.policy_losses import PPOClip  # noqa: E402
+from rlvr_lightning.modules.options import AggregationConfig, KLConfig, UpdateConfig  # noqa: E402
 from rlvr_lightning.timing import clock  # noqa: E402  (waits for the device's queued work before reading the time)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -119,17 +121,13 @@ def run_ours(model_dir: Path, case: dict, steps: int, seed: int, engine: bool = 
     )
     module = RLVRModule(
         policy,
-        optimizer=functools.partial(torch.optim.AdamW, lr=LR, weight_decay=0.0, fused=True),  # TRL: adamw_torch_fused
+        optimizer=functools.partial(torch.optim.AdamW, lr=LR, weight_decay=0.0, fused=True),
         group_size=case["generations"],
         sampling=SamplingConfig(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=new_tokens),
-        loss="ppo_clip",
-        clip_low=0.2,
-        clip_high=0.2,
-        aggregation="token-mean",
-        kl_coef=0.0,
-        ppo_epochs=1,
-        micro_batch_size=case.get("micro_batch"),
-        max_grad_norm=1.0,
+        loss=PPOClip(clip_low=0.2, clip_high=0.2),
+        aggregation=AggregationConfig(mode="token-mean"),
+        kl=KLConfig(coef=0.0),
+        update=UpdateConfig(epochs=1, micro_batch_size=case.get("micro_batch"), max_grad_norm=1.0),
     )
     timer.wrap(policy, "sample", "generation")
     timer.wrap(module, "score", "reward")

@@ -176,10 +176,11 @@ def case_config(case: str, strategy: str, out: str, tokenizer_dir: str) -> dict:
     adam = {"class_path": "torch.optim.Adam", "init_args": {"lr": 0.001}}
     if case in ("rl", "rl_lora"):  # 2 rollout steps x 2 epochs = 4 updates; KL to a (sharded) reference
         lora = {"lora_r": 4, "lora_alpha": 8.0} if case == "rl_lora" else {}
-        refresh = {} if lora else {"ref_update_every": 1, "ref_mixup_alpha": 0.5}
+        refresh = {} if lora else {"refresh_every": 1, "mixup_alpha": 0.5}
         model = {"class_path": "rlvr_lightning.modules.RLVRModule", "init_args": {
             "policy": policy(tokenizer_dir, **lora), "optimizer": sgd, "group_size": 4, "sampling": {"max_new_tokens": 6},
-            "kl_coef": 0.1, **refresh, "ppo_epochs": 2, "mini_batch_size": 8, "micro_batch_size": 4, "max_grad_norm": 1.0e3}}
+            "kl": {"coef": 0.1, **refresh},
+            "update": {"epochs": 2, "mini_batch_size": 8, "micro_batch_size": 4, "max_grad_norm": 1.0e3}}}
         check = {"class_path": "fsdp_support.ShardedSampling",
                  "init_args": {"out": out, "name": f"{case}-{strategy}", "tokenizer_dir": tokenizer_dir}}
         callbacks = record + ([check] if case == "rl" else [])
@@ -201,18 +202,18 @@ def case_config(case: str, strategy: str, out: str, tokenizer_dir: str) -> dict:
     if case == "ei":  # 2 rounds; the ranks keep different numbers of responses
         model = {"class_path": "rlvr_lightning.modules.ExpertIterationModule", "init_args": {
             "policy": policy(tokenizer_dir), "optimizer": sgd, "group_size": 4, "sampling": {"max_new_tokens": 6},
-            "reward_threshold": 0.5, "epochs_per_round": 2, "mini_batch_size": 2, "micro_batch_size": 1}}
+            "reward_threshold": 0.5, "update": {"epochs": 2, "mini_batch_size": 2, "micro_batch_size": 1}}}
         return {"seed_everything": 0, "trainer": trainer(strategy, 2, record), "model": model, "data": inline_data()}
     if case in ("ppo", "ppo_whole"):  # a separate critic (its untied LM head gets no gradient), warmed up for a step
         model = {"class_path": "rlvr_lightning.modules.PPOModule", "init_args": {
-            "policy": policy(tokenizer_dir), "optimizer": sgd, "critic_lr": 0.1, "critic_warmup_steps": 1,
-            "group_size": 4, "sampling": {"max_new_tokens": 6}, "mini_batch_size": 4,
-            "micro_batch_size": None if case == "ppo_whole" else 2, "max_grad_norm": 1.0e3}}
+            "policy": policy(tokenizer_dir), "optimizer": sgd, "value": {"lr": 0.1, "warmup_steps": 1},
+            "group_size": 4, "sampling": {"max_new_tokens": 6}, "update": {"mini_batch_size": 4,
+            "micro_batch_size": None if case == "ppo_whole" else 2, "max_grad_norm": 1.0e3}}}
         return {"seed_everything": 0, "trainer": trainer(strategy, 2, record), "model": model, "data": inline_data()}
     if case == "validate_first":  # validated, then one step (validated before it and after it)
         model = {"class_path": "rlvr_lightning.modules.RLVRModule", "init_args": {
             "policy": policy(tokenizer_dir), "optimizer": sgd, "group_size": 4, "sampling": {"max_new_tokens": 6},
-            "kl_coef": 0.1}}
+            "kl": {"coef": 0.1}}}
         return {"seed_everything": 0, "trainer": trainer(strategy, 1, record, limit_val_batches=1), "model": model,
                 "data": inline_data()}
     if case == "lora_ckpt":  # one rollout step of rl_lora that ends with a checkpoint (a .ckpt file under fsdp2_full_ckpt)
@@ -241,8 +242,9 @@ def resume_config(name: str, out: str, tokenizer_dir: str, steps: int, wait_at: 
     model = {"class_path": "rlvr_lightning.modules.RLVRModule", "init_args": {
         "policy": policy(tokenizer_dir), "optimizer": {"class_path": "torch.optim.Adam", "init_args": {"lr": 0.01}},
         "lr_scheduler": {"class_path": "torch.optim.lr_scheduler.StepLR", "init_args": {"step_size": 3, "gamma": 0.5}},
-        "group_size": 4, "sampling": {"max_new_tokens": 6}, "kl_coef": 0.05, "ref_update_every": 3,
-        "ppo_epochs": 2, "mini_batch_size": 4, "dynamic_sampling": True, "val_greedy": False, "val_group_size": 2}}
+        "group_size": 4, "sampling": {"max_new_tokens": 6}, "kl": {"coef": 0.05, "refresh_every": 3},
+        "update": {"epochs": 2, "mini_batch_size": 4}, "dynamic_sampling": {"enabled": True},
+        "validation": {"greedy": False, "group_size": 2}}}
     run = trainer("fsdp2", steps, callbacks, limit_val_batches=1, val_check_interval=3, check_val_every_n_epoch=None,
                   num_sanity_val_steps=0, enable_checkpointing=True,
                   logger=[{"class_path": "lightning.pytorch.loggers.CSVLogger",

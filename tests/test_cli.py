@@ -126,7 +126,7 @@ def test_sort_ddp_is_sort_grpo_on_two_processes():
     devices = ddp["trainer"]["devices"]
     assert ddp["trainer"]["strategy"] == "ddp" and devices == 2
     grpo_model, ddp_model = grpo["model"]["init_args"], ddp["model"]["init_args"]
-    assert ddp_model.pop("mini_batch_size") * devices == grpo_model.pop("mini_batch_size")
+    assert ddp_model["update"].pop("mini_batch_size") * devices == grpo_model["update"].pop("mini_batch_size")
     assert ddp_model == grpo_model  # dynamic sampling included
     assert ddp["data"]["init_args"].pop("batch_size") * devices == grpo["data"]["init_args"].pop("batch_size")
     assert ddp["data"] == grpo["data"]

@@ -28,13 +28,13 @@ def write(path: Path, text: str) -> str:
 
 
 def test_unknown_option_in_a_config_file_names_file_line_and_the_closest_option(in_tmp_dir, capsys):
-    bad = write(in_tmp_dir / "bad.yaml", "model:\n  init_args:\n    clip_hgh: 0.3\n")
+    bad = write(in_tmp_dir / "bad.yaml", "model:\n  init_args:\n    entropy_coeff: 0.3\n")
     code, lines = run(capsys, "fit", "--config", SORT, "--config", bad)
     assert code == 2
-    assert lines[0] == "error: RLVRModule has no option 'clip_hgh'"
-    assert lines[1] == f"  at model.init_args.clip_hgh ({bad}:3)"
-    assert lines[2] == "  did you mean 'clip_high'?"
-    assert lines[3].startswith("  valid: aggregation, clip_high, clip_low,")
+    assert lines[0] == "error: RLVRModule has no option 'entropy_coeff'"
+    assert lines[1] == f"  at model.init_args.entropy_coeff ({bad}:3)"
+    assert lines[2] == "  did you mean 'entropy_coef'?"
+    assert lines[3].startswith("  valid: aggregation, dynamic_sampling, entropy_coef,")
     assert "rlvr fit --model.help rlvr_lightning.modules.RLVRModule" in lines[4]
     assert len(lines) <= 6
 
@@ -69,16 +69,47 @@ def test_a_value_the_module_rejects_at_construction(in_tmp_dir, capsys):
     bad = write(in_tmp_dir / "bad.yaml", "model:\n  init_args:\n    loss: ppo_clipp\n")
     code, lines = run(capsys, "fit", "--config", SORT, "--config", bad, *QUIET)
     assert code == 2
-    assert lines[0] == "error: loss='ppo_clipp' is not valid; choose one of ['cispo', 'gspo', 'pg', 'ppo_clip', 'ratio']"
+    assert lines[0].startswith("error: loss='ppo_clipp' is not valid; choose one of ['pg', 'ratio', 'ppo_clip', 'gspo', 'cispo']")
     assert lines[1] == f"  at model.init_args.loss ({bad}:3)"
     assert lines[2] == "  did you mean 'ppo_clip'?"
 
 
-def test_a_value_rejected_in_setup_names_the_option(in_tmp_dir, capsys):
-    code, lines = run(capsys, "fit", "--config", SORT, "--model.init_args.mini_batch_size=300", *QUIET)
+def test_a_misspelled_option_of_an_option_group(in_tmp_dir, capsys):
+    bad = write(in_tmp_dir / "bad.yaml", "model:\n  init_args:\n    group_size: 8\n    kl: {cof: 0.1}\n")
+    code, lines = run(capsys, "fit", "--config", SORT, "--config", bad, *QUIET)
     assert code == 2
-    assert lines[0].startswith("error: mini_batch_size=300 must divide the rollout size")
-    assert lines[1] == "  at model.init_args.mini_batch_size (command line: --model.init_args.mini_batch_size=300)"
+    assert lines[0] == "error: kl has no option 'cof'"
+    assert lines[1] == f"  at model.init_args.kl.cof ({bad}:4)"
+    assert lines[2] == "  did you mean 'coef'?"
+    assert lines[3] == "  valid: clamp, coef, estimator, mixup_alpha, mode, refresh_every"
+
+
+def test_a_value_an_option_group_rejects_names_the_nested_option(in_tmp_dir, capsys):
+    bad = write(in_tmp_dir / "bad.yaml", "model:\n  init_args:\n    kl:\n      mode: reward\n      coef: 0.0\n")
+    code, lines = run(capsys, "fit", "--config", SORT, "--config", bad, *QUIET)
+    assert code == 2
+    assert lines[0] == "error: kl.mode='reward' shapes the reward by kl.coef * KL, but kl.coef=0"
+    assert lines[1] == f"  at model.init_args.kl.mode ({bad}:4)"
+
+
+def test_a_misspelled_option_of_a_loss_class(in_tmp_dir, capsys):
+    bad = write(in_tmp_dir / "bad.yaml", (
+        "model:\n  init_args:\n    loss:\n      class_path: rlvr_lightning.core.policy_losses.PPOClip\n"
+        "      init_args: {clip_hi: 0.3}\n"
+    ))
+    code, lines = run(capsys, "fit", "--config", SORT, "--config", bad, *QUIET)
+    assert code == 2
+    assert lines[0] == "error: PPOClip has no option 'clip_hi'"
+    assert lines[1] == f"  at model.init_args.loss.init_args.clip_hi ({bad}:5)"
+    assert lines[2] == "  did you mean 'clip_high'?"
+    assert lines[3] == "  valid: clip_high, clip_low, dual_clip"
+
+
+def test_a_value_rejected_in_setup_names_the_option(in_tmp_dir, capsys):
+    code, lines = run(capsys, "fit", "--config", SORT, "--model.init_args.update.mini_batch_size=300", *QUIET)
+    assert code == 2
+    assert lines[0].startswith("error: update.mini_batch_size=300 must divide the rollout size")
+    assert lines[1] == "  at model.init_args.update.mini_batch_size (command line: --model.init_args.update.mini_batch_size=300)"
 
 
 def test_a_type_error_and_a_missing_config_file(in_tmp_dir, capsys):
@@ -99,10 +130,10 @@ def test_commands(capsys):
 def test_debug_shows_the_parser_message_and_the_traceback(capsys, monkeypatch):
     monkeypatch.setenv("RLVR_DEBUG", "0")  # --debug sets it to 1 for the other ranks; restored after the test
     with pytest.raises(SystemExit) as exit_info:  # jsonargparse's own handling: usage, message, status 2
-        entry_point(["fit", "--config", SORT, "--model.init_args.clip_hgh=0.3", "--debug"])
+        entry_point(["fit", "--config", SORT, "--model.init_args.entropy_coeff=0.3", "--debug"])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
-    assert err.startswith("usage:") and "Option 'clip_hgh' is not accepted" in err
+    assert err.startswith("usage:") and "Option 'entropy_coeff' is not accepted" in err
     with pytest.raises(ValueError, match="ppo_clipp"):
         entry_point(["fit", "--config", SORT, "--model.init_args.loss=ppo_clipp", "--debug", *QUIET])
     assert os.environ["RLVR_DEBUG"] == "1"
@@ -115,17 +146,19 @@ def test_help_says_how_to_list_the_module_and_data_options(capsys):
     assert "--model.help RLVRModule" in head and "--data.help RLVRDataModule" in head
     with pytest.raises(SystemExit):
         entry_point(["fit", "--model.help", "RLVRModule"])  # short names resolve: the modules are registered
-    assert "--model.clip_high" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    for option in ("--model.loss", "--model.kl.coef", "--model.kl.estimator", "--model.update.epochs", "--model.validation.greedy"):
+        assert option in out
 
 
 def test_the_console_script_exits_2_with_the_short_message(in_tmp_dir):
     script = "import sys; from rlvr_lightning.cli import entry_point; sys.argv[0] = 'rlvr'; sys.exit(entry_point())"
     done = subprocess.run(
-        [sys.executable, "-c", script, "fit", "--config", SORT, "--model.init_args.clip_hgh=0.3"],
+        [sys.executable, "-c", script, "fit", "--config", SORT, "--model.init_args.entropy_coeff=0.3"],
         capture_output=True, text=True, timeout=300,
     )
     assert done.returncode == 2
-    assert done.stderr.splitlines()[0] == "error: RLVRModule has no option 'clip_hgh'", done.stderr
+    assert done.stderr.splitlines()[0] == "error: RLVRModule has no option 'entropy_coeff'", done.stderr
     assert len(done.stderr.splitlines()) <= 6
 
 
@@ -135,3 +168,11 @@ def test_top_level_help_describes_the_commands(capsys):
     out = capsys.readouterr().out
     assert "fit                 Train the module of the config." in out
     assert "Write completions for the held-out prompts to JSONL" in out and "forward function" not in out
+
+
+def test_data_help_lists_every_task(capsys):
+    with pytest.raises(SystemExit):
+        entry_point(["fit", "--data.help", "RLVRDataModule"])
+    out = " ".join(capsys.readouterr().out.split())
+    for task in ("SortTask", "ArithmeticTask", "JSONLTask", "HFDatasetTask", "InlineTask"):
+        assert f"rlvr_lightning.data.{task}" in out

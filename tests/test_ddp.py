@@ -90,8 +90,7 @@ model:
       class_path: torch.optim.Adam
       init_args: {{lr: 0.05}}
     group_size: {n}
-    ppo_epochs: 2
-    mini_batch_size: 16
+    update: {{epochs: 2, mini_batch_size: 16}}
 data:
   class_path: rlvr_lightning.data.RLVRDataModule
   init_args:

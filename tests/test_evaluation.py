@@ -9,6 +9,7 @@ import torch
 
 from rlvr_lightning.evaluation import MajorityVoteAccuracy, PassAtK, ValidationMetrics, majority_vote
 from rlvr_lightning.modules import RLVRModule
+from rlvr_lightning.modules.options import ValidationConfig
 from rlvr_lightning.rewards.format import BoxedFormatReward
 from rlvr_lightning.rewards.math import MathAccuracyReward
 from tests.rewards.test_math_reward import ScriptedTextPolicy, make_rollout, run_trainer
@@ -108,11 +109,11 @@ class EvaluatingModule(RLVRModule):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.val_metrics = ValidationMetrics(group_size=self.val_group_size)
+        self.val_metrics = ValidationMetrics(group_size=self.validation.group_size)
 
     def validation_step(self, batch, batch_idx):
-        sampling = dataclasses.replace(self.sampling, do_sample=not self.val_greedy)
-        rollout = self.policy.sample(batch, self.val_group_size, sampling)
+        sampling = dataclasses.replace(self.sampling, do_sample=not self.validation.greedy)
+        rollout = self.policy.sample(batch, self.validation.group_size, sampling)
         self.score(rollout)
         self.log("val/reward_mean", rollout.reward.mean(), on_epoch=True, batch_size=rollout.num_rows)
         correct = self.correctness(rollout)
@@ -129,7 +130,7 @@ def test_validation_wiring_logs_every_metric(in_tmp_dir):
     responses = [r"\boxed{4}", r"\boxed{5}", "4", r"\boxed{4}"]  # per prompt: 2 of 4 correct, 3 boxed
     val = [{"prompt": f"p{i}", "answer": "4", "responses": responses} for i in range(2)]
     train = [{"prompt": "t", "answer": "4", "responses": responses}] * 2
-    module = EvaluatingModule(ScriptedTextPolicy(), group_size=4, val_group_size=4, val_greedy=False)
+    module = EvaluatingModule(ScriptedTextPolicy(), group_size=4, validation=ValidationConfig(group_size=4, greedy=False))
     rewards = [MathAccuracyReward(methods=["boxed"]), BoxedFormatReward(weight=0.5)]
     trainer, _ = run_trainer(module, rewards, train, val=val, batch_size=2, steps=1, val_check_interval=1)
     metrics = {k: round(float(v), 6) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}

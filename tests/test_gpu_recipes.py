@@ -73,8 +73,8 @@ def tiny_override(tmp_path_factory) -> Path:
         "model": {"init_args": {
             "policy": {"init_args": {"model_name_or_path": None, "config": tiny_llama_config(max_position_embeddings=1024),
                                      "tokenizer_name_or_path": str(save_tiny_tokenizer(tmp / "tokenizer"))}},
-            "group_size": 4, "sampling": {"max_new_tokens": 8}, "mini_batch_size": 4, "micro_batch_size": 2,
-            "val_group_size": 2}},
+            "group_size": 4, "sampling": {"max_new_tokens": 8}, "update": {"mini_batch_size": 4, "micro_batch_size": 2},
+            "validation": {"group_size": 2, "greedy": False}}},
         "data": {"init_args": {"batch_size": 2, "val_batch_size": 2, "task": {
             "class_path": "rlvr_lightning.data.jsonl_task.JSONLTask",
             "init_args": {"path": str(data), "val_path": str(data), "num_val": 2}}}},

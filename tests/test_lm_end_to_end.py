@@ -171,10 +171,8 @@ def test_grpo_from_a_config_with_reference_minibatches_and_sampling_log_probs(to
         "keep_sampling_log_probs": True,
     }
     module = {
-        "ppo_epochs": 2,
-        "mini_batch_size": 4,
-        "micro_batch_size": 2,
-        "kl_coef": 0.05,
+        "update": {"epochs": 2, "mini_batch_size": 4, "micro_batch_size": 2},
+        "kl": {"coef": 0.05},
         "sampling": {"temperature": 0.9, "top_k": 50, "max_new_tokens": 5, "stop_strings": ["."]},
     }
     task = {"examples": [{"prompt": "What is 2+3?"}, {"prompt": "Say ab."}]}  # a template string takes text prompts

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).parent / "policies"))
 
 from learning_task import fit, fit_config, greedy_accuracy, mean, save_word_tokenizer  # noqa: E402
 
-from rlvr_lightning.modules import policy_update  # noqa: E402
+from rlvr_lightning.core.policy_losses import PPOClip  # noqa: E402
 from rlvr_lightning.policies import hf_scoring  # noqa: E402
 
 START, END = 1, 5  # steps averaged at the start (the untrained model's samples) and at the end of a run
@@ -44,7 +44,7 @@ def test_grpo_learns_to_repeat_the_named_digit(tokenizer_dir, tmp_path, seed):
 @pytest.mark.parametrize(
     "module_class, module, policy, lr",
     [
-        pytest.param("PPOModule", {"value_model": "separate"}, {}, 2e-3, id="ppo"),
+        pytest.param("PPOModule", {"value": {"model": "separate"}}, {}, 2e-3, id="ppo"),
         pytest.param("RLVRModule", {}, {"lora_r": 8}, 5e-3, id="lora"),
         pytest.param("RLVRModule", {"rollout_staleness": 1}, {}, 2e-3, id="async"),
     ],
@@ -60,12 +60,12 @@ def test_variants_learn(tokenizer_dir, tmp_path, module_class, module, policy, l
 
 
 def _advantages_negated(monkeypatch):
-    loss = policy_update.compute_policy_loss
+    loss = PPOClip.__call__
 
-    def negated(name, log_probs, old_log_probs, advantages, *args, **kwargs):
-        return loss(name, log_probs, old_log_probs, -advantages, *args, **kwargs)
+    def negated(self, log_probs, old_log_probs, advantages, mask):
+        return loss(self, log_probs, old_log_probs, -advantages, mask)
 
-    monkeypatch.setattr(policy_update, "compute_policy_loss", negated)
+    monkeypatch.setattr(PPOClip, "__call__", negated)
 
 
 def _tokens_shuffled_against_their_log_probs(monkeypatch):

@@ -16,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).parent / "policies"))
 from scripted_lm import save_tool_tokenizer, script_weights, transitions  # noqa: E402
 from tiny_lm import tiny_llama_config  # noqa: E402
 
+from rlvr_lightning.modules.options import AggregationConfig, UpdateConfig
 from rlvr_lightning.rollout import TokenSource  # noqa: E402
 
 EXAMPLES = [{"prompt": "What is 2+3?", "answer": "5"}, {"prompt": "Say ab. What is 2+3?", "answer": "5"}]
@@ -103,11 +104,10 @@ def final_parameters(tokenizer_dir, micro_batch_size):
     module = RLVRModule(
         policy,
         group_size=4,
-        mini_batch_size=8,
-        micro_batch_size=micro_batch_size,
-        aggregation="seq-mean-token-mean",
-        optimizer=lambda params: torch.optim.SGD(params, lr=1.0),  # the update is the gradient (Adam would rescale noise)
+        optimizer=lambda params: torch.optim.SGD(params, lr=1.0),
         sampling=SamplingConfig(temperature=0.7, max_new_tokens=24),
+        update=UpdateConfig(mini_batch_size=8, micro_batch_size=micro_batch_size),
+        aggregation=AggregationConfig(mode="seq-mean-token-mean"),
     )
     pl.seed_everything(0)
     trainer = pl.Trainer(

@@ -10,6 +10,7 @@ import yaml
 
 from rlvr_lightning import advantages
 from rlvr_lightning.cli import main
+from rlvr_lightning.core.policy_losses import POLICY_LOSSES
 
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "configs" / "recipes"
 
@@ -66,37 +67,43 @@ def test_recipe_runs_two_steps_on_the_sort_task(recipe, in_tmp_dir):
     metrics = cli.trainer.callback_metrics
     assert torch.isfinite(metrics["train/loss"]) and 0 <= float(metrics["val/accuracy"]) <= 1
     assert type(module.advantage_estimator) is expected["advantage"]
-    assert module.loss == expected["loss"]
+    assert type(module.loss) is POLICY_LOSSES[expected["loss"]]
     if "clip" in expected:
-        assert (module.loss_options["clip_low"], module.loss_options["clip_high"]) == pytest.approx(expected["clip"])
-    for option in ("aggregation", "loss_constant", "dynamic_sampling", "value_model"):
+        assert (module.loss.clip_low, module.loss.clip_high) == pytest.approx(expected["clip"])
+    read = {
+        "aggregation": lambda: module.aggregation.mode,
+        "loss_constant": lambda: module.loss_constant,
+        "dynamic_sampling": lambda: module.dynamic_sampling.enabled,
+        "value_model": lambda: module.value.model,
+    }
+    for option, value in read.items():
         if option in expected:
-            assert getattr(module, option) == expected[option]
+            assert value() == expected[option]
     if expected["kl"] is None:
         assert module.reference is None
     else:
-        assert (module.kl_coef, module.kl_estimator, module.kl_mode) == expected["kl"]
+        assert (module.kl.coef, module.kl.estimator, module.kl.mode) == expected["kl"]
 
 
 @pytest.mark.parametrize(
     "recipe, overrides, message",
     [
-        # sequence-level ratio with a token-level dual clip
-        ("gspo", ["--model.init_args.dual_clip=3.0"], "dual_clip applies to the token-level loss 'ppo_clip', not loss='gspo'"),
+        # a negative clip range
+        ("gspo", ["--model.init_args.loss.init_args.clip_low=-0.1"], "GSPO: clip_low must be >= 0"),
         # a sequence-level objective aggregated per token
-        ("gspo", ["--model.init_args.aggregation=token-mean"], "loss='gspo' is a sequence-level objective"),
+        ("gspo", ["--model.init_args.aggregation.mode=token-mean"], "GSPO is a sequence-level objective"),
         # dynamic sampling with one response per prompt: every group has zero variance
         ("dapo", ["--model.init_args.group_size=1"], "dynamic_sampling drops groups whose rewards all agree"),
         # switching GRPO's KL off but keeping its reference refresh
-        ("grpo", ["--model.init_args.kl_coef=0"], "ref_update_every refreshes the KL reference, but kl_coef=0"),
+        ("grpo", ["--model.init_args.kl.coef=0"], "kl.refresh_every refreshes the KL reference, but kl.coef=0"),
         # a mixup weight outside (0, 1]
-        ("max_reward", ["--model.init_args.ref_mixup_alpha=1.5"], "ref_mixup_alpha must be in \\(0, 1\\]"),
+        ("max_reward", ["--model.init_args.kl.mixup_alpha=1.5"], "kl.mixup_alpha must be in \\(0, 1\\]"),
         # a group baseline with a single response per prompt
         ("reinforce_baseline", ["--model.init_args.group_size=1"], "CenteredAdvantage needs group_size >= 2"),
         # RLOO's leave-one-out baseline with a single response per prompt
         ("rloo", ["--model.init_args.group_size=1"], "RLOOAdvantage needs group_size >= 2"),
         # mini-batches that do not tile the rollout
-        ("dapo", ["--model.init_args.mini_batch_size=300"], "mini_batch_size=300 must divide the rollout size"),
+        ("dapo", ["--model.init_args.update.mini_batch_size=300"], "update.mini_batch_size=300 must divide the rollout size"),
         # PPO's advantages come from its critic, not from a group baseline
         ("ppo", ["--trainer.callbacks+=rlvr_lightning.advantages.CenteredAdvantage"], "PPOModule estimates advantages with GAE"),
     ],
@@ -120,6 +127,6 @@ def test_length_bias_configs_run_and_log_length_by_correctness(name, monkeypatch
     cli = main(["fit", "--config", str(path), *QUICK[:1], "--trainer.limit_val_batches=0", *QUICK[3:]])
     module, metrics = cli.model, cli.trainer.callback_metrics
     assert type(module.advantage_estimator) is LENGTH_BIAS[name]["advantage"]
-    assert module.aggregation == LENGTH_BIAS[name]["aggregation"]
+    assert module.aggregation.mode == LENGTH_BIAS[name]["aggregation"]
     assert module.policy.tokenizer.convert_ids_to_tokens(list(range(12))) == [*map(str, range(10)), "<eos>", "<pad>"]
     assert {"train/bias/length_incorrect", "train/bias/token_weight_long_over_short"} <= set(metrics)

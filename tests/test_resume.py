@@ -54,10 +54,8 @@ FILTER = """
 """
 
 
-PPO = """    value_model: shared
-    critic_lr: 0.01
-    critic_warmup_steps: 2
-    lam: 0.95
+PPO = """    value: {model: shared, lr: 0.01, warmup_steps: 2}
+    gae: {lam: 0.95}
 """
 
 
@@ -95,13 +93,10 @@ model:
       class_path: torch.optim.lr_scheduler.StepLR
       init_args: {{step_size: 5, gamma: 0.8}}
     group_size: 4
-    ppo_epochs: 2
-    mini_batch_size: 16
-    kl_coef: 0.05
-    ref_update_every: 3
-    val_greedy: false
-    val_group_size: 2
-    dynamic_sampling: true   # tops batches up with RLVRDataModule.topup_batch: those draws resume too
+    update: {{epochs: 2, mini_batch_size: 16}}
+    kl: {{coef: 0.05, refresh_every: 3}}
+    validation: {{greedy: false, group_size: 2}}
+    dynamic_sampling: {{enabled: true}}   # tops batches up with RLVRDataModule.topup_batch: those draws resume too
 data:
   class_path: rlvr_lightning.data.RLVRDataModule
   init_args:

@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from fsdp_support import PROMPTS, EvenTokenReward, evaluation_as_on_gpus  # noqa: E402
 from tiny_lm import save_tiny_tokenizer, tiny_llama_config  # noqa: E402
 
+from rlvr_lightning.modules.options import KLConfig, ValidationConfig, ValueConfig
 from rlvr_lightning.parallel import (  # noqa: E402
     FSDP2Strategy,
     ShardingOptions,
@@ -101,7 +102,7 @@ def _toy_fit(tmp_path, **strategy_options) -> pl.Trainer:
     from rlvr_lightning.rewards import SortInclusionOrderingReward
 
     pl.seed_everything(0)
-    module = RLVRModule(ToySortPolicy(vocab_size=5, prompt_length=3, embedding_dim=8), group_size=4, kl_coef=0.1)
+    module = RLVRModule(ToySortPolicy(vocab_size=5, prompt_length=3, embedding_dim=8), group_size=4, kl=KLConfig(coef=0.1))
     data = RLVRDataModule(task=SortTask(vocab_size=5, length=3, num_val=0), batch_size=4)
     trainer = pl.Trainer(
         strategy=FSDP2Strategy(**strategy_options), accelerator="cpu", devices=1, max_epochs=1, limit_train_batches=2,
@@ -147,8 +148,8 @@ def test_lora_with_a_refreshed_reference_is_refused_before_sharding(hf_policy):
 
     policy = hf_policy(lora_r=2)
     module = SimpleNamespace(device_mesh=Mesh(), trainer=SimpleNamespace(strategy=None), policy=policy,
-                             reference=None, ref_update_every=5)
-    with pytest.raises(NotImplementedError, match="ref_update_every: null"):
+                             reference=None, kl=SimpleNamespace(refresh_every=5))
+    with pytest.raises(NotImplementedError, match="kl.refresh_every: null"):
         ShardedPolicyModule.configure_model(module)
     assert not any(type(p).__name__ == "DTensor" for p in policy.parameters())
 
@@ -174,7 +175,7 @@ def _toy_module_and_data():
     from rlvr_lightning.modules import RLVRModule
 
     pl.seed_everything(0)
-    module = RLVRModule(ToySortPolicy(vocab_size=5, prompt_length=3, embedding_dim=8), group_size=4, kl_coef=0.1)
+    module = RLVRModule(ToySortPolicy(vocab_size=5, prompt_length=3, embedding_dim=8), group_size=4, kl=KLConfig(coef=0.1))
     return module, RLVRDataModule(task=SortTask(vocab_size=5, length=3, num_val=4), batch_size=4, val_batch_size=2)
 
 
@@ -206,7 +207,7 @@ def test_predict_gathers_the_sharded_policy(hf_policy, one_process_group):
     from rlvr_lightning.modules import RLVRModule
     from rlvr_lightning.policies.base import SamplingConfig
 
-    module = RLVRModule(hf_policy(), group_size=2, sampling=SamplingConfig(max_new_tokens=4), val_greedy=False)
+    module = RLVRModule(hf_policy(), group_size=2, sampling=SamplingConfig(max_new_tokens=4), validation=ValidationConfig(greedy=False))
     task = InlineTask(examples=[{"prompt": p} for p in PROMPTS], val_examples=[{"prompt": p} for p in PROMPTS[:3]])
     trainer = _trainer(EvenTokenReward())
     rows = [row for batch in trainer.predict(module, datamodule=RLVRDataModule(task=task, val_batch_size=2)) for row in batch]
@@ -223,7 +224,7 @@ def test_ppo_shards_its_critic_and_reads_hidden_states_through_the_sharded_model
     from rlvr_lightning.policies.base import SamplingConfig
 
     pl.seed_everything(0)
-    module = PPOModule(hf_policy(), value_model=value_model, group_size=2, sampling=SamplingConfig(max_new_tokens=4))
+    module = PPOModule(hf_policy(), group_size=2, sampling=SamplingConfig(max_new_tokens=4), value=ValueConfig(model=value_model))
     task = InlineTask(examples=[{"prompt": p} for p in PROMPTS])
     trainer = _trainer(EvenTokenReward(), limit_train_batches=1, limit_val_batches=0)
     trainer.fit(module, datamodule=RLVRDataModule(task=task, batch_size=2))

@@ -4,11 +4,9 @@ Depends on torch only. See each module's docstring for conventions.
 """
 
 from rlvr_lightning.core.advantage_estimators import (
-    ADVANTAGE_ESTIMATORS,
     STD_SCOPES,
     batch_whitened_advantages,
     centered_advantages,
-    compute_advantages,
     max_only_advantages,
     normalized_advantages,
     raw_advantages,
@@ -18,53 +16,55 @@ from rlvr_lightning.core.advantage_estimators import (
 )
 from rlvr_lightning.core.aggregation import AGGREGATION_MODES, aggregate_loss
 from rlvr_lightning.core.entropy import entropy_from_log_probs, entropy_from_logits
-from rlvr_lightning.core.kl import KL_ESTIMATORS, kl_estimate
+from rlvr_lightning.core.kl import K1, K2, K3, KL_ESTIMATORS, KLEstimator, kl_estimator
 from rlvr_lightning.core.log_probs import token_log_probs_from_logits
 from rlvr_lightning.core.masked import masked_mean, masked_normalize, masked_sum, masked_var
 from rlvr_lightning.core.pass_at_k import pass_at_k, pass_at_k_tensor
 from rlvr_lightning.core.policy_losses import (
-    POLICY_LOSS_OPTIONS,
+    CISPO,
+    GSPO,
     POLICY_LOSSES,
+    ImportanceRatio,
+    PolicyGradient,
+    PolicyLoss,
     PolicyLossOutput,
-    compute_policy_loss,
-    cispo_loss,
-    gspo_loss,
-    importance_ratio_loss,
+    PPOClip,
     merged_stats,
-    naive_pg_loss,
-    ppo_clip_loss,
+    policy_loss,
 )
 
 __all__ = [
-    "ADVANTAGE_ESTIMATORS",
     "AGGREGATION_MODES",
+    "CISPO",
+    "GSPO",
+    "K1",
+    "K2",
+    "K3",
     "KL_ESTIMATORS",
     "POLICY_LOSSES",
-    "POLICY_LOSS_OPTIONS",
     "STD_SCOPES",
+    "ImportanceRatio",
+    "KLEstimator",
+    "PPOClip",
+    "PolicyGradient",
+    "PolicyLoss",
     "PolicyLossOutput",
     "aggregate_loss",
     "batch_whitened_advantages",
     "centered_advantages",
-    "cispo_loss",
-    "compute_advantages",
-    "compute_policy_loss",
     "entropy_from_log_probs",
     "entropy_from_logits",
-    "gspo_loss",
-    "importance_ratio_loss",
-    "kl_estimate",
+    "kl_estimator",
     "masked_mean",
     "masked_normalize",
     "masked_sum",
     "masked_var",
     "max_only_advantages",
     "merged_stats",
-    "naive_pg_loss",
     "normalized_advantages",
     "pass_at_k",
     "pass_at_k_tensor",
-    "ppo_clip_loss",
+    "policy_loss",
     "raw_advantages",
     "rloo_advantages",
     "token_log_probs_from_logits",

@@ -17,8 +17,6 @@ mean, which divided by a std of the same size would be advantages of order 0.05 
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 from torch import Tensor
 
@@ -167,23 +165,6 @@ def token_whitened_returns(rewards: Tensor, response_mask: Tensor, gamma: float 
     # (G - mean) / sqrt(var + eps), unbiased var over tokens  (verl core_algos: verl_F.masked_whiten(returns, response_mask))
     whitened = (returns - valid.mean()) * torch.rsqrt(valid.var(unbiased=True) + eps)
     return whitened * mask
-
-
-ADVANTAGE_ESTIMATORS: dict[str, Callable[..., Tensor]] = {
-    "raw": raw_advantages,
-    "centered": centered_advantages,
-    "normalized": normalized_advantages,
-    "max_only": max_only_advantages,
-    "rloo": rloo_advantages,
-    "batch_whitened": batch_whitened_advantages,
-}
-
-
-def compute_advantages(kind: str, rewards: Tensor, group_size: int | None = None, **kwargs) -> Tensor:
-    """Dispatch to ``ADVANTAGE_ESTIMATORS[kind]``."""
-    if kind not in ADVANTAGE_ESTIMATORS:
-        raise ValueError(f"unknown advantage estimator {kind!r}; valid choices: {', '.join(ADVANTAGE_ESTIMATORS)}")
-    return ADVANTAGE_ESTIMATORS[kind](rewards, group_size, **kwargs)
 
 
 def zero_variance_group_mask(rewards: Tensor, group_size: int | None) -> Tensor:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rlvr_lightning.core.kl import kl_estimate
+from rlvr_lightning.core.kl import K3
 from rlvr_lightning.core.masked import masked_mean
 
 ROLLOUT_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
@@ -74,7 +74,7 @@ def mismatch_stats(
         log_ratio = torch.where(mask.bool(), log_ratio, 0.0)
     ratio = torch.exp(log_ratio.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO))
     # k3 with p = sampler (it drew the tokens), q = trainer
-    k3 = kl_estimate(sampling_log_probs, trainer_log_probs, "k3")
+    k3 = K3()(sampling_log_probs, trainer_log_probs)
     return {
         "abs_diff_mean": masked_mean(log_ratio.abs(), mask),
         "abs_diff_max": log_ratio.abs().max(),

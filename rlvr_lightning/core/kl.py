@@ -5,12 +5,13 @@ tokens), q = pi_ref (the frozen reference). With the log-ratio
 ``d = log q - log p = ref_log_probs - log_probs`` (Schulman 2020, "Approximating
 KL Divergence", http://joschu.net/blog/kl-approx.html):
 
-* k1 = -d                 unbiased, high variance, can be negative;
-* k2 = d^2 / 2            biased, low variance, >= 0;
-* k3 = exp(d) - d - 1     unbiased, low variance, >= 0 (GRPO's KL term).
+* ``K1``: -d                 unbiased, high variance, can be negative;
+* ``K2``: d^2 / 2            biased, low variance, >= 0;
+* ``K3``: exp(d) - d - 1     unbiased, low variance, >= 0 (GRPO's KL term).
 
 All three are 0 where p == q. Add ``beta * kl`` to the per-token loss to
-penalise drift from the reference.
+penalise drift from the reference. An estimator of your own subclasses
+``KLEstimator`` and is named in the config by ``class_path``.
 """
 
 from __future__ import annotations
@@ -18,36 +19,75 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-KL_ESTIMATORS = ("k1", "k2", "k3")
 K3_LOG_RATIO_CLAMP = 20.0
 
 
-def kl_estimate(log_probs: Tensor, ref_log_probs: Tensor, kind: str = "k3", clamp: float | None = None) -> Tensor:
-    """Per-token KL estimate ``[N, T]``; optionally clamped to ``[-clamp, clamp]``.
+class KLEstimator:
+    """A per-token KL estimate; gradient flows through ``log_probs`` (``ref_log_probs`` is normally detached)."""
 
-    ``clamp=10`` reproduces verl's ``low_var_kl`` (k3 clamped to [-10, 10]). With a clamp, k3's
-    log-ratio is clamped to [-20, 20] before ``exp`` as well: ``exp`` overflows float32 beyond
-    d = 88.7 and the gradient of the clamped value would be 0 * inf = NaN.
-    Gradient flows through ``log_probs``; ``ref_log_probs`` is normally detached.
-    """
-    if kind not in KL_ESTIMATORS:
-        raise ValueError(f"unknown KL estimator {kind!r}; valid choices: {', '.join(KL_ESTIMATORS)}")
-    if clamp is not None and clamp <= 0:
-        raise ValueError(f"clamp must be > 0 (or None), got {clamp}")
-    d = ref_log_probs - log_probs  # log q - log p
-    if kind == "k1":
-        # k1 = -log(q/p)  (Schulman 2020 "Approximating KL Divergence")
-        kl = -d
-    elif kind == "k2":
-        # k2 = (log(q/p))^2 / 2  (Schulman 2020 "Approximating KL Divergence")
-        kl = 0.5 * d**2
-    else:
+    def __call__(self, log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
+        """``[N, T]`` per-token estimate."""
+        raise NotImplementedError
+
+    def estimate(self, log_probs: Tensor, ref_log_probs: Tensor, clamp: float | None = None) -> Tensor:
+        """The estimate, clamped to ``[-clamp, clamp]`` when ``clamp`` is given (``clamp=10`` with ``K3`` is
+        verl's ``low_var_kl``)."""
+        if clamp is not None and clamp <= 0:
+            raise ValueError(f"clamp must be > 0 (or None), got {clamp}")
+        kl = self(log_probs, ref_log_probs)
         if clamp is not None:
+            # clip the estimate for stability  (verl core_algos.kl_penalty "low_var_kl" clamps to [-10, 10])
+            kl = torch.clamp(kl, -clamp, clamp)
+        return kl
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+class K1(KLEstimator):
+    def __call__(self, log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
+        # k1 = -log(q/p)  (Schulman 2020 "Approximating KL Divergence")
+        return -(ref_log_probs - log_probs)
+
+
+class K2(KLEstimator):
+    def __call__(self, log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
+        # k2 = (log(q/p))^2 / 2  (Schulman 2020 "Approximating KL Divergence")
+        return 0.5 * (ref_log_probs - log_probs) ** 2
+
+
+class K3(KLEstimator):
+    """With a clamp, the log-ratio is clamped to [-20, 20] before ``exp`` as well: ``exp`` overflows float32
+    beyond d = 88.7 and the gradient of the clamped value would be 0 * inf = NaN."""
+
+    def __call__(self, log_probs: Tensor, ref_log_probs: Tensor, log_ratio_clamp: float | None = None) -> Tensor:
+        d = ref_log_probs - log_probs  # log q - log p
+        if log_ratio_clamp is not None:
             # clamp the log-ratio before exp  (verl core_algos.kl_penalty_forward "low_var_kl": [-20, 20])
-            d = torch.clamp(d, -K3_LOG_RATIO_CLAMP, K3_LOG_RATIO_CLAMP)
+            d = torch.clamp(d, -log_ratio_clamp, log_ratio_clamp)
         # k3 = q/p - log(q/p) - 1  (Schulman 2020; GRPO, Shao et al. 2024 DeepSeekMath eq. 4)
-        kl = torch.exp(d) - d - 1.0
-    if clamp is not None:
+        return torch.exp(d) - d - 1.0
+
+    def estimate(self, log_probs: Tensor, ref_log_probs: Tensor, clamp: float | None = None) -> Tensor:
+        if clamp is None:
+            return self(log_probs, ref_log_probs)
+        if clamp <= 0:
+            raise ValueError(f"clamp must be > 0 (or None), got {clamp}")
         # clip the estimate for stability  (verl core_algos.kl_penalty "low_var_kl" clamps to [-10, 10])
-        kl = torch.clamp(kl, -clamp, clamp)
-    return kl
+        return torch.clamp(self(log_probs, ref_log_probs, K3_LOG_RATIO_CLAMP), -clamp, clamp)
+
+
+#: the names a config may give instead of a class
+KL_ESTIMATORS: dict[str, type[KLEstimator]] = {"k1": K1, "k2": K2, "k3": K3}
+
+
+def kl_estimator(value: KLEstimator | str, option: str = "kl.estimator") -> KLEstimator:
+    """``value`` itself, or the built-in estimator a shorthand names."""
+    if isinstance(value, KLEstimator):
+        return value
+    if isinstance(value, str) and value in KL_ESTIMATORS:
+        return KL_ESTIMATORS[value]()
+    raise ValueError(
+        f"{option}={value!r} is not valid; choose one of {list(KL_ESTIMATORS)} or a KLEstimator "
+        "(class_path: a class of your own)"
+    )

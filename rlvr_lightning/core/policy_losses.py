@@ -1,6 +1,7 @@
-"""Per-token policy-gradient losses (the thing being MINIMISED).
+"""Per-token policy-gradient losses (the thing being MINIMISED), as objects that own their hyper-parameters.
 
-Every loss takes
+A loss is a :class:`PolicyLoss`: built once (its constructor validates its hyper-parameters), then called
+per micro-batch. Every loss takes
 
 * ``log_probs``      ``[N, T]`` log pi_theta(token), differentiable;
 * ``old_log_probs``  ``[N, T]`` log pi_old(token) of the behaviour policy, or ``None``;
@@ -35,11 +36,8 @@ ratio statistics are 1 and the fractions 0.
 
 from __future__ import annotations
 
-import functools
-import inspect
 import math
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 from torch import Tensor
@@ -151,169 +149,193 @@ def _stats(
     }
 
 
-def _check_clip(name: str, value: float) -> None:
+def _check_clip(loss: str, name: str, value: float) -> None:
     if value < 0:
-        raise ValueError(f"{name} must be >= 0, got {value}")
+        raise ValueError(f"{loss}: {name} must be >= 0, got {value}")
 
 
 # ----------------------------------------------------------------------------- losses
 
 
-def naive_pg_loss(log_probs: Tensor, old_log_probs: Tensor | None, advantages: Tensor, mask: Tensor) -> PolicyLossOutput:
+class PolicyLoss:
+    """A per-token policy loss: instances own their hyper-parameters (validated when built).
+
+    Subclass it for a loss of your own and name it in the config by ``class_path`` (any importable module)."""
+
+    #: False: the loss never reads old log-probs (the update then skips computing them)
+    needs_old_log_probs: bool = True
+
+    def check(self, aggregation: str) -> None:
+        """Raise ValueError if this loss cannot be used with the aggregation mode ``aggregation`` (called when
+        the module is built)."""
+
+    def __call__(
+        self, log_probs: Tensor, old_log_probs: Tensor | None, advantages: Tensor, mask: Tensor | None
+    ) -> PolicyLossOutput:
+        """``log_probs`` [N, T] differentiable; ``old_log_probs`` [N, T] or None (on-policy: ``log_probs.detach()``);
+        ``advantages`` [N] or [N, T]; ``mask`` [N, T] bool or None (every token real). Returns a
+        :class:`PolicyLossOutput` whose ``loss`` is [N, T], unaggregated, 0 where ``mask`` is 0."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        options = ", ".join(f"{key}={value!r}" for key, value in vars(self).items())
+        return f"{type(self).__name__}({options})"
+
+
+class PolicyGradient(PolicyLoss):
     """REINFORCE: ``-A * log p``. ``old_log_probs`` is ignored (strictly on-policy)."""
-    _, adv, m = _prepare(log_probs, old_log_probs, advantages, mask)
-    # l_t = -A * log pi_theta(y_t)  (Williams 1992, REINFORCE)
-    loss = -adv * log_probs
-    return PolicyLossOutput(_zero_masked(loss, m), torch.ones_like(log_probs), m)
+
+    needs_old_log_probs = False
+
+    def __call__(self, log_probs, old_log_probs, advantages, mask):
+        _, adv, m = _prepare(log_probs, old_log_probs, advantages, mask)
+        # l_t = -A * log pi_theta(y_t)  (Williams 1992, REINFORCE)
+        loss = -adv * log_probs
+        return PolicyLossOutput(_zero_masked(loss, m), torch.ones_like(log_probs), m)
 
 
-def importance_ratio_loss(
-    log_probs: Tensor, old_log_probs: Tensor | None, advantages: Tensor, mask: Tensor
-) -> PolicyLossOutput:
+class ImportanceRatio(PolicyLoss):
     """Unclipped importance-weighted surrogate: ``-A * exp(logp - old_logp)``."""
-    old, adv, m = _prepare(log_probs, old_log_probs, advantages, mask)
-    ratio = _token_ratio(log_probs, old)
-    # l_t = -A * r_t  (Schulman et al. 2017 PPO eq. 6, L^CPI, no clipping)
-    loss = -adv * ratio
-    return PolicyLossOutput(_zero_masked(loss, m), ratio.detach(), m)
+
+    def __call__(self, log_probs, old_log_probs, advantages, mask):
+        old, adv, m = _prepare(log_probs, old_log_probs, advantages, mask)
+        ratio = _token_ratio(log_probs, old)
+        # l_t = -A * r_t  (Schulman et al. 2017 PPO eq. 6, L^CPI, no clipping)
+        loss = -adv * ratio
+        return PolicyLossOutput(_zero_masked(loss, m), ratio.detach(), m)
 
 
-def ppo_clip_loss(
-    log_probs: Tensor,
-    old_log_probs: Tensor | None,
-    advantages: Tensor,
-    mask: Tensor,
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
-    dual_clip: float | None = None,
-) -> PolicyLossOutput:
-    """Clipped surrogate with separate lower/upper ranges and optional dual clip.
+class PPOClip(PolicyLoss):
+    """Clipped surrogate with separate lower/upper ranges and an optional dual clip.
 
-    ``clip_high > clip_low`` is DAPO's clip-higher. ``dual_clip = c > 1`` bounds
-    the loss of negative-advantage tokens with a huge ratio at ``-A * c``.
+    Args:
+        clip_low: the ratio's lower clip is ``1 - clip_low``.
+        clip_high: the ratio's upper clip is ``1 + clip_high`` (None: ``clip_low``); above ``clip_low`` it is
+            DAPO's clip-higher.
+        dual_clip: a constant ``c > 1`` bounding the loss of negative-advantage tokens with a huge ratio at
+            ``-A * c`` (None: no dual clip).
     """
-    _check_clip("clip_low", clip_low)
-    _check_clip("clip_high", clip_high)
-    if dual_clip is not None and dual_clip <= 1.0:
-        raise ValueError(f"dual_clip must be > 1 (or None), got {dual_clip}")
-    old, adv, m = _prepare(log_probs, old_log_probs, advantages, mask)
-    ratio = _token_ratio(log_probs, old)
-    clipped_ratio = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
-    neg_adv = -adv
-    # l_t = -min(r A, clip(r, 1-eps_low, 1+eps_high) A)  (PPO eq. 7; asymmetric eps = DAPO clip-higher, Yu et al. 2025 §3.1)
-    loss = torch.maximum(neg_adv * ratio, neg_adv * clipped_ratio)
-    ratio_value = ratio.detach()
-    low_clipped = (ratio_value < 1.0 - clip_low) & (adv < 0)
-    high_clipped = (ratio_value > 1.0 + clip_high) & (adv > 0)
-    extra = {}
-    if dual_clip is not None:
-        # A < 0: l_t = min(l_t, -A c)  (dual-clip PPO, Ye et al. 2020 "Mastering Complex Control in MOBA Games"; verl core_algos.compute_policy_loss clip_ratio_c)
-        loss = torch.where(adv < 0, torch.minimum(loss, neg_adv * dual_clip), loss)
-        extra["dual_clip_frac"] = masked_mean(((adv < 0) & (ratio_value > dual_clip)).to(ratio.dtype), m)
-    return PolicyLossOutput(_zero_masked(loss, m), ratio_value, m, low_clipped, high_clipped, extra)
+
+    def __init__(self, clip_low: float = 0.2, clip_high: float | None = None, dual_clip: float | None = None) -> None:
+        clip_high = clip_low if clip_high is None else clip_high
+        _check_clip("PPOClip", "clip_low", clip_low)
+        _check_clip("PPOClip", "clip_high", clip_high)
+        if dual_clip is not None and dual_clip <= 1.0:
+            raise ValueError(f"PPOClip: dual_clip must be > 1 (or None), got {dual_clip}")
+        self.clip_low, self.clip_high, self.dual_clip = clip_low, clip_high, dual_clip
+
+    def __call__(self, log_probs, old_log_probs, advantages, mask):
+        clip_low, clip_high, dual_clip = self.clip_low, self.clip_high, self.dual_clip
+        old, adv, m = _prepare(log_probs, old_log_probs, advantages, mask)
+        ratio = _token_ratio(log_probs, old)
+        clipped_ratio = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+        neg_adv = -adv
+        # l_t = -min(r A, clip(r, 1-eps_low, 1+eps_high) A)  (PPO eq. 7; asymmetric eps = DAPO clip-higher, Yu et al. 2025 §3.1)
+        loss = torch.maximum(neg_adv * ratio, neg_adv * clipped_ratio)
+        ratio_value = ratio.detach()
+        low_clipped = (ratio_value < 1.0 - clip_low) & (adv < 0)
+        high_clipped = (ratio_value > 1.0 + clip_high) & (adv > 0)
+        extra = {}
+        if dual_clip is not None:
+            # A < 0: l_t = min(l_t, -A c)  (dual-clip PPO, Ye et al. 2020 "Mastering Complex Control in MOBA Games"; verl core_algos.compute_policy_loss clip_ratio_c)
+            loss = torch.where(adv < 0, torch.minimum(loss, neg_adv * dual_clip), loss)
+            extra["dual_clip_frac"] = masked_mean(((adv < 0) & (ratio_value > dual_clip)).to(ratio.dtype), m)
+        return PolicyLossOutput(_zero_masked(loss, m), ratio_value, m, low_clipped, high_clipped, extra)
 
 
-def gspo_loss(
-    log_probs: Tensor,
-    old_log_probs: Tensor | None,
-    advantages: Tensor,
-    mask: Tensor,
-    clip_low: float = 3e-4,
-    clip_high: float = 4e-4,
-) -> PolicyLossOutput:
+class GSPO(PolicyLoss):
     """GSPO-token: sequence-level ratio and clipping, gradient routed per token.
 
     ``s_i = exp(mean_t (logp - old_logp))`` over the masked tokens of row i, and
     ``s_it = sg[s_i] * exp(logp_t - sg[logp_t])`` which equals ``s_i`` in value.
     With ``advantages`` [N] this is exactly GSPO when the loss is aggregated
-    with "seq-mean-token-mean" (the paper's 1/G sum_i 1/|y_i| sum_t).
+    with "seq-mean-token-mean" (the paper's 1/G sum_i 1/|y_i| sum_t), the only mode it accepts.
+
+    Args:
+        clip_low: the sequence ratio's lower clip is ``1 - clip_low``.
+        clip_high: the sequence ratio's upper clip is ``1 + clip_high``.
     """
-    _check_clip("clip_low", clip_low)
-    _check_clip("clip_high", clip_high)
-    old, adv, m = _prepare(log_probs, old_log_probs, advantages, mask)
-    # log s_i = 1/|y_i| sum_t log(pi_theta / pi_old)  (Zheng et al. 2025 GSPO eq. 7)
-    seq_log_ratio = masked_mean(log_probs.detach() - old, m, dim=-1)
-    # s_it = sg[s_i] * pi_theta(y_t) / sg[pi_theta(y_t)]  (GSPO §4.3 GSPO-token; verl core_algos.compute_policy_loss_gspo)
-    log_s = seq_log_ratio.unsqueeze(-1) + log_probs - log_probs.detach()
-    ratio = torch.exp(torch.clamp(log_s, max=GSPO_LOG_RATIO_MAX))
-    clipped_ratio = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
-    neg_adv = -adv
-    # l_it = -min(s_it A_i, clip(s_it, 1-eps_low, 1+eps_high) A_i)  (GSPO eq. 5 / §4.3)
-    loss = torch.maximum(neg_adv * ratio, neg_adv * clipped_ratio)
-    ratio_value = ratio.detach()
-    low_clipped = (ratio_value < 1.0 - clip_low) & (adv < 0)
-    high_clipped = (ratio_value > 1.0 + clip_high) & (adv > 0)
-    return PolicyLossOutput(_zero_masked(loss, m), ratio_value, m, low_clipped, high_clipped)
+
+    def __init__(self, clip_low: float = 3e-4, clip_high: float = 4e-4) -> None:
+        _check_clip("GSPO", "clip_low", clip_low)
+        _check_clip("GSPO", "clip_high", clip_high)
+        self.clip_low, self.clip_high = clip_low, clip_high
+
+    def check(self, aggregation: str) -> None:
+        if aggregation != "seq-mean-token-mean":
+            raise ValueError(
+                f"GSPO is a sequence-level objective (1/|y_i| per sequence); aggregation.mode={aggregation!r} "
+                "would weight sequences by length. Use aggregation: {mode: seq-mean-token-mean}."
+            )
+
+    def __call__(self, log_probs, old_log_probs, advantages, mask):
+        clip_low, clip_high = self.clip_low, self.clip_high
+        old, adv, m = _prepare(log_probs, old_log_probs, advantages, mask)
+        # log s_i = 1/|y_i| sum_t log(pi_theta / pi_old)  (Zheng et al. 2025 GSPO eq. 7)
+        seq_log_ratio = masked_mean(log_probs.detach() - old, m, dim=-1)
+        # s_it = sg[s_i] * pi_theta(y_t) / sg[pi_theta(y_t)]  (GSPO §4.3 GSPO-token; verl core_algos.compute_policy_loss_gspo)
+        log_s = seq_log_ratio.unsqueeze(-1) + log_probs - log_probs.detach()
+        ratio = torch.exp(torch.clamp(log_s, max=GSPO_LOG_RATIO_MAX))
+        clipped_ratio = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+        neg_adv = -adv
+        # l_it = -min(s_it A_i, clip(s_it, 1-eps_low, 1+eps_high) A_i)  (GSPO eq. 5 / §4.3)
+        loss = torch.maximum(neg_adv * ratio, neg_adv * clipped_ratio)
+        ratio_value = ratio.detach()
+        low_clipped = (ratio_value < 1.0 - clip_low) & (adv < 0)
+        high_clipped = (ratio_value > 1.0 + clip_high) & (adv > 0)
+        return PolicyLossOutput(_zero_masked(loss, m), ratio_value, m, low_clipped, high_clipped)
 
 
-def cispo_loss(
-    log_probs: Tensor,
-    old_log_probs: Tensor | None,
-    advantages: Tensor,
-    mask: Tensor,
-    clip_low: float | None = None,
-    clip_high: float = 0.2,
-) -> PolicyLossOutput:
+class CISPO(PolicyLoss):
     """CISPO: REINFORCE weighted by a clipped, stop-gradient importance weight.
 
     ``loss = -sg(clip(r, 1 - clip_low, 1 + clip_high)) * A * logp``. No token is
-    ever dropped from the gradient; only its weight is bounded. ``clip_low=None``
-    (default) means no lower bound, as in MiniMax-M1 ("we did not impose a
-    lower bound on the IS weight"). Clip fractions count clipped WEIGHTS,
-    regardless of the sign of A.
+    ever dropped from the gradient; only its weight is bounded. Clip fractions count
+    clipped WEIGHTS, regardless of the sign of A.
+
+    Args:
+        clip_low: the weight's lower bound is ``1 - clip_low``; None (default): no lower bound, as in
+            MiniMax-M1 ("we did not impose a lower bound on the IS weight").
+        clip_high: the weight's upper bound is ``1 + clip_high``.
     """
-    if clip_low is not None:
-        _check_clip("clip_low", clip_low)
-    _check_clip("clip_high", clip_high)
-    old, adv, m = _prepare(log_probs, old_log_probs, advantages, mask)
-    ratio = _token_ratio(log_probs, old).detach()
-    lower = None if clip_low is None else 1.0 - clip_low
-    weight = torch.clamp(ratio, min=lower, max=1.0 + clip_high)
-    # l_t = -sg(clip(r_t, 1-eps_low^IS, 1+eps_high^IS)) * A * log pi_theta(y_t)  (MiniMax-M1 2025, §3.1 eq. 4)
-    loss = -weight * adv * log_probs
-    low_clipped = None if lower is None else ratio < lower
-    high_clipped = ratio > 1.0 + clip_high
-    return PolicyLossOutput(_zero_masked(loss, m), ratio, m, low_clipped, high_clipped)
+
+    def __init__(self, clip_low: float | None = None, clip_high: float = 0.2) -> None:
+        if clip_low is not None:
+            _check_clip("CISPO", "clip_low", clip_low)
+        _check_clip("CISPO", "clip_high", clip_high)
+        self.clip_low, self.clip_high = clip_low, clip_high
+
+    def __call__(self, log_probs, old_log_probs, advantages, mask):
+        old, adv, m = _prepare(log_probs, old_log_probs, advantages, mask)
+        ratio = _token_ratio(log_probs, old).detach()
+        lower = None if self.clip_low is None else 1.0 - self.clip_low
+        weight = torch.clamp(ratio, min=lower, max=1.0 + self.clip_high)
+        # l_t = -sg(clip(r_t, 1-eps_low^IS, 1+eps_high^IS)) * A * log pi_theta(y_t)  (MiniMax-M1 2025, §3.1 eq. 4)
+        loss = -weight * adv * log_probs
+        low_clipped = None if lower is None else ratio < lower
+        high_clipped = ratio > 1.0 + self.clip_high
+        return PolicyLossOutput(_zero_masked(loss, m), ratio, m, low_clipped, high_clipped)
 
 
-# ----------------------------------------------------------------------------- registry
+# ----------------------------------------------------------------------------- shorthands
 
-POLICY_LOSSES: dict[str, Callable[..., PolicyLossOutput]] = {
-    "pg": naive_pg_loss,
-    "ratio": importance_ratio_loss,
-    "ppo_clip": ppo_clip_loss,
-    "gspo": gspo_loss,
-    "cispo": cispo_loss,
+#: the names a config may give instead of a class: each stands for its class with its defaults
+POLICY_LOSSES: dict[str, type[PolicyLoss]] = {
+    "pg": PolicyGradient,
+    "ratio": ImportanceRatio,
+    "ppo_clip": PPOClip,
+    "gspo": GSPO,
+    "cispo": CISPO,
 }
 
-# Options any loss may receive through compute_policy_loss; a loss ignores the ones it does not take.
-POLICY_LOSS_OPTIONS = ("clip_low", "clip_high", "dual_clip")
 
-
-def compute_policy_loss(
-    kind: str,
-    log_probs: Tensor,
-    old_log_probs: Tensor | None,
-    advantages: Tensor,
-    mask: Tensor,
-    **options,
-) -> PolicyLossOutput:
-    """Dispatch to ``POLICY_LOSSES[kind]``.
-
-    ``options`` may hold any of ``POLICY_LOSS_OPTIONS`` (so one config dict can
-    serve every loss); only those the chosen loss accepts are forwarded.
-    Unknown option names raise ValueError (catches typos).
-    """
-    if kind not in POLICY_LOSSES:
-        raise ValueError(f"unknown policy loss {kind!r}; valid choices: {', '.join(POLICY_LOSSES)}")
-    unknown = sorted(set(options) - set(POLICY_LOSS_OPTIONS))
-    if unknown:
-        raise ValueError(f"unknown policy loss option(s) {unknown}; valid options: {', '.join(POLICY_LOSS_OPTIONS)}")
-    fn = POLICY_LOSSES[kind]
-    accepted = _accepted_options(fn)
-    return fn(log_probs, old_log_probs, advantages, mask, **{k: v for k, v in options.items() if k in accepted})
-
-
-@functools.cache
-def _accepted_options(fn) -> frozenset[str]:
-    return frozenset(inspect.signature(fn).parameters)
+def policy_loss(value: PolicyLoss | str, option: str = "loss") -> PolicyLoss:
+    """``value`` itself, or the built-in loss a shorthand names (with its defaults)."""
+    if isinstance(value, PolicyLoss):
+        return value
+    if isinstance(value, str) and value in POLICY_LOSSES:
+        return POLICY_LOSSES[value]()
+    raise ValueError(
+        f"{option}={value!r} is not valid; choose one of {list(POLICY_LOSSES)} or a PolicyLoss "
+        "(class_path: rlvr_lightning.core.policy_losses.PPOClip, or a class of your own)"
+    )

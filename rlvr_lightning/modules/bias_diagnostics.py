@@ -18,7 +18,7 @@ from rlvr_lightning.rollout import Rollout
 
 
 def bias_metrics(module, rollout: Rollout, prefix: str = "train/bias") -> dict[str, Tensor]:
-    """The diagnostics of `rollout` for a module with `correctness`, `aggregation`, `loss_constant`, `count_empty_rows`."""
+    """The diagnostics of `rollout` for a module with `correctness`, `aggregation` (an `AggregationConfig`) and `loss_constant`."""
     metrics: dict[str, Tensor] = {}
     correct = module.correctness(rollout)
     if correct is not None:
@@ -27,6 +27,8 @@ def bias_metrics(module, rollout: Rollout, prefix: str = "train/bias") -> dict[s
         metrics.update(group_std_quantiles(rollout.reward, rollout.group_size))
     if rollout.num_rows >= 2:
         metrics.update(
-            long_short_token_weights(rollout.response_mask, module.aggregation, module.loss_constant, module.count_empty_rows)
+            long_short_token_weights(
+                rollout.response_mask, module.aggregation.mode, module.loss_constant, module.aggregation.count_empty_rows
+            )
         )
     return {f"{prefix}/{key}": value for key, value in metrics.items()}

@@ -8,7 +8,7 @@ One training step is one round:
     2. rewards = the run's RewardCallbacks (trainer.callbacks)  as RLVRModule scores them
     3. keep    = responses the task reward calls correct, or whose total reward >= reward_threshold;
                  at most max_per_prompt per prompt
-    4. epochs_per_round passes over the kept responses, in mini-batches of mini_batch_size rows:
+    4. update.epochs passes over the kept responses, in mini-batches of update.mini_batch_size rows:
            loss = negative log-likelihood of the response tokens (SFTModule's loss)
 
 so `trainer.limit_train_batches` is the number of rounds. A round sees `data.batch_size` prompts
@@ -25,11 +25,11 @@ import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 
-from rlvr_lightning.core.aggregation import AGGREGATION_MODES
 from rlvr_lightning.distributed import all_gather
 from rlvr_lightning.modules.gradients import backward_sync, policy_gradient_norm
+from rlvr_lightning.modules.options import AggregationConfig, UpdateConfig, ValidationConfig, plain_hyperparameters
 from rlvr_lightning.modules.rlvr import RLVRModule
-from rlvr_lightning.modules.sft import RewardScoringMixin, response_nll
+from rlvr_lightning.modules.sft import RewardScoringMixin, check_nll_aggregation, response_nll
 from rlvr_lightning.modules.step_metrics import publish_step_metrics
 from rlvr_lightning.modules.training_precision import TrainingPrecisionCheck
 from rlvr_lightning.parallel.fsdp import ShardedPolicyModule, gathered_params
@@ -51,44 +51,43 @@ class ExpertIterationModule(TrainingPrecisionCheck, RewardScoringMixin, ShardedP
         sampling: SamplingConfig | None = None,
         reward_threshold: float | None = None,
         max_per_prompt: int | None = None,
-        epochs_per_round: int = 2,
-        mini_batch_size: int | None = None,
-        micro_batch_size: int | None = None,
-        aggregation: str = "token-mean",
-        max_grad_norm: float | None = 1.0,
-        val_group_size: int = 1,
-        val_greedy: bool = True,
+        update: UpdateConfig = UpdateConfig(epochs=2),
+        aggregation: AggregationConfig = AggregationConfig(mode="token-mean", count_empty_rows=False),
+        validation: ValidationConfig = ValidationConfig(),
     ) -> None:
         """
         Args:
-            policy: the model being trained (`ToySortPolicy`, `HFPolicy`, ...).
+            policy: the model being trained (ToySortPolicy, HFPolicy, ...).
+            optimizer: the optimizer's class and options (class_path, init_args); default Adam.
+            lr_scheduler: a learning-rate scheduler, stepped with every optimizer step (null: none).
             group_size: responses sampled per prompt in each round.
-            reward_threshold: keep responses whose weighted total reward is >= this; None keeps the ones the
+            sampling: how responses are sampled (temperature, max_new_tokens, ...).
+            reward_threshold: keep responses whose weighted total reward is >= this; null keeps the ones the
                 task reward's `is_correct` accepts (exact sort, verified answer, ...).
-            max_per_prompt: keep at most this many passing responses per prompt (None: all of them), so easy
+            max_per_prompt: keep at most this many passing responses per prompt (null: all of them), so easy
                 prompts do not crowd out hard ones.
-            epochs_per_round: passes over the kept responses in each round (E).
-            mini_batch_size, micro_batch_size: rows per optimizer step / per backward pass (None: all kept rows /
-                the whole mini-batch).
-            aggregation: how response-token losses become the mini-batch loss (as in SFTModule).
-            max_grad_norm: clip the gradient norm (None: no clipping).
-            val_group_size, val_greedy: responses per validation prompt and whether they are decoded greedily.
+            update: the fine-tuning of a round: epochs (passes over the kept responses), mini_batch_size and
+                micro_batch_size (rows per optimizer step / backward pass; null: all kept rows / the whole
+                mini-batch), max_grad_norm (null: no clipping).
+            aggregation: how response-token losses become the mini-batch loss (mode as in SFTModule; responses
+                without a token never count: count_empty_rows must stay false).
+            validation: responses per validation prompt and greedy decoding (group_size, greedy).
         """
         super().__init__()
         self.save_hyperparameters(ignore=["policy", "optimizer", "lr_scheduler", "sampling"])
+        plain_hyperparameters(self)
         self.automatic_optimization = False
-        if group_size < 1 or epochs_per_round < 1:
-            raise ValueError(f"group_size and epochs_per_round must be >= 1, got {group_size} and {epochs_per_round}")
+        if group_size < 1:
+            raise ValueError(f"group_size must be >= 1, got {group_size}")
         if max_per_prompt is not None and not 1 <= max_per_prompt <= group_size:
             raise ValueError(f"max_per_prompt must be in [1, group_size={group_size}] or null, got {max_per_prompt}")
-        for name, value in (("mini_batch_size", mini_batch_size), ("micro_batch_size", micro_batch_size)):
-            if value is not None and value < 1:
-                raise ValueError(f"{name} must be >= 1 or null, got {value}")
-        if mini_batch_size is not None and micro_batch_size is not None and mini_batch_size % micro_batch_size:
-            raise ValueError(f"micro_batch_size={micro_batch_size} must divide mini_batch_size={mini_batch_size}")
-        if aggregation not in AGGREGATION_MODES or aggregation == "seq-sum-constant":
-            choices = [m for m in AGGREGATION_MODES if m != "seq-sum-constant"]
-            raise ValueError(f"aggregation={aggregation!r} is not valid here; choose one of {choices}")
+        if update.max_consecutive_skips != UpdateConfig.max_consecutive_skips:
+            raise ValueError("update.max_consecutive_skips does not apply: expert iteration does not skip updates")
+        check_nll_aggregation(aggregation)
+        if aggregation.count_empty_rows:
+            raise ValueError(
+                "aggregation.count_empty_rows=true does not apply: ranks are padded with empty rows, which never count"
+            )
         self.policy = policy
         self.optimizer_factory = optimizer
         self.lr_scheduler_factory = lr_scheduler
@@ -101,13 +100,7 @@ class ExpertIterationModule(TrainingPrecisionCheck, RewardScoringMixin, ShardedP
             )
         self.reward_threshold = reward_threshold
         self.max_per_prompt = max_per_prompt
-        self.epochs_per_round = epochs_per_round
-        self.mini_batch_size = mini_batch_size
-        self.micro_batch_size = micro_batch_size
-        self.aggregation = aggregation
-        self.max_grad_norm = max_grad_norm
-        self.val_group_size = val_group_size
-        self.val_greedy = val_greedy
+        self.update, self.aggregation, self.validation = update, aggregation, validation
         self.reward_callbacks: list[RewardCallback] = []
 
     validation_step = RLVRModule.validation_step
@@ -192,9 +185,9 @@ class ExpertIterationModule(TrainingPrecisionCheck, RewardScoringMixin, ShardedP
     def _fine_tune(self, kept: Rollout) -> dict[str, Tensor]:
         optimizer = self.optimizers()
         scheduler = self.lr_schedulers()
-        mini_size = self.mini_batch_size or kept.num_rows
+        mini_size = self.update.mini_batch_size or kept.num_rows
         losses, grad_norms = [], []
-        for _ in range(self.epochs_per_round):
+        for _ in range(self.update.epochs):
             order = torch.randperm(kept.num_rows, device=kept.response_ids.device)
             for start in range(0, kept.num_rows, mini_size):
                 minibatch = kept.select(order[start : start + mini_size])
@@ -211,8 +204,8 @@ class ExpertIterationModule(TrainingPrecisionCheck, RewardScoringMixin, ShardedP
                         self.manual_backward(loss)
                     loss_sum = loss_sum + loss.detach()
                 grad_norms.append(policy_gradient_norm(self.policy, loss_sum.device))
-                if self.max_grad_norm is not None:
-                    self.clip_gradients(optimizer, gradient_clip_val=self.max_grad_norm, gradient_clip_algorithm="norm")
+                if self.update.max_grad_norm is not None:
+                    self.clip_gradients(optimizer, gradient_clip_val=self.update.max_grad_norm, gradient_clip_algorithm="norm")
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
                 if scheduler is not None:
@@ -221,6 +214,6 @@ class ExpertIterationModule(TrainingPrecisionCheck, RewardScoringMixin, ShardedP
         return {"train/loss": torch.stack(losses).mean(), "train/grad_norm": torch.stack(grad_norms).mean()}
 
     def _micro_batches(self, rollout: Rollout):
-        size = self.micro_batch_size or rollout.num_rows
+        size = self.update.micro_batch_size or rollout.num_rows
         for start in range(0, rollout.num_rows, size):
             yield rollout if size >= rollout.num_rows else rollout.select(slice(start, start + size))

@@ -1,7 +1,7 @@
 """The inner PPO-style update of `RLVRModule`: epochs x mini-batches x micro-batches over one rollout.
 
-    for epoch in ppo_epochs: for mini-batch (shuffled): for micro-batch:
-        loss = aggregate(w_IS * policy_loss + kl_coef * KL - entropy_coef * H)   normalised by the mini-batch
+    for epoch in update.epochs: for mini-batch (shuffled): for micro-batch:
+        loss = aggregate(w_IS * policy_loss + kl.coef * KL - entropy_coef * H)   normalised by the mini-batch
         manual_backward(loss)                           DDP all-reduces at the last micro-batch only
     clip the gradient norm; optimizer step (skipped, and counted, when the loss or gradient is not finite)
 
@@ -11,7 +11,7 @@ first update's own, detached), and the reference log-probs. `w_IS` compares the 
 sampler's (`rollout_is`); with asynchronous rollouts the sampler is one update behind, and the same
 arithmetic is AReaL's decoupled PPO (see `modules/async_rollouts.py`).
 
-A mixin: it reads the module's options (`loss`, `aggregation`, `ppo_epochs`, `mini_batch_size`, ...) and
+A mixin: it reads the module's options (`loss`, `aggregation`, `kl`, `rollout_is`, `update`) and
 uses Lightning's manual optimisation (`optimizers`, `manual_backward`, `clip_gradients`).
 """
 
@@ -26,16 +26,12 @@ from torch import Tensor
 
 from rlvr_lightning.core.aggregation import aggregate_loss, non_empty_rows
 from rlvr_lightning.core.importance_sampling import mismatch_stats, rollout_is_weights
-from rlvr_lightning.core.kl import kl_estimate
 from rlvr_lightning.core.masked import join_masked, masked_mean
-from rlvr_lightning.core.policy_losses import PolicyLossOutput, compute_policy_loss, merged_stats
+from rlvr_lightning.core.policy_losses import PolicyLossOutput, merged_stats
 from rlvr_lightning.modules.gradients import backward_sync, policy_gradient_norm
 from rlvr_lightning.rollout import Rollout
 
 log = logging.getLogger(__name__)
-
-RATIO_FREE_LOSSES = ("pg",)  # losses that never read old log-probs
-
 
 class MicroBatchLoss(NamedTuple):
     loss: Tensor  # the scalar that is back-propagated
@@ -51,7 +47,7 @@ class PolicyUpdate:
     consecutive_skips = 0
 
     def _micro_batches(self, rollout: Rollout):
-        size = self.micro_batch_size or self.mini_batch_size or rollout.num_rows
+        size = self.update.micro_batch_size or self.update.mini_batch_size or rollout.num_rows
         if size >= rollout.num_rows:
             yield rollout
             return
@@ -60,8 +56,8 @@ class PolicyUpdate:
 
     def _needs_old_log_probs(self, num_rows: int) -> bool:
         """Old log-probs matter only once the policy has moved, i.e. after the first optimizer step."""
-        updates = self.ppo_epochs * (num_rows // (self.mini_batch_size or num_rows))
-        return self.loss not in RATIO_FREE_LOSSES and updates > 1
+        updates = self.update.epochs * (num_rows // (self.update.mini_batch_size or num_rows))
+        return self.loss.needs_old_log_probs and updates > 1
 
     @torch.no_grad()
     def _add_old_and_reference_log_probs(self, rollout: Rollout) -> None:
@@ -76,7 +72,7 @@ class PolicyUpdate:
             rollout.old_log_probs is None
             and rollout.sampling_log_probs is not None
             and self.policy.sampling_log_probs_exact
-            and self.rollout_is is None
+            and self.rollout_is.mode is None
         ):
             rollout.old_log_probs = rollout.sampling_log_probs
         elif rollout.old_log_probs is None:
@@ -91,19 +87,19 @@ class PolicyUpdate:
     def _update(self, rollout: Rollout) -> dict[str, Tensor | float]:
         optimizer = self.optimizers()
         scheduler = self.lr_schedulers()
-        mini_size = self.mini_batch_size or rollout.num_rows
+        mini_size = self.update.mini_batch_size or rollout.num_rows
         # Fixed-length responses (every token real) skip all the masking ops of the loss.
         masked = not bool(rollout.response_mask.all())
         parts: list[MicroBatchLoss] = []
         losses: list[float] = []
         grad_norms: list[float] = []
-        for epoch in range(self.ppo_epochs):
+        for epoch in range(self.update.epochs):
             order = torch.randperm(rollout.num_rows, device=rollout.response_ids.device) if mini_size < rollout.num_rows else None
             for start in range(0, rollout.num_rows, mini_size):
                 minibatch = rollout if order is None else rollout.select(order[start : start + mini_size])
                 num_tokens = minibatch.response_mask.sum() if masked else minibatch.response_mask.numel()
                 num_sequences = minibatch.num_rows
-                if masked and not self.count_empty_rows:
+                if masked and not self.aggregation.count_empty_rows:
                     num_sequences = non_empty_rows(minibatch.response_mask)
                 micro_losses = []
                 micros = list(self._micro_batches(minibatch))
@@ -137,28 +133,26 @@ class PolicyUpdate:
         # as a metric only, without autograd.
         with_entropy = first_epoch or self.entropy_coef != 0
         log_probs, entropy = self._policy_forward(micro, with_entropy, entropy_grad=self.entropy_coef != 0)
-        policy_loss = compute_policy_loss(
-            self.loss, log_probs, micro.old_log_probs, micro.advantages, mask, **self.loss_options
-        )
+        policy_loss = self.loss(log_probs, micro.old_log_probs, micro.advantages, mask)
         token_loss = policy_loss.loss
         sampler_pair = None
         if micro.sampling_log_probs is not None:
             if first_update:
                 sampler_pair = (log_probs.detach(), micro.sampling_log_probs)
-            if self.rollout_is is not None:
+            if self.rollout_is.mode is not None:
                 # the trainer's log-probs at the sampling weights: the recomputed old ones, else this first update's
                 trainer = micro.old_log_probs if micro.old_log_probs is not None else log_probs.detach()
                 token_loss = token_loss * rollout_is_weights(
-                    trainer, micro.sampling_log_probs, mask, self.rollout_is, self.rollout_is_max, self.rollout_is_min
+                    trainer, micro.sampling_log_probs, mask, self.rollout_is.mode, self.rollout_is.max, self.rollout_is.min
                 )
         kl = None
-        if self.reference is not None and self.kl_mode == "loss":
-            kl = kl_estimate(log_probs, micro.ref_log_probs, self.kl_estimator, clamp=self.kl_clamp)
-            token_loss = token_loss + self.kl_coef * kl
+        if self.reference is not None and self.kl.mode == "loss":
+            kl = self.kl_estimator.estimate(log_probs, micro.ref_log_probs, clamp=self.kl.clamp)
+            token_loss = token_loss + self.kl.coef * kl
         if self.entropy_coef != 0:
             token_loss = token_loss - self.entropy_coef * entropy
         loss = aggregate_loss(
-            token_loss, mask, self.aggregation, num_sequences=num_sequences, num_tokens=num_tokens, constant=self.loss_constant
+            token_loss, mask, self.aggregation.mode, num_sequences=num_sequences, num_tokens=num_tokens, constant=self.loss_constant
         )
         return MicroBatchLoss(
             loss,
@@ -189,7 +183,7 @@ class PolicyUpdate:
         if with_sampler:
             trainer, mask = join_masked([part.sampler_pair[0] for part in with_sampler], [part.mask for part in with_sampler])
             sampler, _ = join_masked([part.sampler_pair[1] for part in with_sampler], [part.mask for part in with_sampler])
-            stats = mismatch_stats(trainer, sampler, mask, self.rollout_is_max)
+            stats = mismatch_stats(trainer, sampler, mask, self.rollout_is.max)
             metrics.update({f"train/mismatch/{key}": value for key, value in stats.items()})
         metrics["train/loss"] = sum(losses) / len(losses)
         metrics["train/grad_norm"] = sum(grad_norms) / len(grad_norms)
@@ -206,15 +200,15 @@ class PolicyUpdate:
             self.skipped_updates += 1
             self.consecutive_skips += 1
             log.warning("non-finite loss or gradient: update skipped (%d in a row)", self.consecutive_skips)
-            if self.consecutive_skips >= self.max_consecutive_skips:
+            if self.consecutive_skips >= self.update.max_consecutive_skips:
                 raise RuntimeError(
                     f"{self.consecutive_skips} consecutive updates had a non-finite loss or gradient "
-                    f"(max_consecutive_skips={self.max_consecutive_skips}); stopping. Lower the learning rate, "
-                    "check the rewards for NaN, or raise max_consecutive_skips."
+                    f"(update.max_consecutive_skips={self.update.max_consecutive_skips}); stopping. Lower the learning "
+                    "rate, check the rewards for NaN, or raise update.max_consecutive_skips."
                 )
             return loss, grad_norm
         self.consecutive_skips = 0
-        if self.max_grad_norm is not None:
+        if self.update.max_grad_norm is not None:
             self._clip_gradients(optimizer)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -228,8 +222,8 @@ class PolicyUpdate:
         return policy_gradient_norm(self.policy, device)
 
     def _clip_gradients(self, optimizer) -> None:
-        """Clip to `max_grad_norm` (a hook: `PPOModule` clips the policy and the critic separately)."""
-        self.clip_gradients(optimizer, gradient_clip_val=self.max_grad_norm, gradient_clip_algorithm="norm")
+        """Clip to `update.max_grad_norm` (a hook: `PPOModule` clips the policy and the critic separately)."""
+        self.clip_gradients(optimizer, gradient_clip_val=self.update.max_grad_norm, gradient_clip_algorithm="norm")
 
     # ------------------------------------------------------------ checkpoints
 

@@ -4,16 +4,16 @@
 
     1. rollout, rewards, old / reference log-probs as in RLVRModule (no AdvantageCallback)
     2. old values V_old [N, T] = value_head(trunk hidden states)                           no grad
-       token rewards: each response's reward on its last token; kl_mode="reward" subtracts kl_coef * KL_t
+       token rewards: each response's reward on its last token; kl.mode="reward" subtracts kl.coef * KL_t
        from every token's reward (Ouyang et al. 2022 eq. 2; verl apply_kl_penalty)
-    3. advantages, returns = GAE(token rewards, V_old; gamma, lam)                         core/gae.py
-       advantages whitened over the batch's response tokens (whiten_advantages)
-    4. ppo_epochs x mini- x micro-batches (modules/policy_update.py):
-           loss = RLVRModule's policy loss + vf_coef * value loss (clipped around V_old)   core/value_loss.py
-       one optimizer with two parameter groups: the policy (the optimizer's lr) and the critic (critic_lr);
-       each group's gradient norm is clipped to max_grad_norm on its own (as verl clips actor and critic)
+    3. advantages, returns = GAE(token rewards, V_old; gae.gamma, gae.lam)                    core/gae.py
+       advantages whitened over the batch's response tokens (gae.whiten)
+    4. update.epochs x mini- x micro-batches (modules/policy_update.py):
+           loss = RLVRModule's policy loss + value.coef * value loss (clipped around V_old) core/value_loss.py
+       one optimizer with two parameter groups: the policy (the optimizer's lr) and the critic (value.lr);
+       each group's gradient norm is clipped to update.max_grad_norm on its own (as verl clips actor and critic)
 
-During the first `critic_warmup_steps` rollout steps only the critic learns: the policy loss is dropped
+During the first `value.warmup_steps` rollout steps only the critic learns: the policy loss is dropped
 and a shared trunk reads detached hidden states, so the policy's parameters get no gradient at all.
 
 The value model (`modules/value_model.py`): "separate" (verl: a critic model of its own, by default a
@@ -36,8 +36,9 @@ from rlvr_lightning.core.gae import gae_advantages, outcome_token_rewards
 from rlvr_lightning.core.masked import join_masked, masked_mean, masked_normalize, masked_sum
 from rlvr_lightning.core.value_loss import explained_variance, value_loss
 from rlvr_lightning.modules.gradients import total_norm
-from rlvr_lightning.modules.rlvr import RLVRModule, _choice
-from rlvr_lightning.modules.value_model import VALUE_MODELS, ValueHead, check_hidden_states, trainable_copy
+from rlvr_lightning.modules.options import GAEConfig, ValueConfig
+from rlvr_lightning.modules.rlvr import RLVRModule
+from rlvr_lightning.modules.value_model import ValueHead, check_hidden_states, trainable_copy
 from rlvr_lightning.parallel.fsdp import data_parallel_mesh, shard_policy, shard_unit, sharding_options
 from rlvr_lightning.policies.base import Policy
 from rlvr_lightning.rollout import Rollout
@@ -55,62 +56,33 @@ class PPOModule(RLVRModule):
     def __init__(
         self,
         policy: Policy,
-        value_model: str = "separate",
         critic: Policy | None = None,
-        critic_lr: float | None = None,
-        vf_coef: float = 0.1,
-        value_clip: float | None = 0.2,
-        gamma: float = 1.0,
-        lam: float = 1.0,
-        whiten_advantages: bool = True,
-        critic_warmup_steps: int = 0,
+        value: ValueConfig = ValueConfig(),
+        gae: GAEConfig = GAEConfig(),
         **kwargs,
     ) -> None:
         """
         Args:
             policy: the model being trained; it must expose hidden states for a shared value head.
-            value_model: "separate" (a critic model of its own: `critic`, else a trainable copy of the policy, as
-                verl initialises its critic from the actor) or "shared" (a value head on the policy's hidden states).
-            critic: the separate critic's trunk, any policy that exposes hidden states (e.g. a smaller model).
-            critic_lr: learning rate of the critic's parameters (value head and separate trunk); None: the optimizer's.
-            vf_coef: weight of the value loss in the loss (TRL's vf_coef; 0.1).
-            value_clip: how far a value may move from the rollout's value before its loss is clipped (TRL's
-                cliprange_value 0.2; verl's 0.5); None: the plain squared error.
-            gamma, lam: GAE's discount and lambda (verl's defaults 1.0 and 1.0; TRL uses lam 0.95).
-            whiten_advantages: normalise the advantages to mean 0 and std 1 over the rollout's response tokens.
-            critic_warmup_steps: rollout steps at the start in which only the critic learns (verl's critic_warmup).
-            **kwargs: `RLVRModule`'s options (loss, clip range, aggregation, KL, ppo_epochs, mini-batches, ...).
+            critic: the separate critic's trunk, any policy that exposes hidden states (e.g. a smaller model);
+                null: a trainable copy of the policy.
+            value: the value model and its loss (model, lr, coef, clip, warmup_steps).
+            gae: generalised advantage estimation (gamma, lam, whiten).
+            **kwargs: `RLVRModule`'s options (loss, aggregation, kl, update, validation, ...).
         """
         super().__init__(policy, **kwargs)
-        self.value_model = _choice("value_model", value_model, VALUE_MODELS)
-        if critic is not None and value_model == "shared":
-            raise ValueError("critic is the trunk of a separate value model; value_model='shared' reads the policy's own hidden states")
-        if not (0.0 <= gamma <= 1.0 and 0.0 <= lam <= 1.0):
-            raise ValueError(f"gamma and lam must be in [0, 1], got gamma={gamma} and lam={lam}")
-        if vf_coef <= 0:
-            raise ValueError(f"vf_coef must be > 0 (the critic learns from the value loss), got {vf_coef}")
-        if value_clip is not None and value_clip <= 0:
-            raise ValueError(f"value_clip must be > 0, or null for no clipping, got {value_clip}")
-        if critic_lr is not None and critic_lr <= 0:
-            raise ValueError(f"critic_lr must be > 0, got {critic_lr}")
-        if critic_warmup_steps < 0:
-            raise ValueError(f"critic_warmup_steps must be >= 0, got {critic_warmup_steps}")
-        if value_model == "separate":
+        if critic is not None and value.model == "shared":
+            raise ValueError("critic is the trunk of a separate value model; value.model='shared' reads the policy's own hidden states")
+        if value.model == "separate":
             self.critic = critic if critic is not None else trainable_copy(policy)
             hidden_size = check_hidden_states(self.critic, "critic")
         else:
             self.critic = None
             hidden_size = check_hidden_states(policy, "shared value head")
         self.value_head = ValueHead(hidden_size)
-        self.critic_lr = critic_lr
-        self.vf_coef = vf_coef
-        self.value_clip = value_clip
-        self.gamma = gamma
-        self.lam = lam
-        self.whiten_advantages = whiten_advantages
-        self.critic_warmup_steps = critic_warmup_steps
+        self.value, self.gae = value, gae
         self._shared_hidden: Tensor | None = None  # the policy forward's hidden states, read by the value loss
-        self._token_kl_penalty: Tensor | None = None  # kl_coef * KL_t of this step (kl_mode="reward")
+        self._token_kl_penalty: Tensor | None = None  # kl.coef * KL_t of this step (kl.mode="reward")
         self._value_parts: list[_ValuePart] = []
         self._critic_grad_norms: list[Tensor] = []
 
@@ -123,8 +95,8 @@ class PPOModule(RLVRModule):
 
     def configure_optimizers(self):
         critic_group: dict = {"params": self.critic_parameters()}
-        if self.critic_lr is not None:
-            critic_group["lr"] = self.critic_lr
+        if self.value.lr is not None:
+            critic_group["lr"] = self.value.lr
         optimizer = self.optimizer_factory([{"params": list(self.policy.parameters())}, critic_group])
         if self.lr_scheduler_factory is None:
             return optimizer
@@ -138,7 +110,7 @@ class PPOModule(RLVRModule):
             if self.critic is not None:
                 shard_policy(self.critic, mesh, options, root_reshard_after_forward=False)
             shard_unit(self.value_head, mesh, dataclasses.replace(options, param_dtype=None))  # computes in float32
-        elif isinstance(strategy, DDPStrategy) and (self.critic is not None or self.critic_warmup_steps):
+        elif isinstance(strategy, DDPStrategy) and (self.critic is not None or self.value.warmup_steps):
             # DDP waits at every synchronised backward for a gradient of each parameter: during the warm-up the
             # policy gets none, and a separate critic reads hidden states, so its trunk's output layer gets none.
             # An explicit find_unused_parameters=false is kept (DDP then names the fix).
@@ -153,7 +125,7 @@ class PPOModule(RLVRModule):
     @property
     def warming_up(self) -> bool:
         """Whether this rollout step trains the critic only."""
-        return self.rollout_step < self.critic_warmup_steps
+        return self.rollout_step < self.value.warmup_steps
 
     # ------------------------------------------------------------- advantages
 
@@ -167,11 +139,11 @@ class PPOModule(RLVRModule):
 
     @torch.no_grad()
     def _penalize_reward_with_kl(self, rollout: Rollout, metrics: dict) -> None:
-        """kl_mode="reward": every token's reward is -kl_coef * KL_t, the last one's plus the task reward
+        """kl.mode="reward": every token's reward is -kl.coef * KL_t, the last one's plus the task reward
         (Ouyang et al. 2022 eq. 2; verl apply_kl_penalty)."""
         mask = rollout.response_mask
         kl = self._token_kl(rollout)
-        self._token_kl_penalty = self.kl_coef * kl * mask.to(kl.dtype)
+        self._token_kl_penalty = self.kl.coef * kl * mask.to(kl.dtype)
         metrics["train/kl_reward_penalty"] = masked_sum(self._token_kl_penalty, mask, dim=-1).mean()
         metrics["train/kl"] = masked_mean(kl, mask)
 
@@ -183,8 +155,8 @@ class PPOModule(RLVRModule):
         if self._token_kl_penalty is not None:
             token_rewards = token_rewards - self._token_kl_penalty
             self._token_kl_penalty = None
-        advantages, returns = gae_advantages(token_rewards, values, mask, self.gamma, self.lam)
-        if self.whiten_advantages:
+        advantages, returns = gae_advantages(token_rewards, values, mask, self.gae.gamma, self.gae.lam)
+        if self.gae.whiten:
             # (A - mean) / sqrt(var + 1e-8) over the response tokens  (verl compute_gae_advantage_return: masked_whiten)
             advantages = masked_normalize(advantages, mask)
         rollout.values, rollout.returns = values, returns
@@ -222,11 +194,11 @@ class PPOModule(RLVRModule):
         if hidden is not None and warming_up:
             hidden = hidden.detach()  # the policy's trunk stays where it is during the warm-up
         values = self._values(micro, hidden)
-        out = value_loss(values, micro.values, micro.returns, mask, self.value_clip)
+        out = value_loss(values, micro.values, micro.returns, mask, self.value.clip)
         # token-mean over the mini-batch (verl's critic loss_agg_mode), normalised by the mini-batch's tokens
         critic_loss = aggregate_loss(out.loss, mask, "token-mean", num_tokens=num_tokens)
         self._value_parts.append(_ValuePart(critic_loss.detach(), out.clipped, mask))
-        loss = self.vf_coef * critic_loss if warming_up else part.loss + self.vf_coef * critic_loss
+        loss = self.value.coef * critic_loss if warming_up else part.loss + self.value.coef * critic_loss
         return part._replace(loss=loss)
 
     def _gradient_norm(self, device: torch.device) -> Tensor:
@@ -244,4 +216,4 @@ class PPOModule(RLVRModule):
         for params in (self.policy.parameters(), self.critic_parameters()):
             grads = [p for p in params if p.grad is not None]
             if grads:
-                torch.nn.utils.clip_grad_norm_(grads, self.max_grad_norm)
+                torch.nn.utils.clip_grad_norm_(grads, self.update.max_grad_norm)

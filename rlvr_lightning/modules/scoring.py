@@ -1,12 +1,12 @@
 """`RewardScoring`: what every module that samples and scores shares (RL, SFT, expert iteration).
 
 Scoring a rollout with the run's reward callbacks, deciding which responses are correct or
-well-formatted, and the validation loop: `val_group_size` sampled (or greedy) responses per
+well-formatted, and the validation loop: `validation.group_size` sampled (or greedy) responses per
 held-out prompt, mean reward and accuracy per batch, and pass@k, majority-vote accuracy,
 format rate and response length as torchmetrics over the epoch.
 
 A module using it sets `self.reward_callbacks`, `self.policy`, `self.sampling`,
-`self.val_group_size` and `self.val_greedy`.
+and `self.validation` (a `ValidationConfig`).
 """
 
 from __future__ import annotations
@@ -46,11 +46,11 @@ class RewardScoring:
         return metrics
 
     def validation_step(self, batch: PromptBatch, batch_idx: int) -> None:
-        """`val_group_size` responses per held-out prompt: mean reward and accuracy per batch; pass@k,
+        """`validation.group_size` responses per held-out prompt: mean reward and accuracy per batch; pass@k,
         majority vote, format rate and response length accumulate in `validation_metrics` for the epoch."""
-        sampling = dataclasses.replace(self.sampling, do_sample=not self.val_greedy)
+        sampling = dataclasses.replace(self.sampling, do_sample=not self.validation.greedy)
         with gathered_params(self.policy):
-            rollout = self.policy.sample(batch, self.val_group_size, sampling)
+            rollout = self.policy.sample(batch, self.validation.group_size, sampling)
         self.score(rollout)
         metrics = {"val/reward_mean": rollout.reward.mean()}
         correct = self.correctness(rollout)
@@ -65,11 +65,11 @@ class RewardScoring:
             self.validation_metrics.update(masked, plain(correct), answers, plain(format_ok))
 
     def predict_step(self, batch: PromptBatch, batch_idx: int) -> list[dict]:
-        """`val_group_size` completions per prompt, decoded as in validation and scored: one row each
+        """`validation.group_size` completions per prompt, decoded as in validation and scored: one row each
         (`rlvr predict` writes them to JSONL)."""
-        sampling = dataclasses.replace(self.sampling, do_sample=not self.val_greedy)
+        sampling = dataclasses.replace(self.sampling, do_sample=not self.validation.greedy)
         with gathered_params(self.policy):
-            rollout = self.policy.sample({"prompt": batch["prompt"], "metadata": batch.get("metadata")}, self.val_group_size, sampling)
+            rollout = self.policy.sample({"prompt": batch["prompt"], "metadata": batch.get("metadata")}, self.validation.group_size, sampling)
         self.score(rollout)
         return completion_rows(rollout, self.correctness(rollout))
 
@@ -77,7 +77,7 @@ class RewardScoring:
     def validation_metrics(self) -> ValidationMetrics:
         if getattr(self, "_validation_metrics", None) is None:
             with torch.inference_mode(False):
-                self._validation_metrics = ValidationMetrics(group_size=self.val_group_size).to(self.device)
+                self._validation_metrics = ValidationMetrics(group_size=self.validation.group_size).to(self.device)
         return self._validation_metrics
 
     def on_validation_epoch_end(self) -> None:

@@ -6,7 +6,7 @@ stage of an R1-style pipeline. Same policies, tasks, rewards and CLI as `RLVRMod
 The loss is the negative log-likelihood of the response tokens only (the prompt is context,
 never a target), teacher-forced through the policy's own `token_log_probs` on a `Rollout`
 built from the pairs (`pair_rollout`), so whatever scores tokens for RL scores them here.
-`aggregation="token-mean"` (default) averages over every response token of the batch (the
+`aggregation: {mode: token-mean}` (default) averages over every response token of the batch (the
 usual SFT loss); "seq-mean-token-mean" averages each response first.
 
 Validation reports `val/nll` on validation pairs and, when the run configures rewards, samples
@@ -31,6 +31,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 
 from rlvr_lightning.core.aggregation import AGGREGATION_MODES, aggregate_loss
+from rlvr_lightning.modules.options import AggregationConfig, ValidationConfig, plain_hyperparameters
 from rlvr_lightning.modules.scoring import RewardScoring
 from rlvr_lightning.modules.training_precision import TrainingPrecisionCheck
 from rlvr_lightning.parallel.fsdp import ShardedPolicyModule, is_sharded
@@ -127,10 +128,21 @@ def pair_rollout(
     )
 
 
-def response_nll(policy: Policy, rollout: Rollout, aggregation: str = "token-mean", **normalisers) -> Tensor:
+def response_nll(
+    policy: Policy, rollout: Rollout, aggregation: AggregationConfig = AggregationConfig(mode="token-mean"), **normalisers
+) -> Tensor:
     """Mean negative log-likelihood of the response tokens of `rollout` (differentiable)."""
     log_probs, _ = policy.token_log_probs(rollout, temperature=1.0)
-    return aggregate_loss(-log_probs, rollout.response_mask, aggregation, **normalisers)
+    return aggregate_loss(
+        -log_probs, rollout.response_mask, aggregation.mode, count_empty_rows=aggregation.count_empty_rows, **normalisers
+    )
+
+
+def check_nll_aggregation(aggregation: AggregationConfig) -> None:
+    """The likelihood losses have no fixed response length to divide by: seq-sum-constant does not apply."""
+    if aggregation.mode == "seq-sum-constant":
+        choices = [m for m in AGGREGATION_MODES if m != "seq-sum-constant"]
+        raise ValueError(f"aggregation.mode={aggregation.mode!r} is not valid for a likelihood loss; choose one of {choices}")
 
 
 # ------------------------------------------------------------------ checkpoints
@@ -154,8 +166,8 @@ def policy_from_checkpoint(
     is not; a `.ckpt` file or the directory of shards of a sharded run) or a plain `policy.state_dict()`
     saved with `torch.save`. Only the weights are loaded:
     the new run starts at step 0 with a fresh optimizer (unlike `--ckpt_path`, which resumes a run).
-    `weights_only=False` is needed for checkpoints whose hyper-parameters hold Python objects
-    (RLVRModule's `sampling`); load only checkpoints you trust then.
+    `weights_only=False` is needed for checkpoints that hold Python objects (load only checkpoints you trust
+    then); the modules keep their options as plain data.
     """
     path = Path(checkpoint_path)
     if path.is_dir():  # a sharded (FSDP2) run's checkpoint
@@ -207,18 +219,20 @@ class SFTModule(TrainingPrecisionCheck, RewardScoringMixin, ShardedPolicyModule,
         policy: Policy,
         optimizer: OptimizerCallable = torch.optim.Adam,
         lr_scheduler: LRSchedulerCallable | None = None,
-        aggregation: str = "token-mean",
+        aggregation: AggregationConfig = AggregationConfig(mode="token-mean"),
         sampling: SamplingConfig | None = None,
-        val_group_size: int = 1,
-        val_greedy: bool = True,
+        validation: ValidationConfig = ValidationConfig(),
         save_pretrained_dir: str | None = None,
     ) -> None:
         """
         Args:
-            policy: the model being fine-tuned (`ToySortPolicy`, `HFPolicy`, ...).
-            aggregation: how response-token losses become the batch loss ("token-mean": every token
-                weighs the same; "seq-mean-token-mean": every response does), see `core.aggregation`.
-            sampling, val_group_size, val_greedy: how validation prompts are sampled when the run has rewards.
+            policy: the model being fine-tuned (ToySortPolicy, HFPolicy, ...).
+            optimizer: the optimizer's class and options (class_path, init_args); default Adam.
+            lr_scheduler: a learning-rate scheduler (null: none).
+            aggregation: how response-token losses become the batch loss: mode token-mean (every token weighs the
+                same) | seq-mean-token-mean (every response does) | seq-mean-token-sum.
+            sampling: how validation prompts are sampled when the run has rewards.
+            validation: responses per validation prompt and greedy decoding (group_size, greedy).
             save_pretrained_dir: when training ends, also write the policy there with `policy.save_pretrained`
                 (Hugging Face policies: the next stage loads it as `model_name_or_path`).
 
@@ -226,9 +240,8 @@ class SFTModule(TrainingPrecisionCheck, RewardScoringMixin, ShardedPolicyModule,
         """
         super().__init__()
         self.save_hyperparameters(ignore=["policy", "optimizer", "lr_scheduler", "sampling"])
-        if aggregation not in AGGREGATION_MODES or aggregation == "seq-sum-constant":
-            choices = [m for m in AGGREGATION_MODES if m != "seq-sum-constant"]
-            raise ValueError(f"aggregation={aggregation!r} is not valid for SFT; choose one of {choices}")
+        plain_hyperparameters(self)
+        check_nll_aggregation(aggregation)
         if save_pretrained_dir is not None and not hasattr(policy, "save_pretrained"):
             raise ValueError(f"save_pretrained_dir is set, but {type(policy).__name__} has no save_pretrained()")
         self.policy = policy
@@ -236,8 +249,7 @@ class SFTModule(TrainingPrecisionCheck, RewardScoringMixin, ShardedPolicyModule,
         self.lr_scheduler_factory = lr_scheduler
         self.aggregation = aggregation
         self.sampling = sampling or SamplingConfig()
-        self.val_group_size = val_group_size
-        self.val_greedy = val_greedy
+        self.validation = validation
         self.save_pretrained_dir = save_pretrained_dir
         self.reward_callbacks: list[RewardCallback] = []
 

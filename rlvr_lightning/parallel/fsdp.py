@@ -183,10 +183,10 @@ class ShardedPolicyModule:
             return
         options = sharding_options(self.trainer.strategy)
         reference = getattr(self, "reference", None)
-        if getattr(self, "ref_update_every", None) and getattr(self.policy, "lora_r", 0) > 0:
+        if getattr(getattr(self, "kl", None), "refresh_every", None) and getattr(self.policy, "lora_r", 0) > 0:
             raise NotImplementedError(
-                "ref_update_every with a LoRA policy copies the adapter into a second one, which FSDP2 cannot add to "
-                "an already sharded model; keep the reference fixed (ref_update_every: null) or train without sharding"
+                "kl.refresh_every with a LoRA policy copies the adapter into a second one, which FSDP2 cannot add to "
+                "an already sharded model; keep the reference fixed (kl.refresh_every: null) or train without sharding"
             )
         if getattr(self, "async_rollouts", None) is not None:
             raise NotImplementedError(

@@ -15,6 +15,7 @@ from rlvr_lightning.callbacks import progress as progress_callbacks
 from rlvr_lightning.callbacks.progress import ProgressLines, RewardProgressBar, StageColumn
 from rlvr_lightning.data import RLVRDataModule, SortTask
 from rlvr_lightning.modules import RLVRModule
+from rlvr_lightning.modules.options import UpdateConfig
 from rlvr_lightning.policies import ToySortPolicy
 from rlvr_lightning.rewards import SortInclusionOrderingReward
 
@@ -52,7 +53,7 @@ class Stages:
 def fit(callbacks, steps: int = 2, logger=False, **trainer_kwargs) -> tuple[pl.Trainer, RLVRModule]:
     torch.manual_seed(0)
     policy = DecodingSortPolicy(vocab_size=5, prompt_length=3, embedding_dim=8)
-    module = RLVRModule(policy, group_size=4, ppo_epochs=2, mini_batch_size=16)
+    module = RLVRModule(policy, group_size=4, update=UpdateConfig(epochs=2, mini_batch_size=16))
     data = RLVRDataModule(SortTask(vocab_size=5, length=3, num_val=0), batch_size=8)
     trainer = pl.Trainer(
         max_epochs=1, limit_train_batches=steps, limit_val_batches=0, logger=logger, enable_checkpointing=False,

@@ -9,6 +9,7 @@ from lightning.pytorch.loggers import Logger
 
 from rlvr_lightning.callbacks.rollout_table import RolloutTableLogger, rollout_rows
 from rlvr_lightning.modules import RLVRModule
+from rlvr_lightning.modules.options import DynamicSamplingConfig
 from rlvr_lightning.rewards.format import BoxedFormatReward
 from rlvr_lightning.rewards.math import MathAccuracyReward
 from tests.rewards.test_math_reward import ScriptedTextPolicy, make_rollout, run_trainer
@@ -116,7 +117,7 @@ def test_dynamic_sampling_logs_the_trained_batch(in_tmp_dir):
     flat = [{"prompt": f"What is {i} + 1 - 1?", "answer": "1", "responses": [r"\boxed{1}"]} for i in range(6)]
     logger = WandbLogger()
     torch.manual_seed(0)
-    module = TrainedBatchSpy(ScriptedTextPolicy(), group_size=4, dynamic_sampling=True, optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
+    module = TrainedBatchSpy(ScriptedTextPolicy(), group_size=4, dynamic_sampling=DynamicSamplingConfig(enabled=True), optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
     table = RolloutTableLogger(every_n_steps=1, num_rows=8)
     run_trainer(module, [*_rewards(), table], TRAIN + flat, batch_size=2, steps=3, logger=logger)
     assert len(logger.tables) == 3

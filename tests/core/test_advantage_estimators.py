@@ -5,11 +5,9 @@ import torch
 from torch.testing import assert_close
 
 from rlvr_lightning.core.advantage_estimators import (
-    ADVANTAGE_ESTIMATORS,
     STD_SCOPES,
     batch_whitened_advantages,
     centered_advantages,
-    compute_advantages,
     max_only_advantages,
     normalized_advantages,
     raw_advantages,
@@ -91,20 +89,10 @@ def test_batch_whitened_ignores_groups():
     assert_close(out, torch.tensor([[S, -S]]))
 
 
-def test_registry_dispatch_and_kwargs():
-    assert set(ADVANTAGE_ESTIMATORS) == {"raw", "centered", "normalized", "max_only", "rloo", "batch_whitened"}
-    out = compute_advantages("normalized", torch.tensor([1.0, 0.0, 0.0, 1.0]), 2, eps=0.0, unbiased_std=False)
+def test_estimator_options():
+    out = normalized_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0]), 2, eps=0.0, unbiased_std=False)
     assert_close(out, torch.tensor([1.0, -1.0, -1.0, 1.0]))
-    assert_close(compute_advantages("rloo", torch.tensor([1.0, 0.0]), 2), torch.tensor([1.0, -1.0]))
-
-
-def test_unknown_kind_lists_choices():
-    with pytest.raises(ValueError) as err:
-        compute_advantages("grpo", torch.tensor([1.0, 0.0]), 2)
-    message = str(err.value)
-    assert "'grpo'" in message
-    for name in ADVANTAGE_ESTIMATORS:
-        assert name in message
+    assert_close(rloo_advantages(torch.tensor([1.0, 0.0]), 2), torch.tensor([1.0, -1.0]))
 
 
 def test_shape_validation():

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from rlvr_lightning.core.kl import KL_ESTIMATORS, kl_estimate
+from rlvr_lightning.core.kl import K1, K3, KL_ESTIMATORS, KLEstimator, kl_estimator
 
 LN2 = math.log(2.0)
 P = torch.tensor([[math.log(0.5)]])  # policy
@@ -12,35 +12,35 @@ Q = torch.tensor([[math.log(0.25)]])  # reference; d = log q - log p = -ln 2
 
 
 def test_hand_values_policy_above_reference():
-    assert_close(kl_estimate(P, Q, "k1"), torch.tensor([[LN2]]))  # 0.6931
-    assert_close(kl_estimate(P, Q, "k2"), torch.tensor([[0.5 * LN2**2]]))  # 0.2402
-    assert_close(kl_estimate(P, Q, "k3"), torch.tensor([[0.5 + LN2 - 1.0]]))  # 0.1931
+    assert_close(kl_estimator("k1").estimate(P, Q), torch.tensor([[LN2]]))  # 0.6931
+    assert_close(kl_estimator("k2").estimate(P, Q), torch.tensor([[0.5 * LN2**2]]))  # 0.2402
+    assert_close(kl_estimator("k3").estimate(P, Q), torch.tensor([[0.5 + LN2 - 1.0]]))  # 0.1931
 
 
 def test_hand_values_policy_below_reference():
     # d = +ln 2: k1 = -ln 2 (negative is allowed), k3 = 2 - ln 2 - 1 = 0.3069
-    assert_close(kl_estimate(Q, P, "k1"), torch.tensor([[-LN2]]))
-    assert_close(kl_estimate(Q, P, "k2"), torch.tensor([[0.5 * LN2**2]]))
-    assert_close(kl_estimate(Q, P, "k3"), torch.tensor([[2.0 - LN2 - 1.0]]))
+    assert_close(kl_estimator("k1").estimate(Q, P), torch.tensor([[-LN2]]))
+    assert_close(kl_estimator("k2").estimate(Q, P), torch.tensor([[0.5 * LN2**2]]))
+    assert_close(kl_estimator("k3").estimate(Q, P), torch.tensor([[2.0 - LN2 - 1.0]]))
 
 
-def test_default_is_k3():
-    assert_close(kl_estimate(P, Q), torch.tensor([[0.5 + LN2 - 1.0]]))
+def test_k3_called_directly():
+    assert_close(K3()(P, Q), torch.tensor([[0.5 + LN2 - 1.0]]))
 
 
 def test_zero_when_equal_and_k3_non_negative():
     logp = torch.linspace(-5.0, 0.0, 11).view(1, -1)
     for kind in KL_ESTIMATORS:
-        assert torch.count_nonzero(kl_estimate(logp, logp, kind)) == 0
+        assert torch.count_nonzero(kl_estimator(kind)(logp, logp)) == 0
     ref = torch.linspace(-10.0, 0.0, 11).view(1, -1)
-    assert (kl_estimate(logp, ref, "k3") >= 0).all()
-    assert (kl_estimate(ref, logp, "k3") >= 0).all()
+    assert (kl_estimator("k3").estimate(logp, ref) >= 0).all()
+    assert (kl_estimator("k3").estimate(ref, logp) >= 0).all()
 
 
 def test_k3_gradient():
     # d k3 / d logp = 1 - exp(d) = 1 - 1/2
     logp = P.clone().requires_grad_(True)
-    kl_estimate(logp, Q, "k3").sum().backward()
+    kl_estimator("k3").estimate(logp, Q).sum().backward()
     assert_close(logp.grad, torch.tensor([[0.5]]))
 
 
@@ -48,15 +48,27 @@ def test_clamp():
     # d = 20: k3 = e^20 - 21 -> 10 ; k1 = -20 -> -10
     logp = torch.tensor([[-20.0]])
     ref = torch.tensor([[0.0]])
-    assert kl_estimate(logp, ref, "k3", clamp=10.0).item() == 10.0
-    assert kl_estimate(logp, ref, "k1", clamp=10.0).item() == -10.0
+    assert kl_estimator("k3").estimate(logp, ref, clamp=10.0).item() == 10.0
+    assert kl_estimator("k1").estimate(logp, ref, clamp=10.0).item() == -10.0
     with pytest.raises(ValueError, match="clamp"):
-        kl_estimate(logp, ref, "k3", clamp=0.0)
+        kl_estimator("k3").estimate(logp, ref, clamp=0.0)
 
 
 def test_unknown_kind_lists_choices():
-    with pytest.raises(ValueError, match=r"'k4'.*k1, k2, k3"):
-        kl_estimate(P, Q, "k4")
+    with pytest.raises(ValueError, match=r"kl.estimator='k4'.*'k1', 'k2', 'k3'"):
+        kl_estimator("k4")
+
+
+def test_an_estimator_of_ones_own():
+    class Squared(KLEstimator):
+        def __call__(self, log_probs, ref_log_probs):
+            return (ref_log_probs - log_probs) ** 2
+
+    estimator = Squared()
+    assert kl_estimator(estimator) is estimator
+    assert_close(estimator.estimate(P, Q), torch.tensor([[LN2**2]]))
+    assert estimator.estimate(torch.tensor([[-5.0]]), torch.tensor([[0.0]]), clamp=10.0).item() == 10.0
+    assert isinstance(kl_estimator("k1"), K1)
 
 
 @pytest.mark.parametrize("d", [89.0, 1000.0, -1000.0])
@@ -65,7 +77,7 @@ def test_clamped_k3_gradient_is_finite_where_exp_overflows(d):
     # clamp and the gradient at 0 (both clamps saturate) instead of 0 * inf = NaN
     logp = torch.tensor([[-d / 2, 0.0]], requires_grad=True)
     ref = torch.tensor([[d / 2, 0.0]])  # d = ref - logp on the first token, 0 on the second
-    kl = kl_estimate(logp, ref, "k3", clamp=10.0)
+    kl = kl_estimator("k3").estimate(logp, ref, clamp=10.0)
     kl.sum().backward()
     assert kl[0, 0].item() == 10.0 and kl[0, 1].item() == 0.0
     assert torch.isfinite(logp.grad).all()
@@ -75,7 +87,7 @@ def test_clamped_k3_gradient_is_finite_where_exp_overflows(d):
 def test_log_ratio_clamp_leaves_values_inside_the_range_alone():
     # inside [-20, 20] the clamped k3 equals the plain one (up to the value clamp): d = 2 -> e^2 - 3 = 4.389
     logp = torch.tensor([[-2.0]], requires_grad=True)
-    kl = kl_estimate(logp, torch.tensor([[0.0]]), "k3", clamp=10.0)
+    kl = K3().estimate(logp, torch.tensor([[0.0]]), clamp=10.0)
     kl.sum().backward()
     assert_close(kl, torch.tensor([[math.exp(2.0) - 3.0]]))
     assert_close(logp.grad, torch.tensor([[1.0 - math.exp(2.0)]]))  # d k3 / d logp = 1 - e^d

@@ -5,14 +5,14 @@ import torch
 from torch.testing import assert_close
 
 from rlvr_lightning.core.policy_losses import (
+    CISPO,
+    GSPO,
     POLICY_LOSSES,
-    cispo_loss,
-    compute_policy_loss,
-    gspo_loss,
-    importance_ratio_loss,
+    ImportanceRatio,
+    PolicyGradient,
+    PPOClip,
     merged_stats,
-    naive_pg_loss,
-    ppo_clip_loss,
+    policy_loss,
 )
 
 LN2 = math.log(2.0)
@@ -34,7 +34,7 @@ def _stat(out, key):
 
 def test_naive_pg_value_grad_and_stats():
     log_probs = torch.tensor([[math.log(0.5), math.log(0.25)]], requires_grad=True)
-    out = naive_pg_loss(log_probs, None, torch.tensor([2.0]), torch.tensor([[1, 0]]))
+    out = PolicyGradient()(log_probs, None, torch.tensor([2.0]), torch.tensor([[1, 0]]))
     # -A log p = -2 ln .5 = 2 ln 2; second token masked -> 0
     assert_close(out.loss, torch.tensor([[2 * LN2, 0.0]]))
     out.loss.sum().backward()
@@ -46,7 +46,7 @@ def test_naive_pg_value_grad_and_stats():
 
 def test_token_level_advantages_are_accepted():
     log_probs = torch.tensor([[math.log(0.5), math.log(0.5)]])
-    out = naive_pg_loss(log_probs, None, torch.tensor([[1.0, -1.0]]), torch.ones(1, 2))
+    out = PolicyGradient()(log_probs, None, torch.tensor([[1.0, -1.0]]), torch.ones(1, 2))
     assert_close(out.loss, torch.tensor([[LN2, -LN2]]))
 
 
@@ -57,7 +57,7 @@ def test_ratio_is_exp_of_log_prob_difference():
     # p = .5, p_old = .25 -> ratio 2 (a buggy logp / old_logp would give ln.5 / ln.25 = 0.5)
     log_probs = torch.tensor([[math.log(0.5)]])
     old = torch.tensor([[math.log(0.25)]])
-    out = importance_ratio_loss(log_probs, old, torch.tensor([1.0]), torch.ones(1, 1))
+    out = ImportanceRatio()(log_probs, old, torch.tensor([1.0]), torch.ones(1, 1))
     assert_close(out.loss, torch.tensor([[-2.0]]))
     assert _stat(out, "ratio_mean") == pytest.approx(2.0)
     assert _stat(out, "clip_frac_high") == 0.0
@@ -70,7 +70,7 @@ def test_ppo_clip_symmetric():
     # row 0 A=+1: r=1.5 -> clipped at 1.2 -> -1.2 ; r=1.1 -> -1.1
     # row 1 A=-1: r=0.5 -> -min(-.5, -.8) = .8 (clipped) ; r=1.5 -> -min(-1.5, -1.2) = 1.5 (not clipped)
     log_probs, old = _at_ratios([[1.5, 1.1], [0.5, 1.5]])
-    out = ppo_clip_loss(log_probs, old, torch.tensor([1.0, -1.0]), torch.ones(2, 2), clip_low=0.2, clip_high=0.2)
+    out = PPOClip(clip_low=0.2, clip_high=0.2)(log_probs, old, torch.tensor([1.0, -1.0]), torch.ones(2, 2))
     assert_close(out.loss, torch.tensor([[-1.2, -1.1], [0.8, 1.5]]))
     assert _stat(out, "clip_frac_low") == pytest.approx(0.25)
     assert _stat(out, "clip_frac_high") == pytest.approx(0.25)
@@ -87,7 +87,7 @@ def test_ppo_clip_higher_is_asymmetric():
     # clip_high .28: r=1.5, A=+1 -> -1.28 ; r=1.25, A=+1 -> -1.25 (symmetric .2 would give -1.2)
     # clip_low .2: r=0.7, A=-1 -> -min(-.7, -.8) = .8
     log_probs, old = _at_ratios([[1.5], [1.25], [0.7]])
-    out = ppo_clip_loss(log_probs, old, torch.tensor([1.0, 1.0, -1.0]), torch.ones(3, 1), clip_low=0.2, clip_high=0.28)
+    out = PPOClip(clip_low=0.2, clip_high=0.28)(log_probs, old, torch.tensor([1.0, 1.0, -1.0]), torch.ones(3, 1))
     assert_close(out.loss, torch.tensor([[-1.28], [-1.25], [0.8]]))
     assert _stat(out, "clip_frac_high") == pytest.approx(1 / 3)
     assert _stat(out, "clip_frac_low") == pytest.approx(1 / 3)
@@ -97,7 +97,7 @@ def test_ppo_dual_clip():
     # A=-1, r=5, c=3: ppo loss max(5, 1.2) = 5 -> min(5, 3) = 3
     # A=-1, r=2: min(2, 3) = 2 ; A=+1, r=5: dual clip not applied -> -1.2
     log_probs, old = _at_ratios([[5.0], [2.0], [5.0]])
-    out = ppo_clip_loss(log_probs, old, torch.tensor([-1.0, -1.0, 1.0]), torch.ones(3, 1), dual_clip=3.0)
+    out = PPOClip(dual_clip=3.0)(log_probs, old, torch.tensor([-1.0, -1.0, 1.0]), torch.ones(3, 1))
     assert_close(out.loss, torch.tensor([[3.0], [2.0], [-1.2]]))
     assert _stat(out, "dual_clip_frac") == pytest.approx(1 / 3)
     out.loss.sum().backward()
@@ -107,13 +107,13 @@ def test_ppo_dual_clip():
 def test_ppo_dual_clip_must_exceed_one():
     log_probs, old = _at_ratios([[1.0]])
     with pytest.raises(ValueError, match="dual_clip"):
-        ppo_clip_loss(log_probs, old, torch.tensor([1.0]), torch.ones(1, 1), dual_clip=1.0)
+        PPOClip(dual_clip=1.0)(log_probs, old, torch.tensor([1.0]), torch.ones(1, 1))
 
 
 def test_masked_tokens_are_exactly_zero_even_with_garbage():
     log_probs = torch.tensor([[0.0, 0.0]], requires_grad=True)
     old = torch.tensor([[0.0, -1e4]])  # ratio e^1e4 would overflow without clamp + mask
-    out = ppo_clip_loss(log_probs, old, torch.tensor([-1.0]), torch.tensor([[1, 0]]))
+    out = PPOClip()(log_probs, old, torch.tensor([-1.0]), torch.tensor([[1, 0]]))
     assert out.loss[0, 1].item() == 0.0
     out.loss.sum().backward()
     assert torch.isfinite(log_probs.grad).all()
@@ -122,7 +122,7 @@ def test_masked_tokens_are_exactly_zero_even_with_garbage():
 
 def test_empty_mask_stats():
     log_probs, old = _at_ratios([[2.0]])
-    out = ppo_clip_loss(log_probs, old, torch.tensor([1.0]), torch.zeros(1, 1))
+    out = PPOClip()(log_probs, old, torch.tensor([1.0]), torch.zeros(1, 1))
     assert out.loss.item() == 0.0
     assert [_stat(out, k) for k in ("clip_frac_low", "clip_frac_high", "ratio_mean", "ratio_min", "ratio_max")] == [
         0.0, 0.0, 1.0, 1.0, 1.0
@@ -138,7 +138,7 @@ def test_old_none_gives_the_pg_gradient(kind):
     log_probs = torch.tensor([[math.log(0.5), math.log(0.25)], [math.log(0.1), math.log(0.9)]], requires_grad=True)
     advantages = torch.tensor([3.0, -2.0])
     mask = torch.ones(2, 2)
-    out = compute_policy_loss(kind, log_probs, None, advantages, mask)
+    out = policy_loss(kind)(log_probs, None, advantages, mask)
     out.loss.sum().backward()
     assert_close(log_probs.grad, torch.tensor([[-3.0, -3.0], [2.0, 2.0]]))
     assert _stat(out, "ratio_min") == 1.0 and _stat(out, "ratio_max") == 1.0
@@ -154,7 +154,7 @@ def test_gspo_sequence_ratio_and_clip():
     log_probs = torch.zeros(2, 3, requires_grad=True)
     old = torch.tensor([[-LN2, 0.0, -5.0], [LN2, LN2, 0.0]])
     mask = torch.tensor([[1, 1, 0], [1, 1, 0]])
-    out = gspo_loss(log_probs, old, torch.tensor([1.0, 1.0]), mask, clip_low=0.2, clip_high=0.2)
+    out = GSPO(clip_low=0.2, clip_high=0.2)(log_probs, old, torch.tensor([1.0, 1.0]), mask)
     assert_close(out.loss, torch.tensor([[-1.2, -1.2, 0.0], [-0.5, -0.5, 0.0]]))
     assert _stat(out, "ratio_max") == pytest.approx(math.sqrt(2.0))
     assert _stat(out, "ratio_min") == pytest.approx(0.5)
@@ -168,8 +168,8 @@ def test_gspo_differs_from_token_level_ppo():
     log_probs = torch.zeros(1, 2)
     old = torch.tensor([[-LN2, 0.0]])
     args = (log_probs, old, torch.tensor([1.0]), torch.ones(1, 2))
-    assert_close(ppo_clip_loss(*args).loss, torch.tensor([[-1.2, -1.0]]))
-    assert_close(gspo_loss(*args, clip_low=0.2, clip_high=0.2).loss, torch.tensor([[-1.2, -1.2]]))
+    assert_close(PPOClip()(*args).loss, torch.tensor([[-1.2, -1.0]]))
+    assert_close(GSPO(clip_low=0.2, clip_high=0.2)(*args).loss, torch.tensor([[-1.2, -1.2]]))
 
 
 # ------------------------------------------------------------------ CISPO
@@ -180,7 +180,7 @@ def test_cispo_clipped_weight_value_and_detached_gradient():
     # token 1: r = 0.5, no lower bound -> weight .5 ; -.5 * ln .5 = .5 ln 2
     log_probs = torch.tensor([[math.log(0.5), math.log(0.5)]], requires_grad=True)
     old = torch.tensor([[math.log(0.5 / 1.5), 0.0]])
-    out = cispo_loss(log_probs, old, torch.tensor([1.0]), torch.ones(1, 2), clip_high=0.2)
+    out = CISPO(clip_high=0.2)(log_probs, old, torch.tensor([1.0]), torch.ones(1, 2))
     assert_close(out.loss, torch.tensor([[1.2 * LN2, 0.5 * LN2]]))
     out.loss.sum().backward()
     # weight is a constant: grad = -w A (an undetached weight would give -(r ln p + r) = -0.153 on token 1)
@@ -194,7 +194,7 @@ def test_cispo_lower_bound_and_negative_advantage():
     # r = 1.5, A = -1 -> weight 1.2 (clipped whatever the sign of A) ; -1.2 * -1 * ln .5 = -1.2 ln 2
     log_probs = torch.full((2, 1), math.log(0.5))
     old = torch.tensor([[0.0], [math.log(0.5 / 1.5)]])
-    out = cispo_loss(log_probs, old, torch.tensor([1.0, -1.0]), torch.ones(2, 1), clip_low=0.2, clip_high=0.2)
+    out = CISPO(clip_low=0.2, clip_high=0.2)(log_probs, old, torch.tensor([1.0, -1.0]), torch.ones(2, 1))
     assert_close(out.loss, torch.tensor([[0.8 * LN2], [-1.2 * LN2]]))
     assert _stat(out, "clip_frac_low") == pytest.approx(0.5)
     assert _stat(out, "clip_frac_high") == pytest.approx(0.5)
@@ -207,31 +207,53 @@ def test_registry_names():
     assert list(POLICY_LOSSES) == ["pg", "ratio", "ppo_clip", "gspo", "cispo"]
 
 
-def test_dispatch_forwards_only_accepted_options():
+def test_shorthands_are_the_built_ins_with_their_defaults():
+    assert isinstance(policy_loss("pg"), PolicyGradient) and not policy_loss("pg").needs_old_log_probs
+    ppo = policy_loss("ppo_clip")
+    assert (ppo.clip_low, ppo.clip_high, ppo.dual_clip) == (0.2, 0.2, None)
+    assert (policy_loss("gspo").clip_low, policy_loss("gspo").clip_high) == (3e-4, 4e-4)
+    assert (policy_loss("cispo").clip_low, policy_loss("cispo").clip_high) == (None, 0.2)
+    custom = PPOClip(clip_low=0.1)
+    assert policy_loss(custom) is custom and custom.clip_high == 0.1  # clip_high defaults to clip_low
     log_probs, old = _at_ratios([[1.5]])
-    options = {"clip_low": 0.2, "clip_high": 0.3, "dual_clip": None}
-    assert_close(compute_policy_loss("ppo_clip", log_probs, old, torch.tensor([1.0]), torch.ones(1, 1), **options).loss,
+    assert_close(PPOClip(clip_low=0.2, clip_high=0.3)(log_probs, old, torch.tensor([1.0]), torch.ones(1, 1)).loss,
                  torch.tensor([[-1.3]]))
-    # pg takes no options: they are dropped, not an error
-    assert_close(compute_policy_loss("pg", log_probs, old, torch.tensor([1.0]), torch.ones(1, 1), **options).loss,
-                 torch.tensor([[0.0]]))
 
 
-def test_dispatch_rejects_unknown_kind_and_option():
-    log_probs, old = _at_ratios([[1.0]])
-    args = (log_probs, old, torch.tensor([1.0]), torch.ones(1, 1))
+def test_unknown_shorthand_names_option_value_and_choices():
     with pytest.raises(ValueError) as err:
-        compute_policy_loss("grpo", *args)
-    assert "'grpo'" in str(err.value) and all(name in str(err.value) for name in POLICY_LOSSES)
-    with pytest.raises(ValueError, match=r"cliplow.*clip_low, clip_high, dual_clip"):
-        compute_policy_loss("ppo_clip", *args, cliplow=0.2)
+        policy_loss("grpo")
+    assert "loss='grpo'" in str(err.value) and all(name in str(err.value) for name in POLICY_LOSSES)
+
+
+@pytest.mark.parametrize(
+    "build, match",
+    [
+        (lambda: PPOClip(clip_low=-0.1), "PPOClip: clip_low must be >= 0"),
+        (lambda: PPOClip(clip_high=-0.1), "PPOClip: clip_high must be >= 0"),
+        (lambda: PPOClip(dual_clip=0.5), "dual_clip must be > 1"),
+        (lambda: GSPO(clip_high=-1.0), "GSPO: clip_high must be >= 0"),
+        (lambda: CISPO(clip_low=-1.0), "CISPO: clip_low must be >= 0"),
+    ],
+)
+def test_hyper_parameters_are_checked_when_built(build, match):
+    with pytest.raises(ValueError, match=match):
+        build()
+
+
+def test_gspo_checks_the_aggregation():
+    GSPO().check("seq-mean-token-mean")
+    with pytest.raises(ValueError, match="seq-mean-token-mean"):
+        GSPO().check("token-mean")
+    for loss in (PolicyGradient(), ImportanceRatio(), PPOClip(), CISPO()):
+        loss.check("token-mean")
 
 
 def test_shape_validation():
     with pytest.raises(ValueError, match="advantages"):
-        naive_pg_loss(torch.zeros(2, 3), None, torch.zeros(3), torch.ones(2, 3))
+        PolicyGradient()(torch.zeros(2, 3), None, torch.zeros(3), torch.ones(2, 3))
     with pytest.raises(ValueError, match="mask"):
-        naive_pg_loss(torch.zeros(2, 3), None, torch.zeros(2), torch.ones(2, 2))
+        PolicyGradient()(torch.zeros(2, 3), None, torch.zeros(2), torch.ones(2, 2))
 
 
 # ------------------------------------------------------------------ mask=None and merged statistics
@@ -243,8 +265,8 @@ def test_no_mask_equals_an_all_ones_mask(kind):
     log_probs = torch.randn(3, 4).clamp(max=-0.1)
     old = log_probs + 0.3 * torch.randn(3, 4)
     advantages = torch.tensor([1.0, -0.5, 2.0])
-    with_mask = compute_policy_loss(kind, log_probs, old, advantages, torch.ones(3, 4))
-    without = compute_policy_loss(kind, log_probs, old, advantages, None)
+    with_mask = policy_loss(kind)(log_probs, old, advantages, torch.ones(3, 4))
+    without = policy_loss(kind)(log_probs, old, advantages, None)
     assert_close(without.loss, with_mask.loss)
     for key, value in with_mask.stats.items():
         assert_close(without.stats[key], value, msg=key)
@@ -254,9 +276,9 @@ def test_merged_stats_weigh_every_token_alike():
     # micro-batch 1: ratios 2 (A > 0, above 1.2) and 1 (one of two tokens masked out);
     # micro-batch 2: ratios 0.5 (A < 0, below 0.8), 1, 1, 1.
     lp1, old1 = _at_ratios([[2.0, 1.0]])
-    first = ppo_clip_loss(lp1, old1, torch.tensor([1.0]), torch.tensor([[1, 0]]))
+    first = PPOClip()(lp1, old1, torch.tensor([1.0]), torch.tensor([[1, 0]]))
     lp2, old2 = _at_ratios([[0.5, 1.0], [1.0, 1.0]])
-    second = ppo_clip_loss(lp2, old2, torch.tensor([-1.0, 1.0]), torch.ones(2, 2))
+    second = PPOClip()(lp2, old2, torch.tensor([-1.0, 1.0]), torch.ones(2, 2))
     stats = {k: v.item() for k, v in merged_stats([first, second]).items()}
     # 5 real tokens: ratios 2, .5, 1, 1, 1 -> mean 5.5 / 5 = 1.1; one token clipped high, one low
     assert stats == pytest.approx(
@@ -270,7 +292,7 @@ def test_merged_stats_weigh_every_token_alike():
 def test_merged_stats_without_masks_and_with_extra_stats():
     lp1, old1 = _at_ratios([[4.0, 1.0]])
     lp2, old2 = _at_ratios([[1.0, 1.0]])
-    outputs = [ppo_clip_loss(lp, old, torch.tensor([-1.0]), None, dual_clip=3.0) for lp, old in ((lp1, old1), (lp2, old2))]
+    outputs = [PPOClip(dual_clip=3.0)(lp, old, torch.tensor([-1.0]), None) for lp, old in ((lp1, old1), (lp2, old2))]
     stats = merged_stats(outputs)
     assert stats["ratio_mean"].item() == pytest.approx(7.0 / 4.0)
     # dual-clip fraction 1/2 in the first output, 0 in the second: averaged over the outputs

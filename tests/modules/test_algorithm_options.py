@@ -7,6 +7,7 @@ import torch
 
 from rlvr_lightning.advantages import CenteredAdvantage
 from rlvr_lightning.modules import RLVRModule
+from rlvr_lightning.modules.options import AggregationConfig, DynamicSamplingConfig, ImportanceSamplingConfig, KLConfig, UpdateConfig, ValidationConfig
 from rlvr_lightning.policies.base import SamplingConfig
 from rlvr_lightning.policies.toy_sort import ToySortPolicy
 from rlvr_lightning.rewards import RewardCallback, SortInclusionOrderingReward
@@ -36,7 +37,7 @@ class UpdateSpy(RLVRModule):
 
 
 def test_dynamic_sampling_never_trains_on_a_zero_variance_group(in_tmp_dir):
-    module = UpdateSpy(policy(), group_size=4, dynamic_sampling=True, max_sampling_rounds=20)
+    module = UpdateSpy(policy(), group_size=4, dynamic_sampling=DynamicSamplingConfig(enabled=True, max_rounds=20))
     fit(module, [FirstTokenParity(), CenteredAdvantage()], steps=3, batch_size=8)
     for rollout in module.trained_on:
         assert rollout.num_groups == 8
@@ -49,7 +50,7 @@ def test_dynamic_sampling_never_trains_on_a_zero_variance_group(in_tmp_dir):
 
 
 def test_dynamic_sampling_caps_rounds_and_keeps_the_batch_size(in_tmp_dir):
-    module = UpdateSpy(policy(), group_size=2, dynamic_sampling=True, max_sampling_rounds=3)
+    module = UpdateSpy(policy(), group_size=2, dynamic_sampling=DynamicSamplingConfig(enabled=True, max_rounds=3))
     fit(module, [Constant(), CenteredAdvantage()], steps=1, batch_size=4)
     (rollout,) = module.trained_on
     metrics = module.trainer.callback_metrics
@@ -77,7 +78,7 @@ def kl_rollout():
 
 
 def test_kl_in_reward_shapes_the_reward_by_hand():
-    module = RLVRModule(policy(), kl_coef=0.1, kl_estimator="k1", kl_mode="reward")
+    module = RLVRModule(policy(), kl=KLConfig(coef=0.1, estimator="k1", mode="reward"))
     rollout, metrics = kl_rollout(), {}
     module._penalize_reward_with_kl(rollout, metrics)
     # k1 per token: log(0.5/0.25) = log 2 and 0; reward 1 - 0.1 * log 2 = 0.930685
@@ -87,8 +88,8 @@ def test_kl_in_reward_shapes_the_reward_by_hand():
 
 def test_kl_in_reward_changes_the_advantages_and_not_the_loss():
     torch.manual_seed(0)
-    shaped = RLVRModule(ToySortPolicy(vocab_size=5, prompt_length=3, embedding_dim=4), kl_coef=0.5, kl_mode="reward")
-    plain = RLVRModule(shaped.policy, kl_coef=0.0)
+    shaped = RLVRModule(ToySortPolicy(vocab_size=5, prompt_length=3, embedding_dim=4), kl=KLConfig(coef=0.5, mode="reward"))
+    plain = RLVRModule(shaped.policy, kl=KLConfig(coef=0.0))
     rollout = shaped.policy.sample({"prompt": [[1, 2, 3]]}, n=2, sampling=shaped.sampling)
     rollout.advantages = torch.tensor([1.0, -1.0])
     rollout.ref_log_probs = shaped.policy.token_log_probs(rollout)[0].detach() - 0.3
@@ -97,7 +98,7 @@ def test_kl_in_reward_changes_the_advantages_and_not_the_loss():
     loss_plain = plain._micro_batch_loss(rollout, rollout.response_mask, 2, mask_tokens, first_epoch=True).loss
     assert shaped_part.loss.item() == pytest.approx(loss_plain.item())
     assert shaped_part.kl is None
-    kl_loss = RLVRModule(shaped.policy, kl_coef=0.5, kl_mode="loss")
+    kl_loss = RLVRModule(shaped.policy, kl=KLConfig(coef=0.5, mode="loss"))
     kl_loss.reference = shaped.reference
     loss_with_kl = kl_loss._micro_batch_loss(rollout, rollout.response_mask, 2, mask_tokens, first_epoch=True).loss
     assert loss_with_kl.item() != pytest.approx(loss_plain.item())
@@ -117,7 +118,7 @@ def test_reference_mixup_moves_the_reference_by_exactly_alpha(in_tmp_dir):
                 self.after = [p.detach().clone() for p in module.reference.parameters()]
 
     capture = Capture()
-    module = RLVRModule(policy(), group_size=4, kl_coef=0.1, ref_update_every=1, ref_mixup_alpha=0.25)
+    module = RLVRModule(policy(), group_size=4, kl=KLConfig(coef=0.1, refresh_every=1, mixup_alpha=0.25))
     fit(module, [SortInclusionOrderingReward(), CenteredAdvantage(), capture], steps=2, batch_size=8)
     for pol, ref, after in zip(capture.policy, capture.reference, capture.after):
         torch.testing.assert_close(after, 0.25 * pol + 0.75 * ref)
@@ -127,23 +128,43 @@ def test_reference_mixup_moves_the_reference_by_exactly_alpha(in_tmp_dir):
 @pytest.mark.parametrize(
     "options, message",
     [
-        ({"loss": "gspo", "dual_clip": 3.0}, "dual_clip applies to the token-level loss"),
-        ({"loss": "gspo", "aggregation": "token-mean"}, "sequence-level objective"),
-        ({"dynamic_sampling": True, "group_size": 1}, "group_size=1 every group agrees"),
-        ({"ref_update_every": 10}, "kl_coef=0 means there is no reference"),
-        ({"kl_coef": 0.1, "ref_update_every": 10, "ref_mixup_alpha": 0.0}, "ref_mixup_alpha must be in"),
-        ({"kl_mode": "advantage"}, "kl_mode='advantage' is not valid; choose one of \\['loss', 'reward'\\]"),
-        ({"loss_constant": 4.0, "aggregation": "token-mean"}, "loss_constant is the divisor of aggregation='seq-sum-constant'"),
-        ({"loss": "pg", "clip_high": 0.28}, "have no effect on loss='pg'"),
-        ({"kl_coef": 0.0, "kl_mode": "reward"}, "kl_coef=0"),
-        ({"kl_coef": 0.1, "ref_mixup_alpha": 0.5}, "ref_update_every is not set"),
+        ({"loss": "gspo", "aggregation": AggregationConfig(mode="token-mean")}, "sequence-level objective"),
+        ({"dynamic_sampling": DynamicSamplingConfig(enabled=True), "group_size": 1}, "group_size=1 every group agrees"),
         ({"sampling": SamplingConfig(do_sample=False), "group_size": 4}, "responses of a group would be identical"),
-        ({"dynamic_sampling": True, "max_sampling_rounds": 1}, "dynamic sampling needs >= 2 rounds"),
+        ({"rollout_staleness": 2}, "rollout_staleness=2 is not valid"),
     ],
 )
 def test_contradictory_options_fail_at_start_up(options, message):
     with pytest.raises(ValueError, match=message):
         RLVRModule(policy(), **options)
+
+
+@pytest.mark.parametrize(
+    "build, message",
+    [
+        (lambda: KLConfig(refresh_every=10), "kl.coef=0 means there is no reference"),
+        (lambda: KLConfig(coef=0.1, refresh_every=10, mixup_alpha=0.0), "kl.mixup_alpha must be in"),
+        (lambda: KLConfig(mode="advantage"), "kl.mode='advantage' is not valid; choose one of \\['loss', 'reward'\\]"),
+        (lambda: KLConfig(estimator="k4"), "kl.estimator='k4' is not valid; choose one of \\['k1', 'k2', 'k3'\\]"),
+        (lambda: KLConfig(coef=0.0, mode="reward"), "kl.coef=0"),
+        (lambda: KLConfig(coef=0.1, mixup_alpha=0.5), "kl.refresh_every is not set"),
+        (lambda: AggregationConfig(mode="token-mean", constant=4.0), "aggregation.constant is the divisor of mode 'seq-sum-constant'"),
+        (lambda: AggregationConfig(mode="mean"), "aggregation.mode='mean' is not valid; choose one of"),
+        (lambda: DynamicSamplingConfig(enabled=True, max_rounds=1), "dynamic sampling needs >= 2 rounds"),
+        (lambda: ImportanceSamplingConfig(mode="token"), "rollout_is.mode='token' is not valid; choose one of"),
+        (lambda: UpdateConfig(epochs=0), "update.epochs must be >= 1"),
+        (lambda: ValidationConfig(group_size=4), "set validation.greedy: false"),
+    ],
+)
+def test_each_option_group_checks_itself(build, message):
+    with pytest.raises(ValueError, match=message):
+        build()
+
+
+def test_a_loss_that_reads_no_old_log_probs_warns_with_several_epochs(caplog):
+    with caplog.at_level("WARNING"):
+        RLVRModule(policy(), loss="pg", update=UpdateConfig(epochs=2))
+    assert "reads no old log-probs" in caplog.text
 
 
 def test_entropy_bonus_lowers_the_loss_by_exactly_c_times_the_mean_entropy():
@@ -152,8 +173,8 @@ def test_entropy_bonus_lowers_the_loss_by_exactly_c_times_the_mean_entropy():
     rollout = toy.sample({"prompt": [[1, 2, 3], [0, 0, 4]]}, n=2, sampling=SamplingConfig())
     rollout.advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])
     tokens = rollout.response_mask.sum()
-    plain = RLVRModule(toy, aggregation="token-mean")._micro_batch_loss(rollout, None, 4, tokens, first_epoch=True).loss
-    bonus = RLVRModule(toy, aggregation="token-mean", entropy_coef=0.1)._micro_batch_loss(rollout, None, 4, tokens, first_epoch=True).loss
+    plain = RLVRModule(toy, aggregation=AggregationConfig(mode="token-mean"))._micro_batch_loss(rollout, None, 4, tokens, first_epoch=True).loss
+    bonus = RLVRModule(toy, entropy_coef=0.1, aggregation=AggregationConfig(mode="token-mean"))._micro_batch_loss(rollout, None, 4, tokens, first_epoch=True).loss
     # the toy's distributions by hand: H = -sum p log p per position, averaged over the 12 response tokens
     probs = toy(rollout.prompt_ids).softmax(-1)
     mean_entropy = -(probs * probs.log()).sum(-1).mean()
@@ -183,6 +204,6 @@ def test_count_empty_rows_sets_the_sequence_divisor(in_tmp_dir, monkeypatch, cou
     monkeypatch.setattr(rlvr_module, "aggregate_loss", spy)
     torch.manual_seed(0)
     policy = FirstRowEmptyPolicy(vocab_size=5, prompt_length=3, embedding_dim=4)
-    module = RLVRModule(policy, group_size=2, count_empty_rows=count_empty_rows)
+    module = RLVRModule(policy, group_size=2, aggregation=AggregationConfig(count_empty_rows=count_empty_rows))
     fit(module, [SortInclusionOrderingReward(), CenteredAdvantage()], steps=1, batch_size=4)
     assert seen == [expected]  # 4 prompts x 2 responses, one of them empty

@@ -20,6 +20,7 @@ from rlvr_lightning.core.aggregation import aggregate_loss
 from rlvr_lightning.modules import RLVRModule
 from rlvr_lightning.modules import async_rollouts
 from rlvr_lightning.modules.async_rollouts import AsyncRollouts
+from rlvr_lightning.modules.options import AggregationConfig, ImportanceSamplingConfig, UpdateConfig
 from rlvr_lightning.policies.toy_sort import ToySortPolicy
 from rlvr_lightning.rewards import SortInclusionOrderingReward
 
@@ -83,7 +84,7 @@ def recording_policy():
 
 @pytest.mark.parametrize("staleness", [0, 1])
 def test_the_trained_rollout_was_sampled_by_the_weights_one_update_back(in_tmp_dir, staleness):
-    module = RLVRModule(recording_policy(), group_size=4, ppo_epochs=2, rollout_staleness=staleness)
+    module = RLVRModule(recording_policy(), group_size=4, rollout_staleness=staleness, update=UpdateConfig(epochs=2))
     weights = WeightsAtStepStart()
     trainer, recorder = fit(module, [SortInclusionOrderingReward(), weights], steps=5)
     at_start = weights.at_start
@@ -120,7 +121,7 @@ def test_generation_runs_beside_the_update_on_weights_that_do_not_change(in_tmp_
     monkeypatch.setattr(RecordingPolicy, "overlap", overlap)
     hook = register_optimizer_step_post_hook(lambda optimizer, args, kwargs: steps.__setitem__(0, steps[0] + 1))
     try:
-        module = RLVRModule(recording_policy(), group_size=4, ppo_epochs=2, rollout_staleness=1)
+        module = RLVRModule(recording_policy(), group_size=4, rollout_staleness=1, update=UpdateConfig(epochs=2))
         weights = WeightsAtStepStart()
         fit(module, [SortInclusionOrderingReward(), weights], steps=4)
     finally:
@@ -133,10 +134,10 @@ def test_generation_runs_beside_the_update_on_weights_that_do_not_change(in_tmp_
 
 def test_decoupled_loss_by_hand():
     """loss_t = -w_t * min(r_t A, clip(r_t) A), r = pi_theta / pi_prox, w = pi_prox / pi_behav, 0 above the cap
-    (AReaL's decoupled PPO; rollout_staleness=1 defaults to rollout_is='token_mask', cap rollout_is_max=2)."""
+    (AReaL's decoupled PPO; rollout_staleness=1 defaults to rollout_is.mode='token_mask', cap rollout_is.max=2)."""
     torch.manual_seed(0)
-    module = RLVRModule(ToySortPolicy(vocab_size=5, prompt_length=3, embedding_dim=4), rollout_staleness=1, aggregation="token-mean")
-    assert module.rollout_is == "token_mask"
+    module = RLVRModule(ToySortPolicy(vocab_size=5, prompt_length=3, embedding_dim=4), rollout_staleness=1, aggregation=AggregationConfig(mode="token-mean"))
+    assert module.rollout_is.mode == "token_mask"
     rollout = module.policy.sample({"prompt": [[1, 2, 3]]}, n=2, sampling=module.sampling)
     log_probs, _ = module.policy.token_log_probs(rollout)
     log_probs = log_probs.detach()
@@ -164,13 +165,13 @@ def test_one_update_per_step_uses_its_own_log_probs_as_the_proximal_policy():
     assert rollout.old_log_probs is None  # one update: no forward pass for the old log-probs
     loss = module._micro_batch_loss(rollout, None, num_sequences=4, num_tokens=12, first_epoch=True).loss
     log_probs, _ = module.policy.token_log_probs(rollout)
-    expected = aggregate_loss(-1.25 * rollout.advantages[:, None] * torch.ones_like(log_probs), None, module.aggregation, num_sequences=4, num_tokens=12)
+    expected = aggregate_loss(-1.25 * rollout.advantages[:, None] * torch.ones_like(log_probs), None, module.aggregation.mode, num_sequences=4, num_tokens=12)
     assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
 
 
 def test_several_updates_recompute_the_old_log_probs_at_the_current_weights():
     torch.manual_seed(0)
-    module = RLVRModule(ToySortPolicy(vocab_size=5, prompt_length=3, embedding_dim=4), rollout_staleness=1, ppo_epochs=2)
+    module = RLVRModule(ToySortPolicy(vocab_size=5, prompt_length=3, embedding_dim=4), rollout_staleness=1, update=UpdateConfig(epochs=2))
     rollout = module.policy.sample({"prompt": [[1, 2, 3]]}, n=2, sampling=module.sampling)
     rollout.sampling_log_probs, rollout.old_log_probs = rollout.old_log_probs - 0.3, None
     module._add_old_and_reference_log_probs(rollout)
@@ -182,8 +183,8 @@ def test_rollout_staleness_options():
     policy = ToySortPolicy(vocab_size=5, prompt_length=3)
     with pytest.raises(ValueError, match=r"rollout_staleness=2 is not valid; choose 0 \(on-policy\) or 1"):
         RLVRModule(policy, rollout_staleness=2)
-    assert RLVRModule(policy, rollout_staleness=1, rollout_is="token_truncate").rollout_is == "token_truncate"
-    assert RLVRModule(policy).rollout_is is None and RLVRModule(policy).async_rollouts is None
+    assert RLVRModule(policy, rollout_staleness=1, rollout_is=ImportanceSamplingConfig(mode="token_truncate")).rollout_is.mode == "token_truncate"
+    assert RLVRModule(policy).rollout_is.mode is None and RLVRModule(policy).async_rollouts is None
 
     class OldPolicy(ToySortPolicy):
         def sample(self, batch, n, sampling):

@@ -8,6 +8,7 @@ from rlvr_lightning.advantages import GroupNormalizedAdvantage
 from rlvr_lightning.core.bias_diagnostics import group_std_quantiles, length_by_correctness, long_short_token_weights
 from rlvr_lightning.data import RLVRDataModule, SortTask
 from rlvr_lightning.modules import PPOModule, RLVRModule
+from rlvr_lightning.modules.options import AggregationConfig
 from rlvr_lightning.policies.toy_sort import ToySortPolicy
 from rlvr_lightning.rewards import RewardCallback, SortAndStopReward
 
@@ -48,7 +49,7 @@ def policy():
 
 @pytest.mark.parametrize("aggregation", ["seq-mean-token-mean", "seq-sum-constant"])
 def test_every_step_logs_the_diagnostics_of_the_trained_batch(aggregation):
-    module = RLVRModule(policy(), group_size=4, aggregation=aggregation)
+    module = RLVRModule(policy(), group_size=4, aggregation=AggregationConfig(mode=aggregation))
     recorder = fit(module, [SortAndStopReward(stop="any", stop_bonus=0.0), GroupNormalizedAdvantage()])
     assert len(recorder.steps) == 3 and all(set(step) == {f"train/bias/{k}" for k in KEYS} for step in recorder.steps)
     rollout, last = module.last_rollout, recorder.steps[-1]

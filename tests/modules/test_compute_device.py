@@ -17,6 +17,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "policies"))
 from tiny_lm import save_tiny_tokenizer, tiny_llama_config  # noqa: E402
 
+from rlvr_lightning.modules.options import UpdateConfig
 from rlvr_lightning.policies.base import SamplingConfig, compute_device, set_compute_device  # noqa: E402
 from rlvr_lightning.policies.toy_sort import ToySortPolicy  # noqa: E402
 from rlvr_lightning.rewards import RewardCallback  # noqa: E402
@@ -60,7 +61,7 @@ def test_a_training_step_samples_and_scores_on_the_root_device(tokenizer_dir):
 
     pl.seed_everything(0)
     policy = HFPolicy(config=tiny_llama_config(), tokenizer_name_or_path=tokenizer_dir)
-    module = RLVRModule(policy, group_size=2, sampling=SamplingConfig(max_new_tokens=4), micro_batch_size=2)
+    module = RLVRModule(policy, group_size=2, sampling=SamplingConfig(max_new_tokens=4), update=UpdateConfig(micro_batch_size=2))
     task = InlineTask(examples=[{"prompt": "What is 2+3?"}, {"prompt": "The quick brown"}])
     _trainer(LengthReward()).fit(module, RLVRDataModule(task=task, batch_size=2))
     rollout = module.last_rollout

@@ -10,6 +10,7 @@ import torch
 
 from rlvr_lightning.data import RLVRDataModule, SortTask
 from rlvr_lightning.modules.expert_iteration import ExpertIterationModule
+from rlvr_lightning.modules.options import AggregationConfig, UpdateConfig
 from rlvr_lightning.modules.sft import pair_rollout
 from rlvr_lightning.policies.base import SamplingConfig
 from rlvr_lightning.policies.toy_sort import ToySortPolicy
@@ -88,7 +89,7 @@ class KeptSpy(ExpertIterationModule):
 
 def test_a_round_fine_tunes_on_the_kept_responses_for_E_epochs(in_tmp_dir):
     # 16 prompts x 4 responses; reward 1 on every other row: 32 kept, 2 epochs of mini-batches of 8 = 8 steps
-    module = KeptSpy(toy(), group_size=4, reward_threshold=1.0, epochs_per_round=2, mini_batch_size=8)
+    module = KeptSpy(toy(), group_size=4, reward_threshold=1.0, update=UpdateConfig(epochs=2, mini_batch_size=8))
     trainer = fit(module, [Fixed([1.0, 0.0] * 32)], rounds=1, val=False)
     (kept,) = module.fine_tuned
     assert kept.num_rows == 32 and bool((kept.reward == 1).all())
@@ -120,7 +121,11 @@ def test_three_rounds_raise_the_validation_accuracy_of_a_fine_tuned_start(in_tmp
         loss.backward()
         optimizer.step()
     module = ExpertIterationModule(
-        policy, optimizer=lambda p: torch.optim.Adam(p, lr=0.01), group_size=8, max_per_prompt=4, mini_batch_size=64
+        policy,
+        optimizer=lambda p: torch.optim.Adam(p, lr=0.01),
+        group_size=8,
+        max_per_prompt=4,
+        update=UpdateConfig(mini_batch_size=64),
     )
     start = pl.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False, callbacks=[SortInclusionOrderingReward()])
     data = RLVRDataModule(SortTask(vocab_size=5, length=3, num_val=64), batch_size=128)
@@ -135,9 +140,9 @@ def test_three_rounds_raise_the_validation_accuracy_of_a_fine_tuned_start(in_tmp
     [
         ({"max_per_prompt": 9}, "max_per_prompt must be in \\[1, group_size=8\\]"),
         ({"sampling": SamplingConfig(do_sample=False)}, "responses to a prompt identical"),
-        ({"mini_batch_size": 6, "micro_batch_size": 4}, "micro_batch_size=4 must divide mini_batch_size=6"),
-        ({"epochs_per_round": 0}, "epochs_per_round must be >= 1"),
-        ({"aggregation": "seq-sum-constant"}, "aggregation='seq-sum-constant' is not valid here"),
+        ({"update": UpdateConfig(max_consecutive_skips=3)}, "max_consecutive_skips does not apply"),
+        ({"aggregation": AggregationConfig(mode="seq-sum-constant")}, "aggregation.mode='seq-sum-constant' is not valid"),
+        ({"aggregation": AggregationConfig(mode="token-mean")}, "count_empty_rows=true does not apply"),
     ],
 )
 def test_contradictory_options_fail_at_start_up(options, message):

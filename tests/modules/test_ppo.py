@@ -13,6 +13,7 @@ from rlvr_lightning.advantages import CenteredAdvantage
 from rlvr_lightning.core.masked import masked_normalize
 from rlvr_lightning.data import RLVRDataModule, SortTask
 from rlvr_lightning.modules import PPOModule
+from rlvr_lightning.modules.options import GAEConfig, KLConfig, UpdateConfig, ValueConfig
 from rlvr_lightning.policies.base import SamplingConfig
 from rlvr_lightning.policies.toy_sort import ToySortPolicy
 from rlvr_lightning.rewards import RewardCallback, SortAndStopReward, SortInclusionOrderingReward
@@ -57,7 +58,7 @@ def parameters(module):
 @pytest.mark.parametrize("value_model", ["separate", "shared"])
 def test_first_step_advantages_are_the_whitened_returns_of_a_zero_critic(value_model):
     # the value head starts at 0: with gamma = lam = 1 every token's return is its response's reward
-    module = PPOModule(toy(), value_model=value_model, group_size=4)
+    module = PPOModule(toy(), group_size=4, value=ValueConfig(model=value_model))
     recorder = fit(module, [SortInclusionOrderingReward()], steps=1)
     rollout = module.last_rollout
     assert torch.equal(rollout.values, torch.zeros_like(rollout.values))
@@ -73,7 +74,7 @@ def test_first_step_advantages_are_the_whitened_returns_of_a_zero_critic(value_m
 
 
 def test_discounted_returns_from_a_zero_critic():
-    module = PPOModule(toy(), group_size=4, gamma=0.5, lam=1.0, whiten_advantages=False)
+    module = PPOModule(toy(), group_size=4, gae=GAEConfig(gamma=0.5, lam=1.0, whiten=False))
     fit(module, [SortInclusionOrderingReward()], steps=1)
     rollout = module.last_rollout
     # 3 response tokens: R_t = 0.5^(2 - t) * reward, and unwhitened advantages equal returns (V = 0)
@@ -84,7 +85,7 @@ def test_discounted_returns_from_a_zero_critic():
 
 @pytest.mark.parametrize("value_model", ["separate", "shared"])
 def test_warm_up_trains_the_critic_only(value_model):
-    module = PPOModule(toy(), value_model=value_model, group_size=4, critic_warmup_steps=2, critic_lr=0.05)
+    module = PPOModule(toy(), group_size=4, value=ValueConfig(model=value_model, warmup_steps=2, lr=0.05))
     policy_before = parameters(module.policy)
     recorder = fit(module, [SortInclusionOrderingReward()], steps=2)
     assert all(torch.equal(a, b) for a, b in zip(policy_before, parameters(module.policy)))
@@ -92,14 +93,14 @@ def test_warm_up_trains_the_critic_only(value_model):
     assert [s["train/critic/warmup"] for s in recorder.steps] == [1.0, 1.0]
     assert recorder.steps[-1]["train/grad_norm"] == 0.0  # the policy got no gradient at all
     # the third step is past the warm-up: the policy moves
-    module = PPOModule(toy(), value_model=value_model, group_size=4, critic_warmup_steps=2, critic_lr=0.05)
+    module = PPOModule(toy(), group_size=4, value=ValueConfig(model=value_model, warmup_steps=2, lr=0.05))
     recorder = fit(module, [SortInclusionOrderingReward()], steps=3)
     assert recorder.steps[-1]["train/critic/warmup"] == 0.0
     assert not all(torch.equal(a, b) for a, b in zip(policy_before, parameters(module.policy)))
 
 
 def test_the_critic_learns_the_returns():
-    module = PPOModule(toy(), group_size=4, critic_lr=0.05, vf_coef=1.0, value_clip=None)
+    module = PPOModule(toy(), group_size=4, value=ValueConfig(lr=0.05, coef=1.0, clip=None))
     recorder = fit(module, [ConstantReward()], steps=30)
     # every return is 1: the values go from 0 to 1, the value loss from 1/2 to ~0
     assert recorder.steps[0]["train/critic/value_loss"] == pytest.approx(0.5)
@@ -112,7 +113,7 @@ def test_the_critic_learns_the_returns():
 def test_the_value_loss_reaches_the_policy_trunk_only_when_shared(value_model, warming_up, monkeypatch):
     # advantages 0: the policy loss has no gradient, so whatever reaches the policy comes from the value loss
     monkeypatch.setattr(PPOModule, "warming_up", property(lambda self: warming_up))
-    module = PPOModule(toy(), value_model=value_model, group_size=4, vf_coef=1.0, value_clip=None)
+    module = PPOModule(toy(), group_size=4, value=ValueConfig(model=value_model, coef=1.0, clip=None))
     torch.nn.init.normal_(module.value_head.linear.weight)
     rollout = module.policy.sample({"prompt": [[1, 0, 2], [4, 3, 3]]}, 4, SamplingConfig())
     rollout.old_log_probs = None
@@ -130,7 +131,7 @@ def test_the_value_loss_reaches_the_policy_trunk_only_when_shared(value_model, w
 
 
 def test_each_model_is_clipped_on_its_own():
-    module = PPOModule(toy(), group_size=4, max_grad_norm=1.0)
+    module = PPOModule(toy(), group_size=4, update=UpdateConfig(max_grad_norm=1.0))
     for params, norm in ((list(module.policy.parameters()), 3.0), (module.critic_parameters(), 4.0)):
         for p in params:
             p.grad = torch.zeros_like(p)
@@ -155,7 +156,7 @@ def test_a_non_finite_critic_gradient_skips_the_update():
 def test_warm_up_gradient_norms_are_on_the_loss_device():
     # the policy has no gradient during the warm-up: its norm is a 0 made on the loss's device (meta stands for the
     # GPU), not a CPU 0 that the loss would be stacked with
-    module = PPOModule(toy(), group_size=4, critic_warmup_steps=1)
+    module = PPOModule(toy(), group_size=4, value=ValueConfig(warmup_steps=1))
     module._critic_grad_norms = []
     for p in module.critic_parameters():
         p.grad = torch.ones_like(p)
@@ -165,7 +166,7 @@ def test_warm_up_gradient_norms_are_on_the_loss_device():
 
 
 def test_critic_learning_rate_is_its_parameter_group():
-    module = PPOModule(toy(), group_size=4, critic_lr=0.01, optimizer=lambda params: torch.optim.Adam(params, lr=0.003))
+    module = PPOModule(toy(), group_size=4, optimizer=lambda params: torch.optim.Adam(params, lr=0.003), value=ValueConfig(lr=0.01))
     optimizer = module.configure_optimizers()
     policy_group, critic_group = optimizer.param_groups
     assert policy_group["lr"] == 0.003 and critic_group["lr"] == 0.01
@@ -177,8 +178,12 @@ def test_kl_in_the_reward_is_charged_per_token():
     # kl_mode=reward: every token's reward is -kl_coef * KL_t and the last one's adds the task reward, so with
     # gamma = lam = 1 the return at t is the reward minus kl_coef times the KL still to come
     module = PPOModule(
-        toy(), group_size=4, kl_coef=0.5, kl_estimator="k1", kl_mode="reward", ppo_epochs=2,
-        whiten_advantages=False, optimizer=lambda params: torch.optim.Adam(params, lr=0.05),
+        toy(),
+        group_size=4,
+        optimizer=lambda params: torch.optim.Adam(params, lr=0.05),
+        kl=KLConfig(coef=0.5, estimator="k1", mode="reward"),
+        update=UpdateConfig(epochs=2),
+        gae=GAEConfig(whiten=False),
     )
     recorder = fit(module, [SortInclusionOrderingReward()], steps=3)
     rollout = module.last_rollout
@@ -191,7 +196,7 @@ def test_kl_in_the_reward_is_charged_per_token():
 
 def test_micro_batches_accumulate_to_the_mini_batch_update():
     def run(micro):
-        module = PPOModule(toy(), group_size=4, ppo_epochs=2, mini_batch_size=8, micro_batch_size=micro, critic_lr=0.01)
+        module = PPOModule(toy(), group_size=4, update=UpdateConfig(epochs=2, mini_batch_size=8, micro_batch_size=micro), value=ValueConfig(lr=0.01))
         fit(module, [SortInclusionOrderingReward()], steps=2)
         return parameters(module)
 
@@ -212,17 +217,17 @@ class NoCopyPolicy(ToySortPolicy):
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(value_model="both"), "value_model='both' is not valid; choose one of"),
-        (dict(value_model="shared", critic=ToySortPolicy(vocab_size=5, prompt_length=3)), "value_model='shared' reads the policy's own"),
-        (dict(gamma=1.5), "gamma and lam must be in"),
-        (dict(vf_coef=0.0), "vf_coef must be > 0"),
-        (dict(value_clip=-1.0), "value_clip must be > 0"),
-        (dict(critic_warmup_steps=-1), "critic_warmup_steps must be >= 0"),
+        (lambda: dict(value=ValueConfig(model="both")), "value.model='both' is not valid; choose one of"),
+        (lambda: dict(value=ValueConfig(model="shared"), critic=ToySortPolicy(vocab_size=5, prompt_length=3)), "value.model='shared' reads the policy's own"),
+        (lambda: dict(gae=GAEConfig(gamma=1.5)), "gae.gamma and gae.lam must be in"),
+        (lambda: dict(value=ValueConfig(coef=0.0)), "value.coef must be > 0"),
+        (lambda: dict(value=ValueConfig(clip=-1.0)), "value.clip must be > 0"),
+        (lambda: dict(value=ValueConfig(warmup_steps=-1)), "value.warmup_steps must be >= 0"),
     ],
 )
 def test_bad_options_fail_with_the_option_named(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        PPOModule(toy(), group_size=4, **kwargs)
+        PPOModule(toy(), group_size=4, **kwargs())
 
 
 def test_a_policy_without_a_copy_needs_a_critic():
@@ -245,7 +250,7 @@ def test_ppo_on_a_tiny_language_model(value_model):
         tokenizer_name_or_path=str(ROOT / "configs" / "length_bias" / "digits_tokenizer"),
         prompt_template="raw",
     )
-    module = PPOModule(policy, value_model=value_model, group_size=4, sampling=SamplingConfig(max_new_tokens=6), critic_lr=0.01)
+    module = PPOModule(policy, group_size=4, sampling=SamplingConfig(max_new_tokens=6), value=ValueConfig(model=value_model, lr=0.01))
     recorder = fit(module, [SortAndStopReward(stop="any")], steps=2, task=SortTask(vocab_size=10, length=3, num_val=0))
     rollout = module.last_rollout
     mask = rollout.response_mask.bool()

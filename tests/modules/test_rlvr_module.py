@@ -7,6 +7,7 @@ import torch
 from rlvr_lightning.advantages import CenteredAdvantage, GroupNormalizedAdvantage, RLOOAdvantage
 from rlvr_lightning.data import RLVRDataModule, SortTask
 from rlvr_lightning.modules import RLVRModule
+from rlvr_lightning.modules.options import AggregationConfig, KLConfig, UpdateConfig, ValidationConfig
 from rlvr_lightning.policies.base import SamplingConfig
 from rlvr_lightning.policies.toy_sort import ToySortPolicy
 from rlvr_lightning.rewards import RewardCallback, SortInclusionOrderingReward
@@ -46,7 +47,7 @@ def policy():
 
 
 def test_logs_every_documented_metric(in_tmp_dir):
-    module = RLVRModule(policy(), group_size=4, kl_coef=0.1, ppo_epochs=2)
+    module = RLVRModule(policy(), group_size=4, kl=KLConfig(coef=0.1), update=UpdateConfig(epochs=2))
     trainer, _ = fit(module, [SortInclusionOrderingReward(), CenteredAdvantage()], val=True)
     metrics = trainer.callback_metrics
     for key in [
@@ -84,26 +85,31 @@ def test_no_reward_is_an_error(in_tmp_dir):
 
 @pytest.mark.parametrize(
     "option, value, choices",
-    [("loss", "ppo", "ppo_clip"), ("aggregation", "mean", "token-mean"), ("kl_estimator", "k4", "k3")],
+    [("loss", "ppo", "ppo_clip"), ("aggregation.mode", "mean", "token-mean"), ("kl.estimator", "k4", "k3")],
 )
 def test_unknown_choices_name_the_valid_ones(option, value, choices):
+    build = {
+        "loss": lambda: RLVRModule(policy(), loss=value),
+        "aggregation.mode": lambda: AggregationConfig(mode=value),
+        "kl.estimator": lambda: KLConfig(estimator=value),
+    }[option]
     with pytest.raises(ValueError, match=f"{option}='{value}'.*{choices}"):
-        RLVRModule(policy(), **{option: value})
+        build()
 
 
 def test_micro_batch_must_divide_mini_batch():
-    with pytest.raises(ValueError, match="micro_batch_size=3 must divide mini_batch_size=8"):
-        RLVRModule(policy(), mini_batch_size=8, micro_batch_size=3)
+    with pytest.raises(ValueError, match="update.micro_batch_size=3 must divide update.mini_batch_size=8"):
+        RLVRModule(policy(), update=UpdateConfig(mini_batch_size=8, micro_batch_size=3))
 
 
 def test_mini_batch_must_divide_the_rollout(in_tmp_dir):
-    with pytest.raises(ValueError, match="mini_batch_size=5 must divide the rollout size"):
-        fit(RLVRModule(policy(), group_size=4, mini_batch_size=5), [SortInclusionOrderingReward()], batch_size=4)
+    with pytest.raises(ValueError, match="update.mini_batch_size=5 must divide the rollout size"):
+        fit(RLVRModule(policy(), group_size=4, update=UpdateConfig(mini_batch_size=5)), [SortInclusionOrderingReward()], batch_size=4)
 
 
 def test_reference_model_exists_only_with_kl():
-    assert RLVRModule(policy(), kl_coef=0.0).reference is None
-    assert RLVRModule(policy(), kl_coef=0.1).reference is not None
+    assert RLVRModule(policy(), kl=KLConfig(coef=0.0)).reference is None
+    assert RLVRModule(policy(), kl=KLConfig(coef=0.1)).reference is not None
 
 
 class CountingPolicy(ToySortPolicy):
@@ -127,8 +133,7 @@ def test_old_log_probs_are_computed_only_when_the_policy_moves(in_tmp_dir, ppo_e
     module = RLVRModule(
         CountingPolicy(vocab_size=5, prompt_length=3, embedding_dim=4),
         group_size=4,
-        ppo_epochs=ppo_epochs,
-        mini_batch_size=mini_batch_size,
+        update=UpdateConfig(epochs=ppo_epochs, mini_batch_size=mini_batch_size),
     )
     fit(module, [SortInclusionOrderingReward()], steps=2, batch_size=4)
     # 16 rows per step, scored once per epoch, plus once more for old log-probs when the policy moves
@@ -145,14 +150,14 @@ class ToyCountingPolicy(ToySortPolicy):
 
 def test_sampling_log_probs_save_the_old_log_prob_pass(in_tmp_dir):
     ToyCountingPolicy.rows = 0
-    module = RLVRModule(ToyCountingPolicy(vocab_size=5, prompt_length=3, embedding_dim=4), group_size=4, ppo_epochs=2)
+    module = RLVRModule(ToyCountingPolicy(vocab_size=5, prompt_length=3, embedding_dim=4), group_size=4, update=UpdateConfig(epochs=2))
     fit(module, [SortInclusionOrderingReward()], steps=2, batch_size=4)
     assert ToyCountingPolicy.rows == 2 * 16 * 2  # one pass per epoch, none for the old log-probs
 
 
 def final_parameters(micro_batch_size, aggregation):
     constant = 5.0 if aggregation == "seq-sum-constant" else None
-    module = RLVRModule(policy(), group_size=4, micro_batch_size=micro_batch_size, aggregation=aggregation, loss_constant=constant)
+    module = RLVRModule(policy(), group_size=4, update=UpdateConfig(micro_batch_size=micro_batch_size), aggregation=AggregationConfig(mode=aggregation, constant=constant))
     fit(module, [SortInclusionOrderingReward()], steps=2, batch_size=4)
     return torch.cat([p.detach().flatten() for p in module.policy.parameters()])
 
@@ -168,7 +173,7 @@ class NaNReward(RewardCallback):
 
 
 def test_non_finite_updates_are_skipped_then_stop_the_run(in_tmp_dir):
-    module = RLVRModule(policy(), group_size=2, max_consecutive_skips=3)
+    module = RLVRModule(policy(), group_size=2, update=UpdateConfig(max_consecutive_skips=3))
     before = [p.detach().clone() for p in module.policy.parameters()]
     with pytest.raises(RuntimeError, match="3 consecutive updates had a non-finite loss"):
         fit(module, [NaNReward(), CenteredAdvantage()], steps=5)
@@ -178,11 +183,11 @@ def test_non_finite_updates_are_skipped_then_stop_the_run(in_tmp_dir):
 
 
 def test_reference_is_refreshed_every_n_steps(in_tmp_dir):
-    module = RLVRModule(policy(), group_size=2, kl_coef=0.1, ref_update_every=2)
+    module = RLVRModule(policy(), group_size=2, kl=KLConfig(coef=0.1, refresh_every=2))
     fit(module, [SortInclusionOrderingReward()], steps=2)
     # refreshed at the start of step 2 only: the reference is the policy after one update, not the latest
     assert not all(torch.equal(r, p) for r, p in zip(module.reference.parameters(), module.policy.parameters()))
-    module = RLVRModule(policy(), group_size=2, kl_coef=0.1, ref_update_every=2)
+    module = RLVRModule(policy(), group_size=2, kl=KLConfig(coef=0.1, refresh_every=2))
     fit(module, [SortInclusionOrderingReward()], steps=3)
     snapshot = [p.detach().clone() for p in module.reference.parameters()]
     assert not all(torch.equal(s, p) for s, p in zip(snapshot, module.policy.parameters()))
@@ -205,7 +210,7 @@ def test_grpo_learns_the_sort_task(in_tmp_dir):
 
 
 def test_validation_reports_pass_at_k_and_length(in_tmp_dir):
-    module = RLVRModule(policy(), group_size=4, val_group_size=4, val_greedy=False)
+    module = RLVRModule(policy(), group_size=4, validation=ValidationConfig(group_size=4, greedy=False))
     trainer, _ = fit(module, [SortInclusionOrderingReward(), CenteredAdvantage()], val=True)
     metrics = trainer.callback_metrics
     assert {"val/pass@4", "val/response_length", "val/accuracy"} <= set(metrics)
@@ -214,5 +219,5 @@ def test_validation_reports_pass_at_k_and_length(in_tmp_dir):
 
 
 def test_greedy_validation_with_several_responses_is_an_error():
-    with pytest.raises(ValueError, match="set val_greedy: false"):
-        RLVRModule(policy(), val_group_size=4, val_greedy=True)
+    with pytest.raises(ValueError, match="set validation.greedy: false"):
+        RLVRModule(policy(), validation=ValidationConfig(group_size=4, greedy=True))

@@ -7,6 +7,7 @@ import torch
 
 from rlvr_lightning.core.aggregation import aggregate_loss
 from rlvr_lightning.modules import RLVRModule
+from rlvr_lightning.modules.options import ImportanceSamplingConfig, UpdateConfig
 from rlvr_lightning.policies.toy_sort import ToySortPolicy
 from rlvr_lightning.rewards import SortInclusionOrderingReward
 
@@ -54,7 +55,7 @@ def test_the_mismatch_is_logged_every_step(in_tmp_dir):
 
 
 def test_token_truncated_is_weights_scale_the_policy_loss_by_hand():
-    module = RLVRModule(policy(), loss="pg", rollout_is="token_truncate", rollout_is_max=1.05)
+    module = RLVRModule(policy(), loss="pg", rollout_is=ImportanceSamplingConfig(mode="token_truncate", max=1.05))
     plain = RLVRModule(module.policy, loss="pg")
     rollout = _rollout(module)
     num_tokens = rollout.response_mask.numel()
@@ -65,21 +66,21 @@ def test_token_truncated_is_weights_scale_the_policy_loss_by_hand():
 
 
 def test_is_weights_use_the_trainers_old_log_probs_when_they_were_recomputed():
-    module = RLVRModule(policy(), loss="pg", rollout_is="token_mask", rollout_is_max=2.0)
+    module = RLVRModule(policy(), loss="pg", rollout_is=ImportanceSamplingConfig(mode="token_mask", max=2.0))
     rollout = _rollout(module)
     log_probs, _ = module.policy.token_log_probs(rollout)
     rollout.old_log_probs = rollout.sampling_log_probs + 1.0  # r = e^1 = 2.7 > 2: every token masked
     loss = module._micro_batch_loss(rollout, None, rollout.num_rows, rollout.response_mask.numel(), first_epoch=True).loss
     assert loss.item() == 0.0
     expected = aggregate_loss(
-        -rollout.advantages[:, None] * log_probs, None, module.aggregation, num_sequences=4, num_tokens=rollout.response_mask.numel()
+        -rollout.advantages[:, None] * log_probs, None, module.aggregation.mode, num_sequences=4, num_tokens=rollout.response_mask.numel()
     )
     assert expected.item() != 0.0
 
 
 @pytest.mark.parametrize("exact, rollout_is, recomputed", [(False, None, True), (True, None, False), (True, "token_truncate", True)])
 def test_sampling_log_probs_serve_as_old_ones_only_when_exact_and_uncorrected(exact, rollout_is, recomputed):
-    module = RLVRModule(policy(), ppo_epochs=2, rollout_is=rollout_is)
+    module = RLVRModule(policy(), update=UpdateConfig(epochs=2), rollout_is=ImportanceSamplingConfig(mode=rollout_is))
     module.policy.exact = exact
     rollout = _rollout(module)
     module._add_old_and_reference_log_probs(rollout)
@@ -90,7 +91,7 @@ def test_sampling_log_probs_serve_as_old_ones_only_when_exact_and_uncorrected(ex
 
 
 def test_invalid_is_options_name_the_choices():
-    with pytest.raises(ValueError, match="rollout_is='tis' is not valid; choose one of"):
-        RLVRModule(policy(), rollout_is="tis")
-    with pytest.raises(ValueError, match="rollout_is_min < rollout_is_max"):
-        RLVRModule(policy(), rollout_is="token_mask", rollout_is_max=1.0, rollout_is_min=1.5)
+    with pytest.raises(ValueError, match="rollout_is.mode='tis' is not valid; choose one of"):
+        RLVRModule(policy(), rollout_is=ImportanceSamplingConfig(mode="tis"))
+    with pytest.raises(ValueError, match="rollout_is.min < rollout_is.max"):
+        RLVRModule(policy(), rollout_is=ImportanceSamplingConfig(mode="token_mask", max=1.0, min=1.5))

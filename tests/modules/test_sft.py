@@ -11,6 +11,7 @@ import torch
 from rlvr_lightning.data import SortTask
 from rlvr_lightning.data.sft_data import SFTDataModule, read_jsonl, write_jsonl
 from rlvr_lightning.modules import RLVRModule
+from rlvr_lightning.modules.options import AggregationConfig, KLConfig
 from rlvr_lightning.modules.sft import SFTModule, pair_rollout, policy_from_checkpoint, response_nll
 from rlvr_lightning.policies.toy_sort import ToySortPolicy
 from rlvr_lightning.rewards import SortInclusionOrderingReward
@@ -147,7 +148,7 @@ def test_sft_learns_sorting_pairs_and_hands_off_to_grpo(tmp_path):
     loaded = policy_from_checkpoint(toy(seed=1), str(checkpoint))
     for a, b in zip(loaded.state_dict().values(), module.policy.state_dict().values()):
         torch.testing.assert_close(a, b)
-    grpo = RLVRModule(loaded, group_size=2, kl_coef=0.1)  # the KL reference is the fine-tuned policy
+    grpo = RLVRModule(loaded, group_size=2, kl=KLConfig(coef=0.1))  # the KL reference is the fine-tuned policy
     for a, b in zip(grpo.reference.parameters(), module.policy.parameters()):
         torch.testing.assert_close(a, b)
 
@@ -164,8 +165,8 @@ def test_policy_from_checkpoint_errors_say_what_is_wrong(tmp_path):
 
 
 def test_sft_options_are_checked():
-    with pytest.raises(ValueError, match="aggregation='seq-sum-constant' is not valid for SFT"):
-        SFTModule(toy(), aggregation="seq-sum-constant")
+    with pytest.raises(ValueError, match="aggregation.mode='seq-sum-constant' is not valid for a likelihood loss"):
+        SFTModule(toy(), aggregation=AggregationConfig(mode="seq-sum-constant"))
     with pytest.raises(ValueError, match="ToySortPolicy has no save_pretrained"):
         SFTModule(toy(), save_pretrained_dir="out")
 

@@ -1,0 +1,284 @@
+"""The training modules' options, grouped by concern: one frozen dataclass per group, each checking itself.
+
+In a config each group is a mapping under its name (`kl: {coef: 0.04, estimator: k3}`); keys left out keep
+the defaults shown here. Checks that involve several groups are in `check_rl_options`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from rlvr_lightning.core.aggregation import AGGREGATION_MODES
+from rlvr_lightning.core.importance_sampling import ROLLOUT_IS_MODES
+from rlvr_lightning.core.kl import KLEstimator, kl_estimator
+from rlvr_lightning.core.policy_losses import PolicyLoss
+from rlvr_lightning.modules.value_model import VALUE_MODELS
+
+log = logging.getLogger(__name__)
+
+KL_MODES = ("loss", "reward")
+
+
+def _choice(option: str, value, choices) -> None:
+    if value not in choices:
+        raise ValueError(f"{option}={value!r} is not valid; choose one of {list(choices)}")
+
+
+@dataclass(frozen=True)
+class AggregationConfig:
+    """How per-token losses become the scalar that is back-propagated (`core/aggregation.py`).
+
+    Args:
+        mode: seq-mean-token-mean (GRPO) | token-mean (DAPO) | seq-mean-token-sum | seq-sum-constant (Dr. GRPO).
+        constant: the divisor of seq-sum-constant (null: the policy's fixed response_length if it has one, else
+            sampling.max_new_tokens).
+        count_empty_rows: whether responses without a token count in the seq-mean modes' divisor (verl: false).
+    """
+
+    mode: str = "seq-mean-token-mean"
+    constant: float | None = None
+    count_empty_rows: bool = True
+
+    def __post_init__(self) -> None:
+        _choice("aggregation.mode", self.mode, AGGREGATION_MODES)
+        if self.constant is not None and self.mode != "seq-sum-constant":
+            raise ValueError(f"aggregation.constant is the divisor of mode 'seq-sum-constant', not of {self.mode!r}")
+        if self.constant is not None and self.constant <= 0:
+            raise ValueError(f"aggregation.constant must be > 0, got {self.constant}")
+
+
+@dataclass(frozen=True)
+class KLConfig:
+    """The KL penalty to a reference policy (`core/kl.py`).
+
+    Args:
+        coef: weight of the KL penalty; 0 means no reference model at all.
+        estimator: k1 | k2 | k3 (Schulman 2020), or a KLEstimator (class_path and init_args).
+        mode: loss (coef * KL added to the per-token loss, GRPO) | reward (coef * sum_t KL_t subtracted from each
+            response's reward before advantages, PPO-style reward shaping).
+        clamp: clamp each token's estimate to [-clamp, clamp] (verl's low_var_kl: 10; null: no clamp).
+        refresh_every: refresh the reference from the policy every this many rollout steps (null: never).
+        mixup_alpha: a refresh sets ref = alpha * policy + (1 - alpha) * ref (1: copy; < 1: TR-DPO mixup).
+    """
+
+    coef: float = 0.0
+    estimator: KLEstimator | str = "k3"
+    mode: str = "loss"
+    clamp: float | None = None
+    refresh_every: int | None = None
+    mixup_alpha: float = 1.0
+
+    def __post_init__(self) -> None:
+        kl_estimator(self.estimator, "kl.estimator")
+        _choice("kl.mode", self.mode, KL_MODES)
+        if self.clamp is not None and self.clamp <= 0:
+            raise ValueError(f"kl.clamp must be > 0 (or null), got {self.clamp}")
+        if self.mode == "reward" and self.coef == 0:
+            raise ValueError("kl.mode='reward' shapes the reward by kl.coef * KL, but kl.coef=0")
+        if not 0 < self.mixup_alpha <= 1:
+            raise ValueError(f"kl.mixup_alpha must be in (0, 1], got {self.mixup_alpha}")
+        if self.mixup_alpha != 1 and not self.refresh_every:
+            raise ValueError("kl.mixup_alpha sets how the reference is refreshed, but kl.refresh_every is not set")
+        if self.refresh_every and self.coef == 0:
+            raise ValueError("kl.refresh_every refreshes the KL reference, but kl.coef=0 means there is no reference")
+
+
+@dataclass(frozen=True)
+class ImportanceSamplingConfig:
+    """Correction of the sampler/trainer mismatch (`core/importance_sampling.py`; Yao et al. 2025).
+
+    Args:
+        mode: token_truncate | token_mask | sequence_truncate | sequence_mask, or null (no correction; with
+            rollout_staleness 1: token_mask).
+        max: the weights' cap C (truncate) or the upper end of the band outside which weights are 0 (mask).
+        min: the lower end of that band, or the truncation's floor (null: none).
+    """
+
+    mode: str | None = None
+    max: float = 2.0
+    min: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode is not None:
+            _choice("rollout_is.mode", self.mode, ROLLOUT_IS_MODES)
+        if self.max <= 0 or (self.min is not None and not 0 <= self.min < self.max):
+            raise ValueError(f"need 0 <= rollout_is.min < rollout_is.max, got {self.min} and {self.max}")
+
+
+@dataclass(frozen=True)
+class DynamicSamplingConfig:
+    """DAPO's dynamic sampling: drop groups whose rewards all agree and top the batch up with fresh prompts.
+
+    Args:
+        enabled: whether to drop and top up.
+        max_rounds: generation rounds per step at most; a batch still short is filled with dropped groups
+            (advantage 0), so every update has the same size.
+    """
+
+    enabled: bool = False
+    max_rounds: int = 4
+
+    def __post_init__(self) -> None:
+        if self.max_rounds < 1 or (self.enabled and self.max_rounds < 2):
+            raise ValueError(
+                f"dynamic_sampling.max_rounds={self.max_rounds}: dynamic sampling needs >= 2 rounds "
+                "(with one it could only reorder the batch)"
+            )
+
+
+@dataclass(frozen=True)
+class UpdateConfig:
+    """The inner update over one rollout: epochs x mini-batches x micro-batches.
+
+    Args:
+        epochs: passes over the rollout (PPO epochs).
+        mini_batch_size: rows (completions) per optimizer step (null: the whole rollout).
+        micro_batch_size: rows per backward pass (null: the whole mini-batch); must divide mini_batch_size.
+        max_grad_norm: clip the gradient norm to this (null: no clipping).
+        max_consecutive_skips: stop after this many consecutive updates with a non-finite loss or gradient.
+    """
+
+    epochs: int = 1
+    mini_batch_size: int | None = None
+    micro_batch_size: int | None = None
+    max_grad_norm: float | None = 1.0
+    max_consecutive_skips: int = 10
+
+    def __post_init__(self) -> None:
+        if self.epochs < 1:
+            raise ValueError(f"update.epochs must be >= 1, got {self.epochs}")
+        for name in ("mini_batch_size", "micro_batch_size"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"update.{name} must be >= 1 or null, got {value}")
+        if self.mini_batch_size is not None and self.micro_batch_size is not None and self.mini_batch_size % self.micro_batch_size:
+            raise ValueError(
+                f"update.micro_batch_size={self.micro_batch_size} must divide update.mini_batch_size="
+                f"{self.mini_batch_size} (a mini-batch is accumulated from whole micro-batches)"
+            )
+
+
+@dataclass(frozen=True)
+class ValidationConfig:
+    """How held-out prompts are answered in validation (and by `rlvr predict`).
+
+    Args:
+        group_size: responses per prompt (pass@k and majority vote need > 1).
+        greedy: decode greedily (only with group_size 1: greedy responses to a prompt are identical).
+    """
+
+    group_size: int = 1
+    greedy: bool = True
+
+    def __post_init__(self) -> None:
+        if self.group_size < 1:
+            raise ValueError(f"validation.group_size must be >= 1, got {self.group_size}")
+        if self.greedy and self.group_size > 1:
+            raise ValueError(
+                f"validation.greedy decodes the {self.group_size} validation responses of a prompt identically; "
+                "set validation.greedy: false to measure pass@k and majority vote"
+            )
+
+
+
+@dataclass(frozen=True)
+class ValueConfig:
+    """PPOModule's value model and its loss (`core/value_loss.py`).
+
+    Args:
+        model: separate (a critic model of its own: `critic`, else a trainable copy of the policy, as verl
+            initialises its critic from the actor) | shared (a value head on the policy's own hidden states).
+        lr: learning rate of the critic's parameters (value head and separate trunk); null: the optimizer's.
+        coef: weight of the value loss in the loss (TRL's vf_coef).
+        clip: how far a value may move from the rollout's value before its loss is clipped (TRL's cliprange_value
+            0.2; verl's 0.5); null: the plain squared error.
+        warmup_steps: rollout steps at the start in which only the critic learns (verl's critic_warmup).
+    """
+
+    model: str = "separate"
+    lr: float | None = None
+    coef: float = 0.1
+    clip: float | None = 0.2
+    warmup_steps: int = 0
+
+    def __post_init__(self) -> None:
+        _choice("value.model", self.model, VALUE_MODELS)
+        if self.coef <= 0:
+            raise ValueError(f"value.coef must be > 0 (the critic learns from the value loss), got {self.coef}")
+        if self.clip is not None and self.clip <= 0:
+            raise ValueError(f"value.clip must be > 0, or null for no clipping, got {self.clip}")
+        if self.lr is not None and self.lr <= 0:
+            raise ValueError(f"value.lr must be > 0, got {self.lr}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"value.warmup_steps must be >= 0, got {self.warmup_steps}")
+
+
+@dataclass(frozen=True)
+class GAEConfig:
+    """PPOModule's generalised advantage estimation (`core/gae.py`; Schulman et al. 2016).
+
+    Args:
+        gamma: the discount (verl's default 1.0).
+        lam: GAE's lambda (verl's default 1.0; TRL uses 0.95).
+        whiten: normalise the advantages to mean 0 and std 1 over the rollout's response tokens.
+    """
+
+    gamma: float = 1.0
+    lam: float = 1.0
+    whiten: bool = True
+
+    def __post_init__(self) -> None:
+        if not (0.0 <= self.gamma <= 1.0 and 0.0 <= self.lam <= 1.0):
+            raise ValueError(f"gae.gamma and gae.lam must be in [0, 1], got gamma={self.gamma} and lam={self.lam}")
+
+
+def check_rl_options(
+    group_size: int,
+    sampling,
+    loss,
+    aggregation: AggregationConfig,
+    rollout_staleness: int,
+    dynamic_sampling: DynamicSamplingConfig,
+    update: UpdateConfig,
+) -> None:
+    """The checks of `RLVRModule`'s options that involve more than one group (`loss` is a `PolicyLoss`)."""
+    if group_size < 1:
+        raise ValueError(f"group_size must be >= 1, got {group_size}")
+    if not sampling.do_sample and group_size > 1:
+        raise ValueError(
+            f"sampling.do_sample=false decodes greedily: the {group_size} responses of a group would be identical "
+            "and every group-relative advantage 0. Sample (do_sample: true) or use group_size: 1."
+        )
+    if dynamic_sampling.enabled and group_size < 2:
+        raise ValueError(
+            "dynamic_sampling drops groups whose rewards all agree; with group_size=1 every group agrees "
+            "with itself, so nothing could be trained on. Use group_size >= 2."
+        )
+    if rollout_staleness not in (0, 1):
+        raise ValueError(f"rollout_staleness={rollout_staleness!r} is not valid; choose 0 (on-policy) or 1 (one step off-policy)")
+    loss.check(aggregation.mode)
+    if not loss.needs_old_log_probs and update.epochs > 1:
+        log.warning(
+            "loss %r reads no old log-probs (no importance ratio): epochs after the first train on stale samples "
+            "uncorrected", loss
+        )
+
+
+def plain(value: Any) -> Any:
+    """An option as plain data: option groups as dicts, losses and KL estimators as their class_path and init_args
+    (checkpoints keep their hyper-parameters so, and load with `torch.load(weights_only=True)`)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {field.name: plain(getattr(value, field.name)) for field in dataclasses.fields(value)}
+    if isinstance(value, (PolicyLoss, KLEstimator)):
+        init_args = {key: plain(item) for key, item in vars(value).items()}
+        return {"class_path": f"{type(value).__module__}.{type(value).__qualname__}", "init_args": init_args}
+    return value
+
+
+def plain_hyperparameters(module) -> None:
+    """Replace the option objects among `module.hparams` (set by `save_hyperparameters`) with plain data."""
+    for key, value in list(module.hparams.items()):
+        module.hparams[key] = plain(value)
