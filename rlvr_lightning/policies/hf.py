@@ -271,7 +271,8 @@ class HFPolicy(HFScoring, Policy):
                     raise ValueError(
                         f"prompt {i} of the batch is {len(row)} tokens long; with max_new_tokens="
                         f"{sampling.max_new_tokens} that exceeds the model's context of {self.max_context} tokens "
-                        f"(max_position_embeddings): at most {self.max_context - sampling.max_new_tokens} prompt tokens fit"
+                        "(max_position_embeddings): "
+                        f"at most {self.max_context - sampling.max_new_tokens} prompt tokens fit"
                     )
         min_new_tokens = max(self.min_new_tokens, sampling.min_new_tokens)
         if min_new_tokens != sampling.min_new_tokens:
@@ -279,8 +280,16 @@ class HFPolicy(HFScoring, Policy):
         special = dict(eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id, generator=generator)
         if self.segment_rules:
             out = generate_segments(
-                self.generation, self.model, self.tokenizer, prompt_token_ids, prompt_texts, n, sampling, self.segment_rules, **special
-            )  # fmt: skip
+                self.generation,
+                self.model,
+                self.tokenizer,
+                prompt_token_ids,
+                prompt_texts,
+                n,
+                sampling,
+                self.segment_rules,
+                **special,
+            )
         else:
             out = self.generation.generate(self.model, self.tokenizer, prompt_token_ids, n, sampling, **special)
         lengths, response_text = decode_responses(self.tokenizer, out, sampling.stop_strings)

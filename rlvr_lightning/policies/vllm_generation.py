@@ -29,8 +29,9 @@ start-up is kept away from the training process's random states. Not bitwise acr
 engine's kernels run again on a new engine. Sleep mode (`sleep_level`) frees the KV cache (1) or also
 the weights (2) between rollouts on GPU; waking takes the weights first, then the push, then the KV
 cache, so that the cache is not held while the pushed tensors are gathered and cast. vLLM's CPU backend
-cannot sleep, so on a CPU it is a no-op with a warning. `RLVRModule(rollout_staleness=1)` calls `push_weights` between updates and turns
-`push_on_generate` off while a generation runs in its background thread.
+cannot sleep, so on a CPU it is a no-op with a warning. `RLVRModule(rollout_staleness=1)` calls
+`push_weights` between updates and turns `push_on_generate` off while a generation runs in its
+background thread.
 """
 
 from __future__ import annotations
