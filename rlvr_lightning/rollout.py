@@ -189,15 +189,19 @@ class Rollout:
         rewards = {}
         if all(r.rewards.keys() == rollouts[0].rewards.keys() for r in rollouts):
             rewards = {k: torch.cat([r.rewards[k] for r in rollouts]) for k in rollouts[0].rewards}
-        texts = lambda name: (
-            None if any(getattr(r, name) is None for r in rollouts) else sum((getattr(r, name) for r in rollouts), [])
-        )  # noqa: E731
+
+        def texts(name: str) -> list[str] | None:
+            parts = [getattr(r, name) for r in rollouts]
+            return None if any(p is None for p in parts) else sum(parts, [])
+
         return cls(
             prompt_ids=cat("prompt_ids", prompt_len, left=True),
             prompt_mask=cat("prompt_mask", prompt_len, left=True),
             response_ids=cat("response_ids", response_len),
             response_mask=cat("response_mask", response_len),
-            group_index=torch.cat([r.group_index - r.group_index.min() + off for r, off in zip(rollouts, offsets)]),
+            group_index=torch.cat(
+                [r.group_index - r.group_index.min() + off for r, off in zip(rollouts, offsets, strict=True)]
+            ),
             group_size=rollouts[0].group_size,
             truncated=cat("truncated"),
             prompt_text=texts("prompt_text"),

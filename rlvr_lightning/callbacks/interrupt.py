@@ -96,7 +96,8 @@ class SaveOnInterrupt(Callback):
             name = signal.Signals(self.received).name
             again = "Ctrl-C" if self.received == signal.SIGINT else name
             rank_zero_info(
-                f"rlvr: {name} received: saving a checkpoint when this rollout step ends ({again} again stops now, without it)"
+                f"rlvr: {name} received: saving a checkpoint when this rollout step ends "
+                f"({again} again stops now, without it)"
             )
 
     # ---------------------------------------------------------------- the save

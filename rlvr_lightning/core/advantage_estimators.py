@@ -97,7 +97,8 @@ def normalized_advantages(
     if std_scope == "group":
         std = grouped.std(dim=1, keepdim=True, unbiased=unbiased_std)
     else:
-        # group mean, batch std  (Liu et al. 2025 "Tricks or Traps? A Deep Dive into RL for LLM Reasoning", Lite PPO §4.1)
+        # group mean, batch std
+        # (Liu et al. 2025 "Tricks or Traps? A Deep Dive into RL for LLM Reasoning", Lite PPO §4.1)
         std = grouped.std(unbiased=unbiased_std)
     # A_i = (r_i - mean(r)) / (std(r) + eps)  (GRPO, Shao et al. 2024 DeepSeekMath §4.1.2 outcome supervision)
     advantages = centered / (std + eps)
@@ -120,7 +121,8 @@ def rloo_advantages(rewards: Tensor, group_size: int | None = None) -> Tensor:
     g = grouped.shape[1]
     if g < 2:
         raise ValueError(f"RLOO needs group_size >= 2 (the baseline averages the other samples), got {g}")
-    # A_i = r_i - 1/(G-1) sum_{j!=i} r_j = G/(G-1) (r_i - mean)  (Ahmadian et al. 2024 "Back to Basics", RLOO estimator of Kool et al. 2019)
+    # A_i = r_i - 1/(G-1) sum_{j!=i} r_j = G/(G-1) (r_i - mean)
+    # (Ahmadian et al. 2024 "Back to Basics", RLOO estimator of Kool et al. 2019)
     others_mean = (grouped.sum(dim=1, keepdim=True) - grouped) / (g - 1)
     return (grouped - others_mean).view_as(rewards)
 
@@ -144,7 +146,8 @@ def discounted_returns(rewards: Tensor, response_mask: Tensor, gamma: float = 1.
     if not 0.0 <= gamma <= 1.0:
         raise ValueError(f"gamma must be in [0, 1], got {gamma}")
     mask = response_mask.to(_as_float(rewards).dtype)
-    # tokens after t within the response: G_t = gamma^(L-1-t) r  (verl core_algos.compute_reinforce_plus_plus_outcome_advantage)
+    # tokens after t within the response: G_t = gamma^(L-1-t) r
+    # (verl core_algos.compute_reinforce_plus_plus_outcome_advantage)
     tokens_after = mask.flip(-1).cumsum(-1).flip(-1) - 1.0
     return _as_float(rewards).unsqueeze(-1) * torch.pow(gamma, tokens_after.clamp(min=0.0)) * mask
 
@@ -162,7 +165,8 @@ def token_whitened_returns(rewards: Tensor, response_mask: Tensor, gamma: float 
     valid = returns[mask]
     if _all_equal(valid):
         return torch.zeros_like(returns)
-    # (G - mean) / sqrt(var + eps), unbiased var over tokens  (verl core_algos: verl_F.masked_whiten(returns, response_mask))
+    # (G - mean) / sqrt(var + eps), unbiased var over tokens
+    # (verl core_algos: verl_F.masked_whiten(returns, response_mask))
     whitened = (returns - valid.mean()) * torch.rsqrt(valid.var(unbiased=True) + eps)
     return whitened * mask
 

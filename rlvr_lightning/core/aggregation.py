@@ -67,7 +67,8 @@ def aggregate_loss(
     # mode == "seq-sum-constant"
     if constant is None or constant <= 0:
         raise ValueError(f"mode 'seq-sum-constant' needs a constant > 0 (e.g. max_new_tokens), got {constant!r}")
-    # 1/G sum_i (sum_t l_it) / C  (Dr. GRPO, Liu et al. 2025 "Understanding R1-Zero-Like Training", §3.1: constant instead of |o_i|)
+    # 1/G sum_i (sum_t l_it) / C
+    # (Dr. GRPO, Liu et al. 2025 "Understanding R1-Zero-Like Training", §3.1: constant instead of |o_i|)
     return per_token.sum() / constant / _positive("num_sequences", num_sequences)
 
 
@@ -110,7 +111,8 @@ def token_weights(
         num_sequences = m.shape[0] if count_empty_rows else non_empty_rows(m)
     has_tokens = lengths > 0
     if mode == "seq-mean-token-mean":
-        # d/dl_it [1/G sum_i 1/|o_i| sum_t l_it] = 1 / (G |o_i|)  (Liu et al. 2025, Dr. GRPO §3.1 "response-level length bias")
+        # d/dl_it [1/G sum_i 1/|o_i| sum_t l_it] = 1 / (G |o_i|)
+        # (Liu et al. 2025, Dr. GRPO §3.1 "response-level length bias")
         weights = 1.0 / (lengths.clamp(min=1) * num_sequences)
     elif mode == "token-mean":
         weights = torch.full_like(lengths, 1.0) / lengths.sum().clamp(min=1)

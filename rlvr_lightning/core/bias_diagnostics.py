@@ -43,7 +43,9 @@ def group_std_quantiles(
         raise ValueError(f"group_size must be >= 2 and divide the {rewards.numel()} rewards, got {group_size}")
     stds = rewards.float().view(-1, group_size).std(dim=1, unbiased=True)
     values = torch.quantile(stds, torch.tensor(quantiles, dtype=stds.dtype, device=stds.device))
-    return {f"group_reward_std_q{round(q * 100):02d}": value for q, value in zip(quantiles, values.unbind())}
+    return {
+        f"group_reward_std_q{round(q * 100):02d}": value for q, value in zip(quantiles, values.unbind(), strict=True)
+    }
 
 
 def long_short_token_weights(

@@ -67,11 +67,13 @@ def gae_advantages(
         next_advantage = values.new_zeros(values.shape[0])
         advantages = torch.zeros_like(values)
         for t in reversed(range(values.shape[1])):
-            # delta_t = r_t + gamma V(s_{t+1}) - V(s_t); A_t = delta_t + gamma lam A_{t+1}  (Schulman et al. 2016, GAE eq. 16)
+            # delta_t = r_t + gamma V(s_{t+1}) - V(s_t); A_t = delta_t + gamma lam A_{t+1}
+            # (Schulman et al. 2016, GAE eq. 16)
             delta = rewards[:, t] + gamma * next_value - values[:, t]
             advantage = delta + gamma * lam * next_advantage
             m = mask[:, t]
-            # a masked position passes the next value and advantage through unchanged (verl compute_gae_advantage_return)
+            # a masked position passes the next value and advantage through unchanged
+            # (verl compute_gae_advantage_return)
             next_value = values[:, t] * m + next_value * (1 - m)
             next_advantage = advantage * m + next_advantage * (1 - m)
             advantages[:, t] = advantage * m

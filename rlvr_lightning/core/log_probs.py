@@ -56,7 +56,8 @@ def token_log_probs_and_entropy(
         return log_probs, _entropy(logits, log_z)
     with torch.no_grad():
         rows = max(1, _ENTROPY_CHUNK_ELEMENTS // max(1, logits[0].numel()))
-        parts = [_entropy(l, z) for l, z in zip(logits.detach().split(rows), log_z.detach().split(rows))]
+        chunks = zip(logits.detach().split(rows), log_z.detach().split(rows), strict=True)
+        parts = [_entropy(chunk_logits, chunk_log_z) for chunk_logits, chunk_log_z in chunks]
     return log_probs, torch.cat(parts)
 
 

@@ -28,7 +28,9 @@ def join_masked(values: list[Tensor], masks: list[Tensor | None]) -> tuple[Tenso
     flat = values[0].reshape(-1) if len(values) == 1 else torch.cat([v.reshape(-1) for v in values])
     if all(m is None for m in masks):
         return flat, None
-    joined = [torch.ones_like(v, dtype=torch.bool) if m is None else m.bool() for v, m in zip(values, masks)]
+    joined = [
+        torch.ones_like(v, dtype=torch.bool) if m is None else m.bool() for v, m in zip(values, masks, strict=True)
+    ]
     return flat, torch.cat([m.reshape(-1) for m in joined])
 
 

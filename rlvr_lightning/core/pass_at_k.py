@@ -20,7 +20,8 @@ def pass_at_k(n: int, c: int, k: int) -> float:
         raise ValueError(f"number of correct samples c must be in [0, n={n}], got {c}")
     if n - c < k:
         return 1.0
-    # 1 - C(n-c, k)/C(n, k) = 1 - prod_{i=n-c+1}^{n} (1 - k/i)  (Chen et al. 2021 "Evaluating LLMs Trained on Code", eq. 1 + Fig. 3 stable form)
+    # 1 - C(n-c, k)/C(n, k) = 1 - prod_{i=n-c+1}^{n} (1 - k/i)
+    # (Chen et al. 2021 "Evaluating LLMs Trained on Code", eq. 1 + Fig. 3 stable form)
     prod = 1.0
     for i in range(n - c + 1, n + 1):
         prod *= 1.0 - k / i

@@ -43,7 +43,7 @@ def evaluate(operands: list[int], operators: list[str]) -> Fraction:
         else:
             terms.append(Fraction(value))
             signs.append(1 if op == "+" else -1)
-    return sum((s * t for s, t in zip(signs, terms)), Fraction(0))
+    return sum((s * t for s, t in zip(signs, terms, strict=True)), Fraction(0))
 
 
 class ArithmeticTask(Task):
@@ -119,7 +119,7 @@ class ArithmeticTask(Task):
                 continue
             if value.denominator != 1 or (value < 0 and not self.allow_negative):
                 continue
-            expression = " ".join([str(operands[0])] + [f"{op} {x}" for op, x in zip(ops, operands[1:])])
+            expression = " ".join([str(operands[0])] + [f"{op} {x}" for op, x in zip(ops, operands[1:], strict=True)])
             if self.is_held_out(expression) == held_out:
                 return expression, int(value)
         raise RuntimeError(f"ArithmeticTask: no valid problem in {MAX_DRAWS} draws; loosen the settings")

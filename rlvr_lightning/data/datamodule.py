@@ -234,7 +234,7 @@ class RLVRDataModule(pl.LightningDataModule):
         values = torch.tensor([stats[k] for k in names], dtype=torch.float64, device=trainer.lightning_module.device)
         # the stats are identical on every rank but the estimation time: report the slowest rank
         values = reduce_across_ranks(trainer, values, names, {"curriculum/estimation_s": "max"}).cpu()
-        stats = dict(zip(names, values.tolist()))
+        stats = dict(zip(names, values.tolist(), strict=True))
         flt.last_stats = stats
         step = trainer.fit_loop.epoch_loop._batches_that_stepped
         log_to_loggers(trainer, stats, step)

@@ -145,7 +145,8 @@ class DifficultyFilter:
             callbacks = {cb.name: cb for cb in module.reward_callbacks}
             if self.pass_reward not in callbacks:
                 raise ValueError(
-                    f"difficulty_filter.pass_reward={self.pass_reward!r} is not one of the run's rewards {sorted(callbacks)}"
+                    f"difficulty_filter.pass_reward={self.pass_reward!r} is not one of the run's rewards "
+                    f"{sorted(callbacks)}"
                 )
             maximum = self.pass_reward_max
             if maximum is None:

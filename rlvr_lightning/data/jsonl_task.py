@@ -154,7 +154,8 @@ def _records(path: Path):
                 line = raw.decode("utf-8-sig" if line_number == 1 else "utf-8")  # a byte-order mark may start the file
             except UnicodeDecodeError as error:
                 raise ValueError(
-                    f"{path}:{line_number}: not UTF-8: byte 0x{raw[error.start]:02x} at byte {error.start + 1} of the line"
+                    f"{path}:{line_number}: not UTF-8: byte 0x{raw[error.start]:02x} "
+                    f"at byte {error.start + 1} of the line"
                 ) from None
             if not line.strip():
                 continue

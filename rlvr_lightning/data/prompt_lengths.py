@@ -37,7 +37,9 @@ def prompt_token_budget(module: Any) -> tuple[Any, int, int] | None:
 
 
 def check_prompt_lengths(task: Any, module: Any) -> int:
-    """Raise ValueError at the first prompt of the task's finite datasets that does not fit; returns how many were tokenised."""
+    """Raise ValueError at the first prompt of the task's finite datasets that does not fit.
+
+    Returns how many prompts were tokenised."""
     budget = prompt_token_budget(module)
     if budget is None:
         return 0
@@ -61,9 +63,10 @@ def check_prompt_lengths(task: Any, module: Any) -> int:
             for i, row in zip(chunk, ids, strict=True):
                 if len(row) > max_tokens:
                     raise ValueError(
-                        f"{task.example_location(split, i)}: the prompt is {len(row):,} tokens long; the model's context "
-                        f"is {context:,} tokens and sampling.max_new_tokens={context - max_tokens:,} leaves room for "
-                        f"{max_tokens:,}. Shorten or drop it (JSONLTask's max_prompt_chars rejects long prompts at load time)."
+                        f"{task.example_location(split, i)}: the prompt is {len(row):,} tokens long; "
+                        f"the model's context is {context:,} tokens and "
+                        f"sampling.max_new_tokens={context - max_tokens:,} leaves room for {max_tokens:,}. "
+                        "Shorten or drop it (JSONLTask's max_prompt_chars rejects long prompts at load time)."
                     )
     return tokenised
 

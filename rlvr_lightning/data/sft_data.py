@@ -50,7 +50,8 @@ def read_jsonl(path: str | os.PathLike, prompt_key: str = "prompt", response_key
                 raise ValueError(f"{where}: not valid JSON ({error.msg} at column {error.colno})") from None
             if not isinstance(record, dict):
                 raise ValueError(
-                    f"{where}: expected a JSON object with {prompt_key!r} and {response_key!r}, got {type(record).__name__}"
+                    f"{where}: expected a JSON object with {prompt_key!r} and {response_key!r}, "
+                    f"got {type(record).__name__}"
                 )
             missing = [key for key in (prompt_key, response_key) if key not in record]
             if missing:

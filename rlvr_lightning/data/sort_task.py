@@ -64,7 +64,9 @@ class SortTask(Task):
 
 
 def prompt_hash(prompts: Tensor) -> Tensor:
-    """A well-mixed 16-bit hash of each row of `prompts` [B, L] (polynomial hash mod 2^31 - 1, then Knuth's multiplicative mix)."""
+    """A well-mixed 16-bit hash of each row of `prompts` [B, L].
+
+    A polynomial hash mod 2^31 - 1, then Knuth's multiplicative mix."""
     h = torch.zeros(prompts.shape[0], dtype=torch.int64)
     for column in prompts.long().unbind(dim=1):
         h = (h * 1_000_003 + column + 1) % 2_147_483_647

@@ -69,7 +69,9 @@ class GenerationBackend(ABC):
         return 0.0
 
     def sleep(self) -> None:
-        """Free what the backend holds between rollouts (the update runs next)."""
+        """Free what the backend holds between rollouts (the update runs next). An optional hook: by
+        default a backend holds nothing between rollouts, so there is nothing to free."""
+        return None
 
 
 def response_tensors(

@@ -11,7 +11,7 @@ Prompts (`batch["prompt"]` items) are rendered by `prompt_template`:
 * `"raw"`: the prompt string as is (the tokenizer adds its special tokens, e.g. BOS);
 * any other string: a template in which `{prompt}` (and `{system}`, if present) are replaced.
 
-A prompt may also be a list of token ids, used as is.
+A prompt may also be a list of token ids, used as is (`policies/prompt_encoding.py`).
 
 Three seams, one file each:
 
@@ -46,7 +46,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from rlvr_lightning.policies import hf_loading
+from rlvr_lightning.policies import hf_loading, prompt_encoding
 from rlvr_lightning.policies.base import Policy, PromptBatch, SamplingConfig, compute_device
 from rlvr_lightning.policies.generation import KVCacheGeneration, left_pad
 from rlvr_lightning.policies.generation_backend import GenerationBackend
@@ -112,12 +112,7 @@ class HFPolicy(HFScoring, Policy):
         super().__init__()
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
-        if prompt_template not in ("chat", "raw") and "{prompt}" not in prompt_template:
-            raise ValueError(f"prompt_template must be 'chat', 'raw' or contain '{{prompt}}', got {prompt_template!r}")
-        if system_prompt is not None and (
-            prompt_template == "raw" or (prompt_template != "chat" and "{system}" not in prompt_template)
-        ):
-            raise ValueError("system_prompt needs prompt_template='chat' or a template containing '{system}'")
+        prompt_encoding.check_prompt_template(prompt_template, system_prompt)
         if lora_r < 0:
             raise ValueError(f"lora_r must be >= 0 (0 = no LoRA), got {lora_r}")
         if min_new_tokens < 0:
@@ -201,54 +196,13 @@ class HFPolicy(HFScoring, Policy):
 
     def render_prompt(self, prompt: Any) -> str:
         """The text the model sees for one prompt of a batch."""
-        if self.prompt_template == "chat":
-            if isinstance(prompt, str):
-                messages = [{"role": "user", "content": prompt}]
-            elif isinstance(prompt, Sequence) and all(isinstance(m, dict) for m in prompt):
-                messages = [dict(m) for m in prompt]
-            else:
-                raise TypeError(f"a chat prompt is a string or a list of message dicts, got {type(prompt).__name__}")
-            if self.system_prompt is not None and (not messages or messages[0].get("role") != "system"):
-                messages.insert(0, {"role": "system", "content": self.system_prompt})
-            if getattr(self.tokenizer, "chat_template", None) is None:
-                raise ValueError(
-                    "prompt_template='chat' but the tokenizer has no chat template; "
-                    "use prompt_template='raw' or a template string containing '{prompt}'"
-                )
-            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        if not isinstance(prompt, str):
-            raise TypeError(
-                f"prompt_template={self.prompt_template!r} needs string prompts, got {type(prompt).__name__}"
-            )
-        if self.prompt_template == "raw":
-            return prompt
-        text = self.prompt_template.replace("{prompt}", prompt)
-        if "{system}" in text:
-            text = text.replace("{system}", self.system_prompt or "")
-        return text
+        return prompt_encoding.render_prompt(self.tokenizer, prompt, self.prompt_template, self.system_prompt)
 
     def encode_prompts(self, prompts: Sequence[Any]) -> tuple[list[list[int]], list[str]]:
         """Token ids and rendered text of each prompt."""
-        ids: list[list[int] | None] = [None] * len(prompts)
-        texts: list[str | None] = [None] * len(prompts)
-        to_encode: list[int] = []
-        for i, prompt in enumerate(prompts):
-            if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(t, int) for t in prompt):
-                ids[i] = list(prompt)
-                texts[i] = self.tokenizer.decode(ids[i])
-            else:
-                texts[i] = self.render_prompt(prompt)
-                to_encode.append(i)
-        if to_encode:
-            # chat templates write their special tokens themselves; raw text gets the tokenizer's (BOS, ...)
-            add_special = self.prompt_template != "chat"
-            encoded = self.tokenizer([texts[i] for i in to_encode], add_special_tokens=add_special)["input_ids"]
-            for i, row in zip(to_encode, encoded, strict=True):
-                ids[i] = list(row)
-        for i, row in enumerate(ids):
-            if not row:
-                raise ValueError(f"prompt {i} of the batch is empty after tokenization")
-        return ids, texts  # type: ignore[return-value]
+        # chat templates write their special tokens themselves; raw text gets the tokenizer's (BOS, ...)
+        add_special_tokens = self.prompt_template != "chat"
+        return prompt_encoding.encode_prompts(self.tokenizer, prompts, self.render_prompt, add_special_tokens)
 
     # ------------------------------------------------------------------ sampling
 
@@ -271,7 +225,8 @@ class HFPolicy(HFScoring, Policy):
                     raise ValueError(
                         f"prompt {i} of the batch is {len(row)} tokens long; with max_new_tokens="
                         f"{sampling.max_new_tokens} that exceeds the model's context of {self.max_context} tokens "
-                        f"(max_position_embeddings): at most {self.max_context - sampling.max_new_tokens} prompt tokens fit"
+                        "(max_position_embeddings): "
+                        f"at most {self.max_context - sampling.max_new_tokens} prompt tokens fit"
                     )
         min_new_tokens = max(self.min_new_tokens, sampling.min_new_tokens)
         if min_new_tokens != sampling.min_new_tokens:
@@ -279,8 +234,16 @@ class HFPolicy(HFScoring, Policy):
         special = dict(eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id, generator=generator)
         if self.segment_rules:
             out = generate_segments(
-                self.generation, self.model, self.tokenizer, prompt_token_ids, prompt_texts, n, sampling, self.segment_rules, **special
-            )  # fmt: skip
+                self.generation,
+                self.model,
+                self.tokenizer,
+                prompt_token_ids,
+                prompt_texts,
+                n,
+                sampling,
+                self.segment_rules,
+                **special,
+            )
         else:
             out = self.generation.generate(self.model, self.tokenizer, prompt_token_ids, n, sampling, **special)
         lengths, response_text = decode_responses(self.tokenizer, out, sampling.stop_strings)

@@ -85,7 +85,8 @@ def resolve_model_path(name: str) -> str:
         if is_fetched(name):
             return str(model_dir(name))
         raise FileNotFoundError(
-            f"Model alias {name!r} is not in the local cache ({model_dir(name)}). Fetch it once with {fetch_hint(name)}."
+            f"Model alias {name!r} is not in the local cache ({model_dir(name)}). "
+            f"Fetch it once with {fetch_hint(name)}."
         )
     path = Path(name).expanduser()
     if path.exists():

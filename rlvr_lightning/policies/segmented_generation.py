@@ -109,7 +109,8 @@ class SegmentRule(ABC):
         return []
 
     def begin(self, row: RowState, codec: Codec) -> None:
-        """Set up the row's state from its prompt."""
+        """Set up the row's state from its prompt. An optional hook: by default a rule keeps no state."""
+        return None
 
     @abstractmethod
     def observe(self, row: RowState, segment: Segment, codec: Codec) -> Insert | Finish | None:

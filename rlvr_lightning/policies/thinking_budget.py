@@ -14,7 +14,8 @@ optionally after an "answer now" phrase) is inserted, masked out of the loss (`T
 generation goes on for the answer up to `sampling.max_new_tokens` in all (the forced text counts).
 As Qwen3's model card suggests, e.g.
 
-    forced_text: "\\n\\nConsidering the limited time by the user, I have to give the solution based on the thinking directly now.\\n</think>\\n\\n"
+    forced_text: "\\n\\nConsidering the limited time by the user, I have to give the solution based on the
+      thinking directly now.\\n</think>\\n\\n"
 
 Tool observations inside the thinking do not count against its budget. The tags must show in the decoded
 text (plain or added tokens, not special tokens that decoding skips): stop strings are matched on text.

@@ -29,8 +29,9 @@ start-up is kept away from the training process's random states. Not bitwise acr
 engine's kernels run again on a new engine. Sleep mode (`sleep_level`) frees the KV cache (1) or also
 the weights (2) between rollouts on GPU; waking takes the weights first, then the push, then the KV
 cache, so that the cache is not held while the pushed tensors are gathered and cast. vLLM's CPU backend
-cannot sleep, so on a CPU it is a no-op with a warning. `RLVRModule(rollout_staleness=1)` calls `push_weights` between updates and turns
-`push_on_generate` off while a generation runs in its background thread.
+cannot sleep, so on a CPU it is a no-op with a warning. `RLVRModule(rollout_staleness=1)` calls
+`push_weights` between updates and turns `push_on_generate` off while a generation runs in its
+background thread.
 """
 
 from __future__ import annotations
@@ -42,16 +43,16 @@ import random
 import tempfile
 import time
 import warnings
-from collections.abc import Iterator
 from typing import Any, Literal
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from rlvr_lightning.policies.compute_dtype import compute_dtype
 from rlvr_lightning.policies.generation_backend import GenerationBackend, response_tensors
 from rlvr_lightning.policies.generation_output import GenerationOutput
+from rlvr_lightning.policies.vllm_weights import count_optimizer_steps, named_weights, parameter_version
 from rlvr_lightning.timing import elapsed_seconds
 
 log = logging.getLogger(__name__)
@@ -284,11 +285,11 @@ class VLLMGeneration(GenerationBackend):
         with _isolated_from_the_engine():
             self._llm = LLM(model=self._model_dir.name, **kwargs)
         self._pushed_version = None
-        _count_optimizer_steps()
+        count_optimizer_steps()
         return time.perf_counter() - started
 
     def _push_weights_if_changed(self, model: nn.Module) -> float:
-        version = _parameter_version(model)
+        version = parameter_version(model)
         if version == self._pushed_version:
             return 0.0
         started = time.perf_counter()
@@ -301,61 +302,6 @@ class VLLMGeneration(GenerationBackend):
         self._pushed_version = version
         self.weight_pushes += 1
         return elapsed_seconds(started, next(model.parameters()).device)
-
-
-def named_weights(model: nn.Module, dtype: torch.dtype | None = None) -> Iterator[tuple[str, Tensor]]:
-    """The model's weights under their Hugging Face checkpoint names, one at a time, cast to `dtype` (None: as
-    they are): LoRA adapters merged into copies of the base weights (the "default" adapter; the base weights
-    are not touched), sharded tensors gathered. Only the tensor being yielded is held in full."""
-    adapters: dict[str, nn.Module] = {}
-    is_peft = hasattr(model, "get_base_model")
-    if is_peft:
-        from peft.tuners.lora import LoraLayer
-
-        adapters = {
-            f"{name}.base_layer.weight": module
-            for name, module in model.named_modules()
-            if isinstance(module, LoraLayer) and "default" in module.lora_A
-        }
-    for name, tensor in model.state_dict().items():
-        if is_peft:
-            if ".lora_" in name:
-                continue
-            if name in adapters:
-                with torch.no_grad():
-                    tensor = _full(tensor) + _full(adapters[name].get_delta_weight("default")).to(tensor.dtype)
-            name = name.removeprefix("base_model.model.").replace(".base_layer.", ".")
-        tensor = _full(tensor).detach()
-        yield name, tensor.to(dtype) if dtype is not None and tensor.is_floating_point() else tensor
-
-
-def _full(tensor: Tensor) -> Tensor:
-    """A sharded (DTensor) tensor gathered whole; any other tensor as is."""
-    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
-
-
-_optimizer_steps = 0  # optimizer steps taken in this process (a global post-step hook counts them)
-_step_hook = None
-
-
-def _count_optimizer_steps() -> None:
-    global _step_hook
-    if _step_hook is None:
-
-        def count(optimizer, args, kwargs) -> None:
-            global _optimizer_steps
-            _optimizer_steps += 1
-
-        from torch.optim.optimizer import register_optimizer_step_post_hook
-
-        _step_hook = register_optimizer_step_post_hook(count)
-
-
-def _parameter_version(model: nn.Module) -> tuple:
-    """Changes whenever a parameter is modified: by an optimizer step (fused optimizers do not bump tensor
-    version counters, so steps are counted), in place otherwise (load_state_dict), or replaced."""
-    versions = tuple((id(p), getattr(p, "_local_tensor", p)._version) for p in model.parameters())
-    return _optimizer_steps, versions
 
 
 def _no_autocast(model: nn.Module):

@@ -115,7 +115,9 @@ class RewardCallback(Callback):
         return None
 
     def extract_answers(self, rollout: Rollout) -> list[str | None] | None:
-        """The final answer each response commits to (for majority voting), or None if this reward has no notion of one."""
+        """The final answer each response commits to (for majority voting).
+
+        None if this reward has no notion of one."""
         return None
 
     def __call__(self, rollout: Rollout) -> Tensor:

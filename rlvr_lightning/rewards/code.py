@@ -8,7 +8,8 @@
 The program is the last fenced ```` ```python ```` block of the response (else the last fenced
 block). The row's ``metadata[tests_key]`` is a list of test cases (or a JSON string of one):
 ``{"input": stdin, "output": expected stdout}`` dicts and/or assertion strings such as
-``"assert add(2, 3) == 5"``; an APPS-style ``{"inputs": [...], "outputs": [...]}`` dict works too. The reward is the fraction of tests passed.
+``"assert add(2, 3) == 5"``; an APPS-style ``{"inputs": [...], "outputs": [...]}`` dict works too.
+The reward is the fraction of tests passed.
 
 Every test runs in `rlvr_lightning.verifiers.run_python_tests`' sandbox (no network, a filesystem
 of its own holding only the interpreter and its standard library, own pid namespace, rlimits,

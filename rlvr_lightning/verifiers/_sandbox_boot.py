@@ -91,7 +91,7 @@ def _replicate(root, path, depth=0):
     """Make ``path`` resolve inside ``root`` as on the host: each directory of the way made,
     each symlink recreated (and followed), the final file or directory bind-mounted."""
     if depth > 40:
-        raise OSError("too many symlinks replicating %s" % path)
+        raise OSError(f"too many symlinks replicating {path}")
     parts = [p for p in path.split("/") if p and p != "."]
     current = "/"
     for i, part in enumerate(parts):
@@ -165,7 +165,7 @@ def build_root(cfg, features):
     binds = [line.split()[4] for line in open("/proc/self/mountinfo") if line.split()[4].startswith(root + "/")]
     _make_read_only(root, binds)
     features.append("minimal_root")
-    size = "size=%dk,nr_inodes=%d,mode=1777" % (cfg["tmpfs_kb"], 4096)
+    size = f"size={cfg['tmpfs_kb']}k,nr_inodes=4096,mode=1777"
     mount("tmpfs", os.path.join(root, "tmp"), "tmpfs", MS_NOSUID | MS_NODEV, size)
     features.append("private_tmp")
     try:  # before the host's /proc is detached: an unprivileged mount needs it visible (mount_too_revealing)
@@ -179,7 +179,7 @@ def build_root(cfg, features):
 def pivot_into(root):
     """Make ``root`` the filesystem root and detach the host's tree (pivot_root(2), "new_root = put_old")."""
     if SYS_pivot_root is None:
-        raise OSError("pivot_root: unknown syscall number on %s" % os.uname().machine)
+        raise OSError(f"pivot_root: unknown syscall number on {os.uname().machine}")
     os.chdir(root)
     _check(libc.syscall(SYS_pivot_root, b".", b"."), "pivot_root")
     _check(libc.umount2(b".", MNT_DETACH), "umount old root")
@@ -264,8 +264,8 @@ def main():
         uid, gid = os.getuid(), os.getgid()
         unshare(CLONE_NEWUSER | CLONE_NEWPID)
         _write("/proc/self/setgroups", "deny")
-        _write("/proc/self/uid_map", "%d %d 1" % (uid, uid))
-        _write("/proc/self/gid_map", "%d %d 1" % (gid, gid))
+        _write("/proc/self/uid_map", f"{uid} {uid} 1")
+        _write("/proc/self/gid_map", f"{gid} {gid} 1")
         cfg["uid"], cfg["gid"] = uid, gid
     if mode != "none":
         features.append("pidns")
@@ -281,9 +281,7 @@ def main():
             try:
                 os.write(
                     c2p_w,
-                    (
-                        "E" + json.dumps({"error": "%s: %s" % (type(e).__name__, e), "features": features}) + "\n"
-                    ).encode(),
+                    ("E" + json.dumps({"error": f"{type(e).__name__}: {e}", "features": features}) + "\n").encode(),
                 )
             finally:
                 os._exit(127)
@@ -315,8 +313,8 @@ def main():
         *lines, buf = buf.split(b"\n")
         for line in lines:
             if line == b"M":
-                _write("/proc/%d/uid_map" % pid, "%d %d 1" % (cfg["uid"], cfg["uid"]))
-                _write("/proc/%d/gid_map" % pid, "%d %d 1" % (cfg["gid"], cfg["gid"]))
+                _write(f"/proc/{pid}/uid_map", f"{cfg['uid']} {cfg['uid']} 1")
+                _write(f"/proc/{pid}/gid_map", f"{cfg['gid']} {cfg['gid']} 1")
                 os.write(p2c_w, b"G")
             elif line.startswith(b"F"):
                 features = json.loads(line[1:].decode())

@@ -221,5 +221,7 @@ sys.stdout.write("\\n" + json.dumps(verdicts) + "\\n")
 
 
 def judge_source() -> str:
-    """The judge program: reads ``[[imports, checks, outcomes JSON], ...]`` on stdin, prints ``[[passed, reason], ...]``."""
+    """The judge program.
+
+    It reads ``[[imports, checks, outcomes JSON], ...]`` on stdin and prints ``[[passed, reason], ...]``."""
     return _JUDGE

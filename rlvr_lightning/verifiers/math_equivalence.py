@@ -137,7 +137,7 @@ class MathVerifier:
         scores = [0.0] * len(predictions)
         jobs: dict[tuple[str, str], list[int]] = collections.OrderedDict()
         string_equal: set[int] = set()
-        for i, (pred, gold) in enumerate(zip(predictions, golds)):
+        for i, (pred, gold) in enumerate(zip(predictions, golds, strict=True)):
             if pred is None or gold is None:
                 continue
             ans = extract_answer(pred, self.methods) if self.extract else str(pred)
@@ -164,7 +164,7 @@ class MathVerifier:
                 raise RuntimeError("MathVerifier is closed")
             verdicts = self._judge_all(keys)
         failed = 0
-        for key, verdict in zip(keys, verdicts):
+        for key, verdict in zip(keys, verdicts, strict=True):
             for i in jobs[key]:
                 if verdict or i in string_equal:
                     scores[i] = 1.0

@@ -71,7 +71,7 @@ from rlvr_lightning.verifiers.assertion_tests import (
     probe_source,
     split_assertion,
 )
-from rlvr_lightning.verifiers.sandbox_limits import SandboxLimits
+from rlvr_lightning.verifiers.sandbox_limits import DEFAULT_LIMITS, SandboxLimits
 from rlvr_lightning.verifiers.sandbox_process import run_once
 
 __all__ = [
@@ -249,7 +249,7 @@ def run_python_tests(
     program: str | None,
     tests: Sequence[Mapping[str, str] | str],
     *,
-    limits: SandboxLimits = SandboxLimits(),
+    limits: SandboxLimits = DEFAULT_LIMITS,
     allow_network_unisolated: bool = False,
 ) -> SandboxResult:
     """Run ``program`` on each test case in the sandbox; ``passed/total`` is the reward.
@@ -330,7 +330,7 @@ def run_python(
     program: str,
     stdin: str | None = None,
     *,
-    limits: SandboxLimits = SandboxLimits(),
+    limits: SandboxLimits = DEFAULT_LIMITS,
     allow_network_unisolated: bool = False,
 ) -> ProgramRun:
     """Run ``program`` once in the sandbox (same isolation and limits as ``run_python_tests``) and return

@@ -30,3 +30,6 @@ class SandboxLimits:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"sandbox limit {name} must be an integer >= 1, got {value!r}")
+
+
+DEFAULT_LIMITS = SandboxLimits()  # frozen, so one shared instance serves as every default

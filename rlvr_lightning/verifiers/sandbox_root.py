@@ -43,7 +43,8 @@ def found(info, size, data):
     if name and name.startswith(b"/"):
         libs.append(name.decode())
     return 0
-ctypes.CDLL(None).dl_iterate_phdr(ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(Info), ctypes.c_size_t, ctypes.c_void_p)(found), None)
+callback = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(Info), ctypes.c_size_t, ctypes.c_void_p)(found)
+ctypes.CDLL(None).dl_iterate_phdr(callback, None)
 site = [os.path.join(d, "site-packages") for d in stdlib if os.path.isdir(os.path.join(d, "site-packages"))]
 print(json.dumps({"executable": os.path.realpath(sys.executable), "stdlib": stdlib, "libs": libs, "hide": site}))
 """
