@@ -85,12 +85,7 @@ class GenerativeJudgeReward(ModelReward):
         max_score: float = 10.0,
         normalize: bool = True,
         max_new_tokens: int = 16,
-        batch_size: int = 8,
-        batch_timeout_s: float | None = None,
-        correct_threshold: float | None = None,
-        weight: float = 1.0,
-        name: str | None = None,
-        on_error: str = "zero",
+        **kwargs,
     ) -> None:
         """
         Args:
@@ -101,11 +96,11 @@ class GenerativeJudgeReward(ModelReward):
             min_score: the lowest number accepted; mapped to 0 when `normalize`.
             max_score: the highest number accepted; mapped to 1 when `normalize`.
             max_new_tokens: length of the judge's answer (greedy decoding).
+            **kwargs: `ModelReward`'s options (`batch_size`, `batch_timeout_s`, `correct_threshold`) and
+                `RewardCallback`'s (`weight`, `name`, `on_error`).
         """
-        super().__init__(
-            batch_size=batch_size, batch_timeout_s=batch_timeout_s, correct_threshold=correct_threshold,
-            weight=weight, name=name or "judge", on_error=on_error,
-        )  # fmt: skip
+        kwargs["name"] = kwargs.get("name") or "judge"
+        super().__init__(**kwargs)
         if not isinstance(judge, nn.Module) or not hasattr(judge, "sample"):
             raise TypeError(f"judge must be a Policy that samples text (e.g. HFPolicy), got {type(judge).__name__}")
         if labels is not None and (not labels or not all(isinstance(k, str) and k.strip() for k in labels)):

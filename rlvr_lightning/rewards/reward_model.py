@@ -85,12 +85,7 @@ class SequenceClassifierReward(ModelReward):
         max_length: int | None = None,
         add_special_tokens: bool = False,
         dtype: Literal["float32", "bfloat16", "float16"] = "float32",
-        batch_size: int = 8,
-        batch_timeout_s: float | None = None,
-        correct_threshold: float | None = None,
-        weight: float = 1.0,
-        name: str | None = None,
-        on_error: str = "zero",
+        **kwargs,
     ) -> None:
         """
         Args:
@@ -102,11 +97,11 @@ class SequenceClassifierReward(ModelReward):
             sigmoid: squash a one-label model's logit into (0, 1).
             max_length: longest row in tokens (default the model's `max_position_embeddings`).
             add_special_tokens: let the tokenizer add BOS/EOS (off: the template and the prompt carry them).
+            **kwargs: `ModelReward`'s options (`batch_size`, `batch_timeout_s`, `correct_threshold`) and
+                `RewardCallback`'s (`weight`, `name`, `on_error`).
         """
-        super().__init__(
-            batch_size=batch_size, batch_timeout_s=batch_timeout_s, correct_threshold=correct_threshold,
-            weight=weight, name=name or "reward_model", on_error=on_error,
-        )  # fmt: skip
+        kwargs["name"] = kwargs.get("name") or "reward_model"
+        super().__init__(**kwargs)
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
         source = tokenizer_name_or_path or model_name_or_path
