@@ -19,6 +19,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from rlvr_lightning.core.shorthands import from_shorthand
+
 K3_LOG_RATIO_CLAMP = 20.0
 
 
@@ -83,11 +85,4 @@ KL_ESTIMATORS: dict[str, type[KLEstimator]] = {"k1": K1, "k2": K2, "k3": K3}
 
 def kl_estimator(value: KLEstimator | str, option: str = "kl.estimator") -> KLEstimator:
     """``value`` itself, or the built-in estimator a shorthand names."""
-    if isinstance(value, KLEstimator):
-        return value
-    if isinstance(value, str) and value in KL_ESTIMATORS:
-        return KL_ESTIMATORS[value]()
-    raise ValueError(
-        f"{option}={value!r} is not valid; choose one of {list(KL_ESTIMATORS)} or a KLEstimator "
-        "(class_path: a class of your own)"
-    )
+    return from_shorthand(value, KLEstimator, KL_ESTIMATORS, option, "a class of your own")

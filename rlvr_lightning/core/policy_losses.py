@@ -43,8 +43,10 @@ import torch
 from torch import Tensor
 
 from rlvr_lightning.core.masked import join_masked, masked_mean
+from rlvr_lightning.core.shorthands import from_shorthand
 
-# |log ratio| is clamped before exp so a stale token cannot produce inf (verl core_algos.compute_policy_loss clamps to [-20, 20])
+# |log ratio| is clamped before exp so a stale token cannot produce inf
+# (verl core_algos.compute_policy_loss clamps to [-20, 20])
 LOG_RATIO_CLAMP = 20.0
 # GSPO's sequence log-ratio is clamped from above at 10 (verl core_algos.compute_policy_loss_gspo)
 GSPO_LOG_RATIO_MAX = 10.0
@@ -97,7 +99,8 @@ def _prepare(
     if old_log_probs is None:
         old_log_probs = log_probs.detach()
     elif old_log_probs.shape != log_probs.shape:
-        raise ValueError(f"old_log_probs shape {tuple(old_log_probs.shape)} != log_probs shape {tuple(log_probs.shape)}")
+        shapes = f"{tuple(old_log_probs.shape)} != log_probs shape {tuple(log_probs.shape)}"
+        raise ValueError(f"old_log_probs shape {shapes}")
     elif old_log_probs.requires_grad:
         old_log_probs = old_log_probs.detach()
     if advantages.dtype != log_probs.dtype:
@@ -105,7 +108,9 @@ def _prepare(
     if advantages.dim() == 1 and advantages.shape[0] == log_probs.shape[0]:
         advantages = advantages.unsqueeze(-1)
     elif advantages.shape != log_probs.shape:
-        raise ValueError(f"advantages must be [N] or [N, T] with N, T = {tuple(log_probs.shape)}, got {tuple(advantages.shape)}")
+        raise ValueError(
+            f"advantages must be [N] or [N, T] with N, T = {tuple(log_probs.shape)}, got {tuple(advantages.shape)}"
+        )
     return old_log_probs, advantages, None if mask is None or mask.dtype == torch.bool else mask.bool()
 
 
@@ -230,14 +235,16 @@ class PPOClip(PolicyLoss):
         ratio = _token_ratio(log_probs, old)
         clipped_ratio = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
         neg_adv = -adv
-        # l_t = -min(r A, clip(r, 1-eps_low, 1+eps_high) A)  (PPO eq. 7; asymmetric eps = DAPO clip-higher, Yu et al. 2025 §3.1)
+        # l_t = -min(r A, clip(r, 1-eps_low, 1+eps_high) A)
+        # (PPO eq. 7; asymmetric eps = DAPO clip-higher, Yu et al. 2025 §3.1)
         loss = torch.maximum(neg_adv * ratio, neg_adv * clipped_ratio)
         ratio_value = ratio.detach()
         low_clipped = (ratio_value < 1.0 - clip_low) & (adv < 0)
         high_clipped = (ratio_value > 1.0 + clip_high) & (adv > 0)
         extra = {}
         if dual_clip is not None:
-            # A < 0: l_t = min(l_t, -A c)  (dual-clip PPO, Ye et al. 2020 "Mastering Complex Control in MOBA Games"; verl core_algos.compute_policy_loss clip_ratio_c)
+            # A < 0: l_t = min(l_t, -A c)  (dual-clip PPO, Ye et al. 2020 "Mastering Complex Control in MOBA Games";
+            # verl core_algos.compute_policy_loss clip_ratio_c)
             loss = torch.where(adv < 0, torch.minimum(loss, neg_adv * dual_clip), loss)
             extra["dual_clip_frac"] = masked_mean(((adv < 0) & (ratio_value > dual_clip)).to(ratio.dtype), m)
         return PolicyLossOutput(_zero_masked(loss, m), ratio_value, m, low_clipped, high_clipped, extra)
@@ -273,7 +280,8 @@ class GSPO(PolicyLoss):
         old, adv, m = _prepare(log_probs, old_log_probs, advantages, mask)
         # log s_i = 1/|y_i| sum_t log(pi_theta / pi_old)  (Zheng et al. 2025 GSPO eq. 7)
         seq_log_ratio = masked_mean(log_probs.detach() - old, m, dim=-1)
-        # s_it = sg[s_i] * pi_theta(y_t) / sg[pi_theta(y_t)]  (GSPO §4.3 GSPO-token; verl core_algos.compute_policy_loss_gspo)
+        # s_it = sg[s_i] * pi_theta(y_t) / sg[pi_theta(y_t)]
+        # (GSPO §4.3 GSPO-token; verl core_algos.compute_policy_loss_gspo)
         log_s = seq_log_ratio.unsqueeze(-1) + log_probs - log_probs.detach()
         ratio = torch.exp(torch.clamp(log_s, max=GSPO_LOG_RATIO_MAX))
         clipped_ratio = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
@@ -331,11 +339,5 @@ POLICY_LOSSES: dict[str, type[PolicyLoss]] = {
 
 def policy_loss(value: PolicyLoss | str, option: str = "loss") -> PolicyLoss:
     """``value`` itself, or the built-in loss a shorthand names (with its defaults)."""
-    if isinstance(value, PolicyLoss):
-        return value
-    if isinstance(value, str) and value in POLICY_LOSSES:
-        return POLICY_LOSSES[value]()
-    raise ValueError(
-        f"{option}={value!r} is not valid; choose one of {list(POLICY_LOSSES)} or a PolicyLoss "
-        "(class_path: rlvr_lightning.core.policy_losses.PPOClip, or a class of your own)"
-    )
+    example = "rlvr_lightning.core.policy_losses.PPOClip, or a class of your own"
+    return from_shorthand(value, PolicyLoss, POLICY_LOSSES, option, example)
