@@ -134,7 +134,9 @@ def run_ours(model_dir: Path, case: dict, steps: int, seed: int, engine: bool = 
     timer.wrap(policy, "token_log_probs", "logprob_forward")
     timer.wrap(module, "manual_backward", "backward")
     timer.wrap(module, "_clip_and_step", "optimizer")
-    data = RLVRDataModule(InlineTask(examples=[{"prompt": p} for p in case["prompts"]], seed=seed), batch_size=len(case["prompts"]))
+    data = RLVRDataModule(
+        InlineTask(examples=[{"prompt": p} for p in case["prompts"]], seed=seed), batch_size=len(case["prompts"])
+    )
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=1,
@@ -225,7 +227,12 @@ def run_trl(model_dir: Path, case: dict, steps: int, seed: int, output_dir: str)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, attn_implementation="sdpa")
     trainer = GRPOTrainer(
-        model=model, reward_funcs=[reward], args=args, train_dataset=dataset, processing_class=tokenizer, callbacks=[Timing()]
+        model=model,
+        reward_funcs=[reward],
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=[Timing()],
     )
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
@@ -249,7 +256,10 @@ def _prompt_lengths(model_dir: Path, case: dict) -> list[int]:
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     if case["template"] == "chat":
-        texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True) for p in case["prompts"]]
+        texts = [
+            tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+            for p in case["prompts"]
+        ]
         return [len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
     return [len(tokenizer(p)["input_ids"]) for p in case["prompts"]]
 
@@ -266,9 +276,24 @@ def run_leg(leg: str, case: str, model_dir: Path, args, steps: int, tmp: Path) -
     out = tmp / f"{leg}.json"
     python = args.vllm_python if leg == "vllm" and args.vllm_python else sys.executable
     command = [
-        python, __file__, "--worker", leg, "--case", case, "--model-dir", str(model_dir), "--steps",
-        str(args.warmup + steps), "--seed", str(args.seed), "--threads", str(args.threads), "--json", str(out),
-        "--tiny-prompts", args.tiny_prompts,
+        python,
+        __file__,
+        "--worker",
+        leg,
+        "--case",
+        case,
+        "--model-dir",
+        str(model_dir),
+        "--steps",
+        str(args.warmup + steps),
+        "--seed",
+        str(args.seed),
+        "--threads",
+        str(args.threads),
+        "--json",
+        str(out),
+        "--tiny-prompts",
+        args.tiny_prompts,
     ]
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
     return json.loads(out.read_text())
@@ -297,11 +322,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=str, default=None, help="also write the results to this file")
     parser.add_argument(
-        "--tiny-prompts", choices=sorted(TINY_PROMPTS), default="task",
+        "--tiny-prompts",
+        choices=sorted(TINY_PROMPTS),
+        default="task",
         help="tiny case: RLVR-style instruction prompts (~40 tokens) or the bare question (~10 tokens)",
     )
     parser.add_argument(
-        "--vllm-python", default=None,
+        "--vllm-python",
+        default=None,
         help="the interpreter of the vllm leg, in an environment of its own (scripts/vllm_cpu_env.sh: .venv-vllm/bin/python); "
         "default: this one. Run the script from the main environment so that our loop and TRL run with its transformers",
     )
@@ -345,7 +373,13 @@ def main(argv: list[str] | None = None) -> int:
                 f"{case['new_tokens']} tokens ({rows} rows), {steps} measured steps x {args.rounds} round(s), "
                 f"{args.threads} thread(s); prompts of {min(prompt_tokens)}-{max(prompt_tokens)} tokens; median seconds per step"
             )
-            print(f"{'':<6} " + " ".join(f"{k:>9}" for k in ["step", "generate", "reward", "lp_fwd", "backward", "optim", "other", "cpu", "gen_cpu"]))
+            print(
+                f"{'':<6} "
+                + " ".join(
+                    f"{k:>9}"
+                    for k in ["step", "generate", "reward", "lp_fwd", "backward", "optim", "other", "cpu", "gen_cpu"]
+                )
+            )
             for label, m in summary.items():
                 print(fmt_row(label, m))
             ratios = {}

@@ -106,8 +106,10 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         rows += load(path, problems)
     golds = [g for _, _, g in rows]
-    checks = [("gold", [f"Some reasoning.\nSo the result is $\\boxed{{{g}}}$." for g in golds], 1.0),
-              ("perturbed", [f"Some reasoning.\nSo the result is $\\boxed{{{perturb(g)}}}$." for g in golds], 0.0)]
+    checks = [
+        ("gold", [f"Some reasoning.\nSo the result is $\\boxed{{{g}}}$." for g in golds], 1.0),
+        ("perturbed", [f"Some reasoning.\nSo the result is $\\boxed{{{perturb(g)}}}$." for g in golds], 0.0),
+    ]
     if not args.skip_rewrite:
         checks.append(("rewrite", [f"So $\\boxed{{\\frac{{{Decimal(g) * 2}}}{{2}}}}$." for g in golds], 1.0))
 
@@ -122,8 +124,9 @@ def main(argv: list[str] | None = None) -> int:
             counts[name] = sum(1 for s in scores if s == want)
             for (fname, lineno, gold), completion, s in zip(rows, completions, scores):
                 if s != want:
-                    failures.append(f"{fname}:{lineno}: {name} check: gold {gold!r}, "
-                                    f"completion {completion[-60:]!r} scored {s}")
+                    failures.append(
+                        f"{fname}:{lineno}: {name} check: gold {gold!r}, completion {completion[-60:]!r} scored {s}"
+                    )
             print(f"  {name:9s} {counts[name]}/{len(golds)} as expected ({time.monotonic() - t:.1f} s)")
 
     wall = time.monotonic() - t0

@@ -69,11 +69,16 @@ def build(config_path: str, ckpt: str | None, no_tools: bool = False):
         missing, unexpected = policy.load_state_dict(policy_state, strict=False)
         missing = [k for k in missing if not k.startswith("reference")]
         if missing or unexpected:
-            raise RuntimeError(f"checkpoint does not fit the policy: missing {missing[:5]}, unexpected {unexpected[:5]}")
+            raise RuntimeError(
+                f"checkpoint does not fit the policy: missing {missing[:5]}, unexpected {unexpected[:5]}"
+            )
     policy.eval()
     task = _instantiate(config["data"]["init_args"]["task"])
     rewards = [
-        cb for cb in (_instantiate(spec) for spec in config["trainer"].get("callbacks", []) if "rewards" in spec["class_path"])
+        cb
+        for cb in (
+            _instantiate(spec) for spec in config["trainer"].get("callbacks", []) if "rewards" in spec["class_path"]
+        )
         if isinstance(cb, RewardCallback)
     ]
     sampling = SamplingConfig(**(model_args.get("sampling") or {}))
@@ -128,10 +133,18 @@ def cmd_eval(args) -> None:
         sampling = dataclasses.replace(sampling, max_new_tokens=args.max_new_tokens)
     examples = task.val_examples() if hasattr(task, "val_examples") else list(task.val_dataset())
     examples = examples[: args.num]
-    report: dict = {"config": args.config, "ckpt": args.ckpt, "no_tools": args.no_tools, "problems": len(examples),
-                    "max_new_tokens": sampling.max_new_tokens, "samples": args.samples}
-    modes = {"temperature": dataclasses.replace(sampling, temperature=args.temperature, do_sample=True),
-             "greedy": dataclasses.replace(sampling, do_sample=False)}
+    report: dict = {
+        "config": args.config,
+        "ckpt": args.ckpt,
+        "no_tools": args.no_tools,
+        "problems": len(examples),
+        "max_new_tokens": sampling.max_new_tokens,
+        "samples": args.samples,
+    }
+    modes = {
+        "temperature": dataclasses.replace(sampling, temperature=args.temperature, do_sample=True),
+        "greedy": dataclasses.replace(sampling, do_sample=False),
+    }
     for mode in args.modes:
         t0 = time.perf_counter()
         samples = args.samples if mode == "temperature" else 1
@@ -203,9 +216,19 @@ def cmd_plot(args) -> None:
         for mode, color in [("temperature", "tab:purple"), ("greedy", "tab:red")]:
             if mode in report:
                 acc = report[mode]["accuracy"]
-                ax.plot([x], [acc], marker, color=color, markersize=8,
-                        label=f"{'before' if marker == 's' else 'after'}: {mode} accuracy on {report['problems']} = {acc:.1%}")
-    ax.set_xlabel("minutes of training steps (sum of time/step_s; validation and checkpoint writes excluded)" if args.x == "minutes" else "rollout step")
+                ax.plot(
+                    [x],
+                    [acc],
+                    marker,
+                    color=color,
+                    markersize=8,
+                    label=f"{'before' if marker == 's' else 'after'}: {mode} accuracy on {report['problems']} = {acc:.1%}",
+                )
+    ax.set_xlabel(
+        "minutes of training steps (sum of time/step_s; validation and checkpoint writes excluded)"
+        if args.x == "minutes"
+        else "rollout step"
+    )
     ax.set_ylabel("rate")
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)

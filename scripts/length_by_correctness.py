@@ -86,8 +86,15 @@ def plot_lengths(runs: list, order: list[str], path: Path, title: str, smooth: i
             if smooth > 1:  # moving average that skips NaN steps
                 kernel = np.ones(smooth)
                 valid = ~np.isnan(curves)
-                sums = np.array([np.convolve(np.pad(np.where(v, c, 0), (smooth - 1, 0)), kernel, "valid") for c, v in zip(curves, valid)])
-                counts = np.array([np.convolve(np.pad(v.astype(float), (smooth - 1, 0)), kernel, "valid") for v in valid])
+                sums = np.array(
+                    [
+                        np.convolve(np.pad(np.where(v, c, 0), (smooth - 1, 0)), kernel, "valid")
+                        for c, v in zip(curves, valid)
+                    ]
+                )
+                counts = np.array(
+                    [np.convolve(np.pad(v.astype(float), (smooth - 1, 0)), kernel, "valid") for v in valid]
+                )
                 curves = np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
             with np.errstate(invalid="ignore"), warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN steps (no correct response yet)

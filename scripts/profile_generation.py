@@ -31,7 +31,15 @@ GROUPS = {  # operator name -> group (vLLM's CPU kernels included)
     "matmul (weights)": ("aten::mm", "aten::addmm", "aten::bmm", "aten::linear", "onednn_mm", "gemm"),
     "attention": ("scaled_dot_product", "flash_attention", "attention", "paged"),
     "sampling": ("softmax", "cumsum", "rand", "uniform_", "searchsorted", "gumbel", "topk", "sort", "multinomial"),
-    "cache copies": ("aten::cat", "aten::copy_", "index_select", "aten::index", "slice_scatter", "aten::clone", "reshape_and_cache"),
+    "cache copies": (
+        "aten::cat",
+        "aten::copy_",
+        "index_select",
+        "aten::index",
+        "slice_scatter",
+        "aten::clone",
+        "reshape_and_cache",
+    ),
 }
 
 
@@ -64,8 +72,12 @@ def main() -> None:
 
         generation = VLLMGeneration(dtype="float32", kv_cache_memory_gib=1.0, max_model_len=512)
     policy = HFPolicy(
-        model_name_or_path=str(bench_step_cases.smollm2_dir()), prompt_template="chat", dtype="float32",
-        attn_implementation="sdpa", min_new_tokens=args.new_tokens, generation=generation,
+        model_name_or_path=str(bench_step_cases.smollm2_dir()),
+        prompt_template="chat",
+        dtype="float32",
+        attn_implementation="sdpa",
+        min_new_tokens=args.new_tokens,
+        generation=generation,
     )
     prompts = (bench_step_cases.SMOL_PROMPTS if args.prompts == 2 else bench_step_cases.SMOL_PROMPTS_8)[: args.prompts]
     batch = {"prompt": prompts, "metadata": [{}] * len(prompts)}

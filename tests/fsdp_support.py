@@ -26,15 +26,30 @@ from rlvr_lightning.parallel import full_state_dict
 from rlvr_lightning.rewards.base import RewardCallback
 
 TINY_LLAMA = {
-    "model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256, "tie_word_embeddings": False,
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 256,
+    "tie_word_embeddings": False,
 }
-PROMPTS = ["What is 2+3?", "The quick brown", "def add(a, b):", "Count one two", "A verifiable reward", "Think step by step"]
+PROMPTS = [
+    "What is 2+3?",
+    "The quick brown",
+    "def add(a, b):",
+    "Count one two",
+    "A verifiable reward",
+    "Think step by step",
+]
 STRATEGIES = {
     "ddp": "ddp",
     "fsdp2": "fsdp2",
-    "fsdp2_full_ckpt": {"class_path": "rlvr_lightning.parallel.FSDP2Strategy",
-                        "init_args": {"save_distributed_checkpoint": False}},
+    "fsdp2_full_ckpt": {
+        "class_path": "rlvr_lightning.parallel.FSDP2Strategy",
+        "init_args": {"save_distributed_checkpoint": False},
+    },
 }
 
 
@@ -57,7 +72,9 @@ class FinalWeights(pl.Callback):
         self.out, self.name = out, name
 
     def on_train_start(self, trainer, pl_module):
-        self.initial = {k: v.clone() for k, v in full_state_dict(pl_module, device="cpu").items()}  # DDP: views of live weights
+        self.initial = {
+            k: v.clone() for k, v in full_state_dict(pl_module, device="cpu").items()
+        }  # DDP: views of live weights
 
     def on_train_end(self, trainer, pl_module):
         state = full_state_dict(pl_module, device="cpu")
@@ -122,8 +139,11 @@ class ShardedSampling(pl.Callback):
             again = pl_module.policy.sample(batch, 1, sampling)  # a second call inside the same gathering
         torch.manual_seed(rank)
         expected = plain.sample(batch, 2, sampling)
-        result = {"width": sharded.response_ids.shape[1], "equal": torch.equal(sharded.response_ids, expected.response_ids),
-                  "second_call_rows": again.num_rows}
+        result = {
+            "width": sharded.response_ids.shape[1],
+            "equal": torch.equal(sharded.response_ids, expected.response_ids),
+            "second_call_rows": again.num_rows,
+        }
         Path(self.out, f"{self.name}.sampling{rank}.json").write_text(json.dumps(result))
 
 
@@ -148,80 +168,154 @@ def evaluation_as_on_gpus():
 
 
 def policy(tokenizer_dir: str, **options) -> dict:
-    return {"class_path": "rlvr_lightning.policies.hf.HFPolicy",
-            "init_args": {"config": TINY_LLAMA, "tokenizer_name_or_path": tokenizer_dir, **options}}
+    return {
+        "class_path": "rlvr_lightning.policies.hf.HFPolicy",
+        "init_args": {"config": TINY_LLAMA, "tokenizer_name_or_path": tokenizer_dir, **options},
+    }
 
 
 def inline_data(batch_size: int = 2) -> dict:
-    return {"class_path": "rlvr_lightning.data.RLVRDataModule", "init_args": {
-        "batch_size": batch_size, "val_batch_size": 2,
-        "task": {"class_path": "rlvr_lightning.data.inline_task.InlineTask", "init_args": {
-            "examples": [{"prompt": p} for p in PROMPTS], "val_examples": [{"prompt": p} for p in PROMPTS[:4]]}}}}
+    return {
+        "class_path": "rlvr_lightning.data.RLVRDataModule",
+        "init_args": {
+            "batch_size": batch_size,
+            "val_batch_size": 2,
+            "task": {
+                "class_path": "rlvr_lightning.data.inline_task.InlineTask",
+                "init_args": {
+                    "examples": [{"prompt": p} for p in PROMPTS],
+                    "val_examples": [{"prompt": p} for p in PROMPTS[:4]],
+                },
+            },
+        },
+    }
 
 
 def trainer(strategy: str, steps: int, callbacks: list, **options) -> dict:
-    return {"strategy": STRATEGIES[strategy], "accelerator": "cpu", "devices": 2, "max_epochs": 1,
-            "limit_train_batches": steps, "limit_val_batches": 0, "enable_progress_bar": False,
-            "enable_model_summary": False, "enable_checkpointing": False, "logger": False,
-            "callbacks": [{"class_path": "fsdp_support.EvenTokenReward"}, *callbacks], **options}
+    return {
+        "strategy": STRATEGIES[strategy],
+        "accelerator": "cpu",
+        "devices": 2,
+        "max_epochs": 1,
+        "limit_train_batches": steps,
+        "limit_val_batches": 0,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "enable_checkpointing": False,
+        "logger": False,
+        "callbacks": [{"class_path": "fsdp_support.EvenTokenReward"}, *callbacks],
+        **options,
+    }
 
 
 def case_config(case: str, strategy: str, out: str, tokenizer_dir: str) -> dict:
     """The run `case` under `strategy` (same global batch under every strategy: each rank its own prompts)."""
     record = [{"class_path": "fsdp_support.FinalWeights", "init_args": {"out": out, "name": f"{case}-{strategy}"}}]
     if strategy == "ddp":
-        record.append({"class_path": "fsdp_support.GradientSyncs", "init_args": {"out": out, "name": f"{case}-{strategy}"}})
+        record.append(
+            {"class_path": "fsdp_support.GradientSyncs", "init_args": {"out": out, "name": f"{case}-{strategy}"}}
+        )
     # plain SGD where it can be: Adam would hide a wrong gradient scale (its update is scale-free)
     sgd = {"class_path": "torch.optim.SGD", "init_args": {"lr": 0.5}}
     adam = {"class_path": "torch.optim.Adam", "init_args": {"lr": 0.001}}
     if case in ("rl", "rl_lora"):  # 2 rollout steps x 2 epochs = 4 updates; KL to a (sharded) reference
         lora = {"lora_r": 4, "lora_alpha": 8.0} if case == "rl_lora" else {}
         refresh = {} if lora else {"refresh_every": 1, "mixup_alpha": 0.5}
-        model = {"class_path": "rlvr_lightning.modules.RLVRModule", "init_args": {
-            "policy": policy(tokenizer_dir, **lora), "optimizer": sgd, "group_size": 4, "sampling": {"max_new_tokens": 6},
-            "kl": {"coef": 0.1, **refresh},
-            "update": {"epochs": 2, "mini_batch_size": 8, "micro_batch_size": 4, "max_grad_norm": 1.0e3}}}
-        check = {"class_path": "fsdp_support.ShardedSampling",
-                 "init_args": {"out": out, "name": f"{case}-{strategy}", "tokenizer_dir": tokenizer_dir}}
+        model = {
+            "class_path": "rlvr_lightning.modules.RLVRModule",
+            "init_args": {
+                "policy": policy(tokenizer_dir, **lora),
+                "optimizer": sgd,
+                "group_size": 4,
+                "sampling": {"max_new_tokens": 6},
+                "kl": {"coef": 0.1, **refresh},
+                "update": {"epochs": 2, "mini_batch_size": 8, "micro_batch_size": 4, "max_grad_norm": 1.0e3},
+            },
+        }
+        check = {
+            "class_path": "fsdp_support.ShardedSampling",
+            "init_args": {"out": out, "name": f"{case}-{strategy}", "tokenizer_dir": tokenizer_dir},
+        }
         callbacks = record + ([check] if case == "rl" else [])
         data = inline_data()
         if case == "rl":  # a curriculum refresh first: 5 candidates, 3 and 2 per rank, sampled in 2 and 1 calls
             data["init_args"]["difficulty_filter"] = {
                 "class_path": "rlvr_lightning.data.difficulty_filter.DifficultyFilter",
-                "init_args": {"n": 2, "max_candidates": 5, "batch_size": 2, "pass_threshold": 0.5}}
+                "init_args": {"n": 2, "max_candidates": 5, "batch_size": 2, "pass_threshold": 0.5},
+            }
         return {"seed_everything": 0, "trainer": trainer(strategy, 2, callbacks), "model": model, "data": data}
     if case == "sft":  # 3 optimizer steps of 2 pairs per rank, clipped by the Trainer
         pairs = Path(out, "pairs.jsonl")
         pairs.write_text("".join(json.dumps({"prompt": p, "response": p[::-1]}) + "\n" for p in PROMPTS * 2))
-        model = {"class_path": "rlvr_lightning.modules.SFTModule",
-                 "init_args": {"policy": policy(tokenizer_dir), "optimizer": adam}}
-        data = {"class_path": "rlvr_lightning.data.sft_data.SFTDataModule",
-                "init_args": {"train_file": str(pairs), "batch_size": 2}}
+        model = {
+            "class_path": "rlvr_lightning.modules.SFTModule",
+            "init_args": {"policy": policy(tokenizer_dir), "optimizer": adam},
+        }
+        data = {
+            "class_path": "rlvr_lightning.data.sft_data.SFTDataModule",
+            "init_args": {"train_file": str(pairs), "batch_size": 2},
+        }
         run = trainer(strategy, 3, record, gradient_clip_val=1.0)
         return {"seed_everything": 0, "trainer": run, "model": model, "data": data}
     if case == "ei":  # 2 rounds; the ranks keep different numbers of responses
-        model = {"class_path": "rlvr_lightning.modules.ExpertIterationModule", "init_args": {
-            "policy": policy(tokenizer_dir), "optimizer": sgd, "group_size": 4, "sampling": {"max_new_tokens": 6},
-            "reward_threshold": 0.5, "update": {"epochs": 2, "mini_batch_size": 2, "micro_batch_size": 1}}}
+        model = {
+            "class_path": "rlvr_lightning.modules.ExpertIterationModule",
+            "init_args": {
+                "policy": policy(tokenizer_dir),
+                "optimizer": sgd,
+                "group_size": 4,
+                "sampling": {"max_new_tokens": 6},
+                "reward_threshold": 0.5,
+                "update": {"epochs": 2, "mini_batch_size": 2, "micro_batch_size": 1},
+            },
+        }
         return {"seed_everything": 0, "trainer": trainer(strategy, 2, record), "model": model, "data": inline_data()}
     if case in ("ppo", "ppo_whole"):  # a separate critic (its untied LM head gets no gradient), warmed up for a step
-        model = {"class_path": "rlvr_lightning.modules.PPOModule", "init_args": {
-            "policy": policy(tokenizer_dir), "optimizer": sgd, "value": {"lr": 0.1, "warmup_steps": 1},
-            "group_size": 4, "sampling": {"max_new_tokens": 6}, "update": {"mini_batch_size": 4,
-            "micro_batch_size": None if case == "ppo_whole" else 2, "max_grad_norm": 1.0e3}}}
+        model = {
+            "class_path": "rlvr_lightning.modules.PPOModule",
+            "init_args": {
+                "policy": policy(tokenizer_dir),
+                "optimizer": sgd,
+                "value": {"lr": 0.1, "warmup_steps": 1},
+                "group_size": 4,
+                "sampling": {"max_new_tokens": 6},
+                "update": {
+                    "mini_batch_size": 4,
+                    "micro_batch_size": None if case == "ppo_whole" else 2,
+                    "max_grad_norm": 1.0e3,
+                },
+            },
+        }
         return {"seed_everything": 0, "trainer": trainer(strategy, 2, record), "model": model, "data": inline_data()}
     if case == "validate_first":  # validated, then one step (validated before it and after it)
-        model = {"class_path": "rlvr_lightning.modules.RLVRModule", "init_args": {
-            "policy": policy(tokenizer_dir), "optimizer": sgd, "group_size": 4, "sampling": {"max_new_tokens": 6},
-            "kl": {"coef": 0.1}}}
-        return {"seed_everything": 0, "trainer": trainer(strategy, 1, record, limit_val_batches=1), "model": model,
-                "data": inline_data()}
-    if case == "lora_ckpt":  # one rollout step of rl_lora that ends with a checkpoint (a .ckpt file under fsdp2_full_ckpt)
+        model = {
+            "class_path": "rlvr_lightning.modules.RLVRModule",
+            "init_args": {
+                "policy": policy(tokenizer_dir),
+                "optimizer": sgd,
+                "group_size": 4,
+                "sampling": {"max_new_tokens": 6},
+                "kl": {"coef": 0.1},
+            },
+        }
+        return {
+            "seed_everything": 0,
+            "trainer": trainer(strategy, 1, record, limit_val_batches=1),
+            "model": model,
+            "data": inline_data(),
+        }
+    if (
+        case == "lora_ckpt"
+    ):  # one rollout step of rl_lora that ends with a checkpoint (a .ckpt file under fsdp2_full_ckpt)
         config = case_config("rl_lora", strategy, out, tokenizer_dir)
         config["trainer"].update(limit_train_batches=1, enable_checkpointing=True)
         config["trainer"]["callbacks"][1]["init_args"]["name"] = f"{case}-{strategy}"
-        config["trainer"]["callbacks"].append({"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
-                                               "init_args": {"dirpath": f"{out}/ckpt_{case}-{strategy}", "filename": "final"}})
+        config["trainer"]["callbacks"].append(
+            {
+                "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+                "init_args": {"dirpath": f"{out}/ckpt_{case}-{strategy}", "filename": "final"},
+            }
+        )
         return config
     raise ValueError(f"unknown case {case!r}")
 
@@ -232,23 +326,49 @@ def resume_config(name: str, out: str, tokenizer_dir: str, steps: int, wait_at: 
     sampled validation every 3 steps; sharded checkpoints every 2 rollout steps, CSV log."""
     callbacks = [
         {"class_path": "rlvr_lightning.advantages.GroupNormalizedAdvantage"},
-        {"class_path": "rlvr_lightning.callbacks.RolloutCheckpoint",
-         "init_args": {"dirpath": f"{out}/ckpt_{name}", "every_n_rollout_steps": 2, "save_last": True}},
+        {
+            "class_path": "rlvr_lightning.callbacks.RolloutCheckpoint",
+            "init_args": {"dirpath": f"{out}/ckpt_{name}", "every_n_rollout_steps": 2, "save_last": True},
+        },
         {"class_path": "fsdp_support.FinalWeights", "init_args": {"out": out, "name": name}},
     ]
     if wait_at is not None:
-        callbacks.append({"class_path": "fsdp_support.WaitAtStep",
-                          "init_args": {"step": wait_at, "marker": f"{out}/{name}.waiting"}})
-    model = {"class_path": "rlvr_lightning.modules.RLVRModule", "init_args": {
-        "policy": policy(tokenizer_dir), "optimizer": {"class_path": "torch.optim.Adam", "init_args": {"lr": 0.01}},
-        "lr_scheduler": {"class_path": "torch.optim.lr_scheduler.StepLR", "init_args": {"step_size": 3, "gamma": 0.5}},
-        "group_size": 4, "sampling": {"max_new_tokens": 6}, "kl": {"coef": 0.05, "refresh_every": 3},
-        "update": {"epochs": 2, "mini_batch_size": 4}, "dynamic_sampling": {"enabled": True},
-        "validation": {"greedy": False, "group_size": 2}}}
-    run = trainer("fsdp2", steps, callbacks, limit_val_batches=1, val_check_interval=3, check_val_every_n_epoch=None,
-                  num_sanity_val_steps=0, enable_checkpointing=True,
-                  logger=[{"class_path": "lightning.pytorch.loggers.CSVLogger",
-                           "init_args": {"save_dir": f"{out}/logs", "name": name}}])
+        callbacks.append(
+            {"class_path": "fsdp_support.WaitAtStep", "init_args": {"step": wait_at, "marker": f"{out}/{name}.waiting"}}
+        )
+    model = {
+        "class_path": "rlvr_lightning.modules.RLVRModule",
+        "init_args": {
+            "policy": policy(tokenizer_dir),
+            "optimizer": {"class_path": "torch.optim.Adam", "init_args": {"lr": 0.01}},
+            "lr_scheduler": {
+                "class_path": "torch.optim.lr_scheduler.StepLR",
+                "init_args": {"step_size": 3, "gamma": 0.5},
+            },
+            "group_size": 4,
+            "sampling": {"max_new_tokens": 6},
+            "kl": {"coef": 0.05, "refresh_every": 3},
+            "update": {"epochs": 2, "mini_batch_size": 4},
+            "dynamic_sampling": {"enabled": True},
+            "validation": {"greedy": False, "group_size": 2},
+        },
+    }
+    run = trainer(
+        "fsdp2",
+        steps,
+        callbacks,
+        limit_val_batches=1,
+        val_check_interval=3,
+        check_val_every_n_epoch=None,
+        num_sanity_val_steps=0,
+        enable_checkpointing=True,
+        logger=[
+            {
+                "class_path": "lightning.pytorch.loggers.CSVLogger",
+                "init_args": {"save_dir": f"{out}/logs", "name": name},
+            }
+        ],
+    )
     return {"seed_everything": 3, "trainer": run, "model": model, "data": inline_data()}
 
 
@@ -264,7 +384,9 @@ def main(out: str, tokenizer_dir: str, runs: list[str]) -> None:
     rank = os.environ["RANK"]
     for run in runs:
         case, strategy = run.split(":")
-        config = write_config(case_config(case, strategy, out, tokenizer_dir), Path(out, f"{case}-{strategy}.rank{rank}.yaml"))
+        config = write_config(
+            case_config(case, strategy, out, tokenizer_dir), Path(out, f"{case}-{strategy}.rank{rank}.yaml")
+        )
         if case == "validate_first":  # one trainer and module: validated, then trained
             with evaluation_as_on_gpus():
                 cli = rlvr(["--config", str(config)], run=False)

@@ -107,7 +107,9 @@ data:
 def test_two_process_ddp_run(tmp_path):
     (tmp_path / "ddp_recorder.py").write_text(RECORDER)
     config = tmp_path / "ddp.yaml"
-    config.write_text(CONFIG.format(epochs=EPOCHS, steps=STEPS, out=tmp_path, vocab=V, n=N, batch=BATCH, candidates=CANDIDATES))
+    config.write_text(
+        CONFIG.format(epochs=EPOCHS, steps=STEPS, out=tmp_path, vocab=V, n=N, batch=BATCH, candidates=CANDIDATES)
+    )
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(tmp_path), str(TESTS / "data"), os.environ.get("PYTHONPATH", "")]),
@@ -115,7 +117,11 @@ def test_two_process_ddp_run(tmp_path):
     }
     result = subprocess.run(
         [sys.executable, "-m", "rlvr_lightning.cli", "fit", "--config", str(config)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert result.returncode == 0, result.stderr[-5000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]

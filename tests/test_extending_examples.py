@@ -41,11 +41,16 @@ def _has_policy_loss_api() -> bool:
 
 def mini_batch_size(n: int) -> str:
     """The override of the update's mini-batch size (an option of the update group with loss objects)."""
-    return f"--model.init_args.update.mini_batch_size={n}" if _has_policy_loss_api() else f"--model.init_args.mini_batch_size={n}"
+    return (
+        f"--model.init_args.update.mini_batch_size={n}"
+        if _has_policy_loss_api()
+        else f"--model.init_args.mini_batch_size={n}"
+    )
 
 
 needs_loss_objects = pytest.mark.skipif(
-    not _has_policy_loss_api(), reason="losses and KL estimators as classes (rlvr_lightning.core.policy_losses.PolicyLoss)"
+    not _has_policy_loss_api(),
+    reason="losses and KL estimators as classes (rlvr_lightning.core.policy_losses.PolicyLoss)",
 )
 
 
@@ -90,7 +95,10 @@ def test_reward_example(tmp_path):
 
 def test_advantage_example(tmp_path):
     rows = run_example(
-        tmp_path, ["my_advantage.py", "my_advantage.yaml"], [SORT, "my_advantage.yaml"], "--trainer.limit_train_batches=3"
+        tmp_path,
+        ["my_advantage.py", "my_advantage.yaml"],
+        [SORT, "my_advantage.yaml"],
+        "--trainer.limit_train_batches=3",
     )
     # centred ranks in [-1, 1] over groups of 8: std at most sqrt(21)/7 = 0.655; GRPO's normalised advantages
     # (the base config's estimator) have a std near 1 on these groups, which dynamic sampling keeps non-constant
@@ -100,7 +108,9 @@ def test_advantage_example(tmp_path):
 
 @needs_loss_objects
 def test_loss_example(tmp_path):
-    rows = run_example(tmp_path, ["my_loss.py", "my_loss.yaml"], [SORT, "my_loss.yaml"], "--trainer.limit_train_batches=3")
+    rows = run_example(
+        tmp_path, ["my_loss.py", "my_loss.yaml"], [SORT, "my_loss.yaml"], "--trainer.limit_train_batches=3"
+    )
     fractions = column(rows, "train/clamped_advantage_fraction")  # reported by the example's loss only
     assert all(0.0 <= f <= 1.0 for f in fractions) and max(fractions) > 0
     assert all(norm > 0 for norm in column(rows, "train/grad_norm"))  # every update moved the parameters
@@ -124,8 +134,11 @@ def test_kl_estimator_example(tmp_path):
 
 def test_jsonl_task_example(tmp_path):
     rows = run_example(
-        tmp_path, ["my_data.jsonl", "my_jsonl.yaml"], [TINY_LM, "my_jsonl.yaml"],
-        f"--model.init_args.policy.init_args.tokenizer_name_or_path={DIGITS_TOKENIZER}", "--trainer.limit_train_batches=2",
+        tmp_path,
+        ["my_data.jsonl", "my_jsonl.yaml"],
+        [TINY_LM, "my_jsonl.yaml"],
+        f"--model.init_args.policy.init_args.tokenizer_name_or_path={DIGITS_TOKENIZER}",
+        "--trainer.limit_train_batches=2",
         mini_batch_size(32),
     )
     # the file's prompts are 5 digits (the base config's sort task has 3), scored by the example's reward
@@ -135,8 +148,11 @@ def test_jsonl_task_example(tmp_path):
 
 def test_task_subclass_example(tmp_path):
     rows = run_example(
-        tmp_path, ["my_task.py", "my_task.yaml", "my_data.csv"], [TINY_LM, "my_task.yaml"],
-        f"--model.init_args.policy.init_args.tokenizer_name_or_path={DIGITS_TOKENIZER}", "--trainer.limit_train_batches=2",
+        tmp_path,
+        ["my_task.py", "my_task.yaml", "my_data.csv"],
+        [TINY_LM, "my_task.yaml"],
+        f"--model.init_args.policy.init_args.tokenizer_name_or_path={DIGITS_TOKENIZER}",
+        "--trainer.limit_train_batches=2",
         mini_batch_size(32),
     )
     assert column(rows, "train/generation/prompt_length/mean") == [5.0, 5.0]
@@ -145,9 +161,13 @@ def test_task_subclass_example(tmp_path):
 
 def test_generation_backend_example(tmp_path):
     rows = run_example(
-        tmp_path, ["my_backend.py", "my_backend.yaml"], [TINY_LM, "my_backend.yaml"],
+        tmp_path,
+        ["my_backend.py", "my_backend.yaml"],
+        [TINY_LM, "my_backend.yaml"],
         f"--model.init_args.policy.init_args.tokenizer_name_or_path={DIGITS_TOKENIZER}",
-        "--data.init_args.batch_size=4", "--trainer.limit_train_batches=2", mini_batch_size(32),
+        "--data.init_args.batch_size=4",
+        "--trainer.limit_train_batches=2",
+        mini_batch_size(32),
     )
     assert column(rows, "train/generation/transformers_generate_calls") == [1.0, 2.0]  # the backend sampled each step
     assert all(norm > 0 for norm in column(rows, "train/grad_norm"))

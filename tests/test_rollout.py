@@ -42,7 +42,9 @@ def test_concat_pads_prompts_left_responses_right_and_renumbers_groups():
 def test_prompt_runs_of_equal_and_unequal_groups():
     r = rollout(2, 3, groups=3)  # group_index 0 0 1 1 2 2
     runs = r.prompt_runs()
-    assert runs.first_rows.tolist() == [0, 2, 4] and runs.row_run.tolist() == [0, 0, 1, 1, 2, 2] and runs.run_length == 2
+    assert (
+        runs.first_rows.tolist() == [0, 2, 4] and runs.row_run.tolist() == [0, 0, 1, 1, 2, 2] and runs.run_length == 2
+    )
     assert r.prompt_runs() is runs  # computed once
     uneven = r.select(torch.tensor([3, 0, 1, 4]))  # groups 1 | 0 0 | 2
     runs = uneven.prompt_runs()

@@ -56,8 +56,14 @@ def fit(callbacks, steps: int = 2, logger=False, **trainer_kwargs) -> tuple[pl.T
     module = RLVRModule(policy, group_size=4, update=UpdateConfig(epochs=2, mini_batch_size=16))
     data = RLVRDataModule(SortTask(vocab_size=5, length=3, num_val=0), batch_size=8)
     trainer = pl.Trainer(
-        max_epochs=1, limit_train_batches=steps, limit_val_batches=0, logger=logger, enable_checkpointing=False,
-        enable_model_summary=False, callbacks=[SortInclusionOrderingReward(), *callbacks], **trainer_kwargs,
+        max_epochs=1,
+        limit_train_batches=steps,
+        limit_val_batches=0,
+        logger=logger,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        callbacks=[SortInclusionOrderingReward(), *callbacks],
+        **trainer_kwargs,
     )
     trainer.fit(module, datamodule=data)
     return trainer, module

@@ -41,7 +41,9 @@ def test_long_short_weights_by_hand():
     assert_close(stats["token_weight_long"], torch.tensor(0.675))
     assert_close(stats["token_weight_long_over_short"], torch.tensor(0.3))
     for mode in ("token-mean", "seq-sum-constant", "seq-mean-token-sum"):  # no length bias: a ratio of 1
-        assert_close(long_short_token_weights(mask, mode, constant=5.0)["token_weight_long_over_short"], torch.tensor(1.0))
+        assert_close(
+            long_short_token_weights(mask, mode, constant=5.0)["token_weight_long_over_short"], torch.tensor(1.0)
+        )
 
 
 def test_length_by_correctness_by_hand():
