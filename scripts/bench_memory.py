@@ -135,13 +135,12 @@ def _policy(args, work: Path) -> dict:
 
 
 def worker(args) -> None:
+    import lightning.pytorch as pl
     import torch
 
     from rlvr_lightning.data.sft_data import SFTDataModule
     from rlvr_lightning.modules import SFTModule
     from rlvr_lightning.policies.hf import HFPolicy
-
-    import lightning.pytorch as pl
 
     torch.set_num_threads(args.threads)
     out = Path(args.out)

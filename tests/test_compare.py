@@ -1,8 +1,8 @@
 """scripts/compare.py: the numbers of its table on hand-made logs, and a tiny real comparison end to end."""
 
 import importlib.util
-import sys
 import math
+import sys
 from pathlib import Path
 
 import pytest

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from rlvr_lightning.cli import main
-from tests.test_resume import EPOCHS, K, STEPS_PER_EPOCH, config, logged, parameters
+from tests.test_resume import EPOCHS, STEPS_PER_EPOCH, K, config, logged, parameters
 
 WAITER = '''
 import os, time

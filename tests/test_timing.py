@@ -56,8 +56,8 @@ def test_the_decoding_loop_times_prefill_and_generation_on_the_device_clock(monk
 
 
 def test_training_step_times_read_the_device_clock(monkeypatch, in_tmp_dir):
-    from tests.modules.test_rlvr_module import fit, policy
     from rlvr_lightning.rewards import SortInclusionOrderingReward
+    from tests.modules.test_rlvr_module import fit, policy
 
     devices = []
     monkeypatch.setattr(rlvr_module, "clock", lambda device: devices.append(device) or 0.0)

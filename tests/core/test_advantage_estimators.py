@@ -8,12 +8,12 @@ from rlvr_lightning.core.advantage_estimators import (
     STD_SCOPES,
     batch_whitened_advantages,
     centered_advantages,
+    discounted_returns,
     max_only_advantages,
     normalized_advantages,
     raw_advantages,
     rloo_advantages,
     token_whitened_returns,
-    discounted_returns,
     zero_variance_group_fraction,
     zero_variance_group_mask,
 )

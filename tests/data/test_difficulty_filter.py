@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from rlvr_lightning.data import RLVRDataModule, SortTask
-from rlvr_lightning.data.prompt_streams import PromptStream, example_source
 from rlvr_lightning.data.difficulty_filter import DifficultyFilter
+from rlvr_lightning.data.prompt_streams import PromptStream, example_source
 from rlvr_lightning.data.sort_task import SortStream
 from rlvr_lightning.modules import RLVRModule
 from rlvr_lightning.policies.toy_sort import ToySortPolicy
