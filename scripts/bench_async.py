@@ -137,7 +137,9 @@ def cmd_steps(args) -> None:
             rows = [row for row in step_rows(out, name) if row["step"] >= 1]
             median = {key: statistics.median(row.get(key, 0.0) for row in rows) for key in ("time/step_s", *PARTS)}
             median["cpu_s"] = statistics.median(clock.cpu[1:])
-            median["cores"] = statistics.median(cpu / wall for cpu, wall in zip(clock.cpu[1:], clock.wall[1:]))
+            median["cores"] = statistics.median(
+                cpu / wall for cpu, wall in zip(clock.cpu[1:], clock.wall[1:], strict=True)
+            )
             medians[staleness].append(median)
             print(
                 f"round {round_index} {LEGS[staleness]}: median step {median['time/step_s']:.2f} s over steps 1-{args.steps - 1}, "
@@ -268,7 +270,10 @@ def plot(out: Path, seeds: list[int], minutes: float, window: int = 10) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     for ax, key, label in zip(
-        axes, CURVES[:2], ("train reward (accuracy + 0.5 last number + 0.05 boxed)", "train last-number accuracy")
+        axes,
+        CURVES[:2],
+        ("train reward (accuracy + 0.5 last number + 0.05 boxed)", "train last-number accuracy"),
+        strict=True,
     ):
         for staleness, color in ((0, "tab:blue"), (1, "tab:red")):
             for seed in seeds:

@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
                 str(args.threads),
             ]
             out = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True)
-            line = next((l for l in out.stdout.splitlines() if l.startswith("BENCH ")), None)
+            line = next((text for text in out.stdout.splitlines() if text.startswith("BENCH ")), None)
             if out.returncode or line is None:
                 raise SystemExit(f"leg {leg} failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
             result = json.loads(line[len("BENCH ") :])

@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
             scores, failed = verifier.score(completions, golds)
             timeouts += failed
             counts[name] = sum(1 for s in scores if s == want)
-            for (fname, lineno, gold), completion, s in zip(rows, completions, scores):
+            for (fname, lineno, gold), completion, s in zip(rows, completions, scores, strict=True):
                 if s != want:
                     failures.append(
                         f"{fname}:{lineno}: {name} check: gold {gold!r}, completion {completion[-60:]!r} scored {s}"

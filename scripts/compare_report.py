@@ -72,7 +72,7 @@ def summarise_run(run: Run, csv_path: Path, metric: str, threshold: float, final
         return run
     run.final = statistics.fmean(run.metric[-final_window:])
     run.final_val_accuracy = run.val_accuracy[-1] if run.val_accuracy else math.nan
-    run.steps_to_threshold = next((s for s, v in zip(run.steps, run.metric) if v >= threshold), None)
+    run.steps_to_threshold = next((s for s, v in zip(run.steps, run.metric, strict=True) if v >= threshold), None)
     return run
 
 

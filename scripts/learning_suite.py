@@ -224,7 +224,7 @@ def print_table(rows: list[list[str]]) -> None:
     header = ["figure", "metric", "seed", "value", "band", "result"]
     widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
     for row in [header, ["-" * w for w in widths], *rows]:
-        print("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip())
+        print("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
 
 
 def select(args: argparse.Namespace, figures: tuple[Figure, ...]) -> list[Figure]:

@@ -112,7 +112,7 @@ def test_the_default_output_is_not_a_tracked_file(compare):
 def write_length_log(path: Path, correct: list[float], incorrect: list[float]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     lines = ["epoch,step,train/reward_mean,train/bias/length_correct,train/bias/length_incorrect"]
-    for step, (c, i) in enumerate(zip(correct, incorrect)):
+    for step, (c, i) in enumerate(zip(correct, incorrect, strict=True)):
         lines.append(f"0,{step},1.0,{c},{i}")
     path.write_text("\n".join(lines) + "\n")
     return path

@@ -90,7 +90,7 @@ def test_reward_example(tmp_path):
     assert all(0.0 <= v <= 1.0 for v in values) and max(values) > 0
     # the total is the weighted sum: sort reward (weight 1) + 0.5 x this one
     sort, total = column(rows, "train/rewards/sort_inclusion_ordering"), column(rows, "train/reward_mean")
-    assert total == pytest.approx([s + 0.5 * v for s, v in zip(sort, values)], abs=1e-4)
+    assert total == pytest.approx([s + 0.5 * v for s, v in zip(sort, values, strict=True)], abs=1e-4)
 
 
 def test_advantage_example(tmp_path):

@@ -49,7 +49,7 @@ def _free_port() -> int:
 def _wait(processes: list[subprocess.Popen], logs: list[Path], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     try:
-        for process, log in zip(processes, logs):
+        for process, log in zip(processes, logs, strict=True):
             code = process.wait(timeout=max(deadline - time.monotonic(), 1))
             assert code == 0, f"{log.name} exited with {code}:\n" + log.read_text()[-4000:]
     finally:

@@ -158,7 +158,7 @@ def test_recipe_runs_on_cpu_with_each_setting(setting, tiny_override, in_tmp_dir
     assert {p.dtype for p in policy.parameters()} == {torch.float32}
     assert cli.trainer.precision == ("32-true" if setting == "32-true" else "bf16-mixed")
     # the two AdamW steps at lr 1e-6 moved nearly every weight that had a gradient (bf16 weights: ~2%)
-    moved = sum(int((p.detach() != w).sum()) for p, w in zip(policy.parameters(), start.weights))
+    moved = sum(int((p.detach() != w).sum()) for p, w in zip(policy.parameters(), start.weights, strict=True))
     assert moved / sum(w.numel() for w in start.weights) > 0.5
     assert policy.model.config._attn_implementation == ("eager" if "eager" in setting else "sdpa")
     assert policy.model.is_gradient_checkpointing is ("no checkpointing" not in setting)

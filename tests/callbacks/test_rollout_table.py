@@ -111,7 +111,7 @@ def test_rollout_rows_of_a_multi_turn_response():
     rollout.response_mask = (rollout.response_source == S).float()
     rollout.advantages = torch.tensor([[3.0, 100.0, 100.0, 3.0, 3.0]])  # observation positions carry no advantage
     columns, data = rollout_rows(rollout, [0])
-    row = dict(zip(columns, data[0]))
+    row = dict(zip(columns, data[0], strict=True))
     assert row["advantage"] == 3.0 and row["length"] == 5  # the length counts the observation
 
 
@@ -142,7 +142,7 @@ def test_dynamic_sampling_logs_the_trained_batch(in_tmp_dir):
         assert all(math.isfinite(a) for a in advantages), advantages
         expected = sorted(
             (p, c, round(float(a), 6))
-            for p, c, a in zip(trained.prompt_text, trained.response_text, trained.advantages)
+            for p, c, a in zip(trained.prompt_text, trained.response_text, trained.advantages, strict=True)
         )
         assert sorted((row[2], row[3], round(row[7], 6)) for row in logged["data"]) == expected
     assert any(len(set(row[5] for row in t["data"])) > 1 for t in logger.tables)  # informative groups were trained

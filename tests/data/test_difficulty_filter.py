@@ -102,8 +102,8 @@ def test_keeps_exactly_the_prompts_with_pass_rates_in_the_window(mode, low, high
         assert stats["curriculum/too_easy"] == len(pool) - counts[0] and stats["curriculum/too_hard"] == 0
     else:
         rates = [k / N for k in range(N + 1)]
-        assert stats["curriculum/too_hard"] == sum(c for c, r in zip(counts, rates) if r <= low)
-        assert stats["curriculum/too_easy"] == sum(c for c, r in zip(counts, rates) if r >= high)
+        assert stats["curriculum/too_hard"] == sum(c for c, r in zip(counts, rates, strict=True) if r <= low)
+        assert stats["curriculum/too_easy"] == sum(c for c, r in zip(counts, rates, strict=True) if r >= high)
 
 
 def test_pass_criteria_are_checked():

@@ -31,7 +31,7 @@ def _perturb(policy, scale: float = 0.05, seed: int = 1) -> None:
 
 def _responses(rollout) -> list[list[int]]:
     lengths = rollout.response_mask.sum(-1).long().tolist()
-    return [row[:length] for row, length in zip(rollout.response_ids.tolist(), lengths)]
+    return [row[:length] for row, length in zip(rollout.response_ids.tolist(), lengths, strict=True)]
 
 
 def _same_policy_two_backends(make_policy, **kwargs):

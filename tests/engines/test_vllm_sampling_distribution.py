@@ -36,7 +36,7 @@ def policies(tokenizer_dir):
 
     ours = make()
     engine = make(generation=VLLMGeneration(dtype="float32", kv_cache_memory_gib=0.25))
-    assert all(torch.equal(a, b) for a, b in zip(ours.state_dict().values(), engine.state_dict().values()))
+    assert all(torch.equal(a, b) for a, b in zip(ours.state_dict().values(), engine.state_dict().values(), strict=True))
     tokenizer = ours.tokenizer
     prompts = {
         "prompt": tokenizer(PROMPT)["input_ids"],

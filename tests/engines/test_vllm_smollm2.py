@@ -25,7 +25,7 @@ def test_smollm2_greedy_and_log_probs_equal_the_trainers_after_a_push():
     )
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():  # an "update" the engine only sees through the push
-        for a, b in zip(ours.parameters(), engine.parameters()):
+        for a, b in zip(ours.parameters(), engine.parameters(), strict=True):
             noise = torch.randn(a.shape, generator=generator) * 1e-3
             a.add_(noise)
             b.add_(noise)

@@ -67,7 +67,7 @@ def test_reference_mixup_moves_by_alpha():
             p.add_(1.0)
     before = [p.clone() for p in reference.parameters()]
     policy.update_reference(reference, alpha=0.25)
-    for old, new in zip(before, reference.parameters()):
+    for old, new in zip(before, reference.parameters(), strict=True):
         torch.testing.assert_close(new, old + 0.25)
 
 

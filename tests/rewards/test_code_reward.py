@@ -82,7 +82,9 @@ def test_hostile_programs_score_zero_leave_the_host_unchanged_and_the_batch_goes
     t0 = time.monotonic()
     scores = reward(make_rollout(texts, [{"tests": IO_TESTS}] * len(texts)))
     elapsed = time.monotonic() - t0
-    assert scores.tolist() == [1.0] + [0.0] * len(HOSTILE) + [1.0], dict(zip(HOSTILE, scores[1:].tolist()))
+    assert scores.tolist() == [1.0] + [0.0] * len(HOSTILE) + [1.0], dict(
+        zip(HOSTILE, scores[1:].tolist(), strict=False)
+    )
     assert not canary.exists() and set(os.listdir(tmp_path)) == before
     assert reward.pop_errors() == 0  # a hostile program is a failed test, not a reward error
     # each hanging program costs about one timeout (not one per test); two run at a time
@@ -146,7 +148,9 @@ def test_the_hostile_set_through_the_reward_scores_zero_and_the_run_goes_on():
     texts = [fenced(HONEST_ADD), *[fenced(p) for p in hostile.values()], fenced(HONEST_ADD.replace("a + b", "b + a"))]
     reward = CodeExecutionReward(timeout_s=TIMEOUT, max_concurrency=2)
     scores = reward(make_rollout(texts, [{"tests": ADD_TESTS}] * len(texts)))
-    assert scores.tolist() == [1.0] + [0.0] * len(hostile) + [1.0], dict(zip(hostile, scores[1:].tolist()))
+    assert scores.tolist() == [1.0] + [0.0] * len(hostile) + [1.0], dict(
+        zip(hostile, scores[1:].tolist(), strict=False)
+    )
     assert reward.pop_errors() == 0
     assert reward(make_rollout([fenced(HONEST_ADD)], [{"tests": ADD_TESTS}])).tolist() == [
         1.0
