@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Asynchronous rollouts on SmolLM2: what the overlap buys (step time) and what one update of staleness
-costs (learning per minute), `rollout_staleness` 0 against 1 on `configs/smollm2_arithmetic_single_stage.yaml` (LoRA r=16,
-4 problems x 8 samples x 32 new tokens, one update per step; validation, checkpoints and rollout tables off).
+costs (learning per minute), `rollout_staleness` 0 against 1 on `configs/smollm2_arithmetic_single_stage.yaml`
+(LoRA r=16, 4 problems x 8 samples x 32 new tokens, one update per step; validation, checkpoints and rollout
+tables off).
 
   steps   `--steps` rollout steps per leg, the two legs alternating in order within each of `--rounds`
           rounds (same seed for both legs of a round), one torch thread (the asynchronous leg runs a second
@@ -142,7 +143,8 @@ def cmd_steps(args) -> None:
             )
             medians[staleness].append(median)
             print(
-                f"round {round_index} {LEGS[staleness]}: median step {median['time/step_s']:.2f} s over steps 1-{args.steps - 1}, "
+                f"round {round_index} {LEGS[staleness]}: median step {median['time/step_s']:.2f} s "
+                f"over steps 1-{args.steps - 1}, "
                 f"CPU {median['cpu_s']:.2f} s ({median['cores']:.2f} cores; load average {load:.1f} before)",
                 flush=True,
             )
@@ -152,8 +154,9 @@ def cmd_steps(args) -> None:
     for staleness in (0, 1):
         m = summary[LEGS[staleness]]
         print(
-            f"{LEGS[staleness]}  {m['time/step_s']:6.2f}  {m['cpu_s']:5.2f}  {m['cores']:5.2f}  {m['time/generation_s']:12.2f}  "
-            f"{m['time/update_s']:8.2f}  {m['time/rollout_wait_s']:6.2f}  {m['time/weight_push_s']:6.3f}  {summary['rounds'][LEGS[staleness]]}"
+            f"{LEGS[staleness]}  {m['time/step_s']:6.2f}  {m['cpu_s']:5.2f}  {m['cores']:5.2f}  "
+            f"{m['time/generation_s']:12.2f}  {m['time/update_s']:8.2f}  {m['time/rollout_wait_s']:6.2f}  "
+            f"{m['time/weight_push_s']:6.3f}  {summary['rounds'][LEGS[staleness]]}"
         )
     speedup = summary[LEGS[0]]["time/step_s"] / summary[LEGS[1]]["time/step_s"]
     print(f"speed-up of staleness 1: {speedup:.2f}x (medians of {args.rounds} rounds)")
@@ -248,17 +251,20 @@ def table(results: list[dict]) -> None:
         )
 
     print(
-        "\n| leg | updates in the budget | median step s | train reward, last 10 steps | train last-number accuracy, last 10 | "
-        "held-out greedy: last number | held-out greedy: boxed (the recipe's accuracy) |"
+        "\n| leg | updates in the budget | median step s | train reward, last 10 steps "
+        "| train last-number accuracy, last 10 | held-out greedy: last number "
+        "| held-out greedy: boxed (the recipe's accuracy) |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|")
     for leg in LEGS.values():
         runs = [r for r in results if r["leg"] == leg]
         print(
-            f"| {leg} | {' / '.join(str(r['updates']) for r in runs)} | {statistics.median(r['median_step_s'] for r in runs):.2f} | "
+            f"| {leg} | {' / '.join(str(r['updates']) for r in runs)} "
+            f"| {statistics.median(r['median_step_s'] for r in runs):.2f} | "
             f"{mean_std([r['train/reward_mean_last10'] for r in runs], percent=False)} | "
             f"{mean_std([r['train/rewards/last_number_accuracy_last10'] for r in runs])} | "
-            f"{mean_std([r['heldout_greedy/last_number_accuracy'] for r in runs])} | {mean_std([r['heldout_greedy/math_accuracy'] for r in runs])} |"
+            f"{mean_std([r['heldout_greedy/last_number_accuracy'] for r in runs])} | "
+            f"{mean_std([r['heldout_greedy/math_accuracy'] for r in runs])} |"
         )
 
 

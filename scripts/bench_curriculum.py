@@ -140,8 +140,9 @@ def main() -> None:
     for label, runs in results.items():
         print(
             f"{label:>10} {100 * mean(runs, 'val_accuracy'):>14.1f}% {mean(runs, 'val_reward'):>11.3f} "
-            f"{mean(runs, 'train_reward_last10'):>13.3f} {mean(runs, 'wall_s'):>8.1f} {mean(runs, 'estimation_s'):>13.2f} "
-            f"{mean(runs, 'completions'):>12.0f} {mean(runs, 'fallbacks'):>10.1f} {100 * mean(runs, 'kept_fraction_mean'):>5.1f}%"
+            f"{mean(runs, 'train_reward_last10'):>13.3f} {mean(runs, 'wall_s'):>8.1f} "
+            f"{mean(runs, 'estimation_s'):>13.2f} {mean(runs, 'completions'):>12.0f} {mean(runs, 'fallbacks'):>10.1f} "
+            f"{100 * mean(runs, 'kept_fraction_mean'):>5.1f}%"
         )
 
 

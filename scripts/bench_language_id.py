@@ -124,8 +124,9 @@ def main() -> None:
 
     per_1000 = 1000 / args.rows
     print(
-        f"{args.rows} completions, mean {sum(len(script_words(t)) for t in rollout.response_text) / args.rows:.0f} words "
-        f"each; median of {args.rounds} interleaved rounds; one thread"
+        f"{args.rows} completions, "
+        f"mean {sum(len(script_words(t)) for t in rollout.response_text) / args.rows:.0f} words each; "
+        f"median of {args.rounds} interleaved rounds; one thread"
     )
     print(
         f"{'judge':36s} {'s / 1000 completions':>21s} {'load s':>7s} {'mean |error|':>13s} {'French-only > 0.5':>18s}"

@@ -243,8 +243,8 @@ def main() -> None:
         policy = _policy(args, work)
         results = {leg: run_leg(args, leg, policy, work) for leg in LEGS}
     print(
-        f"model {args.model}, {args.world_size} ranks, {args.batch} pairs x ~{args.tokens} tokens per rank, {args.precision}, "
-        f"AdamW; MB per rank"
+        f"model {args.model}, {args.world_size} ranks, {args.batch} pairs x ~{args.tokens} tokens per rank, "
+        f"{args.precision}, AdamW; MB per rank"
     )
     print(
         f"{'leg':6} {'rank':>4} {'params':>9} {'grads':>9} {'optim':>9} {'params+optim':>13} {'activations':>12} "
@@ -255,7 +255,8 @@ def main() -> None:
             mb = {key: row[key] / MB for key in ("parameters", "gradients", "optimizer", "activations", "peak")}
             print(
                 f"{leg:6} {row['rank']:>4} {mb['parameters']:9.1f} {mb['gradients']:9.1f} {mb['optimizer']:9.1f} "
-                f"{mb['parameters'] + mb['optimizer']:13.1f} {mb['activations']:12.1f} {mb['peak']:9.1f}  {row['peak_kind']}"
+                f"{mb['parameters'] + mb['optimizer']:13.1f} {mb['activations']:12.1f} {mb['peak']:9.1f}  "
+                f"{row['peak_kind']}"
             )
     worst = {leg: max(r["parameters"] + r["optimizer"] for r in rows) for leg, rows in results.items()}
     print(f"params + optimizer state, FSDP2 / DDP (largest rank): {worst['fsdp2'] / worst['ddp']:.3f}")

@@ -224,11 +224,13 @@ def main() -> None:
             ]
             ratios[name].append((medians[0][0] / medians[0][1], medians[1][0] / medians[1][1]))
             print(
-                f"    median step wall {medians[0][0] * 1e3:.2f} ms vs plain {medians[0][1] * 1e3:.2f} ms ({ratios[name][-1][0]:.3f}x), "
+                f"    median step wall {medians[0][0] * 1e3:.2f} ms vs plain {medians[0][1] * 1e3:.2f} ms "
+                f"({ratios[name][-1][0]:.3f}x), "
                 f"cpu {medians[1][0] * 1e3:.2f} ms vs plain {medians[1][1] * 1e3:.2f} ms ({ratios[name][-1][1]:.3f}x)"
             )
     print(
-        f"\nthreads={args.threads} steps={args.steps} rounds={args.rounds}; per-step time / paired plain-loop step time, median of rounds:"
+        f"\nthreads={args.threads} steps={args.steps} rounds={args.rounds}; "
+        "per-step time / paired plain-loop step time, median of rounds:"
     )
     for name in legs:
         wall, cpu = (statistics.median(r[clock] for r in ratios[name]) for clock in (0, 1))

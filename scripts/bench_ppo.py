@@ -207,11 +207,12 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
     print(
-        f"\nSmolLM2-135M-Instruct, {len(PROMPTS)} prompts x {GENERATIONS} x {NEW_TOKENS} tokens, fp32, {args.threads} thread(s); "
-        f"medians over {args.rounds} round(s) x {args.steps - 1} timed step(s)"
+        f"\nSmolLM2-135M-Instruct, {len(PROMPTS)} prompts x {GENERATIONS} x {NEW_TOKENS} tokens, fp32, "
+        f"{args.threads} thread(s); medians over {args.rounds} round(s) x {args.steps - 1} timed step(s)"
     )
     print(
-        f"{'leg':<14}{'step s':>8}{'cpu s':>8}{'gen s':>8}{'adv s':>8}{'update s':>9}{'RSS start GB':>14}{'RSS peak GB':>13}{'params M':>10}{'vs grpo':>9}"
+        f"{'leg':<14}{'step s':>8}{'cpu s':>8}{'gen s':>8}{'adv s':>8}{'update s':>9}"
+        f"{'RSS start GB':>14}{'RSS peak GB':>13}{'params M':>10}{'vs grpo':>9}"
     )
     base = None
     for leg, runs in results.items():

@@ -1,4 +1,4 @@
-"""One GRPO training step, this framework vs TRL's `GRPOTrainer`, on identical work.
+r"""One GRPO training step, this framework vs TRL's `GRPOTrainer`, on identical work.
 
 Both sides load the same saved model directory (same weights, fp32, SDPA attention), sample
 `prompts x generations` completions of exactly `new_tokens` tokens (EOS is suppressed until then
@@ -20,7 +20,8 @@ than the wall times.
     python scripts/bench_step.py                       # the tiny and smollm2 cases, ours vs TRL
     python scripts/bench_step.py --case tiny --steps 10
     python scripts/bench_step.py --case smollm2 --steps 4   # needs `rlvr-models fetch smollm2-135m-instruct`
-    python scripts/bench_step.py --case smollm2 smollm2_long --legs ours vllm trl --rounds 2 --vllm-python .venv-vllm/bin/python
+    python scripts/bench_step.py --case smollm2 smollm2_long --legs ours vllm trl --rounds 2 \
+        --vllm-python .venv-vllm/bin/python
 
 Legs: `ours` (our KV-cache loop), `vllm` (the same module with `VLLMGeneration`, an fp32 engine in the
 leg's process, weights pushed after every update; needs vLLM: scripts/vllm_cpu_env.sh), `trl`. Run the
@@ -330,8 +331,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--vllm-python",
         default=None,
-        help="the interpreter of the vllm leg, in an environment of its own (scripts/vllm_cpu_env.sh: .venv-vllm/bin/python); "
-        "default: this one. Run the script from the main environment so that our loop and TRL run with its transformers",
+        help="the interpreter of the vllm leg, in an environment of its own "
+        "(scripts/vllm_cpu_env.sh: .venv-vllm/bin/python); default: this one. Run the script from the main "
+        "environment so that our loop and TRL run with its transformers",
     )
     parser.add_argument("--worker", choices=LEGS, default=None, help=argparse.SUPPRESS)  # one leg (run_leg)
     parser.add_argument("--model-dir", default=None, help=argparse.SUPPRESS)
@@ -371,7 +373,8 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"\n== {name}: {len(case['prompts'])} prompts x {case['generations']} completions x "
                 f"{case['new_tokens']} tokens ({rows} rows), {steps} measured steps x {args.rounds} round(s), "
-                f"{args.threads} thread(s); prompts of {min(prompt_tokens)}-{max(prompt_tokens)} tokens; median seconds per step"
+                f"{args.threads} thread(s); prompts of {min(prompt_tokens)}-{max(prompt_tokens)} tokens; "
+                "median seconds per step"
             )
             print(
                 f"{'':<6} "

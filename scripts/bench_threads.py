@@ -83,7 +83,8 @@ def main() -> None:
                 seconds = proxy_step(policy, sampling)
                 results.setdefault((condition, threads), []).append(seconds)
                 print(
-                    f"{condition} round {round_index} threads {threads}: {seconds:.2f} s (load average {os.getloadavg()[0]:.2f})",
+                    f"{condition} round {round_index} threads {threads}: {seconds:.2f} s "
+                    f"(load average {os.getloadavg()[0]:.2f})",
                     flush=True,
                 )
         if job is not None:

@@ -1,12 +1,12 @@
 #!/usr/bin/env python
-"""Check the math verifier against every GSM8K gold answer.
+r"""Check the math verifier against every GSM8K gold answer.
 
 For each example (gold = the number after ``####``):
 
-* ``\\boxed{gold}`` in a fake completion must score 1 (extraction + verification);
+* ``\boxed{gold}`` in a fake completion must score 1 (extraction + verification);
 * a perturbed answer (gold + 1 for integers, gold * 2 + 1 otherwise) must score 0;
 * (unless ``--skip-rewrite``) the same value written differently,
-  ``\\boxed{\\frac{2*gold}{2}}``, must score 1: this one is always decided by
+  ``\boxed{\frac{2*gold}{2}}``, must score 1: this one is always decided by
   math-verify in the worker processes, not by the string fast path.
 
 Usage:
@@ -18,7 +18,8 @@ The files are not part of this repository: GSM8K's own are at
 https://github.com/openai/grade-school-math (``grade_school_math/data/{train,test}.jsonl``), or
 ``datasets`` writes them:
 
-    python -c "from datasets import load_dataset; [load_dataset('openai/gsm8k', 'main', split=s).to_json(f'DIR/{s}.jsonl') for s in ('train', 'test')]"
+    python -c "from datasets import load_dataset; \
+        [load_dataset('openai/gsm8k', 'main', split=s).to_json(f'DIR/{s}.jsonl') for s in ('train', 'test')]"
 
 Exit code 0 when every check passed, 1 when one failed, 2 when a file is missing.
 """
@@ -78,8 +79,8 @@ DEFAULT_DATA_DIR = REPO.parent / "shared" / "data" / "gsm8k"
 WHERE_TO_GET = (
     "GSM8K is not part of this repository. Get train.jsonl and test.jsonl from "
     "https://github.com/openai/grade-school-math (grade_school_math/data/), or write them with\n"
-    "  python -c \"from datasets import load_dataset; [load_dataset('openai/gsm8k', 'main', split=s).to_json(f'DIR/{s}.jsonl') "
-    "for s in ('train', 'test')]\"\n"
+    '  python -c "from datasets import load_dataset; \\\n'
+    "    [load_dataset('openai/gsm8k', 'main', split=s).to_json(f'DIR/{s}.jsonl') for s in ('train', 'test')]\"\n"
     "and pass their directory: python scripts/check_gsm8k_answers.py DIR"
 )
 

@@ -1,8 +1,10 @@
 #!/usr/bin/env python
 """Run recipes for several seeds and compare them: a Markdown table and a PNG of the reward curves.
 
-    python scripts/compare.py                                   # every RL recipe in configs/recipes (RLVRModule, PPOModule), seeds 0 1 2
-    python scripts/compare.py --in_process --out docs/compare_sort   # as docs/benchmarks.md's table (rewrites the tracked files)
+    # every RL recipe in configs/recipes (RLVRModule, PPOModule), seeds 0 1 2
+    python scripts/compare.py
+    # as docs/benchmarks.md's table (rewrites the tracked files)
+    python scripts/compare.py --in_process --out docs/compare_sort
     python scripts/compare.py --recipes configs/recipes/grpo.yaml configs/recipes/dapo.yaml --seeds 0 1 \
         --steps 100 --out docs/compare_small -- --data.init_args.batch_size=64
 
@@ -53,7 +55,10 @@ RL_MODULES = (
 
 
 def default_recipes(directory: Path = REPO / "configs" / "recipes") -> list[Path]:
-    """Every recipe in `directory` that trains an `RLVRModule` or a `PPOModule` (SFT / expert-iteration stages need their own data)."""
+    """Every recipe in `directory` that trains an `RLVRModule` or a `PPOModule`.
+
+    SFT and expert-iteration stages are left out: they need their own data.
+    """
     import yaml
 
     recipes = []
@@ -237,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def report_from_summary(args: argparse.Namespace, extra: list[str]) -> int:
-    """The table and plot again from a finished comparison (e.g. after changing the plot), with its command and settings."""
+    """The table and plot again from a finished comparison (e.g. after changing the plot), with its command
+    and settings."""
     summary = json.loads((args.workdir / "summary.json").read_text())
     runs = [Run(**run) for run in summary["runs"]]
     for key in ("in_process", "jobs", "steps"):

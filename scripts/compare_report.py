@@ -233,14 +233,17 @@ def write_report(
             "",
             markdown_table(runs, args.metric, args.threshold, args.final_window),
             "",
-            f"- final {args.metric}: mean over the last {args.final_window} logged steps of each run; then mean ± sample std over seeds.",
+            f"- final {args.metric}: mean over the last {args.final_window} logged steps of each run; "
+            "then mean ± sample std over seeds.",
             "- val accuracy: the run's last validation (`val/accuracy`); mean ± sample std over seeds.",
-            f"- steps to {args.metric} ≥ {args.threshold:g}: first rollout step reaching it, mean over the seeds that did.",
+            f"- steps to {args.metric} ≥ {args.threshold:g}: first rollout step reaching it, "
+            "mean over the seeds that did.",
             (
-                "- wall time: one run, from the CLI call to its return (config parsing, set-up, training and validation; "
-                "no Python start-up), on a machine shared with other jobs."
+                "- wall time: one run, from the CLI call to its return (config parsing, set-up, training and "
+                "validation; no Python start-up), on a machine shared with other jobs."
                 if args.in_process
-                else "- wall time: one run, process start to exit (Python and Lightning start-up and validation included)."
+                else "- wall time: one run, process start to exit "
+                "(Python and Lightning start-up and validation included)."
             ),
             "",
             f"![reward curves]({png_link})",

@@ -1,8 +1,9 @@
-"""Evaluate a policy on the held-out problems of a recipe's task, and plot a run's training curve.
+r"""Evaluate a policy on the held-out problems of a recipe's task, and plot a run's training curve.
 
     # accuracy and format rate on the 200 held-out problems, sampled at temperature 1.0 and greedily
     python scripts/eval_arithmetic.py eval --config configs/smollm2_arithmetic.yaml
-    python scripts/eval_arithmetic.py eval --config configs/smollm2_arithmetic.yaml --ckpt /tmp/run/csv/version_0/checkpoints/final.ckpt
+    python scripts/eval_arithmetic.py eval --config configs/smollm2_arithmetic.yaml \
+        --ckpt /tmp/run/csv/version_0/checkpoints/final.ckpt
     # a tool-use recipe: tool use rate and calls are reported too; --no-tools takes the tools away
     python scripts/eval_arithmetic.py eval --config configs/smollm2_calculator.yaml --num 100 --no-tools
 
@@ -15,10 +16,11 @@ the checkpoints, last.ckpt and final.ckpt, in its checkpoints/ folder.)
 `eval` builds the policy, the task and the reward callbacks from the recipe YAML (so prompts,
 answer extraction and format check are the recipe's), optionally loads the policy weights of a
 Lightning checkpoint (a recipe whose policy starts from an earlier stage's checkpoint is evaluated
-untrained without `--ckpt`: pass that stage's checkpoint to evaluate it), and calls `HFPolicy.sample` directly on the task's validation examples. It
-reports `rlvr_lightning.evaluation.ValidationMetrics` (accuracy from the first `kind: task`
-reward, format rate from the first `kind: format` reward, pass@k and majority vote when
-`--samples` > 1, mean response length) for each decoding mode, plus wall time, as JSON.
+untrained without `--ckpt`: pass that stage's checkpoint to evaluate it), and calls `HFPolicy.sample`
+directly on the task's validation examples. It reports `rlvr_lightning.evaluation.ValidationMetrics`
+(accuracy from the first `kind: task` reward, format rate from the first `kind: format` reward, pass@k
+and majority vote when `--samples` > 1, mean response length) for each decoding mode, plus wall time,
+as JSON.
 """
 
 from __future__ import annotations
@@ -222,7 +224,8 @@ def cmd_plot(args) -> None:
                     marker,
                     color=color,
                     markersize=8,
-                    label=f"{'before' if marker == 's' else 'after'}: {mode} accuracy on {report['problems']} = {acc:.1%}",
+                    label=f"{'before' if marker == 's' else 'after'}: {mode} accuracy "
+                    f"on {report['problems']} = {acc:.1%}",
                 )
     ax.set_xlabel(
         "minutes of training steps (sum of time/step_s; validation and checkpoint writes excluded)"

@@ -1,10 +1,13 @@
 #!/usr/bin/env python
 """Rerun the documentation's learning figures over their seeds and check every seed against its band.
 
-    python scripts/learning_suite.py --quick                 # the toy figures (sort task): about 15 minutes on one thread
+    # the toy figures (sort task): about 15 minutes on one thread
+    python scripts/learning_suite.py --quick
     python scripts/learning_suite.py --only sort_grpo 'recipe_*' --seeds 0 1
-    python scripts/learning_suite.py --only smollm2_arithmetic --plot      # language models: an hour per seed
-    python scripts/learning_suite.py --list                  # every figure: commands, seeds, metrics, bands
+    # language models: an hour per seed
+    python scripts/learning_suite.py --only smollm2_arithmetic --plot
+    # every figure: commands, seeds, metrics, bands
+    python scripts/learning_suite.py --list
 
 The figures, their commands, metrics and bands are the registry in scripts/learning_figures.py. Every
 seed of every figure runs in fresh processes (its command(s), in an empty directory
@@ -104,7 +107,10 @@ def child_environment(repo: Path) -> dict[str, str]:
 
 def runs_environment(repo: Path) -> dict:
     """`environment_record()` as the runs see it: computed in a child process with their variables (threads)."""
-    script = "import json, sys; from rlvr_lightning.run_environment import environment_record; print(json.dumps(environment_record(sys.argv[1])))"
+    script = (
+        "import json, sys; from rlvr_lightning.run_environment import environment_record; "
+        "print(json.dumps(environment_record(sys.argv[1])))"
+    )
     done = subprocess.run(
         [sys.executable, "-c", script, str(repo)],
         env=child_environment(repo),
@@ -244,7 +250,8 @@ def select(args: argparse.Namespace, figures: tuple[Figure, ...]) -> list[Figure
 def list_figures(figures: list[Figure]) -> None:
     for figure in figures:
         print(
-            f"{figure.name}{'  [quick]' if figure.quick else ''}  seeds {' '.join(map(str, figure.seeds))}  ({figure.published})"
+            f"{figure.name}{'  [quick]' if figure.quick else ''}  seeds {' '.join(map(str, figure.seeds))}  "
+            f"({figure.published})"
         )
         for line in shown(figure):
             print(f"    run: {line}")

@@ -97,8 +97,8 @@ def main() -> None:
         groups[group_of(event.key)] += event.self_cpu_time_total / 1e6
     inside = sum(groups.values())
     print(
-        f"{args.engine}: {args.prompts} prompts x {args.generations} x {args.new_tokens} tokens; first sample {warm:.2f} s, "
-        f"profiled sample {wall:.2f} s"
+        f"{args.engine}: {args.prompts} prompts x {args.generations} x {args.new_tokens} tokens; "
+        f"first sample {warm:.2f} s, profiled sample {wall:.2f} s"
     )
     for group, seconds in [*groups.most_common(), ("outside torch operations", wall - inside)]:
         print(f"  {group:<26} {seconds:7.2f} s  {seconds / wall:6.1%}")
