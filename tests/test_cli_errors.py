@@ -44,7 +44,8 @@ def test_unknown_option_on_the_command_line(capsys):
     assert code == 2
     assert lines[:3] == [
         "error: ToySortPolicy has no option 'vocab_sise'",
-        "  at model.init_args.policy.init_args.vocab_sise (command line: --model.init_args.policy.init_args.vocab_sise=3)",
+        "  at model.init_args.policy.init_args.vocab_sise "
+        "(command line: --model.init_args.policy.init_args.vocab_sise=3)",
         "  did you mean 'vocab_size'?",
     ]
 

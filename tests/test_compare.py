@@ -20,7 +20,8 @@ def compare():
 
 
 def write_log(path: Path, rewards: list[float], accuracies: dict[int, float]) -> Path:
-    """A Lightning-style CSV: one row per train step, validation rows on their own (step = index of the last train step)."""
+    """A Lightning-style CSV: one row per train step, validation rows on their own (step = index of the last
+    train step)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     lines = ["epoch,step,train/reward_mean,val/accuracy"]
     for step, reward in enumerate(rewards):

@@ -46,7 +46,8 @@ class RankRecorder(pl.Callback):
         rollout = pl_module.policy.sample(batch, pl_module.group_size, pl_module.sampling)  # scripted: the same rollout
         pl_module.score(rollout)
         self.local.append([rollout.reward.mean().item(), rollout.reward.min().item(), rollout.reward.max().item()])
-        self.metrics.append({k: float(trainer.callback_metrics[k]) for k in ("train/reward_mean", "train/reward_min", "train/reward_max")})
+        keys = ("train/reward_mean", "train/reward_min", "train/reward_max")
+        self.metrics.append({k: float(trainer.callback_metrics[k]) for k in keys})
     def on_train_end(self, trainer, pl_module):
         # fail_all mode under DDP, on the candidates of the last refresh
         flt = DifficultyFilter(n=trainer.datamodule.difficulty_filter.n, mode="fail_all")

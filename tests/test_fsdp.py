@@ -196,7 +196,8 @@ def _logged(out: Path, name: str, key: str = "train/reward_mean") -> dict[int, s
 
 @pytest.fixture(scope="module")
 def resumed(tmp_path_factory, tokenizer_dir) -> Path:
-    """A run SIGKILLed (both ranks) at the start of step K, resumed with --ckpt_path last, and the same run uninterrupted."""
+    """A run SIGKILLed (both ranks) at the start of step K, resumed with --ckpt_path last, and the same run
+    uninterrupted."""
     out = tmp_path_factory.mktemp("fsdp_resume")
     killed_config = write_config(
         resume_config("killed", str(out), tokenizer_dir, STEPS, wait_at=K), out / "killed.yaml"

@@ -59,8 +59,9 @@ accuracy = {0: 0.8, 1: 0.5, 2: 0.9}[seed]
 os.makedirs(run_dir + "/csv/version_0", exist_ok=True)
 with open(run_dir + "/csv/version_0/metrics.csv", "w") as f:
     f.write("step,time/step_s,val/accuracy\\n0,30.0,\\n0,,0.1\\n1,30.0,\\n1,,%s\\n" % accuracy)
-json.dump({"pid": os.getpid(), "omp": os.environ.get("OMP_NUM_THREADS"), "mkl": os.environ.get("MKL_NUM_THREADS"), "cwd": os.getcwd()},
-          open(run_dir + "/process.json", "w"))
+process = {"pid": os.getpid(), "omp": os.environ.get("OMP_NUM_THREADS"), "mkl": os.environ.get("MKL_NUM_THREADS"),
+           "cwd": os.getcwd()}
+json.dump(process, open(run_dir + "/process.json", "w"))
 """
 
 

@@ -209,11 +209,13 @@ def test_sigkill_then_resume_is_bitwise_identical(tmp_path, monkeypatch, with_fi
 
 
 def test_resume_from_an_epoch_end_checkpoint_with_the_filter(tmp_path, monkeypatch):
-    """The checkpoint of step 4 closes epoch 0: the resumed run must refresh the curriculum exactly as the full run did."""
+    """The checkpoint of step 4 closes epoch 0: the resumed run must refresh the curriculum exactly as the full
+    run did."""
     monkeypatch.chdir(tmp_path)
     full = main(["fit", "--config", str(config(tmp_path, "full", True))])
     (tmp_path / "ckpt_resumed").mkdir()
-    # as last.ckpt: LightningCLI parses a checkpoint named by path for model hyper-parameters, which cannot rebuild the policy
+    # as last.ckpt: LightningCLI parses a checkpoint named by path for model hyper-parameters, which cannot
+    # rebuild the policy
     shutil.copy(tmp_path / "ckpt_full" / "epoch=0-rollout_step=4.ckpt", tmp_path / "ckpt_resumed" / "last.ckpt")
     resumed = main(["fit", "--config", str(config(tmp_path, "resumed", True)), "--ckpt_path", "last"])
     for key, value in parameters(full.model).items():

@@ -97,7 +97,8 @@ def test_progress_lines_without_a_bar(in_tmp_dir, capsys):
 
 
 def test_lightning_log_lines_go_above_a_live_bar(monkeypatch):
-    """While Rich draws the bar, sys.stderr is its proxy; Lightning's handler must write there, and get its stream back."""
+    """While Rich draws the bar, sys.stderr is its proxy; Lightning's handler must write there, and get its
+    stream back."""
     handler = logging.StreamHandler(sys.__stderr__)
     logging.getLogger("lightning.pytorch").addHandler(handler)
     try:

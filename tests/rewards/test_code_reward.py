@@ -1,4 +1,5 @@
-"""CodeExecutionReward: fraction of tests passed; hostile programs score 0, leave the host unchanged, the batch goes on."""
+"""CodeExecutionReward: fraction of tests passed; hostile programs score 0, leave the host unchanged, and the
+batch goes on."""
 
 from __future__ import annotations
 

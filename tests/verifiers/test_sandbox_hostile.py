@@ -176,11 +176,15 @@ FORGERIES = {
     "patched encoder": (
         "import builtins, json\n"
         "real = json.dumps\n"
-        "json.dumps = lambda obj, *a, **k: real([['ok', True] for _ in obj] if isinstance(obj, list) else obj, *a, **k)\n"
+        "json.dumps = lambda obj, *a, **k: real(\n"
+        "    [['ok', True] for _ in obj] if isinstance(obj, list) else obj, *a, **k\n"
+        ")\n"
         "def add(a, b):\n    return None\n"
     ),
     "exit code": "import sys\nsys.exit(0)\n",
-    "exception hook": "import sys, os\nsys.excepthook = lambda *a: os._exit(0)\ndef add(a, b):\n    raise AssertionError\n",
+    "exception hook": (
+        "import sys, os\nsys.excepthook = lambda *a: os._exit(0)\ndef add(a, b):\n    raise AssertionError\n"
+    ),
 }
 
 
@@ -206,7 +210,8 @@ def test_honest_programs_still_pass_assertion_tests():
         "import math\n"
         "def area(r):\n    return math.pi * r * r\n"
         "def pairs(xs):\n    xs = sorted(xs)\n    return [(a, b) for a, b in zip(xs, xs[1:])]\n"
-        "class Box:\n    def __init__(self, n):\n        self.n = n\n    def volume(self):\n        return self.n ** 3\n"
+        "class Box:\n    def __init__(self, n):\n        self.n = n\n"
+        "    def volume(self):\n        return self.n ** 3\n"
         "def table():\n    return {'a': [1], 'b': [2]}\n"
         "def is_even(n):\n    return n % 2 == 0\n"
     )
