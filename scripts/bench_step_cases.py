@@ -14,9 +14,8 @@ import torch
 
 from rlvr_lightning.timing import clock  # waits for the device's queued work before reading the time
 
-sys.path.insert(
-    0, str(Path(__file__).resolve().parents[1] / "tests" / "policies")
-)  # tiny_lm: the test suite's tiny model + tokenizer builder
+# tiny_lm: the test suite's tiny model + tokenizer builder
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "policies"))
 
 LR = 1e-5
 SECTIONS = ("generation", "reward", "logprob_forward", "backward", "optimizer")
