@@ -1,5 +1,6 @@
 """Helpers for the multi-process FSDP2 tests (tests/test_fsdp.py): configs of small runs of every module
-on a tiny random Llama, a reward with a known pass rate, and callbacks that record what a rank ends with.
+on a tiny random Llama and a reward with a known pass rate (the callbacks that record what a rank ends with
+are in tests/fsdp_recorders.py).
 
 Run as a script, it is one rank of an externally launched job (torchrun-style environment: RANK,
 LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), which runs several `rlvr fit`s in a row, so that the
@@ -13,16 +14,13 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from contextlib import contextmanager
 from pathlib import Path
 from unittest import mock
 
-import lightning.pytorch as pl
 import torch
 import yaml
 
-from rlvr_lightning.parallel import full_state_dict
 from rlvr_lightning.rewards.base import RewardCallback
 
 TINY_LLAMA = {
@@ -60,103 +58,6 @@ class EvenTokenReward(RewardCallback):
         mask = rollout.response_mask
         even = (rollout.response_ids % 2 == 0).float() * mask
         return even.sum(-1) / mask.sum(-1).clamp(min=1)
-
-
-class FinalWeights(pl.Callback):
-    """At the end of fit, every rank takes part in assembling the full weights (`full_state_dict`); rank 0 saves
-    them (and those it started with, the step count and the last metrics) to `<out>/<name>.pt`; every rank
-    writes where its parameters live to `<name>.rank<r>.json` and the weights it assembled to `<name>.rank<r>.pt`
-    (ranks that drifted apart assemble different ones)."""
-
-    def __init__(self, out: str, name: str) -> None:
-        self.out, self.name = out, name
-
-    def on_train_start(self, trainer, pl_module):
-        self.initial = {
-            k: v.clone() for k, v in full_state_dict(pl_module, device="cpu").items()
-        }  # DDP: views of live weights
-
-    def on_train_end(self, trainer, pl_module):
-        state = full_state_dict(pl_module, device="cpu")
-        params = dict(pl_module.named_parameters())  # the policy's, and a reference's or a critic's
-        placement = {
-            "world_size": trainer.world_size,
-            "dtensor_params": sum(type(p).__name__ == "DTensor" for p in params.values()),
-            "plain_params": [name for name, p in params.items() if type(p).__name__ != "DTensor"],
-            "local_numel": sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in params.values()),
-            "full_numel": sum(state[name].numel() for name in params),
-        }
-        Path(self.out, f"{self.name}.rank{trainer.global_rank}.json").write_text(json.dumps(placement))
-        torch.save(state, Path(self.out, f"{self.name}.rank{trainer.global_rank}.pt"))
-        if trainer.is_global_zero:
-            metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
-            torch.save(
-                {"state": state, "initial": self.initial, "global_step": trainer.global_step, "metrics": metrics},
-                Path(self.out, f"{self.name}.pt"),
-            )
-
-
-class GradientSyncs(pl.Callback):
-    """Under DDP, counts the gradient all-reduces (those of DDP's first bucket, through a communication hook) and
-    writes the count to `<out>/<name>.syncs<r>.json` at the end of fit."""
-
-    def __init__(self, out: str, name: str) -> None:
-        self.out, self.name, self.count = out, name, 0
-
-    def on_fit_start(self, trainer, pl_module):
-        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
-        def counted(state, bucket):
-            self.count += bucket.index() == 0
-            return allreduce_hook(state, bucket)
-
-        trainer.strategy.model.register_comm_hook(None, counted)
-
-    def on_train_end(self, trainer, pl_module):
-        Path(self.out, f"{self.name}.syncs{trainer.global_rank}.json").write_text(json.dumps(self.count))
-
-
-class ShardedSampling(pl.Callback):
-    """At the end of fit, every rank samples its own prompt for a rank-dependent number of tokens (4 + 5 x rank) with
-    the trained policy inside `gathered_params`, and again with an unsharded copy of the same weights from the same
-    seed; writes whether the two agree to `<out>/<name>.sampling<r>.json`."""
-
-    def __init__(self, out: str, name: str, tokenizer_dir: str) -> None:
-        self.out, self.name, self.tokenizer_dir = out, name, tokenizer_dir
-
-    def on_train_end(self, trainer, pl_module):
-        from rlvr_lightning.parallel import gathered_params
-        from rlvr_lightning.policies.base import SamplingConfig
-        from rlvr_lightning.policies.hf import HFPolicy
-
-        rank = trainer.global_rank
-        batch, sampling = {"prompt": [PROMPTS[rank]]}, SamplingConfig(max_new_tokens=4 + 5 * rank)
-        plain = HFPolicy(config=TINY_LLAMA, tokenizer_name_or_path=self.tokenizer_dir)
-        plain.load_state_dict(full_state_dict(pl_module.policy))
-        torch.manual_seed(rank)
-        with gathered_params(pl_module.policy):
-            sharded = pl_module.policy.sample(batch, 2, sampling)
-            again = pl_module.policy.sample(batch, 1, sampling)  # a second call inside the same gathering
-        torch.manual_seed(rank)
-        expected = plain.sample(batch, 2, sampling)
-        result = {
-            "width": sharded.response_ids.shape[1],
-            "equal": torch.equal(sharded.response_ids, expected.response_ids),
-            "second_call_rows": again.num_rows,
-        }
-        Path(self.out, f"{self.name}.sampling{rank}.json").write_text(json.dumps(result))
-
-
-class WaitAtStep(pl.Callback):
-    """At the start of rollout step `step` (0-based), rank 0 writes `marker` and waits to be killed."""
-
-    def __init__(self, step: int, marker: str) -> None:
-        self.step, self.marker = step, marker
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        if trainer.fit_loop.epoch_loop._batches_that_stepped == self.step and trainer.is_global_zero:
-            Path(self.marker).touch()
-            time.sleep(600)
 
 
 @contextmanager
@@ -210,10 +111,10 @@ def trainer(strategy: str, steps: int, callbacks: list, **options) -> dict:
 
 def case_config(case: str, strategy: str, out: str, tokenizer_dir: str) -> dict:
     """The run `case` under `strategy` (same global batch under every strategy: each rank its own prompts)."""
-    record = [{"class_path": "fsdp_support.FinalWeights", "init_args": {"out": out, "name": f"{case}-{strategy}"}}]
+    record = [{"class_path": "fsdp_recorders.FinalWeights", "init_args": {"out": out, "name": f"{case}-{strategy}"}}]
     if strategy == "ddp":
         record.append(
-            {"class_path": "fsdp_support.GradientSyncs", "init_args": {"out": out, "name": f"{case}-{strategy}"}}
+            {"class_path": "fsdp_recorders.GradientSyncs", "init_args": {"out": out, "name": f"{case}-{strategy}"}}
         )
     # plain SGD where it can be: Adam would hide a wrong gradient scale (its update is scale-free)
     sgd = {"class_path": "torch.optim.SGD", "init_args": {"lr": 0.5}}
@@ -233,7 +134,7 @@ def case_config(case: str, strategy: str, out: str, tokenizer_dir: str) -> dict:
             },
         }
         check = {
-            "class_path": "fsdp_support.ShardedSampling",
+            "class_path": "fsdp_recorders.ShardedSampling",
             "init_args": {"out": out, "name": f"{case}-{strategy}", "tokenizer_dir": tokenizer_dir},
         }
         callbacks = record + ([check] if case == "rl" else [])
@@ -330,11 +231,14 @@ def resume_config(name: str, out: str, tokenizer_dir: str, steps: int, wait_at: 
             "class_path": "rlvr_lightning.callbacks.RolloutCheckpoint",
             "init_args": {"dirpath": f"{out}/ckpt_{name}", "every_n_rollout_steps": 2, "save_last": True},
         },
-        {"class_path": "fsdp_support.FinalWeights", "init_args": {"out": out, "name": name}},
+        {"class_path": "fsdp_recorders.FinalWeights", "init_args": {"out": out, "name": name}},
     ]
     if wait_at is not None:
         callbacks.append(
-            {"class_path": "fsdp_support.WaitAtStep", "init_args": {"step": wait_at, "marker": f"{out}/{name}.waiting"}}
+            {
+                "class_path": "fsdp_recorders.WaitAtStep",
+                "init_args": {"step": wait_at, "marker": f"{out}/{name}.waiting"},
+            }
         )
     model = {
         "class_path": "rlvr_lightning.modules.RLVRModule",
