@@ -9,7 +9,6 @@ to check that the extension was used.
 from __future__ import annotations
 
 import csv
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -32,26 +31,6 @@ trainer:
   limit_val_batches: 0
   enable_progress_bar: false
 """
-
-
-def _has_policy_loss_api() -> bool:
-    spec = importlib.util.find_spec("rlvr_lightning.core.policy_losses")
-    return spec is not None and hasattr(importlib.import_module("rlvr_lightning.core.policy_losses"), "PolicyLoss")
-
-
-def mini_batch_size(n: int) -> str:
-    """The override of the update's mini-batch size (an option of the update group with loss objects)."""
-    return (
-        f"--model.init_args.update.mini_batch_size={n}"
-        if _has_policy_loss_api()
-        else f"--model.init_args.mini_batch_size={n}"
-    )
-
-
-needs_loss_objects = pytest.mark.skipif(
-    not _has_policy_loss_api(),
-    reason="losses and KL estimators as classes (rlvr_lightning.core.policy_losses.PolicyLoss)",
-)
 
 
 def run_example(tmp_path: Path, files: list[str], configs: list[Path | str], *args: str) -> list[dict[str, str]]:
@@ -106,7 +85,6 @@ def test_advantage_example(tmp_path):
     assert all(abs(mean) < 1e-5 for mean in column(rows, "train/advantage_mean"))
 
 
-@needs_loss_objects
 def test_loss_example(tmp_path):
     rows = run_example(
         tmp_path, ["my_loss.py", "my_loss.yaml"], [SORT, "my_loss.yaml"], "--trainer.limit_train_batches=3"
@@ -117,7 +95,6 @@ def test_loss_example(tmp_path):
     assert all(skipped == 0 for skipped in column(rows, "train/skipped_updates"))
 
 
-@needs_loss_objects
 def test_kl_estimator_example(tmp_path):
     steps = "--trainer.limit_train_batches=2"
     (tmp_path / "abs").mkdir()
@@ -139,7 +116,7 @@ def test_jsonl_task_example(tmp_path):
         [TINY_LM, "my_jsonl.yaml"],
         f"--model.init_args.policy.init_args.tokenizer_name_or_path={DIGITS_TOKENIZER}",
         "--trainer.limit_train_batches=2",
-        mini_batch_size(32),
+        "--model.init_args.update.mini_batch_size=32",
     )
     # the file's prompts are 5 digits (the base config's sort task has 3), scored by the example's reward
     assert column(rows, "train/generation/prompt_length/mean") == [5.0, 5.0]
@@ -153,7 +130,7 @@ def test_task_subclass_example(tmp_path):
         [TINY_LM, "my_task.yaml"],
         f"--model.init_args.policy.init_args.tokenizer_name_or_path={DIGITS_TOKENIZER}",
         "--trainer.limit_train_batches=2",
-        mini_batch_size(32),
+        "--model.init_args.update.mini_batch_size=32",
     )
     assert column(rows, "train/generation/prompt_length/mean") == [5.0, 5.0]
     assert all(0.0 <= v <= 1.0 for v in column(rows, "train/rewards/contains"))
@@ -167,7 +144,7 @@ def test_generation_backend_example(tmp_path):
         f"--model.init_args.policy.init_args.tokenizer_name_or_path={DIGITS_TOKENIZER}",
         "--data.init_args.batch_size=4",
         "--trainer.limit_train_batches=2",
-        mini_batch_size(32),
+        "--model.init_args.update.mini_batch_size=32",
     )
     assert column(rows, "train/generation/transformers_generate_calls") == [1.0, 2.0]  # the backend sampled each step
     assert all(norm > 0 for norm in column(rows, "train/grad_norm"))
