@@ -96,12 +96,14 @@ def test_loss_example(tmp_path):
 
 
 def test_kl_estimator_example(tmp_path):
-    steps = "--trainer.limit_train_batches=2"
+    # a small learning rate: the policy stays near the reference (the base config's 3e-3 moves some sampled
+    # tokens' log-probs by several nats within the first step, where k3's exponential exceeds |d|)
+    steps = ("--trainer.limit_train_batches=2", "--model.init_args.optimizer.init_args.lr=1e-4")
     (tmp_path / "abs").mkdir()
     (tmp_path / "k3").mkdir()
-    rows = run_example(tmp_path / "abs", ["my_kl.py", "my_kl.yaml"], [SORT, "my_kl.yaml"], steps)
+    rows = run_example(tmp_path / "abs", ["my_kl.py", "my_kl.yaml"], [SORT, "my_kl.yaml"], *steps)
     k3_rows = run_example(
-        tmp_path / "k3", ["my_kl.py", "my_kl.yaml"], [SORT, "my_kl.yaml"], steps, "--model.init_args.kl.estimator=k3"
+        tmp_path / "k3", ["my_kl.py", "my_kl.yaml"], [SORT, "my_kl.yaml"], *steps, "--model.init_args.kl.estimator=k3"
     )
     # same seed, same updates until the KL term first differs: |d| exceeds k3 = exp(d) - d - 1 for small moves
     abs_kl, k3_kl = column(rows, "train/kl"), column(k3_rows, "train/kl")
