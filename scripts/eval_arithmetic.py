@@ -1,8 +1,9 @@
-"""Evaluate a policy on the held-out problems of a recipe's task, and plot a run's training curve.
+r"""Evaluate a policy on the held-out problems of a recipe's task, and plot a run's training curve.
 
     # accuracy and format rate on the 200 held-out problems, sampled at temperature 1.0 and greedily
     python scripts/eval_arithmetic.py eval --config configs/smollm2_arithmetic.yaml
-    python scripts/eval_arithmetic.py eval --config configs/smollm2_arithmetic.yaml --ckpt /tmp/run/csv/version_0/checkpoints/final.ckpt
+    python scripts/eval_arithmetic.py eval --config configs/smollm2_arithmetic.yaml \
+        --ckpt /tmp/run/csv/version_0/checkpoints/final.ckpt
     # a tool-use recipe: tool use rate and calls are reported too; --no-tools takes the tools away
     python scripts/eval_arithmetic.py eval --config configs/smollm2_calculator.yaml --num 100 --no-tools
 
@@ -15,10 +16,11 @@ the checkpoints, last.ckpt and final.ckpt, in its checkpoints/ folder.)
 `eval` builds the policy, the task and the reward callbacks from the recipe YAML (so prompts,
 answer extraction and format check are the recipe's), optionally loads the policy weights of a
 Lightning checkpoint (a recipe whose policy starts from an earlier stage's checkpoint is evaluated
-untrained without `--ckpt`: pass that stage's checkpoint to evaluate it), and calls `HFPolicy.sample` directly on the task's validation examples. It
-reports `rlvr_lightning.evaluation.ValidationMetrics` (accuracy from the first `kind: task`
-reward, format rate from the first `kind: format` reward, pass@k and majority vote when
-`--samples` > 1, mean response length) for each decoding mode, plus wall time, as JSON.
+untrained without `--ckpt`: pass that stage's checkpoint to evaluate it), and calls `HFPolicy.sample`
+directly on the task's validation examples. It reports `rlvr_lightning.evaluation.ValidationMetrics`
+(accuracy from the first `kind: task` reward, format rate from the first `kind: format` reward, pass@k
+and majority vote when `--samples` > 1, mean response length) for each decoding mode, plus wall time,
+as JSON.
 """
 
 from __future__ import annotations
@@ -69,11 +71,16 @@ def build(config_path: str, ckpt: str | None, no_tools: bool = False):
         missing, unexpected = policy.load_state_dict(policy_state, strict=False)
         missing = [k for k in missing if not k.startswith("reference")]
         if missing or unexpected:
-            raise RuntimeError(f"checkpoint does not fit the policy: missing {missing[:5]}, unexpected {unexpected[:5]}")
+            raise RuntimeError(
+                f"checkpoint does not fit the policy: missing {missing[:5]}, unexpected {unexpected[:5]}"
+            )
     policy.eval()
     task = _instantiate(config["data"]["init_args"]["task"])
     rewards = [
-        cb for cb in (_instantiate(spec) for spec in config["trainer"].get("callbacks", []) if "rewards" in spec["class_path"])
+        cb
+        for cb in (
+            _instantiate(spec) for spec in config["trainer"].get("callbacks", []) if "rewards" in spec["class_path"]
+        )
         if isinstance(cb, RewardCallback)
     ]
     sampling = SamplingConfig(**(model_args.get("sampling") or {}))
@@ -128,10 +135,18 @@ def cmd_eval(args) -> None:
         sampling = dataclasses.replace(sampling, max_new_tokens=args.max_new_tokens)
     examples = task.val_examples() if hasattr(task, "val_examples") else list(task.val_dataset())
     examples = examples[: args.num]
-    report: dict = {"config": args.config, "ckpt": args.ckpt, "no_tools": args.no_tools, "problems": len(examples),
-                    "max_new_tokens": sampling.max_new_tokens, "samples": args.samples}
-    modes = {"temperature": dataclasses.replace(sampling, temperature=args.temperature, do_sample=True),
-             "greedy": dataclasses.replace(sampling, do_sample=False)}
+    report: dict = {
+        "config": args.config,
+        "ckpt": args.ckpt,
+        "no_tools": args.no_tools,
+        "problems": len(examples),
+        "max_new_tokens": sampling.max_new_tokens,
+        "samples": args.samples,
+    }
+    modes = {
+        "temperature": dataclasses.replace(sampling, temperature=args.temperature, do_sample=True),
+        "greedy": dataclasses.replace(sampling, do_sample=False),
+    }
     for mode in args.modes:
         t0 = time.perf_counter()
         samples = args.samples if mode == "temperature" else 1
@@ -203,9 +218,20 @@ def cmd_plot(args) -> None:
         for mode, color in [("temperature", "tab:purple"), ("greedy", "tab:red")]:
             if mode in report:
                 acc = report[mode]["accuracy"]
-                ax.plot([x], [acc], marker, color=color, markersize=8,
-                        label=f"{'before' if marker == 's' else 'after'}: {mode} accuracy on {report['problems']} = {acc:.1%}")
-    ax.set_xlabel("minutes of training steps (sum of time/step_s; validation and checkpoint writes excluded)" if args.x == "minutes" else "rollout step")
+                ax.plot(
+                    [x],
+                    [acc],
+                    marker,
+                    color=color,
+                    markersize=8,
+                    label=f"{'before' if marker == 's' else 'after'}: {mode} accuracy "
+                    f"on {report['problems']} = {acc:.1%}",
+                )
+    ax.set_xlabel(
+        "minutes of training steps (sum of time/step_s; validation and checkpoint writes excluded)"
+        if args.x == "minutes"
+        else "rollout step"
+    )
     ax.set_ylabel("rate")
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)

@@ -46,7 +46,9 @@ REVIEWS = [
 def judge_from_config(path: Path) -> GenerativeJudgeReward:
     config = yaml.safe_load(path.read_text())
     entries = [
-        cb for cb in config.get("trainer", {}).get("callbacks", []) if cb.get("class_path", "").endswith("GenerativeJudgeReward")
+        cb
+        for cb in config.get("trainer", {}).get("callbacks", [])
+        if cb.get("class_path", "").endswith("GenerativeJudgeReward")
     ]
     if not entries:
         raise SystemExit(f"{path} has no GenerativeJudgeReward under trainer.callbacks")
@@ -77,8 +79,10 @@ def main() -> None:
         agree += int((score >= 0.5) == bool(label))
         print(f"label {'positive' if label else 'negative'}  score {score:.2f}  {text}")
     called_positive = sum(score >= 0.5 for score in scores)
-    print(f"agreement {agree}/{len(REVIEWS)}; called positive {called_positive}/{len(REVIEWS)}; "
-          f"unparsed answers {errors}; {seconds / len(REVIEWS):.2f} s per review (one batch, one thread)")
+    print(
+        f"agreement {agree}/{len(REVIEWS)}; called positive {called_positive}/{len(REVIEWS)}; "
+        f"unparsed answers {errors}; {seconds / len(REVIEWS):.2f} s per review (one batch, one thread)"
+    )
 
 
 if __name__ == "__main__":

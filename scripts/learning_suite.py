@@ -1,10 +1,13 @@
 #!/usr/bin/env python
 """Rerun the documentation's learning figures over their seeds and check every seed against its band.
 
-    python scripts/learning_suite.py --quick                 # the toy figures (sort task): about 15 minutes on one thread
+    # the toy figures (sort task): about 15 minutes on one thread
+    python scripts/learning_suite.py --quick
     python scripts/learning_suite.py --only sort_grpo 'recipe_*' --seeds 0 1
-    python scripts/learning_suite.py --only smollm2_arithmetic --plot      # language models: an hour per seed
-    python scripts/learning_suite.py --list                  # every figure: commands, seeds, metrics, bands
+    # language models: an hour per seed
+    python scripts/learning_suite.py --only smollm2_arithmetic --plot
+    # every figure: commands, seeds, metrics, bands
+    python scripts/learning_suite.py --list
 
 The figures, their commands, metrics and bands are the registry in scripts/learning_figures.py. Every
 seed of every figure runs in fresh processes (its command(s), in an empty directory
@@ -44,8 +47,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import learning_figures  # noqa: E402
 from learning_figures import Figure  # noqa: E402
 
-ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
-              "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+ONE_THREAD = {
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "WANDB_MODE": "offline",
+    "WANDB_SILENT": "true",
+}
 ENVIRONMENT_FILE = "environment.json"
 
 
@@ -66,7 +74,12 @@ def children_cpu_s() -> float:
 
 
 def render(text: str, repo: Path, run_dir: Path, seed: int) -> str:
-    for key, value in (("{python}", sys.executable), ("{repo}", str(repo)), ("{run_dir}", str(run_dir)), ("{seed}", str(seed))):
+    for key, value in (
+        ("{python}", sys.executable),
+        ("{repo}", str(repo)),
+        ("{run_dir}", str(run_dir)),
+        ("{seed}", str(seed)),
+    ):
         text = text.replace(key, value)
     return text
 
@@ -76,20 +89,35 @@ def shown(figure: Figure) -> list[str]:
     lines = []
     for command in figure.commands:
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in command.env)
-        text = " ".join(shlex.quote(a) for a in command.argv).replace("'{python}'", "python").replace("{python}", "python")
+        text = (
+            " ".join(shlex.quote(a) for a in command.argv).replace("'{python}'", "python").replace("{python}", "python")
+        )
         lines.append(f"(in {{{command.cwd}}}) " + (env + " " if env else "") + text)
     return lines
 
 
 def child_environment(repo: Path) -> dict[str, str]:
     """The environment variables of every run: one thread; `repo`'s code first on the path."""
-    return {**os.environ, **ONE_THREAD, "PYTHONPATH": os.pathsep.join([str(repo), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    return {
+        **os.environ,
+        **ONE_THREAD,
+        "PYTHONPATH": os.pathsep.join([str(repo), *filter(None, [os.environ.get("PYTHONPATH")])]),
+    }
 
 
 def runs_environment(repo: Path) -> dict:
     """`environment_record()` as the runs see it: computed in a child process with their variables (threads)."""
-    script = "import json, sys; from rlvr_lightning.run_environment import environment_record; print(json.dumps(environment_record(sys.argv[1])))"
-    done = subprocess.run([sys.executable, "-c", script, str(repo)], env=child_environment(repo), capture_output=True, text=True, check=True)
+    script = (
+        "import json, sys; from rlvr_lightning.run_environment import environment_record; "
+        "print(json.dumps(environment_record(sys.argv[1])))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(repo)],
+        env=child_environment(repo),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(done.stdout)
 
 
@@ -107,7 +135,9 @@ def run_seed(figure: Figure, seed: int, workdir: Path, repo: Path, environment: 
         env = {**child_environment(repo), **{k: render(v, repo, run_dir, seed) for k, v in command.env}}
         log = run_dir / f"command_{index}.log"
         with log.open("w") as handle:
-            done = subprocess.run(argv, cwd=repo if command.cwd == "repo" else run_dir, env=env, stdout=handle, stderr=subprocess.STDOUT)
+            done = subprocess.run(
+                argv, cwd=repo if command.cwd == "repo" else run_dir, env=env, stdout=handle, stderr=subprocess.STDOUT
+            )
         if done.returncode != 0:
             tail = " | ".join(log.read_text(errors="replace").strip().splitlines()[-3:])
             result.error = f"command {index + 1} exited with {done.returncode} ({log}): {tail}"
@@ -140,23 +170,32 @@ def check(figure: Figure, runs: list[SeedRun]) -> tuple[list[list[str]], dict]:
     rows, metrics = [], {}
     for metric in figure.metrics:
         values = {run.seed: run.values.get(metric.name, math.nan) for run in runs}
-        show = (lambda v: "—" if math.isnan(v) else f"{100 * v:.1f}%") if metric.percent else (lambda v: "—" if math.isnan(v) else f"{v:.3f}")
+        show = (
+            (lambda v: "—" if math.isnan(v) else f"{100 * v:.1f}%")
+            if metric.percent
+            else (lambda v: "—" if math.isnan(v) else f"{v:.3f}")
+        )
         band = metric.band.describe(metric.percent)
         mean, std = mean_std(list(values.values()))
         if metric.band.over == "each":
             verdicts = {seed: metric.band.holds(value) for seed, value in values.items()}
             passed = all(verdicts.values())
             for seed, value in values.items():
-                rows.append([figure.name, metric.name, str(seed), show(value), band, "PASS" if verdicts[seed] else "FAIL"])
+                rows.append(
+                    [figure.name, metric.name, str(seed), show(value), band, "PASS" if verdicts[seed] else "FAIL"]
+                )
         else:
             passed = all(not math.isnan(v) for v in values.values()) and metric.band.holds(mean)
             for seed, value in values.items():
                 rows.append([figure.name, metric.name, str(seed), show(value), "", ""])
             rows.append([figure.name, metric.name, "mean", show(mean), band, "PASS" if passed else "FAIL"])
         metrics[metric.name] = {
-            "values": {str(seed): value for seed, value in values.items()}, "mean": mean, "std": std,
+            "values": {str(seed): value for seed, value in values.items()},
+            "mean": mean,
+            "std": std,
             "band": {"lo": metric.band.lo, "hi": metric.band.hi, "over": metric.band.over, "text": band},
-            "read": metric.source, "pass": passed,
+            "read": metric.source,
+            "pass": passed,
         }
     for run in runs:
         if run.error:
@@ -191,7 +230,7 @@ def print_table(rows: list[list[str]]) -> None:
     header = ["figure", "metric", "seed", "value", "band", "result"]
     widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
     for row in [header, ["-" * w for w in widths], *rows]:
-        print("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip())
+        print("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
 
 
 def select(args: argparse.Namespace, figures: tuple[Figure, ...]) -> list[Figure]:
@@ -199,7 +238,9 @@ def select(args: argparse.Namespace, figures: tuple[Figure, ...]) -> list[Figure
     if args.only:
         unknown = [pattern for pattern in args.only if not fnmatch.filter(names, pattern)]
         if unknown:
-            raise SystemExit(f"learning_suite.py: --only {' '.join(unknown)} names no figure; valid: {', '.join(names)}")
+            raise SystemExit(
+                f"learning_suite.py: --only {' '.join(unknown)} names no figure; valid: {', '.join(names)}"
+            )
         return [figure for figure in figures if any(fnmatch.fnmatch(figure.name, pattern) for pattern in args.only)]
     if args.quick:
         return [figure for figure in figures if figure.quick]
@@ -208,7 +249,10 @@ def select(args: argparse.Namespace, figures: tuple[Figure, ...]) -> list[Figure
 
 def list_figures(figures: list[Figure]) -> None:
     for figure in figures:
-        print(f"{figure.name}{'  [quick]' if figure.quick else ''}  seeds {' '.join(map(str, figure.seeds))}  ({figure.published})")
+        print(
+            f"{figure.name}{'  [quick]' if figure.quick else ''}  seeds {' '.join(map(str, figure.seeds))}  "
+            f"({figure.published})"
+        )
         for line in shown(figure):
             print(f"    run: {line}")
         for metric in figure.metrics:
@@ -216,16 +260,24 @@ def list_figures(figures: list[Figure]) -> None:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--only", nargs="+", metavar="NAME", help="figures by name (shell patterns: 'recipe_*')")
     parser.add_argument("--quick", action="store_true", help="the toy figures only (sort task, minutes on a CPU)")
     parser.add_argument("--seeds", nargs="+", type=int, help="instead of each figure's seeds")
-    parser.add_argument("--list", action="store_true", help="print the figures, commands, metrics and bands; run nothing")
+    parser.add_argument(
+        "--list", action="store_true", help="print the figures, commands, metrics and bands; run nothing"
+    )
     parser.add_argument("--plot", action="store_true", help="also draw each figure's curves over seeds (FIGURE.png)")
     parser.add_argument("--no_run", action="store_true", help="check, record and plot the runs already in --workdir")
-    parser.add_argument("--jobs", type=int, default=1, help="seed runs at a time (each on one thread; default %(default)s)")
+    parser.add_argument(
+        "--jobs", type=int, default=1, help="seed runs at a time (each on one thread; default %(default)s)"
+    )
     parser.add_argument("--workdir", type=Path, default=REPO / "runs" / "learning_suite")
-    parser.add_argument("--figures_dir", type=Path, default=REPO / "docs" / "figures", help="where FIGURE.json (and .png) go")
+    parser.add_argument(
+        "--figures_dir", type=Path, default=REPO / "docs" / "figures", help="where FIGURE.json (and .png) go"
+    )
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error(f"--jobs {args.jobs}: must be >= 1")
@@ -249,8 +301,12 @@ def main(argv: list[str] | None = None, figures: tuple[Figure, ...] | None = Non
         else:
             run = run_seed(figure, seed, args.workdir, repo, environment)
         run = read_values(figure, run)
-        print(f"  {figure.name} seed {seed}: " + (f"FAILED: {run.error}" if run.error else
-              ", ".join(f"{k} {v:.4g}" for k, v in run.values.items())) + (f" ({run.wall_s:.0f} s)" if not math.isnan(run.wall_s) else ""), flush=True)
+        print(
+            f"  {figure.name} seed {seed}: "
+            + (f"FAILED: {run.error}" if run.error else ", ".join(f"{k} {v:.4g}" for k, v in run.values.items()))
+            + (f" ({run.wall_s:.0f} s)" if not math.isnan(run.wall_s) else ""),
+            flush=True,
+        )
         return run
 
     print(f"learning_suite.py: {len(selected)} figures, {len(jobs)} seed runs -> {args.workdir}", flush=True)
@@ -272,10 +328,16 @@ def main(argv: list[str] | None = None, figures: tuple[Figure, ...] | None = Non
             plot_figure(figure, figure_runs, args.figures_dir / f"{figure.name}.png")
     print()
     print_table(rows)
-    print(f"\n{len(selected) - len(failed)} of {len(selected)} figures hold on every seed"
-          + (f"; FAILED: {', '.join(failed)}" if failed else "")
-          + (" (the runs already in --workdir" if args.no_run else f" ({total / 60:.1f} min wall, {cpu / 60:.1f} min CPU of the runs")
-          + f"; records in {args.figures_dir})")
+    print(
+        f"\n{len(selected) - len(failed)} of {len(selected)} figures hold on every seed"
+        + (f"; FAILED: {', '.join(failed)}" if failed else "")
+        + (
+            " (the runs already in --workdir"
+            if args.no_run
+            else f" ({total / 60:.1f} min wall, {cpu / 60:.1f} min CPU of the runs"
+        )
+        + f"; records in {args.figures_dir})"
+    )
     return 1 if failed else 0
 
 

@@ -81,13 +81,20 @@ def plot_lengths(runs: list, order: list[str], path: Path, title: str, smooth: i
             continue
         length = min(len(r.length_steps) for r in ok)
         steps = np.array(ok[0].length_steps[:length])
-        for axis, series in zip(axes, ("length_correct", "length_incorrect")):
+        for axis, series in zip(axes, ("length_correct", "length_incorrect"), strict=True):
             curves = np.array([getattr(r, series)[:length] for r in ok], dtype=float)
             if smooth > 1:  # moving average that skips NaN steps
                 kernel = np.ones(smooth)
                 valid = ~np.isnan(curves)
-                sums = np.array([np.convolve(np.pad(np.where(v, c, 0), (smooth - 1, 0)), kernel, "valid") for c, v in zip(curves, valid)])
-                counts = np.array([np.convolve(np.pad(v.astype(float), (smooth - 1, 0)), kernel, "valid") for v in valid])
+                sums = np.array(
+                    [
+                        np.convolve(np.pad(np.where(v, c, 0), (smooth - 1, 0)), kernel, "valid")
+                        for c, v in zip(curves, valid, strict=True)
+                    ]
+                )
+                counts = np.array(
+                    [np.convolve(np.pad(v.astype(float), (smooth - 1, 0)), kernel, "valid") for v in valid]
+                )
                 curves = np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
             with np.errstate(invalid="ignore"), warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN steps (no correct response yet)
@@ -95,7 +102,7 @@ def plot_lengths(runs: list, order: list[str], path: Path, title: str, smooth: i
                 std = np.nanstd(curves, 0, ddof=1) if len(ok) > 1 else np.zeros(length)
             axis.plot(steps, mean, color=colors[i % len(colors)], linewidth=1.6, label=f"{recipe} ({len(ok)} seeds)")
             axis.fill_between(steps, mean - std, mean + std, color=colors[i % len(colors)], alpha=0.15, linewidth=0)
-    for axis, name in zip(axes, ("correct", "incorrect")):
+    for axis, name in zip(axes, ("correct", "incorrect"), strict=True):
         axis.set_title(f"mean length of {name} responses")
         axis.set_xlabel("rollout step")
         axis.grid(alpha=0.3)

@@ -24,8 +24,11 @@ def warmup_pairs(seed: int = 0) -> list[dict]:
 
     template = resolve_template("chat_boxed")
     pairs = [
-        {"prompt": apply_template(template, f"What is {a} + {b}?"), "response": f"{a} + {b} = \\boxed{{{a + b}}}",
-         "answer": str(a + b)}
+        {
+            "prompt": apply_template(template, f"What is {a} + {b}?"),
+            "response": f"{a} + {b} = \\boxed{{{a + b}}}",
+            "answer": str(a + b),
+        }
         for a in range(10)
         for b in range(10)
     ]

@@ -31,7 +31,15 @@ GROUPS = {  # operator name -> group (vLLM's CPU kernels included)
     "matmul (weights)": ("aten::mm", "aten::addmm", "aten::bmm", "aten::linear", "onednn_mm", "gemm"),
     "attention": ("scaled_dot_product", "flash_attention", "attention", "paged"),
     "sampling": ("softmax", "cumsum", "rand", "uniform_", "searchsorted", "gumbel", "topk", "sort", "multinomial"),
-    "cache copies": ("aten::cat", "aten::copy_", "index_select", "aten::index", "slice_scatter", "aten::clone", "reshape_and_cache"),
+    "cache copies": (
+        "aten::cat",
+        "aten::copy_",
+        "index_select",
+        "aten::index",
+        "slice_scatter",
+        "aten::clone",
+        "reshape_and_cache",
+    ),
 }
 
 
@@ -64,8 +72,12 @@ def main() -> None:
 
         generation = VLLMGeneration(dtype="float32", kv_cache_memory_gib=1.0, max_model_len=512)
     policy = HFPolicy(
-        model_name_or_path=str(bench_step_cases.smollm2_dir()), prompt_template="chat", dtype="float32",
-        attn_implementation="sdpa", min_new_tokens=args.new_tokens, generation=generation,
+        model_name_or_path=str(bench_step_cases.smollm2_dir()),
+        prompt_template="chat",
+        dtype="float32",
+        attn_implementation="sdpa",
+        min_new_tokens=args.new_tokens,
+        generation=generation,
     )
     prompts = (bench_step_cases.SMOL_PROMPTS if args.prompts == 2 else bench_step_cases.SMOL_PROMPTS_8)[: args.prompts]
     batch = {"prompt": prompts, "metadata": [{}] * len(prompts)}
@@ -85,8 +97,8 @@ def main() -> None:
         groups[group_of(event.key)] += event.self_cpu_time_total / 1e6
     inside = sum(groups.values())
     print(
-        f"{args.engine}: {args.prompts} prompts x {args.generations} x {args.new_tokens} tokens; first sample {warm:.2f} s, "
-        f"profiled sample {wall:.2f} s"
+        f"{args.engine}: {args.prompts} prompts x {args.generations} x {args.new_tokens} tokens; "
+        f"first sample {warm:.2f} s, profiled sample {wall:.2f} s"
     )
     for group, seconds in [*groups.most_common(), ("outside torch operations", wall - inside)]:
         print(f"  {group:<26} {seconds:7.2f} s  {seconds / wall:6.1%}")

@@ -37,7 +37,7 @@ def series(path: Path, column: str) -> tuple[list[float], list[float], list[floa
 def over_steps(curves: list[tuple[list[float], list[float]]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(steps every seed logged, mean, sample std) of per-seed (steps, values)."""
     common = sorted(set.intersection(*(set(steps) for steps, _ in curves)))
-    table = np.array([[dict(zip(steps, values))[step] for step in common] for steps, values in curves])
+    table = np.array([[dict(zip(steps, values, strict=True))[step] for step in common] for steps, values in curves])
     return np.array(common), table.mean(0), table.std(0, ddof=1) if len(curves) > 1 else np.zeros(len(common))
 
 

@@ -71,7 +71,10 @@ def from_checkpoint(policy: dict, checkpoint: Path) -> str:
 
 
 def common_args(workdir: Path, stage: str, seed: int) -> list[str]:
-    logger = {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(workdir / "logs"), "name": stage, "version": f"seed_{seed}"}}
+    logger = {
+        "class_path": "lightning.pytorch.loggers.CSVLogger",
+        "init_args": {"save_dir": str(workdir / "logs"), "name": stage, "version": f"seed_{seed}"},
+    }
     return [
         f"--seed_everything={seed}",
         f"--trainer.logger={json.dumps(logger)}",
@@ -85,7 +88,11 @@ def validation_curve(workdir: Path, stage: str, seed: int) -> list[tuple[int, fl
     """(rollout or optimizer step, val/accuracy) of every validation a stage logged."""
     path = workdir / "logs" / stage / f"seed_{seed}" / "metrics.csv"
     with path.open(newline="") as handle:
-        return [(int(float(r["step"])) + 1, float(r["val/accuracy"])) for r in csv.DictReader(handle) if r.get("val/accuracy")]
+        return [
+            (int(float(r["step"])) + 1, float(r["val/accuracy"]))
+            for r in csv.DictReader(handle)
+            if r.get("val/accuracy")
+        ]
 
 
 def run_stage(name: str, args: list[str], workdir: Path, seed: int) -> dict:
@@ -96,8 +103,15 @@ def run_stage(name: str, args: list[str], workdir: Path, seed: int) -> dict:
     cli = stage_cli(["fit", *args, *common_args(workdir, name, seed)])
     seconds = time.perf_counter() - started
     curve = validation_curve(workdir, name, seed)
-    result = {"stage": name, "seconds": seconds, "val_accuracy": curve[-1][1] if curve else float("nan"), "curve": curve}
-    checkpoint = getattr(cli.trainer.checkpoint_callback, "last_model_path", "") or getattr(cli.trainer.checkpoint_callback, "best_model_path", "")
+    result = {
+        "stage": name,
+        "seconds": seconds,
+        "val_accuracy": curve[-1][1] if curve else float("nan"),
+        "curve": curve,
+    }
+    checkpoint = getattr(cli.trainer.checkpoint_callback, "last_model_path", "") or getattr(
+        cli.trainer.checkpoint_callback, "best_model_path", ""
+    )
     if checkpoint:
         result["checkpoint"] = checkpoint
     print(f"[{name}] val accuracy {result['val_accuracy']:.3f} after {seconds:.0f} s; validations {curve}", flush=True)
@@ -115,7 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--grpo_steps", type=int, default=None, help="default: the recipe's limit_train_batches")
     parser.add_argument("--ei_config", type=Path, default=EI_CONFIG)
     parser.add_argument("--ei_rounds", type=int, default=3)
-    parser.add_argument("--sft_checkpoint", type=Path, default=None, help="skip `sft` and start later stages from this checkpoint")
+    parser.add_argument(
+        "--sft_checkpoint", type=Path, default=None, help="skip `sft` and start later stages from this checkpoint"
+    )
     args, extra = parser.parse_known_args(argv)  # anything else goes to every training stage
     workdir = args.workdir.resolve()
     workdir.mkdir(parents=True, exist_ok=True)
@@ -148,13 +164,19 @@ def main(argv: list[str] | None = None) -> int:
     steps = [f"--trainer.limit_train_batches={args.grpo_steps}"] if args.grpo_steps else []
     if "grpo" in args.stages:
         policy = from_checkpoint(recipe_policy(args.grpo_recipe), checkpoint)
-        results.append(run_stage("grpo", ["--config", str(args.grpo_recipe), policy, *steps, *extra], workdir, args.seed))
+        results.append(
+            run_stage("grpo", ["--config", str(args.grpo_recipe), policy, *steps, *extra], workdir, args.seed)
+        )
     if "grpo_scratch" in args.stages:
-        results.append(run_stage("grpo_scratch", ["--config", str(args.grpo_recipe), *steps, *extra], workdir, args.seed))
+        results.append(
+            run_stage("grpo_scratch", ["--config", str(args.grpo_recipe), *steps, *extra], workdir, args.seed)
+        )
     if "ei" in args.stages:
         policy = from_checkpoint(recipe_policy(args.ei_config), checkpoint)
         ei_args = [
-            "--config", str(args.ei_config), policy,
+            "--config",
+            str(args.ei_config),
+            policy,
             "--model.init_args.reward_threshold=null",  # keep exact sorts only
             f"--trainer.limit_train_batches={args.ei_rounds}",
             "--trainer.val_check_interval=1",
@@ -164,11 +186,16 @@ def main(argv: list[str] | None = None) -> int:
         results.append(run_stage("ei", ei_args, workdir, args.seed))
 
     if results:
-        lines = ["| stage | starts from | val exact-sort accuracy | validations (step: accuracy) | wall time |", "| --- | --- | ---: | --- | ---: |"]
+        lines = [
+            "| stage | starts from | val exact-sort accuracy | validations (step: accuracy) | wall time |",
+            "| --- | --- | ---: | --- | ---: |",
+        ]
         origin = {"sft": "random init", "grpo": "SFT checkpoint", "grpo_scratch": "random init", "ei": "SFT checkpoint"}
         for r in results:
             curve = ", ".join(f"{step}: {acc:.1%}" for step, acc in r["curve"])
-            lines.append(f"| {r['stage']} | {origin[r['stage']]} | {r['val_accuracy']:.1%} | {curve} | {r['seconds']:.0f} s |")
+            lines.append(
+                f"| {r['stage']} | {origin[r['stage']]} | {r['val_accuracy']:.1%} | {curve} | {r['seconds']:.0f} s |"
+            )
         table = "\n".join(lines)
         (workdir / "pipeline.md").write_text(table + "\n")
         (workdir / "pipeline.json").write_text(json.dumps(results, indent=1))

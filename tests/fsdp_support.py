@@ -1,5 +1,6 @@
 """Helpers for the multi-process FSDP2 tests (tests/test_fsdp.py): configs of small runs of every module
-on a tiny random Llama, a reward with a known pass rate, and callbacks that record what a rank ends with.
+on a tiny random Llama and a reward with a known pass rate (the callbacks that record what a rank ends with
+are in tests/fsdp_recorders.py).
 
 Run as a script, it is one rank of an externally launched job (torchrun-style environment: RANK,
 LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), which runs several `rlvr fit`s in a row, so that the
@@ -13,28 +14,40 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from contextlib import contextmanager
 from pathlib import Path
 from unittest import mock
 
-import lightning.pytorch as pl
 import torch
 import yaml
 
-from rlvr_lightning.parallel import full_state_dict
 from rlvr_lightning.rewards.base import RewardCallback
 
 TINY_LLAMA = {
-    "model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256, "tie_word_embeddings": False,
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 256,
+    "tie_word_embeddings": False,
 }
-PROMPTS = ["What is 2+3?", "The quick brown", "def add(a, b):", "Count one two", "A verifiable reward", "Think step by step"]
+PROMPTS = [
+    "What is 2+3?",
+    "The quick brown",
+    "def add(a, b):",
+    "Count one two",
+    "A verifiable reward",
+    "Think step by step",
+]
 STRATEGIES = {
     "ddp": "ddp",
     "fsdp2": "fsdp2",
-    "fsdp2_full_ckpt": {"class_path": "rlvr_lightning.parallel.FSDP2Strategy",
-                        "init_args": {"save_distributed_checkpoint": False}},
+    "fsdp2_full_ckpt": {
+        "class_path": "rlvr_lightning.parallel.FSDP2Strategy",
+        "init_args": {"save_distributed_checkpoint": False},
+    },
 }
 
 
@@ -47,98 +60,6 @@ class EvenTokenReward(RewardCallback):
         return even.sum(-1) / mask.sum(-1).clamp(min=1)
 
 
-class FinalWeights(pl.Callback):
-    """At the end of fit, every rank takes part in assembling the full weights (`full_state_dict`); rank 0 saves
-    them (and those it started with, the step count and the last metrics) to `<out>/<name>.pt`; every rank
-    writes where its parameters live to `<name>.rank<r>.json` and the weights it assembled to `<name>.rank<r>.pt`
-    (ranks that drifted apart assemble different ones)."""
-
-    def __init__(self, out: str, name: str) -> None:
-        self.out, self.name = out, name
-
-    def on_train_start(self, trainer, pl_module):
-        self.initial = {k: v.clone() for k, v in full_state_dict(pl_module, device="cpu").items()}  # DDP: views of live weights
-
-    def on_train_end(self, trainer, pl_module):
-        state = full_state_dict(pl_module, device="cpu")
-        params = dict(pl_module.named_parameters())  # the policy's, and a reference's or a critic's
-        placement = {
-            "world_size": trainer.world_size,
-            "dtensor_params": sum(type(p).__name__ == "DTensor" for p in params.values()),
-            "plain_params": [name for name, p in params.items() if type(p).__name__ != "DTensor"],
-            "local_numel": sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in params.values()),
-            "full_numel": sum(state[name].numel() for name in params),
-        }
-        Path(self.out, f"{self.name}.rank{trainer.global_rank}.json").write_text(json.dumps(placement))
-        torch.save(state, Path(self.out, f"{self.name}.rank{trainer.global_rank}.pt"))
-        if trainer.is_global_zero:
-            metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
-            torch.save(
-                {"state": state, "initial": self.initial, "global_step": trainer.global_step, "metrics": metrics},
-                Path(self.out, f"{self.name}.pt"),
-            )
-
-
-class GradientSyncs(pl.Callback):
-    """Under DDP, counts the gradient all-reduces (those of DDP's first bucket, through a communication hook) and
-    writes the count to `<out>/<name>.syncs<r>.json` at the end of fit."""
-
-    def __init__(self, out: str, name: str) -> None:
-        self.out, self.name, self.count = out, name, 0
-
-    def on_fit_start(self, trainer, pl_module):
-        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
-        def counted(state, bucket):
-            self.count += bucket.index() == 0
-            return allreduce_hook(state, bucket)
-
-        trainer.strategy.model.register_comm_hook(None, counted)
-
-    def on_train_end(self, trainer, pl_module):
-        Path(self.out, f"{self.name}.syncs{trainer.global_rank}.json").write_text(json.dumps(self.count))
-
-
-class ShardedSampling(pl.Callback):
-    """At the end of fit, every rank samples its own prompt for a rank-dependent number of tokens (4 + 5 x rank) with
-    the trained policy inside `gathered_params`, and again with an unsharded copy of the same weights from the same
-    seed; writes whether the two agree to `<out>/<name>.sampling<r>.json`."""
-
-    def __init__(self, out: str, name: str, tokenizer_dir: str) -> None:
-        self.out, self.name, self.tokenizer_dir = out, name, tokenizer_dir
-
-    def on_train_end(self, trainer, pl_module):
-        from rlvr_lightning.parallel import gathered_params
-        from rlvr_lightning.policies.base import SamplingConfig
-        from rlvr_lightning.policies.hf import HFPolicy
-
-        rank = trainer.global_rank
-        batch, sampling = {"prompt": [PROMPTS[rank]]}, SamplingConfig(max_new_tokens=4 + 5 * rank)
-        plain = HFPolicy(config=TINY_LLAMA, tokenizer_name_or_path=self.tokenizer_dir)
-        plain.load_state_dict(full_state_dict(pl_module.policy))
-        torch.manual_seed(rank)
-        with gathered_params(pl_module.policy):
-            sharded = pl_module.policy.sample(batch, 2, sampling)
-            again = pl_module.policy.sample(batch, 1, sampling)  # a second call inside the same gathering
-        torch.manual_seed(rank)
-        expected = plain.sample(batch, 2, sampling)
-        result = {"width": sharded.response_ids.shape[1], "equal": torch.equal(sharded.response_ids, expected.response_ids),
-                  "second_call_rows": again.num_rows}
-        Path(self.out, f"{self.name}.sampling{rank}.json").write_text(json.dumps(result))
-
-
-class WaitAtStep(pl.Callback):
-    """At the start of rollout step `step` (0-based), rank 0 writes `marker` and waits to be killed."""
-
-    def __init__(self, step: int, marker: str) -> None:
-        self.step, self.marker = step, marker
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        if trainer.fit_loop.epoch_loop._batches_that_stepped == self.step and trainer.is_global_zero:
-            Path(self.marker).touch()
-            time.sleep(600)
-
-
 @contextmanager
 def evaluation_as_on_gpus():
     """Lightning evaluates (`validate`, `test`, `predict`) under `torch.inference_mode`, except over gloo where it
@@ -148,80 +69,154 @@ def evaluation_as_on_gpus():
 
 
 def policy(tokenizer_dir: str, **options) -> dict:
-    return {"class_path": "rlvr_lightning.policies.hf.HFPolicy",
-            "init_args": {"config": TINY_LLAMA, "tokenizer_name_or_path": tokenizer_dir, **options}}
+    return {
+        "class_path": "rlvr_lightning.policies.hf.HFPolicy",
+        "init_args": {"config": TINY_LLAMA, "tokenizer_name_or_path": tokenizer_dir, **options},
+    }
 
 
 def inline_data(batch_size: int = 2) -> dict:
-    return {"class_path": "rlvr_lightning.data.RLVRDataModule", "init_args": {
-        "batch_size": batch_size, "val_batch_size": 2,
-        "task": {"class_path": "rlvr_lightning.data.inline_task.InlineTask", "init_args": {
-            "examples": [{"prompt": p} for p in PROMPTS], "val_examples": [{"prompt": p} for p in PROMPTS[:4]]}}}}
+    return {
+        "class_path": "rlvr_lightning.data.RLVRDataModule",
+        "init_args": {
+            "batch_size": batch_size,
+            "val_batch_size": 2,
+            "task": {
+                "class_path": "rlvr_lightning.data.inline_task.InlineTask",
+                "init_args": {
+                    "examples": [{"prompt": p} for p in PROMPTS],
+                    "val_examples": [{"prompt": p} for p in PROMPTS[:4]],
+                },
+            },
+        },
+    }
 
 
 def trainer(strategy: str, steps: int, callbacks: list, **options) -> dict:
-    return {"strategy": STRATEGIES[strategy], "accelerator": "cpu", "devices": 2, "max_epochs": 1,
-            "limit_train_batches": steps, "limit_val_batches": 0, "enable_progress_bar": False,
-            "enable_model_summary": False, "enable_checkpointing": False, "logger": False,
-            "callbacks": [{"class_path": "fsdp_support.EvenTokenReward"}, *callbacks], **options}
+    return {
+        "strategy": STRATEGIES[strategy],
+        "accelerator": "cpu",
+        "devices": 2,
+        "max_epochs": 1,
+        "limit_train_batches": steps,
+        "limit_val_batches": 0,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "enable_checkpointing": False,
+        "logger": False,
+        "callbacks": [{"class_path": "fsdp_support.EvenTokenReward"}, *callbacks],
+        **options,
+    }
 
 
 def case_config(case: str, strategy: str, out: str, tokenizer_dir: str) -> dict:
     """The run `case` under `strategy` (same global batch under every strategy: each rank its own prompts)."""
-    record = [{"class_path": "fsdp_support.FinalWeights", "init_args": {"out": out, "name": f"{case}-{strategy}"}}]
+    record = [{"class_path": "fsdp_recorders.FinalWeights", "init_args": {"out": out, "name": f"{case}-{strategy}"}}]
     if strategy == "ddp":
-        record.append({"class_path": "fsdp_support.GradientSyncs", "init_args": {"out": out, "name": f"{case}-{strategy}"}})
+        record.append(
+            {"class_path": "fsdp_recorders.GradientSyncs", "init_args": {"out": out, "name": f"{case}-{strategy}"}}
+        )
     # plain SGD where it can be: Adam would hide a wrong gradient scale (its update is scale-free)
     sgd = {"class_path": "torch.optim.SGD", "init_args": {"lr": 0.5}}
     adam = {"class_path": "torch.optim.Adam", "init_args": {"lr": 0.001}}
     if case in ("rl", "rl_lora"):  # 2 rollout steps x 2 epochs = 4 updates; KL to a (sharded) reference
         lora = {"lora_r": 4, "lora_alpha": 8.0} if case == "rl_lora" else {}
         refresh = {} if lora else {"refresh_every": 1, "mixup_alpha": 0.5}
-        model = {"class_path": "rlvr_lightning.modules.RLVRModule", "init_args": {
-            "policy": policy(tokenizer_dir, **lora), "optimizer": sgd, "group_size": 4, "sampling": {"max_new_tokens": 6},
-            "kl": {"coef": 0.1, **refresh},
-            "update": {"epochs": 2, "mini_batch_size": 8, "micro_batch_size": 4, "max_grad_norm": 1.0e3}}}
-        check = {"class_path": "fsdp_support.ShardedSampling",
-                 "init_args": {"out": out, "name": f"{case}-{strategy}", "tokenizer_dir": tokenizer_dir}}
+        model = {
+            "class_path": "rlvr_lightning.modules.RLVRModule",
+            "init_args": {
+                "policy": policy(tokenizer_dir, **lora),
+                "optimizer": sgd,
+                "group_size": 4,
+                "sampling": {"max_new_tokens": 6},
+                "kl": {"coef": 0.1, **refresh},
+                "update": {"epochs": 2, "mini_batch_size": 8, "micro_batch_size": 4, "max_grad_norm": 1.0e3},
+            },
+        }
+        check = {
+            "class_path": "fsdp_recorders.ShardedSampling",
+            "init_args": {"out": out, "name": f"{case}-{strategy}", "tokenizer_dir": tokenizer_dir},
+        }
         callbacks = record + ([check] if case == "rl" else [])
         data = inline_data()
         if case == "rl":  # a curriculum refresh first: 5 candidates, 3 and 2 per rank, sampled in 2 and 1 calls
             data["init_args"]["difficulty_filter"] = {
                 "class_path": "rlvr_lightning.data.difficulty_filter.DifficultyFilter",
-                "init_args": {"n": 2, "max_candidates": 5, "batch_size": 2, "pass_threshold": 0.5}}
+                "init_args": {"n": 2, "max_candidates": 5, "batch_size": 2, "pass_threshold": 0.5},
+            }
         return {"seed_everything": 0, "trainer": trainer(strategy, 2, callbacks), "model": model, "data": data}
     if case == "sft":  # 3 optimizer steps of 2 pairs per rank, clipped by the Trainer
         pairs = Path(out, "pairs.jsonl")
         pairs.write_text("".join(json.dumps({"prompt": p, "response": p[::-1]}) + "\n" for p in PROMPTS * 2))
-        model = {"class_path": "rlvr_lightning.modules.SFTModule",
-                 "init_args": {"policy": policy(tokenizer_dir), "optimizer": adam}}
-        data = {"class_path": "rlvr_lightning.data.sft_data.SFTDataModule",
-                "init_args": {"train_file": str(pairs), "batch_size": 2}}
+        model = {
+            "class_path": "rlvr_lightning.modules.SFTModule",
+            "init_args": {"policy": policy(tokenizer_dir), "optimizer": adam},
+        }
+        data = {
+            "class_path": "rlvr_lightning.data.sft_data.SFTDataModule",
+            "init_args": {"train_file": str(pairs), "batch_size": 2},
+        }
         run = trainer(strategy, 3, record, gradient_clip_val=1.0)
         return {"seed_everything": 0, "trainer": run, "model": model, "data": data}
     if case == "ei":  # 2 rounds; the ranks keep different numbers of responses
-        model = {"class_path": "rlvr_lightning.modules.ExpertIterationModule", "init_args": {
-            "policy": policy(tokenizer_dir), "optimizer": sgd, "group_size": 4, "sampling": {"max_new_tokens": 6},
-            "reward_threshold": 0.5, "update": {"epochs": 2, "mini_batch_size": 2, "micro_batch_size": 1}}}
+        model = {
+            "class_path": "rlvr_lightning.modules.ExpertIterationModule",
+            "init_args": {
+                "policy": policy(tokenizer_dir),
+                "optimizer": sgd,
+                "group_size": 4,
+                "sampling": {"max_new_tokens": 6},
+                "reward_threshold": 0.5,
+                "update": {"epochs": 2, "mini_batch_size": 2, "micro_batch_size": 1},
+            },
+        }
         return {"seed_everything": 0, "trainer": trainer(strategy, 2, record), "model": model, "data": inline_data()}
     if case in ("ppo", "ppo_whole"):  # a separate critic (its untied LM head gets no gradient), warmed up for a step
-        model = {"class_path": "rlvr_lightning.modules.PPOModule", "init_args": {
-            "policy": policy(tokenizer_dir), "optimizer": sgd, "value": {"lr": 0.1, "warmup_steps": 1},
-            "group_size": 4, "sampling": {"max_new_tokens": 6}, "update": {"mini_batch_size": 4,
-            "micro_batch_size": None if case == "ppo_whole" else 2, "max_grad_norm": 1.0e3}}}
+        model = {
+            "class_path": "rlvr_lightning.modules.PPOModule",
+            "init_args": {
+                "policy": policy(tokenizer_dir),
+                "optimizer": sgd,
+                "value": {"lr": 0.1, "warmup_steps": 1},
+                "group_size": 4,
+                "sampling": {"max_new_tokens": 6},
+                "update": {
+                    "mini_batch_size": 4,
+                    "micro_batch_size": None if case == "ppo_whole" else 2,
+                    "max_grad_norm": 1.0e3,
+                },
+            },
+        }
         return {"seed_everything": 0, "trainer": trainer(strategy, 2, record), "model": model, "data": inline_data()}
     if case == "validate_first":  # validated, then one step (validated before it and after it)
-        model = {"class_path": "rlvr_lightning.modules.RLVRModule", "init_args": {
-            "policy": policy(tokenizer_dir), "optimizer": sgd, "group_size": 4, "sampling": {"max_new_tokens": 6},
-            "kl": {"coef": 0.1}}}
-        return {"seed_everything": 0, "trainer": trainer(strategy, 1, record, limit_val_batches=1), "model": model,
-                "data": inline_data()}
-    if case == "lora_ckpt":  # one rollout step of rl_lora that ends with a checkpoint (a .ckpt file under fsdp2_full_ckpt)
+        model = {
+            "class_path": "rlvr_lightning.modules.RLVRModule",
+            "init_args": {
+                "policy": policy(tokenizer_dir),
+                "optimizer": sgd,
+                "group_size": 4,
+                "sampling": {"max_new_tokens": 6},
+                "kl": {"coef": 0.1},
+            },
+        }
+        return {
+            "seed_everything": 0,
+            "trainer": trainer(strategy, 1, record, limit_val_batches=1),
+            "model": model,
+            "data": inline_data(),
+        }
+    if (
+        case == "lora_ckpt"
+    ):  # one rollout step of rl_lora that ends with a checkpoint (a .ckpt file under fsdp2_full_ckpt)
         config = case_config("rl_lora", strategy, out, tokenizer_dir)
         config["trainer"].update(limit_train_batches=1, enable_checkpointing=True)
         config["trainer"]["callbacks"][1]["init_args"]["name"] = f"{case}-{strategy}"
-        config["trainer"]["callbacks"].append({"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
-                                               "init_args": {"dirpath": f"{out}/ckpt_{case}-{strategy}", "filename": "final"}})
+        config["trainer"]["callbacks"].append(
+            {
+                "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+                "init_args": {"dirpath": f"{out}/ckpt_{case}-{strategy}", "filename": "final"},
+            }
+        )
         return config
     raise ValueError(f"unknown case {case!r}")
 
@@ -232,23 +227,52 @@ def resume_config(name: str, out: str, tokenizer_dir: str, steps: int, wait_at: 
     sampled validation every 3 steps; sharded checkpoints every 2 rollout steps, CSV log."""
     callbacks = [
         {"class_path": "rlvr_lightning.advantages.GroupNormalizedAdvantage"},
-        {"class_path": "rlvr_lightning.callbacks.RolloutCheckpoint",
-         "init_args": {"dirpath": f"{out}/ckpt_{name}", "every_n_rollout_steps": 2, "save_last": True}},
-        {"class_path": "fsdp_support.FinalWeights", "init_args": {"out": out, "name": name}},
+        {
+            "class_path": "rlvr_lightning.callbacks.RolloutCheckpoint",
+            "init_args": {"dirpath": f"{out}/ckpt_{name}", "every_n_rollout_steps": 2, "save_last": True},
+        },
+        {"class_path": "fsdp_recorders.FinalWeights", "init_args": {"out": out, "name": name}},
     ]
     if wait_at is not None:
-        callbacks.append({"class_path": "fsdp_support.WaitAtStep",
-                          "init_args": {"step": wait_at, "marker": f"{out}/{name}.waiting"}})
-    model = {"class_path": "rlvr_lightning.modules.RLVRModule", "init_args": {
-        "policy": policy(tokenizer_dir), "optimizer": {"class_path": "torch.optim.Adam", "init_args": {"lr": 0.01}},
-        "lr_scheduler": {"class_path": "torch.optim.lr_scheduler.StepLR", "init_args": {"step_size": 3, "gamma": 0.5}},
-        "group_size": 4, "sampling": {"max_new_tokens": 6}, "kl": {"coef": 0.05, "refresh_every": 3},
-        "update": {"epochs": 2, "mini_batch_size": 4}, "dynamic_sampling": {"enabled": True},
-        "validation": {"greedy": False, "group_size": 2}}}
-    run = trainer("fsdp2", steps, callbacks, limit_val_batches=1, val_check_interval=3, check_val_every_n_epoch=None,
-                  num_sanity_val_steps=0, enable_checkpointing=True,
-                  logger=[{"class_path": "lightning.pytorch.loggers.CSVLogger",
-                           "init_args": {"save_dir": f"{out}/logs", "name": name}}])
+        callbacks.append(
+            {
+                "class_path": "fsdp_recorders.WaitAtStep",
+                "init_args": {"step": wait_at, "marker": f"{out}/{name}.waiting"},
+            }
+        )
+    model = {
+        "class_path": "rlvr_lightning.modules.RLVRModule",
+        "init_args": {
+            "policy": policy(tokenizer_dir),
+            "optimizer": {"class_path": "torch.optim.Adam", "init_args": {"lr": 0.01}},
+            "lr_scheduler": {
+                "class_path": "torch.optim.lr_scheduler.StepLR",
+                "init_args": {"step_size": 3, "gamma": 0.5},
+            },
+            "group_size": 4,
+            "sampling": {"max_new_tokens": 6},
+            "kl": {"coef": 0.05, "refresh_every": 3},
+            "update": {"epochs": 2, "mini_batch_size": 4},
+            "dynamic_sampling": {"enabled": True},
+            "validation": {"greedy": False, "group_size": 2},
+        },
+    }
+    run = trainer(
+        "fsdp2",
+        steps,
+        callbacks,
+        limit_val_batches=1,
+        val_check_interval=3,
+        check_val_every_n_epoch=None,
+        num_sanity_val_steps=0,
+        enable_checkpointing=True,
+        logger=[
+            {
+                "class_path": "lightning.pytorch.loggers.CSVLogger",
+                "init_args": {"save_dir": f"{out}/logs", "name": name},
+            }
+        ],
+    )
     return {"seed_everything": 3, "trainer": run, "model": model, "data": inline_data()}
 
 
@@ -264,7 +288,9 @@ def main(out: str, tokenizer_dir: str, runs: list[str]) -> None:
     rank = os.environ["RANK"]
     for run in runs:
         case, strategy = run.split(":")
-        config = write_config(case_config(case, strategy, out, tokenizer_dir), Path(out, f"{case}-{strategy}.rank{rank}.yaml"))
+        config = write_config(
+            case_config(case, strategy, out, tokenizer_dir), Path(out, f"{case}-{strategy}.rank{rank}.yaml")
+        )
         if case == "validate_first":  # one trainer and module: validated, then trained
             with evaluation_as_on_gpus():
                 cli = rlvr(["--config", str(config)], run=False)

@@ -11,7 +11,7 @@ import torch
 from rlvr_lightning.cli import main
 
 from . import test_resume
-from .test_resume import EPOCHS, K, STEPS_PER_EPOCH, kill_when_waiting, logged, parameters, start_killed_run
+from .test_resume import EPOCHS, STEPS_PER_EPOCH, K, kill_when_waiting, logged, parameters, start_killed_run
 
 SYNC_CONFIG = test_resume.config
 

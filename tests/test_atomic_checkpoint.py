@@ -79,7 +79,9 @@ def start_writer(tmp_path: Path, atomic: bool, stall: bool):
     context = multiprocessing.get_context("fork")
     started_r, started_w = os.pipe()
     stall_r, stall_w = os.pipe()
-    process = context.Process(target=_writer, args=(str(tmp_path), atomic, stall_w if stall else -1, started_w), daemon=True)
+    process = context.Process(
+        target=_writer, args=(str(tmp_path), atomic, stall_w if stall else -1, started_w), daemon=True
+    )
     process.start()
     assert os.read(started_r, 1) == b"x"  # version 1 is on disk
     return process, stall_r
@@ -117,7 +119,9 @@ def test_kill_at_random_instants_never_leaves_an_unreadable_last_ckpt(tmp_path):
         kill(process)
         mid_write += bool(list(directory.glob(".*.partial")))
         versions.append(check(directory / "last.ckpt"))
-    print(f"{kills} kills, {mid_write} in the middle of a write, versions {min(versions)}..{max(versions)}; all readable")
+    print(
+        f"{kills} kills, {mid_write} in the middle of a write, versions {min(versions)}..{max(versions)}; all readable"
+    )
     assert mid_write >= kills // 4  # the instants did hit writes in progress
 
 
@@ -142,7 +146,11 @@ def test_save_failure_keeps_the_previous_file_and_cleans_up(tmp_path, monkeypatc
 
 @pytest.mark.parametrize(
     "content, reason",
-    [(b"", "the file is empty"), (b"not a checkpoint at all", "not a torch.save zip archive"), (None, "truncated or corrupt")],
+    [
+        (b"", "the file is empty"),
+        (b"not a checkpoint at all", "not a torch.save zip archive"),
+        (None, "truncated or corrupt"),
+    ],
     ids=["empty", "garbage", "truncated"],
 )
 def test_unreadable_checkpoint_names_the_file_and_the_reason(tmp_path, content, reason):
@@ -172,7 +180,10 @@ def test_the_trainer_uses_it_and_reports_unreadable_checkpoints(tmp_path):
 
     def trainer():
         return pl.Trainer(
-            max_steps=2, logger=False, enable_progress_bar=False, enable_model_summary=False,
+            max_steps=2,
+            logger=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
             callbacks=[ResumeState(), pl.callbacks.ModelCheckpoint(dirpath=tmp_path, save_last=True)],
         )
 
@@ -230,7 +241,9 @@ def test_rlvr_fit_killed_while_checkpointing_every_step_resumes(tmp_path, monkey
     last = tmp_path / "ckpt" / "last.ckpt"
     process = subprocess.Popen(
         [sys.executable, "-m", "rlvr_lightning.cli", "fit", "--config", str(config)],
-        env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     deadline = time.monotonic() + 300
     while not last.exists():
@@ -239,7 +252,9 @@ def test_rlvr_fit_killed_while_checkpointing_every_step_resumes(tmp_path, monkey
     time.sleep(random.Random(1).uniform(0.2, 1.0))
     process.send_signal(signal.SIGKILL)
     assert process.wait(timeout=60) == -signal.SIGKILL
-    step = AtomicCheckpointIO().load_checkpoint(last)["loops"]["fit_loop"]["epoch_loop.state_dict"]["_batches_that_stepped"]
+    step = AtomicCheckpointIO().load_checkpoint(last)["loops"]["fit_loop"]["epoch_loop.state_dict"][
+        "_batches_that_stepped"
+    ]
     resumed = main(["fit", "--config", str(config), "--ckpt_path", "last", f"--trainer.limit_train_batches={step + 3}"])
     assert resumed.trainer.fit_loop.epoch_loop._batches_that_stepped == step + 3
     assert not list(last.parent.glob(".*.partial"))  # the killed write's leftovers were removed

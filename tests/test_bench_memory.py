@@ -18,7 +18,10 @@ def test_fsdp2_halves_parameter_and_optimizer_memory_per_rank():
         env.pop(name, None)
     result = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "bench_memory.py"), "--model", "tiny", "--steps", "1"],
-        env=env, capture_output=True, text=True, timeout=300,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     rows = {}

@@ -21,8 +21,14 @@ def load_bench():
 
 def lecture_fit(steps: int, callbacks: list) -> tuple[float, torch.Tensor]:
     cli = rlvr_cli(
-        ["--config", str(REPO / "configs" / "sort_lecture.yaml"), f"--trainer.limit_train_batches={steps}",
-         "--trainer.logger=false", "--trainer.enable_progress_bar=false", "--trainer.enable_checkpointing=false"],
+        [
+            "--config",
+            str(REPO / "configs" / "sort_lecture.yaml"),
+            f"--trainer.limit_train_batches={steps}",
+            "--trainer.logger=false",
+            "--trainer.enable_progress_bar=false",
+            "--trainer.enable_checkpointing=false",
+        ],
         run=False,
     )
     cli.trainer.callbacks.extend(callbacks)

@@ -42,13 +42,23 @@ def test_the_console_script_exits_with_status_zero_after_a_run(in_tmp_dir):
     config = str(CONFIGS[0].parent / "sort_lecture.yaml")
     done = subprocess.run(
         [sys.executable, "-c", script, "fit", "--config", config, *QUICK, "--trainer.limit_train_batches=1"],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_default_loggers_write_wandb_offline_and_csv(in_tmp_dir):
-    cli = main(["fit", "--config", str(CONFIGS[0].parent / "sort_grpo.yaml"), "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=0"])
+    cli = main(
+        [
+            "fit",
+            "--config",
+            str(CONFIGS[0].parent / "sort_grpo.yaml"),
+            "--trainer.limit_train_batches=2",
+            "--trainer.limit_val_batches=0",
+        ]
+    )
     assert [type(logger).__name__ for logger in cli.trainer.loggers] == ["WandbLogger", "CSVLogger"]
     csv_files = list(Path("runs/csv").rglob("metrics.csv"))
     assert csv_files and "train/reward_mean" in csv_files[0].read_text()
@@ -62,9 +72,18 @@ def test_wrong_option_names_the_valid_choices(in_tmp_dir):
 
 def test_a_single_callback_is_accepted(in_tmp_dir):
     # `--trainer.callbacks=<one class>` gives one Callback, not a list (Lightning's Trainer accepts both)
-    cli = main(["fit", "--config", str(CONFIGS[0].parent / "sort_grpo.yaml"),
-                "--trainer.callbacks=rlvr_lightning.rewards.SortInclusionOrderingReward", *QUICK[:2], "--trainer.limit_train_batches=1",
-                "--trainer.logger=false", "--trainer.enable_checkpointing=false"])
+    cli = main(
+        [
+            "fit",
+            "--config",
+            str(CONFIGS[0].parent / "sort_grpo.yaml"),
+            "--trainer.callbacks=rlvr_lightning.rewards.SortInclusionOrderingReward",
+            *QUICK[:2],
+            "--trainer.limit_train_batches=1",
+            "--trainer.logger=false",
+            "--trainer.enable_checkpointing=false",
+        ]
+    )
     names = [type(cb).__name__ for cb in cli.trainer.callbacks]
     assert "SortInclusionOrderingReward" in names and "RewardProgressBar" in names
     assert cli.trainer.fit_loop.epoch_loop._batches_that_stepped == 1
@@ -80,11 +99,26 @@ def test_predict_writes_the_checkpoint_completions_and_validate_scores_them(in_t
     config = str(CONFIGS[0].parent / "sort_lecture.yaml")
     fitted = main(["fit", "--config", config, *QUICK, "--trainer.limit_train_batches=2"])
     fitted.trainer.save_checkpoint("trained.ckpt")
-    args = ["--config", config, "--trainer.logger=false", "--trainer.enable_progress_bar=false", "--ckpt_path", "trained.ckpt"]
+    args = [
+        "--config",
+        config,
+        "--trainer.logger=false",
+        "--trainer.enable_progress_bar=false",
+        "--ckpt_path",
+        "trained.ckpt",
+    ]
     main(["predict", *args])
     rows = [json.loads(line) for line in Path("runs/predictions.jsonl").read_text().splitlines()]
     prompts = [row["prompt"] for row in rows]
-    assert len(rows) == 256 and set(rows[0]) == {"prompt", "completion", "reward", "rewards", "correct", "truncated", "metadata"}
+    assert len(rows) == 256 and set(rows[0]) == {
+        "prompt",
+        "completion",
+        "reward",
+        "rewards",
+        "correct",
+        "truncated",
+        "metadata",
+    }
     greedy = fitted.model.policy.sample({"prompt": prompts}, 1, SamplingConfig(do_sample=False))
     assert [row["completion"] for row in rows] == greedy.response_ids.tolist()
     assert all(row["correct"] == (row["completion"] == sorted(row["prompt"])) for row in rows)
@@ -144,8 +178,13 @@ def test_default_csv_log_is_on_disk_after_every_step(in_tmp_dir):
             on_disk.append(files[0].read_text().count("\n") - 1 if files else 0)  # rows written so far
 
     cli = main(
-        ["--config", str(CONFIGS[0].parent / "sort_lecture.yaml"), "--trainer.limit_train_batches=4", "--trainer.limit_val_batches=0",
-         "--trainer.enable_progress_bar=false"],
+        [
+            "--config",
+            str(CONFIGS[0].parent / "sort_lecture.yaml"),
+            "--trainer.limit_train_batches=4",
+            "--trainer.limit_val_batches=0",
+            "--trainer.enable_progress_bar=false",
+        ],
         run=False,
     )
     cli.trainer.callbacks.append(ReadCsv())

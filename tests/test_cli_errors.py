@@ -44,13 +44,17 @@ def test_unknown_option_on_the_command_line(capsys):
     assert code == 2
     assert lines[:3] == [
         "error: ToySortPolicy has no option 'vocab_sise'",
-        "  at model.init_args.policy.init_args.vocab_sise (command line: --model.init_args.policy.init_args.vocab_sise=3)",
+        "  at model.init_args.policy.init_args.vocab_sise "
+        "(command line: --model.init_args.policy.init_args.vocab_sise=3)",
         "  did you mean 'vocab_size'?",
     ]
 
 
 def test_misspelled_class_path_suggests_the_class(in_tmp_dir, capsys):
-    bad = write(in_tmp_dir / "bad.yaml", "trainer:\n  callbacks:\n    - class_path: rlvr_lightning.rewards.SortInclusionOrderingRewrd\n")
+    bad = write(
+        in_tmp_dir / "bad.yaml",
+        "trainer:\n  callbacks:\n    - class_path: rlvr_lightning.rewards.SortInclusionOrderingRewrd\n",
+    )
     code, lines = run(capsys, "fit", "--config", SORT, "--config", bad)
     assert code == 2
     assert "rlvr_lightning.rewards has no 'SortInclusionOrderingRewrd'" in lines[0]
@@ -59,9 +63,15 @@ def test_misspelled_class_path_suggests_the_class(in_tmp_dir, capsys):
 
 
 def test_unknown_section_and_unknown_trainer_option(in_tmp_dir, capsys):
-    code, lines = run(capsys, "fit", "--config", SORT, "--config", write(in_tmp_dir / "a.yaml", "trainr:\n  max_epochs: 1\n"))
-    assert code == 2 and lines[0] == "error: unknown option 'trainr.max_epochs'" and "  did you mean 'trainer'?" in lines
-    code, lines = run(capsys, "fit", "--config", SORT, "--config", write(in_tmp_dir / "b.yaml", "trainer:\n  max_epoch: 1\n"))
+    code, lines = run(
+        capsys, "fit", "--config", SORT, "--config", write(in_tmp_dir / "a.yaml", "trainr:\n  max_epochs: 1\n")
+    )
+    assert (
+        code == 2 and lines[0] == "error: unknown option 'trainr.max_epochs'" and "  did you mean 'trainer'?" in lines
+    )
+    code, lines = run(
+        capsys, "fit", "--config", SORT, "--config", write(in_tmp_dir / "b.yaml", "trainer:\n  max_epoch: 1\n")
+    )
     assert code == 2 and "  did you mean 'trainer.max_epochs'?" in lines
 
 
@@ -69,7 +79,9 @@ def test_a_value_the_module_rejects_at_construction(in_tmp_dir, capsys):
     bad = write(in_tmp_dir / "bad.yaml", "model:\n  init_args:\n    loss: ppo_clipp\n")
     code, lines = run(capsys, "fit", "--config", SORT, "--config", bad, *QUIET)
     assert code == 2
-    assert lines[0].startswith("error: loss='ppo_clipp' is not valid; choose one of ['pg', 'ratio', 'ppo_clip', 'gspo', 'cispo']")
+    assert lines[0].startswith(
+        "error: loss='ppo_clipp' is not valid; choose one of ['pg', 'ratio', 'ppo_clip', 'gspo', 'cispo']"
+    )
     assert lines[1] == f"  at model.init_args.loss ({bad}:3)"
     assert lines[2] == "  did you mean 'ppo_clip'?"
 
@@ -93,10 +105,13 @@ def test_a_value_an_option_group_rejects_names_the_nested_option(in_tmp_dir, cap
 
 
 def test_a_misspelled_option_of_a_loss_class(in_tmp_dir, capsys):
-    bad = write(in_tmp_dir / "bad.yaml", (
-        "model:\n  init_args:\n    loss:\n      class_path: rlvr_lightning.core.policy_losses.PPOClip\n"
-        "      init_args: {clip_hi: 0.3}\n"
-    ))
+    bad = write(
+        in_tmp_dir / "bad.yaml",
+        (
+            "model:\n  init_args:\n    loss:\n      class_path: rlvr_lightning.core.policy_losses.PPOClip\n"
+            "      init_args: {clip_hi: 0.3}\n"
+        ),
+    )
     code, lines = run(capsys, "fit", "--config", SORT, "--config", bad, *QUIET)
     assert code == 2
     assert lines[0] == "error: PPOClip has no option 'clip_hi'"
@@ -109,7 +124,10 @@ def test_a_value_rejected_in_setup_names_the_option(in_tmp_dir, capsys):
     code, lines = run(capsys, "fit", "--config", SORT, "--model.init_args.update.mini_batch_size=300", *QUIET)
     assert code == 2
     assert lines[0].startswith("error: update.mini_batch_size=300 must divide the rollout size")
-    assert lines[1] == "  at model.init_args.update.mini_batch_size (command line: --model.init_args.update.mini_batch_size=300)"
+    assert (
+        lines[1]
+        == "  at model.init_args.update.mini_batch_size (command line: --model.init_args.update.mini_batch_size=300)"
+    )
 
 
 def test_a_type_error_and_a_missing_config_file(in_tmp_dir, capsys):
@@ -122,7 +140,11 @@ def test_a_type_error_and_a_missing_config_file(in_tmp_dir, capsys):
 
 def test_commands(capsys):
     code, lines = run(capsys, "fitt", "--config", SORT)
-    assert code == 2 and lines[:3] == ["error: 'fitt' is not a command", "  did you mean 'fit'?", "  valid: fit, validate, predict"]
+    assert code == 2 and lines[:3] == [
+        "error: 'fitt' is not a command",
+        "  did you mean 'fit'?",
+        "  valid: fit, validate, predict",
+    ]
     code, lines = run(capsys, "test", "--config", SORT)
     assert code == 2 and "rlvr validate --config X --ckpt_path CKPT" in lines[0]
 
@@ -147,7 +169,13 @@ def test_help_says_how_to_list_the_module_and_data_options(capsys):
     with pytest.raises(SystemExit):
         entry_point(["fit", "--model.help", "RLVRModule"])  # short names resolve: the modules are registered
     out = capsys.readouterr().out
-    for option in ("--model.loss", "--model.kl.coef", "--model.kl.estimator", "--model.update.epochs", "--model.validation.greedy"):
+    for option in (
+        "--model.loss",
+        "--model.kl.coef",
+        "--model.kl.estimator",
+        "--model.update.epochs",
+        "--model.validation.greedy",
+    ):
         assert option in out
 
 
@@ -155,7 +183,9 @@ def test_the_console_script_exits_2_with_the_short_message(in_tmp_dir):
     script = "import sys; from rlvr_lightning.cli import entry_point; sys.argv[0] = 'rlvr'; sys.exit(entry_point())"
     done = subprocess.run(
         [sys.executable, "-c", script, "fit", "--config", SORT, "--model.init_args.entropy_coeff=0.3"],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 2
     assert done.stderr.splitlines()[0] == "error: RLVRModule has no option 'entropy_coeff'", done.stderr

@@ -1,8 +1,8 @@
 """scripts/compare.py: the numbers of its table on hand-made logs, and a tiny real comparison end to end."""
 
 import importlib.util
-import sys
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,7 +20,8 @@ def compare():
 
 
 def write_log(path: Path, rewards: list[float], accuracies: dict[int, float]) -> Path:
-    """A Lightning-style CSV: one row per train step, validation rows on their own (step = index of the last train step)."""
+    """A Lightning-style CSV: one row per train step, validation rows on their own (step = index of the last
+    train step)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     lines = ["epoch,step,train/reward_mean,val/accuracy"]
     for step, reward in enumerate(rewards):
@@ -40,8 +41,14 @@ def test_table_numbers_by_hand(compare, tmp_path):
         runs.append(compare.summarise_run(run, path, "train/reward_mean", threshold=6.5, final_window=2))
     # recipe "b": one seed never reaches it, the other fails
     path = write_log(tmp_path / "b" / "seed_0" / "metrics.csv", [1.0, 2.0, 3.0, 4.0], {4: 0.0})
-    runs.append(compare.summarise_run(compare.Run(recipe="b", seed=0, ok=True, wall_s=5.0), path, "train/reward_mean", 6.5, 2))
-    runs.append(compare.summarise_run(compare.Run(recipe="b", seed=1, ok=False, error="boom"), tmp_path / "nope.csv", "train/reward_mean", 6.5, 2))
+    runs.append(
+        compare.summarise_run(compare.Run(recipe="b", seed=0, ok=True, wall_s=5.0), path, "train/reward_mean", 6.5, 2)
+    )
+    runs.append(
+        compare.summarise_run(
+            compare.Run(recipe="b", seed=1, ok=False, error="boom"), tmp_path / "nope.csv", "train/reward_mean", 6.5, 2
+        )
+    )
 
     a0, a1 = runs[0], runs[1]
     assert a0.steps == [1, 2, 3, 4] and a0.val_steps == [2, 4]
@@ -59,10 +66,25 @@ def test_a_real_comparison_writes_the_table_and_the_plot(compare, tmp_path, caps
     out = tmp_path / "docs" / "cmp"
     status = compare.main(
         [
-            "--recipes", str(REPO / "configs" / "recipes" / "grpo.yaml"), str(REPO / "configs" / "recipes" / "reinforce.yaml"),
-            "--seeds", "0", "1", "--steps", "2", "--in_process", "--threshold", "0",
-            "--out", str(out), "--workdir", str(tmp_path / "runs"), "--lengths",
-            "--", "--trainer.val_check_interval=2", "--trainer.limit_val_batches=1",
+            "--recipes",
+            str(REPO / "configs" / "recipes" / "grpo.yaml"),
+            str(REPO / "configs" / "recipes" / "reinforce.yaml"),
+            "--seeds",
+            "0",
+            "1",
+            "--steps",
+            "2",
+            "--in_process",
+            "--threshold",
+            "0",
+            "--out",
+            str(out),
+            "--workdir",
+            str(tmp_path / "runs"),
+            "--lengths",
+            "--",
+            "--trainer.val_check_interval=2",
+            "--trainer.limit_val_batches=1",
         ]
     )
     assert status == 0
@@ -91,7 +113,7 @@ def test_the_default_output_is_not_a_tracked_file(compare):
 def write_length_log(path: Path, correct: list[float], incorrect: list[float]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     lines = ["epoch,step,train/reward_mean,train/bias/length_correct,train/bias/length_incorrect"]
-    for step, (c, i) in enumerate(zip(correct, incorrect)):
+    for step, (c, i) in enumerate(zip(correct, incorrect, strict=True)):
         lines.append(f"0,{step},1.0,{c},{i}")
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -101,9 +123,16 @@ def test_length_by_correctness_table_and_plot(compare, tmp_path):
     nan = float("nan")
     runs = []
     # seed 0: no correct response in the first step (NaN is skipped); window of 2 steps
-    for seed, correct, incorrect in [(0, [nan, 4.0, 5.0, 7.0], [8.0, 6.0, 9.0, 11.0]), (1, [2.0, 2.0, 3.0, 5.0], [6.0, 6.0, 7.0, 9.0])]:
+    for seed, correct, incorrect in [
+        (0, [nan, 4.0, 5.0, 7.0], [8.0, 6.0, 9.0, 11.0]),
+        (1, [2.0, 2.0, 3.0, 5.0], [6.0, 6.0, 7.0, 9.0]),
+    ]:
         path = write_length_log(tmp_path / "a" / f"seed_{seed}" / "metrics.csv", correct, incorrect)
-        runs.append(compare.summarise_run(compare.Run(recipe="a", seed=seed, ok=True, wall_s=1.0), path, "train/reward_mean", 0.5, 2))
+        runs.append(
+            compare.summarise_run(
+                compare.Run(recipe="a", seed=seed, ok=True, wall_s=1.0), path, "train/reward_mean", 0.5, 2
+            )
+        )
     assert runs[0].length_steps == [1, 2, 3, 4] and runs[1].length_incorrect == [6.0, 6.0, 7.0, 9.0]
     row = compare.lengths.length_table(runs, ["a"], final_window=2).splitlines()[2]
     # correct, first 2 steps: seed 0 -> 4 (NaN skipped), seed 1 -> 2: 3 ± 1.41; last 2: 6 and 4: 5 ± 1.41

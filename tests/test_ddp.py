@@ -46,7 +46,8 @@ class RankRecorder(pl.Callback):
         rollout = pl_module.policy.sample(batch, pl_module.group_size, pl_module.sampling)  # scripted: the same rollout
         pl_module.score(rollout)
         self.local.append([rollout.reward.mean().item(), rollout.reward.min().item(), rollout.reward.max().item()])
-        self.metrics.append({k: float(trainer.callback_metrics[k]) for k in ("train/reward_mean", "train/reward_min", "train/reward_max")})
+        keys = ("train/reward_mean", "train/reward_min", "train/reward_max")
+        self.metrics.append({k: float(trainer.callback_metrics[k]) for k in keys})
     def on_train_end(self, trainer, pl_module):
         # fail_all mode under DDP, on the candidates of the last refresh
         flt = DifficultyFilter(n=trainer.datamodule.difficulty_filter.n, mode="fail_all")
@@ -107,7 +108,9 @@ data:
 def test_two_process_ddp_run(tmp_path):
     (tmp_path / "ddp_recorder.py").write_text(RECORDER)
     config = tmp_path / "ddp.yaml"
-    config.write_text(CONFIG.format(epochs=EPOCHS, steps=STEPS, out=tmp_path, vocab=V, n=N, batch=BATCH, candidates=CANDIDATES))
+    config.write_text(
+        CONFIG.format(epochs=EPOCHS, steps=STEPS, out=tmp_path, vocab=V, n=N, batch=BATCH, candidates=CANDIDATES)
+    )
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(tmp_path), str(TESTS / "data"), os.environ.get("PYTHONPATH", "")]),
@@ -115,7 +118,11 @@ def test_two_process_ddp_run(tmp_path):
     }
     result = subprocess.run(
         [sys.executable, "-m", "rlvr_lightning.cli", "fit", "--config", str(config)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert result.returncode == 0, result.stderr[-5000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]

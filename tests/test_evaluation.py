@@ -50,10 +50,22 @@ def test_majority_vote(answers, winner):
 
 def test_majority_vote_accuracy_by_hand():
     answers = [
-        "4", "4", "5", None,  # prompt 0: majority 4, the 4s are correct -> solved
-        "7", "8", "8", "9",  # prompt 1: majority 8, wrong (only 7 is correct) -> not solved
-        None, None, None, None,  # prompt 2: no answers -> wrong
-        "1", "2", "2", "1",  # prompt 3: tie 1/2 -> "1" (first seen), correct -> solved
+        "4",
+        "4",
+        "5",
+        None,  # prompt 0: majority 4, the 4s are correct -> solved
+        "7",
+        "8",
+        "8",
+        "9",  # prompt 1: majority 8, wrong (only 7 is correct) -> not solved
+        None,
+        None,
+        None,
+        None,  # prompt 2: no answers -> wrong
+        "1",
+        "2",
+        "2",
+        "1",  # prompt 3: tie 1/2 -> "1" (first seen), correct -> solved
     ]
     correct = torch.tensor([1, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 1], dtype=torch.bool)
     metric = MajorityVoteAccuracy()
@@ -118,7 +130,10 @@ class EvaluatingModule(RLVRModule):
         self.log("val/reward_mean", rollout.reward.mean(), on_epoch=True, batch_size=rollout.num_rows)
         correct = self.correctness(rollout)
         format_ok = self.correctness(rollout, kind="format")
-        answers = next((a for cb in self.reward_callbacks if cb.kind == "task" and (a := cb.extract_answers(rollout)) is not None), None)
+        answers = next(
+            (a for cb in self.reward_callbacks if cb.kind == "task" and (a := cb.extract_answers(rollout)) is not None),
+            None,
+        )
         self.val_metrics.update(rollout, correct, answers, format_ok)
 
     def on_validation_epoch_end(self):
@@ -130,7 +145,9 @@ def test_validation_wiring_logs_every_metric(in_tmp_dir):
     responses = [r"\boxed{4}", r"\boxed{5}", "4", r"\boxed{4}"]  # per prompt: 2 of 4 correct, 3 boxed
     val = [{"prompt": f"p{i}", "answer": "4", "responses": responses} for i in range(2)]
     train = [{"prompt": "t", "answer": "4", "responses": responses}] * 2
-    module = EvaluatingModule(ScriptedTextPolicy(), group_size=4, validation=ValidationConfig(group_size=4, greedy=False))
+    module = EvaluatingModule(
+        ScriptedTextPolicy(), group_size=4, validation=ValidationConfig(group_size=4, greedy=False)
+    )
     rewards = [MathAccuracyReward(methods=["boxed"]), BoxedFormatReward(weight=0.5)]
     trainer, _ = run_trainer(module, rewards, train, val=val, batch_size=2, steps=1, val_check_interval=1)
     metrics = {k: round(float(v), 6) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}

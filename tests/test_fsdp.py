@@ -33,7 +33,9 @@ K, STEPS = 4, 8  # the resumed run is killed at the start of rollout step K (che
 
 
 def _env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK")}
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK")
+    }
     path = os.pathsep.join([str(TESTS), str(REPO), env.get("PYTHONPATH", "")])
     return {**env, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", **extra}
 
@@ -47,7 +49,7 @@ def _free_port() -> int:
 def _wait(processes: list[subprocess.Popen], logs: list[Path], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     try:
-        for process, log in zip(processes, logs):
+        for process, log in zip(processes, logs, strict=True):
             code = process.wait(timeout=max(deadline - time.monotonic(), 1))
             assert code == 0, f"{log.name} exited with {code}:\n" + log.read_text()[-4000:]
     finally:
@@ -71,11 +73,16 @@ def pairs(tmp_path_factory, tokenizer_dir) -> Path:
     processes, logs = [], []
     for rank in (1, 0):
         log = out / f"rank{rank}.log"
-        processes.append(subprocess.Popen(
-            [sys.executable, str(TESTS / "fsdp_support.py"), str(out), tokenizer_dir, *runs],
-            env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}, cwd=out, start_new_session=True,
-            stdout=subprocess.DEVNULL, stderr=open(log, "w"),
-        ))
+        processes.append(
+            subprocess.Popen(
+                [sys.executable, str(TESTS / "fsdp_support.py"), str(out), tokenizer_dir, *runs],
+                env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+                cwd=out,
+                start_new_session=True,
+                stdout=subprocess.DEVNULL,
+                stderr=open(log, "w"),
+            )
+        )
         logs.append(log)
     _wait(processes, logs, timeout=300)
     return out
@@ -89,19 +96,26 @@ def test_fsdp2_ends_where_ddp_ends(pairs, case):
     moved = max((ddp["state"][k] - ddp["initial"][k]).abs().max().item() for k in ddp["state"])
     assert moved > 1e-3  # the runs trained: a 1e-5 agreement is not agreement of untouched weights
     for key, value in ddp["state"].items():
-        assert torch.allclose(value, fsdp["state"][key], rtol=0, atol=1e-5), (key, (value - fsdp["state"][key]).abs().max())
+        assert torch.allclose(value, fsdp["state"][key], rtol=0, atol=1e-5), (
+            key,
+            (value - fsdp["state"][key]).abs().max(),
+        )
     for name, value in ddp["metrics"].items():
         # a value that moved less than value_clip is counted as clipped when V_old + (V - V_old) rounds above V
         if name.startswith("train/") and "generation" not in name and name != "train/critic/clip_frac":
             assert fsdp["metrics"][name] == pytest.approx(value, rel=1e-4, abs=1e-6), name
     if case == "rl":  # the KL term was on, against a sharded reference refreshed (mixup 0.5) every step
         assert ddp["metrics"]["train/kl"] > 0
-        assert any(not torch.equal(fsdp["state"][k], fsdp["initial"][k]) for k in fsdp["state"] if k.startswith("reference."))
+        assert any(
+            not torch.equal(fsdp["state"][k], fsdp["initial"][k]) for k in fsdp["state"] if k.startswith("reference.")
+        )
     if case == "ei":  # ranks kept different numbers of responses (padded to the same number of passes)
         assert ddp["metrics"]["train/kept"] != int(ddp["metrics"]["train/kept"])
     if case == "ppo":  # the critic and its value head trained after the warm-up step, the policy only after it
         for prefix in ("critic.", "value_head.", "policy."):
-            assert any(not torch.equal(fsdp["state"][k], fsdp["initial"][k]) for k in fsdp["state"] if k.startswith(prefix))
+            assert any(
+                not torch.equal(fsdp["state"][k], fsdp["initial"][k]) for k in fsdp["state"] if k.startswith(prefix)
+            )
         assert torch.equal(fsdp["state"]["critic.model.lm_head.weight"], fsdp["initial"]["critic.model.lm_head.weight"])
 
 
@@ -162,8 +176,12 @@ def test_fsdp2_shards_every_parameter_across_the_ranks(pairs):
 def _fit(config: Path, out: Path, name: str) -> tuple[subprocess.Popen, Path]:
     log = out / f"{name}.log"
     process = subprocess.Popen(
-        [sys.executable, "-m", "rlvr_lightning.cli", "fit", "--config", str(config)], env=_env(), cwd=out,
-        start_new_session=True, stdout=subprocess.DEVNULL, stderr=open(log, "w"),
+        [sys.executable, "-m", "rlvr_lightning.cli", "fit", "--config", str(config)],
+        env=_env(),
+        cwd=out,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=open(log, "w"),
     )
     return process, log
 
@@ -178,9 +196,12 @@ def _logged(out: Path, name: str, key: str = "train/reward_mean") -> dict[int, s
 
 @pytest.fixture(scope="module")
 def resumed(tmp_path_factory, tokenizer_dir) -> Path:
-    """A run SIGKILLed (both ranks) at the start of step K, resumed with --ckpt_path last, and the same run uninterrupted."""
+    """A run SIGKILLed (both ranks) at the start of step K, resumed with --ckpt_path last, and the same run
+    uninterrupted."""
     out = tmp_path_factory.mktemp("fsdp_resume")
-    killed_config = write_config(resume_config("killed", str(out), tokenizer_dir, STEPS, wait_at=K), out / "killed.yaml")
+    killed_config = write_config(
+        resume_config("killed", str(out), tokenizer_dir, STEPS, wait_at=K), out / "killed.yaml"
+    )
     full_config = write_config(resume_config("full", str(out), tokenizer_dir, STEPS), out / "full.yaml")
     killed, killed_log = _fit(killed_config, out, "killed")
     full, full_log = _fit(full_config, out, "full")
@@ -195,7 +216,9 @@ def resumed(tmp_path_factory, tokenizer_dir) -> Path:
     _wait([full], [full_log], timeout=300)
 
     resumed_config = resume_config("resumed", str(out), tokenizer_dir, STEPS)
-    checkpoints = next(cb for cb in resumed_config["trainer"]["callbacks"] if cb["class_path"].endswith("RolloutCheckpoint"))
+    checkpoints = next(
+        cb for cb in resumed_config["trainer"]["callbacks"] if cb["class_path"].endswith("RolloutCheckpoint")
+    )
     checkpoints["init_args"]["dirpath"] = f"{out}/ckpt_killed"  # --ckpt_path last looks there
     resumed_config["ckpt_path"] = "last"
     process, log = _fit(write_config(resumed_config, out / "resumed.yaml"), out, "resumed")
@@ -205,14 +228,18 @@ def resumed(tmp_path_factory, tokenizer_dir) -> Path:
 
 def test_killed_fsdp2_run_resumes_bitwise(resumed):
     last = resumed / "ckpt_killed" / "last.ckpt"
-    assert last.is_dir() and (last / "meta.pt").is_file() and len(list(last.glob("*.distcp"))) == 2  # one shard per rank
+    assert (
+        last.is_dir() and (last / "meta.pt").is_file() and len(list(last.glob("*.distcp"))) == 2
+    )  # one shard per rank
     full, after = torch.load(resumed / "full.pt"), torch.load(resumed / "resumed.pt")
     assert full["global_step"] == after["global_step"] == STEPS * 2 * 2  # 2 epochs x 2 mini-batches per rollout step
     assert any(k.startswith("reference.") for k in full["state"])
     for key, value in full["state"].items():
         assert torch.equal(value, after["state"][key]), key  # bitwise, policy and reference
     full_log, killed_log, resumed_log = (_logged(resumed, name) for name in ("full", "killed", "resumed"))
-    assert sorted(full_log) == list(range(STEPS)) and killed_log and set(killed_log) <= set(range(K))  # CSV flushed lazily
+    assert (
+        sorted(full_log) == list(range(STEPS)) and killed_log and set(killed_log) <= set(range(K))
+    )  # CSV flushed lazily
     assert sorted(resumed_log) == list(range(K, STEPS))
     assert resumed_log == {step: full_log[step] for step in resumed_log}  # every logged reward, as written
     assert killed_log == {step: full_log[step] for step in killed_log}
@@ -230,7 +257,9 @@ def _log_probs(model, rollout) -> torch.Tensor:
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     logits = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits.float()
     width = rollout.response_ids.shape[1]
-    picked = torch.log_softmax(logits[:, -width - 1 : -1], dim=-1).gather(-1, rollout.response_ids.unsqueeze(-1)).squeeze(-1)
+    picked = (
+        torch.log_softmax(logits[:, -width - 1 : -1], dim=-1).gather(-1, rollout.response_ids.unsqueeze(-1)).squeeze(-1)
+    )
     return picked * rollout.response_mask
 
 
@@ -258,7 +287,10 @@ def test_export_gives_a_hugging_face_directory_with_the_same_log_probs(resumed, 
         trained = _trained_policy(tokenizer_dir, run["state"])
     else:  # a .ckpt file gathered on rank 0 by FSDP2Strategy(save_distributed_checkpoint=false), LoRA merged on export
         config = pairs / "lora_ckpt-fsdp2_full_ckpt.rank0.yaml"
-        ckpt, run = pairs / "ckpt_lora_ckpt-fsdp2_full_ckpt" / "final.ckpt", torch.load(pairs / "lora_ckpt-fsdp2_full_ckpt.pt")
+        ckpt, run = (
+            pairs / "ckpt_lora_ckpt-fsdp2_full_ckpt" / "final.ckpt",
+            torch.load(pairs / "lora_ckpt-fsdp2_full_ckpt.pt"),
+        )
         assert ckpt.is_file()
         trained = _trained_policy(tokenizer_dir, run["state"], lora_r=4, lora_alpha=8.0)
         assert any("lora_B" in k and v.abs().max() > 0 for k, v in run["state"].items())  # the adapter trained
@@ -286,14 +318,42 @@ def test_export_refuses_what_it_cannot_write(resumed, tmp_path):
     busy.mkdir()
     (busy / "keep.txt").write_text("mine")
     with pytest.raises(FileExistsError, match="not empty"):
-        main(["export", "--config", str(resumed / "full.yaml"), "--ckpt_path", str(resumed / "ckpt_full" / "last.ckpt"),
-              "--output_dir", str(busy)])
+        main(
+            [
+                "export",
+                "--config",
+                str(resumed / "full.yaml"),
+                "--ckpt_path",
+                str(resumed / "ckpt_full" / "last.ckpt"),
+                "--output_dir",
+                str(busy),
+            ]
+        )
     assert (busy / "keep.txt").read_text() == "mine"
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        main(["export", "--config", str(resumed / "full.yaml"), "--ckpt_path", str(tmp_path / "nope.ckpt"),
-              "--output_dir", str(tmp_path / "out")])
+        main(
+            [
+                "export",
+                "--config",
+                str(resumed / "full.yaml"),
+                "--ckpt_path",
+                str(tmp_path / "nope.ckpt"),
+                "--output_dir",
+                str(tmp_path / "out"),
+            ]
+        )
     with pytest.raises(ValueError, match="not a sharded checkpoint"):
-        main(["export", "--config", str(resumed / "full.yaml"), "--ckpt_path", str(busy), "--output_dir", str(tmp_path / "out")])
+        main(
+            [
+                "export",
+                "--config",
+                str(resumed / "full.yaml"),
+                "--ckpt_path",
+                str(busy),
+                "--output_dir",
+                str(tmp_path / "out"),
+            ]
+        )
 
 
 def test_a_later_stage_starts_from_a_sharded_checkpoint(resumed, tokenizer_dir):

@@ -40,7 +40,10 @@ def test_overlay_parses_on_the_recipe(overlay, capsys):
     task = config["data"]["init_args"]["task"]
     strategy = config["trainer"]["strategy"]
     if overlay.stem.startswith("offline_"):  # weights and data that exist offline
-        assert task["class_path"] == "rlvr_lightning.data.jsonl_task.JSONLTask" and task["init_args"]["template"] == "r1_zero"
+        assert (
+            task["class_path"] == "rlvr_lightning.data.jsonl_task.JSONLTask"
+            and task["init_args"]["template"] == "r1_zero"
+        )
         if "smollm2" in overlay.stem:
             assert policy["model_name_or_path"] == "smollm2-135m-instruct"
         else:
@@ -62,22 +65,49 @@ def tiny_override(tmp_path_factory) -> Path:
     tokens) and its data for 6 GSM8K-format lines; 1 step on a CPU."""
     tmp = tmp_path_factory.mktemp("gsm8k_tiny")
     data = tmp / "gsm8k.jsonl"
-    data.write_text("".join(
-        json.dumps({"question": f"What is {a} + {b}?", "answer": f"{a}+{b}={a + b}\n#### {a + b}"}) + "\n"
-        for a, b in [(2, 3), (4, 5), (1, 1), (7, 2), (3, 3), (6, 1)]
-    ))
+    data.write_text(
+        "".join(
+            json.dumps({"question": f"What is {a} + {b}?", "answer": f"{a}+{b}={a + b}\n#### {a + b}"}) + "\n"
+            for a, b in [(2, 3), (4, 5), (1, 1), (7, 2), (3, 3), (6, 1)]
+        )
+    )
     override = {
-        "trainer": {"accelerator": "cpu", "devices": 1, "limit_train_batches": 1, "limit_val_batches": 1,
-                    "val_check_interval": 1, "logger": False, "enable_progress_bar": False,
-                    "enable_model_summary": False, "default_root_dir": str(tmp / "runs")},
-        "model": {"init_args": {
-            "policy": {"init_args": {"model_name_or_path": None, "config": tiny_llama_config(max_position_embeddings=1024),
-                                     "tokenizer_name_or_path": str(save_tiny_tokenizer(tmp / "tokenizer"))}},
-            "group_size": 4, "sampling": {"max_new_tokens": 8}, "update": {"mini_batch_size": 4, "micro_batch_size": 2},
-            "validation": {"group_size": 2, "greedy": False}}},
-        "data": {"init_args": {"batch_size": 2, "val_batch_size": 2, "task": {
-            "class_path": "rlvr_lightning.data.jsonl_task.JSONLTask",
-            "init_args": {"path": str(data), "val_path": str(data), "num_val": 2}}}},
+        "trainer": {
+            "accelerator": "cpu",
+            "devices": 1,
+            "limit_train_batches": 1,
+            "limit_val_batches": 1,
+            "val_check_interval": 1,
+            "logger": False,
+            "enable_progress_bar": False,
+            "enable_model_summary": False,
+            "default_root_dir": str(tmp / "runs"),
+        },
+        "model": {
+            "init_args": {
+                "policy": {
+                    "init_args": {
+                        "model_name_or_path": None,
+                        "config": tiny_llama_config(max_position_embeddings=1024),
+                        "tokenizer_name_or_path": str(save_tiny_tokenizer(tmp / "tokenizer")),
+                    }
+                },
+                "group_size": 4,
+                "sampling": {"max_new_tokens": 8},
+                "update": {"mini_batch_size": 4, "micro_batch_size": 2},
+                "validation": {"group_size": 2, "greedy": False},
+            }
+        },
+        "data": {
+            "init_args": {
+                "batch_size": 2,
+                "val_batch_size": 2,
+                "task": {
+                    "class_path": "rlvr_lightning.data.jsonl_task.JSONLTask",
+                    "init_args": {"path": str(data), "val_path": str(data), "num_val": 2},
+                },
+            }
+        },
     }
     path = tmp / "tiny.yaml"
     path.write_text(yaml.safe_dump(override))
@@ -87,8 +117,10 @@ def tiny_override(tmp_path_factory) -> Path:
 SETTINGS = {  # the GPU settings of docs/scaling.md, as command-line overrides of the recipe
     "recipe (fp32 weights, bf16-mixed, gradient checkpointing, sdpa)": [],
     "32-true": ["--trainer.precision=32-true"],
-    "eager attention, no checkpointing": ["--model.init_args.policy.init_args.attn_implementation=eager",
-                                          "--model.init_args.policy.init_args.gradient_checkpointing=false"],
+    "eager attention, no checkpointing": [
+        "--model.init_args.policy.init_args.attn_implementation=eager",
+        "--model.init_args.policy.init_args.gradient_checkpointing=false",
+    ],
 }
 
 
@@ -107,8 +139,18 @@ class EvenTokenReward(RewardCallback):
 
 @pytest.mark.parametrize("setting", list(SETTINGS))
 def test_recipe_runs_on_cpu_with_each_setting(setting, tiny_override, in_tmp_dir):
-    cli = main(["fit", "--config", str(RECIPE), "--config", str(tiny_override), *SETTINGS[setting],
-                f"--trainer.callbacks+={__name__}.WeightsAtStart", f"--trainer.callbacks+={__name__}.EvenTokenReward"])
+    cli = main(
+        [
+            "fit",
+            "--config",
+            str(RECIPE),
+            "--config",
+            str(tiny_override),
+            *SETTINGS[setting],
+            f"--trainer.callbacks+={__name__}.WeightsAtStart",
+            f"--trainer.callbacks+={__name__}.EvenTokenReward",
+        ]
+    )
     start = next(cb for cb in cli.trainer.callbacks if isinstance(cb, WeightsAtStart))
     assert cli.trainer.global_step == 2  # one rollout of 2 x 4 responses, mini-batches of 4
     assert "train/reward_mean" in cli.trainer.callback_metrics and "val/accuracy" in cli.trainer.callback_metrics
@@ -116,13 +158,15 @@ def test_recipe_runs_on_cpu_with_each_setting(setting, tiny_override, in_tmp_dir
     assert {p.dtype for p in policy.parameters()} == {torch.float32}
     assert cli.trainer.precision == ("32-true" if setting == "32-true" else "bf16-mixed")
     # the two AdamW steps at lr 1e-6 moved nearly every weight that had a gradient (bf16 weights: ~2%)
-    moved = sum(int((p.detach() != w).sum()) for p, w in zip(policy.parameters(), start.weights))
+    moved = sum(int((p.detach() != w).sum()) for p, w in zip(policy.parameters(), start.weights, strict=True))
     assert moved / sum(w.numel() for w in start.weights) > 0.5
     assert policy.model.config._attn_implementation == ("eager" if "eager" in setting else "sdpa")
     assert policy.model.is_gradient_checkpointing is ("no checkpointing" not in setting)
 
 
-@pytest.mark.parametrize("override", ["--model.init_args.policy.init_args.dtype=bfloat16", "--trainer.precision=bf16-true"])
+@pytest.mark.parametrize(
+    "override", ["--model.init_args.policy.init_args.dtype=bfloat16", "--trainer.precision=bf16-true"]
+)
 def test_recipe_refuses_to_train_bf16_weights_in_place(override, tiny_override, in_tmp_dir, capsys):
     status = entry_point(["fit", "--config", str(RECIPE), "--config", str(tiny_override), override])
     error = capsys.readouterr().err
@@ -133,15 +177,32 @@ def test_recipe_refuses_to_train_bf16_weights_in_place(override, tiny_override, 
 
 def test_recipe_runs_sharded_with_cpu_offload_on_two_processes(tiny_override, tmp_path):
     """fsdp2.yaml + cpu_offload.yaml (bf16 compute, fp32 reduction, offloaded shards) on 2 CPU processes."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        "OMP_NUM_THREADS": "1",
+    }
     for name in ("MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK"):  # launch a fresh job, not join one
         env.pop(name, None)
-    command = [sys.executable, "-m", "rlvr_lightning.cli", "fit", "--config", str(RECIPE), "--config", str(tiny_override)]
+    command = [
+        sys.executable,
+        "-m",
+        "rlvr_lightning.cli",
+        "fit",
+        "--config",
+        str(RECIPE),
+        "--config",
+        str(tiny_override),
+    ]
     for overlay in ("fsdp2", "cpu_offload"):
         command += ["--config", str(ROOT / "configs" / "gpu" / f"{overlay}.yaml")]
     logger = {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(tmp_path)}}
-    command += ["--trainer.accelerator=cpu", "--trainer.devices=2", f"--trainer.default_root_dir={tmp_path}",
-                f"--trainer.logger={json.dumps(logger)}"]
+    command += [
+        "--trainer.accelerator=cpu",
+        "--trainer.devices=2",
+        f"--trainer.default_root_dir={tmp_path}",
+        f"--trainer.logger={json.dumps(logger)}",
+    ]
     result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]
     rows = (next(tmp_path.rglob("metrics.csv"))).read_text()

@@ -39,7 +39,13 @@ def test_hub_ids_are_the_remote_names_of_models_tokenizers_and_datasets(tmp_path
     local = tmp_path / "org" / "model"
     local.mkdir(parents=True)
     config = {
-        "model": {"init_args": {"policy": {"init_args": {"model_name_or_path": "Qwen/Qwen2.5-Math-1.5B", "tokenizer_name_or_path": str(local)}}}},
+        "model": {
+            "init_args": {
+                "policy": {
+                    "init_args": {"model_name_or_path": "Qwen/Qwen2.5-Math-1.5B", "tokenizer_name_or_path": str(local)}
+                }
+            }
+        },
         "data": {"init_args": {"task": {"init_args": {"dataset": "openai/gsm8k"}}}},
         "trainer": {"callbacks": [{"init_args": {"dirpath": "runs/x"}}]},  # a path, not a model: not looked at
     }
@@ -52,7 +58,9 @@ def test_unreachable_hub_switches_to_offline_mode(monkeypatch, capsys):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HF_ENDPOINT", CLOSED)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
-    assert not hub.go_offline_if_unreachable({"model_name_or_path": "smollm2-135m-instruct"})  # nothing remote: no probe
+    assert not hub.go_offline_if_unreachable(
+        {"model_name_or_path": "smollm2-135m-instruct"}
+    )  # nothing remote: no probe
     assert os.environ.get("HF_HUB_OFFLINE") is None
     assert hub.go_offline_if_unreachable({"model_name_or_path": "no-such-org/no-such-model"})
     assert os.environ["HF_HUB_OFFLINE"] == "1" and huggingface_hub.constants.HF_HUB_OFFLINE is True
@@ -67,11 +75,17 @@ def test_rlvr_fit_fails_fast_with_the_policy_message(tmp_path):
     started = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-m", "rlvr_lightning.cli", "fit", "--config", str(config)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 2, done.stderr[-3000:]
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
-    assert errors and errors[0].startswith("error: Model 'no-such-org/no-such-model' was not found"), done.stderr[-3000:]
+    assert errors and errors[0].startswith("error: Model 'no-such-org/no-such-model' was not found"), done.stderr[
+        -3000:
+    ]
     assert "at model.init_args.policy" in done.stderr
     assert "Retry" not in done.stderr and "Traceback" not in done.stderr
     assert time.monotonic() - started < 120

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from rlvr_lightning.cli import main
-from tests.test_resume import EPOCHS, K, STEPS_PER_EPOCH, config, logged, parameters
+from tests.test_resume import EPOCHS, STEPS_PER_EPOCH, K, config, logged, parameters
 
 WAITER = '''
 import os, time
@@ -45,10 +45,17 @@ def start(tmp_path: Path, name: str) -> subprocess.Popen:
     waiter = f"""    - class_path: waiter.WaitForGo
       init_args: {{step: {K}, marker: {tmp_path / name}.waiting, go: {tmp_path / name}.go}}"""
     cfg = config(tmp_path, name, False, waiter)
-    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        "OMP_NUM_THREADS": "1",
+    }
     return subprocess.Popen(
         [sys.executable, "-m", "rlvr_lightning.cli", "fit", "--config", str(cfg)],
-        cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=open(tmp_path / f"{name}.stderr", "w"),
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=open(tmp_path / f"{name}.stderr", "w"),
     )
 
 
@@ -89,7 +96,9 @@ def test_sigint_and_sigterm_save_and_resume_bitwise_a_second_sigint_stops_at_onc
     assert codes == {"sigint": 128 + signal.SIGINT, "sigterm": 128 + signal.SIGTERM, "twice": 1}, {
         name: (tmp_path / f"{name}.stderr").read_text()[-2000:] for name in codes
     }
-    assert steps_in(tmp_path / "ckpt_twice" / "last.ckpt") == K  # the periodic save of step K - 1: nothing saved on exit
+    assert (
+        steps_in(tmp_path / "ckpt_twice" / "last.ckpt") == K
+    )  # the periodic save of step K - 1: nothing saved on exit
 
     for name, signum in (("sigint", signal.SIGINT), ("sigterm", signal.SIGTERM)):
         last = tmp_path / f"ckpt_{name}" / "last.ckpt"

@@ -11,8 +11,22 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-QUICK = {"sort_lecture", "sort_grpo", "sft_then_grpo"} | {f"recipe_{r}" for r in (
-    "dapo", "dr_grpo", "gspo", "cispo", "rloo", "ppo", "reinforce_pp", "reinforce_baseline", "grpo", "max_reward", "reinforce")}
+QUICK = {"sort_lecture", "sort_grpo", "sft_then_grpo"} | {
+    f"recipe_{r}"
+    for r in (
+        "dapo",
+        "dr_grpo",
+        "gspo",
+        "cispo",
+        "rloo",
+        "ppo",
+        "reinforce_pp",
+        "reinforce_baseline",
+        "grpo",
+        "max_reward",
+        "reinforce",
+    )
+}
 
 
 def load(name):
@@ -45,27 +59,41 @@ accuracy = {0: 0.8, 1: 0.5, 2: 0.9}[seed]
 os.makedirs(run_dir + "/csv/version_0", exist_ok=True)
 with open(run_dir + "/csv/version_0/metrics.csv", "w") as f:
     f.write("step,time/step_s,val/accuracy\\n0,30.0,\\n0,,0.1\\n1,30.0,\\n1,,%s\\n" % accuracy)
-json.dump({"pid": os.getpid(), "omp": os.environ.get("OMP_NUM_THREADS"), "mkl": os.environ.get("MKL_NUM_THREADS"), "cwd": os.getcwd()},
-          open(run_dir + "/process.json", "w"))
+process = {"pid": os.getpid(), "omp": os.environ.get("OMP_NUM_THREADS"), "mkl": os.environ.get("MKL_NUM_THREADS"),
+           "cwd": os.getcwd()}
+json.dump(process, open(run_dir + "/process.json", "w"))
 """
 
 
 def fake_figure(figures, band, name="fake"):
     return figures.Figure(
-        name, "nowhere",
+        name,
+        "nowhere",
         (figures.Command(("{python}", "-c", FAKE_RUN, "{seed}", "{run_dir}")),),
-        (figures.Metric("val", figures.csv_final(figures.CSV_LOG, "val/accuracy"), band, "last val/accuracy", percent=True),),
+        (
+            figures.Metric(
+                "val", figures.csv_final(figures.CSV_LOG, "val/accuracy"), band, "last val/accuracy", percent=True
+            ),
+        ),
         curves=(figures.Curve("fake", figures.CSV_LOG),),
     )
 
 
-def test_every_seed_runs_in_its_own_one_thread_process_and_is_checked_against_the_band(suite, figures, tmp_path, capsys):
+def test_every_seed_runs_in_its_own_one_thread_process_and_is_checked_against_the_band(
+    suite, figures, tmp_path, capsys
+):
     figure = fake_figure(figures, figures.Band(0.6))
-    status = suite.main(["--workdir", str(tmp_path / "runs"), "--figures_dir", str(tmp_path / "docs"), "--plot"], figures=(figure,))
+    status = suite.main(
+        ["--workdir", str(tmp_path / "runs"), "--figures_dir", str(tmp_path / "docs"), "--plot"], figures=(figure,)
+    )
     out = capsys.readouterr().out
     assert status == 1  # seed 1 (50%) is outside [60%, ...)
     rows = [line.split() for line in out.splitlines() if line.startswith("fake ")]
-    assert [(row[2], row[3], row[-1]) for row in rows] == [("0", "80.0%", "PASS"), ("1", "50.0%", "FAIL"), ("2", "90.0%", "PASS")]
+    assert [(row[2], row[3], row[-1]) for row in rows] == [
+        ("0", "80.0%", "PASS"),
+        ("1", "50.0%", "FAIL"),
+        ("2", "90.0%", "PASS"),
+    ]
     processes = [json.loads((tmp_path / "runs" / "fake" / f"seed_{s}" / "process.json").read_text()) for s in (0, 1, 2)]
     assert len({p["pid"] for p in processes} | {os.getpid()}) == 4
     assert all(p["omp"] == "1" and p["mkl"] == "1" for p in processes)
@@ -94,16 +122,26 @@ def test_a_mean_band_a_failed_command_and_no_run(suite, figures, tmp_path, capsy
     assert [len(row) for row in rows[:3]] == [4, 4, 4]  # per seed: a value, no band, no verdict
     assert rows[3] == ["fake", "val", "mean", "73.3%", "[70.0%,", "80.0%]", "mean", "PASS"]
 
-    broken = figures.Figure("broken", "nowhere", (figures.Command(("{python}", "-c", "raise SystemExit(3)")),),
-                            (figures.Metric("val", figures.csv_final(figures.CSV_LOG, "val/accuracy"), figures.Band(0.0), "x"),), seeds=(0,))
+    broken = figures.Figure(
+        "broken",
+        "nowhere",
+        (figures.Command(("{python}", "-c", "raise SystemExit(3)")),),
+        (figures.Metric("val", figures.csv_final(figures.CSV_LOG, "val/accuracy"), figures.Band(0.0), "x"),),
+        seeds=(0,),
+    )
     assert suite.main(["--workdir", workdir, "--figures_dir", docs], figures=(broken,)) == 1
     out = capsys.readouterr().out
     assert "command 1 exited with 3" in out and out.rstrip().splitlines()[-1].startswith("0 of 1 figures hold")
-    assert json.loads((tmp_path / "docs" / "broken.json").read_text())["errors"]["0"].startswith("command 1 exited with 3")
+    assert json.loads((tmp_path / "docs" / "broken.json").read_text())["errors"]["0"].startswith(
+        "command 1 exited with 3"
+    )
 
     # --no_run reads the runs already there: the mean-band runs of above, checked against another band
     strict = fake_figure(figures, figures.Band(0.75))
-    assert suite.main(["--workdir", workdir, "--figures_dir", docs, "--no_run", "--seeds", "0", "2"], figures=(strict,)) == 0
+    assert (
+        suite.main(["--workdir", workdir, "--figures_dir", docs, "--no_run", "--seeds", "0", "2"], figures=(strict,))
+        == 0
+    )
 
 
 def test_list_and_unknown_names(suite, capsys):
@@ -125,7 +163,10 @@ def test_the_registry_quick_set_and_bands(suite, figures):
             finite = [bound for bound in (metric.band.lo, metric.band.hi) if bound is not None and math.isfinite(bound)]
             assert finite, f"{figure.name}.{metric.name} has no band"
     arithmetic = next(f for f in figures.FIGURES if f.name == "smollm2_arithmetic")
-    assert arithmetic.metrics[0].band == figures.Band(figures.ARITHMETIC_MIN_VAL_ACCURACY) and figures.ARITHMETIC_MIN_VAL_ACCURACY == 0.70
+    assert (
+        arithmetic.metrics[0].band == figures.Band(figures.ARITHMETIC_MIN_VAL_ACCURACY)
+        and figures.ARITHMETIC_MIN_VAL_ACCURACY == 0.70
+    )
     with pytest.raises(ValueError, match="over='all' is not valid; choose one of 'each', 'mean'"):
         figures.Band(0.5, over="all")
 
@@ -157,15 +198,28 @@ def test_the_language_model_entries_run_their_scripts_and_read_what_they_leave(s
     (repo / "scripts" / "train_smollm2_arithmetic.sh").write_text(FAKE_TRAIN)
     (repo / "scripts" / "eval_arithmetic.py").write_text(FAKE_EVAL)
     workdir, docs = str(tmp_path / "runs"), str(tmp_path / "docs")
-    status = suite.main(["--only", "smollm2_arithmetic", "smollm2_calculator", "--workdir", workdir, "--figures_dir", docs, "--plot"], repo=repo)
+    status = suite.main(
+        ["--only", "smollm2_arithmetic", "smollm2_calculator", "--workdir", workdir, "--figures_dir", docs, "--plot"],
+        repo=repo,
+    )
     out = capsys.readouterr().out
     assert status == 1
-    verdicts = [(row.split()[0], row.split()[2], row.split()[3], row.split()[-1]) for row in out.splitlines() if row.startswith("smollm2_")]
-    assert verdicts == [
-        ("smollm2_arithmetic", "0", "76.0%", "PASS"), ("smollm2_arithmetic", "1", "72.0%", "PASS"), ("smollm2_arithmetic", "2", "64.0%", "FAIL"),
-        ("smollm2_calculator", "0", "70.0%", "PASS"), ("smollm2_calculator", "1", "61.0%", "PASS"), ("smollm2_calculator", "2", "55.0%", "FAIL"),
+    verdicts = [
+        (row.split()[0], row.split()[2], row.split()[3], row.split()[-1])
+        for row in out.splitlines()
+        if row.startswith("smollm2_")
     ]
-    assert (tmp_path / "docs" / "smollm2_arithmetic.png").is_file() and (tmp_path / "docs" / "smollm2_calculator.png").is_file()
+    assert verdicts == [
+        ("smollm2_arithmetic", "0", "76.0%", "PASS"),
+        ("smollm2_arithmetic", "1", "72.0%", "PASS"),
+        ("smollm2_arithmetic", "2", "64.0%", "FAIL"),
+        ("smollm2_calculator", "0", "70.0%", "PASS"),
+        ("smollm2_calculator", "1", "61.0%", "PASS"),
+        ("smollm2_calculator", "2", "55.0%", "FAIL"),
+    ]
+    assert (tmp_path / "docs" / "smollm2_arithmetic.png").is_file() and (
+        tmp_path / "docs" / "smollm2_calculator.png"
+    ).is_file()
 
 
 def test_curves_over_seeds_by_hand(tmp_path):

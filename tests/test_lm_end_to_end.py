@@ -80,7 +80,10 @@ def _config(
             "enable_checkpointing": False,
             "enable_progress_bar": False,
             "default_root_dir": str(tmp_path),
-            "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(tmp_path), "name": "csv"}},
+            "logger": {
+                "class_path": "lightning.pytorch.loggers.CSVLogger",
+                "init_args": {"save_dir": str(tmp_path), "name": "csv"},
+            },
             "callbacks": [
                 {"class_path": "rlvr_lightning.rewards.text.ContainsReward", "init_args": {"target": "a"}},
                 {"class_path": "rlvr_lightning.advantages.GroupNormalizedAdvantage"},
@@ -140,7 +143,11 @@ def test_grpo_steps_on_a_saved_tiny_llama(tiny_model_dir, tmp_path, monkeypatch)
     logged = {key for row in train for key, value in row.items() if value != ""}
     assert GENERATION_KEYS | TIME_KEYS | {"train/loss", "train/grad_norm", "train/entropy"} <= logged
     for row in train:
-        assert 1 <= float(row["train/generation/response_length/min"]) <= float(row["train/generation/response_length/mean"])
+        assert (
+            1
+            <= float(row["train/generation/response_length/min"])
+            <= float(row["train/generation/response_length/mean"])
+        )
         assert float(row["train/generation/response_length/max"]) <= 6
         assert 0.0 <= float(row["train/generation/truncated_fraction"]) <= 1.0
         assert float(row["train/generation/tokens_per_second"]) > 0
@@ -210,7 +217,10 @@ def test_prompt_longer_than_the_context_names_the_prompt(tokenizer_dir_e2e, tmp_
         "tokenizer_name_or_path": str(tokenizer_dir_e2e),
         "prompt_template": "raw",
     }
-    task = {"examples": [{"prompt": "short"}, {"prompt": "The quick brown fox jumps over the lazy dog. " * 4}], "shuffle": False}
+    task = {
+        "examples": [{"prompt": "short"}, {"prompt": "The quick brown fox jumps over the lazy dog. " * 4}],
+        "shuffle": False,
+    }
     config = _config(tmp_path, policy, trainer={"limit_val_batches": 0}, task=task)
     with pytest.raises(ValueError, match=r"prompt 1 of the batch is \d+ tokens long.*context of 24 tokens"):
         main(["fit", "--config", str(config)])

@@ -74,7 +74,9 @@ def _tokens_shuffled_against_their_log_probs(monkeypatch):
 
     def shuffled(self, rollout, *args, **kwargs):
         order = torch.randperm(rollout.num_rows, generator=torch.Generator().manual_seed(rollout.num_rows))
-        moved = dataclasses.replace(rollout, response_ids=rollout.response_ids[order], response_mask=rollout.response_mask[order])
+        moved = dataclasses.replace(
+            rollout, response_ids=rollout.response_ids[order], response_mask=rollout.response_mask[order]
+        )
         return score(self, moved, *args, **kwargs)
 
     monkeypatch.setattr(hf_scoring.HFScoring, "_score", shuffled)

@@ -22,7 +22,11 @@ from rlvr_lightning.rollout import TokenSource  # noqa: E402
 EXAMPLES = [{"prompt": "What is 2+3?", "answer": "5"}, {"prompt": "Say ab. What is 2+3?", "answer": "5"}]
 TOOLS = {
     "class_path": "rlvr_lightning.policies.tool_use.ToolUse",
-    "init_args": {"tools": [{"class_path": "rlvr_lightning.tools.Calculator"}], "max_turns": 3, "max_observation_tokens": 8},
+    "init_args": {
+        "tools": [{"class_path": "rlvr_lightning.tools.Calculator"}],
+        "max_turns": 3,
+        "max_observation_tokens": 8,
+    },
 }
 
 
@@ -31,10 +35,15 @@ def scripted_policy(tokenizer_dir, **kwargs):
     from rlvr_lightning.policies.hf import HFPolicy
 
     torch.manual_seed(0)
-    policy = HFPolicy(config=tiny_llama_config(), tokenizer_name_or_path=str(tokenizer_dir), prompt_template="raw", **kwargs)
+    policy = HFPolicy(
+        config=tiny_llama_config(), tokenizer_name_or_path=str(tokenizer_dir), prompt_template="raw", **kwargs
+    )
     tok = policy.tokenizer
     last = tok("?", add_special_tokens=False)["input_ids"][-1]
-    script_weights(policy, transitions(tok, [[last, "<calculator>2+3</calculator>"], ["</result>", "The answer is 5.", tok.eos_token_id]]))
+    script_weights(
+        policy,
+        transitions(tok, [[last, "<calculator>2+3</calculator>"], ["</result>", "The answer is 5.", tok.eos_token_id]]),
+    )
     return policy
 
 
@@ -51,7 +60,10 @@ def test_rlvr_fit_with_a_calculator_from_yaml(tmp_path, monkeypatch):
             "val_check_interval": 2,
             "enable_checkpointing": False,
             "enable_progress_bar": False,
-            "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(tmp_path), "name": "csv"}},
+            "logger": {
+                "class_path": "lightning.pytorch.loggers.CSVLogger",
+                "init_args": {"save_dir": str(tmp_path), "name": "csv"},
+            },
             "callbacks": [
                 {"class_path": "rlvr_lightning.rewards.text.ContainsReward", "init_args": {"target": "5"}},
                 {"class_path": "rlvr_lightning.advantages.CenteredAdvantage"},
@@ -71,7 +83,13 @@ def test_rlvr_fit_with_a_calculator_from_yaml(tmp_path, monkeypatch):
         },
         "data": {
             "class_path": "rlvr_lightning.data.RLVRDataModule",
-            "init_args": {"batch_size": 2, "task": {"class_path": "rlvr_lightning.data.inline_task.InlineTask", "init_args": {"examples": EXAMPLES, "val_examples": EXAMPLES}}},
+            "init_args": {
+                "batch_size": 2,
+                "task": {
+                    "class_path": "rlvr_lightning.data.inline_task.InlineTask",
+                    "init_args": {"examples": EXAMPLES, "val_examples": EXAMPLES},
+                },
+            },
         },
     }
     path = tmp_path / "config.yaml"

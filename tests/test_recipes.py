@@ -34,18 +34,54 @@ QUICK = [
 
 # What each paper prescribes (the part a recipe must not lose to an edit).
 EXPECTED = {
-    "grpo": dict(advantage=advantages.GroupNormalizedAdvantage, loss="ppo_clip", clip=(0.2, 0.2), aggregation="seq-mean-token-mean", kl=(0.04, "k3", "loss")),
-    "dr_grpo": dict(advantage=advantages.CenteredAdvantage, loss="ppo_clip", aggregation="seq-sum-constant", loss_constant=4.0, kl=None),
-    "dapo": dict(advantage=advantages.GroupNormalizedAdvantage, loss="ppo_clip", clip=(0.2, 0.28), aggregation="token-mean", dynamic_sampling=True, kl=None),
-    "gspo": dict(advantage=advantages.GroupNormalizedAdvantage, loss="gspo", clip=(3e-4, 4e-4), aggregation="seq-mean-token-mean", kl=None),
+    "grpo": dict(
+        advantage=advantages.GroupNormalizedAdvantage,
+        loss="ppo_clip",
+        clip=(0.2, 0.2),
+        aggregation="seq-mean-token-mean",
+        kl=(0.04, "k3", "loss"),
+    ),
+    "dr_grpo": dict(
+        advantage=advantages.CenteredAdvantage,
+        loss="ppo_clip",
+        aggregation="seq-sum-constant",
+        loss_constant=4.0,
+        kl=None,
+    ),
+    "dapo": dict(
+        advantage=advantages.GroupNormalizedAdvantage,
+        loss="ppo_clip",
+        clip=(0.2, 0.28),
+        aggregation="token-mean",
+        dynamic_sampling=True,
+        kl=None,
+    ),
+    "gspo": dict(
+        advantage=advantages.GroupNormalizedAdvantage,
+        loss="gspo",
+        clip=(3e-4, 4e-4),
+        aggregation="seq-mean-token-mean",
+        kl=None,
+    ),
     "rloo": dict(advantage=advantages.RLOOAdvantage, loss="pg", kl=(0.01, "k1", "reward")),
-    "reinforce_pp": dict(advantage=advantages.BatchWhitenedAdvantage, loss="ppo_clip", clip=(0.2, 0.2), kl=(0.01, "k1", "reward")),
+    "reinforce_pp": dict(
+        advantage=advantages.BatchWhitenedAdvantage, loss="ppo_clip", clip=(0.2, 0.2), kl=(0.01, "k1", "reward")
+    ),
     "cispo": dict(advantage=advantages.GroupNormalizedAdvantage, loss="cispo", aggregation="token-mean", kl=None),
     "reinforce": dict(advantage=advantages.RawRewardAdvantage, loss="pg", aggregation="seq-mean-token-sum", kl=None),
-    "reinforce_baseline": dict(advantage=advantages.CenteredAdvantage, loss="pg", aggregation="seq-mean-token-sum", kl=None),
+    "reinforce_baseline": dict(
+        advantage=advantages.CenteredAdvantage, loss="pg", aggregation="seq-mean-token-sum", kl=None
+    ),
     "max_reward": dict(advantage=advantages.MaxOnlyAdvantage, loss="ppo_clip", kl=(0.08, "k3", "loss")),
     # no AdvantageCallback: GAE from a separate critic
-    "ppo": dict(advantage=type(None), loss="ppo_clip", clip=(0.2, 0.2), aggregation="token-mean", kl=None, value_model="separate"),
+    "ppo": dict(
+        advantage=type(None),
+        loss="ppo_clip",
+        clip=(0.2, 0.2),
+        aggregation="token-mean",
+        kl=None,
+        value_model="separate",
+    ),
 }
 
 
@@ -103,9 +139,17 @@ def test_recipe_runs_two_steps_on_the_sort_task(recipe, in_tmp_dir):
         # RLOO's leave-one-out baseline with a single response per prompt
         ("rloo", ["--model.init_args.group_size=1"], "RLOOAdvantage needs group_size >= 2"),
         # mini-batches that do not tile the rollout
-        ("dapo", ["--model.init_args.update.mini_batch_size=300"], "update.mini_batch_size=300 must divide the rollout size"),
+        (
+            "dapo",
+            ["--model.init_args.update.mini_batch_size=300"],
+            "update.mini_batch_size=300 must divide the rollout size",
+        ),
         # PPO's advantages come from its critic, not from a group baseline
-        ("ppo", ["--trainer.callbacks+=rlvr_lightning.advantages.CenteredAdvantage"], "PPOModule estimates advantages with GAE"),
+        (
+            "ppo",
+            ["--trainer.callbacks+=rlvr_lightning.advantages.CenteredAdvantage"],
+            "PPOModule estimates advantages with GAE",
+        ),
     ],
 )
 def test_contradictory_recipe_fails_at_start_up(recipe, overrides, message, in_tmp_dir):

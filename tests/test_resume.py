@@ -132,10 +132,17 @@ def start_killed_run(tmp_path: Path, name: str, with_filter: bool, ppo: bool = F
     waiter = f"""    - class_path: killpoint.WaitAtStep
       init_args: {{step: {K}, marker: {marker}}}"""
     cfg = config(tmp_path, name, with_filter, waiter, ppo)
-    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        "OMP_NUM_THREADS": "1",
+    }
     process = subprocess.Popen(
         [sys.executable, "-m", "rlvr_lightning.cli", "fit", "--config", str(cfg)],
-        cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=open(tmp_path / f"{name}.stderr", "w"),
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=open(tmp_path / f"{name}.stderr", "w"),
     )
     return process, marker
 
@@ -144,14 +151,19 @@ def kill_when_waiting(process: subprocess.Popen, marker: Path, tmp_path: Path, n
     deadline = time.monotonic() + 300
     while not marker.exists():
         if process.poll() is not None:
-            raise AssertionError(f"the run exited ({process.returncode}) before step {K}:\n" + (tmp_path / f"{name}.stderr").read_text()[-3000:])
+            raise AssertionError(
+                f"the run exited ({process.returncode}) before step {K}:\n"
+                + (tmp_path / f"{name}.stderr").read_text()[-3000:]
+            )
         assert time.monotonic() < deadline, "the run did not reach the kill point"
         time.sleep(0.05)
     os.kill(process.pid, signal.SIGKILL)  # kill -9
     assert process.wait(timeout=60) == -signal.SIGKILL
 
 
-@pytest.mark.parametrize(("with_filter", "ppo"), [(False, False), (True, False), (False, True)], ids=["plain", "difficulty_filter", "ppo"])
+@pytest.mark.parametrize(
+    ("with_filter", "ppo"), [(False, False), (True, False), (False, True)], ids=["plain", "difficulty_filter", "ppo"]
+)
 def test_sigkill_then_resume_is_bitwise_identical(tmp_path, monkeypatch, with_filter, ppo):
     monkeypatch.chdir(tmp_path)
     process, marker = start_killed_run(tmp_path, "killed", with_filter, ppo)  # runs while the reference trains here
@@ -162,7 +174,10 @@ def test_sigkill_then_resume_is_bitwise_identical(tmp_path, monkeypatch, with_fi
 
     kill_when_waiting(process, marker, tmp_path, "killed")
     last = tmp_path / "ckpt_killed" / "last.ckpt"
-    assert torch.load(last, weights_only=False)["loops"]["fit_loop"]["epoch_loop.state_dict"]["_batches_that_stepped"] == K - 1
+    assert (
+        torch.load(last, weights_only=False)["loops"]["fit_loop"]["epoch_loop.state_dict"]["_batches_that_stepped"]
+        == K - 1
+    )
 
     # resume through the CLI's `--ckpt_path last` (same config as the killed run, minus the kill point)
     resumed_cfg = config(tmp_path, "resumed", with_filter, ppo=ppo)
@@ -194,11 +209,13 @@ def test_sigkill_then_resume_is_bitwise_identical(tmp_path, monkeypatch, with_fi
 
 
 def test_resume_from_an_epoch_end_checkpoint_with_the_filter(tmp_path, monkeypatch):
-    """The checkpoint of step 4 closes epoch 0: the resumed run must refresh the curriculum exactly as the full run did."""
+    """The checkpoint of step 4 closes epoch 0: the resumed run must refresh the curriculum exactly as the full
+    run did."""
     monkeypatch.chdir(tmp_path)
     full = main(["fit", "--config", str(config(tmp_path, "full", True))])
     (tmp_path / "ckpt_resumed").mkdir()
-    # as last.ckpt: LightningCLI parses a checkpoint named by path for model hyper-parameters, which cannot rebuild the policy
+    # as last.ckpt: LightningCLI parses a checkpoint named by path for model hyper-parameters, which cannot
+    # rebuild the policy
     shutil.copy(tmp_path / "ckpt_full" / "epoch=0-rollout_step=4.ckpt", tmp_path / "ckpt_resumed" / "last.ckpt")
     resumed = main(["fit", "--config", str(config(tmp_path, "resumed", True)), "--ckpt_path", "last"])
     for key, value in parameters(full.model).items():

@@ -39,10 +39,22 @@ def test_concat_pads_prompts_left_responses_right_and_renumbers_groups():
     assert both.old_log_probs is None
 
 
+def test_concat_of_selected_groups_keeps_every_group_its_own_index():
+    # dynamic sampling keeps groups 0 and 2 of one round, then adds a round of one group: three prompts
+    kept = rollout(2, 3, groups=3).select(torch.tensor([0, 1, 4, 5]))
+    both = Rollout.concat([kept, rollout(2, 3, groups=1, fill=2)])
+    assert both.group_index.tolist() == [0, 0, 1, 1, 2, 2]
+    # shuffled for a mini-batch, rows of different prompts never share a run
+    shuffled = both.select(torch.tensor([2, 4, 0, 5, 3, 1]))
+    assert shuffled.prompt_runs().row_run.tolist() == [0, 1, 2, 3, 4, 5]
+
+
 def test_prompt_runs_of_equal_and_unequal_groups():
     r = rollout(2, 3, groups=3)  # group_index 0 0 1 1 2 2
     runs = r.prompt_runs()
-    assert runs.first_rows.tolist() == [0, 2, 4] and runs.row_run.tolist() == [0, 0, 1, 1, 2, 2] and runs.run_length == 2
+    assert (
+        runs.first_rows.tolist() == [0, 2, 4] and runs.row_run.tolist() == [0, 0, 1, 1, 2, 2] and runs.run_length == 2
+    )
     assert r.prompt_runs() is runs  # computed once
     uneven = r.select(torch.tensor([3, 0, 1, 4]))  # groups 1 | 0 0 | 2
     runs = uneven.prompt_runs()

@@ -19,9 +19,20 @@ def test_the_record_names_software_threads_machine_commit_and_date(monkeypatch):
     json.dumps(record)  # JSON-able as it is
     assert set(record) == {"date", "python", "torch", "packages", "threads", "machine", "git"}
     assert record["torch"]["version"] == torch.__version__
-    assert record["torch"]["build"] == ("cpu" if torch.version.cuda is None else f"cuda {torch.version.cuda}") or record["torch"]["build"].startswith("rocm")
+    assert record["torch"]["build"] == (
+        "cpu" if torch.version.cuda is None else f"cuda {torch.version.cuda}"
+    ) or record["torch"]["build"].startswith("rocm")
     assert isinstance(record["torch"]["gpus"], list)
-    assert set(record["packages"]) == {"transformers", "lightning", "peft", "numpy", "math_verify", "jsonargparse", "trl", "vllm"}
+    assert set(record["packages"]) == {
+        "transformers",
+        "lightning",
+        "peft",
+        "numpy",
+        "math_verify",
+        "jsonargparse",
+        "trl",
+        "vllm",
+    }
     import lightning
     import numpy
 
@@ -66,8 +77,16 @@ def test_missing_packages_are_none_and_cpu_model_falls_back(tmp_path):
 
 
 def test_rlvr_fit_writes_the_record_into_the_run_log_directories(in_tmp_dir):
-    cli = main(["fit", "--config", str(REPO / "configs" / "sort_grpo.yaml"), "--trainer.limit_train_batches=2",
-                "--trainer.limit_val_batches=0", "--trainer.enable_progress_bar=false"])
+    cli = main(
+        [
+            "fit",
+            "--config",
+            str(REPO / "configs" / "sort_grpo.yaml"),
+            "--trainer.limit_train_batches=2",
+            "--trainer.limit_val_batches=0",
+            "--trainer.enable_progress_bar=false",
+        ]
+    )
     csv_dir = Path(cli.trainer.loggers[1].log_dir)
     for directory in (Path(cli.trainer.log_dir), csv_dir):
         record = json.loads((directory / "environment.json").read_text())

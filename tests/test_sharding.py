@@ -51,7 +51,9 @@ def test_transformer_blocks_are_the_decoder_layers(hf_policy):
 
 
 def test_sharding_options_name_the_bad_value():
-    with pytest.raises(ValueError, match=r"param_dtype='fp8' is not valid; choose one of \['bfloat16', 'float16', 'float32'\]"):
+    with pytest.raises(
+        ValueError, match=r"param_dtype='fp8' is not valid; choose one of \['bfloat16', 'float16', 'float32'\]"
+    ):
         ShardingOptions(param_dtype="fp8")
     kwargs = ShardingOptions(param_dtype="bfloat16", reduce_dtype="float32", cpu_offload=True).fsdp_kwargs()
     assert kwargs["mp_policy"].param_dtype == torch.bfloat16 and kwargs["mp_policy"].reduce_dtype == torch.float32
@@ -102,13 +104,24 @@ def _toy_fit(tmp_path, **strategy_options) -> pl.Trainer:
     from rlvr_lightning.rewards import SortInclusionOrderingReward
 
     pl.seed_everything(0)
-    module = RLVRModule(ToySortPolicy(vocab_size=5, prompt_length=3, embedding_dim=8), group_size=4, kl=KLConfig(coef=0.1))
+    module = RLVRModule(
+        ToySortPolicy(vocab_size=5, prompt_length=3, embedding_dim=8), group_size=4, kl=KLConfig(coef=0.1)
+    )
     data = RLVRDataModule(task=SortTask(vocab_size=5, length=3, num_val=0), batch_size=4)
     trainer = pl.Trainer(
-        strategy=FSDP2Strategy(**strategy_options), accelerator="cpu", devices=1, max_epochs=1, limit_train_batches=2,
-        limit_val_batches=0, logger=False, enable_progress_bar=False, enable_model_summary=False,
-        callbacks=[SortInclusionOrderingReward(),
-                   RolloutCheckpoint(dirpath=tmp_path / "ckpt", every_n_rollout_steps=1, save_last=True)],
+        strategy=FSDP2Strategy(**strategy_options),
+        accelerator="cpu",
+        devices=1,
+        max_epochs=1,
+        limit_train_batches=2,
+        limit_val_batches=0,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[
+            SortInclusionOrderingReward(),
+            RolloutCheckpoint(dirpath=tmp_path / "ckpt", every_n_rollout_steps=1, save_last=True),
+        ],
     )
     trainer.fit(module, datamodule=data)
     return trainer
@@ -147,8 +160,13 @@ def test_lora_with_a_refreshed_reference_is_refused_before_sharding(hf_policy):
             return self
 
     policy = hf_policy(lora_r=2)
-    module = SimpleNamespace(device_mesh=Mesh(), trainer=SimpleNamespace(strategy=None), policy=policy,
-                             reference=None, kl=SimpleNamespace(refresh_every=5))
+    module = SimpleNamespace(
+        device_mesh=Mesh(),
+        trainer=SimpleNamespace(strategy=None),
+        policy=policy,
+        reference=None,
+        kl=SimpleNamespace(refresh_every=5),
+    )
     with pytest.raises(NotImplementedError, match="kl.refresh_every: null"):
         ShardedPolicyModule.configure_model(module)
     assert not any(type(p).__name__ == "DTensor" for p in policy.parameters())
@@ -175,14 +193,24 @@ def _toy_module_and_data():
     from rlvr_lightning.modules import RLVRModule
 
     pl.seed_everything(0)
-    module = RLVRModule(ToySortPolicy(vocab_size=5, prompt_length=3, embedding_dim=8), group_size=4, kl=KLConfig(coef=0.1))
+    module = RLVRModule(
+        ToySortPolicy(vocab_size=5, prompt_length=3, embedding_dim=8), group_size=4, kl=KLConfig(coef=0.1)
+    )
     return module, RLVRDataModule(task=SortTask(vocab_size=5, length=3, num_val=4), batch_size=4, val_batch_size=2)
 
 
 def _trainer(reward, **options) -> pl.Trainer:
     return pl.Trainer(
-        strategy=FSDP2Strategy(), accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_progress_bar=False,
-        enable_model_summary=False, enable_checkpointing=False, callbacks=[reward], **options,
+        strategy=FSDP2Strategy(),
+        accelerator="cpu",
+        devices=1,
+        max_epochs=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        callbacks=[reward],
+        **options,
     )
 
 
@@ -207,15 +235,23 @@ def test_predict_gathers_the_sharded_policy(hf_policy, one_process_group):
     from rlvr_lightning.modules import RLVRModule
     from rlvr_lightning.policies.base import SamplingConfig
 
-    module = RLVRModule(hf_policy(), group_size=2, sampling=SamplingConfig(max_new_tokens=4), validation=ValidationConfig(greedy=False))
+    module = RLVRModule(
+        hf_policy(), group_size=2, sampling=SamplingConfig(max_new_tokens=4), validation=ValidationConfig(greedy=False)
+    )
     task = InlineTask(examples=[{"prompt": p} for p in PROMPTS], val_examples=[{"prompt": p} for p in PROMPTS[:3]])
     trainer = _trainer(EvenTokenReward())
-    rows = [row for batch in trainer.predict(module, datamodule=RLVRDataModule(task=task, val_batch_size=2)) for row in batch]
+    rows = [
+        row
+        for batch in trainer.predict(module, datamodule=RLVRDataModule(task=task, val_batch_size=2))
+        for row in batch
+    ]
     assert len(rows) == 3 and all(isinstance(row["completion"], str) for row in rows)
 
 
 @pytest.mark.parametrize("value_model", ["shared", "separate"])
-def test_ppo_shards_its_critic_and_reads_hidden_states_through_the_sharded_model(hf_policy, one_process_group, value_model):
+def test_ppo_shards_its_critic_and_reads_hidden_states_through_the_sharded_model(
+    hf_policy, one_process_group, value_model
+):
     """The value head reads `response_hidden_states`, which ran the decoder alone: outside the model's forward,
     where FSDP2 gathers the embeddings (a sharded DTensor met a plain tensor)."""
     from rlvr_lightning.data import RLVRDataModule
@@ -224,7 +260,9 @@ def test_ppo_shards_its_critic_and_reads_hidden_states_through_the_sharded_model
     from rlvr_lightning.policies.base import SamplingConfig
 
     pl.seed_everything(0)
-    module = PPOModule(hf_policy(), group_size=2, sampling=SamplingConfig(max_new_tokens=4), value=ValueConfig(model=value_model))
+    module = PPOModule(
+        hf_policy(), group_size=2, sampling=SamplingConfig(max_new_tokens=4), value=ValueConfig(model=value_model)
+    )
     task = InlineTask(examples=[{"prompt": p} for p in PROMPTS])
     trainer = _trainer(EvenTokenReward(), limit_train_batches=1, limit_val_batches=0)
     trainer.fit(module, datamodule=RLVRDataModule(task=task, batch_size=2))

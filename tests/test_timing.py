@@ -44,7 +44,9 @@ def test_the_decoding_loop_times_prefill_and_generation_on_the_device_clock(monk
     from transformers import AutoConfig, AutoModelForCausalLM
 
     calls = []
-    monkeypatch.setattr(generation, "elapsed_seconds", lambda started, device: calls.append(device) or 0.25 * len(calls))
+    monkeypatch.setattr(
+        generation, "elapsed_seconds", lambda started, device: calls.append(device) or 0.25 * len(calls)
+    )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**tiny_llama_config(vocab_size=64))).eval()
     ids, mask = generation.left_pad([[5, 6], [7]], pad_id=0)
@@ -54,8 +56,8 @@ def test_the_decoding_loop_times_prefill_and_generation_on_the_device_clock(monk
 
 
 def test_training_step_times_read_the_device_clock(monkeypatch, in_tmp_dir):
-    from tests.modules.test_rlvr_module import fit, policy
     from rlvr_lightning.rewards import SortInclusionOrderingReward
+    from tests.modules.test_rlvr_module import fit, policy
 
     devices = []
     monkeypatch.setattr(rlvr_module, "clock", lambda device: devices.append(device) or 0.0)

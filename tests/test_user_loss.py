@@ -10,7 +10,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-USER_CODE = '''
+USER_CODE = """
 import json
 
 import lightning.pytorch as pl
@@ -70,7 +70,7 @@ class RecordWeights(pl.Callback):
         self.norms["end"] = self._norm(module)
         with open(self.out, "w") as f:
             json.dump(self.norms, f)
-'''
+"""
 
 CONFIG = """
 seed_everything: 0
@@ -122,8 +122,20 @@ def test_rlvr_fit_trains_with_a_loss_and_a_kl_estimator_from_a_users_file(tmp_pa
     config.write_text(textwrap.dedent(CONFIG).format(calls=calls, weights=weights))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)]), "WANDB_MODE": "disabled"}
     done = subprocess.run(
-        [sys.executable, "-m", "rlvr_lightning.cli", "fit", "--config", str(config), f"--trainer.default_root_dir={tmp_path}"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "rlvr_lightning.cli",
+            "fit",
+            "--config",
+            str(config),
+            f"--trainer.default_root_dir={tmp_path}",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     counts = json.loads(calls.read_text())

@@ -1,7 +1,5 @@
 """An advantage estimator in a file of its own: centred ranks within each group."""
 
-import torch
-
 from rlvr_lightning.advantages import AdvantageCallback
 
 

@@ -16,31 +16,51 @@ class TransformersGenerate(GenerationBackend):
         self.generate_kwargs = generate_kwargs or {}
         self.calls = 0
 
-    def generate(self, model, tokenizer, prompt_token_ids, n, sampling, *, eos_token_ids, pad_token_id,
-                 max_new_tokens=None, generator=None):
+    def generate(
+        self,
+        model,
+        tokenizer,
+        prompt_token_ids,
+        n,
+        sampling,
+        *,
+        eos_token_ids,
+        pad_token_id,
+        max_new_tokens=None,
+        generator=None,
+    ):
         if max_new_tokens is not None or sampling.stop_strings or generator is not None:
-            raise ValueError("TransformersGenerate supports neither tools, thinking budgets, stop strings "
-                             "nor rollout_staleness: 1")
+            raise ValueError(
+                "TransformersGenerate supports neither tools, thinking budgets, stop strings nor rollout_staleness: 1"
+            )
         start = time.perf_counter()
         ids, mask = left_pad(prompt_token_ids, pad_token_id)
         device = compute_device(model)
         randomness = (
             dict(do_sample=True, temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p)
-            if sampling.do_sample else dict(do_sample=False)  # greedy (validation)
+            if sampling.do_sample
+            else dict(do_sample=False)  # greedy (validation)
         )
         was_training = model.training
         model.eval()
         try:
             with torch.no_grad():
                 out = model.generate(
-                    input_ids=ids.to(device), attention_mask=mask.to(device), num_return_sequences=n,
-                    max_new_tokens=sampling.max_new_tokens, min_new_tokens=sampling.min_new_tokens,
-                    eos_token_id=list(eos_token_ids), pad_token_id=pad_token_id,
-                    output_logits=True, return_dict_in_generate=True, **randomness, **self.generate_kwargs,
+                    input_ids=ids.to(device),
+                    attention_mask=mask.to(device),
+                    num_return_sequences=n,
+                    max_new_tokens=sampling.max_new_tokens,
+                    min_new_tokens=sampling.min_new_tokens,
+                    eos_token_id=list(eos_token_ids),
+                    pad_token_id=pad_token_id,
+                    output_logits=True,
+                    return_dict_in_generate=True,
+                    **randomness,
+                    **self.generate_kwargs,
                 )
         finally:
             model.train(was_training)
-        tokens = out.sequences[:, ids.shape[1]:]  # [N, T]: rows i*n .. i*n+n-1 answer prompt i
+        tokens = out.sequences[:, ids.shape[1] :]  # [N, T]: rows i*n .. i*n+n-1 answer prompt i
         # the log-prob of each sampled token under the unfiltered distribution at the sampling temperature
         logits = torch.stack(out.logits, dim=1).float() / sampling.temperature
         log_probs = torch.log_softmax(logits, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)

@@ -1,7 +1,5 @@
 """A reward in a file of its own: 1 when the response starts with the smallest token of its prompt."""
 
-import torch
-
 from rlvr_lightning.rewards import RewardCallback
 
 

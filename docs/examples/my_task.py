@@ -22,7 +22,9 @@ class CSVTask(Task):
             raise ValueError(f"{path}: no column {prompt_column!r}; columns: {', '.join(rows[0])}")
         if not 0 <= num_val < len(rows):
             raise ValueError(f"num_val must be in [0, {len(rows)}) for {path}, got {num_val}")
-        examples = [{"prompt": row[prompt_column], **{k: v for k, v in row.items() if k != prompt_column}} for row in rows]
+        examples = [
+            {"prompt": row[prompt_column], **{k: v for k, v in row.items() if k != prompt_column}} for row in rows
+        ]
         self.path = path
         self.train = examples[: len(rows) - num_val]
         self.val = examples[len(rows) - num_val :]

@@ -56,8 +56,14 @@ def fit(callbacks, steps: int = 2, logger=False, **trainer_kwargs) -> tuple[pl.T
     module = RLVRModule(policy, group_size=4, update=UpdateConfig(epochs=2, mini_batch_size=16))
     data = RLVRDataModule(SortTask(vocab_size=5, length=3, num_val=0), batch_size=8)
     trainer = pl.Trainer(
-        max_epochs=1, limit_train_batches=steps, limit_val_batches=0, logger=logger, enable_checkpointing=False,
-        enable_model_summary=False, callbacks=[SortInclusionOrderingReward(), *callbacks], **trainer_kwargs,
+        max_epochs=1,
+        limit_train_batches=steps,
+        limit_val_batches=0,
+        logger=logger,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        callbacks=[SortInclusionOrderingReward(), *callbacks],
+        **trainer_kwargs,
     )
     trainer.fit(module, datamodule=data)
     return trainer, module
@@ -91,7 +97,8 @@ def test_progress_lines_without_a_bar(in_tmp_dir, capsys):
 
 
 def test_lightning_log_lines_go_above_a_live_bar(monkeypatch):
-    """While Rich draws the bar, sys.stderr is its proxy; Lightning's handler must write there, and get its stream back."""
+    """While Rich draws the bar, sys.stderr is its proxy; Lightning's handler must write there, and get its
+    stream back."""
     handler = logging.StreamHandler(sys.__stderr__)
     logging.getLogger("lightning.pytorch").addHandler(handler)
     try:

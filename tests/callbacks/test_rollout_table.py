@@ -60,7 +60,17 @@ def test_wandb_table_every_n_steps(in_tmp_dir, capsys):
     assert [t["data"][0][0] for t in logger.tables] == [1, 2]  # steps 1 and 2 (3 is not a multiple of 2)
     first = logger.tables[0]
     assert first["key"] == "rollouts"
-    assert first["columns"] == ["step", "group", "prompt", "completion", "reward", "math_accuracy", "boxed_format", "advantage", "length"]
+    assert first["columns"] == [
+        "step",
+        "group",
+        "prompt",
+        "completion",
+        "reward",
+        "math_accuracy",
+        "boxed_format",
+        "advantage",
+        "length",
+    ]
     assert len(first["data"]) == 4  # one whole group of 4
     rows = {row[3]: row for row in first["data"]}
     assert set(rows) == set(RESPONSES)
@@ -101,7 +111,7 @@ def test_rollout_rows_of_a_multi_turn_response():
     rollout.response_mask = (rollout.response_source == S).float()
     rollout.advantages = torch.tensor([[3.0, 100.0, 100.0, 3.0, 3.0]])  # observation positions carry no advantage
     columns, data = rollout_rows(rollout, [0])
-    row = dict(zip(columns, data[0]))
+    row = dict(zip(columns, data[0], strict=True))
     assert row["advantage"] == 3.0 and row["length"] == 5  # the length counts the observation
 
 
@@ -117,7 +127,12 @@ def test_dynamic_sampling_logs_the_trained_batch(in_tmp_dir):
     flat = [{"prompt": f"What is {i} + 1 - 1?", "answer": "1", "responses": [r"\boxed{1}"]} for i in range(6)]
     logger = WandbLogger()
     torch.manual_seed(0)
-    module = TrainedBatchSpy(ScriptedTextPolicy(), group_size=4, dynamic_sampling=DynamicSamplingConfig(enabled=True), optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
+    module = TrainedBatchSpy(
+        ScriptedTextPolicy(),
+        group_size=4,
+        dynamic_sampling=DynamicSamplingConfig(enabled=True),
+        optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+    )
     table = RolloutTableLogger(every_n_steps=1, num_rows=8)
     run_trainer(module, [*_rewards(), table], TRAIN + flat, batch_size=2, steps=3, logger=logger)
     assert len(logger.tables) == 3
@@ -125,7 +140,10 @@ def test_dynamic_sampling_logs_the_trained_batch(in_tmp_dir):
     for logged, trained in zip(logger.tables, module.trained, strict=True):
         advantages = [row[7] for row in logged["data"]]
         assert all(math.isfinite(a) for a in advantages), advantages
-        expected = sorted((p, c, round(float(a), 6)) for p, c, a in zip(trained.prompt_text, trained.response_text, trained.advantages))
+        expected = sorted(
+            (p, c, round(float(a), 6))
+            for p, c, a in zip(trained.prompt_text, trained.response_text, trained.advantages, strict=True)
+        )
         assert sorted((row[2], row[3], round(row[7], 6)) for row in logged["data"]) == expected
     assert any(len(set(row[5] for row in t["data"])) > 1 for t in logger.tables)  # informative groups were trained
     assert rounds >= 1

@@ -8,12 +8,12 @@ from rlvr_lightning.core.advantage_estimators import (
     STD_SCOPES,
     batch_whitened_advantages,
     centered_advantages,
+    discounted_returns,
     max_only_advantages,
     normalized_advantages,
     raw_advantages,
     rloo_advantages,
     token_whitened_returns,
-    discounted_returns,
     zero_variance_group_fraction,
     zero_variance_group_mask,
 )
@@ -83,7 +83,9 @@ def test_rloo_leave_one_out():
 
 def test_batch_whitened_ignores_groups():
     # mean .25, unbiased std .5
-    assert_close(batch_whitened_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0]), eps=0.0), torch.tensor([1.5, -0.5, -0.5, -0.5]))
+    assert_close(
+        batch_whitened_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0]), eps=0.0), torch.tensor([1.5, -0.5, -0.5, -0.5])
+    )
     out = batch_whitened_advantages(torch.tensor([[3.0, 1.0]]), eps=0.0)  # mean 2, std sqrt 2
     assert out.shape == (1, 2)
     assert_close(out, torch.tensor([[S, -S]]))
@@ -142,7 +144,9 @@ def test_discounted_returns_hand_values():
     mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0]])
     out = discounted_returns(torch.tensor([1.0, 2.0]), mask, gamma=0.5)
     assert_close(out, torch.tensor([[0.25, 0.5, 1.0, 0.0], [2.0, 0.0, 0.0, 0.0]]))
-    assert_close(discounted_returns(torch.tensor([1.0, 2.0]), mask), torch.tensor([[1.0, 1.0, 1.0, 0.0], [2.0, 0.0, 0.0, 0.0]]))
+    assert_close(
+        discounted_returns(torch.tensor([1.0, 2.0]), mask), torch.tensor([[1.0, 1.0, 1.0, 0.0], [2.0, 0.0, 0.0, 0.0]])
+    )
     with pytest.raises(ValueError, match="gamma"):
         discounted_returns(torch.tensor([1.0]), torch.ones(1, 1), gamma=1.5)
 
@@ -151,7 +155,9 @@ def test_discounted_returns_with_holes_count_only_sampled_tokens():
     # a tool observation (mask 0) at positions 2-3: the reward sits at the last sampled token (4); the discount
     # counts the policy's steps after t, not the observation: G = 0.5^(sampled tokens after t) r
     mask = torch.tensor([[1, 1, 0, 0, 1, 0]])
-    assert_close(discounted_returns(torch.tensor([1.0]), mask, gamma=0.5), torch.tensor([[0.25, 0.5, 0.0, 0.0, 1.0, 0.0]]))
+    assert_close(
+        discounted_returns(torch.tensor([1.0]), mask, gamma=0.5), torch.tensor([[0.25, 0.5, 0.0, 0.0, 1.0, 0.0]])
+    )
 
 
 def test_token_whitened_returns_weigh_every_token():

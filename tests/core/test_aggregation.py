@@ -70,7 +70,9 @@ def test_micro_batches_without_global_normalisers_do_not_match():
     values = torch.tensor([[1.0, 0.0, 0.0], [4.0, 5.0, 6.0]])
     mask = torch.tensor([[1, 0, 0], [1, 1, 1]])
     full = aggregate_loss(values, mask, "token-mean")  # 16 / 4 = 4
-    naive = (aggregate_loss(values[:1], mask[:1], "token-mean") + aggregate_loss(values[1:], mask[1:], "token-mean")) / 2
+    naive = (
+        aggregate_loss(values[:1], mask[:1], "token-mean") + aggregate_loss(values[1:], mask[1:], "token-mean")
+    ) / 2
     assert_close(full, torch.tensor(4.0))
     assert_close(naive, torch.tensor(3.0))  # (1 + 5) / 2
 
@@ -86,7 +88,9 @@ def test_no_mask_equals_an_all_ones_mask(mode):
     loss = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
     # by hand: seq-mean-token-mean (2 + 5) / 2 = 3.5; token-mean 21 / 6 = 3.5; seq-mean-token-sum 21 / 2 = 10.5;
     # seq-sum-constant with C = 4: (6 / 4 + 15 / 4) / 2 = 2.625
-    expected = {"seq-mean-token-mean": 3.5, "token-mean": 3.5, "seq-mean-token-sum": 10.5, "seq-sum-constant": 2.625}[mode]
+    expected = {"seq-mean-token-mean": 3.5, "token-mean": 3.5, "seq-mean-token-sum": 10.5, "seq-sum-constant": 2.625}[
+        mode
+    ]
     assert aggregate_loss(loss, None, mode, constant=4.0).item() == pytest.approx(expected)
     assert aggregate_loss(loss, torch.ones(2, 3), mode, constant=4.0).item() == pytest.approx(expected)
 
@@ -98,7 +102,9 @@ def test_count_empty_rows_false_divides_by_rows_with_tokens_only():
     assert_close(aggregate_loss(loss, mask, "seq-mean-token-mean"), torch.tensor(5.5 / 3))
     assert_close(aggregate_loss(loss, mask, "seq-mean-token-mean", count_empty_rows=False), torch.tensor(5.5 / 2))
     assert_close(aggregate_loss(loss, mask, "seq-mean-token-sum", count_empty_rows=False), torch.tensor(7.0 / 2))
-    assert_close(aggregate_loss(loss, mask, "seq-sum-constant", constant=4, count_empty_rows=False), torch.tensor(7.0 / 4 / 2))
+    assert_close(
+        aggregate_loss(loss, mask, "seq-sum-constant", constant=4, count_empty_rows=False), torch.tensor(7.0 / 4 / 2)
+    )
     # token-mean has no sequence count; an all-empty batch is 0, not NaN
     assert_close(aggregate_loss(loss, mask, "token-mean", count_empty_rows=False), torch.tensor(7.0 / 3))
     empty = aggregate_loss(loss, torch.zeros_like(mask), "seq-mean-token-mean", count_empty_rows=False)
@@ -112,7 +118,9 @@ def test_non_empty_rows_split_into_micro_batches_sum_to_the_whole():
     mask = torch.tensor([[1, 1, 0], [0, 0, 0], [1, 0, 0], [0, 0, 0]])
     whole = aggregate_loss(loss, mask, "seq-mean-token-mean", count_empty_rows=False)
     rows = non_empty_rows(mask)
-    parts = [aggregate_loss(loss[i : i + 2], mask[i : i + 2], "seq-mean-token-mean", num_sequences=rows) for i in (0, 2)]
+    parts = [
+        aggregate_loss(loss[i : i + 2], mask[i : i + 2], "seq-mean-token-mean", num_sequences=rows) for i in (0, 2)
+    ]
     assert rows.item() == 2
     assert_close(sum(parts), whole)  # (0.5 + 6) / 2
     assert_close(whole, torch.tensor(3.25))

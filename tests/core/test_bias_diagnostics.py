@@ -35,13 +35,16 @@ def test_token_weights_are_the_gradient_of_the_aggregated_loss(mode, count_empty
 
 def test_long_short_weights_by_hand():
     mask = lengths_mask([4, 1, 5, 2])
-    # seq-mean-token-mean: relative weight = 12 tokens / (4 L) = 3 / L: [.75, 3, .6, 1.5]; short {1, 2}: 2.25, long {4, 5}: .675
+    # seq-mean-token-mean: relative weight = 12 tokens / (4 L) = 3 / L: [.75, 3, .6, 1.5];
+    # short {1, 2}: 2.25, long {4, 5}: .675
     stats = long_short_token_weights(mask, "seq-mean-token-mean")
     assert_close(stats["token_weight_short"], torch.tensor(2.25))
     assert_close(stats["token_weight_long"], torch.tensor(0.675))
     assert_close(stats["token_weight_long_over_short"], torch.tensor(0.3))
     for mode in ("token-mean", "seq-sum-constant", "seq-mean-token-sum"):  # no length bias: a ratio of 1
-        assert_close(long_short_token_weights(mask, mode, constant=5.0)["token_weight_long_over_short"], torch.tensor(1.0))
+        assert_close(
+            long_short_token_weights(mask, mode, constant=5.0)["token_weight_long_over_short"], torch.tensor(1.0)
+        )
 
 
 def test_length_by_correctness_by_hand():

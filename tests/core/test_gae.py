@@ -50,7 +50,9 @@ def test_interior_masked_token_is_skipped():
     # verl's observation tokens: t = 1 is masked; t = 0 bootstraps from V(s_2) with one discount step
     # A_2 = 1 - .6 = .4; A_0 = (.5 * .6 - .3) + .5 * .4 = .2; R_0 = .5 = gamma * 1
     mask = torch.tensor([[1.0, 0.0, 1.0]])
-    advantages, returns = gae_advantages(torch.tensor([[0.0, 0.0, 1.0]]), torch.tensor([[0.3, 7.0, 0.6]]), mask, 0.5, 1.0)
+    advantages, returns = gae_advantages(
+        torch.tensor([[0.0, 0.0, 1.0]]), torch.tensor([[0.3, 7.0, 0.6]]), mask, 0.5, 1.0
+    )
     assert_close(advantages, torch.tensor([[0.2, 0.0, 0.4]]))
     assert_close(returns, torch.tensor([[0.5, 0.0, 1.0]]))
 

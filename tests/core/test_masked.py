@@ -63,7 +63,9 @@ def test_no_mask_is_the_plain_reduction():
 
 
 def test_join_masked_flattens_and_fills_missing_masks_with_ones():
-    values, mask = join_masked([torch.tensor([[1.0, 2.0]]), torch.tensor([[3.0], [4.0]])], [torch.tensor([[1, 0]]), None])
+    values, mask = join_masked(
+        [torch.tensor([[1.0, 2.0]]), torch.tensor([[3.0], [4.0]])], [torch.tensor([[1, 0]]), None]
+    )
     assert values.tolist() == [1.0, 2.0, 3.0, 4.0] and mask.tolist() == [True, False, True, True]
     assert_close(masked_mean(values, mask), torch.tensor(8.0 / 3.0))
     assert join_masked([torch.ones(2, 2)], [None])[1] is None

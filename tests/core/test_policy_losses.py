@@ -40,7 +40,11 @@ def test_naive_pg_value_grad_and_stats():
     out.loss.sum().backward()
     assert_close(log_probs.grad, torch.tensor([[-2.0, 0.0]]))
     assert [_stat(out, k) for k in ("clip_frac_low", "clip_frac_high", "ratio_mean", "ratio_min", "ratio_max")] == [
-        0.0, 0.0, 1.0, 1.0, 1.0
+        0.0,
+        0.0,
+        1.0,
+        1.0,
+        1.0,
     ]
 
 
@@ -125,7 +129,11 @@ def test_empty_mask_stats():
     out = PPOClip()(log_probs, old, torch.tensor([1.0]), torch.zeros(1, 1))
     assert out.loss.item() == 0.0
     assert [_stat(out, k) for k in ("clip_frac_low", "clip_frac_high", "ratio_mean", "ratio_min", "ratio_max")] == [
-        0.0, 0.0, 1.0, 1.0, 1.0
+        0.0,
+        0.0,
+        1.0,
+        1.0,
+        1.0,
     ]
 
 
@@ -216,8 +224,10 @@ def test_shorthands_are_the_built_ins_with_their_defaults():
     custom = PPOClip(clip_low=0.1)
     assert policy_loss(custom) is custom and custom.clip_high == 0.1  # clip_high defaults to clip_low
     log_probs, old = _at_ratios([[1.5]])
-    assert_close(PPOClip(clip_low=0.2, clip_high=0.3)(log_probs, old, torch.tensor([1.0]), torch.ones(1, 1)).loss,
-                 torch.tensor([[-1.3]]))
+    assert_close(
+        PPOClip(clip_low=0.2, clip_high=0.3)(log_probs, old, torch.tensor([1.0]), torch.ones(1, 1)).loss,
+        torch.tensor([[-1.3]]),
+    )
 
 
 def test_unknown_shorthand_names_option_value_and_choices():

@@ -71,7 +71,10 @@ def test_knobs():
     lengths = {len(x) for e in mixed for x in re.findall(r"\d+", e["expression"])}
     assert lengths == {1, 2, 3}
     division = _train(ArithmeticTask(operators="/", num_val=0), 100)
-    assert all(int(e["answer"]) * int(e["expression"].split(" / ")[1]) == int(e["expression"].split(" / ")[0]) for e in division)
+    assert all(
+        int(e["answer"]) * int(e["expression"].split(" / ")[1]) == int(e["expression"].split(" / ")[0])
+        for e in division
+    )
     positive = _train(ArithmeticTask(operators="-", allow_negative=False, num_val=0), 200)
     assert all(int(e["answer"]) >= 0 for e in positive)
     four = _train(ArithmeticTask(num_operands=4, num_val=0), 5)

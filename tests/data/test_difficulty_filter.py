@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from rlvr_lightning.data import RLVRDataModule, SortTask
-from rlvr_lightning.data.prompt_streams import PromptStream, example_source
 from rlvr_lightning.data.difficulty_filter import DifficultyFilter
+from rlvr_lightning.data.prompt_streams import PromptStream, example_source
 from rlvr_lightning.data.sort_task import SortStream
 from rlvr_lightning.modules import RLVRModule
 from rlvr_lightning.policies.toy_sort import ToySortPolicy
@@ -102,8 +102,8 @@ def test_keeps_exactly_the_prompts_with_pass_rates_in_the_window(mode, low, high
         assert stats["curriculum/too_easy"] == len(pool) - counts[0] and stats["curriculum/too_hard"] == 0
     else:
         rates = [k / N for k in range(N + 1)]
-        assert stats["curriculum/too_hard"] == sum(c for c, r in zip(counts, rates) if r <= low)
-        assert stats["curriculum/too_easy"] == sum(c for c, r in zip(counts, rates) if r >= high)
+        assert stats["curriculum/too_hard"] == sum(c for c, r in zip(counts, rates, strict=True) if r <= low)
+        assert stats["curriculum/too_easy"] == sum(c for c, r in zip(counts, rates, strict=True) if r >= high)
 
 
 def test_pass_criteria_are_checked():
@@ -146,8 +146,13 @@ def fit_with_filter(tmp_path, flt, epochs=2, steps=3, batch_size=8, policy_class
     data = RLVRDataModule(SortTask(vocab_size=V, length=L, num_val=0), batch_size=batch_size, difficulty_filter=flt)
     recorder = Recorder()
     trainer = pl.Trainer(
-        max_epochs=epochs, limit_train_batches=steps, logger=pl.loggers.CSVLogger(tmp_path, name="csv"),
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=1,
+        max_epochs=epochs,
+        limit_train_batches=steps,
+        logger=pl.loggers.CSVLogger(tmp_path, name="csv"),
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        log_every_n_steps=1,
         callbacks=[SortInclusionOrderingReward(), recorder],
     )
     trainer.fit(module, data)
@@ -167,8 +172,15 @@ def test_training_uses_only_kept_prompts_and_logs_the_curriculum(tmp_path):
     rows = list(csv.DictReader(open(next(Path(tmp_path).rglob("metrics.csv")))))
     logged = [r for r in rows if r.get("curriculum/kept")]
     assert [int(r["step"]) for r in logged] == [0, 3]
-    for key in ["curriculum/kept_fraction", "curriculum/too_easy", "curriculum/too_hard", "curriculum/estimation_s",
-                "curriculum/completions", f"curriculum/passes_0_of_{N}", f"curriculum/passes_{N}_of_{N}"]:
+    for key in [
+        "curriculum/kept_fraction",
+        "curriculum/too_easy",
+        "curriculum/too_hard",
+        "curriculum/estimation_s",
+        "curriculum/completions",
+        f"curriculum/passes_0_of_{N}",
+        f"curriculum/passes_{N}_of_{N}",
+    ]:
         assert logged[-1][key] != "", key
     assert float(logged[-1]["curriculum/completions"]) == 64 * N
 
@@ -186,9 +198,16 @@ def test_fallback_trains_on_the_unfiltered_stream(tmp_path):
 def test_filter_needs_a_step_limit_per_epoch(tmp_path):
     pl.seed_everything(0)
     module = RLVRModule(ScriptedSortPolicy(vocab_size=V, prompt_length=L, embedding_dim=4), group_size=N)
-    data = RLVRDataModule(SortTask(vocab_size=V, length=L, num_val=0), batch_size=4, difficulty_filter=DifficultyFilter())
-    trainer = pl.Trainer(max_steps=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         callbacks=[SortInclusionOrderingReward()])
+    data = RLVRDataModule(
+        SortTask(vocab_size=V, length=L, num_val=0), batch_size=4, difficulty_filter=DifficultyFilter()
+    )
+    trainer = pl.Trainer(
+        max_steps=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        callbacks=[SortInclusionOrderingReward()],
+    )
     with pytest.raises(ValueError, match="set trainer.limit_train_batches"):
         trainer.fit(module, data)
 
@@ -211,8 +230,12 @@ def test_stream_does_not_depend_on_worker_processes():
 def test_ranks_read_disjoint_interleaved_shares():
     source = example_source(SortStream(SortTask(vocab_size=V, length=L)), seed=0)
     shares = [list(itertools.islice(iter(PromptStream(source, 2, rank, 2, start=10)), 2)) for rank in (0, 1)]
-    assert [batch["prompt"] for batch in shares[0]] == [[source[i]["prompt"] for i in pair] for pair in ((10, 11), (14, 15))]
-    assert [batch["prompt"] for batch in shares[1]] == [[source[i]["prompt"] for i in pair] for pair in ((12, 13), (16, 17))]
+    assert [batch["prompt"] for batch in shares[0]] == [
+        [source[i]["prompt"] for i in pair] for pair in ((10, 11), (14, 15))
+    ]
+    assert [batch["prompt"] for batch in shares[1]] == [
+        [source[i]["prompt"] for i in pair] for pair in ((12, 13), (16, 17))
+    ]
 
 
 def test_finite_pools_are_reshuffled_every_pass_and_resume_mid_pass():
@@ -273,10 +296,19 @@ def test_pass_rate_histogram_goes_to_wandb(tmp_path):
     module = RLVRModule(ScriptedSortPolicy(vocab_size=V, prompt_length=L, embedding_dim=4), group_size=N)
     flt = DifficultyFilter(n=N, max_candidates=64)
     data = RLVRDataModule(SortTask(vocab_size=V, length=L, num_val=0), batch_size=8, difficulty_filter=flt)
-    trainer = pl.Trainer(max_epochs=1, limit_train_batches=1, logger=logger, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, callbacks=[SortInclusionOrderingReward()])
+    trainer = pl.Trainer(
+        max_epochs=1,
+        limit_train_batches=1,
+        logger=logger,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[SortInclusionOrderingReward()],
+    )
     trainer.fit(module, data)
-    histograms = [m["curriculum/pass_rate_histogram"] for _, m in logger.logged if "curriculum/pass_rate_histogram" in m]
+    histograms = [
+        m["curriculum/pass_rate_histogram"] for _, m in logger.logged if "curriculum/pass_rate_histogram" in m
+    ]
     assert len(histograms) == 1 and isinstance(histograms[0], wandb.Histogram)
     expected = [sum(scripted_passes(c["prompt"]) == k for c in flt.candidates) for k in range(N + 1)]
     assert list(histograms[0].histogram) == expected and len(histograms[0].bins) == N + 2

@@ -11,11 +11,18 @@ from rlvr_lightning.data.jsonl_task import JSONLTask, read_jsonl, record_to_exam
 from rlvr_lightning.data.templates import R1_ZERO_TEMPLATE
 
 GSM8K = [
-    {"question": "Natalia sold 48 clips in April and half as many in May. How many in total?", "answer": "48/2 = 24\n48+24 = 72\n#### 72"},
+    {
+        "question": "Natalia sold 48 clips in April and half as many in May. How many in total?",
+        "answer": "48/2 = 24\n48+24 = 72\n#### 72",
+    },
     {"question": "A shop sells 1,200 pens a day. How many in 2 days?", "answer": "1,200 * 2 = 2,400\n#### 2,400"},
 ]
 MATH = [
-    {"problem": "What is $\\frac{1}{2} + \\frac{1}{4}$?", "solution": "It is $\\boxed{\\frac{3}{4}}$.", "level": "Level 1"},
+    {
+        "problem": "What is $\\frac{1}{2} + \\frac{1}{4}$?",
+        "solution": "It is $\\boxed{\\frac{3}{4}}$.",
+        "level": "Level 1",
+    },
     {"problem": "Solve $x+1=3$.", "solution": "So $x=\\boxed{2}$.", "answer": "2"},
     {"problem": "Find $\\{1,2\\}$.", "solution": "The set is $\\boxed{\\{1,2\\}}$."},
 ]
@@ -44,7 +51,13 @@ def test_math_records(tmp_path):
 def test_auto_format_per_record_and_named_fields(tmp_path):
     mixed = read_jsonl(write(tmp_path / "mixed.jsonl", [GSM8K[0], MATH[1]]))
     assert [e["answer"] for e in mixed] == ["72", "2"]
-    fields = read_jsonl(write(tmp_path / "f.jsonl", [{"q": "2+2?", "a": 4}]), format="fields", question_key="q", answer_key="a", template="plain")
+    fields = read_jsonl(
+        write(tmp_path / "f.jsonl", [{"q": "2+2?", "a": 4}]),
+        format="fields",
+        question_key="q",
+        answer_key="a",
+        template="plain",
+    )
     assert fields == [{"prompt": "Question: 2+2?\nAnswer:", "answer": "4", "question": "2+2?"}]
 
 
@@ -106,7 +119,11 @@ def test_hf_mapping_on_an_in_memory_dataset():
     task = HFDatasetTask("openai/gsm8k", config_name="main", template="r1_zero")  # nothing is loaded here
     assert task.to_examples(gsm8k) == examples
     math = datasets.Dataset.from_list([{"problem": m["problem"], "solution": m["solution"]} for m in MATH])
-    assert [e["answer"] for e in HFDatasetTask("x", format="math").to_examples(math)] == ["\\frac{3}{4}", "2", "\\{1,2\\}"]
+    assert [e["answer"] for e in HFDatasetTask("x", format="math").to_examples(math)] == [
+        "\\frac{3}{4}",
+        "2",
+        "\\{1,2\\}",
+    ]
     bad = datasets.Dataset.from_list([GSM8K[0], {"question": "q", "answer": "no marker"}])
     with pytest.raises(ValueError, match=r"openai/gsm8k:test\[1\]: .*####"):
         task.to_examples(bad, split="test")
@@ -124,7 +141,10 @@ def test_hf_task_loads_through_datasets_lazily(monkeypatch):
     task = HFDatasetTask("openai/gsm8k", config_name="main", split="train", val_split="test", num_val=1)
     assert calls == []  # construction (and --print_config) loads nothing
     assert len(task.train_dataset()) == 2 and len(task.val_dataset()) == 1
-    assert len(task.train_dataset()) == 2 and calls == [("openai/gsm8k", "main", "train"), ("openai/gsm8k", "main", "test")]
+    assert len(task.train_dataset()) == 2 and calls == [
+        ("openai/gsm8k", "main", "train"),
+        ("openai/gsm8k", "main", "test"),
+    ]
     assert HFDatasetTask("x", val_split=None).val_dataset() is None
 
 
@@ -133,7 +153,15 @@ def test_hf_task_loads_through_datasets_lazily(monkeypatch):
 
 @pytest.mark.parametrize(
     "final, gold",
-    [("1/2", "1/2"), ("1e3", "1e3"), ("1 000", "1000"), ("1,234.5", "1234.5"), ("-3.5", "-3.5"), ("$1,000", "1000"), ("72.", "72")],
+    [
+        ("1/2", "1/2"),
+        ("1e3", "1e3"),
+        ("1 000", "1000"),
+        ("1,234.5", "1234.5"),
+        ("-3.5", "-3.5"),
+        ("$1,000", "1000"),
+        ("72.", "72"),
+    ],
 )
 def test_gsm8k_gold_keeps_the_whole_final_answer(tmp_path, final, gold):
     # the whole answer, not cut at the first character that is not a digit or a comma ("1/2" is not "1")
@@ -151,7 +179,9 @@ def test_gsm8k_gold_that_cannot_be_parsed_names_file_and_line(tmp_path, final):
 
 def test_non_utf8_bytes_name_file_and_line(tmp_path):
     path = tmp_path / "latin1.jsonl"
-    path.write_bytes(json.dumps(GSM8K[0]).encode() + b"\n" + '{"question": "caf\u00e9?", "answer": "#### 1"}\n'.encode("latin-1"))
+    path.write_bytes(
+        json.dumps(GSM8K[0]).encode() + b"\n" + '{"question": "caf\u00e9?", "answer": "#### 1"}\n'.encode("latin-1")
+    )
     with pytest.raises(ValueError, match=r"latin1\.jsonl:2: not UTF-8: byte 0xe9 at byte 18"):
         read_jsonl(path)
 
@@ -181,7 +211,9 @@ def test_huge_lines_and_prompts_fail_at_load_naming_file_and_line(tmp_path):
         read_jsonl(huge)
     # a prompt over max_prompt_chars (default 100,000) is refused with its length
     long = write(tmp_path / "long.jsonl", [GSM8K[0], {"question": "y" * 150_000, "answer": "#### 1"}])
-    with pytest.raises(ValueError, match=r"long\.jsonl:2: the prompt is 150,0\d\d characters long, over max_prompt_chars=100,000"):
+    with pytest.raises(
+        ValueError, match=r"long\.jsonl:2: the prompt is 150,0\d\d characters long, over max_prompt_chars=100,000"
+    ):
         read_jsonl(long)
     with pytest.raises(ValueError, match=r"long\.jsonl:2: .*over max_prompt_chars=1,000"):
         JSONLTask(long, max_prompt_chars=1000).train_dataset()

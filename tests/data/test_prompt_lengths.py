@@ -43,11 +43,21 @@ def test_too_long_prompt_fails_at_start_naming_file_and_line(tmp_path, policy):
     questions = ["What is 2+3?", "The quick brown fox.", "ab " * 300, "What is 1+1?", "x " * 100]
     path = write(tmp_path / "train.jsonl", questions)
     module = NeverSamples(policy, group_size=2, sampling=SamplingConfig(max_new_tokens=32))
-    trainer = pl.Trainer(max_epochs=1, limit_train_batches=1, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, callbacks=[BoxedFormatReward()])
+    trainer = pl.Trainer(
+        max_epochs=1,
+        limit_train_batches=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[BoxedFormatReward()],
+    )
     data = RLVRDataModule(JSONLTask(path, template="question"), batch_size=2)
-    with pytest.raises(ValueError, match=r"train\.jsonl:3: the prompt is \d+ tokens long; the model's context is 256 tokens "
-                                         r"and sampling.max_new_tokens=32 leaves room for 224"):
+    with pytest.raises(
+        ValueError,
+        match=r"train\.jsonl:3: the prompt is \d+ tokens long; the model's context is 256 tokens "
+        r"and sampling.max_new_tokens=32 leaves room for 224",
+    ):
         trainer.fit(module, data)
 
 

@@ -17,7 +17,10 @@ def test_held_out_prompts_are_spread_over_every_position_and_token():
     # an index-based split (index % 10 == 0) would put token 0 at the last position of every validation prompt
     for position in range(4):
         assert len({prompt[position] for prompt in val}) == 10
-    fraction = sum(task.is_held_out([a, b, c, d]) for a in range(10) for b in range(10) for c in range(10) for d in range(10)) / 10**4
+    fraction = (
+        sum(task.is_held_out([a, b, c, d]) for a in range(10) for b in range(10) for c in range(10) for d in range(10))
+        / 10**4
+    )
     assert 0.08 < fraction < 0.12
 
 

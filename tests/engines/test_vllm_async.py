@@ -40,7 +40,9 @@ def test_the_engine_samples_beside_the_update_and_is_pushed_between(tokenizer_di
     def recording_push(self, model):
         seconds = push(self, model)
         if seconds:  # a push happened: from which thread, and was a generation running?
-            pushes.append((threading.current_thread() is threading.main_thread(), bool(generations) and generations[-1] is None))
+            pushes.append(
+                (threading.current_thread() is threading.main_thread(), bool(generations) and generations[-1] is None)
+            )
         return seconds
 
     def recording_generate(self, *args, **kwargs):
@@ -79,7 +81,15 @@ def test_the_engine_samples_beside_the_update_and_is_pushed_between(tokenizer_di
 
     # a new run (new engine) from the checkpoint after step 2 (it holds batch 2's rollout): the same end
     (after_two,) = (tmp_path / "ckpt_full").glob("*rollout_step=2*.ckpt")
-    resumed = main(["fit", "--config", str(_async_config(tmp_path, tokenizer_dir, "resumed", steps=4)), "--ckpt_path", str(after_two)])
+    resumed = main(
+        [
+            "fit",
+            "--config",
+            str(_async_config(tmp_path, tokenizer_dir, "resumed", steps=4)),
+            "--ckpt_path",
+            str(after_two),
+        ]
+    )
     assert _train_rows(tmp_path, "resumed")[-1]["train/reward_mean"] == rows[-1]["train/reward_mean"]
     final, expected = resumed.model.policy.model.state_dict(), full.model.policy.model.state_dict()
     assert all(torch.equal(final[name], expected[name]) for name in expected)

@@ -16,7 +16,9 @@ from .conftest import engine_config
 
 REPO = Path(__file__).resolve().parents[2]
 ENGINE = {"class_path": "rlvr_lightning.policies.VLLMGeneration", "init_args": {"kv_cache_memory_gib": 0.0625}}
-EXAMPLES = [{"prompt": p, "answer": "a"} for p in ["What is 2+3?", "Say ab.", "Count to 3.", "The quick brown", "Numbers 0 1"]]
+EXAMPLES = [
+    {"prompt": p, "answer": "a"} for p in ["What is 2+3?", "Say ab.", "Count to 3.", "The quick brown", "Numbers 0 1"]
+]
 
 
 def _config(tmp_path: Path, tokenizer_dir: Path, name: str, steps: int, **trainer) -> Path:
@@ -29,13 +31,20 @@ def _config(tmp_path: Path, tokenizer_dir: Path, name: str, steps: int, **traine
             "enable_progress_bar": False,
             "enable_model_summary": False,
             "default_root_dir": str(tmp_path),
-            "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(tmp_path), "name": name}},
+            "logger": {
+                "class_path": "lightning.pytorch.loggers.CSVLogger",
+                "init_args": {"save_dir": str(tmp_path), "name": name},
+            },
             "callbacks": [
                 {"class_path": "rlvr_lightning.rewards.text.ContainsReward", "init_args": {"target": "a"}},
                 {"class_path": "rlvr_lightning.advantages.GroupNormalizedAdvantage"},
                 {
                     "class_path": "rlvr_lightning.callbacks.RolloutCheckpoint",
-                    "init_args": {"dirpath": str(tmp_path / f"ckpt_{name}"), "every_n_rollout_steps": 1, "save_top_k": -1},
+                    "init_args": {
+                        "dirpath": str(tmp_path / f"ckpt_{name}"),
+                        "every_n_rollout_steps": 1,
+                        "save_top_k": -1,
+                    },
                 },
             ],
             **trainer,
@@ -61,7 +70,13 @@ def _config(tmp_path: Path, tokenizer_dir: Path, name: str, steps: int, **traine
         },
         "data": {
             "class_path": "rlvr_lightning.data.RLVRDataModule",
-            "init_args": {"batch_size": 2, "task": {"class_path": "rlvr_lightning.data.inline_task.InlineTask", "init_args": {"examples": EXAMPLES}}},
+            "init_args": {
+                "batch_size": 2,
+                "task": {
+                    "class_path": "rlvr_lightning.data.inline_task.InlineTask",
+                    "init_args": {"examples": EXAMPLES},
+                },
+            },
         },
     }
     path = tmp_path / f"{name}.yaml"
@@ -91,7 +106,9 @@ def test_fit_with_the_engine_logs_the_mismatch_and_resumes(tokenizer_dir, tmp_pa
 
     # a new run (new engine) from the checkpoint after step 2
     (after_two,) = (tmp_path / "ckpt_full").glob("*rollout_step=2*.ckpt")
-    resumed = main(["fit", "--config", str(_config(tmp_path, tokenizer_dir, "resumed", steps=3)), "--ckpt_path", str(after_two)])
+    resumed = main(
+        ["fit", "--config", str(_config(tmp_path, tokenizer_dir, "resumed", steps=3)), "--ckpt_path", str(after_two)]
+    )
     assert resumed.trainer.global_step == 3 * 2
     # on a CPU, with the fp32 engine, the resumed step 3 is the uninterrupted one: same seeds, same weights
     assert _train_rows(tmp_path, "resumed")[-1]["train/reward_mean"] == rows[-1]["train/reward_mean"]
@@ -101,7 +118,14 @@ def test_fit_with_the_engine_logs_the_mismatch_and_resumes(tokenizer_dir, tmp_pa
 
 def test_ddp_two_processes_each_with_its_own_engine(tokenizer_dir, tmp_path):
     config = _config(
-        tmp_path, tokenizer_dir, "ddp", steps=2, strategy="ddp", accelerator="cpu", devices=2, enable_checkpointing=False
+        tmp_path,
+        tokenizer_dir,
+        "ddp",
+        steps=2,
+        strategy="ddp",
+        accelerator="cpu",
+        devices=2,
+        enable_checkpointing=False,
     )
     config_values = yaml.safe_load(config.read_text())
     config_values["trainer"]["callbacks"] = config_values["trainer"]["callbacks"][:2]
@@ -109,7 +133,11 @@ def test_ddp_two_processes_each_with_its_own_engine(tokenizer_dir, tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     result = subprocess.run(
         [sys.executable, "-m", "rlvr_lightning.cli", "fit", "--config", str(config)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     rows = _train_rows(tmp_path, "ddp")

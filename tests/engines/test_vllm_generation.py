@@ -31,7 +31,7 @@ def _perturb(policy, scale: float = 0.05, seed: int = 1) -> None:
 
 def _responses(rollout) -> list[list[int]]:
     lengths = rollout.response_mask.sum(-1).long().tolist()
-    return [row[:length] for row, length in zip(rollout.response_ids.tolist(), lengths)]
+    return [row[:length] for row, length in zip(rollout.response_ids.tolist(), lengths, strict=True)]
 
 
 def _same_policy_two_backends(make_policy, **kwargs):
@@ -144,7 +144,9 @@ def test_engine_start_leaves_the_training_process_as_it_was(make_policy):
     random.seed(7)
     np.random.seed(7)
     policy.generation._ensure_engine(policy.model, policy.tokenizer)
-    assert torch.equal(torch.rand(3), expected[0]) and random.random() == expected[1] and np.random.rand() == expected[2]
+    assert (
+        torch.equal(torch.rand(3), expected[0]) and random.random() == expected[1] and np.random.rand() == expected[2]
+    )
     torch.set_num_threads(2)
     assert torch.get_num_threads() == 2  # vLLM's CPU worker replaces set_num_threads with a no-op; we restore it
     torch.set_num_threads(1)

@@ -30,7 +30,9 @@ def _pair(tokenizer_dir, script, **kwargs):
     policies = []
     for generation in (None, VLLMGeneration(kv_cache_memory_gib=0.0625, dtype="float32")):
         torch.manual_seed(0)
-        policy = HFPolicy(config=engine_config(), tokenizer_name_or_path=str(tokenizer_dir), generation=generation, **kwargs)
+        policy = HFPolicy(
+            config=engine_config(), tokenizer_name_or_path=str(tokenizer_dir), generation=generation, **kwargs
+        )
         script_weights(policy, script(policy.tokenizer), strength=8.0)
         policies.append(policy)
     return policies
@@ -38,7 +40,9 @@ def _pair(tokenizer_dir, script, **kwargs):
 
 def _calculator_script(tok):
     last = tok("?", add_special_tokens=False)["input_ids"][-1]
-    return transitions(tok, [[last, "<calculator>2+3</calculator>"], ["</result>", "The answer is 5.", tok.eos_token_id]])
+    return transitions(
+        tok, [[last, "<calculator>2+3</calculator>"], ["</result>", "The answer is 5.", tok.eos_token_id]]
+    )
 
 
 def test_tool_rollouts_equal_our_loop(tool_tokenizer_dir):
@@ -46,7 +50,11 @@ def test_tool_rollouts_equal_our_loop(tool_tokenizer_dir):
     greedy = SamplingConfig(do_sample=False, max_new_tokens=32)
     expected = ours.sample({"prompt": PROMPTS}, 1, greedy)  # vLLM samples greedily only with n = 1
     got = theirs.sample({"prompt": PROMPTS}, 1, greedy)
-    assert got.response_text == expected.response_text == ["<calculator>2+3</calculator><result>5</result>The answer is 5."] * 2
+    assert (
+        got.response_text
+        == expected.response_text
+        == ["<calculator>2+3</calculator><result>5</result>The answer is 5."] * 2
+    )
     assert torch.equal(got.response_ids, expected.response_ids)
     assert torch.equal(got.response_source, expected.response_source)
     assert torch.equal(got.response_mask, expected.response_mask)
@@ -58,11 +66,19 @@ def test_tool_rollouts_equal_our_loop(tool_tokenizer_dir):
 def _never_closes(tok):
     ab = tok(" ab", add_special_tokens=False)["input_ids"]
     newline = tok("\n", add_special_tokens=False)["input_ids"]
-    return transitions(tok, [[*tok("<think>", add_special_tokens=False)["input_ids"], *ab, *ab], [*newline, "The answer is 5.", tok.eos_token_id]])
+    return transitions(
+        tok,
+        [
+            [*tok("<think>", add_special_tokens=False)["input_ids"], *ab, *ab],
+            [*newline, "The answer is 5.", tok.eos_token_id],
+        ],
+    )
 
 
 def test_the_thinking_budget_forces_the_close_in_the_engine(tool_tokenizer_dir):
-    ours, theirs = _pair(tool_tokenizer_dir, _never_closes, prompt_template="{prompt} <think>", thinking_budget=ThinkingBudget(5))
+    ours, theirs = _pair(
+        tool_tokenizer_dir, _never_closes, prompt_template="{prompt} <think>", thinking_budget=ThinkingBudget(5)
+    )
     greedy = SamplingConfig(do_sample=False, max_new_tokens=40)
     expected = ours.sample({"prompt": PROMPTS}, 1, greedy)
     got = theirs.sample({"prompt": PROMPTS}, 1, greedy)
@@ -80,7 +96,9 @@ def test_sampled_groups_carry_the_engines_log_probs_on_the_mixed_sequence(tool_t
     torch.manual_seed(0)
     rollout = policy.sample({"prompt": PROMPTS}, 4, SamplingConfig(temperature=0.5, max_new_tokens=32))
     observed = rollout.response_source == TokenSource.TOOL
-    assert ((observed.long().cummax(-1).values.bool()) & (rollout.response_source == TokenSource.SAMPLED)).any(-1).sum() >= 2
+    assert ((observed.long().cummax(-1).values.bool()) & (rollout.response_source == TokenSource.SAMPLED)).any(
+        -1
+    ).sum() >= 2
     with torch.no_grad():
         trainer, _ = policy.token_log_probs(rollout, temperature=0.5)
     assert (trainer - rollout.sampling_log_probs).abs().max() <= 1e-4  # 0 = 0 on observations and padding

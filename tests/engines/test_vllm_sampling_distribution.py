@@ -28,15 +28,20 @@ def policies(tokenizer_dir):
 
     def make(**kwargs):
         torch.manual_seed(3)
-        policy = HFPolicy(config=engine_config(), tokenizer_name_or_path=str(tokenizer_dir), prompt_template="raw", **kwargs)
+        policy = HFPolicy(
+            config=engine_config(), tokenizer_name_or_path=str(tokenizer_dir), prompt_template="raw", **kwargs
+        )
         peak_distribution(policy.model, policy.eos_token_ids[0])
         return policy
 
     ours = make()
     engine = make(generation=VLLMGeneration(dtype="float32", kv_cache_memory_gib=0.25))
-    assert all(torch.equal(a, b) for a, b in zip(ours.state_dict().values(), engine.state_dict().values()))
+    assert all(torch.equal(a, b) for a, b in zip(ours.state_dict().values(), engine.state_dict().values(), strict=True))
     tokenizer = ours.tokenizer
-    prompts = {"prompt": tokenizer(PROMPT)["input_ids"], "longer_prompts": [tokenizer(t)["input_ids"] for t in LONGER_PROMPTS]}
+    prompts = {
+        "prompt": tokenizer(PROMPT)["input_ids"],
+        "longer_prompts": [tokenizer(t)["input_ids"] for t in LONGER_PROMPTS],
+    }
     return ours, engine, prompts
 
 
@@ -45,8 +50,24 @@ def policies(tokenizer_dir):
 )
 def test_the_engine_samples_our_loop_s_distribution(policies, layout, temperature, seed):
     ours, engine, prompts = policies
-    theirs = policy_sample(engine, layout=layout, num_samples=SAMPLES, max_new_tokens=MAX_NEW_TOKENS, temperature=temperature, seed=seed, **prompts)
-    mine = policy_sample(ours, layout=layout, num_samples=SAMPLES, max_new_tokens=MAX_NEW_TOKENS, temperature=temperature, seed=seed + 100, **prompts)
+    theirs = policy_sample(
+        engine,
+        layout=layout,
+        num_samples=SAMPLES,
+        max_new_tokens=MAX_NEW_TOKENS,
+        temperature=temperature,
+        seed=seed,
+        **prompts,
+    )
+    mine = policy_sample(
+        ours,
+        layout=layout,
+        num_samples=SAMPLES,
+        max_new_tokens=MAX_NEW_TOKENS,
+        temperature=temperature,
+        seed=seed + 100,
+        **prompts,
+    )
     for name, (statistic, threshold) in compare(theirs, mine).items():
         assert statistic < threshold, f"{layout}, T={temperature}: {name} chi-square {statistic:.1f} >= {threshold:.1f}"
 
@@ -60,8 +81,24 @@ def test_an_engine_sampling_at_the_wrong_temperature_fails(policies, monkeypatch
         return generate(self, model, tokenizer, prompt_token_ids, n, sampling, **kwargs)
 
     monkeypatch.setattr(VLLMGeneration, "generate", squared_temperature)
-    theirs = policy_sample(engine, layout="one_group", num_samples=SAMPLES, max_new_tokens=MAX_NEW_TOKENS, temperature=0.7, seed=4, **prompts)
-    mine = policy_sample(ours, layout="one_group", num_samples=SAMPLES, max_new_tokens=MAX_NEW_TOKENS, temperature=0.7, seed=104, **prompts)
+    theirs = policy_sample(
+        engine,
+        layout="one_group",
+        num_samples=SAMPLES,
+        max_new_tokens=MAX_NEW_TOKENS,
+        temperature=0.7,
+        seed=4,
+        **prompts,
+    )
+    mine = policy_sample(
+        ours,
+        layout="one_group",
+        num_samples=SAMPLES,
+        max_new_tokens=MAX_NEW_TOKENS,
+        temperature=0.7,
+        seed=104,
+        **prompts,
+    )
     results = compare(theirs, mine)
     statistic, threshold = results["first_token"]
     assert statistic > threshold, results

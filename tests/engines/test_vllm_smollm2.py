@@ -19,16 +19,21 @@ def test_smollm2_greedy_and_log_probs_equal_the_trainers_after_a_push():
     from rlvr_lightning.policies.hf import HFPolicy
 
     ours = HFPolicy(model_name_or_path=SMOLLM2)
-    engine = HFPolicy(model_name_or_path=SMOLLM2, generation=VLLMGeneration(dtype="float32", kv_cache_memory_gib=0.25, max_model_len=512))
+    engine = HFPolicy(
+        model_name_or_path=SMOLLM2,
+        generation=VLLMGeneration(dtype="float32", kv_cache_memory_gib=0.25, max_model_len=512),
+    )
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():  # an "update" the engine only sees through the push
-        for a, b in zip(ours.parameters(), engine.parameters()):
+        for a, b in zip(ours.parameters(), engine.parameters(), strict=True):
             noise = torch.randn(a.shape, generator=generator) * 1e-3
             a.add_(noise)
             b.add_(noise)
     greedy = SamplingConfig(do_sample=False, max_new_tokens=24)
     expected, got = ours.sample({"prompt": PROMPTS}, 1, greedy), engine.sample({"prompt": PROMPTS}, 1, greedy)
-    assert torch.equal(got.response_ids, expected.response_ids) and torch.equal(got.response_mask, expected.response_mask)
+    assert torch.equal(got.response_ids, expected.response_ids) and torch.equal(
+        got.response_mask, expected.response_mask
+    )
 
     rollout = engine.sample({"prompt": PROMPTS}, 2, SamplingConfig(temperature=1.0, max_new_tokens=24))
     with torch.no_grad():

@@ -22,11 +22,11 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 import yaml
+from tiny_lm import tiny_llama_config
 from torch import Tensor
 
 from rlvr_lightning.data.inline_task import InlineTask
 from rlvr_lightning.rewards.base import RewardCallback
-from tiny_lm import tiny_llama_config
 
 PAD, EOS = "<|pad|>", "<|endoftext|>"
 DIGITS = [str(d) for d in range(10)]

@@ -7,8 +7,8 @@ from collections.abc import Callable
 
 import torch
 
-from rlvr_lightning.policies.generation_output import GenerationOutput
 from rlvr_lightning.policies.generation_backend import GenerationBackend, response_tensors
+from rlvr_lightning.policies.generation_output import GenerationOutput
 
 
 def sampled_log_prob(position: int) -> float:
@@ -32,9 +32,23 @@ class PlannedBackend(GenerationBackend):
             ids += self.tokenizer(piece, add_special_tokens=False)["input_ids"]
         return ids
 
-    def generate(self, model, tokenizer, prompt_token_ids, n, sampling, *, eos_token_ids, pad_token_id, max_new_tokens=None, generator=None):
+    def generate(
+        self,
+        model,
+        tokenizer,
+        prompt_token_ids,
+        n,
+        sampling,
+        *,
+        eos_token_ids,
+        pad_token_id,
+        max_new_tokens=None,
+        generator=None,
+    ):
         caps = list(max_new_tokens) if max_new_tokens is not None else [sampling.max_new_tokens] * len(prompt_token_ids)
-        self.calls.append({"prompts": [list(p) for p in prompt_token_ids], "n": n, "caps": caps, "stop": list(sampling.stop_strings)})
+        self.calls.append(
+            {"prompts": [list(p) for p in prompt_token_ids], "n": n, "caps": caps, "stop": list(sampling.stop_strings)}
+        )
         responses, log_probs, truncated, by_string = [], [], [], []
         for prompt, cap in zip(prompt_token_ids, caps, strict=True):
             planned = self.continuation(list(prompt))

@@ -64,7 +64,9 @@ def chi2_threshold(df: int) -> float:
 class Completions:
     """First and second tokens and length classes of a sample of completions, with their counts."""
 
-    def __init__(self, first: Tensor, second: Tensor, length_class: Tensor, vocab_size: int, max_new_tokens: int) -> None:
+    def __init__(
+        self, first: Tensor, second: Tensor, length_class: Tensor, vocab_size: int, max_new_tokens: int
+    ) -> None:
         self.first = first.long()
         self.second = torch.where(length_class == 1, vocab_size, second.long())  # ended after one token: category V
         self.length_class = length_class.long()
@@ -91,7 +93,11 @@ class Completions:
         return cls(rollout.response_ids[rows, 0], second, length_class, vocab_size, max_new_tokens)
 
 
-VARIABLES = {"first_token": Completions.first_counts, "second_token": Completions.second_counts, "length": Completions.length_counts}
+VARIABLES = {
+    "first_token": Completions.first_counts,
+    "second_token": Completions.second_counts,
+    "length": Completions.length_counts,
+}
 
 
 def compare(a: Completions, b: Completions) -> dict[str, tuple[float, float]]:

@@ -9,6 +9,7 @@ those weights follows the same script. Tool tags are added tokens, so transition
 
 from __future__ import annotations
 
+from itertools import pairwise
 from pathlib import Path
 
 import torch
@@ -33,7 +34,7 @@ def transitions(tokenizer, sequences: list[list[str | int]]) -> dict[int, int]:
         ids: list[int] = []
         for piece in pieces:
             ids += [piece] if isinstance(piece, int) else tokenizer(piece, add_special_tokens=False)["input_ids"]
-        for prev, nxt in zip(ids, ids[1:]):
+        for prev, nxt in pairwise(ids):
             if table.get(prev, nxt) != nxt:
                 raise ValueError(f"script conflict after token {prev} ({tokenizer.decode([prev])!r})")
             table[prev] = nxt

@@ -13,7 +13,6 @@ from rlvr_lightning.policies.hf import AdapterReference, HFPolicy
 PROMPTS = ["What is 2+3?", "Hi", "Think step by step, then answer: what is the sum of 7 and 12?"]
 
 
-
 # ---------------------------------------------------------------- log-probs
 
 

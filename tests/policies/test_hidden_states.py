@@ -17,7 +17,9 @@ def test_toy_hidden_states_project_to_the_log_probs():
     rollout = policy.sample({"prompt": [[1, 0, 2], [4, 3, 3]]}, n=3, sampling=SamplingConfig())
     log_probs, entropy, hidden = policy.token_log_probs_and_hidden(rollout, temperature=0.5, with_entropy=True)
     assert hidden.shape == (6, 3, policy.hidden_size) and hidden.requires_grad
-    expected = torch.log_softmax(policy.project(hidden) / 0.5, -1).gather(-1, rollout.response_ids.unsqueeze(-1)).squeeze(-1)
+    expected = (
+        torch.log_softmax(policy.project(hidden) / 0.5, -1).gather(-1, rollout.response_ids.unsqueeze(-1)).squeeze(-1)
+    )
     assert_close(log_probs, expected)
     plain, plain_entropy = policy.token_log_probs(rollout, temperature=0.5, with_entropy=True)
     assert torch.equal(plain, log_probs) and torch.equal(plain_entropy, entropy)
@@ -64,7 +66,12 @@ def test_hf_prompt_sharing_does_not_change_the_hidden_states(make_policy):
     torch.manual_seed(0)
     rollout = shared.sample({"prompt": PROMPTS}, n=4, sampling=SamplingConfig(max_new_tokens=5))
     assert_close(shared.response_hidden_states(rollout), joint.response_hidden_states(rollout), atol=1e-5, rtol=1e-5)
-    assert_close(shared.token_log_probs_and_hidden(rollout)[2], joint.token_log_probs_and_hidden(rollout)[2], atol=1e-5, rtol=1e-5)
+    assert_close(
+        shared.token_log_probs_and_hidden(rollout)[2],
+        joint.token_log_probs_and_hidden(rollout)[2],
+        atol=1e-5,
+        rtol=1e-5,
+    )
 
 
 @pytest.mark.parametrize("share_prompt_prefix", [True, False])

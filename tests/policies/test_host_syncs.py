@@ -8,12 +8,12 @@ import collections
 
 import pytest
 import torch
+from tiny_lm import tiny_llama_config
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from rlvr_lightning.policies import generation
 from rlvr_lightning.policies.generation import generate, left_pad
 from rlvr_lightning.policies.generation_output import StopStringChecker
-from tiny_lm import tiny_llama_config
 
 READS = {"nonzero", "_local_scalar_dense", "is_nonzero", "masked_select", "unique", "_unique2"}
 
@@ -77,8 +77,18 @@ def test_at_most_one_host_read_per_decoding_step(counted, compact):
     stop = StopStringChecker(["ab"], decode=lambda rows: ["".join("ab"[t % 2] for t in row) for row in rows])
     torch.manual_seed(1)
     with counter:
-        out = generate(model, ids, mask, 4, max_new_tokens=24, eos_token_ids=[3, 4], pad_token_id=0, stop=stop,
-                       compact=compact, max_new_tokens_per_prompt=[24, 9, 17])
+        out = generate(
+            model,
+            ids,
+            mask,
+            4,
+            max_new_tokens=24,
+            eos_token_ids=[3, 4],
+            pad_token_id=0,
+            stop=stop,
+            compact=compact,
+            max_new_tokens_per_prompt=[24, 9, 17],
+        )
     lengths = out.response_mask.sum(-1)
     assert out.stopped_by_string.any() and (lengths < 24).any() and out.steps > 5  # rows ended and the loop went on
     assert sum(counter.counts.values()) <= out.steps, dict(counter.counts)

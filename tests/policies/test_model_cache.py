@@ -73,5 +73,7 @@ def test_smollm2_answers_a_sum():
     policy = HFPolicy(ALIAS)
     assert policy.eos_token_ids == [policy.tokenizer.convert_tokens_to_ids("<|im_end|>")]
     torch.manual_seed(0)
-    rollout = policy.sample({"prompt": ["What is 2+3?"]}, n=1, sampling=SamplingConfig(temperature=1e-3, max_new_tokens=12))
+    rollout = policy.sample(
+        {"prompt": ["What is 2+3?"]}, n=1, sampling=SamplingConfig(temperature=1e-3, max_new_tokens=12)
+    )
     assert "5" in rollout.response_text[0], rollout.response_text

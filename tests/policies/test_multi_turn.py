@@ -23,7 +23,9 @@ def tool_policy(tokenizer_dir, seed=0, **kwargs):
 
     torch.manual_seed(seed)
     kwargs.setdefault("tools", ToolUse([Calculator()]))
-    policy = HFPolicy(config=tiny_llama_config(), tokenizer_name_or_path=str(tokenizer_dir), prompt_template="raw", **kwargs)
+    policy = HFPolicy(
+        config=tiny_llama_config(), tokenizer_name_or_path=str(tokenizer_dir), prompt_template="raw", **kwargs
+    )
     tok = policy.tokenizer
     last = tok("?", add_special_tokens=False)["input_ids"][-1]
     script_weights(policy, transitions(tok, [[last, CALL], ["</result>", ANSWER, tok.eos_token_id]]))
@@ -39,7 +41,9 @@ def test_the_policy_calls_the_calculator_and_answers(tool_tokenizer_dir):
     tok = policy.tokenizer
     rollout = policy.sample({"prompt": PROMPTS}, 2, GREEDY)
     call, observation, answer = enc(tok, CALL), enc(tok, OBSERVATION), enc(tok, ANSWER) + [tok.eos_token_id]
-    sources = [TokenSource.SAMPLED] * len(call) + [TokenSource.TOOL] * len(observation) + [TokenSource.SAMPLED] * len(answer)
+    sources = (
+        [TokenSource.SAMPLED] * len(call) + [TokenSource.TOOL] * len(observation) + [TokenSource.SAMPLED] * len(answer)
+    )
     for row in range(rollout.num_rows):
         assert rollout.response_ids[row].tolist() == call + observation + answer
         assert rollout.response_source[row].tolist() == sources
@@ -49,7 +53,9 @@ def test_the_policy_calls_the_calculator_and_answers(tool_tokenizer_dir):
     assert rollout.response_lengths().tolist() == [float(len(sources))] * 4
     assert rollout.num_turns().tolist() == [2] * 4
     stats = policy.last_generation_stats
-    assert stats["tool_calls/mean"] == 1.0 and stats["turns/mean"] == 2.0 and stats["response_length/mean"] == len(sources)
+    assert (
+        stats["tool_calls/mean"] == 1.0 and stats["turns/mean"] == 2.0 and stats["response_length/mean"] == len(sources)
+    )
     assert stats["tool_errors"] == 0.0 and stats["tool_seconds"] >= 0.0
 
 
@@ -99,7 +105,9 @@ def test_log_probs_on_the_mixed_sequence_equal_a_plain_forward(tool_tokenizer_di
     shifted, _ = policy.token_log_probs(without_observations(rollout), temperature=0.7)
     sampled = lambda values, m: torch.cat([values[r][m[r].bool()] for r in range(len(values))])  # noqa: E731
     stripped = without_observations(rollout)
-    assert (sampled(shifted.detach(), stripped.response_mask) - sampled(reference, rollout.response_mask)).abs().max() > 1e-3
+    assert (
+        sampled(shifted.detach(), stripped.response_mask) - sampled(reference, rollout.response_mask)
+    ).abs().max() > 1e-3
 
 
 @pytest.mark.parametrize("lora", [False, True])

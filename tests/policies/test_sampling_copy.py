@@ -31,7 +31,10 @@ def test_sampling_draws_from_the_given_generator_only(kind, make_policy):
     elif kind == "hf":
         policy, batch = make_policy(prompt_template="raw"), PROMPTS
     else:  # generated in segments (tools, thinking budget): the generator reaches every round
-        policy, batch = make_policy(prompt_template="raw", thinking_budget=ThinkingBudget(max_thinking_tokens=2)), PROMPTS
+        policy, batch = (
+            make_policy(prompt_template="raw", thinking_budget=ThinkingBudget(max_thinking_tokens=2)),
+            PROMPTS,
+        )
     first, second, global_untouched = _draws(policy, batch, seed=7)
     assert global_untouched  # the training thread's generator is not consumed
     assert torch.equal(first.response_ids, second.response_ids)

@@ -76,7 +76,13 @@ def test_the_peaked_model_varies_in_first_token_and_length(setup):
 
 @pytest.mark.parametrize(
     "layout, temperature, seed",
-    [("one_group", 1.0, 1), ("groups_of_16", 1.0, 2), ("no_sharing", 1.0, 3), ("left_padded", 1.0, 4), ("one_group", 0.7, 5)],
+    [
+        ("one_group", 1.0, 1),
+        ("groups_of_16", 1.0, 2),
+        ("no_sharing", 1.0, 3),
+        ("left_padded", 1.0, 4),
+        ("one_group", 0.7, 5),
+    ],
 )
 def test_our_loop_samples_the_reference_distribution(setup, layout, temperature, seed):
     # a seed of its own per layout: independent samples, so that each comparison is a test of its own
@@ -125,7 +131,13 @@ def _padding_mask_off_by_one(monkeypatch):
     "bug, layout, temperature, detected_by",
     [
         pytest.param(_temperature_applied_twice, "one_group", 0.7, "first_token", id="temperature_twice"),
-        pytest.param(_shared_cache_loses_the_last_prompt_token, "one_group", 1.0, "length", id="shared_cache_drops_last_prompt_token"),
+        pytest.param(
+            _shared_cache_loses_the_last_prompt_token,
+            "one_group",
+            1.0,
+            "length",
+            id="shared_cache_drops_last_prompt_token",
+        ),
         pytest.param(_padding_mask_off_by_one, "left_padded", 1.0, "first_token", id="padding_mask_off_by_one"),
     ],
 )
@@ -142,7 +154,9 @@ def test_the_threshold_is_conservative():
         low, high = 0.0, 20.0 * df + 100.0
         for _ in range(100):
             middle = (low + high) / 2
-            upper = torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), torch.tensor(middle / 2, dtype=torch.float64))
+            upper = torch.special.gammaincc(
+                torch.tensor(df / 2, dtype=torch.float64), torch.tensor(middle / 2, dtype=torch.float64)
+            )
             low, high = (middle, high) if upper > tail else (low, middle)
         return low
 

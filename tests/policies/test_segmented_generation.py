@@ -42,7 +42,11 @@ def calculator_plan(context: str) -> str:
 def test_observation_is_inserted_masked_and_continued_from(tool_tokenizer):
     tok = tool_tokenizer
     out, backend, prompt_ids = run(tok, calculator_plan, [ToolUse([Calculator()])], n=2)
-    call, observation, answer = enc(tok, "<calculator>2+3</calculator>"), enc(tok, "<result>5</result>"), enc(tok, "The answer is 5.")
+    call, observation, answer = (
+        enc(tok, "<calculator>2+3</calculator>"),
+        enc(tok, "<result>5</result>"),
+        enc(tok, "The answer is 5."),
+    )
     expected = call + observation + answer + [tok.eos_token_id]
     sources = [S] * len(call) + [T] * len(observation) + [S] * (len(answer) + 1)
     for row in range(2):
@@ -82,7 +86,11 @@ def test_a_call_beyond_max_turns_is_not_run_and_ends_the_response(tool_tokenizer
     assert out.response_ids[0].tolist() == (call + observation) * 2 + call
     assert out.truncated.tolist() == [True]
     assert len(backend.calls) == 3
-    assert out.stats["tool_calls/mean"] == 2.0 and out.stats["tool_calls_truncated"] == 1.0 and out.stats["turns/max"] == 3.0
+    assert (
+        out.stats["tool_calls/mean"] == 2.0
+        and out.stats["tool_calls_truncated"] == 1.0
+        and out.stats["turns/max"] == 3.0
+    )
 
 
 class Exploding(Tool):
@@ -96,7 +104,10 @@ class Exploding(Tool):
     ("call", "observation"),
     [
         ("<calculator>1/0</calculator>", "<result>error: division by zero</result>"),
-        ("<calculator>__import__('os')</calculator>", "<result>error: cannot read '__import__' at character 0</result>"),
+        (
+            "<calculator>__import__('os')</calculator>",
+            "<result>error: cannot read '__import__' at character 0</result>",
+        ),
         ("<explode>now</explode>", "<result>error: RuntimeError: boom</result>"),
     ],
 )
@@ -201,12 +212,16 @@ def test_tool_observations_inside_thinking_do_not_use_its_budget(tool_tokenizer)
             return "<calculator>2+3</calculator>"
         return " ab" * 40
 
-    out, backend, _ = run(tok, plan, [ThinkingBudget(max_thinking_tokens=8), ToolUse([Calculator()])], prompts=("Q <think>",))
+    out, backend, _ = run(
+        tok, plan, [ThinkingBudget(max_thinking_tokens=8), ToolUse([Calculator()])], prompts=("Q <think>",)
+    )
     call = enc(tok, "<calculator>2+3</calculator>")
     observation = enc(tok, "<result>5</result>")
     assert backend.calls[1]["caps"] == [8 - len(call)]  # the sampled call counts, the observation does not
     sources = out.response_source[0].tolist()
-    assert sources[: len(call) + len(observation) + (8 - len(call)) + 1] == [S] * len(call) + [T] * len(observation) + [S] * (8 - len(call)) + [F]
+    assert sources[: len(call) + len(observation) + (8 - len(call)) + 1] == [S] * len(call) + [T] * len(observation) + [
+        S
+    ] * (8 - len(call)) + [F]
 
 
 def test_rule_options_are_checked():

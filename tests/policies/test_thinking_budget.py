@@ -34,9 +34,13 @@ def test_a_model_that_never_closes_is_forced_to_answer(tool_tokenizer_dir):
     torch.manual_seed(0)
     rollout = policy.sample({"prompt": ["What is 2+3?", "Say ab."]}, 3, SamplingConfig(max_new_tokens=50))
     forced = tok(FORCED, add_special_tokens=False)["input_ids"]
-    source = [TokenSource.SAMPLED] * 6 + [TokenSource.FORCED] * len(forced) + [TokenSource.SAMPLED] * (50 - 6 - len(forced))
+    source = (
+        [TokenSource.SAMPLED] * 6 + [TokenSource.FORCED] * len(forced) + [TokenSource.SAMPLED] * (50 - 6 - len(forced))
+    )
     for row in range(rollout.num_rows):
-        assert rollout.response_source[row].tolist() == source  # never closes: thinking, forced close, answer to the budget
+        assert (
+            rollout.response_source[row].tolist() == source
+        )  # never closes: thinking, forced close, answer to the budget
         assert rollout.response_ids[row, 6 : 6 + len(forced)].tolist() == forced
         assert rollout.response_mask[row].tolist() == [float(s == TokenSource.SAMPLED) for s in source]
         assert "</think>" not in tok.decode(rollout.response_ids[row, :6].tolist())
@@ -57,7 +61,9 @@ def test_without_a_budget_the_same_model_thinks_to_the_end(tool_tokenizer_dir):
     from rlvr_lightning.policies.hf import HFPolicy
 
     torch.manual_seed(0)
-    policy = HFPolicy(config=tiny_llama_config(), tokenizer_name_or_path=str(tool_tokenizer_dir), prompt_template="{prompt} <think>")
+    policy = HFPolicy(
+        config=tiny_llama_config(), tokenizer_name_or_path=str(tool_tokenizer_dir), prompt_template="{prompt} <think>"
+    )
     tok = policy.tokenizer
     bias_tokens(policy, [tok.eos_token_id, tok.convert_tokens_to_ids("</think>")], float("-inf"))
     rollout = policy.sample({"prompt": ["What is 2+3?"]}, 2, SamplingConfig(max_new_tokens=30))

@@ -33,7 +33,9 @@ def test_sampling_hands_over_its_log_probs_exactly():
     torch.manual_seed(0)
     policy = ToySortPolicy(vocab_size=5, prompt_length=3, embedding_dim=4)
     for temperature in (1.0, 0.7):
-        rollout = policy.sample({"prompt": [[1, 0, 2], [4, 3, 3]]}, n=3, sampling=SamplingConfig(temperature=temperature))
+        rollout = policy.sample(
+            {"prompt": [[1, 0, 2], [4, 3, 3]]}, n=3, sampling=SamplingConfig(temperature=temperature)
+        )
         log_probs, _ = policy.token_log_probs(rollout, temperature=temperature)
         assert torch.equal(rollout.old_log_probs, log_probs)  # bitwise: the first PPO ratio is exactly 1
 
@@ -65,7 +67,7 @@ def test_reference_mixup_moves_by_alpha():
             p.add_(1.0)
     before = [p.clone() for p in reference.parameters()]
     policy.update_reference(reference, alpha=0.25)
-    for old, new in zip(before, reference.parameters()):
+    for old, new in zip(before, reference.parameters(), strict=True):
         torch.testing.assert_close(new, old + 0.25)
 
 

@@ -50,7 +50,11 @@ class FakeLLM:
         self.autocast_in_generate = torch.is_autocast_enabled("cpu")
         logprob = types.SimpleNamespace(logprob=-0.5)
         completion = lambda index: types.SimpleNamespace(  # noqa: E731
-            index=index, token_ids=[5, 6], logprobs=[{5: logprob}, {6: logprob}], finish_reason="length", stop_reason=None
+            index=index,
+            token_ids=[5, 6],
+            logprobs=[{5: logprob}, {6: logprob}],
+            finish_reason="length",
+            stop_reason=None,
         )
         return [types.SimpleNamespace(outputs=[completion(i) for i in range(p.n)]) for p in params]
 
@@ -96,7 +100,9 @@ def test_bf16_mixed_pushes_bf16_tensors_one_at_a_time_and_its_log_probs_are_not_
 def test_an_fp32_run_pushes_fp32_and_its_unfiltered_log_probs_are_exact(make_policy, fake_vllm):
     policy = make_policy(generation=VLLMGeneration(dtype="auto"))
     policy.sample({"prompt": ["a b"]}, 2, SAMPLING)
-    assert fake_vllm[0].kwargs["dtype"] == "float32" and {dtype for _, dtype, _, _ in fake_vllm[0].pushed} == {torch.float32}
+    assert fake_vllm[0].kwargs["dtype"] == "float32" and {dtype for _, dtype, _, _ in fake_vllm[0].pushed} == {
+        torch.float32
+    }
     assert all(lazy for _, _, lazy, _ in fake_vllm[0].pushed)
     assert policy.sampling_log_probs_exact
 
@@ -117,7 +123,14 @@ def test_waking_up_takes_the_weights_then_the_push_then_the_kv_cache(make_policy
     engine.calls.clear()
     step(policy)
     policy.sample({"prompt": ["a b"]}, 1, SAMPLING)
-    assert engine.calls == ["wake_up(weights)", "reload_weights", "reset_prefix_cache", "wake_up(kv_cache)", "generate", f"sleep({level})"]
+    assert engine.calls == [
+        "wake_up(weights)",
+        "reload_weights",
+        "reset_prefix_cache",
+        "wake_up(kv_cache)",
+        "generate",
+        f"sleep({level})",
+    ]
     engine.calls.clear()
     policy.sample({"prompt": ["a b"]}, 1, SAMPLING)  # unchanged weights: pushed again only if level 2 discarded them
     push = ["reload_weights", "reset_prefix_cache"] if level == 2 else []
@@ -137,7 +150,9 @@ def test_fsdp2_param_dtype_is_the_compute_dtype():
     try:
         model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
         assert compute_dtype(model) == torch.float32
-        fully_shard(model, mesh=init_device_mesh("cpu", (1,)), mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16))
+        fully_shard(
+            model, mesh=init_device_mesh("cpu", (1,)), mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16)
+        )
         assert next(model.parameters()).dtype == torch.float32  # the sharded master weights
         assert compute_dtype(model) == torch.bfloat16
     finally:

@@ -1,7 +1,7 @@
 """A tiny random Llama and a byte-level BPE tokenizer trained on the spot: nothing is downloaded.
 
-    tokenizer_dir = save_tiny_tokenizer(tmp_path / "tok")
-    policy = HFPolicy(config=tiny_llama_config(), tokenizer_name_or_path=str(tokenizer_dir))
+tokenizer_dir = save_tiny_tokenizer(tmp_path / "tok")
+policy = HFPolicy(config=tiny_llama_config(), tokenizer_name_or_path=str(tokenizer_dir))
 """
 
 from __future__ import annotations

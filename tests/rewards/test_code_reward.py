@@ -1,4 +1,5 @@
-"""CodeExecutionReward: fraction of tests passed; hostile programs score 0, leave the host unchanged, the batch goes on."""
+"""CodeExecutionReward: fraction of tests passed; hostile programs score 0, leave the host unchanged, and the
+batch goes on."""
 
 from __future__ import annotations
 
@@ -72,7 +73,9 @@ HOSTILE = {
 @needs_sandbox
 def test_hostile_programs_score_zero_leave_the_host_unchanged_and_the_batch_goes_on(tmp_path):
     canary = tmp_path / "canary"
-    hostile = [fenced(p.replace("{path!r}", repr(str(canary))).replace("{path}", str(canary))) for p in HOSTILE.values()]
+    hostile = [
+        fenced(p.replace("{path!r}", repr(str(canary))).replace("{path}", str(canary))) for p in HOSTILE.values()
+    ]
     good = fenced("n = int(input())\nprint(2 * n)")
     texts = [good, *hostile, good.replace("2 * n", "n + n")]
     reward = CodeExecutionReward(timeout_s=TIMEOUT, max_concurrency=2)
@@ -80,7 +83,9 @@ def test_hostile_programs_score_zero_leave_the_host_unchanged_and_the_batch_goes
     t0 = time.monotonic()
     scores = reward(make_rollout(texts, [{"tests": IO_TESTS}] * len(texts)))
     elapsed = time.monotonic() - t0
-    assert scores.tolist() == [1.0] + [0.0] * len(HOSTILE) + [1.0], dict(zip(HOSTILE, scores[1:].tolist()))
+    assert scores.tolist() == [1.0] + [0.0] * len(HOSTILE) + [1.0], dict(
+        zip(HOSTILE, scores[1:].tolist(), strict=False)
+    )
     assert not canary.exists() and set(os.listdir(tmp_path)) == before
     assert reward.pop_errors() == 0  # a hostile program is a failed test, not a reward error
     # each hanging program costs about one timeout (not one per test); two run at a time
@@ -120,7 +125,9 @@ def test_bad_test_metadata_costs_only_its_row(monkeypatch):
 def test_no_isolation_stops_the_run_whatever_on_error_says(monkeypatch):
     import rlvr_lightning.verifiers.sandbox as sandbox
 
-    monkeypatch.setattr(sandbox, "sandbox_capabilities", lambda refresh=False: {"network_isolated": False, "errors": ["no netns"]})
+    monkeypatch.setattr(
+        sandbox, "sandbox_capabilities", lambda refresh=False: {"network_isolated": False, "errors": ["no netns"]}
+    )
     with pytest.raises(SandboxUnavailable, match="allow_network_unisolated"):
         CodeExecutionReward(on_error="zero")(make_rollout([fenced("print(1)")], [{"tests": IO_TESTS}]))
 
@@ -142,6 +149,10 @@ def test_the_hostile_set_through_the_reward_scores_zero_and_the_run_goes_on():
     texts = [fenced(HONEST_ADD), *[fenced(p) for p in hostile.values()], fenced(HONEST_ADD.replace("a + b", "b + a"))]
     reward = CodeExecutionReward(timeout_s=TIMEOUT, max_concurrency=2)
     scores = reward(make_rollout(texts, [{"tests": ADD_TESTS}] * len(texts)))
-    assert scores.tolist() == [1.0] + [0.0] * len(hostile) + [1.0], dict(zip(hostile, scores[1:].tolist()))
+    assert scores.tolist() == [1.0] + [0.0] * len(hostile) + [1.0], dict(
+        zip(hostile, scores[1:].tolist(), strict=False)
+    )
     assert reward.pop_errors() == 0
-    assert reward(make_rollout([fenced(HONEST_ADD)], [{"tests": ADD_TESTS}])).tolist() == [1.0]  # still alive and working
+    assert reward(make_rollout([fenced(HONEST_ADD)], [{"tests": ADD_TESTS}])).tolist() == [
+        1.0
+    ]  # still alive and working

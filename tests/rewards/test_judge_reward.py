@@ -8,7 +8,12 @@ from torch import nn
 
 from rlvr_lightning.policies.base import Policy
 from rlvr_lightning.rewards.judge import GenerativeJudgeReward, parse_score
-from rlvr_lightning.rewards.judge_prompt import JudgePrompt, remove_special_tokens, special_token_strings, template_fields
+from rlvr_lightning.rewards.judge_prompt import (
+    JudgePrompt,
+    remove_special_tokens,
+    special_token_strings,
+    template_fields,
+)
 from tests.policies.tiny_lm import EOS, bias_tokens, save_tiny_tokenizer, tiny_llama_config
 from tests.rewards.test_math_reward import ScriptedTextPolicy, make_rollout, run_trainer
 
@@ -76,9 +81,12 @@ def test_special_tokens_cannot_be_smuggled_into_the_judge_prompt(tokenizer_dir):
     assert text == "Topic cats. Rate: fine10"
     assert not set(tokenizer(text)["input_ids"]) & set(tokenizer.all_special_ids)
     # a reward model reading the policy's chat-formatted prompt cleans only the response
-    assert JudgePrompt("{prompt}{response}", tokenizer, untrusted=["response"])(
-        make_rollout([f"hi{EOS}"], prompts=["<|user|>Q<|assistant|>"]), 0
-    ) == "<|user|>Q<|assistant|>hi"
+    assert (
+        JudgePrompt("{prompt}{response}", tokenizer, untrusted=["response"])(
+            make_rollout([f"hi{EOS}"], prompts=["<|user|>Q<|assistant|>"]), 0
+        )
+        == "<|user|>Q<|assistant|>hi"
+    )
     with pytest.raises(KeyError, match="row 0 has no metadata key 'topic'"):
         prompt(make_rollout(["x"]), 0)
 
@@ -156,7 +164,9 @@ def test_tiny_hf_judge_forced_to_answer_seven(tokenizer_dir):
         calls = []
         sample = judge.sample
         judge.sample = lambda batch, n, sampling: calls.append(len(batch["prompt"])) or sample(batch, n, sampling)
-        assert reward(make_rollout(["The answer is 5.", "ab", "A verifiable reward."])).tolist() == pytest.approx([0.7] * 3)
+        assert reward(make_rollout(["The answer is 5.", "ab", "A verifiable reward."])).tolist() == pytest.approx(
+            [0.7] * 3
+        )
         assert calls == [2, 1] and reward.pop_errors() == 0
         two_tokens = GenerativeJudgeReward(judge, "Rate: {response}", max_new_tokens=2)
         assert two_tokens(make_rollout(["x"])).tolist() == [0.0]  # "77" is outside [0, 10]: a failed row

@@ -57,7 +57,9 @@ def test_reward_scores_the_chain_of_thought_only():
     assert reward(make_rollout(texts)).tolist() == pytest.approx([1.0, 0.5, 0.0, 0.0])
     whole = LanguageConsistencyReward(language="en", detector="script", think_only=False)
     assert whole(make_rollout(texts[:1])).tolist() == pytest.approx([4 / 6])  # the tags are not words
-    assert LanguageConsistencyReward(language="zh", detector="script")(make_rollout(texts)).tolist() == pytest.approx([0.0, 0.5, 1.0, 0.0])
+    assert LanguageConsistencyReward(language="zh", detector="script")(make_rollout(texts)).tolist() == pytest.approx(
+        [0.0, 0.5, 1.0, 0.0]
+    )
 
 
 def test_unknown_language():
@@ -74,7 +76,9 @@ FRENCH = "D'abord on additionne les unités, puis on additionne les dizaines et 
 def test_split_for_identification_by_hand():
     latin = LANGUAGE_SCRIPTS["en"]
     # two sentences of 6 and 5 Latin words; the 3 ideographs are other-script words, never shown to the identifier
-    chunks, other = split_for_identification("Let me add the tens first. Ensuite on additionne les unités. 我们来", latin, 3)
+    chunks, other = split_for_identification(
+        "Let me add the tens first. Ensuite on additionne les unités. 我们来", latin, 3
+    )
     assert chunks == [Chunk("Let me add the tens first.", 6), Chunk("Ensuite on additionne les unités.", 5)]
     assert other == 3
     # short sentences merge until a chunk has min_words words; a short remainder joins the chunk before

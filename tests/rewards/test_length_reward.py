@@ -34,7 +34,12 @@ def test_length_reward_reads_correctness_from_the_named_reward():
     assert reward.kind == "shaping" and reward.name == "length"
     assert reward(rollout).tolist() == [0.5, 0.0, 0.0, -0.5]
     # nothing reaches the threshold: everyone is wrong, only the penalties remain
-    assert LengthReward(correct_reward="math_accuracy", correct_threshold=2.0)(rollout).tolist() == [0.0, 0.0, 0.0, -0.5]
+    assert LengthReward(correct_reward="math_accuracy", correct_threshold=2.0)(rollout).tolist() == [
+        0.0,
+        0.0,
+        0.0,
+        -0.5,
+    ]
 
 
 def test_length_reward_without_its_correctness_signal_is_a_configuration_error():
@@ -68,7 +73,11 @@ def test_overlong_penalty_arguments():
         OverlongPenalty(max_len=10, buffer=0)
     with pytest.raises(ValueError, match="buffer"):
         OverlongPenalty(max_len=10, buffer=11)
-    assert OverlongPenalty(max_len=4, buffer=4)(make_rollout(["x"] * 3, lengths=[1, 2, 4])).tolist() == [-0.25, -0.5, -1.0]
+    assert OverlongPenalty(max_len=4, buffer=4)(make_rollout(["x"] * 3, lengths=[1, 2, 4])).tolist() == [
+        -0.25,
+        -0.5,
+        -1.0,
+    ]
 
 
 def test_lengths_count_inserted_tokens_of_multi_turn_responses():

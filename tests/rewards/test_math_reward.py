@@ -165,7 +165,14 @@ def test_methods_restrict_what_counts_as_an_answer():
 
 def test_numeric_only_closes_the_boxed_expression_hack():
     # Seen in the SmolLM2 arithmetic run: the policy learned to box the question instead of the sum.
-    texts = [r"63 + 53 = \boxed{63 + 53}", r"\boxed{116}", r"\boxed{1,16}", r"\boxed{\$116}", r"\boxed{232/2}", r"\boxed{116.0}"]
+    texts = [
+        r"63 + 53 = \boxed{63 + 53}",
+        r"\boxed{116}",
+        r"\boxed{1,16}",
+        r"\boxed{\$116}",
+        r"\boxed{232/2}",
+        r"\boxed{116.0}",
+    ]
     rollout = make_rollout(texts, [{"answer": "116"}] * len(texts))
     lenient = MathAccuracyReward(methods=["boxed"])
     strict = MathAccuracyReward(methods=["boxed"], numeric_only=True)
@@ -235,7 +242,11 @@ def test_hostile_completion_in_a_training_run_costs_only_that_row(in_tmp_dir):
     torch.manual_seed(0)
     examples = [
         {"prompt": "What is 2 + 2?", "answer": "4", "responses": [r"\boxed{4}", HOSTILE, r"\boxed{5}", r"\boxed{4}"]},
-        {"prompt": "What is 1/2?", "answer": r"\frac{1}{2}", "responses": [r"\boxed{0.5}", "no idea", r"\boxed{2/4}", "x"]},
+        {
+            "prompt": "What is 1/2?",
+            "answer": r"\frac{1}{2}",
+            "responses": [r"\boxed{0.5}", "no idea", r"\boxed{2/4}", "x"],
+        },
     ]
     reward = MathAccuracyReward(timeout_s=1.0, workers=2, string_fast_path=False)
     module = RLVRModule(ScriptedTextPolicy(), group_size=4, optimizer=lambda p: torch.optim.SGD(p, lr=0.1))

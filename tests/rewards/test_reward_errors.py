@@ -42,7 +42,10 @@ def test_row_failures_warn_once_then_are_summarised(caplog):
         if step < 50:
             assert warnings_of(caplog) == []
     (summary,) = warnings_of(caplog)
-    assert summary.getMessage() == "reward fails_on_odd_rows: 98 of 196 rows scored 0 in the last 50 steps (100 since the start)"
+    assert (
+        summary.getMessage()
+        == "reward fails_on_odd_rows: 98 of 196 rows scored 0 in the last 50 steps (100 since the start)"
+    )
     end_steps(reward, 51, 100)  # no failures since the summary: nothing to say
     assert warnings_of(caplog) == []
 

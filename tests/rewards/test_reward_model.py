@@ -39,7 +39,7 @@ def test_batched_scores_equal_each_row_scored_alone(tokenizer_dir, base):
     reward = tiny_reward_model(tokenizer_dir, base=base, batch_size=4)
     rollout = make_rollout(RESPONSES, prompts=PROMPTS)
     scores = reward(rollout)
-    expected = [one_row_logits(reward, p + r)[0].item() for p, r in zip(PROMPTS, RESPONSES)]
+    expected = [one_row_logits(reward, p + r)[0].item() for p, r in zip(PROMPTS, RESPONSES, strict=True)]
     # right padding: no row depends on its batch (left padding would shift GPT-2's absolute positions)
     assert scores.tolist() == pytest.approx(expected, abs=1e-5)
     assert len(set(round(s, 6) for s in expected)) == len(expected)  # and the rows do score differently

@@ -376,7 +376,10 @@ def test_verifiers_do_not_import_lightning():
     import subprocess
     import sys
 
-    code = "import sys, rlvr_lightning.verifiers; print([m for m in ('lightning', 'pytorch_lightning') if m in sys.modules])"
+    code = (
+        "import sys, rlvr_lightning.verifiers; "
+        "print([m for m in ('lightning', 'pytorch_lightning') if m in sys.modules])"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"

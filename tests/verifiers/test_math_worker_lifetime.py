@@ -44,12 +44,16 @@ def _alive(pid: int) -> bool:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_workers_die_when_the_trainer_is_sigkilled_mid_judgement():
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    trainer = subprocess.Popen([sys.executable, "-c", TRAINER], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+    trainer = subprocess.Popen(
+        [sys.executable, "-c", TRAINER], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True
+    )
     workers: list[int] = []
     try:
         line = trainer.stdout.readline()  # blocks until the worker is judging
         workers = [int(pid) for pid in line.split()]
-        assert workers, f"no worker reported: {line!r} {trainer.stderr.read()[-2000:] if trainer.poll() is not None else ''}"
+        assert workers, (
+            f"no worker reported: {line!r} {trainer.stderr.read()[-2000:] if trainer.poll() is not None else ''}"
+        )
         assert all(_alive(pid) for pid in workers)
         trainer.send_signal(signal.SIGKILL)
         trainer.wait(timeout=10)

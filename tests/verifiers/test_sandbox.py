@@ -160,8 +160,12 @@ def test_output_flood_is_capped():
 
 def test_writes_outside_the_workdir_do_not_reach_the_host():
     tag = uuid.uuid4().hex
-    targets = [f"/tmp/{tag}_pwned", f"/var/tmp/{tag}_pwned", f"/dev/shm/{tag}_pwned",
-               os.path.join(os.path.dirname(os.__file__), f"{tag}_pwned")]
+    targets = [
+        f"/tmp/{tag}_pwned",
+        f"/var/tmp/{tag}_pwned",
+        f"/dev/shm/{tag}_pwned",
+        os.path.join(os.path.dirname(os.__file__), f"{tag}_pwned"),
+    ]
     prog = (
         "import os\n"
         f"for p in {targets!r}:\n"

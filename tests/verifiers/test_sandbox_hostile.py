@@ -90,9 +90,15 @@ def test_host_unix_sockets_are_unreachable():
     servers = [UnixServer(str(directory / "host.sock")), UnixServer("\0rlvr-hostile-" + uuid.uuid4().hex)]
     try:
         for server in servers:
-            result = run_python_tests(CONNECT.format(path=server.path), [{"input": "", "output": "pong"}], limits=SandboxLimits(timeout_s=TIMEOUT))
+            result = run_python_tests(
+                CONNECT.format(path=server.path),
+                [{"input": "", "output": "pong"}],
+                limits=SandboxLimits(timeout_s=TIMEOUT),
+            )
             assert result.passed == 0, (server.path, result)
-        seen = run_python_tests(f"import os\nprint(os.path.exists({str(directory)!r}))", [{"input": "", "output": "False"}])
+        seen = run_python_tests(
+            f"import os\nprint(os.path.exists({str(directory)!r}))", [{"input": "", "output": "False"}]
+        )
         assert seen.passed == 1, seen  # the host directory does not exist for the program
         assert [server.connections for server in servers] == [0, 0]
     finally:
@@ -111,7 +117,12 @@ def test_host_files_are_invisible():
         for path in ("/etc/passwd", str(secret), "/proc/1/root/etc/passwd"):
             read = f"print(open({path!r}).read()[:11])"
             expected = "host secret" if path == str(secret) else "root:x:0:0:"
-            assert run_python_tests(read, [{"input": "", "output": expected}], limits=SandboxLimits(timeout_s=TIMEOUT)).passed == 0, path
+            assert (
+                run_python_tests(
+                    read, [{"input": "", "output": expected}], limits=SandboxLimits(timeout_s=TIMEOUT)
+                ).passed
+                == 0
+            ), path
         # what the program sees of the filesystem: its interpreter's files, a private /tmp, devices, its /proc
         binds = interpreter_files(sandbox_capabilities()["python"])["binds"]
         allowed = {"dev", "proc", "tmp"} | {p.split("/")[1] for b in binds for p in (b, os.path.realpath(b))}
@@ -165,11 +176,15 @@ FORGERIES = {
     "patched encoder": (
         "import builtins, json\n"
         "real = json.dumps\n"
-        "json.dumps = lambda obj, *a, **k: real([['ok', True] for _ in obj] if isinstance(obj, list) else obj, *a, **k)\n"
+        "json.dumps = lambda obj, *a, **k: real(\n"
+        "    [['ok', True] for _ in obj] if isinstance(obj, list) else obj, *a, **k\n"
+        ")\n"
         "def add(a, b):\n    return None\n"
     ),
     "exit code": "import sys\nsys.exit(0)\n",
-    "exception hook": "import sys, os\nsys.excepthook = lambda *a: os._exit(0)\ndef add(a, b):\n    raise AssertionError\n",
+    "exception hook": (
+        "import sys, os\nsys.excepthook = lambda *a: os._exit(0)\ndef add(a, b):\n    raise AssertionError\n"
+    ),
 }
 
 
@@ -195,7 +210,8 @@ def test_honest_programs_still_pass_assertion_tests():
         "import math\n"
         "def area(r):\n    return math.pi * r * r\n"
         "def pairs(xs):\n    xs = sorted(xs)\n    return [(a, b) for a, b in zip(xs, xs[1:])]\n"
-        "class Box:\n    def __init__(self, n):\n        self.n = n\n    def volume(self):\n        return self.n ** 3\n"
+        "class Box:\n    def __init__(self, n):\n        self.n = n\n"
+        "    def volume(self):\n        return self.n ** 3\n"
         "def table():\n    return {'a': [1], 'b': [2]}\n"
         "def is_even(n):\n    return n % 2 == 0\n"
     )
@@ -206,7 +222,11 @@ def test_honest_programs_still_pass_assertion_tests():
 
 
 def test_assertions_that_cannot_be_judged_outside_are_refused():
-    for test in ["assert all(add(x, 1) == x + 1 for x in range(3))", "x = add(1, 2)\nassert x == 3", "assert _rlvr_v0 == 1"]:
+    for test in [
+        "assert all(add(x, 1) == x + 1 for x in range(3))",
+        "x = add(1, 2)\nassert x == 3",
+        "assert _rlvr_v0 == 1",
+    ]:
         with pytest.raises(ValueError, match="test 0: "):
             run_python_tests(HONEST_ADD, [test])
 
@@ -233,7 +253,9 @@ def test_the_calling_process_survives(name):
     finally:
         sentinel.send_signal(signal.SIGKILL)
         sentinel.wait()
-    assert run_python_tests(HONEST_ADD, ADD_TESTS[:1], limits=SandboxLimits(timeout_s=TIMEOUT)).reward == 1.0  # still works
+    assert (
+        run_python_tests(HONEST_ADD, ADD_TESTS[:1], limits=SandboxLimits(timeout_s=TIMEOUT)).reward == 1.0
+    )  # still works
 
 
 CTYPES = {
@@ -255,7 +277,11 @@ CTYPES = {
 
 @pytest.mark.parametrize("name", list(CTYPES))
 def test_ctypes_gets_nothing(name):
-    result = run_python_tests(CTYPES[name], [{"input": "", "output": "root"}, {"input": "", "output": "True"}], limits=SandboxLimits(timeout_s=TIMEOUT))
+    result = run_python_tests(
+        CTYPES[name],
+        [{"input": "", "output": "root"}, {"input": "", "output": "True"}],
+        limits=SandboxLimits(timeout_s=TIMEOUT),
+    )
     assert result.passed == 0, (name, result)
 
 
@@ -267,7 +293,11 @@ def test_refuses_when_the_filesystem_view_cannot_be_built(monkeypatch):
     from rlvr_lightning.verifiers.sandbox import SandboxUnavailable
 
     real = sandbox_process.interpreter_files
-    monkeypatch.setattr(sandbox_process, "interpreter_files", lambda py: {**real(py), "binds": [*real(py)["binds"], "/nonexistent/lib.so"]})
+    monkeypatch.setattr(
+        sandbox_process,
+        "interpreter_files",
+        lambda py: {**real(py), "binds": [*real(py)["binds"], "/nonexistent/lib.so"]},
+    )
     monkeypatch.setattr(sandbox, "_PROBE", None)
     caps = sandbox.sandbox_capabilities()
     assert not caps["network_isolated"] and caps["mode"] == "none"

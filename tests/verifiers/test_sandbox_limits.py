@@ -9,7 +9,14 @@ from rlvr_lightning.verifiers.sandbox_limits import SandboxLimits
 
 @pytest.mark.parametrize(
     "option, value",
-    [("timeout_s", 0), ("timeout_s", -1.0), ("memory_mb", 0), ("cpu_s", 1.5), ("max_processes", True), ("max_file_mb", "1")],
+    [
+        ("timeout_s", 0),
+        ("timeout_s", -1.0),
+        ("memory_mb", 0),
+        ("cpu_s", 1.5),
+        ("max_processes", True),
+        ("max_file_mb", "1"),
+    ],
 )
 def test_a_bad_limit_is_refused_naming_it(option, value):
     with pytest.raises(ValueError, match=rf"sandbox limit {option} must be .*got {value!r}"):
