@@ -7,6 +7,7 @@ import torch
 
 from rlvr_lightning.advantages import CenteredAdvantage
 from rlvr_lightning.modules import RLVRModule
+from rlvr_lightning.modules.policy_update import PolicyUpdate
 from rlvr_lightning.modules.options import AggregationConfig, DynamicSamplingConfig, ImportanceSamplingConfig, KLConfig, UpdateConfig, ValidationConfig
 from rlvr_lightning.policies.base import SamplingConfig
 from rlvr_lightning.policies.toy_sort import ToySortPolicy
@@ -30,10 +31,16 @@ class Constant(RewardCallback):
         return torch.ones(rollout.num_rows)
 
 
+class _RecordingUpdate(PolicyUpdate):
+    def run(self, rollout, module):
+        module.trained_on = getattr(module, "trained_on", []) + [rollout]
+        return super().run(rollout, module)
+
+
 class UpdateSpy(RLVRModule):
-    def _update(self, rollout):
-        self.trained_on = getattr(self, "trained_on", []) + [rollout]
-        return super()._update(rollout)
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.policy_update = _RecordingUpdate(**self.policy_update.options())
 
 
 def test_dynamic_sampling_never_trains_on_a_zero_variance_group(in_tmp_dir):
@@ -94,13 +101,12 @@ def test_kl_in_reward_changes_the_advantages_and_not_the_loss():
     rollout.advantages = torch.tensor([1.0, -1.0])
     rollout.ref_log_probs = shaped.policy.token_log_probs(rollout)[0].detach() - 0.3
     mask_tokens = rollout.response_mask.sum()
-    shaped_part = shaped._micro_batch_loss(rollout, rollout.response_mask, 2, mask_tokens, first_epoch=True)
-    loss_plain = plain._micro_batch_loss(rollout, rollout.response_mask, 2, mask_tokens, first_epoch=True).loss
+    shaped_part = shaped.policy_update.micro_batch_loss(rollout, rollout.response_mask, 2, mask_tokens, first_epoch=True)
+    loss_plain = plain.policy_update.micro_batch_loss(rollout, rollout.response_mask, 2, mask_tokens, first_epoch=True).loss
     assert shaped_part.loss.item() == pytest.approx(loss_plain.item())
     assert shaped_part.kl is None
     kl_loss = RLVRModule(shaped.policy, kl=KLConfig(coef=0.5, mode="loss"))
-    kl_loss.reference = shaped.reference
-    loss_with_kl = kl_loss._micro_batch_loss(rollout, rollout.response_mask, 2, mask_tokens, first_epoch=True).loss
+    loss_with_kl = kl_loss.policy_update.micro_batch_loss(rollout, rollout.response_mask, 2, mask_tokens, first_epoch=True).loss
     assert loss_with_kl.item() != pytest.approx(loss_plain.item())
 
 
@@ -173,8 +179,8 @@ def test_entropy_bonus_lowers_the_loss_by_exactly_c_times_the_mean_entropy():
     rollout = toy.sample({"prompt": [[1, 2, 3], [0, 0, 4]]}, n=2, sampling=SamplingConfig())
     rollout.advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])
     tokens = rollout.response_mask.sum()
-    plain = RLVRModule(toy, aggregation=AggregationConfig(mode="token-mean"))._micro_batch_loss(rollout, None, 4, tokens, first_epoch=True).loss
-    bonus = RLVRModule(toy, entropy_coef=0.1, aggregation=AggregationConfig(mode="token-mean"))._micro_batch_loss(rollout, None, 4, tokens, first_epoch=True).loss
+    plain = RLVRModule(toy, aggregation=AggregationConfig(mode="token-mean")).policy_update.micro_batch_loss(rollout, None, 4, tokens, first_epoch=True).loss
+    bonus = RLVRModule(toy, entropy_coef=0.1, aggregation=AggregationConfig(mode="token-mean")).policy_update.micro_batch_loss(rollout, None, 4, tokens, first_epoch=True).loss
     # the toy's distributions by hand: H = -sum p log p per position, averaged over the 12 response tokens
     probs = toy(rollout.prompt_ids).softmax(-1)
     mean_entropy = -(probs * probs.log()).sum(-1).mean()

@@ -148,7 +148,7 @@ def test_decoupled_loss_by_hand():
     rollout.old_log_probs = log_probs - ratio.log()
     rollout.sampling_log_probs = rollout.old_log_probs - weight.log()
     rollout.advantages = torch.tensor([1.0, -1.0])
-    loss = module._micro_batch_loss(rollout, None, num_sequences=2, num_tokens=6, first_epoch=True).loss
+    loss = module.policy_update.micro_batch_loss(rollout, None, num_sequences=2, num_tokens=6, first_epoch=True).loss
     # token losses: row 0: -1.5 * 1.1, -1.5 * 1.1, 0; row 1: -0.5 * min(-1.3, -1.2) = 0.65 each; token-mean over 6
     expected = (2 * (-1.5 * 1.1) + 0.0 + 3 * 0.65) / 6
     assert loss.item() == pytest.approx(expected, rel=1e-5)
@@ -161,9 +161,9 @@ def test_one_update_per_step_uses_its_own_log_probs_as_the_proximal_policy():
     rollout = module.policy.sample({"prompt": [[1, 2, 3], [0, 4, 2]]}, n=2, sampling=module.sampling)
     rollout.sampling_log_probs, rollout.old_log_probs = rollout.old_log_probs - math.log(1.25), None
     rollout.advantages = torch.tensor([1.0, -1.0, 0.5, 2.0])
-    module._add_old_and_reference_log_probs(rollout)
+    module.policy_update.add_old_and_reference_log_probs(rollout)
     assert rollout.old_log_probs is None  # one update: no forward pass for the old log-probs
-    loss = module._micro_batch_loss(rollout, None, num_sequences=4, num_tokens=12, first_epoch=True).loss
+    loss = module.policy_update.micro_batch_loss(rollout, None, num_sequences=4, num_tokens=12, first_epoch=True).loss
     log_probs, _ = module.policy.token_log_probs(rollout)
     expected = aggregate_loss(-1.25 * rollout.advantages[:, None] * torch.ones_like(log_probs), None, module.aggregation.mode, num_sequences=4, num_tokens=12)
     assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
@@ -174,7 +174,7 @@ def test_several_updates_recompute_the_old_log_probs_at_the_current_weights():
     module = RLVRModule(ToySortPolicy(vocab_size=5, prompt_length=3, embedding_dim=4), rollout_staleness=1, update=UpdateConfig(epochs=2))
     rollout = module.policy.sample({"prompt": [[1, 2, 3]]}, n=2, sampling=module.sampling)
     rollout.sampling_log_probs, rollout.old_log_probs = rollout.old_log_probs - 0.3, None
-    module._add_old_and_reference_log_probs(rollout)
+    module.policy_update.add_old_and_reference_log_probs(rollout)
     current, _ = module.policy.token_log_probs(rollout)
     torch.testing.assert_close(rollout.old_log_probs, current.detach())  # pi_prox, not the behaviour log-probs
 

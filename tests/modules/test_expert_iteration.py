@@ -11,7 +11,7 @@ import torch
 from rlvr_lightning.data import RLVRDataModule, SortTask
 from rlvr_lightning.modules.expert_iteration import ExpertIterationModule
 from rlvr_lightning.modules.options import AggregationConfig, UpdateConfig
-from rlvr_lightning.modules.sft import pair_rollout
+from rlvr_lightning.modules.pair_rollouts import pair_rollout
 from rlvr_lightning.policies.base import SamplingConfig
 from rlvr_lightning.policies.toy_sort import ToySortPolicy
 from rlvr_lightning.rewards import RewardCallback, SortInclusionOrderingReward

@@ -110,23 +110,23 @@ def test_the_critic_learns_the_returns():
 
 @pytest.mark.parametrize("value_model", ["separate", "shared"])
 @pytest.mark.parametrize("warming_up", [False, True])
-def test_the_value_loss_reaches_the_policy_trunk_only_when_shared(value_model, warming_up, monkeypatch):
+def test_the_value_loss_reaches_the_policy_trunk_only_when_shared(value_model, warming_up):
     # advantages 0: the policy loss has no gradient, so whatever reaches the policy comes from the value loss
-    monkeypatch.setattr(PPOModule, "warming_up", property(lambda self: warming_up))
     module = PPOModule(toy(), group_size=4, value=ValueConfig(model=value_model, coef=1.0, clip=None))
+    module.policy_update.warming_up = warming_up  # as on_train_batch_start sets it
     torch.nn.init.normal_(module.value_head.linear.weight)
     rollout = module.policy.sample({"prompt": [[1, 0, 2], [4, 3, 3]]}, 4, SamplingConfig())
     rollout.old_log_probs = None
     rollout.advantages = torch.zeros(8)
     rollout.values, rollout.returns = torch.zeros(8, 3), torch.ones(8, 3)
-    part = module._micro_batch_loss(rollout, None, 8, 24, first_epoch=True)
+    part = module.policy_update.micro_batch_loss(rollout, None, 8, 24, first_epoch=True)
     part.loss.backward()
     policy_grad = sum(float(p.grad.abs().sum()) for p in module.policy.parameters() if p.grad is not None)
     critic_grad = sum(float(p.grad.abs().sum()) for p in module.critic_parameters() if p.grad is not None)
     assert critic_grad > 0
     assert (policy_grad > 0) == (value_model == "shared" and not warming_up)
     # the loss is vf_coef * the token-mean value loss 1/2 (V - 1)^2 (the policy loss is 0)
-    values = module._values(rollout).detach()
+    values = module.policy_update.values(rollout).detach()
     assert_close(part.loss.detach(), 0.5 * ((values - 1) ** 2).mean())
 
 
@@ -136,7 +136,7 @@ def test_each_model_is_clipped_on_its_own():
         for p in params:
             p.grad = torch.zeros_like(p)
         params[0].grad.view(-1)[0] = norm
-    module._clip_gradients(None)
+    module.policy_update.clip_gradients(module, None)
     policy_norm = torch.linalg.vector_norm(torch.cat([p.grad.view(-1) for p in module.policy.parameters()]))
     critic_norm = torch.linalg.vector_norm(torch.cat([p.grad.view(-1) for p in module.critic_parameters()]))
     # one joint norm of 5 would leave 0.6 and 0.8
@@ -145,24 +145,24 @@ def test_each_model_is_clipped_on_its_own():
 
 def test_a_non_finite_critic_gradient_skips_the_update():
     module = PPOModule(toy(), group_size=4)
-    module._critic_grad_norms = []
+    module.policy_update._critic_grad_norms = []
     for p in [*module.policy.parameters(), *module.critic_parameters()]:
         p.grad = torch.ones_like(p)
-    assert torch.isfinite(module._gradient_norm(torch.device("cpu")))
+    assert torch.isfinite(module.policy_update.gradient_norm(torch.device("cpu")))
     module.value_head.linear.bias.grad.fill_(float("inf"))
-    assert not torch.isfinite(module._gradient_norm(torch.device("cpu")))
+    assert not torch.isfinite(module.policy_update.gradient_norm(torch.device("cpu")))
 
 
 def test_warm_up_gradient_norms_are_on_the_loss_device():
     # the policy has no gradient during the warm-up: its norm is a 0 made on the loss's device (meta stands for the
     # GPU), not a CPU 0 that the loss would be stacked with
     module = PPOModule(toy(), group_size=4, value=ValueConfig(warmup_steps=1))
-    module._critic_grad_norms = []
+    module.policy_update._critic_grad_norms = []
     for p in module.critic_parameters():
         p.grad = torch.ones_like(p)
     meta = torch.device("meta")
-    assert module._gradient_norm(meta).device == meta
-    assert module._critic_grad_norms[0].device == meta
+    assert module.policy_update.gradient_norm(meta).device == meta
+    assert module.policy_update._critic_grad_norms[0].device == meta
 
 
 def test_critic_learning_rate_is_its_parameter_group():

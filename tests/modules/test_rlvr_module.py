@@ -177,7 +177,7 @@ def test_non_finite_updates_are_skipped_then_stop_the_run(in_tmp_dir):
     before = [p.detach().clone() for p in module.policy.parameters()]
     with pytest.raises(RuntimeError, match="3 consecutive updates had a non-finite loss"):
         fit(module, [NaNReward(), CenteredAdvantage()], steps=5)
-    assert module.skipped_updates == 3
+    assert module.policy_update.skipped_updates == 3
     for old, new in zip(before, module.policy.parameters()):
         assert torch.equal(old, new)
 

@@ -12,7 +12,8 @@ from rlvr_lightning.data import SortTask
 from rlvr_lightning.data.sft_data import SFTDataModule, read_jsonl, write_jsonl
 from rlvr_lightning.modules import RLVRModule
 from rlvr_lightning.modules.options import AggregationConfig, KLConfig
-from rlvr_lightning.modules.sft import SFTModule, pair_rollout, policy_from_checkpoint, response_nll
+from rlvr_lightning.modules.pair_rollouts import pair_rollout, response_nll
+from rlvr_lightning.modules.sft import SFTModule, policy_from_checkpoint
 from rlvr_lightning.policies.toy_sort import ToySortPolicy
 from rlvr_lightning.rewards import SortInclusionOrderingReward
 
