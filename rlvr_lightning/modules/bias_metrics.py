@@ -41,6 +41,8 @@ def bias_metrics(
         metrics.update(group_std_quantiles(rollout.reward, rollout.group_size))
     if rollout.num_rows >= 2:
         metrics.update(
-            long_short_token_weights(rollout.response_mask, aggregation.mode, loss_constant, aggregation.count_empty_rows)
+            long_short_token_weights(
+                rollout.response_mask, aggregation.mode, loss_constant, aggregation.count_empty_rows
+            )
         )
     return {f"{prefix}/{key}": value for key, value in metrics.items()}

@@ -62,14 +62,18 @@ def pair_rollout(
     Prompts are left-padded, responses right-padded; `response_mask` covers the response tokens only.
     """
     if len(prompts) != len(responses) or not prompts:
-        raise ValueError(f"pair_rollout needs as many responses as prompts (>= 1), got {len(prompts)} and {len(responses)}")
+        raise ValueError(
+            f"pair_rollout needs as many responses as prompts (>= 1), got {len(prompts)} and {len(responses)}"
+        )
     if _is_text_policy(policy):
         prompt_ids_list, prompt_text = policy.encode_prompts(list(prompts))
         pad_id = int(policy.pad_token_id)
     else:
         for i, prompt in enumerate(prompts):
             if not _is_token_list(prompt):
-                raise TypeError(f"{type(policy).__name__} takes prompts as token-id lists; prompt {i} is {type(prompt).__name__}")
+                raise TypeError(
+                    f"{type(policy).__name__} takes prompts as token-id lists; prompt {i} is {type(prompt).__name__}"
+                )
         prompt_ids_list, prompt_text, pad_id = [list(p) for p in prompts], None, 0
     response_ids_list = [_response_ids(policy, response) for response in responses]
     for name, rows, expected in (
@@ -103,12 +107,19 @@ def pair_rollout(
 
 
 def response_nll(
-    policy: Policy, rollout: Rollout, aggregation: AggregationConfig = AggregationConfig(mode="token-mean"), **normalisers
+    policy: Policy,
+    rollout: Rollout,
+    aggregation: AggregationConfig = AggregationConfig(mode="token-mean"),
+    **normalisers,
 ) -> Tensor:
     """Mean negative log-likelihood of the response tokens of `rollout` (differentiable)."""
     log_probs, _ = policy.token_log_probs(rollout, temperature=1.0)
     return aggregate_loss(
-        -log_probs, rollout.response_mask, aggregation.mode, count_empty_rows=aggregation.count_empty_rows, **normalisers
+        -log_probs,
+        rollout.response_mask,
+        aggregation.mode,
+        count_empty_rows=aggregation.count_empty_rows,
+        **normalisers,
     )
 
 
@@ -116,4 +127,6 @@ def check_nll_aggregation(aggregation: AggregationConfig) -> None:
     """The likelihood losses have no fixed response length to divide by: seq-sum-constant does not apply."""
     if aggregation.mode == "seq-sum-constant":
         choices = [m for m in AGGREGATION_MODES if m != "seq-sum-constant"]
-        raise ValueError(f"aggregation.mode={aggregation.mode!r} is not valid for a likelihood loss; choose one of {choices}")
+        raise ValueError(
+            f"aggregation.mode={aggregation.mode!r} is not valid for a likelihood loss; choose one of {choices}"
+        )

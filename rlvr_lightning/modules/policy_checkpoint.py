@@ -50,7 +50,9 @@ def policy_from_checkpoint(
         raise RuntimeError(f"policy_from_checkpoint: cannot read {checkpoint_path!r}{hint}: {error}") from error
     state = checkpoint.get("state_dict", checkpoint) if isinstance(checkpoint, dict) else None
     if not isinstance(state, dict):
-        raise ValueError(f"policy_from_checkpoint: {checkpoint_path!r} holds neither a Lightning checkpoint nor a state dict")
+        raise ValueError(
+            f"policy_from_checkpoint: {checkpoint_path!r} holds neither a Lightning checkpoint nor a state dict"
+        )
     if any(key.startswith("policy.") for key in state):
         state = {key.removeprefix("policy."): value for key, value in state.items() if key.startswith("policy.")}
     try:

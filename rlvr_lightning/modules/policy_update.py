@@ -78,7 +78,12 @@ class PolicyUpdate:
         """
         self.policy, self.loss, self.aggregation, self.loss_constant = policy, loss, aggregation, loss_constant
         self.kl, self.kl_estimator, self.reference = kl, kl_estimator(kl.estimator), reference
-        self.rollout_is, self.update, self.entropy_coef, self.temperature = rollout_is, update, entropy_coef, temperature
+        self.rollout_is, self.update, self.entropy_coef, self.temperature = (
+            rollout_is,
+            update,
+            entropy_coef,
+            temperature,
+        )
         self.skipped_updates = 0  # non-finite updates skipped so far
         self.consecutive_skips = 0
 
@@ -242,7 +247,9 @@ class PolicyUpdate:
 
     def policy_forward(self, micro: Rollout, with_entropy: bool, entropy_grad: bool) -> tuple[Tensor, Tensor | None]:
         """The trained log-probs (and entropy) of a micro-batch."""
-        return self.policy.token_log_probs(micro, self.temperature, with_entropy=with_entropy, entropy_grad=entropy_grad)
+        return self.policy.token_log_probs(
+            micro, self.temperature, with_entropy=with_entropy, entropy_grad=entropy_grad
+        )
 
     @torch.no_grad()
     def metrics(

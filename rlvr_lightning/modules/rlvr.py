@@ -317,7 +317,9 @@ class RLVRModule(PolicyModule):
             f"{prefix}/zero_variance_groups": zero_variance_group_fraction(reward, rollout.group_size),
         }
         metrics.update(self.per_reward_metrics(rollout, prefix))
-        stats = generation_stats if generation_stats is not None else getattr(self.policy, "last_generation_stats", None)
+        stats = (
+            generation_stats if generation_stats is not None else getattr(self.policy, "last_generation_stats", None)
+        )
         if stats:
             metrics.update({f"{prefix}/generation/{key}": float(value) for key, value in stats.items()})
         return metrics

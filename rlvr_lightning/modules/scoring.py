@@ -66,13 +66,17 @@ def completion_rows(rollout: Rollout, correct: Tensor | None = None) -> list[dic
     totals = rollout.reward.tolist() if rollout.reward is not None else [None] * rollout.num_rows
     rows = []
     for i in range(rollout.num_rows):
-        rows.append({
-            "prompt": rollout.prompt_text[i] if rollout.prompt_text else prompt_ids[i][prompt_mask[i]].tolist(),
-            "completion": rollout.response_text[i] if rollout.response_text else response_ids[i][response_mask[i]].tolist(),
-            "reward": totals[i],
-            "rewards": {name: values[i] for name, values in rewards.items()},
-            "correct": None if correct is None else bool(correct[i]),
-            "truncated": bool(rollout.truncated[i]),
-            "metadata": rollout.metadata[i] if rollout.metadata else {},
-        })
+        rows.append(
+            {
+                "prompt": rollout.prompt_text[i] if rollout.prompt_text else prompt_ids[i][prompt_mask[i]].tolist(),
+                "completion": rollout.response_text[i]
+                if rollout.response_text
+                else response_ids[i][response_mask[i]].tolist(),
+                "reward": totals[i],
+                "rewards": {name: values[i] for name, values in rewards.items()},
+                "correct": None if correct is None else bool(correct[i]),
+                "truncated": bool(rollout.truncated[i]),
+                "metadata": rollout.metadata[i] if rollout.metadata else {},
+            }
+        )
     return rows

@@ -36,7 +36,10 @@ def check_training_precision(module) -> None:
         cause = f"trainer.precision={precision!r} converts every weight to {dtype}"
         fix = "train with trainer.precision: bf16-mixed over fp32 weights"
     else:
-        cause = f"the policy's weights are loaded in {dtype} (its dtype option) and trainer.precision={precision!r} keeps them so"
+        cause = (
+            f"the policy's weights are loaded in {dtype} (its dtype option) and "
+            f"trainer.precision={precision!r} keeps them so"
+        )
         fix = "load the policy with dtype: float32 and train with trainer.precision: bf16-mixed"
     raise ValueError(
         f"{cause}: the optimizer would update {dtype} weights in place ({names}), and an update smaller than "

@@ -7,8 +7,8 @@ import torch
 
 from rlvr_lightning.advantages import CenteredAdvantage
 from rlvr_lightning.modules import RLVRModule
-from rlvr_lightning.modules.policy_update import PolicyUpdate
 from rlvr_lightning.modules.options import AggregationConfig, DynamicSamplingConfig, ImportanceSamplingConfig, KLConfig, UpdateConfig, ValidationConfig
+from rlvr_lightning.modules.policy_update import PolicyUpdate
 from rlvr_lightning.policies.base import SamplingConfig
 from rlvr_lightning.policies.toy_sort import ToySortPolicy
 from rlvr_lightning.rewards import RewardCallback, SortInclusionOrderingReward
