@@ -34,7 +34,7 @@ from rlvr_lightning.core.masked import join_masked, masked_mean
 from rlvr_lightning.core.policy_losses import PolicyLoss, PolicyLossOutput, merged_stats
 from rlvr_lightning.modules.gradients import backward_sync, policy_gradient_norm
 from rlvr_lightning.modules.options import AggregationConfig, ImportanceSamplingConfig, KLConfig, UpdateConfig
-from rlvr_lightning.policies.base import Policy
+from rlvr_lightning.policies.base import Policy, SamplingConfig
 from rlvr_lightning.rollout import Rollout
 
 log = logging.getLogger(__name__)
@@ -55,35 +55,32 @@ class PolicyUpdate:
         policy: Policy,
         loss: PolicyLoss,
         aggregation: AggregationConfig,
-        loss_constant: float,
         kl: KLConfig,
         reference: Policy | None,
         rollout_is: ImportanceSamplingConfig,
         update: UpdateConfig,
         entropy_coef: float,
-        temperature: float,
+        sampling: SamplingConfig,
     ) -> None:
         """
         Args:
             policy: the model being trained.
             loss: the per-token policy loss.
             aggregation: how token losses become the scalar that is back-propagated.
-            loss_constant: the divisor of aggregation mode seq-sum-constant.
             kl: the KL penalty to `reference`.
             reference: the KL reference (None: no KL).
             rollout_is: the importance-sampling correction of the sampler/trainer mismatch.
             update: epochs, mini- and micro-batch sizes, gradient clipping, non-finite updates tolerated.
             entropy_coef: weight of the entropy bonus subtracted from the per-token loss.
-            temperature: the sampling temperature, at which log-probs are computed.
+            sampling: how the responses were sampled: log-probs are computed at its temperature.
         """
-        self.policy, self.loss, self.aggregation, self.loss_constant = policy, loss, aggregation, loss_constant
+        self.policy, self.loss, self.aggregation, self.sampling = policy, loss, aggregation, sampling
+        self.temperature = sampling.temperature
+        # the divisor of seq-sum-constant: the policy's fixed response length, else the longest response
+        response_length = getattr(policy, "response_length", None)
+        self.loss_constant = float(aggregation.constant or response_length or sampling.max_new_tokens)
         self.kl, self.kl_estimator, self.reference = kl, kl_estimator(kl.estimator), reference
-        self.rollout_is, self.update, self.entropy_coef, self.temperature = (
-            rollout_is,
-            update,
-            entropy_coef,
-            temperature,
-        )
+        self.rollout_is, self.update, self.entropy_coef = rollout_is, update, entropy_coef
         self.skipped_updates = 0  # non-finite updates skipped so far
         self.consecutive_skips = 0
 
@@ -93,13 +90,12 @@ class PolicyUpdate:
             policy=self.policy,
             loss=self.loss,
             aggregation=self.aggregation,
-            loss_constant=self.loss_constant,
             kl=self.kl,
             reference=self.reference,
             rollout_is=self.rollout_is,
             update=self.update,
             entropy_coef=self.entropy_coef,
-            temperature=self.temperature,
+            sampling=self.sampling,
         )
 
     def micro_batches(self, rollout: Rollout):
@@ -190,7 +186,7 @@ class PolicyUpdate:
                 loss, grad_norm = self.clip_and_step(module, optimizer, scheduler, loss_sum)
                 losses.append(loss)
                 grad_norms.append(grad_norm)
-        return self.metrics(parts, losses, grad_norms)
+        return update_metrics(parts, losses, grad_norms, self.rollout_is.max)
 
     def micro_batch_loss(
         self,
@@ -251,28 +247,6 @@ class PolicyUpdate:
             micro, self.temperature, with_entropy=with_entropy, entropy_grad=entropy_grad
         )
 
-    @torch.no_grad()
-    def metrics(
-        self, parts: list[MicroBatchLoss], losses: list[float], grad_norms: list[float]
-    ) -> dict[str, Tensor | float]:
-        """The step's update statistics, each computed once over all of its micro-batches (token-weighted)."""
-        metrics = {f"train/{key}": value for key, value in merged_stats([part.policy_loss for part in parts]).items()}
-        for name in ("kl", "entropy"):
-            with_values = [part for part in parts if getattr(part, name) is not None]
-            if with_values:
-                values, mask = join_masked([getattr(part, name) for part in with_values], [p.mask for p in with_values])
-                metrics[f"train/{name}"] = masked_mean(values, mask)
-        with_sampler = [part for part in parts if part.sampler_pair is not None]
-        if with_sampler:
-            masks = [part.mask for part in with_sampler]
-            trainer, mask = join_masked([part.sampler_pair[0] for part in with_sampler], masks)
-            sampler, _ = join_masked([part.sampler_pair[1] for part in with_sampler], masks)
-            stats = mismatch_stats(trainer, sampler, mask, self.rollout_is.max)
-            metrics.update({f"train/mismatch/{key}": value for key, value in stats.items()})
-        metrics["train/loss"] = sum(losses) / len(losses)
-        metrics["train/grad_norm"] = sum(grad_norms) / len(grad_norms)
-        return metrics
-
     # ------------------------------------------------------------------ the optimizer step
 
     def clip_and_step(self, module: pl.LightningModule, optimizer, scheduler, loss_sum: Tensor) -> tuple[float, float]:
@@ -320,3 +294,27 @@ class PolicyUpdate:
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.skipped_updates = state.get("skipped_updates", 0)
         self.consecutive_skips = state.get("consecutive_skips", 0)
+
+
+@torch.no_grad()
+def update_metrics(
+    parts: list[MicroBatchLoss], losses: list[float], grad_norms: list[float], rollout_is_max: float
+) -> dict[str, Tensor | float]:
+    """The step's update statistics, each computed once over all of its micro-batches (token-weighted);
+    `rollout_is_max` is the importance weights' cap the mismatch statistics count against."""
+    metrics = {f"train/{key}": value for key, value in merged_stats([part.policy_loss for part in parts]).items()}
+    for name in ("kl", "entropy"):
+        with_values = [part for part in parts if getattr(part, name) is not None]
+        if with_values:
+            values, mask = join_masked([getattr(part, name) for part in with_values], [p.mask for p in with_values])
+            metrics[f"train/{name}"] = masked_mean(values, mask)
+    with_sampler = [part for part in parts if part.sampler_pair is not None]
+    if with_sampler:
+        masks = [part.mask for part in with_sampler]
+        trainer, mask = join_masked([part.sampler_pair[0] for part in with_sampler], masks)
+        sampler, _ = join_masked([part.sampler_pair[1] for part in with_sampler], masks)
+        stats = mismatch_stats(trainer, sampler, mask, rollout_is_max)
+        metrics.update({f"train/mismatch/{key}": value for key, value in stats.items()})
+    metrics["train/loss"] = sum(losses) / len(losses)
+    metrics["train/grad_norm"] = sum(grad_norms) / len(grad_norms)
+    return metrics

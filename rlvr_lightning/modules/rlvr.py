@@ -27,7 +27,6 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 
 from rlvr_lightning.advantages import AdvantageCallback, GroupNormalizedAdvantage
-from rlvr_lightning.core.advantage_estimators import zero_variance_group_fraction
 from rlvr_lightning.core.masked import masked_mean, masked_sum
 from rlvr_lightning.core.policy_losses import PolicyLoss, policy_loss
 from rlvr_lightning.modules.async_rollouts import AsyncRollouts
@@ -45,6 +44,7 @@ from rlvr_lightning.modules.options import (
 )
 from rlvr_lightning.modules.policy_module import PolicyModule
 from rlvr_lightning.modules.policy_update import PolicyUpdate
+from rlvr_lightning.modules.scoring import reward_metrics
 from rlvr_lightning.modules.step_metrics import publish_step_metrics
 from rlvr_lightning.parallel.fsdp import gathered_params
 from rlvr_lightning.policies.base import Policy, PromptBatch, SamplingConfig
@@ -105,17 +105,14 @@ class RLVRModule(PolicyModule):
         check_rl_options(group_size, self.sampling, self.loss, aggregation, rollout_staleness, dynamic_sampling, update)
         self.group_size, self.rollout_staleness = group_size, rollout_staleness
         self.aggregation, self.kl, self.dynamic_sampling, self.update = aggregation, kl, dynamic_sampling, update
-        # the divisor of seq-sum-constant: the policy's fixed response length, else the longest response
-        response_length = getattr(policy, "response_length", None)
-        self.loss_constant = float(aggregation.constant or response_length or self.sampling.max_new_tokens)
         if rollout_staleness and rollout_is.mode is None:
             rollout_is = dataclasses.replace(rollout_is, mode="token_mask")  # AReaL: tokens over the cap drop out
         self.rollout_is = rollout_is
         self.reference = policy.create_reference() if kl.coef != 0 else None
         self.policy_update = PolicyUpdate(
-            policy, self.loss, aggregation, self.loss_constant, kl, self.reference, rollout_is, update,
-            entropy_coef, self.sampling.temperature,
-        )  # fmt: skip
+            policy, self.loss, aggregation, kl, self.reference, rollout_is, update, entropy_coef, self.sampling
+        )
+        self.loss_constant = self.policy_update.loss_constant  # seq-sum-constant's divisor
         self.advantage_estimator: AdvantageCallback | None = None
         self._topup_batches = None
         self.last_rollout: Rollout | None = None  # the step's trained batch (read by RolloutTableLogger)
@@ -191,7 +188,9 @@ class RLVRModule(PolicyModule):
         if self.async_rollouts is not None:  # the next rollout is sampled while this one trains
             metrics["time/weight_push_s"] = self.async_rollouts.launch(batch, self.trainer.global_step)
         scored = clock(self.device)
-        metrics.update(self._reward_metrics(rollout, prefix="train", generation_stats=generation_stats))
+        if generation_stats is None:  # sampled in this thread: the policy's last generation (top-ups included)
+            generation_stats = getattr(self.policy, "last_generation_stats", None)
+        metrics.update(reward_metrics(rollout, self.reward_callbacks, generation_stats, prefix="train"))
         metrics.update(bias_metrics(rollout, self.correctness(rollout), self.aggregation, self.loss_constant))
         report_stage("log-probs")
         self.policy_update.add_old_and_reference_log_probs(rollout)
@@ -302,24 +301,3 @@ class RLVRModule(PolicyModule):
             return
         if self.rollout_step > 0 and self.rollout_step % self.kl.refresh_every == 0:
             self.policy.update_reference(self.reference, alpha=self.kl.mixup_alpha)
-
-    # ---------------------------------------------------------------- metrics
-
-    def _reward_metrics(
-        self, rollout: Rollout, prefix: str, generation_stats: dict | None = None
-    ) -> dict[str, Tensor | float]:
-        reward = rollout.reward
-        metrics: dict[str, Tensor | float] = {
-            f"{prefix}/reward_mean": reward.mean(),
-            f"{prefix}/reward_std": reward.std() if reward.numel() > 1 else 0.0,
-            f"{prefix}/reward_min": reward.min(),
-            f"{prefix}/reward_max": reward.max(),
-            f"{prefix}/zero_variance_groups": zero_variance_group_fraction(reward, rollout.group_size),
-        }
-        metrics.update(self.per_reward_metrics(rollout, prefix))
-        stats = (
-            generation_stats if generation_stats is not None else getattr(self.policy, "last_generation_stats", None)
-        )
-        if stats:
-            metrics.update({f"{prefix}/generation/{key}": float(value) for key, value in stats.items()})
-        return metrics

@@ -1,8 +1,9 @@
 """Scoring rollouts with a run's reward callbacks, as every module that samples does (RL, SFT, expert iteration).
 
-`score` fills a rollout's rewards; `correctness` decides which responses are correct (or well-formatted) from
-the first reward of a kind that can tell; `completion_rows` turns a scored rollout into plain rows for
-`rlvr predict`. `PolicyModule` (`modules/policy_module.py`) calls them with its `reward_callbacks`.
+`score` fills a rollout's rewards and `reward_metrics` summarises them; `correctness` decides which
+responses are correct (or well-formatted) from the first reward of a kind that can tell; `completion_rows`
+turns a scored rollout into plain rows for `rlvr predict`. `PolicyModule` (`modules/policy_module.py`) calls
+them with its `reward_callbacks`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from rlvr_lightning.core.advantage_estimators import zero_variance_group_fraction
 from rlvr_lightning.rewards.base import RewardCallback
 from rlvr_lightning.rollout import Rollout
 
@@ -55,6 +57,24 @@ def per_reward_metrics(
     for callback in reward_callbacks:
         metrics[f"{prefix}/rewards/{callback.name}"] = rollout.rewards[callback.name].mean()
         metrics[f"{prefix}/reward_errors/{callback.name}"] = float(callback.pop_errors())
+    return metrics
+
+
+def reward_metrics(
+    rollout: Rollout, reward_callbacks: Sequence[RewardCallback], generation_stats: dict | None, prefix: str
+) -> dict[str, Tensor | float]:
+    """The total reward's statistics, each reward's (`per_reward_metrics`) and the generation's statistics."""
+    reward = rollout.reward
+    metrics: dict[str, Tensor | float] = {
+        f"{prefix}/reward_mean": reward.mean(),
+        f"{prefix}/reward_std": reward.std() if reward.numel() > 1 else 0.0,
+        f"{prefix}/reward_min": reward.min(),
+        f"{prefix}/reward_max": reward.max(),
+        f"{prefix}/zero_variance_groups": zero_variance_group_fraction(reward, rollout.group_size),
+    }
+    metrics.update(per_reward_metrics(rollout, reward_callbacks, prefix))
+    if generation_stats:
+        metrics.update({f"{prefix}/generation/{key}": float(value) for key, value in generation_stats.items()})
     return metrics
 
 
