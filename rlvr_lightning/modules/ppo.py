@@ -24,6 +24,7 @@ policy's forward; the value loss also trains the policy's trunk).
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch
 from lightning.pytorch.strategies import DDPStrategy
@@ -51,7 +52,7 @@ class PPOModule(RLVRModule):
         critic: Policy | None = None,
         value: ValueConfig = ValueConfig(),
         gae: GAEConfig = GAEConfig(),
-        **kwargs,
+        **kwargs: Any,
     ) -> None:
         """
         Args:

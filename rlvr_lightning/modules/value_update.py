@@ -11,7 +11,7 @@ and a shared trunk is read detached, so the policy's parameters get no gradient 
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import lightning.pytorch as pl
 import torch
@@ -35,7 +35,7 @@ class _ValuePart(NamedTuple):
 
 
 class ValueUpdate(PolicyUpdate):
-    def __init__(self, critic: Policy | None, value_head: ValueHead, value: ValueConfig, **options) -> None:
+    def __init__(self, critic: Policy | None, value_head: ValueHead, value: ValueConfig, **options: Any) -> None:
         """
         Args:
             critic: the separate value model's trunk (None: the value head reads the policy's hidden states).
