@@ -43,9 +43,15 @@ TRAINER_DEFAULTS = {
     "devices": 1,
     "default_root_dir": "runs",
     "logger": [
-        {"class_path": "lightning.pytorch.loggers.WandbLogger", "init_args": {"offline": True, "project": "rlvr_lightning", "save_dir": "runs"}},
+        {
+            "class_path": "lightning.pytorch.loggers.WandbLogger",
+            "init_args": {"offline": True, "project": "rlvr_lightning", "save_dir": "runs"},
+        },
         # flushed every step: a killed run keeps its metrics (46 us per step for 30 metrics, 21 us every 100)
-        {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": "runs", "name": "csv", "flush_logs_every_n_steps": 1}},
+        {
+            "class_path": "lightning.pytorch.loggers.CSVLogger",
+            "init_args": {"save_dir": "runs", "name": "csv", "flush_logs_every_n_steps": 1},
+        },
     ],
     "log_every_n_steps": 1,
 }

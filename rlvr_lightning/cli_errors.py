@@ -162,7 +162,8 @@ def _module_members(module_path: str) -> list[str]:
         return []
     package = module_path.split(".")[0]
     names = {
-        name for name, value in vars(module).items()
+        name
+        for name, value in vars(module).items()
         if inspect.isclass(value) and not name.startswith("_") and value.__module__.split(".")[0] == package
     }
     if hasattr(module, "__path__"):
@@ -189,7 +190,11 @@ def explain_parse_error(message: str, argv: list[str], parser: Any = None) -> Co
         choices = init_options(class_path) if class_path else []
         owner = class_path.rpartition(".")[2] if class_path else "this section"
         return ConfigProblem(
-            f"{owner} has no option {name!r}", option, locate(option, argv), choices, closest(name, choices),
+            f"{owner} has no option {name!r}",
+            option,
+            locate(option, argv),
+            choices,
+            closest(name, choices),
             _help_tip(keys[0] if len(keys) == 1 and len(classes) == 1 else None, class_path),
         )
     if (m := re.search(r"Group '([\w.]+)' does not accept option '(\w+)'", text)) and class_path:
@@ -197,7 +202,11 @@ def explain_parse_error(message: str, argv: list[str], parser: Any = None) -> Co
         option = f"{option}.init_args.{group}.{name}" if option else f"{group}.{name}"
         choices = group_fields(class_path, group)
         return ConfigProblem(
-            f"{group} has no option {name!r}", option, locate(option, argv), choices, closest(name, choices),
+            f"{group} has no option {name!r}",
+            option,
+            locate(option, argv),
+            choices,
+            closest(name, choices),
             _help_tip(keys[0] if len(keys) == 1 and len(classes) == 1 else None, class_path),
         )
     if m := re.search(r"module '([\w.]+)' has no attribute '(\w+)'", text):
@@ -206,7 +215,10 @@ def explain_parse_error(message: str, argv: list[str], parser: Any = None) -> Co
         wrong = f"{module}.{name}"
         suggestion = closest(name, choices)
         return ConfigProblem(
-            f"class_path {wrong!r}: {module} has no {name!r}", option, locate(None, argv, wrong), choices,
+            f"class_path {wrong!r}: {module} has no {name!r}",
+            option,
+            locate(None, argv, wrong),
+            choices,
             f"{module}.{suggestion}" if suggestion else None,
         )
     if m := re.search(r"No module named '([\w.]+)'", text):
@@ -216,13 +228,20 @@ def explain_parse_error(message: str, argv: list[str], parser: Any = None) -> Co
         choices = _module_members(parent) if parent else []
         suggestion = closest(name, choices)
         return ConfigProblem(
-            f"class_path {wrong!r}: no module {missing!r}", option, locate(None, argv, wrong), choices,
+            f"class_path {wrong!r}: no module {missing!r}",
+            option,
+            locate(None, argv, wrong),
+            choices,
             wrong.replace(missing, f"{parent}.{suggestion}", 1) if suggestion else None,
         )
     if m := re.search(r"Expected a <class '([\w.]+)'>\. Got value: (.*)$", text):
         name = option.rpartition(".")[2] if option else "the value"
-        return ConfigProblem(f"{name} expects {m.group(1)}, got {m.group(2)!r}", option, locate(option, argv) if option else None)
-    if m := re.search(r"(?:Subcommand '\w+' does not accept option|Group '[\w.]+' does not accept option) '([\w.]+)'", text):
+        return ConfigProblem(
+            f"{name} expects {m.group(1)}, got {m.group(2)!r}", option, locate(option, argv) if option else None
+        )
+    if m := re.search(
+        r"(?:Subcommand '\w+' does not accept option|Group '[\w.]+' does not accept option) '([\w.]+)'", text
+    ):
         return _unknown_key(m.group(1), argv, parser)
     if m := re.search(r"unrecognized arguments: (\S+)", text):
         return _unknown_key(m.group(1).lstrip("-").split("=")[0], argv, parser)
@@ -235,7 +254,11 @@ def explain_parse_error(message: str, argv: list[str], parser: Any = None) -> Co
         siblings = sorted(p.name for p in missing.parent.glob("*.y*ml")) if missing.parent.is_dir() else []
         suggestion = closest(missing.name, siblings)
         return ConfigProblem(
-            f"config file {str(missing)!r} does not exist", None, None, [], str(missing.parent / suggestion) if suggestion else None
+            f"config file {str(missing)!r} does not exist",
+            None,
+            None,
+            [],
+            str(missing.parent / suggestion) if suggestion else None,
         )
     return ConfigProblem(text, option, locate(option, argv) if option else None, *_choices_in(text))
 
@@ -254,7 +277,11 @@ def _unknown_key(key: str, argv: list[str], parser: Any) -> ConfigProblem:
         return ConfigProblem(f"unknown option {key!r}", key, locate(key, argv), siblings, suggestion)
     suggestion = closest(name, siblings)
     return ConfigProblem(
-        f"unknown option {key!r}", key, locate(key, argv), siblings, f"{parent}.{suggestion}" if parent and suggestion else suggestion
+        f"unknown option {key!r}",
+        key,
+        locate(key, argv),
+        siblings,
+        f"{parent}.{suggestion}" if parent and suggestion else suggestion,
     )
 
 
@@ -284,7 +311,7 @@ def _choices_in(text: str) -> tuple[list[str], str | None]:
     return choices, closest(given.group(1), choices)
 
 
-# ----------------------------------------------------------------------------- errors raised while building or setting up
+# ------------------------------------------------------------------ errors raised while building or setting up
 
 
 _WRAPPERS = (os.sep + "jsonargparse" + os.sep, os.path.join("lightning", "pytorch", "cli.py"))
@@ -381,7 +408,9 @@ def explain_build_error(error: BaseException, argv: list[str], config: Any, duri
         option = section or None
     choices, suggestion = _choices_in(text)
     tip = _help_tip(section, class_path)
-    return ConfigProblem(text.splitlines()[0] if len(text) < 2000 else text[:2000], option, where, choices, suggestion, tip)
+    return ConfigProblem(
+        text.splitlines()[0] if len(text) < 2000 else text[:2000], option, where, choices, suggestion, tip
+    )
 
 
 def _group_option(config: Any, group: str, name: str) -> tuple[str | None, str | None]:

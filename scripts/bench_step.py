@@ -134,7 +134,7 @@ def run_ours(model_dir: Path, case: dict, steps: int, seed: int, engine: bool = 
     timer.wrap(module, "score", "reward")
     timer.wrap(policy, "token_log_probs", "logprob_forward")
     timer.wrap(module, "manual_backward", "backward")
-    timer.wrap(module, "_clip_and_step", "optimizer")
+    timer.wrap(module.policy_update, "clip_and_step", "optimizer")
     data = RLVRDataModule(
         InlineTask(examples=[{"prompt": p} for p in case["prompts"]], seed=seed), batch_size=len(case["prompts"])
     )

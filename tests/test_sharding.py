@@ -151,7 +151,7 @@ def test_a_failed_sharded_write_leaves_the_last_checkpoint_intact(tmp_path, monk
 def test_lora_with_a_refreshed_reference_is_refused_before_sharding(hf_policy):
     from types import SimpleNamespace
 
-    from rlvr_lightning.parallel import ShardedPolicyModule
+    from rlvr_lightning.modules import PolicyModule, RLVRModule
 
     class Mesh:
         mesh_dim_names = ("data_parallel",)
@@ -166,9 +166,11 @@ def test_lora_with_a_refreshed_reference_is_refused_before_sharding(hf_policy):
         policy=policy,
         reference=None,
         kl=SimpleNamespace(refresh_every=5),
+        async_rollouts=None,
     )
+    module.check_sharding = lambda: RLVRModule.check_sharding(module)
     with pytest.raises(NotImplementedError, match="kl.refresh_every: null"):
-        ShardedPolicyModule.configure_model(module)
+        PolicyModule.configure_model(module)
     assert not any(type(p).__name__ == "DTensor" for p in policy.parameters())
 
 

@@ -165,14 +165,20 @@ class AsyncRollouts:
         self._push_weights()
         return self._sample(batch, _draw_seed(), version)
 
-    def _sample(self, batch: PromptBatch, seed: int, version: int, thread: BackgroundThreadState | None = None) -> SampledRollout:
+    def _sample(
+        self, batch: PromptBatch, seed: int, version: int, thread: BackgroundThreadState | None = None
+    ) -> SampledRollout:
         """Sample `batch`; `thread`: in the background thread, the training thread's state to take on first."""
         background = thread is not None
         if background:
             thread.enter()
         device = self._device()
         stream = torch.cuda.stream(self._stream) if background and self._stream is not None else nullcontext()
-        with stage_reports.muted() if background else nullcontext(), stream, thread.precision() if background else nullcontext():
+        with (
+            stage_reports.muted() if background else nullcontext(),
+            stream,
+            thread.precision() if background else nullcontext(),
+        ):
             generator = torch.Generator(device=self._generator_device()).manual_seed(seed)
             started = time.perf_counter()
             rollout = self._sampler.sample(batch, self.group_size, self.sampling, generator=generator)
@@ -224,7 +230,9 @@ class AsyncRollouts:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.close()
         ready = state.get("ready")
-        self.ready = None if ready is None else SampledRollout(Rollout(**ready), dict(state["stats"]), int(state["version"]))
+        self.ready = (
+            None if ready is None else SampledRollout(Rollout(**ready), dict(state["stats"]), int(state["version"]))
+        )
 
     def close(self) -> None:
         """Wait for the rollout in flight and stop the thread (a later launch starts a new one)."""

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 
-import lightning.pytorch as pl
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
@@ -28,20 +27,18 @@ from torch import Tensor
 from rlvr_lightning.distributed import all_gather
 from rlvr_lightning.modules.gradients import backward_sync, policy_gradient_norm
 from rlvr_lightning.modules.options import AggregationConfig, UpdateConfig, ValidationConfig, plain_hyperparameters
-from rlvr_lightning.modules.rlvr import RLVRModule
-from rlvr_lightning.modules.sft import RewardScoringMixin, check_nll_aggregation, response_nll
+from rlvr_lightning.modules.pair_rollouts import check_nll_aggregation, response_nll
+from rlvr_lightning.modules.policy_module import PolicyModule
 from rlvr_lightning.modules.step_metrics import publish_step_metrics
-from rlvr_lightning.modules.training_precision import TrainingPrecisionCheck
-from rlvr_lightning.parallel.fsdp import ShardedPolicyModule, gathered_params
+from rlvr_lightning.parallel.fsdp import gathered_params
 from rlvr_lightning.policies.base import Policy, PromptBatch, SamplingConfig
-from rlvr_lightning.rewards.base import RewardCallback, find_reward_callbacks
 from rlvr_lightning.rollout import Rollout
 from rlvr_lightning.timing import clock
 
 log = logging.getLogger(__name__)
 
 
-class ExpertIterationModule(TrainingPrecisionCheck, RewardScoringMixin, ShardedPolicyModule, pl.LightningModule):
+class ExpertIterationModule(PolicyModule):
     def __init__(
         self,
         policy: Policy,
@@ -73,7 +70,7 @@ class ExpertIterationModule(TrainingPrecisionCheck, RewardScoringMixin, ShardedP
                 without a token never count: count_empty_rows must stay false).
             validation: responses per validation prompt and greedy decoding (group_size, greedy).
         """
-        super().__init__()
+        super().__init__(policy, optimizer, lr_scheduler, sampling, validation)
         self.save_hyperparameters(ignore=["policy", "optimizer", "lr_scheduler", "sampling"])
         plain_hyperparameters(self)
         self.automatic_optimization = False
@@ -88,11 +85,7 @@ class ExpertIterationModule(TrainingPrecisionCheck, RewardScoringMixin, ShardedP
             raise ValueError(
                 "aggregation.count_empty_rows=true does not apply: ranks are padded with empty rows, which never count"
             )
-        self.policy = policy
-        self.optimizer_factory = optimizer
-        self.lr_scheduler_factory = lr_scheduler
         self.group_size = group_size
-        self.sampling = sampling or SamplingConfig()
         if not self.sampling.do_sample and group_size > 1:
             raise ValueError(
                 "sampling.do_sample=false makes the group_size responses to a prompt identical (greedy); "
@@ -100,14 +93,10 @@ class ExpertIterationModule(TrainingPrecisionCheck, RewardScoringMixin, ShardedP
             )
         self.reward_threshold = reward_threshold
         self.max_per_prompt = max_per_prompt
-        self.update, self.aggregation, self.validation = update, aggregation, validation
-        self.reward_callbacks: list[RewardCallback] = []
-
-    validation_step = RLVRModule.validation_step
-    configure_optimizers = RLVRModule.configure_optimizers
+        self.update, self.aggregation = update, aggregation
 
     def setup(self, stage: str) -> None:
-        self.reward_callbacks = find_reward_callbacks(self.trainer.callbacks)
+        super().setup(stage)
         if not self.reward_callbacks:
             raise ValueError("no RewardCallback in trainer.callbacks: expert iteration keeps what passes a reward")
         if self.reward_threshold is None and not any(cb.kind == "task" for cb in self.reward_callbacks):
@@ -205,7 +194,9 @@ class ExpertIterationModule(TrainingPrecisionCheck, RewardScoringMixin, ShardedP
                     loss_sum = loss_sum + loss.detach()
                 grad_norms.append(policy_gradient_norm(self.policy, loss_sum.device))
                 if self.update.max_grad_norm is not None:
-                    self.clip_gradients(optimizer, gradient_clip_val=self.update.max_grad_norm, gradient_clip_algorithm="norm")
+                    self.clip_gradients(
+                        optimizer, gradient_clip_val=self.update.max_grad_norm, gradient_clip_algorithm="norm"
+                    )
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
                 if scheduler is not None:

@@ -154,7 +154,11 @@ class UpdateConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"update.{name} must be >= 1 or null, got {value}")
-        if self.mini_batch_size is not None and self.micro_batch_size is not None and self.mini_batch_size % self.micro_batch_size:
+        if (
+            self.mini_batch_size is not None
+            and self.micro_batch_size is not None
+            and self.mini_batch_size % self.micro_batch_size
+        ):
             raise ValueError(
                 f"update.micro_batch_size={self.micro_batch_size} must divide update.mini_batch_size="
                 f"{self.mini_batch_size} (a mini-batch is accumulated from whole micro-batches)"
@@ -181,7 +185,6 @@ class ValidationConfig:
                 f"validation.greedy decodes the {self.group_size} validation responses of a prompt identically; "
                 "set validation.greedy: false to measure pass@k and majority vote"
             )
-
 
 
 @dataclass(frozen=True)
@@ -258,12 +261,15 @@ def check_rl_options(
             "with itself, so nothing could be trained on. Use group_size >= 2."
         )
     if rollout_staleness not in (0, 1):
-        raise ValueError(f"rollout_staleness={rollout_staleness!r} is not valid; choose 0 (on-policy) or 1 (one step off-policy)")
+        raise ValueError(
+            f"rollout_staleness={rollout_staleness!r} is not valid; choose 0 (on-policy) or 1 (one step off-policy)"
+        )
     loss.check(aggregation.mode)
     if not loss.needs_old_log_probs and update.epochs > 1:
         log.warning(
             "loss %r reads no old log-probs (no importance ratio): epochs after the first train on stale samples "
-            "uncorrected", loss
+            "uncorrected",
+            loss,
         )
 
 

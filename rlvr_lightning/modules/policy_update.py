@@ -1,18 +1,20 @@
-"""The inner PPO-style update of `RLVRModule`: epochs x mini-batches x micro-batches over one rollout.
+"""`PolicyUpdate`: the inner update of `RLVRModule`, epochs x mini-batches x micro-batches over one rollout.
 
     for epoch in update.epochs: for mini-batch (shuffled): for micro-batch:
         loss = aggregate(w_IS * policy_loss + kl.coef * KL - entropy_coef * H)   normalised by the mini-batch
         manual_backward(loss)                           DDP all-reduces at the last micro-batch only
     clip the gradient norm; optimizer step (skipped, and counted, when the loss or gradient is not finite)
 
-Its inputs first (`_add_old_and_reference_log_probs`): the old log-probs, the trainer's numbers at the
+Its inputs first (`add_old_and_reference_log_probs`): the old log-probs, the trainer's numbers at the
 weights the step starts from (recomputed only when the policy moves before the last update; otherwise the
 first update's own, detached), and the reference log-probs. `w_IS` compares the old log-probs with the
 sampler's (`rollout_is`); with asynchronous rollouts the sampler is one update behind, and the same
 arithmetic is AReaL's decoupled PPO (see `modules/async_rollouts.py`).
 
-A mixin: it reads the module's options (`loss`, `aggregation`, `kl`, `rollout_is`, `update`) and
-uses Lightning's manual optimisation (`optimizers`, `manual_backward`, `clip_gradients`).
+The module owns one and hands itself to `run` for Lightning's manual optimisation (`optimizers`,
+`lr_schedulers`, `manual_backward`, `clip_gradients`). `PPOModule`'s subclass, `ValueUpdate`
+(`modules/value_update.py`), overrides `policy_forward`, `micro_batch_loss`, `gradient_norm` and
+`clip_gradients`.
 """
 
 from __future__ import annotations
@@ -21,17 +23,22 @@ import logging
 import math
 from typing import NamedTuple
 
+import lightning.pytorch as pl
 import torch
 from torch import Tensor
 
 from rlvr_lightning.core.aggregation import aggregate_loss, non_empty_rows
 from rlvr_lightning.core.importance_sampling import mismatch_stats, rollout_is_weights
+from rlvr_lightning.core.kl import kl_estimator
 from rlvr_lightning.core.masked import join_masked, masked_mean
-from rlvr_lightning.core.policy_losses import PolicyLossOutput, merged_stats
+from rlvr_lightning.core.policy_losses import PolicyLoss, PolicyLossOutput, merged_stats
 from rlvr_lightning.modules.gradients import backward_sync, policy_gradient_norm
+from rlvr_lightning.modules.options import AggregationConfig, ImportanceSamplingConfig, KLConfig, UpdateConfig
+from rlvr_lightning.policies.base import Policy, SamplingConfig
 from rlvr_lightning.rollout import Rollout
 
 log = logging.getLogger(__name__)
+
 
 class MicroBatchLoss(NamedTuple):
     loss: Tensor  # the scalar that is back-propagated
@@ -39,14 +46,59 @@ class MicroBatchLoss(NamedTuple):
     mask: Tensor | None  # bool [n, T], None: every token counts
     kl: Tensor | None  # detached per-token KL, when it is in the loss
     entropy: Tensor | None  # detached per-token entropy, first epoch only
-    sampler_pair: tuple[Tensor, Tensor] | None  # (trainer, sampler) log-probs at the sampling weights, first update only
+    sampler_pair: tuple[Tensor, Tensor] | None  # (trainer, sampler) log-probs at the sampling weights, first update
 
 
 class PolicyUpdate:
-    skipped_updates = 0
-    consecutive_skips = 0
+    def __init__(
+        self,
+        policy: Policy,
+        loss: PolicyLoss,
+        aggregation: AggregationConfig,
+        kl: KLConfig,
+        reference: Policy | None,
+        rollout_is: ImportanceSamplingConfig,
+        update: UpdateConfig,
+        entropy_coef: float,
+        sampling: SamplingConfig,
+    ) -> None:
+        """
+        Args:
+            policy: the model being trained.
+            loss: the per-token policy loss.
+            aggregation: how token losses become the scalar that is back-propagated.
+            kl: the KL penalty to `reference`.
+            reference: the KL reference (None: no KL).
+            rollout_is: the importance-sampling correction of the sampler/trainer mismatch.
+            update: epochs, mini- and micro-batch sizes, gradient clipping, non-finite updates tolerated.
+            entropy_coef: weight of the entropy bonus subtracted from the per-token loss.
+            sampling: how the responses were sampled: log-probs are computed at its temperature.
+        """
+        self.policy, self.loss, self.aggregation, self.sampling = policy, loss, aggregation, sampling
+        self.temperature = sampling.temperature
+        # the divisor of seq-sum-constant: the policy's fixed response length, else the longest response
+        response_length = getattr(policy, "response_length", None)
+        self.loss_constant = float(aggregation.constant or response_length or sampling.max_new_tokens)
+        self.kl, self.kl_estimator, self.reference = kl, kl_estimator(kl.estimator), reference
+        self.rollout_is, self.update, self.entropy_coef = rollout_is, update, entropy_coef
+        self.skipped_updates = 0  # non-finite updates skipped so far
+        self.consecutive_skips = 0
 
-    def _micro_batches(self, rollout: Rollout):
+    def options(self) -> dict:
+        """The arguments this update was built with (a subclass is built from them)."""
+        return dict(
+            policy=self.policy,
+            loss=self.loss,
+            aggregation=self.aggregation,
+            kl=self.kl,
+            reference=self.reference,
+            rollout_is=self.rollout_is,
+            update=self.update,
+            entropy_coef=self.entropy_coef,
+            sampling=self.sampling,
+        )
+
+    def micro_batches(self, rollout: Rollout):
         size = self.update.micro_batch_size or self.update.mini_batch_size or rollout.num_rows
         if size >= rollout.num_rows:
             yield rollout
@@ -54,19 +106,20 @@ class PolicyUpdate:
         for start in range(0, rollout.num_rows, size):
             yield rollout.select(slice(start, start + size))
 
-    def _needs_old_log_probs(self, num_rows: int) -> bool:
+    # ------------------------------------------------------------------ inputs
+
+    def needs_old_log_probs(self, num_rows: int) -> bool:
         """Old log-probs matter only once the policy has moved, i.e. after the first optimizer step."""
         updates = self.update.epochs * (num_rows // (self.update.mini_batch_size or num_rows))
         return self.loss.needs_old_log_probs and updates > 1
 
     @torch.no_grad()
-    def _add_old_and_reference_log_probs(self, rollout: Rollout) -> None:
+    def add_old_and_reference_log_probs(self, rollout: Rollout) -> None:
         """Old log-probs (unless the policy already recorded them while sampling) and reference log-probs.
 
         Sampling log-probs serve as old log-probs only when the policy says they are the trainer's and no
         importance-sampling correction needs the trainer's own numbers next to them."""
-        temperature = self.sampling.temperature
-        if not self._needs_old_log_probs(rollout.num_rows):
+        if not self.needs_old_log_probs(rollout.num_rows):
             rollout.old_log_probs = None  # the ratio is 1 by construction: the loss uses detached log-probs
         elif (
             rollout.old_log_probs is None
@@ -77,16 +130,32 @@ class PolicyUpdate:
             rollout.old_log_probs = rollout.sampling_log_probs
         elif rollout.old_log_probs is None:
             rollout.old_log_probs = torch.cat(
-                [self.policy.token_log_probs(mb, temperature)[0] for mb in self._micro_batches(rollout)]
+                [self.policy.token_log_probs(mb, self.temperature)[0] for mb in self.micro_batches(rollout)]
             )
         if self.reference is not None:
             rollout.ref_log_probs = torch.cat(
-                [self.policy.reference_log_probs(self.reference, mb, temperature) for mb in self._micro_batches(rollout)]
+                [
+                    self.policy.reference_log_probs(self.reference, mb, self.temperature)
+                    for mb in self.micro_batches(rollout)
+                ]
             )
 
-    def _update(self, rollout: Rollout) -> dict[str, Tensor | float]:
-        optimizer = self.optimizers()
-        scheduler = self.lr_schedulers()
+    @torch.no_grad()
+    def token_kl(self, rollout: Rollout) -> Tensor:
+        """`[N, T]` KL estimate to the reference at the sampling policy (no grad)."""
+        log_probs = rollout.old_log_probs
+        if log_probs is None:
+            log_probs = torch.cat(
+                [self.policy.token_log_probs(mb, self.temperature)[0] for mb in self.micro_batches(rollout)]
+            )
+        return self.kl_estimator.estimate(log_probs, rollout.ref_log_probs, clamp=self.kl.clamp)
+
+    # ------------------------------------------------------------------ the update
+
+    def run(self, rollout: Rollout, module: pl.LightningModule) -> dict[str, Tensor | float]:
+        """Train on `rollout` with `module`'s optimizer and scheduler; the step's update metrics."""
+        optimizer = module.optimizers()
+        scheduler = module.lr_schedulers()
         mini_size = self.update.mini_batch_size or rollout.num_rows
         # Fixed-length responses (every token real) skip all the masking ops of the loss.
         masked = not bool(rollout.response_mask.all())
@@ -94,7 +163,9 @@ class PolicyUpdate:
         losses: list[float] = []
         grad_norms: list[float] = []
         for epoch in range(self.update.epochs):
-            order = torch.randperm(rollout.num_rows, device=rollout.response_ids.device) if mini_size < rollout.num_rows else None
+            order = None
+            if mini_size < rollout.num_rows:
+                order = torch.randperm(rollout.num_rows, device=rollout.response_ids.device)
             for start in range(0, rollout.num_rows, mini_size):
                 minibatch = rollout if order is None else rollout.select(order[start : start + mini_size])
                 num_tokens = minibatch.response_mask.sum() if masked else minibatch.response_mask.numel()
@@ -102,22 +173,22 @@ class PolicyUpdate:
                 if masked and not self.aggregation.count_empty_rows:
                     num_sequences = non_empty_rows(minibatch.response_mask)
                 micro_losses = []
-                micros = list(self._micro_batches(minibatch))
+                micros = list(self.micro_batches(minibatch))
                 for i, micro in enumerate(micros):
                     mask = micro.response_mask.bool() if masked else None
                     first_update = epoch == 0 and start == 0  # the policy is still the one that sampled
-                    part = self._micro_batch_loss(micro, mask, num_sequences, num_tokens, epoch == 0, first_update)
-                    with backward_sync(self, sync=i == len(micros) - 1):
-                        self.manual_backward(part.loss)
+                    part = self.micro_batch_loss(micro, mask, num_sequences, num_tokens, epoch == 0, first_update)
+                    with backward_sync(module, sync=i == len(micros) - 1):
+                        module.manual_backward(part.loss)
                     micro_losses.append(part.loss.detach())
                     parts.append(part)
                 loss_sum = micro_losses[0] if len(micro_losses) == 1 else torch.stack(micro_losses).sum()
-                loss, grad_norm = self._clip_and_step(optimizer, scheduler, loss_sum)
+                loss, grad_norm = self.clip_and_step(module, optimizer, scheduler, loss_sum)
                 losses.append(loss)
                 grad_norms.append(grad_norm)
-        return self._update_metrics(parts, losses, grad_norms)
+        return update_metrics(parts, losses, grad_norms, self.rollout_is.max)
 
-    def _micro_batch_loss(
+    def micro_batch_loss(
         self,
         micro: Rollout,
         mask: Tensor | None,
@@ -132,7 +203,7 @@ class PolicyUpdate:
         # Entropy is logged from the first epoch (the sampling policy) and costs a pass only where it is needed;
         # as a metric only, without autograd.
         with_entropy = first_epoch or self.entropy_coef != 0
-        log_probs, entropy = self._policy_forward(micro, with_entropy, entropy_grad=self.entropy_coef != 0)
+        log_probs, entropy = self.policy_forward(micro, with_entropy, entropy_grad=self.entropy_coef != 0)
         policy_loss = self.loss(log_probs, micro.old_log_probs, micro.advantages, mask)
         token_loss = policy_loss.loss
         sampler_pair = None
@@ -142,9 +213,11 @@ class PolicyUpdate:
             if self.rollout_is.mode is not None:
                 # the trainer's log-probs at the sampling weights: the recomputed old ones, else this first update's
                 trainer = micro.old_log_probs if micro.old_log_probs is not None else log_probs.detach()
-                token_loss = token_loss * rollout_is_weights(
-                    trainer, micro.sampling_log_probs, mask, self.rollout_is.mode, self.rollout_is.max, self.rollout_is.min
+                is_options = self.rollout_is
+                weights = rollout_is_weights(
+                    trainer, micro.sampling_log_probs, mask, is_options.mode, is_options.max, is_options.min
                 )
+                token_loss = token_loss * weights
         kl = None
         if self.reference is not None and self.kl.mode == "loss":
             kl = self.kl_estimator.estimate(log_probs, micro.ref_log_probs, clamp=self.kl.clamp)
@@ -152,7 +225,12 @@ class PolicyUpdate:
         if self.entropy_coef != 0:
             token_loss = token_loss - self.entropy_coef * entropy
         loss = aggregate_loss(
-            token_loss, mask, self.aggregation.mode, num_sequences=num_sequences, num_tokens=num_tokens, constant=self.loss_constant
+            token_loss,
+            mask,
+            self.aggregation.mode,
+            num_sequences=num_sequences,
+            num_tokens=num_tokens,
+            constant=self.loss_constant,
         )
         return MicroBatchLoss(
             loss,
@@ -163,36 +241,18 @@ class PolicyUpdate:
             sampler_pair,
         )
 
-    def _policy_forward(self, micro: Rollout, with_entropy: bool, entropy_grad: bool) -> tuple[Tensor, Tensor | None]:
-        """The trained log-probs (and entropy) of a micro-batch. A hook: `PPOModule` reads its value head off
-        the same forward."""
-        return self.policy.token_log_probs(micro, self.sampling.temperature, with_entropy=with_entropy, entropy_grad=entropy_grad)
+    def policy_forward(self, micro: Rollout, with_entropy: bool, entropy_grad: bool) -> tuple[Tensor, Tensor | None]:
+        """The trained log-probs (and entropy) of a micro-batch."""
+        return self.policy.token_log_probs(
+            micro, self.temperature, with_entropy=with_entropy, entropy_grad=entropy_grad
+        )
 
-    @torch.no_grad()
-    def _update_metrics(
-        self, parts: list[MicroBatchLoss], losses: list[float], grad_norms: list[float]
-    ) -> dict[str, Tensor | float]:
-        """The step's update statistics, each computed once over all of its micro-batches (token-weighted)."""
-        metrics = {f"train/{key}": value for key, value in merged_stats([part.policy_loss for part in parts]).items()}
-        for name in ("kl", "entropy"):
-            with_values = [part for part in parts if getattr(part, name) is not None]
-            if with_values:
-                values, mask = join_masked([getattr(part, name) for part in with_values], [part.mask for part in with_values])
-                metrics[f"train/{name}"] = masked_mean(values, mask)
-        with_sampler = [part for part in parts if part.sampler_pair is not None]
-        if with_sampler:
-            trainer, mask = join_masked([part.sampler_pair[0] for part in with_sampler], [part.mask for part in with_sampler])
-            sampler, _ = join_masked([part.sampler_pair[1] for part in with_sampler], [part.mask for part in with_sampler])
-            stats = mismatch_stats(trainer, sampler, mask, self.rollout_is.max)
-            metrics.update({f"train/mismatch/{key}": value for key, value in stats.items()})
-        metrics["train/loss"] = sum(losses) / len(losses)
-        metrics["train/grad_norm"] = sum(grad_norms) / len(grad_norms)
-        return metrics
+    # ------------------------------------------------------------------ the optimizer step
 
-    def _clip_and_step(self, optimizer, scheduler, loss_sum: Tensor) -> tuple[float, float]:
+    def clip_and_step(self, module: pl.LightningModule, optimizer, scheduler, loss_sum: Tensor) -> tuple[float, float]:
         """Clip and step, or skip the update when the loss or the gradient is not finite. Returns the
         loss and the gradient norm before clipping."""
-        grad_norm = self._gradient_norm(loss_sum.device)
+        grad_norm = self.gradient_norm(loss_sum.device)
         # one host transfer for both numbers: the check is then Python's, not a chain of tensor ops
         loss, grad_norm = torch.stack((loss_sum.to(grad_norm.dtype), grad_norm)).tolist()
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
@@ -203,34 +263,58 @@ class PolicyUpdate:
             if self.consecutive_skips >= self.update.max_consecutive_skips:
                 raise RuntimeError(
                     f"{self.consecutive_skips} consecutive updates had a non-finite loss or gradient "
-                    f"(update.max_consecutive_skips={self.update.max_consecutive_skips}); stopping. Lower the learning "
-                    "rate, check the rewards for NaN, or raise update.max_consecutive_skips."
+                    f"(update.max_consecutive_skips={self.update.max_consecutive_skips}); stopping. Lower the "
+                    "learning rate, check the rewards for NaN, or raise update.max_consecutive_skips."
                 )
             return loss, grad_norm
         self.consecutive_skips = 0
         if self.update.max_grad_norm is not None:
-            self._clip_gradients(optimizer)
+            self.clip_gradients(module, optimizer)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if scheduler is not None:
             scheduler.step()
         return loss, grad_norm
 
-    def _gradient_norm(self, device: torch.device) -> Tensor:
+    def gradient_norm(self, device: torch.device) -> Tensor:
         """The gradient norm that is logged and must be finite for the update to happen, on `device` (the
-        loss's; a hook)."""
+        loss's)."""
         return policy_gradient_norm(self.policy, device)
 
-    def _clip_gradients(self, optimizer) -> None:
-        """Clip to `update.max_grad_norm` (a hook: `PPOModule` clips the policy and the critic separately)."""
-        self.clip_gradients(optimizer, gradient_clip_val=self.update.max_grad_norm, gradient_clip_algorithm="norm")
+    def clip_gradients(self, module: pl.LightningModule, optimizer) -> None:
+        """Clip to `update.max_grad_norm` (Lightning's clipping, which knows the strategy)."""
+        module.clip_gradients(optimizer, gradient_clip_val=self.update.max_grad_norm, gradient_clip_algorithm="norm")
 
-    # ------------------------------------------------------------ checkpoints
+    # ------------------------------------------------------------------ checkpoints
 
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        checkpoint["rlvr_counters"] = {"skipped_updates": self.skipped_updates, "consecutive_skips": self.consecutive_skips}
+    def state_dict(self) -> dict[str, int]:
+        """The skip counters (checkpoints keep them under "rlvr_counters")."""
+        return {"skipped_updates": self.skipped_updates, "consecutive_skips": self.consecutive_skips}
 
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        counters = checkpoint.get("rlvr_counters", {})
-        self.skipped_updates = counters.get("skipped_updates", 0)
-        self.consecutive_skips = counters.get("consecutive_skips", 0)
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.skipped_updates = state.get("skipped_updates", 0)
+        self.consecutive_skips = state.get("consecutive_skips", 0)
+
+
+@torch.no_grad()
+def update_metrics(
+    parts: list[MicroBatchLoss], losses: list[float], grad_norms: list[float], rollout_is_max: float
+) -> dict[str, Tensor | float]:
+    """The step's update statistics, each computed once over all of its micro-batches (token-weighted);
+    `rollout_is_max` is the importance weights' cap the mismatch statistics count against."""
+    metrics = {f"train/{key}": value for key, value in merged_stats([part.policy_loss for part in parts]).items()}
+    for name in ("kl", "entropy"):
+        with_values = [part for part in parts if getattr(part, name) is not None]
+        if with_values:
+            values, mask = join_masked([getattr(part, name) for part in with_values], [p.mask for p in with_values])
+            metrics[f"train/{name}"] = masked_mean(values, mask)
+    with_sampler = [part for part in parts if part.sampler_pair is not None]
+    if with_sampler:
+        masks = [part.mask for part in with_sampler]
+        trainer, mask = join_masked([part.sampler_pair[0] for part in with_sampler], masks)
+        sampler, _ = join_masked([part.sampler_pair[1] for part in with_sampler], masks)
+        stats = mismatch_stats(trainer, sampler, mask, rollout_is_max)
+        metrics.update({f"train/mismatch/{key}": value for key, value in stats.items()})
+    metrics["train/loss"] = sum(losses) / len(losses)
+    metrics["train/grad_norm"] = sum(grad_norms) / len(grad_norms)
+    return metrics

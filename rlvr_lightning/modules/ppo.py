@@ -8,7 +8,7 @@
        from every token's reward (Ouyang et al. 2022 eq. 2; verl apply_kl_penalty)
     3. advantages, returns = GAE(token rewards, V_old; gae.gamma, gae.lam)                    core/gae.py
        advantages whitened over the batch's response tokens (gae.whiten)
-    4. update.epochs x mini- x micro-batches (modules/policy_update.py):
+    4. update.epochs x mini- x micro-batches (`ValueUpdate`, modules/value_update.py):
            loss = RLVRModule's policy loss + value.coef * value loss (clipped around V_old) core/value_loss.py
        one optimizer with two parameter groups: the policy (the optimizer's lr) and the critic (value.lr);
        each group's gradient norm is clipped to update.max_grad_norm on its own (as verl clips actor and critic)
@@ -24,30 +24,23 @@ policy's forward; the value loss also trains the policy's trunk).
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
+from typing import Any
 
 import torch
 from lightning.pytorch.strategies import DDPStrategy
 from torch import Tensor
 
 from rlvr_lightning.advantages import AdvantageCallback
-from rlvr_lightning.core.aggregation import aggregate_loss
 from rlvr_lightning.core.gae import gae_advantages, outcome_token_rewards
-from rlvr_lightning.core.masked import join_masked, masked_mean, masked_normalize, masked_sum
-from rlvr_lightning.core.value_loss import explained_variance, value_loss
-from rlvr_lightning.modules.gradients import total_norm
+from rlvr_lightning.core.masked import masked_mean, masked_normalize, masked_sum
+from rlvr_lightning.core.value_loss import explained_variance
 from rlvr_lightning.modules.options import GAEConfig, ValueConfig
 from rlvr_lightning.modules.rlvr import RLVRModule
 from rlvr_lightning.modules.value_model import ValueHead, check_hidden_states, trainable_copy
+from rlvr_lightning.modules.value_update import ValueUpdate
 from rlvr_lightning.parallel.fsdp import data_parallel_mesh, shard_policy, shard_unit, sharding_options
 from rlvr_lightning.policies.base import Policy
 from rlvr_lightning.rollout import Rollout
-
-
-class _ValuePart(NamedTuple):
-    loss: Tensor  # the micro-batch's share of its mini-batch's value loss (detached)
-    clipped: Tensor  # bool [n, T]
-    mask: Tensor | None
 
 
 class PPOModule(RLVRModule):
@@ -59,7 +52,7 @@ class PPOModule(RLVRModule):
         critic: Policy | None = None,
         value: ValueConfig = ValueConfig(),
         gae: GAEConfig = GAEConfig(),
-        **kwargs,
+        **kwargs: Any,
     ) -> None:
         """
         Args:
@@ -72,7 +65,10 @@ class PPOModule(RLVRModule):
         """
         super().__init__(policy, **kwargs)
         if critic is not None and value.model == "shared":
-            raise ValueError("critic is the trunk of a separate value model; value.model='shared' reads the policy's own hidden states")
+            raise ValueError(
+                "critic is the trunk of a separate value model; value.model='shared' reads the policy's own "
+                "hidden states"
+            )
         if value.model == "separate":
             self.critic = critic if critic is not None else trainable_copy(policy)
             hidden_size = check_hidden_states(self.critic, "critic")
@@ -81,31 +77,27 @@ class PPOModule(RLVRModule):
             hidden_size = check_hidden_states(policy, "shared value head")
         self.value_head = ValueHead(hidden_size)
         self.value, self.gae = value, gae
-        self._shared_hidden: Tensor | None = None  # the policy forward's hidden states, read by the value loss
+        # RLVRModule's update, training the critic too
+        self.policy_update = ValueUpdate(self.critic, self.value_head, value, **self.policy_update.options())
         self._token_kl_penalty: Tensor | None = None  # kl.coef * KL_t of this step (kl.mode="reward")
-        self._value_parts: list[_ValuePart] = []
-        self._critic_grad_norms: list[Tensor] = []
 
     # ----------------------------------------------------------------- set-up
 
     def critic_parameters(self) -> list[torch.nn.Parameter]:
         """The value head's parameters and, for a separate value model, its trunk's."""
-        trunk = [] if self.critic is None else list(self.critic.parameters())
-        return [*self.value_head.parameters(), *trunk]
+        return self.policy_update.critic_parameters()
 
-    def configure_optimizers(self):
+    def optimized_parameters(self) -> list[dict]:
+        """Two parameter groups: the policy's, and the critic's (with `value.lr` when set)."""
         critic_group: dict = {"params": self.critic_parameters()}
         if self.value.lr is not None:
             critic_group["lr"] = self.value.lr
-        optimizer = self.optimizer_factory([{"params": list(self.policy.parameters())}, critic_group])
-        if self.lr_scheduler_factory is None:
-            return optimizer
-        return {"optimizer": optimizer, "lr_scheduler": self.lr_scheduler_factory(optimizer)}
+        return [{"params": list(self.policy.parameters())}, critic_group]
 
     def configure_model(self) -> None:
         super().configure_model()
         strategy, mesh = self.trainer.strategy, data_parallel_mesh(self)
-        if mesh is not None:  # FSDP2: the critic is sharded as the policy is (its gradients are then reduced across ranks)
+        if mesh is not None:  # FSDP2: the critic is sharded as the policy is (its gradients are reduced across ranks)
             options = sharding_options(strategy)
             if self.critic is not None:
                 shard_policy(self.critic, mesh, options, root_reshard_after_forward=False)
@@ -119,7 +111,9 @@ class PPOModule(RLVRModule):
     def _setup_advantage_estimator(self, estimators: list[AdvantageCallback]) -> None:
         if estimators:
             names = ", ".join(type(cb).__name__ for cb in estimators)
-            raise ValueError(f"PPOModule estimates advantages with GAE from its critic; remove {names} from trainer.callbacks")
+            raise ValueError(
+                f"PPOModule estimates advantages with GAE from its critic; remove {names} from trainer.callbacks"
+            )
         self.advantage_estimator = None
 
     @property
@@ -127,22 +121,17 @@ class PPOModule(RLVRModule):
         """Whether this rollout step trains the critic only."""
         return self.rollout_step < self.value.warmup_steps
 
-    # ------------------------------------------------------------- advantages
+    def on_train_batch_start(self, batch, batch_idx: int) -> None:
+        self.policy_update.warming_up = self.warming_up
 
-    def _values(self, micro: Rollout, hidden: Tensor | None = None) -> Tensor:
-        """`[n, T]` values of a micro-batch, 0 on masked positions (`hidden`: the policy forward's, when shared)."""
-        if hidden is None:
-            trunk = self.critic if self.critic is not None else self.policy
-            hidden = trunk.response_hidden_states(micro)
-        values = self.value_head(hidden)
-        return values * micro.response_mask.to(values.dtype)
+    # ------------------------------------------------------------- advantages
 
     @torch.no_grad()
     def _penalize_reward_with_kl(self, rollout: Rollout, metrics: dict) -> None:
         """kl.mode="reward": every token's reward is -kl.coef * KL_t, the last one's plus the task reward
         (Ouyang et al. 2022 eq. 2; verl apply_kl_penalty)."""
         mask = rollout.response_mask
-        kl = self._token_kl(rollout)
+        kl = self.policy_update.token_kl(rollout)
         self._token_kl_penalty = self.kl.coef * kl * mask.to(kl.dtype)
         metrics["train/kl_reward_penalty"] = masked_sum(self._token_kl_penalty, mask, dim=-1).mean()
         metrics["train/kl"] = masked_mean(kl, mask)
@@ -150,7 +139,8 @@ class PPOModule(RLVRModule):
     @torch.no_grad()
     def _advantages(self, rollout: Rollout, metrics: dict) -> Tensor:
         mask = rollout.response_mask
-        values = torch.cat([self._values(mb) for mb in self._micro_batches(rollout)])
+        update = self.policy_update
+        values = torch.cat([update.values(mb) for mb in update.micro_batches(rollout)])
         token_rewards = outcome_token_rewards(rollout.reward, mask)
         if self._token_kl_penalty is not None:
             token_rewards = token_rewards - self._token_kl_penalty
@@ -165,55 +155,3 @@ class PPOModule(RLVRModule):
         metrics["train/critic/explained_variance"] = explained_variance(values, returns, mask)
         metrics["train/critic/warmup"] = float(self.warming_up)
         return advantages
-
-    # ----------------------------------------------------------------- update
-
-    def _update(self, rollout: Rollout) -> dict[str, Tensor | float]:
-        self._value_parts, self._critic_grad_norms = [], []
-        metrics = super()._update(rollout)
-        parts, norms = self._value_parts, self._critic_grad_norms
-        clipped, mask = join_masked([p.clipped for p in parts], [p.mask for p in parts])
-        # the micro-batch losses of a mini-batch add up to its loss; averaged over the optimizer steps
-        metrics["train/critic/value_loss"] = torch.stack([p.loss for p in parts]).sum() / max(len(norms), 1)
-        metrics["train/critic/clip_frac"] = masked_mean(clipped.float(), mask)
-        metrics["train/critic/grad_norm"] = torch.stack(norms).mean() if norms else 0.0
-        return metrics
-
-    def _policy_forward(self, micro: Rollout, with_entropy: bool, entropy_grad: bool) -> tuple[Tensor, Tensor | None]:
-        if self.critic is not None:
-            return super()._policy_forward(micro, with_entropy, entropy_grad)
-        log_probs, entropy, self._shared_hidden = self.policy.token_log_probs_and_hidden(
-            micro, self.sampling.temperature, with_entropy=with_entropy, entropy_grad=entropy_grad
-        )
-        return log_probs, entropy
-
-    def _micro_batch_loss(self, micro, mask, num_sequences, num_tokens, first_epoch, first_update=False):
-        part = super()._micro_batch_loss(micro, mask, num_sequences, num_tokens, first_epoch, first_update)
-        hidden, self._shared_hidden = self._shared_hidden, None
-        warming_up = self.warming_up
-        if hidden is not None and warming_up:
-            hidden = hidden.detach()  # the policy's trunk stays where it is during the warm-up
-        values = self._values(micro, hidden)
-        out = value_loss(values, micro.values, micro.returns, mask, self.value.clip)
-        # token-mean over the mini-batch (verl's critic loss_agg_mode), normalised by the mini-batch's tokens
-        critic_loss = aggregate_loss(out.loss, mask, "token-mean", num_tokens=num_tokens)
-        self._value_parts.append(_ValuePart(critic_loss.detach(), out.clipped, mask))
-        loss = self.value.coef * critic_loss if warming_up else part.loss + self.value.coef * critic_loss
-        return part._replace(loss=loss)
-
-    def _gradient_norm(self, device: torch.device) -> Tensor:
-        """The policy's gradient norm (logged as train/grad_norm); NaN when the critic's is not finite, so that
-        the update is skipped as for a non-finite policy gradient. During the warm-up the policy has no gradient:
-        its norm is a 0 on `device` too."""
-        policy = super()._gradient_norm(device)
-        critic = total_norm([p.grad for p in self.critic_parameters() if p.grad is not None], device)
-        self._critic_grad_norms.append(critic)
-        return torch.where(torch.isfinite(critic), policy, critic)
-
-    def _clip_gradients(self, optimizer) -> None:
-        # each model on its own: one joint norm would let a large value loss shrink the policy's step (verl clips
-        # actor and critic separately)
-        for params in (self.policy.parameters(), self.critic_parameters()):
-            grads = [p for p in params if p.grad is not None]
-            if grads:
-                torch.nn.utils.clip_grad_norm_(grads, self.update.max_grad_norm)

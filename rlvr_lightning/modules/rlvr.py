@@ -11,7 +11,8 @@ One `training_step` is one rollout step:
            manual_backward per micro-batch; clip; optimizer step per mini-batch
 
 Lightning's `global_step` counts optimizer updates (update.epochs x mini-batches per rollout
-step); logged metrics are indexed by rollout step. Step 5 lives in `modules/policy_update.py`.
+step); logged metrics are indexed by rollout step. Steps 4 and 5 are the module's `PolicyUpdate`
+(`modules/policy_update.py`).
 With `rollout_staleness=1`, step 1 takes the rollout sampled during the previous step's update
 and the next one is sampled in a background thread meanwhile (`modules/async_rollouts.py`).
 """
@@ -21,18 +22,15 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-import lightning.pytorch as pl
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 
 from rlvr_lightning.advantages import AdvantageCallback, GroupNormalizedAdvantage
-from rlvr_lightning.core.advantage_estimators import zero_variance_group_fraction
-from rlvr_lightning.core.kl import kl_estimator
 from rlvr_lightning.core.masked import masked_mean, masked_sum
 from rlvr_lightning.core.policy_losses import PolicyLoss, policy_loss
-from rlvr_lightning.modules.bias_diagnostics import bias_metrics
 from rlvr_lightning.modules.async_rollouts import AsyncRollouts
+from rlvr_lightning.modules.bias_metrics import bias_metrics
 from rlvr_lightning.modules.dynamic_sampling import keep_informative_groups
 from rlvr_lightning.modules.options import (
     AggregationConfig,
@@ -44,20 +42,20 @@ from rlvr_lightning.modules.options import (
     check_rl_options,
     plain_hyperparameters,
 )
+from rlvr_lightning.modules.policy_module import PolicyModule
 from rlvr_lightning.modules.policy_update import PolicyUpdate
-from rlvr_lightning.modules.scoring import RewardScoring
+from rlvr_lightning.modules.scoring import reward_metrics
 from rlvr_lightning.modules.step_metrics import publish_step_metrics
-from rlvr_lightning.modules.training_precision import TrainingPrecisionCheck
-from rlvr_lightning.parallel.fsdp import ShardedPolicyModule, gathered_params
+from rlvr_lightning.parallel.fsdp import gathered_params
 from rlvr_lightning.policies.base import Policy, PromptBatch, SamplingConfig
-from rlvr_lightning.stage_reports import report_stage
-from rlvr_lightning.rewards.base import RewardCallback, find_reward_callbacks
 from rlvr_lightning.rollout import Rollout
+from rlvr_lightning.stage_reports import report_stage
 from rlvr_lightning.timing import clock
 
 log = logging.getLogger(__name__)
 
-class RLVRModule(TrainingPrecisionCheck, PolicyUpdate, RewardScoring, ShardedPolicyModule, pl.LightningModule):
+
+class RLVRModule(PolicyModule):
     #: arguments that are models or factories, not hyperparameters (the checkpoint holds them)
     MODEL_ARGUMENTS: tuple[str, ...] = ("policy", "optimizer", "lr_scheduler")
 
@@ -87,7 +85,7 @@ class RLVRModule(TrainingPrecisionCheck, PolicyUpdate, RewardScoring, ShardedPol
             sampling: how responses are sampled (temperature, max_new_tokens, ...); log-probs use its temperature.
             loss: the per-token policy loss: pg | ratio | ppo_clip | gspo | cispo (the built-in with its defaults),
                 or a PolicyLoss by class_path and init_args (e.g. rlvr_lightning.core.policy_losses.PPOClip).
-            aggregation: how token losses become the scalar that is back-propagated (mode, constant, count_empty_rows).
+            aggregation: how token losses become the back-propagated scalar (mode, constant, count_empty_rows).
             kl: the KL penalty to a reference (coef, estimator, mode, clamp, refresh_every, mixup_alpha).
             entropy_coef: weight of the entropy bonus subtracted from the per-token loss.
             rollout_is: importance-sampling correction of the sampler/trainer mismatch (mode, max, min); the
@@ -95,48 +93,51 @@ class RLVRModule(TrainingPrecisionCheck, PolicyUpdate, RewardScoring, ShardedPol
             rollout_staleness: 0 | 1. 0: each step samples, then trains; 1: the next rollout is sampled in a
                 background thread while this one trains (AReaL's decoupled PPO; rollout_is.mode null: token_mask).
             dynamic_sampling: DAPO's dynamic sampling (enabled, max_rounds).
-            update: the inner update (epochs, mini_batch_size, micro_batch_size, max_grad_norm, max_consecutive_skips).
+            update: the inner update (epochs, mini_batch_size, micro_batch_size, max_grad_norm,
+                max_consecutive_skips).
             validation: responses per validation prompt and greedy decoding (group_size, greedy).
         """
-        super().__init__()
+        super().__init__(policy, optimizer, lr_scheduler, sampling, validation)
         self.save_hyperparameters(ignore=list(self.MODEL_ARGUMENTS))
         plain_hyperparameters(self)
         self.automatic_optimization = False
-        self.policy, self.optimizer_factory, self.lr_scheduler_factory = policy, optimizer, lr_scheduler
-        self.sampling = sampling or SamplingConfig()
-        self.group_size, self.entropy_coef, self.rollout_staleness = group_size, entropy_coef, rollout_staleness
         self.loss = policy_loss(loss)
         check_rl_options(group_size, self.sampling, self.loss, aggregation, rollout_staleness, dynamic_sampling, update)
-        self.aggregation, self.kl, self.dynamic_sampling = aggregation, kl, dynamic_sampling
-        self.update, self.validation = update, validation
-        # the divisor of seq-sum-constant: the policy's fixed response length, else the longest response
-        self.loss_constant = float(aggregation.constant or getattr(policy, "response_length", None) or self.sampling.max_new_tokens)
-        self.kl_estimator = kl_estimator(kl.estimator)
+        self.group_size, self.rollout_staleness = group_size, rollout_staleness
+        self.aggregation, self.kl, self.dynamic_sampling, self.update = aggregation, kl, dynamic_sampling, update
         if rollout_staleness and rollout_is.mode is None:
             rollout_is = dataclasses.replace(rollout_is, mode="token_mask")  # AReaL: tokens over the cap drop out
         self.rollout_is = rollout_is
         self.reference = policy.create_reference() if kl.coef != 0 else None
-        self.reward_callbacks: list[RewardCallback] = []
+        self.policy_update = PolicyUpdate(
+            policy, self.loss, aggregation, kl, self.reference, rollout_is, update, entropy_coef, self.sampling
+        )
+        self.loss_constant = self.policy_update.loss_constant  # seq-sum-constant's divisor
         self.advantage_estimator: AdvantageCallback | None = None
-        self.skipped_updates, self.consecutive_skips, self._topup_batches = 0, 0, None
+        self._topup_batches = None
         self.last_rollout: Rollout | None = None  # the step's trained batch (read by RolloutTableLogger)
         self.async_rollouts = AsyncRollouts(policy, group_size, self.sampling) if rollout_staleness else None
 
     # ----------------------------------------------------------------- set-up
 
-    def configure_optimizers(self):
-        optimizer = self.optimizer_factory(self.policy.parameters())
-        if self.lr_scheduler_factory is None:
-            return optimizer
-        return {"optimizer": optimizer, "lr_scheduler": self.lr_scheduler_factory(optimizer)}
-
     def setup(self, stage: str) -> None:
-        callbacks = self.trainer.callbacks
-        self.reward_callbacks = find_reward_callbacks(callbacks)
+        super().setup(stage)
         if not self.reward_callbacks:
             raise ValueError("no RewardCallback in trainer.callbacks: add at least one reward to the config")
-        self._setup_advantage_estimator([cb for cb in callbacks if isinstance(cb, AdvantageCallback)])
+        self._setup_advantage_estimator([cb for cb in self.trainer.callbacks if isinstance(cb, AdvantageCallback)])
         self._check_batch_sizes()
+
+    def check_sharding(self) -> None:
+        if self.kl.refresh_every and getattr(self.policy, "lora_r", 0) > 0:
+            raise NotImplementedError(
+                "kl.refresh_every with a LoRA policy copies the adapter into a second one, which FSDP2 cannot add to "
+                "an already sharded model; keep the reference fixed (kl.refresh_every: null) or train without sharding"
+            )
+        if self.async_rollouts is not None:
+            raise NotImplementedError(
+                "rollout_staleness=1 samples from a full copy of the policy in a background thread, which a sharded "
+                "policy does not have; use rollout_staleness: 0 with FSDP2, or a DDP strategy"
+            )
 
     def _setup_advantage_estimator(self, estimators: list[AdvantageCallback]) -> None:
         """Exactly one `AdvantageCallback` (GRPO's when none is configured). A hook: `PPOModule` has its critic."""
@@ -187,10 +188,12 @@ class RLVRModule(TrainingPrecisionCheck, PolicyUpdate, RewardScoring, ShardedPol
         if self.async_rollouts is not None:  # the next rollout is sampled while this one trains
             metrics["time/weight_push_s"] = self.async_rollouts.launch(batch, self.trainer.global_step)
         scored = clock(self.device)
-        metrics.update(self._reward_metrics(rollout, prefix="train", generation_stats=generation_stats))
-        metrics.update(bias_metrics(self, rollout))
+        if generation_stats is None:  # sampled in this thread: the policy's last generation (top-ups included)
+            generation_stats = getattr(self.policy, "last_generation_stats", None)
+        metrics.update(reward_metrics(rollout, self.reward_callbacks, generation_stats, prefix="train"))
+        metrics.update(bias_metrics(rollout, self.correctness(rollout), self.aggregation, self.loss_constant))
         report_stage("log-probs")
-        self._add_old_and_reference_log_probs(rollout)
+        self.policy_update.add_old_and_reference_log_probs(rollout)
         if self.reference is not None and self.kl.mode == "reward":
             self._penalize_reward_with_kl(rollout, metrics)
         rollout.advantages = self._advantages(rollout, metrics)
@@ -198,13 +201,13 @@ class RLVRModule(TrainingPrecisionCheck, PolicyUpdate, RewardScoring, ShardedPol
         metrics["train/advantage_mean"] = rollout.advantages.mean()
         metrics["train/advantage_std"] = rollout.advantages.std() if rollout.advantages.numel() > 1 else 0.0
         report_stage("update")
-        update_stats = self._update(rollout)
-        if self.async_rollouts is not None:
-            metrics["time/rollout_wait_s"] = self.async_rollouts.wait()  # 0 when sampling took no longer than the update
+        update_stats = self.policy_update.run(rollout, self)
+        if self.async_rollouts is not None:  # 0 when sampling took no longer than the update
+            metrics["time/rollout_wait_s"] = self.async_rollouts.wait()
         finished = clock(self.device)
 
         metrics.update(update_stats)
-        metrics["train/skipped_updates"] = float(self.skipped_updates)
+        metrics["train/skipped_updates"] = float(self.policy_update.skipped_updates)
         metrics.setdefault("time/generation_s", generated - started)
         metrics["time/scoring_s"] = scored - generated
         metrics["time/update_s"] = finished - scored
@@ -259,34 +262,30 @@ class RLVRModule(TrainingPrecisionCheck, PolicyUpdate, RewardScoring, ShardedPol
             return next(self._topup_batches)
 
     @torch.no_grad()
-    def _token_kl(self, rollout: Rollout) -> Tensor:
-        """`[N, T]` KL estimate to the reference at the sampling policy (no grad)."""
-        log_probs = rollout.old_log_probs
-        if log_probs is None:
-            log_probs = torch.cat([self.policy.token_log_probs(mb, self.sampling.temperature)[0] for mb in self._micro_batches(rollout)])
-        return self.kl_estimator.estimate(log_probs, rollout.ref_log_probs, clamp=self.kl.clamp)
-
-    @torch.no_grad()
     def _penalize_reward_with_kl(self, rollout: Rollout, metrics: dict) -> None:
         """reward_i -= kl.coef * sum_t KL_t (PPO-style KL reward shaping; Ouyang et al. 2022 eq. 2)."""
-        kl = self._token_kl(rollout)
+        kl = self.policy_update.token_kl(rollout)
         penalty = self.kl.coef * masked_sum(kl, rollout.response_mask, dim=-1)
         rollout.reward = rollout.reward - penalty
         metrics["train/kl_reward_penalty"] = penalty.mean()
         metrics["train/kl"] = masked_mean(kl, rollout.response_mask)
 
+    # ------------------------------------------------------------ checkpoints
+
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        super().on_save_checkpoint(checkpoint)
+        checkpoint["rlvr_counters"] = self.policy_update.state_dict()
         if self.async_rollouts is not None:  # the rollout sampled during the last update, which the next step trains on
             checkpoint["rlvr_async_rollouts"] = self.async_rollouts.state_dict()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        super().on_load_checkpoint(checkpoint)
+        self.policy_update.load_state_dict(checkpoint.get("rlvr_counters", {}))
         ready = checkpoint.get("rlvr_async_rollouts", {}).get("ready")
         if self.async_rollouts is not None and "rlvr_async_rollouts" in checkpoint:
             self.async_rollouts.load_state_dict(checkpoint["rlvr_async_rollouts"])
         elif ready is not None:
-            log.warning("the checkpoint holds a rollout sampled for rollout_staleness=1; this run samples on-policy without it")
+            log.warning(
+                "the checkpoint holds a rollout sampled for rollout_staleness=1; this run samples on-policy without it"
+            )
 
     def teardown(self, stage: str) -> None:
         if self.async_rollouts is not None:
@@ -302,20 +301,3 @@ class RLVRModule(TrainingPrecisionCheck, PolicyUpdate, RewardScoring, ShardedPol
             return
         if self.rollout_step > 0 and self.rollout_step % self.kl.refresh_every == 0:
             self.policy.update_reference(self.reference, alpha=self.kl.mixup_alpha)
-
-    # ---------------------------------------------------------------- metrics
-
-    def _reward_metrics(self, rollout: Rollout, prefix: str, generation_stats: dict | None = None) -> dict[str, Tensor | float]:
-        reward = rollout.reward
-        metrics: dict[str, Tensor | float] = {
-            f"{prefix}/reward_mean": reward.mean(),
-            f"{prefix}/reward_std": reward.std() if reward.numel() > 1 else 0.0,
-            f"{prefix}/reward_min": reward.min(),
-            f"{prefix}/reward_max": reward.max(),
-            f"{prefix}/zero_variance_groups": zero_variance_group_fraction(reward, rollout.group_size),
-        }
-        metrics.update(self.per_reward_metrics(rollout, prefix))
-        stats = generation_stats if generation_stats is not None else getattr(self.policy, "last_generation_stats", None)
-        if stats:
-            metrics.update({f"{prefix}/generation/{key}": float(value) for key, value in stats.items()})
-        return metrics

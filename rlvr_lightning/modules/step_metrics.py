@@ -43,12 +43,12 @@ def publish_step_metrics(
         parts.append(torch.tensor(list(numbers.values()), dtype=torch.float32, device=module.device))
     values = torch.cat([torch.stack(parts[: len(tensors)]), *parts[len(tensors) :]]) if tensors else parts[0]
     values = reduce_across_ranks(trainer, values, names, reduce_ops).cpu()
-    floats = dict(zip(names, values.tolist()))
+    floats = dict(zip(names, values.tolist(), strict=True))
     step = trainer.fit_loop.epoch_loop._batches_that_stepped
     every = trainer.log_every_n_steps
     if every and ((step + 1) % every == 0 or trainer.should_stop):
         log_to_loggers(trainer, {**floats, "epoch": float(trainer.current_epoch)}, step)
-    trainer.callback_metrics.update(zip(names, values.unbind()))
+    trainer.callback_metrics.update(zip(names, values.unbind(), strict=True))
     if progress_bar:
         trainer.progress_bar_metrics.update({label: floats[name] for label, name in progress_bar.items()})
     return floats

@@ -15,16 +15,10 @@ import torch
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 
-class TrainingPrecisionCheck:
-    """Mixin for the training modules: `check_training_precision` when fit starts (after Lightning's precision
-    plugin converted the weights and the strategy sharded them)."""
-
-    def on_fit_start(self) -> None:
-        super().on_fit_start()
-        check_training_precision(self)
-
-
 def check_training_precision(module) -> None:
+    """Raise when fit would step bf16/fp16 weights, or scale an fp16 loss under manual optimisation (called by
+    `PolicyModule.on_fit_start`, after Lightning's precision plugin converted the weights and the strategy
+    sharded them)."""
     precision = str(module.trainer.precision)
     if precision.startswith("16") and precision.endswith("mixed") and not module.automatic_optimization:
         raise ValueError(
@@ -42,7 +36,10 @@ def check_training_precision(module) -> None:
         cause = f"trainer.precision={precision!r} converts every weight to {dtype}"
         fix = "train with trainer.precision: bf16-mixed over fp32 weights"
     else:
-        cause = f"the policy's weights are loaded in {dtype} (its dtype option) and trainer.precision={precision!r} keeps them so"
+        cause = (
+            f"the policy's weights are loaded in {dtype} (its dtype option) and "
+            f"trainer.precision={precision!r} keeps them so"
+        )
         fix = "load the policy with dtype: float32 and train with trainer.precision: bf16-mixed"
     raise ValueError(
         f"{cause}: the optimizer would update {dtype} weights in place ({names}), and an update smaller than "

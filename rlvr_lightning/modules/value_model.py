@@ -37,7 +37,8 @@ def trainable_copy(policy: Policy) -> Policy:
     if not isinstance(copy, Policy):
         raise ValueError(
             f"value_model='separate' copies the policy as the critic's trunk, but {type(policy).__name__} made a "
-            f"{type(copy).__name__} (a LoRA policy's reference holds no weights); pass a `critic` model, or use value_model='shared'"
+            f"{type(copy).__name__} (a LoRA policy's reference holds no weights); pass a `critic` model, or use "
+            "value_model='shared'"
         )
     copy.requires_grad_(True)
     copy.train()

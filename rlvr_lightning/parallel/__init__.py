@@ -1,10 +1,10 @@
 """Sharded training (FSDP2 through Lightning's `ModelParallelStrategy`); see `fsdp.py` and `strategy.py`."""
 
 from rlvr_lightning.parallel.fsdp import (
-    ShardedPolicyModule,
     ShardingOptions,
     full_state_dict,
     gathered_params,
+    shard_for_training,
     shard_policy,
     transformer_blocks,
 )
@@ -12,10 +12,10 @@ from rlvr_lightning.parallel.strategy import FSDP2Strategy
 
 __all__ = [
     "FSDP2Strategy",
-    "ShardedPolicyModule",
     "ShardingOptions",
     "full_state_dict",
     "gathered_params",
+    "shard_for_training",
     "shard_policy",
     "transformer_blocks",
 ]

@@ -1,8 +1,8 @@
 """FSDP2 for the training modules: `fully_shard` per transformer block, applied in `configure_model`.
 
 Lightning's `ModelParallelStrategy` (or `FSDP2Strategy`, its FSDP-only form in `parallel/strategy.py`)
-builds the device mesh and calls the module's `configure_model`; `ShardedPolicyModule.configure_model`
-shards there:
+builds the device mesh and calls the module's `configure_model`, which calls `shard_for_training` to
+shard there:
 
 * the policy: every transformer block (the classes a Hugging Face model lists in `_no_split_modules`)
   is one FSDP unit, then the policy's network as the root unit. The root is the module the policy
@@ -169,34 +169,21 @@ def data_parallel_mesh(pl_module):
     return mesh["data_parallel"] if "data_parallel" in names else mesh
 
 
-class ShardedPolicyModule:
-    """Mixin for LightningModules with `self.policy` (and optionally a `self.reference` copy): FSDP2 under
-    `ModelParallelStrategy` / `FSDP2Strategy`, nothing under any other strategy. Under every strategy it
-    records the strategy's root device as where the modules compute (`policies.base.compute_device`)."""
-
-    def configure_model(self) -> None:
-        strategy = getattr(self.trainer, "strategy", None)
-        if strategy is not None:
-            set_compute_device(self, strategy.root_device)
-        mesh = data_parallel_mesh(self)
-        if mesh is None:
-            return
-        options = sharding_options(self.trainer.strategy)
-        reference = getattr(self, "reference", None)
-        if getattr(getattr(self, "kl", None), "refresh_every", None) and getattr(self.policy, "lora_r", 0) > 0:
-            raise NotImplementedError(
-                "kl.refresh_every with a LoRA policy copies the adapter into a second one, which FSDP2 cannot add to "
-                "an already sharded model; keep the reference fixed (kl.refresh_every: null) or train without sharding"
-            )
-        if getattr(self, "async_rollouts", None) is not None:
-            raise NotImplementedError(
-                "rollout_staleness=1 samples from a full copy of the policy in a background thread, which a sharded "
-                "policy does not have; use rollout_staleness: 0 with FSDP2, or a DDP strategy"
-            )
-        shard_policy(self.policy, mesh, options, root_reshard_after_forward=False)
-        if reference is not None and any(True for _ in reference.parameters()):
-            shard_policy(reference, mesh, options, root_reshard_after_forward=True)
-        evaluate_without_inference_mode(self.trainer)
+def shard_for_training(pl_module, policy: nn.Module, reference: nn.Module | None = None) -> None:
+    """The training modules' `configure_model` (`modules/policy_module.py`): record the strategy's root device as
+    where the modules compute (`policies.base.compute_device`) under every strategy; under
+    `ModelParallelStrategy` / `FSDP2Strategy` also shard `policy` and, when it holds weights, `reference`."""
+    strategy = getattr(pl_module.trainer, "strategy", None)
+    if strategy is not None:
+        set_compute_device(pl_module, strategy.root_device)
+    mesh = data_parallel_mesh(pl_module)
+    if mesh is None:
+        return
+    options = sharding_options(strategy)
+    shard_policy(policy, mesh, options, root_reshard_after_forward=False)
+    if reference is not None and any(True for _ in reference.parameters()):
+        shard_policy(reference, mesh, options, root_reshard_after_forward=True)
+    evaluate_without_inference_mode(pl_module.trainer)
 
 
 def evaluate_without_inference_mode(trainer) -> None:

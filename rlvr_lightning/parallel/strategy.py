@@ -65,8 +65,10 @@ class FSDP2Strategy(ModelParallelStrategy):
             timeout=timeout,
         )
         self.sharding_options = ShardingOptions(
-            param_dtype=param_dtype, reduce_dtype=reduce_dtype,
-            reshard_after_forward=reshard_after_forward, cpu_offload=cpu_offload,
+            param_dtype=param_dtype,
+            reduce_dtype=reduce_dtype,
+            reshard_after_forward=reshard_after_forward,
+            cpu_offload=cpu_offload,
         )
 
     def setup_environment(self) -> None:
@@ -75,7 +77,11 @@ class FSDP2Strategy(ModelParallelStrategy):
         super().setup_environment()
 
     def _get_process_group_backend(self) -> str:
-        if self._process_group_backend is None and self.sharding_options.cpu_offload and self.root_device.type == "cuda":
+        if (
+            self._process_group_backend is None
+            and self.sharding_options.cpu_offload
+            and self.root_device.type == "cuda"
+        ):
             # offloaded gradients and parameters are CPU tensors: their collectives (the gradient norm, clipping,
             # checkpoints) need a CPU backend beside NCCL, as torchtitan sets up for CPU offload
             return "cuda:nccl,cpu:gloo"

@@ -10,6 +10,7 @@ from lightning.pytorch.loggers import Logger
 from rlvr_lightning.callbacks.rollout_table import RolloutTableLogger, rollout_rows
 from rlvr_lightning.modules import RLVRModule
 from rlvr_lightning.modules.options import DynamicSamplingConfig
+from rlvr_lightning.modules.policy_update import PolicyUpdate
 from rlvr_lightning.rewards.format import BoxedFormatReward
 from rlvr_lightning.rewards.math import MathAccuracyReward
 from tests.rewards.test_math_reward import ScriptedTextPolicy, make_rollout, run_trainer
@@ -115,10 +116,16 @@ def test_rollout_rows_of_a_multi_turn_response():
     assert row["advantage"] == 3.0 and row["length"] == 5  # the length counts the observation
 
 
+class _RecordingUpdate(PolicyUpdate):
+    def run(self, rollout, module):
+        module.trained = getattr(module, "trained", []) + [rollout]
+        return super().run(rollout, module)
+
+
 class TrainedBatchSpy(RLVRModule):
-    def _update(self, rollout):
-        self.trained = getattr(self, "trained", []) + [rollout]
-        return super()._update(rollout)
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.policy_update = _RecordingUpdate(**self.policy_update.options())
 
 
 def test_dynamic_sampling_logs_the_trained_batch(in_tmp_dir):

@@ -7,7 +7,15 @@ import torch
 
 from rlvr_lightning.advantages import CenteredAdvantage
 from rlvr_lightning.modules import RLVRModule
-from rlvr_lightning.modules.options import AggregationConfig, DynamicSamplingConfig, ImportanceSamplingConfig, KLConfig, UpdateConfig, ValidationConfig
+from rlvr_lightning.modules.options import (
+    AggregationConfig,
+    DynamicSamplingConfig,
+    ImportanceSamplingConfig,
+    KLConfig,
+    UpdateConfig,
+    ValidationConfig,
+)
+from rlvr_lightning.modules.policy_update import PolicyUpdate
 from rlvr_lightning.policies.base import SamplingConfig
 from rlvr_lightning.policies.toy_sort import ToySortPolicy
 from rlvr_lightning.rewards import RewardCallback, SortInclusionOrderingReward
@@ -30,10 +38,16 @@ class Constant(RewardCallback):
         return torch.ones(rollout.num_rows)
 
 
+class _RecordingUpdate(PolicyUpdate):
+    def run(self, rollout, module):
+        module.trained_on = getattr(module, "trained_on", []) + [rollout]
+        return super().run(rollout, module)
+
+
 class UpdateSpy(RLVRModule):
-    def _update(self, rollout):
-        self.trained_on = getattr(self, "trained_on", []) + [rollout]
-        return super()._update(rollout)
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.policy_update = _RecordingUpdate(**self.policy_update.options())
 
 
 def test_dynamic_sampling_never_trains_on_a_zero_variance_group(in_tmp_dir):
@@ -88,19 +102,26 @@ def test_kl_in_reward_shapes_the_reward_by_hand():
 
 def test_kl_in_reward_changes_the_advantages_and_not_the_loss():
     torch.manual_seed(0)
-    shaped = RLVRModule(ToySortPolicy(vocab_size=5, prompt_length=3, embedding_dim=4), kl=KLConfig(coef=0.5, mode="reward"))
+    shaped = RLVRModule(
+        ToySortPolicy(vocab_size=5, prompt_length=3, embedding_dim=4), kl=KLConfig(coef=0.5, mode="reward")
+    )
     plain = RLVRModule(shaped.policy, kl=KLConfig(coef=0.0))
     rollout = shaped.policy.sample({"prompt": [[1, 2, 3]]}, n=2, sampling=shaped.sampling)
     rollout.advantages = torch.tensor([1.0, -1.0])
     rollout.ref_log_probs = shaped.policy.token_log_probs(rollout)[0].detach() - 0.3
     mask_tokens = rollout.response_mask.sum()
-    shaped_part = shaped._micro_batch_loss(rollout, rollout.response_mask, 2, mask_tokens, first_epoch=True)
-    loss_plain = plain._micro_batch_loss(rollout, rollout.response_mask, 2, mask_tokens, first_epoch=True).loss
+    shaped_part = shaped.policy_update.micro_batch_loss(
+        rollout, rollout.response_mask, 2, mask_tokens, first_epoch=True
+    )
+    loss_plain = plain.policy_update.micro_batch_loss(
+        rollout, rollout.response_mask, 2, mask_tokens, first_epoch=True
+    ).loss
     assert shaped_part.loss.item() == pytest.approx(loss_plain.item())
     assert shaped_part.kl is None
     kl_loss = RLVRModule(shaped.policy, kl=KLConfig(coef=0.5, mode="loss"))
-    kl_loss.reference = shaped.reference
-    loss_with_kl = kl_loss._micro_batch_loss(rollout, rollout.response_mask, 2, mask_tokens, first_epoch=True).loss
+    loss_with_kl = kl_loss.policy_update.micro_batch_loss(
+        rollout, rollout.response_mask, 2, mask_tokens, first_epoch=True
+    ).loss
     assert loss_with_kl.item() != pytest.approx(loss_plain.item())
 
 
@@ -120,9 +141,9 @@ def test_reference_mixup_moves_the_reference_by_exactly_alpha(in_tmp_dir):
     capture = Capture()
     module = RLVRModule(policy(), group_size=4, kl=KLConfig(coef=0.1, refresh_every=1, mixup_alpha=0.25))
     fit(module, [SortInclusionOrderingReward(), CenteredAdvantage(), capture], steps=2, batch_size=8)
-    for pol, ref, after in zip(capture.policy, capture.reference, capture.after):
+    for pol, ref, after in zip(capture.policy, capture.reference, capture.after, strict=True):
         torch.testing.assert_close(after, 0.25 * pol + 0.75 * ref)
-    assert not all(torch.equal(r, a) for r, a in zip(capture.reference, capture.after))
+    assert not all(torch.equal(r, a) for r, a in zip(capture.reference, capture.after, strict=True))
 
 
 @pytest.mark.parametrize(
@@ -148,7 +169,10 @@ def test_contradictory_options_fail_at_start_up(options, message):
         (lambda: KLConfig(estimator="k4"), "kl.estimator='k4' is not valid; choose one of \\['k1', 'k2', 'k3'\\]"),
         (lambda: KLConfig(coef=0.0, mode="reward"), "kl.coef=0"),
         (lambda: KLConfig(coef=0.1, mixup_alpha=0.5), "kl.refresh_every is not set"),
-        (lambda: AggregationConfig(mode="token-mean", constant=4.0), "aggregation.constant is the divisor of mode 'seq-sum-constant'"),
+        (
+            lambda: AggregationConfig(mode="token-mean", constant=4.0),
+            "aggregation.constant is the divisor of mode 'seq-sum-constant'",
+        ),
         (lambda: AggregationConfig(mode="mean"), "aggregation.mode='mean' is not valid; choose one of"),
         (lambda: DynamicSamplingConfig(enabled=True, max_rounds=1), "dynamic sampling needs >= 2 rounds"),
         (lambda: ImportanceSamplingConfig(mode="token"), "rollout_is.mode='token' is not valid; choose one of"),
@@ -173,8 +197,16 @@ def test_entropy_bonus_lowers_the_loss_by_exactly_c_times_the_mean_entropy():
     rollout = toy.sample({"prompt": [[1, 2, 3], [0, 0, 4]]}, n=2, sampling=SamplingConfig())
     rollout.advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])
     tokens = rollout.response_mask.sum()
-    plain = RLVRModule(toy, aggregation=AggregationConfig(mode="token-mean"))._micro_batch_loss(rollout, None, 4, tokens, first_epoch=True).loss
-    bonus = RLVRModule(toy, entropy_coef=0.1, aggregation=AggregationConfig(mode="token-mean"))._micro_batch_loss(rollout, None, 4, tokens, first_epoch=True).loss
+    plain = (
+        RLVRModule(toy, aggregation=AggregationConfig(mode="token-mean"))
+        .policy_update.micro_batch_loss(rollout, None, 4, tokens, first_epoch=True)
+        .loss
+    )
+    bonus = (
+        RLVRModule(toy, entropy_coef=0.1, aggregation=AggregationConfig(mode="token-mean"))
+        .policy_update.micro_batch_loss(rollout, None, 4, tokens, first_epoch=True)
+        .loss
+    )
     # the toy's distributions by hand: H = -sum p log p per position, averaged over the 12 response tokens
     probs = toy(rollout.prompt_ids).softmax(-1)
     mean_entropy = -(probs * probs.log()).sum(-1).mean()

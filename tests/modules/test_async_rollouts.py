@@ -17,8 +17,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from rlvr_lightning.core.aggregation import aggregate_loss
-from rlvr_lightning.modules import RLVRModule
-from rlvr_lightning.modules import async_rollouts
+from rlvr_lightning.modules import RLVRModule, async_rollouts
 from rlvr_lightning.modules.async_rollouts import AsyncRollouts
 from rlvr_lightning.modules.options import AggregationConfig, ImportanceSamplingConfig, UpdateConfig
 from rlvr_lightning.policies.toy_sort import ToySortPolicy
@@ -35,7 +34,9 @@ def fingerprint(policy: torch.nn.Module) -> float:
 def openmp_threads() -> int | None:
     """This thread's OpenMP thread count as native kernels see it (torch's own query reads a global)."""
     maps = Path("/proc/self/maps")
-    paths = {line.split()[-1] for line in maps.read_text().splitlines() if "libgomp" in line} if maps.exists() else set()
+    paths = (
+        {line.split()[-1] for line in maps.read_text().splitlines() if "libgomp" in line} if maps.exists() else set()
+    )
     return ctypes.CDLL(sorted(paths)[0]).omp_get_max_threads() if paths else None
 
 
@@ -56,8 +57,14 @@ class RecordingPolicy(ToySortPolicy):
                 time.sleep(0.001)
             overlapped = self.overlap["steps"][0] > self.overlap["launched_at"]
         rollout = super().sample(batch, n, sampling, generator)
-        record = {"sampled_with": before, "unchanged": fingerprint(self) == before, "background": background,
-                  "own_generator": generator is not None, "overlapped": overlapped, "threads": threads}
+        record = {
+            "sampled_with": before,
+            "unchanged": fingerprint(self) == before,
+            "background": background,
+            "own_generator": generator is not None,
+            "overlapped": overlapped,
+            "threads": threads,
+        }
         rollout.metadata = [{**m, **record} for m in rollout.metadata]
         return rollout
 
@@ -103,7 +110,12 @@ def test_the_trained_rollout_was_sampled_by_the_weights_one_update_back(in_tmp_d
         assert record["sampled_with"] == at_start[t - 1]
         assert t == 1 or record["sampled_with"] != at_start[t]  # stale: the live weights moved on
         assert record["own_generator"] and record["unchanged"]
-    assert [record["background"] for record in weights.trained[1:]] == [False, True, True, True]  # step 0 sampled in the main thread
+    assert [record["background"] for record in weights.trained[1:]] == [
+        False,
+        True,
+        True,
+        True,
+    ]  # step 0 sampled in the main thread
     lags = [step.get("train/async/policy_lag") for step in recorder.steps]
     assert lags == [None, 0.0, 2.0, 2.0, 2.0]  # optimizer steps between sampling and training weights
 
@@ -136,7 +148,11 @@ def test_decoupled_loss_by_hand():
     """loss_t = -w_t * min(r_t A, clip(r_t) A), r = pi_theta / pi_prox, w = pi_prox / pi_behav, 0 above the cap
     (AReaL's decoupled PPO; rollout_staleness=1 defaults to rollout_is.mode='token_mask', cap rollout_is.max=2)."""
     torch.manual_seed(0)
-    module = RLVRModule(ToySortPolicy(vocab_size=5, prompt_length=3, embedding_dim=4), rollout_staleness=1, aggregation=AggregationConfig(mode="token-mean"))
+    module = RLVRModule(
+        ToySortPolicy(vocab_size=5, prompt_length=3, embedding_dim=4),
+        rollout_staleness=1,
+        aggregation=AggregationConfig(mode="token-mean"),
+    )
     assert module.rollout_is.mode == "token_mask"
     rollout = module.policy.sample({"prompt": [[1, 2, 3]]}, n=2, sampling=module.sampling)
     log_probs, _ = module.policy.token_log_probs(rollout)
@@ -148,7 +164,7 @@ def test_decoupled_loss_by_hand():
     rollout.old_log_probs = log_probs - ratio.log()
     rollout.sampling_log_probs = rollout.old_log_probs - weight.log()
     rollout.advantages = torch.tensor([1.0, -1.0])
-    loss = module._micro_batch_loss(rollout, None, num_sequences=2, num_tokens=6, first_epoch=True).loss
+    loss = module.policy_update.micro_batch_loss(rollout, None, num_sequences=2, num_tokens=6, first_epoch=True).loss
     # token losses: row 0: -1.5 * 1.1, -1.5 * 1.1, 0; row 1: -0.5 * min(-1.3, -1.2) = 0.65 each; token-mean over 6
     expected = (2 * (-1.5 * 1.1) + 0.0 + 3 * 0.65) / 6
     assert loss.item() == pytest.approx(expected, rel=1e-5)
@@ -157,24 +173,36 @@ def test_decoupled_loss_by_hand():
 def test_one_update_per_step_uses_its_own_log_probs_as_the_proximal_policy():
     """With one update per step the trainer's current log-probs are pi_prox: r = 1 and w = pi_theta / pi_behav."""
     torch.manual_seed(0)
-    module = RLVRModule(ToySortPolicy(vocab_size=5, prompt_length=3, embedding_dim=4), rollout_staleness=1, loss="ppo_clip")
+    module = RLVRModule(
+        ToySortPolicy(vocab_size=5, prompt_length=3, embedding_dim=4), rollout_staleness=1, loss="ppo_clip"
+    )
     rollout = module.policy.sample({"prompt": [[1, 2, 3], [0, 4, 2]]}, n=2, sampling=module.sampling)
     rollout.sampling_log_probs, rollout.old_log_probs = rollout.old_log_probs - math.log(1.25), None
     rollout.advantages = torch.tensor([1.0, -1.0, 0.5, 2.0])
-    module._add_old_and_reference_log_probs(rollout)
+    module.policy_update.add_old_and_reference_log_probs(rollout)
     assert rollout.old_log_probs is None  # one update: no forward pass for the old log-probs
-    loss = module._micro_batch_loss(rollout, None, num_sequences=4, num_tokens=12, first_epoch=True).loss
+    loss = module.policy_update.micro_batch_loss(rollout, None, num_sequences=4, num_tokens=12, first_epoch=True).loss
     log_probs, _ = module.policy.token_log_probs(rollout)
-    expected = aggregate_loss(-1.25 * rollout.advantages[:, None] * torch.ones_like(log_probs), None, module.aggregation.mode, num_sequences=4, num_tokens=12)
+    expected = aggregate_loss(
+        -1.25 * rollout.advantages[:, None] * torch.ones_like(log_probs),
+        None,
+        module.aggregation.mode,
+        num_sequences=4,
+        num_tokens=12,
+    )
     assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
 
 
 def test_several_updates_recompute_the_old_log_probs_at_the_current_weights():
     torch.manual_seed(0)
-    module = RLVRModule(ToySortPolicy(vocab_size=5, prompt_length=3, embedding_dim=4), rollout_staleness=1, update=UpdateConfig(epochs=2))
+    module = RLVRModule(
+        ToySortPolicy(vocab_size=5, prompt_length=3, embedding_dim=4),
+        rollout_staleness=1,
+        update=UpdateConfig(epochs=2),
+    )
     rollout = module.policy.sample({"prompt": [[1, 2, 3]]}, n=2, sampling=module.sampling)
     rollout.sampling_log_probs, rollout.old_log_probs = rollout.old_log_probs - 0.3, None
-    module._add_old_and_reference_log_probs(rollout)
+    module.policy_update.add_old_and_reference_log_probs(rollout)
     current, _ = module.policy.token_log_probs(rollout)
     torch.testing.assert_close(rollout.old_log_probs, current.detach())  # pi_prox, not the behaviour log-probs
 
@@ -183,7 +211,12 @@ def test_rollout_staleness_options():
     policy = ToySortPolicy(vocab_size=5, prompt_length=3)
     with pytest.raises(ValueError, match=r"rollout_staleness=2 is not valid; choose 0 \(on-policy\) or 1"):
         RLVRModule(policy, rollout_staleness=2)
-    assert RLVRModule(policy, rollout_staleness=1, rollout_is=ImportanceSamplingConfig(mode="token_truncate")).rollout_is.mode == "token_truncate"
+    assert (
+        RLVRModule(
+            policy, rollout_staleness=1, rollout_is=ImportanceSamplingConfig(mode="token_truncate")
+        ).rollout_is.mode
+        == "token_truncate"
+    )
     assert RLVRModule(policy).rollout_is.mode is None and RLVRModule(policy).async_rollouts is None
 
     class OldPolicy(ToySortPolicy):
@@ -247,7 +280,6 @@ def test_the_background_thread_samples_with_the_trainer_s_torch_thread_count(in_
     assert background and all(record["threads"] == 3 for record in background)
 
 
-
 class AutocastRecordingPolicy(RecordingPolicy):
     def sample(self, batch, n, sampling, generator=None):
         rollout = super().sample(batch, n, sampling, generator)
@@ -259,7 +291,9 @@ class AutocastRecordingPolicy(RecordingPolicy):
 def test_background_rollouts_sample_under_the_precision_of_the_first(in_tmp_dir):
     # autocast is per thread: Lightning enters bf16-mixed's around training_step, in the training thread only
     torch.manual_seed(0)
-    module = RLVRModule(AutocastRecordingPolicy(vocab_size=5, prompt_length=3, embedding_dim=4), group_size=4, rollout_staleness=1)
+    module = RLVRModule(
+        AutocastRecordingPolicy(vocab_size=5, prompt_length=3, embedding_dim=4), group_size=4, rollout_staleness=1
+    )
     weights = WeightsAtStepStart()
     fit(module, [SortInclusionOrderingReward(), weights], steps=4, precision="bf16-mixed")
     records = weights.trained[1:]
@@ -285,7 +319,11 @@ class FakeCuda:
         self.local = threading.local()
         self.default = self.Stream(self.events, "default")
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-        monkeypatch.setattr(torch.cuda, "set_device", lambda device: self.events.append(("set_device", torch.device(device), self.where())))
+        monkeypatch.setattr(
+            torch.cuda,
+            "set_device",
+            lambda device: self.events.append(("set_device", torch.device(device), self.where())),
+        )
         monkeypatch.setattr(torch.cuda, "Stream", self.new_stream)
         monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: self.current())
         monkeypatch.setattr(torch.cuda, "stream", self.stream)
@@ -321,7 +359,9 @@ def rollouts_on_fake_gpu(monkeypatch, policy):
     cuda = FakeCuda(monkeypatch)
     monkeypatch.setattr(EventPolicy, "cuda", cuda)
     monkeypatch.setattr(AsyncRollouts, "_device", lambda self: torch.device("cuda", 1))  # the rank's device
-    monkeypatch.setattr(AsyncRollouts, "_generator_device", lambda self: torch.device("cpu"))  # the policy is on the CPU
+    monkeypatch.setattr(
+        AsyncRollouts, "_generator_device", lambda self: torch.device("cpu")
+    )  # the policy is on the CPU
     recorded = []
     monkeypatch.setattr(async_rollouts, "_record_stream", lambda rollout, stream: recorded.append(stream.name))
     return cuda, recorded, AsyncRollouts(policy, group_size=2, sampling=RLVRModule(policy).sampling)
@@ -329,10 +369,14 @@ def rollouts_on_fake_gpu(monkeypatch, policy):
 
 def test_the_background_thread_samples_on_the_rank_s_device_and_a_side_stream(monkeypatch):
     torch.manual_seed(0)
-    cuda, recorded, rollouts = rollouts_on_fake_gpu(monkeypatch, EventPolicy(vocab_size=5, prompt_length=3, embedding_dim=4))
+    cuda, recorded, rollouts = rollouts_on_fake_gpu(
+        monkeypatch, EventPolicy(vocab_size=5, prompt_length=3, embedding_dim=4)
+    )
     batch = {"prompt": [[1, 2, 3]]}
     rollouts.sample_now(batch, version=0)  # the first rollout: nothing runs beside it
-    assert ("sample", "main", "default") in cuda.events and not any(event[0] in ("Stream", "set_device") for event in cuda.events)
+    assert ("sample", "main", "default") in cuda.events and not any(
+        event[0] in ("Stream", "set_device") for event in cuda.events
+    )
     cuda.events.clear()
     rollouts.launch(batch, version=1)
     rollouts.wait()
@@ -359,7 +403,9 @@ def test_an_engine_samples_without_a_side_stream(monkeypatch):
 
         def __init__(self, **kwargs):
             super().__init__(**kwargs)
-            self.generation = types.SimpleNamespace(owns_weights=True, push_on_generate=True, push_weights=lambda model, tokenizer: 0.0)
+            self.generation = types.SimpleNamespace(
+                owns_weights=True, push_on_generate=True, push_weights=lambda model, tokenizer: 0.0
+            )
 
         @property
         def model(self):
@@ -369,7 +415,9 @@ def test_an_engine_samples_without_a_side_stream(monkeypatch):
             return self
 
     torch.manual_seed(0)
-    cuda, recorded, rollouts = rollouts_on_fake_gpu(monkeypatch, EnginePolicy(vocab_size=5, prompt_length=3, embedding_dim=4))
+    cuda, recorded, rollouts = rollouts_on_fake_gpu(
+        monkeypatch, EnginePolicy(vocab_size=5, prompt_length=3, embedding_dim=4)
+    )
     rollouts.sample_now({"prompt": [[1, 2, 3]]}, version=0)
     rollouts.launch({"prompt": [[1, 2, 3]]}, version=1)
     rollouts.wait()

@@ -47,8 +47,15 @@ def tokenizer_dir(tmp_path_factory) -> str:
 
 def _trainer(*callbacks) -> pl.Trainer:
     return pl.Trainer(
-        accelerator="cpu", devices=1, max_epochs=1, limit_train_batches=1, limit_val_batches=0, logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        accelerator="cpu",
+        devices=1,
+        max_epochs=1,
+        limit_train_batches=1,
+        limit_val_batches=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
         callbacks=[*callbacks, ParametersElsewhere()],
     )
 
@@ -61,11 +68,15 @@ def test_a_training_step_samples_and_scores_on_the_root_device(tokenizer_dir):
 
     pl.seed_everything(0)
     policy = HFPolicy(config=tiny_llama_config(), tokenizer_name_or_path=tokenizer_dir)
-    module = RLVRModule(policy, group_size=2, sampling=SamplingConfig(max_new_tokens=4), update=UpdateConfig(micro_batch_size=2))
+    module = RLVRModule(
+        policy, group_size=2, sampling=SamplingConfig(max_new_tokens=4), update=UpdateConfig(micro_batch_size=2)
+    )
     task = InlineTask(examples=[{"prompt": "What is 2+3?"}, {"prompt": "The quick brown"}])
     _trainer(LengthReward()).fit(module, RLVRDataModule(task=task, batch_size=2))
     rollout = module.last_rollout
-    assert {t.device.type for t in (rollout.prompt_ids, rollout.response_ids, rollout.group_index, rollout.advantages)} == {"cpu"}
+    assert {
+        t.device.type for t in (rollout.prompt_ids, rollout.response_ids, rollout.group_index, rollout.advantages)
+    } == {"cpu"}
     assert module.policy.device == torch.device("cpu")
 
 

@@ -11,7 +11,7 @@ import torch
 from rlvr_lightning.data import RLVRDataModule, SortTask
 from rlvr_lightning.modules.expert_iteration import ExpertIterationModule
 from rlvr_lightning.modules.options import AggregationConfig, UpdateConfig
-from rlvr_lightning.modules.sft import pair_rollout
+from rlvr_lightning.modules.pair_rollouts import pair_rollout
 from rlvr_lightning.policies.base import SamplingConfig
 from rlvr_lightning.policies.toy_sort import ToySortPolicy
 from rlvr_lightning.rewards import RewardCallback, SortInclusionOrderingReward
@@ -37,7 +37,10 @@ def fit(module, callbacks, rounds=3, batch_size=16, val=True, data=None):
         enable_model_summary=False,
         callbacks=callbacks,
     )
-    trainer.fit(module, data or RLVRDataModule(SortTask(vocab_size=5, length=3, num_val=16 if val else 0), batch_size=batch_size))
+    trainer.fit(
+        module,
+        data or RLVRDataModule(SortTask(vocab_size=5, length=3, num_val=16 if val else 0), batch_size=batch_size),
+    )
     return trainer
 
 
@@ -103,7 +106,7 @@ def test_a_round_where_nothing_passes_changes_nothing(in_tmp_dir):
     before = [p.detach().clone() for p in module.policy.parameters()]
     trainer = fit(module, [Fixed([0.0] * 64)], rounds=1, val=False)
     assert trainer.global_step == 0 and trainer.callback_metrics["train/kept"] == 0
-    for a, b in zip(before, module.policy.parameters()):
+    for a, b in zip(before, module.policy.parameters(), strict=True):
         assert torch.equal(a, b)
 
 
@@ -127,7 +130,9 @@ def test_three_rounds_raise_the_validation_accuracy_of_a_fine_tuned_start(in_tmp
         max_per_prompt=4,
         update=UpdateConfig(mini_batch_size=64),
     )
-    start = pl.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False, callbacks=[SortInclusionOrderingReward()])
+    start = pl.Trainer(
+        logger=False, enable_progress_bar=False, enable_model_summary=False, callbacks=[SortInclusionOrderingReward()]
+    )
     data = RLVRDataModule(SortTask(vocab_size=5, length=3, num_val=64), batch_size=128)
     before = start.validate(module, data, verbose=False)[0]["val/accuracy"]
     trainer = fit(module, [SortInclusionOrderingReward()], rounds=3, data=data)
@@ -141,7 +146,10 @@ def test_three_rounds_raise_the_validation_accuracy_of_a_fine_tuned_start(in_tmp
         ({"max_per_prompt": 9}, "max_per_prompt must be in \\[1, group_size=8\\]"),
         ({"sampling": SamplingConfig(do_sample=False)}, "responses to a prompt identical"),
         ({"update": UpdateConfig(max_consecutive_skips=3)}, "max_consecutive_skips does not apply"),
-        ({"aggregation": AggregationConfig(mode="seq-sum-constant")}, "aggregation.mode='seq-sum-constant' is not valid"),
+        (
+            {"aggregation": AggregationConfig(mode="seq-sum-constant")},
+            "aggregation.mode='seq-sum-constant' is not valid",
+        ),
         ({"aggregation": AggregationConfig(mode="token-mean")}, "count_empty_rows=true does not apply"),
     ],
 )
@@ -165,10 +173,16 @@ def test_expert_iteration_stage_config_runs_through_the_cli(in_tmp_dir):
     spec.loader.exec_module(pipeline)
     cli = pipeline.stage_cli(
         [
-            "fit", "--config", str(pipeline.EI_CONFIG),
-            "--trainer.limit_train_batches=2", "--trainer.val_check_interval=1", "--trainer.limit_val_batches=1",
+            "fit",
+            "--config",
+            str(pipeline.EI_CONFIG),
+            "--trainer.limit_train_batches=2",
+            "--trainer.val_check_interval=1",
+            "--trainer.limit_val_batches=1",
             "--data.init_args.batch_size=64",
-            "--trainer.logger=false", "--trainer.enable_progress_bar=false", "--trainer.enable_checkpointing=false",
+            "--trainer.logger=false",
+            "--trainer.enable_progress_bar=false",
+            "--trainer.enable_checkpointing=false",
         ]
     )
     assert isinstance(cli.model, ExpertIterationModule)

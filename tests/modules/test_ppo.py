@@ -39,8 +39,14 @@ def fit(module, callbacks, steps=2, batch_size=4, task=None):
     data = RLVRDataModule(task or SortTask(vocab_size=5, length=3, num_val=0), batch_size=batch_size)
     recorder = Recorder()
     trainer = pl.Trainer(
-        max_epochs=1, limit_train_batches=steps, limit_val_batches=0, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, callbacks=[*callbacks, recorder],
+        max_epochs=1,
+        limit_train_batches=steps,
+        limit_val_batches=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[*callbacks, recorder],
     )
     trainer.fit(module, data)
     return recorder
@@ -88,7 +94,7 @@ def test_warm_up_trains_the_critic_only(value_model):
     module = PPOModule(toy(), group_size=4, value=ValueConfig(model=value_model, warmup_steps=2, lr=0.05))
     policy_before = parameters(module.policy)
     recorder = fit(module, [SortInclusionOrderingReward()], steps=2)
-    assert all(torch.equal(a, b) for a, b in zip(policy_before, parameters(module.policy)))
+    assert all(torch.equal(a, b) for a, b in zip(policy_before, parameters(module.policy), strict=True))
     assert module.value_head.linear.weight.abs().sum() > 0
     assert [s["train/critic/warmup"] for s in recorder.steps] == [1.0, 1.0]
     assert recorder.steps[-1]["train/grad_norm"] == 0.0  # the policy got no gradient at all
@@ -96,7 +102,7 @@ def test_warm_up_trains_the_critic_only(value_model):
     module = PPOModule(toy(), group_size=4, value=ValueConfig(model=value_model, warmup_steps=2, lr=0.05))
     recorder = fit(module, [SortInclusionOrderingReward()], steps=3)
     assert recorder.steps[-1]["train/critic/warmup"] == 0.0
-    assert not all(torch.equal(a, b) for a, b in zip(policy_before, parameters(module.policy)))
+    assert not all(torch.equal(a, b) for a, b in zip(policy_before, parameters(module.policy), strict=True))
 
 
 def test_the_critic_learns_the_returns():
@@ -110,23 +116,23 @@ def test_the_critic_learns_the_returns():
 
 @pytest.mark.parametrize("value_model", ["separate", "shared"])
 @pytest.mark.parametrize("warming_up", [False, True])
-def test_the_value_loss_reaches_the_policy_trunk_only_when_shared(value_model, warming_up, monkeypatch):
+def test_the_value_loss_reaches_the_policy_trunk_only_when_shared(value_model, warming_up):
     # advantages 0: the policy loss has no gradient, so whatever reaches the policy comes from the value loss
-    monkeypatch.setattr(PPOModule, "warming_up", property(lambda self: warming_up))
     module = PPOModule(toy(), group_size=4, value=ValueConfig(model=value_model, coef=1.0, clip=None))
+    module.policy_update.warming_up = warming_up  # as on_train_batch_start sets it
     torch.nn.init.normal_(module.value_head.linear.weight)
     rollout = module.policy.sample({"prompt": [[1, 0, 2], [4, 3, 3]]}, 4, SamplingConfig())
     rollout.old_log_probs = None
     rollout.advantages = torch.zeros(8)
     rollout.values, rollout.returns = torch.zeros(8, 3), torch.ones(8, 3)
-    part = module._micro_batch_loss(rollout, None, 8, 24, first_epoch=True)
+    part = module.policy_update.micro_batch_loss(rollout, None, 8, 24, first_epoch=True)
     part.loss.backward()
     policy_grad = sum(float(p.grad.abs().sum()) for p in module.policy.parameters() if p.grad is not None)
     critic_grad = sum(float(p.grad.abs().sum()) for p in module.critic_parameters() if p.grad is not None)
     assert critic_grad > 0
     assert (policy_grad > 0) == (value_model == "shared" and not warming_up)
     # the loss is vf_coef * the token-mean value loss 1/2 (V - 1)^2 (the policy loss is 0)
-    values = module._values(rollout).detach()
+    values = module.policy_update.values(rollout).detach()
     assert_close(part.loss.detach(), 0.5 * ((values - 1) ** 2).mean())
 
 
@@ -136,7 +142,7 @@ def test_each_model_is_clipped_on_its_own():
         for p in params:
             p.grad = torch.zeros_like(p)
         params[0].grad.view(-1)[0] = norm
-    module._clip_gradients(None)
+    module.policy_update.clip_gradients(module, None)
     policy_norm = torch.linalg.vector_norm(torch.cat([p.grad.view(-1) for p in module.policy.parameters()]))
     critic_norm = torch.linalg.vector_norm(torch.cat([p.grad.view(-1) for p in module.critic_parameters()]))
     # one joint norm of 5 would leave 0.6 and 0.8
@@ -145,28 +151,30 @@ def test_each_model_is_clipped_on_its_own():
 
 def test_a_non_finite_critic_gradient_skips_the_update():
     module = PPOModule(toy(), group_size=4)
-    module._critic_grad_norms = []
+    module.policy_update._critic_grad_norms = []
     for p in [*module.policy.parameters(), *module.critic_parameters()]:
         p.grad = torch.ones_like(p)
-    assert torch.isfinite(module._gradient_norm(torch.device("cpu")))
+    assert torch.isfinite(module.policy_update.gradient_norm(torch.device("cpu")))
     module.value_head.linear.bias.grad.fill_(float("inf"))
-    assert not torch.isfinite(module._gradient_norm(torch.device("cpu")))
+    assert not torch.isfinite(module.policy_update.gradient_norm(torch.device("cpu")))
 
 
 def test_warm_up_gradient_norms_are_on_the_loss_device():
     # the policy has no gradient during the warm-up: its norm is a 0 made on the loss's device (meta stands for the
     # GPU), not a CPU 0 that the loss would be stacked with
     module = PPOModule(toy(), group_size=4, value=ValueConfig(warmup_steps=1))
-    module._critic_grad_norms = []
+    module.policy_update._critic_grad_norms = []
     for p in module.critic_parameters():
         p.grad = torch.ones_like(p)
     meta = torch.device("meta")
-    assert module._gradient_norm(meta).device == meta
-    assert module._critic_grad_norms[0].device == meta
+    assert module.policy_update.gradient_norm(meta).device == meta
+    assert module.policy_update._critic_grad_norms[0].device == meta
 
 
 def test_critic_learning_rate_is_its_parameter_group():
-    module = PPOModule(toy(), group_size=4, optimizer=lambda params: torch.optim.Adam(params, lr=0.003), value=ValueConfig(lr=0.01))
+    module = PPOModule(
+        toy(), group_size=4, optimizer=lambda params: torch.optim.Adam(params, lr=0.003), value=ValueConfig(lr=0.01)
+    )
     optimizer = module.configure_optimizers()
     policy_group, critic_group = optimizer.param_groups
     assert policy_group["lr"] == 0.003 and critic_group["lr"] == 0.01
@@ -196,16 +204,23 @@ def test_kl_in_the_reward_is_charged_per_token():
 
 def test_micro_batches_accumulate_to_the_mini_batch_update():
     def run(micro):
-        module = PPOModule(toy(), group_size=4, update=UpdateConfig(epochs=2, mini_batch_size=8, micro_batch_size=micro), value=ValueConfig(lr=0.01))
+        module = PPOModule(
+            toy(),
+            group_size=4,
+            update=UpdateConfig(epochs=2, mini_batch_size=8, micro_batch_size=micro),
+            value=ValueConfig(lr=0.01),
+        )
         fit(module, [SortInclusionOrderingReward()], steps=2)
         return parameters(module)
 
-    for a, b in zip(run(None), run(2)):
+    for a, b in zip(run(None), run(2), strict=True):
         assert_close(a, b, atol=1e-6, rtol=1e-5)
 
 
 def test_an_advantage_callback_is_an_error():
-    with pytest.raises(ValueError, match="PPOModule estimates advantages with GAE from its critic; remove CenteredAdvantage"):
+    with pytest.raises(
+        ValueError, match="PPOModule estimates advantages with GAE from its critic; remove CenteredAdvantage"
+    ):
         fit(PPOModule(toy(), group_size=4), [SortInclusionOrderingReward(), CenteredAdvantage()])
 
 
@@ -218,7 +233,10 @@ class NoCopyPolicy(ToySortPolicy):
     "kwargs, message",
     [
         (lambda: dict(value=ValueConfig(model="both")), "value.model='both' is not valid; choose one of"),
-        (lambda: dict(value=ValueConfig(model="shared"), critic=ToySortPolicy(vocab_size=5, prompt_length=3)), "value.model='shared' reads the policy's own"),
+        (
+            lambda: dict(value=ValueConfig(model="shared"), critic=ToySortPolicy(vocab_size=5, prompt_length=3)),
+            "value.model='shared' reads the policy's own",
+        ),
         (lambda: dict(gae=GAEConfig(gamma=1.5)), "gae.gamma and gae.lam must be in"),
         (lambda: dict(value=ValueConfig(coef=0.0)), "value.coef must be > 0"),
         (lambda: dict(value=ValueConfig(clip=-1.0)), "value.clip must be > 0"),
@@ -245,12 +263,21 @@ def test_ppo_on_a_tiny_language_model(value_model):
 
     torch.manual_seed(0)
     policy = HFPolicy(
-        config={"model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
-                "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 32},
+        config={
+            "model_type": "llama",
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "max_position_embeddings": 32,
+        },
         tokenizer_name_or_path=str(ROOT / "configs" / "length_bias" / "digits_tokenizer"),
         prompt_template="raw",
     )
-    module = PPOModule(policy, group_size=4, sampling=SamplingConfig(max_new_tokens=6), value=ValueConfig(model=value_model, lr=0.01))
+    module = PPOModule(
+        policy, group_size=4, sampling=SamplingConfig(max_new_tokens=6), value=ValueConfig(model=value_model, lr=0.01)
+    )
     recorder = fit(module, [SortAndStopReward(stop="any")], steps=2, task=SortTask(vocab_size=10, length=3, num_val=0))
     rollout = module.last_rollout
     mask = rollout.response_mask.bool()

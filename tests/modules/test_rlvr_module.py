@@ -51,11 +51,27 @@ def test_logs_every_documented_metric(in_tmp_dir):
     trainer, _ = fit(module, [SortInclusionOrderingReward(), CenteredAdvantage()], val=True)
     metrics = trainer.callback_metrics
     for key in [
-        "train/reward_mean", "train/reward_std", "train/reward_min", "train/reward_max",
-        "train/rewards/sort_inclusion_ordering", "train/advantage_mean", "train/advantage_std",
-        "train/zero_variance_groups", "train/loss", "train/kl", "train/entropy", "train/clip_frac_low",
-        "train/clip_frac_high", "train/ratio_mean", "train/ratio_min", "train/ratio_max", "train/grad_norm",
-        "train/skipped_updates", "time/step_s", "val/reward_mean", "val/accuracy",
+        "train/reward_mean",
+        "train/reward_std",
+        "train/reward_min",
+        "train/reward_max",
+        "train/rewards/sort_inclusion_ordering",
+        "train/advantage_mean",
+        "train/advantage_std",
+        "train/zero_variance_groups",
+        "train/loss",
+        "train/kl",
+        "train/entropy",
+        "train/clip_frac_low",
+        "train/clip_frac_high",
+        "train/ratio_mean",
+        "train/ratio_min",
+        "train/ratio_max",
+        "train/grad_norm",
+        "train/skipped_updates",
+        "time/step_s",
+        "val/reward_mean",
+        "val/accuracy",
     ]:
         assert key in metrics, key
     assert 0 <= float(metrics["val/accuracy"]) <= 1
@@ -104,7 +120,11 @@ def test_micro_batch_must_divide_mini_batch():
 
 def test_mini_batch_must_divide_the_rollout(in_tmp_dir):
     with pytest.raises(ValueError, match="update.mini_batch_size=5 must divide the rollout size"):
-        fit(RLVRModule(policy(), group_size=4, update=UpdateConfig(mini_batch_size=5)), [SortInclusionOrderingReward()], batch_size=4)
+        fit(
+            RLVRModule(policy(), group_size=4, update=UpdateConfig(mini_batch_size=5)),
+            [SortInclusionOrderingReward()],
+            batch_size=4,
+        )
 
 
 def test_reference_model_exists_only_with_kl():
@@ -128,7 +148,9 @@ class CountingPolicy(ToySortPolicy):
 
 
 @pytest.mark.parametrize("ppo_epochs, mini_batch_size, passes_per_step", [(1, None, 1), (2, None, 3), (1, 8, 2)])
-def test_old_log_probs_are_computed_only_when_the_policy_moves(in_tmp_dir, ppo_epochs, mini_batch_size, passes_per_step):
+def test_old_log_probs_are_computed_only_when_the_policy_moves(
+    in_tmp_dir, ppo_epochs, mini_batch_size, passes_per_step
+):
     CountingPolicy.rows = 0
     module = RLVRModule(
         CountingPolicy(vocab_size=5, prompt_length=3, embedding_dim=4),
@@ -150,21 +172,30 @@ class ToyCountingPolicy(ToySortPolicy):
 
 def test_sampling_log_probs_save_the_old_log_prob_pass(in_tmp_dir):
     ToyCountingPolicy.rows = 0
-    module = RLVRModule(ToyCountingPolicy(vocab_size=5, prompt_length=3, embedding_dim=4), group_size=4, update=UpdateConfig(epochs=2))
+    module = RLVRModule(
+        ToyCountingPolicy(vocab_size=5, prompt_length=3, embedding_dim=4), group_size=4, update=UpdateConfig(epochs=2)
+    )
     fit(module, [SortInclusionOrderingReward()], steps=2, batch_size=4)
     assert ToyCountingPolicy.rows == 2 * 16 * 2  # one pass per epoch, none for the old log-probs
 
 
 def final_parameters(micro_batch_size, aggregation):
     constant = 5.0 if aggregation == "seq-sum-constant" else None
-    module = RLVRModule(policy(), group_size=4, update=UpdateConfig(micro_batch_size=micro_batch_size), aggregation=AggregationConfig(mode=aggregation, constant=constant))
+    module = RLVRModule(
+        policy(),
+        group_size=4,
+        update=UpdateConfig(micro_batch_size=micro_batch_size),
+        aggregation=AggregationConfig(mode=aggregation, constant=constant),
+    )
     fit(module, [SortInclusionOrderingReward()], steps=2, batch_size=4)
     return torch.cat([p.detach().flatten() for p in module.policy.parameters()])
 
 
 @pytest.mark.parametrize("aggregation", ["seq-mean-token-mean", "token-mean", "seq-mean-token-sum", "seq-sum-constant"])
 def test_micro_batching_is_exact_gradient_accumulation(in_tmp_dir, aggregation):
-    torch.testing.assert_close(final_parameters(None, aggregation), final_parameters(4, aggregation), atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(
+        final_parameters(None, aggregation), final_parameters(4, aggregation), atol=1e-6, rtol=1e-5
+    )
 
 
 class NaNReward(RewardCallback):
@@ -177,8 +208,8 @@ def test_non_finite_updates_are_skipped_then_stop_the_run(in_tmp_dir):
     before = [p.detach().clone() for p in module.policy.parameters()]
     with pytest.raises(RuntimeError, match="3 consecutive updates had a non-finite loss"):
         fit(module, [NaNReward(), CenteredAdvantage()], steps=5)
-    assert module.skipped_updates == 3
-    for old, new in zip(before, module.policy.parameters()):
+    assert module.policy_update.skipped_updates == 3
+    for old, new in zip(before, module.policy.parameters(), strict=True):
         assert torch.equal(old, new)
 
 
@@ -186,13 +217,15 @@ def test_reference_is_refreshed_every_n_steps(in_tmp_dir):
     module = RLVRModule(policy(), group_size=2, kl=KLConfig(coef=0.1, refresh_every=2))
     fit(module, [SortInclusionOrderingReward()], steps=2)
     # refreshed at the start of step 2 only: the reference is the policy after one update, not the latest
-    assert not all(torch.equal(r, p) for r, p in zip(module.reference.parameters(), module.policy.parameters()))
+    assert not all(
+        torch.equal(r, p) for r, p in zip(module.reference.parameters(), module.policy.parameters(), strict=True)
+    )
     module = RLVRModule(policy(), group_size=2, kl=KLConfig(coef=0.1, refresh_every=2))
     fit(module, [SortInclusionOrderingReward()], steps=3)
     snapshot = [p.detach().clone() for p in module.reference.parameters()]
-    assert not all(torch.equal(s, p) for s, p in zip(snapshot, module.policy.parameters()))
+    assert not all(torch.equal(s, p) for s, p in zip(snapshot, module.policy.parameters(), strict=True))
     initial = policy()
-    assert not all(torch.equal(s, p) for s, p in zip(snapshot, initial.parameters()))
+    assert not all(torch.equal(s, p) for s, p in zip(snapshot, initial.parameters(), strict=True))
 
 
 def test_grpo_learns_the_sort_task(in_tmp_dir):

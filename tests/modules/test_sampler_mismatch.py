@@ -59,9 +59,13 @@ def test_token_truncated_is_weights_scale_the_policy_loss_by_hand():
     plain = RLVRModule(module.policy, loss="pg")
     rollout = _rollout(module)
     num_tokens = rollout.response_mask.numel()
-    corrected = module._micro_batch_loss(rollout, None, rollout.num_rows, num_tokens, first_epoch=True).loss
+    corrected = module.policy_update.micro_batch_loss(
+        rollout, None, rollout.num_rows, num_tokens, first_epoch=True
+    ).loss
     # every token's weight is min(e^0.1, 1.05) = 1.05, so the (linear) pg loss scales by 1.05
-    uncorrected = plain._micro_batch_loss(rollout, None, rollout.num_rows, num_tokens, first_epoch=True).loss
+    uncorrected = plain.policy_update.micro_batch_loss(
+        rollout, None, rollout.num_rows, num_tokens, first_epoch=True
+    ).loss
     assert corrected.item() == pytest.approx(1.05 * uncorrected.item(), rel=1e-6)
 
 
@@ -70,20 +74,28 @@ def test_is_weights_use_the_trainers_old_log_probs_when_they_were_recomputed():
     rollout = _rollout(module)
     log_probs, _ = module.policy.token_log_probs(rollout)
     rollout.old_log_probs = rollout.sampling_log_probs + 1.0  # r = e^1 = 2.7 > 2: every token masked
-    loss = module._micro_batch_loss(rollout, None, rollout.num_rows, rollout.response_mask.numel(), first_epoch=True).loss
+    loss = module.policy_update.micro_batch_loss(
+        rollout, None, rollout.num_rows, rollout.response_mask.numel(), first_epoch=True
+    ).loss
     assert loss.item() == 0.0
     expected = aggregate_loss(
-        -rollout.advantages[:, None] * log_probs, None, module.aggregation.mode, num_sequences=4, num_tokens=rollout.response_mask.numel()
+        -rollout.advantages[:, None] * log_probs,
+        None,
+        module.aggregation.mode,
+        num_sequences=4,
+        num_tokens=rollout.response_mask.numel(),
     )
     assert expected.item() != 0.0
 
 
-@pytest.mark.parametrize("exact, rollout_is, recomputed", [(False, None, True), (True, None, False), (True, "token_truncate", True)])
+@pytest.mark.parametrize(
+    "exact, rollout_is, recomputed", [(False, None, True), (True, None, False), (True, "token_truncate", True)]
+)
 def test_sampling_log_probs_serve_as_old_ones_only_when_exact_and_uncorrected(exact, rollout_is, recomputed):
     module = RLVRModule(policy(), update=UpdateConfig(epochs=2), rollout_is=ImportanceSamplingConfig(mode=rollout_is))
     module.policy.exact = exact
     rollout = _rollout(module)
-    module._add_old_and_reference_log_probs(rollout)
+    module.policy_update.add_old_and_reference_log_probs(rollout)
     assert (rollout.old_log_probs is rollout.sampling_log_probs) is not recomputed
     if recomputed:
         trainer, _ = module.policy.token_log_probs(rollout)

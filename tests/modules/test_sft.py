@@ -12,7 +12,8 @@ from rlvr_lightning.data import SortTask
 from rlvr_lightning.data.sft_data import SFTDataModule, read_jsonl, write_jsonl
 from rlvr_lightning.modules import RLVRModule
 from rlvr_lightning.modules.options import AggregationConfig, KLConfig
-from rlvr_lightning.modules.sft import SFTModule, pair_rollout, policy_from_checkpoint, response_nll
+from rlvr_lightning.modules.pair_rollouts import pair_rollout, response_nll
+from rlvr_lightning.modules.sft import SFTModule, policy_from_checkpoint
 from rlvr_lightning.policies.toy_sort import ToySortPolicy
 from rlvr_lightning.rewards import SortInclusionOrderingReward
 
@@ -71,7 +72,7 @@ def test_text_pairs_train_on_response_tokens_only(tokenizer_dir):
     rollout = pair_rollout(policy, prompts, responses)
     tokenizer, eos = policy.tokenizer, policy.eos_token_ids[0]
     by_hand_terms = []
-    for i, (prompt, response) in enumerate(zip(prompts, responses)):
+    for i, (prompt, response) in enumerate(zip(prompts, responses, strict=True)):
         prompt_ids = tokenizer(prompt)["input_ids"]
         response_ids = tokenizer(response, add_special_tokens=False)["input_ids"] + [eos]
         # the response row holds exactly the response tokens and EOS, the mask nothing else
@@ -102,7 +103,7 @@ def tokenizer_dir(tmp_path_factory):
     "line, message",
     [
         ('{"prompt": [1, 2], "response": [1, 2]', "line 2: not valid JSON"),
-        ('[1, 2]', "line 2: expected a JSON object"),
+        ("[1, 2]", "line 2: expected a JSON object"),
         ('{"prompt": [1, 2]}', "line 2: missing key\\(s\\) \\['response'\\]"),
         ('{"prompt": [1, 2], "response": 7}', "line 2: 'response' must be text or a list of token ids"),
         ('{"prompt": [1, 2], "response": ""}', "line 2: 'response' is empty"),
@@ -117,7 +118,9 @@ def test_a_malformed_line_names_the_file_and_the_line(tmp_path, line, message):
 
 
 def test_jsonl_round_trip_keeps_metadata_and_skips_blank_lines(tmp_path):
-    path = write_jsonl([{"prompt": "2+3?", "response": "5", "answer": "5"}, {"prompt": [1], "response": [1]}], tmp_path / "p.jsonl")
+    path = write_jsonl(
+        [{"prompt": "2+3?", "response": "5", "answer": "5"}, {"prompt": [1], "response": [1]}], tmp_path / "p.jsonl"
+    )
     path.write_text(path.read_text() + "\n\n")
     assert read_jsonl(path) == [{"prompt": "2+3?", "response": "5", "answer": "5"}, {"prompt": [1], "response": [1]}]
     with pytest.raises(FileNotFoundError, match="does not exist"):
@@ -135,7 +138,9 @@ def test_sft_learns_sorting_pairs_and_hands_off_to_grpo(tmp_path):
     pl.seed_everything(0)
     module = SFTModule(toy(), optimizer=lambda params: torch.optim.Adam(params, lr=0.03))
     data = SFTDataModule(train_file=str(train), val_file=str(val), batch_size=16)
-    before = trainer(callbacks=[SortInclusionOrderingReward()], limit_val_batches=1).validate(module, data, verbose=False)[0]
+    before = trainer(callbacks=[SortInclusionOrderingReward()], limit_val_batches=1).validate(
+        module, data, verbose=False
+    )[0]
     fit = trainer(epochs=25, callbacks=[SortInclusionOrderingReward()], check_val_every_n_epoch=25)
     fit.fit(module, data)
     after = fit.callback_metrics
@@ -146,10 +151,10 @@ def test_sft_learns_sorting_pairs_and_hands_off_to_grpo(tmp_path):
     checkpoint = tmp_path / "sft.ckpt"
     fit.save_checkpoint(checkpoint)
     loaded = policy_from_checkpoint(toy(seed=1), str(checkpoint))
-    for a, b in zip(loaded.state_dict().values(), module.policy.state_dict().values()):
+    for a, b in zip(loaded.state_dict().values(), module.policy.state_dict().values(), strict=True):
         torch.testing.assert_close(a, b)
     grpo = RLVRModule(loaded, group_size=2, kl=KLConfig(coef=0.1))  # the KL reference is the fine-tuned policy
-    for a, b in zip(grpo.reference.parameters(), module.policy.parameters()):
+    for a, b in zip(grpo.reference.parameters(), module.policy.parameters(), strict=True):
         torch.testing.assert_close(a, b)
 
 
@@ -161,7 +166,9 @@ def test_policy_from_checkpoint_errors_say_what_is_wrong(tmp_path):
         policy_from_checkpoint(toy(), str(tmp_path / "other.pt"))
     plain = toy(seed=3)
     torch.save(plain.state_dict(), tmp_path / "plain.pt")  # a bare state dict works too
-    torch.testing.assert_close(policy_from_checkpoint(toy(), str(tmp_path / "plain.pt")).embedding.weight, plain.embedding.weight)
+    torch.testing.assert_close(
+        policy_from_checkpoint(toy(), str(tmp_path / "plain.pt")).embedding.weight, plain.embedding.weight
+    )
 
 
 def test_sft_options_are_checked():
@@ -176,10 +183,15 @@ def test_sft_stage_config_runs_through_the_cli(in_tmp_dir, load_script):
     write_jsonl(pipeline.sort_pairs(40), in_tmp_dir / "train.jsonl")
     cli = pipeline.stage_cli(
         [
-            "fit", "--config", str(pipeline.SFT_CONFIG),
+            "fit",
+            "--config",
+            str(pipeline.SFT_CONFIG),
             f"--data.init_args.train_file={in_tmp_dir / 'train.jsonl'}",
-            "--trainer.max_epochs=1", "--trainer.limit_val_batches=1", "--trainer.check_val_every_n_epoch=1",
-            "--trainer.logger=false", "--trainer.enable_progress_bar=false",
+            "--trainer.max_epochs=1",
+            "--trainer.limit_val_batches=1",
+            "--trainer.check_val_every_n_epoch=1",
+            "--trainer.logger=false",
+            "--trainer.enable_progress_bar=false",
         ]
     )
     assert isinstance(cli.model, SFTModule)

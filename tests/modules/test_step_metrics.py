@@ -16,9 +16,14 @@ class CaptureLogger:
 
 def fake_module(step: int = 4):
     trainer = SimpleNamespace(
-        world_size=1, loggers=[CaptureLogger()], log_every_n_steps=1, should_stop=False, current_epoch=0,
+        world_size=1,
+        loggers=[CaptureLogger()],
+        log_every_n_steps=1,
+        should_stop=False,
+        current_epoch=0,
         fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(_batches_that_stepped=step)),
-        callback_metrics={}, progress_bar_metrics={},
+        callback_metrics={},
+        progress_bar_metrics={},
     )
     return SimpleNamespace(trainer=trainer, device=torch.device("cpu"))
 

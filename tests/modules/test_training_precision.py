@@ -21,14 +21,20 @@ def toy_policy(dtype=torch.float32):
 
 
 def test_bf16_weights_without_fp32_masters_are_refused(in_tmp_dir):
-    with pytest.raises(ValueError, match=r"loaded in torch.bfloat16 \(its dtype option\) and trainer.precision='32-true'.*"
-                                         r"load the policy with dtype: float32 and train with trainer.precision: bf16-mixed"):
+    with pytest.raises(
+        ValueError,
+        match=r"loaded in torch.bfloat16 \(its dtype option\) and trainer.precision='32-true'.*"
+        r"load the policy with dtype: float32 and train with trainer.precision: bf16-mixed",
+    ):
         fit(RLVRModule(toy_policy(torch.bfloat16), group_size=4), [SortInclusionOrderingReward()], steps=1)
 
 
 def test_bf16_true_is_refused_for_trainable_weights(in_tmp_dir):
-    with pytest.raises(ValueError, match=r"trainer.precision='bf16-true' converts every weight to torch.bfloat16.*"
-                                         r"train with trainer.precision: bf16-mixed over fp32 weights"):
+    with pytest.raises(
+        ValueError,
+        match=r"trainer.precision='bf16-true' converts every weight to torch.bfloat16.*"
+        r"train with trainer.precision: bf16-mixed over fp32 weights",
+    ):
         fit(RLVRModule(toy_policy(), group_size=4), [SortInclusionOrderingReward()], steps=1, precision="bf16-true")
 
 
@@ -36,8 +42,11 @@ def test_fp16_loss_scaling_is_refused_under_manual_optimisation():
     # Lightning turns 16-mixed into bf16-mixed on a CPU: the trainer is a stand-in here
     module = RLVRModule(toy_policy(), group_size=4)
     module._trainer = types.SimpleNamespace(precision="16-mixed")
-    with pytest.raises(ValueError, match=r"trainer.precision='16-mixed' is not supported by RLVRModule.*"
-                                         r"Use trainer.precision: bf16-mixed"):
+    with pytest.raises(
+        ValueError,
+        match=r"trainer.precision='16-mixed' is not supported by RLVRModule.*"
+        r"Use trainer.precision: bf16-mixed",
+    ):
         check_training_precision(module)
 
 
@@ -46,12 +55,15 @@ def test_fp32_masters_train(in_tmp_dir):
     before = [p.detach().clone() for p in module.policy.parameters()]
     trainer, _ = fit(module, [SortInclusionOrderingReward()], steps=2, precision="bf16-mixed")
     assert trainer.global_step > 0 and {p.dtype for p in module.policy.parameters()} == {torch.float32}
-    assert any(not torch.equal(a, b) for a, b in zip(before, module.policy.parameters()))
+    assert any(not torch.equal(a, b) for a, b in zip(before, module.policy.parameters(), strict=True))
 
 
 def stub(parameters, precision, automatic=False):
-    return types.SimpleNamespace(trainer=types.SimpleNamespace(precision=precision), automatic_optimization=automatic,
-                                 named_parameters=lambda: iter(parameters))
+    return types.SimpleNamespace(
+        trainer=types.SimpleNamespace(precision=precision),
+        automatic_optimization=automatic,
+        named_parameters=lambda: iter(parameters),
+    )
 
 
 def test_frozen_bf16_weights_and_automatic_fp16_scaling_pass():

@@ -12,8 +12,16 @@ from rlvr_lightning.modules.options import AggregationConfig
 from rlvr_lightning.policies.toy_sort import ToySortPolicy
 from rlvr_lightning.rewards import RewardCallback, SortAndStopReward
 
-KEYS = ["length_correct", "length_incorrect", "group_reward_std_q10", "group_reward_std_q50", "group_reward_std_q90",
-        "token_weight_long", "token_weight_short", "token_weight_long_over_short"]
+KEYS = [
+    "length_correct",
+    "length_incorrect",
+    "group_reward_std_q10",
+    "group_reward_std_q50",
+    "group_reward_std_q90",
+    "token_weight_long",
+    "token_weight_short",
+    "token_weight_long_over_short",
+]
 
 
 class Recorder(pl.Callback):
@@ -35,8 +43,14 @@ def fit(module, callbacks, steps=3):
     pl.seed_everything(0)
     recorder = Recorder()
     trainer = pl.Trainer(
-        max_epochs=1, limit_train_batches=steps, limit_val_batches=0, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, callbacks=[*callbacks, recorder],
+        max_epochs=1,
+        limit_train_batches=steps,
+        limit_val_batches=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[*callbacks, recorder],
     )
     trainer.fit(module, RLVRDataModule(SortTask(vocab_size=5, length=3, num_val=0), batch_size=16))
     return recorder
@@ -44,7 +58,9 @@ def fit(module, callbacks, steps=3):
 
 def policy():
     torch.manual_seed(0)  # token 5 ends a response: lengths 1 to 6
-    return ToySortPolicy(vocab_size=6, prompt_length=3, response_length=6, embedding_dim=8, activation="tanh", eos_token=5)
+    return ToySortPolicy(
+        vocab_size=6, prompt_length=3, response_length=6, embedding_dim=8, activation="tanh", eos_token=5
+    )
 
 
 @pytest.mark.parametrize("aggregation", ["seq-mean-token-mean", "seq-sum-constant"])

@@ -14,13 +14,27 @@ from __future__ import annotations
 from torch import Tensor
 
 from rlvr_lightning.core.bias_diagnostics import group_std_quantiles, length_by_correctness, long_short_token_weights
+from rlvr_lightning.modules.options import AggregationConfig
 from rlvr_lightning.rollout import Rollout
 
 
-def bias_metrics(module, rollout: Rollout, prefix: str = "train/bias") -> dict[str, Tensor]:
-    """The diagnostics of `rollout` for a module with `correctness`, `aggregation` (an `AggregationConfig`) and `loss_constant`."""
+def bias_metrics(
+    rollout: Rollout,
+    correct: Tensor | None,
+    aggregation: AggregationConfig,
+    loss_constant: float,
+    prefix: str = "train/bias",
+) -> dict[str, Tensor]:
+    """The diagnostics of `rollout`.
+
+    Args:
+        rollout: the scored batch that is trained on.
+        correct: `bool[N]`, which responses are correct (None: no reward tells; no length by correctness).
+        aggregation: the module's aggregation, whose per-token weights are compared.
+        loss_constant: the divisor of aggregation mode seq-sum-constant.
+        prefix: the metrics' prefix.
+    """
     metrics: dict[str, Tensor] = {}
-    correct = module.correctness(rollout)
     if correct is not None:
         metrics.update(length_by_correctness(rollout.response_mask, correct))
     if rollout.group_size >= 2 and rollout.num_rows % rollout.group_size == 0 and rollout.num_rows:
@@ -28,7 +42,7 @@ def bias_metrics(module, rollout: Rollout, prefix: str = "train/bias") -> dict[s
     if rollout.num_rows >= 2:
         metrics.update(
             long_short_token_weights(
-                rollout.response_mask, module.aggregation.mode, module.loss_constant, module.aggregation.count_empty_rows
+                rollout.response_mask, aggregation.mode, loss_constant, aggregation.count_empty_rows
             )
         )
     return {f"{prefix}/{key}": value for key, value in metrics.items()}
