@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
+from typing import Any
 
 from torch import nn
 
@@ -85,7 +86,7 @@ class GenerativeJudgeReward(ModelReward):
         max_score: float = 10.0,
         normalize: bool = True,
         max_new_tokens: int = 16,
-        **kwargs,
+        **kwargs: Any,
     ) -> None:
         """
         Args:

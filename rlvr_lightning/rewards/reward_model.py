@@ -85,7 +85,7 @@ class SequenceClassifierReward(ModelReward):
         max_length: int | None = None,
         add_special_tokens: bool = False,
         dtype: Literal["float32", "bfloat16", "float16"] = "float32",
-        **kwargs,
+        **kwargs: Any,
     ) -> None:
         """
         Args:
