@@ -34,7 +34,6 @@ import os
 import resource
 import shlex
 import shutil
-import statistics
 import subprocess
 import sys
 import time
@@ -45,6 +44,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import learning_figures  # noqa: E402
+from compare_report import mean_std  # noqa: E402
 from learning_figures import Figure  # noqa: E402
 
 ONE_THREAD = {
@@ -156,13 +156,6 @@ def read_values(figure: Figure, run: SeedRun) -> SeedRun:
             run.values[metric.name] = math.nan
             run.error = run.error or f"{metric.name}: cannot read it ({type(error).__name__}: {error})"
     return run
-
-
-def mean_std(values: list[float]) -> tuple[float, float]:
-    values = [v for v in values if not math.isnan(v)]
-    if not values:
-        return math.nan, math.nan
-    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
 def check(figure: Figure, runs: list[SeedRun]) -> tuple[list[list[str]], dict]:

@@ -7,7 +7,7 @@
   (`rlvr_lightning.checkpoint_files`) when the strategy uses Lightning's default `TorchCheckpointIO`;
   under DDP gives each rank > 0 its own sampling seed. `rlvr` adds one to the trainer.
 - `RolloutCheckpoint`: `ModelCheckpoint` counting rollout steps (training batches) instead of
-  optimizer steps, which differ when `ppo_epochs` or mini-batches make several updates per step.
+  optimizer steps, which differ when `update.epochs` or mini-batches make several updates per step.
 """
 
 from __future__ import annotations
@@ -194,7 +194,7 @@ class RolloutCheckpoint(ModelCheckpoint):
     """`ModelCheckpoint` saving every `every_n_rollout_steps` training batches (rollout steps).
 
     Lightning's `every_n_train_steps` counts optimizer steps, which an RL step makes several of
-    (`ppo_epochs` x mini-batches). Other arguments are `ModelCheckpoint`'s; the file name may use
+    (`update.epochs` x mini-batches). Other arguments are `ModelCheckpoint`'s; the file name may use
     `{rollout_step}` (default `"{epoch}-{rollout_step}"`). With `every_n_epochs` unset it does not
     save at epoch ends.
     """
