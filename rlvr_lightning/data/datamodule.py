@@ -25,9 +25,10 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader
 
+from rlvr_lightning.data.curriculum_report import publish_refresh
 from rlvr_lightning.data.difficulty_filter import DifficultyFilter
 from rlvr_lightning.data.prompt_lengths import check_prompt_lengths
 from rlvr_lightning.data.prompt_streams import (
@@ -42,7 +43,6 @@ from rlvr_lightning.data.prompt_streams import (
     example_source,
 )
 from rlvr_lightning.data.task import Example, Task, collate_examples
-from rlvr_lightning.distributed import log_to_loggers, reduce_across_ranks
 
 log = logging.getLogger(__name__)
 
@@ -226,50 +226,7 @@ class RLVRDataModule(pl.LightningDataModule):
         self.topup_batches = 0
         for reward in getattr(module, "reward_callbacks", []):
             stats[f"curriculum/reward_errors/{reward.name}"] = float(reward.pop_errors())
-        self._publish(stats)
-
-    def _publish(self, stats: dict[str, float]) -> None:
-        trainer, flt = self.trainer, self.difficulty_filter
-        names = list(stats)
-        values = torch.tensor([stats[k] for k in names], dtype=torch.float64, device=trainer.lightning_module.device)
-        # the stats are identical on every rank but the estimation time: report the slowest rank
-        values = reduce_across_ranks(trainer, values, names, {"curriculum/estimation_s": "max"}).cpu()
-        stats = dict(zip(names, values.tolist(), strict=True))
-        flt.last_stats = stats
-        step = trainer.fit_loop.epoch_loop._batches_that_stepped
-        log_to_loggers(trainer, stats, step)
-        if trainer.is_global_zero:
-            self._log_wandb_histogram(step)
-        kept, candidates = int(stats["curriculum/kept"]), int(stats["curriculum/candidates"])
-        message = (
-            f"curriculum refresh {flt.refresh_index} (epoch {trainer.current_epoch}): kept {kept}/{candidates} prompts "
-            f"({100 * stats['curriculum/kept_fraction']:.1f}%), too easy {int(stats['curriculum/too_easy'])}, "
-            f"too hard {int(stats['curriculum/too_hard'])}; estimation {stats['curriculum/estimation_s']:.2f} s, "
-            f"{int(stats['curriculum/completions'])} completions"
-        )
-        rank_zero_info(message)
-        if stats["curriculum/fallback"]:
-            rank_zero_warn(
-                f"difficulty filter kept {kept} prompts, fewer than one batch: training on the unfiltered pool "
-                "until the next refresh"
-            )
-
-    def _log_wandb_histogram(self, step: int) -> None:
-        from lightning.pytorch.loggers import WandbLogger
-
-        loggers = [logger for logger in self.trainer.loggers if isinstance(logger, WandbLogger)]
-        if not loggers:
-            return
-        import numpy as np
-        import wandb
-
-        n = self.difficulty_filter.n
-        counts = np.bincount(np.asarray(self.difficulty_filter.pass_counts, dtype=np.int64), minlength=n + 1)
-        edges = np.linspace(-0.5 / n, 1 + 0.5 / n, n + 2)  # one bin per pass rate k/n
-        for logger in loggers:
-            logger.log_metrics(
-                {"curriculum/pass_rate_histogram": wandb.Histogram(np_histogram=(counts, edges))}, step=step
-            )
+        publish_refresh(self.trainer, self.difficulty_filter, stats)
 
     # ------------------------------------------------------------- validation
 

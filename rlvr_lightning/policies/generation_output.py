@@ -1,4 +1,4 @@
-"""What a generation backend returns, and the stop-string rule every backend applies."""
+"""What a generation backend returns, the stop-string rule every backend applies, and the stats of an output."""
 
 from __future__ import annotations
 
@@ -47,3 +47,25 @@ class GenerationOutput:
     steps: int | None = None  # decoding steps (None: not reported)
     stats: dict[str, float] = field(default_factory=dict)  # backend-specific facts (weight push time, ...)
     response_source: Tensor | None = None  # long[N, T] `TokenSource` per token, when tokens were inserted
+
+
+def generation_stats(out: GenerationOutput, lengths: Tensor, prompt_mask: Tensor, num_rows: int) -> dict[str, float]:
+    """The numbers a policy reports after sampling (`last_generation_stats`); `lengths` are the response lengths."""
+    generated = float(out.response_mask.sum().item())  # sampled tokens (inserted ones are not generated)
+    stats = {
+        "response_length/mean": float(lengths.mean().item()),
+        "response_length/min": float(lengths.min().item()),
+        "response_length/max": float(lengths.max().item()),
+        "prompt_length/mean": float(prompt_mask.sum(-1).float().mean().item()),
+        "truncated_fraction": float(out.truncated.float().mean().item()),
+        "stop_string_fraction": float(out.stopped_by_string.float().mean().item()),
+        "generation_seconds": out.seconds,
+        "tokens_per_second": generated / max(out.seconds, 1e-9),
+        "num_rows": float(num_rows),
+    }
+    if out.prefill_seconds is not None:
+        stats["prefill_seconds"] = out.prefill_seconds
+    if out.steps is not None:
+        stats["generation_steps"] = float(out.steps)
+    stats.update(out.stats)
+    return stats

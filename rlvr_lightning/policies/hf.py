@@ -31,7 +31,8 @@ Dropout is switched off (`disable_dropout`, as in TRL) so that sampling and scor
 network, and the model is put in train mode (transformers only checkpoints activations in train mode).
 
 With LoRA (`lora_r > 0`) the base weights are frozen and the KL reference is the base model with the
-adapter disabled: `create_reference` returns a parameter-free marker and no second copy is made.
+adapter disabled: `create_reference` returns a parameter-free marker and no second copy is made
+(`policies/lora_reference.py`).
 """
 
 from __future__ import annotations
@@ -50,7 +51,14 @@ from rlvr_lightning.policies import hf_loading, prompt_encoding
 from rlvr_lightning.policies.base import Policy, PromptBatch, SamplingConfig, compute_device
 from rlvr_lightning.policies.generation import KVCacheGeneration, left_pad
 from rlvr_lightning.policies.generation_backend import GenerationBackend
+from rlvr_lightning.policies.generation_output import generation_stats
 from rlvr_lightning.policies.hf_scoring import HFScoring
+from rlvr_lightning.policies.lora_reference import (
+    AdapterReference,
+    copy_adapter_to_reference,
+    merged_copy,
+    scoring_as_reference,
+)
 from rlvr_lightning.policies.model_cache import resolve_model_path
 from rlvr_lightning.policies.segmented_generation import decode_responses, generate_segments
 from rlvr_lightning.policies.thinking_budget import ThinkingBudget
@@ -58,18 +66,6 @@ from rlvr_lightning.policies.tool_use import ToolUse
 from rlvr_lightning.rollout import Rollout
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-REFERENCE_ADAPTER = "reference"
-
-
-class AdapterReference(nn.Module):
-    """The KL reference of a LoRA policy: its own base model, adapter disabled (holds no weights)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.has_adapter_copy = False  # set once `update_reference` copied the adapter into "reference"
-
-    def extra_repr(self) -> str:
-        return "base model with the adapter disabled" if not self.has_adapter_copy else "reference adapter"
 
 
 class HFPolicy(HFScoring, Policy):
@@ -251,7 +247,7 @@ class HFPolicy(HFScoring, Policy):
         device = self.device
         prompt_ids, prompt_mask = left_pad(prompt_token_ids, self.pad_token_id)
         prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
-        self.last_generation_stats = self._generation_stats(out, lengths, prompt_mask, len(prompts) * n)
+        self.last_generation_stats = generation_stats(out, lengths, prompt_mask, len(prompts) * n)
         return Rollout(
             prompt_ids=prompt_ids.repeat_interleave(n, dim=0),
             prompt_mask=prompt_mask.repeat_interleave(n, dim=0),
@@ -266,27 +262,6 @@ class HFPolicy(HFScoring, Policy):
             sampling_log_probs=out.log_probs,
             response_source=out.response_source,
         )
-
-    @staticmethod
-    def _generation_stats(out, lengths: torch.Tensor, prompt_mask: torch.Tensor, num_rows: int) -> dict[str, float]:
-        generated = float(out.response_mask.sum().item())  # sampled tokens (inserted ones are not generated)
-        stats = {
-            "response_length/mean": float(lengths.mean().item()),
-            "response_length/min": float(lengths.min().item()),
-            "response_length/max": float(lengths.max().item()),
-            "prompt_length/mean": float(prompt_mask.sum(-1).float().mean().item()),
-            "truncated_fraction": float(out.truncated.float().mean().item()),
-            "stop_string_fraction": float(out.stopped_by_string.float().mean().item()),
-            "generation_seconds": out.seconds,
-            "tokens_per_second": generated / max(out.seconds, 1e-9),
-            "num_rows": float(num_rows),
-        }
-        if out.prefill_seconds is not None:
-            stats["prefill_seconds"] = out.prefill_seconds
-        if out.steps is not None:
-            stats["generation_steps"] = float(out.steps)
-        stats.update(out.stats)
-        return stats
 
     def sampling_copy(self) -> Policy:
         """An engine that holds its own weights samples for this policy as it is (`push_weights` refreshes it);
@@ -314,57 +289,19 @@ class HFPolicy(HFScoring, Policy):
         if not isinstance(reference, AdapterReference):
             super().update_reference(reference, alpha)
             return
-        if alpha != 1.0:
-            raise NotImplementedError(
-                "With LoRA the reference is an adapter; a partial update (alpha < 1) of a low-rank product "
-                "is not a low-rank product. Use alpha=1 (reset the reference to the current policy)."
-            )
-        peft_model = self.model
-        if REFERENCE_ADAPTER not in peft_model.peft_config:
-            peft_model.add_adapter(REFERENCE_ADAPTER, copy.deepcopy(self._lora_config))
-        params = dict(peft_model.named_parameters())
-        for name, param in params.items():
-            if f".{REFERENCE_ADAPTER}." in name:
-                source = params[name.replace(f".{REFERENCE_ADAPTER}.", ".default.")]
-                param.copy_(source.detach())
-                param.requires_grad_(False)
-        reference.has_adapter_copy = True
+        copy_adapter_to_reference(self.model, self._lora_config, reference, alpha)
 
     def reference_log_probs(self, reference: nn.Module, rollout: Rollout, temperature: float) -> Tensor:
         if not isinstance(reference, AdapterReference):
             return super().reference_log_probs(reference, rollout, temperature)
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            with torch.no_grad():
-                if reference.has_adapter_copy:
-                    self.model.set_adapter(REFERENCE_ADAPTER)
-                    try:
-                        log_probs, _ = self.token_log_probs(rollout, temperature=temperature)
-                    finally:
-                        self.model.set_adapter("default")  # also makes "default" the trainable one again
-                        self._freeze_reference_adapter()
-                else:
-                    with self.model.disable_adapter():
-                        log_probs, _ = self.token_log_probs(rollout, temperature=temperature)
-        finally:
-            self.model.train(was_training)
+        with torch.no_grad(), scoring_as_reference(self.model, reference):
+            log_probs, _ = self.token_log_probs(rollout, temperature=temperature)
         return log_probs
-
-    def _freeze_reference_adapter(self) -> None:
-        for name, param in self.model.named_parameters():
-            if f".{REFERENCE_ADAPTER}." in name:
-                param.requires_grad_(False)
 
     # ------------------------------------------------------------------ export
 
     def save_pretrained(self, directory: str | os.PathLike, merge_lora: bool = True) -> None:
         """Save the model (LoRA merged into a copy of the base weights by default) and the tokenizer."""
-        model = self.model
-        if self.lora_r > 0 and merge_lora:
-            model = copy.deepcopy(self.model)
-            if REFERENCE_ADAPTER in model.peft_config:
-                model.delete_adapter(REFERENCE_ADAPTER)
-            model = model.merge_and_unload()
+        model = merged_copy(self.model) if self.lora_r > 0 and merge_lora else self.model
         model.save_pretrained(str(directory))
         self.tokenizer.save_pretrained(str(directory))

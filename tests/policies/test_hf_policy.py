@@ -180,6 +180,28 @@ def test_lora_reference_is_the_base_model_with_adapter_disabled(make_policy, tmp
         policy.update_reference(reference, alpha=0.5)
 
 
+def test_lora_export_merges_the_trained_adapter_not_the_reference(make_policy, tmp_path):
+    make_policy(seed=3).save_pretrained(tmp_path / "base")
+    policy = HFPolicy(str(tmp_path / "base"), lora_r=4, lora_alpha=8, lora_target_modules=["q_proj", "v_proj"])
+    reference = policy.create_reference()
+    policy.update_reference(reference)  # a "reference" adapter at the zero init
+    with torch.no_grad():
+        for name, param in policy.named_parameters():
+            if "lora_B" in name and ".default." in name:
+                param.normal_(0, 0.5)
+    policy.eval()
+    rollout = policy.sample({"prompt": PROMPTS}, n=2, sampling=SamplingConfig(max_new_tokens=6))
+    with torch.no_grad():
+        adapted, _ = policy.token_log_probs(rollout)
+    policy.save_pretrained(tmp_path / "merged")
+    merged = HFPolicy(str(tmp_path / "merged"))
+    merged.eval()
+    with torch.no_grad():
+        exported, _ = merged.token_log_probs(rollout)
+    assert masked_max_diff(exported, adapted, rollout.response_mask) <= 1e-5
+    assert "reference" in policy.model.peft_config  # the policy itself keeps both adapters
+
+
 def test_full_reference_copy(make_policy):
     policy = make_policy()
     policy.eval()
