@@ -154,6 +154,20 @@ def _stats(
     }
 
 
+def _clipped_surrogate(
+    ratio: Tensor, adv: Tensor, clip_low: float, clip_high: float
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The clipped surrogate's per-token loss, the detached ratio and where the lower and upper clips are active."""
+    clipped_ratio = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    neg_adv = -adv
+    # l_t = -min(r A, clip(r, 1-eps_low, 1+eps_high) A)  (Schulman et al. 2017 PPO eq. 7)
+    loss = torch.maximum(neg_adv * ratio, neg_adv * clipped_ratio)
+    ratio_value = ratio.detach()
+    low_clipped = (ratio_value < 1.0 - clip_low) & (adv < 0)
+    high_clipped = (ratio_value > 1.0 + clip_high) & (adv > 0)
+    return loss, ratio_value, low_clipped, high_clipped
+
+
 def _check_clip(loss: str, name: str, value: float) -> None:
     if value < 0:
         raise ValueError(f"{loss}: {name} must be >= 0, got {value}")
@@ -233,19 +247,13 @@ class PPOClip(PolicyLoss):
         clip_low, clip_high, dual_clip = self.clip_low, self.clip_high, self.dual_clip
         old, adv, m = _prepare(log_probs, old_log_probs, advantages, mask)
         ratio = _token_ratio(log_probs, old)
-        clipped_ratio = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
-        neg_adv = -adv
-        # l_t = -min(r A, clip(r, 1-eps_low, 1+eps_high) A)
-        # (PPO eq. 7; asymmetric eps = DAPO clip-higher, Yu et al. 2025 §3.1)
-        loss = torch.maximum(neg_adv * ratio, neg_adv * clipped_ratio)
-        ratio_value = ratio.detach()
-        low_clipped = (ratio_value < 1.0 - clip_low) & (adv < 0)
-        high_clipped = (ratio_value > 1.0 + clip_high) & (adv > 0)
+        # asymmetric eps = DAPO clip-higher, Yu et al. 2025 §3.1
+        loss, ratio_value, low_clipped, high_clipped = _clipped_surrogate(ratio, adv, clip_low, clip_high)
         extra = {}
         if dual_clip is not None:
             # A < 0: l_t = min(l_t, -A c)  (dual-clip PPO, Ye et al. 2020 "Mastering Complex Control in MOBA Games";
             # verl core_algos.compute_policy_loss clip_ratio_c)
-            loss = torch.where(adv < 0, torch.minimum(loss, neg_adv * dual_clip), loss)
+            loss = torch.where(adv < 0, torch.minimum(loss, -adv * dual_clip), loss)
             extra["dual_clip_frac"] = masked_mean(((adv < 0) & (ratio_value > dual_clip)).to(ratio.dtype), m)
         return PolicyLossOutput(_zero_masked(loss, m), ratio_value, m, low_clipped, high_clipped, extra)
 
@@ -284,13 +292,8 @@ class GSPO(PolicyLoss):
         # (GSPO §4.3 GSPO-token; verl core_algos.compute_policy_loss_gspo)
         log_s = seq_log_ratio.unsqueeze(-1) + log_probs - log_probs.detach()
         ratio = torch.exp(torch.clamp(log_s, max=GSPO_LOG_RATIO_MAX))
-        clipped_ratio = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
-        neg_adv = -adv
         # l_it = -min(s_it A_i, clip(s_it, 1-eps_low, 1+eps_high) A_i)  (GSPO eq. 5 / §4.3)
-        loss = torch.maximum(neg_adv * ratio, neg_adv * clipped_ratio)
-        ratio_value = ratio.detach()
-        low_clipped = (ratio_value < 1.0 - clip_low) & (adv < 0)
-        high_clipped = (ratio_value > 1.0 + clip_high) & (adv > 0)
+        loss, ratio_value, low_clipped, high_clipped = _clipped_surrogate(ratio, adv, clip_low, clip_high)
         return PolicyLossOutput(_zero_masked(loss, m), ratio_value, m, low_clipped, high_clipped)
 
 
