@@ -46,14 +46,24 @@ def set_compute_device(module: nn.Module, device: torch.device) -> None:
 
 @dataclass
 class SamplingConfig:
-    """How responses are sampled. Log-probs are computed at the same temperature."""
+    """How responses are sampled. Log-probs are computed at the same temperature.
+
+    Args:
+        temperature: the sampling temperature (> 0); the trainer's log-probs use the same one.
+        do_sample: false: greedy decoding (evaluation).
+        top_p: nucleus sampling's probability mass (1: off).
+        top_k: sample among the k most likely tokens (0: off).
+        max_new_tokens: the most tokens a response may have.
+        min_new_tokens: EOS is not sampled before this many tokens (equal-length benchmarks).
+        stop_strings: a response ends after any of these strings.
+    """
 
     temperature: float = 1.0
-    do_sample: bool = True  # False: greedy decoding (evaluation)
+    do_sample: bool = True
     top_p: float = 1.0
     top_k: int = 0
     max_new_tokens: int = 256
-    min_new_tokens: int = 0  # EOS is not sampled before this many tokens (equal-length benchmarks)
+    min_new_tokens: int = 0
     stop_strings: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
