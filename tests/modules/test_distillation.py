@@ -1,0 +1,177 @@
+"""On-policy distillation in `RLVRModule` (modules/distillation.py): the loss the update back-propagates, its
+mix with the reward objective, teacher = student, the tokenizer check, and placement."""
+
+import copy
+import math
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from rlvr_lightning.core.policy_losses import PPOClip
+from rlvr_lightning.modules import RLVRModule
+from rlvr_lightning.modules.distillation import DistillationConfig, Teacher
+from rlvr_lightning.modules.options import AggregationConfig, ImportanceSamplingConfig, KLConfig, UpdateConfig
+from rlvr_lightning.modules.policy_update import PolicyUpdate
+from rlvr_lightning.policies.base import SamplingConfig
+from rlvr_lightning.policies.sort_teacher import SortTeacher
+from rlvr_lightning.policies.toy_sort import ToySortPolicy
+from rlvr_lightning.rewards import SortInclusionOrderingReward
+
+from .test_rlvr_module import fit
+
+V, L = 5, 3  # vocabulary, prompt (= response) length
+
+
+def student(seed: int = 0, embedding_dim: int = 4) -> ToySortPolicy:
+    torch.manual_seed(seed)
+    return ToySortPolicy(vocab_size=V, prompt_length=L, embedding_dim=embedding_dim, activation="tanh")
+
+
+def rollout_of(policy, seed: int = 1):
+    torch.manual_seed(seed)
+    prompts = [torch.randperm(V)[:L].tolist() for _ in range(3)]
+    rollout = policy.sample({"prompt": prompts, "metadata": [{}] * 3}, 4, SamplingConfig())
+    rollout.advantages = torch.randn(rollout.num_rows)
+    return rollout
+
+
+def update_of(policy, teacher=None, loss=None, epochs=1, **distillation):
+    return PolicyUpdate(
+        policy,
+        loss or PPOClip(),
+        AggregationConfig(mode="token-mean"),
+        KLConfig(),
+        None,
+        ImportanceSamplingConfig(),
+        UpdateConfig(epochs=epochs),
+        0.0,
+        SamplingConfig(),
+        teacher=None if teacher is None else Teacher(teacher, policy),
+        distillation=DistillationConfig(**distillation),
+    )
+
+
+def loss_and_grads(update, rollout):
+    update.policy.zero_grad(set_to_none=True)
+    update.add_old_and_reference_log_probs(rollout)
+    part = update.micro_batch_loss(rollout, None, rollout.num_rows, rollout.response_mask.numel(), True, True)
+    part.loss.backward()
+    return part, [p.grad.clone() for p in update.policy.parameters()]
+
+
+def test_the_update_back_propagates_the_hand_computed_reverse_kl_to_the_scripted_teacher():
+    policy = student()
+    rollout = rollout_of(policy)
+    sampled = rollout.old_log_probs  # ToySortPolicy records them while sampling; one update does not need them
+    part, _ = loss_and_grads(update_of(policy, SortTeacher(V, L, confidence=0.8), rl_coef=0.0), rollout)
+    # SortTeacher: log 0.8 on the sorted prompt's token at each position, log(0.2 / 4) elsewhere
+    expected = []
+    for row in range(rollout.num_rows):
+        target = sorted(rollout.prompt_ids[row].tolist())
+        for t, token in enumerate(rollout.response_ids[row].tolist()):
+            teacher = math.log(0.8) if token == target[t] else math.log(0.05)
+            expected.append(sampled[row, t].item() - teacher)
+    # the first update: ratio 1, so the loss is the token mean of log pi - log pi_teacher
+    assert_close(part.loss.item(), sum(expected) / len(expected), rtol=1e-6, atol=1e-6)
+    assert_close(part.teacher_kl.flatten(), torch.tensor(expected), rtol=1e-5, atol=1e-6)
+
+
+def test_the_mixed_objective_is_the_weighted_sum_of_its_parts():
+    policy = student()
+    rollout = rollout_of(policy)  # sampled before the policy moves: old log-probs differ, the clip is active
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    teacher = student(seed=7)
+    rl, rl_grads = loss_and_grads(update_of(policy, epochs=2), copy.copy(rollout))
+    assert rl.policy_loss.stats["clip_frac_low"] + rl.policy_loss.stats["clip_frac_high"] > 0
+    distill, distill_grads = loss_and_grads(update_of(policy, teacher, epochs=2, rl_coef=0.0), copy.copy(rollout))
+    mixed, mixed_grads = loss_and_grads(
+        update_of(policy, teacher, epochs=2, coef=0.7, rl_coef=0.3), copy.copy(rollout)
+    )
+    assert distill.loss.abs() > 0.1 and rl.loss.abs() > 0.01
+    assert_close(mixed.loss, 0.3 * rl.loss + 0.7 * distill.loss)
+    for mixed_grad, rl_grad, distill_grad in zip(mixed_grads, rl_grads, distill_grads, strict=True):
+        assert_close(mixed_grad, 0.3 * rl_grad + 0.7 * distill_grad)
+
+
+def test_a_teacher_equal_to_the_student_gives_zero_loss_and_zero_gradient():
+    policy = student()
+    rollout = rollout_of(policy)
+    part, grads = loss_and_grads(update_of(policy, copy.deepcopy(policy), rl_coef=0.0), rollout)
+    assert part.loss.item() == 0 and torch.count_nonzero(part.teacher_kl) == 0
+    assert all(torch.count_nonzero(grad) == 0 for grad in grads)
+
+
+def test_training_with_a_teacher_equal_to_the_student_leaves_the_student_where_it_is(in_tmp_dir):
+    policy = student()
+    before = copy.deepcopy(policy.state_dict())
+    module = RLVRModule(
+        policy,
+        group_size=4,
+        teacher=copy.deepcopy(policy),
+        distillation=DistillationConfig(rl_coef=0.0),
+        update=UpdateConfig(epochs=2, mini_batch_size=8),
+    )
+    trainer, recorder = fit(module, [SortInclusionOrderingReward()], steps=3)
+    assert trainer.global_step == 3 * 2 * 2
+    assert all(step["train/teacher_kl"] == 0 for step in recorder.steps)
+    assert all(torch.equal(before[key], value) for key, value in policy.state_dict().items())
+
+
+def test_distillation_learns_from_the_scripted_teacher_and_the_teacher_stays_out_of_the_checkpoint(in_tmp_dir):
+    module = RLVRModule(
+        student(embedding_dim=16),
+        optimizer=lambda params: torch.optim.Adam(params, lr=0.03),
+        group_size=4,
+        teacher=SortTeacher(V, L),
+        distillation=DistillationConfig(rl_coef=0.0),
+    )
+    trainer, recorder = fit(module, [SortInclusionOrderingReward()], steps=30, batch_size=16)
+    kl = [step["train/teacher_kl"] for step in recorder.steps]
+    assert sum(kl[-5:]) / 5 < 0.7 * sum(kl[:5]) / 5  # about 0.57 on this seed
+    assert not any(name.startswith("teacher") for name in module.state_dict())
+    assert all(not p.requires_grad for p in module.teacher.policy.parameters())
+    assert "teacher" not in module.hparams
+
+
+def test_a_teacher_with_another_tokenizer_is_refused_when_the_module_is_built():
+    with pytest.raises(
+        ValueError,
+        match=r"^teacher: SortTeacher does not share the policy's tokenizer: vocab_size is 5 for the policy, 6 for "
+        r"the teacher\. Distillation compares",
+    ):
+        RLVRModule(student(), teacher=SortTeacher(vocab_size=6, prompt_length=L))
+
+
+def test_a_language_model_teacher_with_another_vocabulary_is_refused(tmp_path):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "policies"))
+    from tiny_lm import save_tiny_tokenizer, tiny_llama_config
+
+    from rlvr_lightning.policies.hf import HFPolicy
+
+    def lm(vocab_size):
+        tokenizer = save_tiny_tokenizer(tmp_path / str(vocab_size), vocab_size=vocab_size)
+        return HFPolicy(config=tiny_llama_config(), tokenizer_name_or_path=str(tokenizer))
+
+    policy = lm(320)
+    Teacher(lm(320), policy)  # the same tokenizer, another model: accepted
+    with pytest.raises(ValueError, match=r"the vocabularies differ \(320 tokens vs 300; e\.g\. '.*' is \d+ for the"):
+        Teacher(lm(300), policy)
+    with pytest.raises(ValueError, match="only the teacher has a tokenizer"):
+        Teacher(policy, student())
+
+
+def test_distillation_options_without_a_teacher_and_bad_weights_are_refused():
+    with pytest.raises(ValueError, match=r"distillation=\{coef: 1.0, rl_coef: 0.0\} .* but there is no teacher"):
+        RLVRModule(student(), distillation=DistillationConfig(rl_coef=0.0))
+    with pytest.raises(ValueError, match="distillation.rl_coef must be >= 0, got -1"):
+        DistillationConfig(rl_coef=-1)
+    with pytest.raises(ValueError, match="distillation.coef=0 switches distillation off"):
+        DistillationConfig(coef=0.0)
+    with pytest.raises(ValueError, match=r"confidence must be in \(1/vocab_size, 1\)"):
+        SortTeacher(vocab_size=5, confidence=0.1)
