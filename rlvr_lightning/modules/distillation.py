@@ -100,8 +100,8 @@ class Teacher:
         problem = tokenizer_mismatch(student, policy)
         if problem is not None:
             raise ValueError(
-                f"teacher: {type(policy).__name__} does not share the policy's tokenizer: {problem}. Distillation "
-                "compares the two models' log-probs of the same token ids; give the teacher the policy's tokenizer"
+                f"teacher: {type(policy).__name__} does not share the policy's tokenizer ({problem}); distillation "
+                "compares log-probs of the same token ids"
             )
         if any(p is q for p in policy.parameters() for q in student.parameters()):
             raise ValueError("teacher: the teacher shares weights with the policy; give it its own model")

@@ -139,8 +139,8 @@ def test_distillation_learns_from_the_scripted_teacher_and_the_teacher_stays_out
 def test_a_teacher_with_another_tokenizer_is_refused_when_the_module_is_built():
     with pytest.raises(
         ValueError,
-        match=r"^teacher: SortTeacher does not share the policy's tokenizer: vocab_size is 5 for the policy, 6 for "
-        r"the teacher\. Distillation compares",
+        match=r"^teacher: SortTeacher does not share the policy's tokenizer \(vocab_size is 5 for the policy, 6 for "
+        r"the teacher\); distillation compares log-probs of the same token ids$",
     ):
         RLVRModule(student(), teacher=SortTeacher(vocab_size=6, prompt_length=L))
 
@@ -160,7 +160,7 @@ def test_a_language_model_teacher_with_another_vocabulary_is_refused(tmp_path):
 
     policy = lm(320)
     Teacher(lm(320), policy)  # the same tokenizer, another model: accepted
-    with pytest.raises(ValueError, match=r"the vocabularies differ \(320 tokens vs 300; e\.g\. '.*' is \d+ for the"):
+    with pytest.raises(ValueError, match=r"\(the vocabularies differ \(320 tokens vs 300; e\.g\. '.*' is \d+ for the"):
         Teacher(lm(300), policy)
     with pytest.raises(ValueError, match="only the teacher has a tokenizer"):
         Teacher(policy, student())
@@ -175,3 +175,19 @@ def test_distillation_options_without_a_teacher_and_bad_weights_are_refused():
         DistillationConfig(coef=0.0)
     with pytest.raises(ValueError, match=r"confidence must be in \(1/vocab_size, 1\)"):
         SortTeacher(vocab_size=5, confidence=0.1)
+
+
+def test_the_command_line_names_the_teacher_whose_tokenizer_differs(in_tmp_dir, capsys):
+    from pathlib import Path
+
+    from rlvr_lightning.cli import entry_point
+
+    recipe = str(Path(__file__).resolve().parents[2] / "configs" / "recipes" / "distill.yaml")
+    code = entry_point(["fit", "--config", recipe, "--model.init_args.teacher.init_args.vocab_size=12"])
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == 2
+    assert lines[0] == (
+        "error: teacher: SortTeacher does not share the policy's tokenizer (vocab_size is 10 for the policy, 12 for "
+        "the teacher); distillation compares log-probs of the same token ids"
+    )
+    assert lines[1] == f"  at model.init_args.teacher ({recipe}:30)"
