@@ -145,7 +145,7 @@ def test_a_teacher_with_another_tokenizer_is_refused_when_the_module_is_built():
         RLVRModule(student(), teacher=SortTeacher(vocab_size=6, prompt_length=L))
 
 
-def test_a_language_model_teacher_with_another_vocabulary_is_refused(tmp_path):
+def tiny_lm(directory, vocab_size=320, **options):
     import sys
     from pathlib import Path
 
@@ -154,9 +154,34 @@ def test_a_language_model_teacher_with_another_vocabulary_is_refused(tmp_path):
 
     from rlvr_lightning.policies.hf import HFPolicy
 
+    tokenizer = save_tiny_tokenizer(directory / str(vocab_size), vocab_size=vocab_size)
+    return HFPolicy(config=tiny_llama_config(), tokenizer_name_or_path=str(tokenizer), **options)
+
+
+def test_a_lora_student_distils_from_a_separate_frozen_language_model(tmp_path):
+    torch.manual_seed(0)
+    policy, teacher = tiny_lm(tmp_path, lora_r=2), tiny_lm(tmp_path)
+    teacher_before = copy.deepcopy(teacher.state_dict())
+    update = update_of(policy, teacher, rl_coef=0.0)
+    rollout = policy.sample({"prompt": ["What is 2+3?", "Think step by step."]}, 2, SamplingConfig(max_new_tokens=5))
+    rollout.advantages = torch.zeros(rollout.num_rows)
+    mask = rollout.response_mask.bool()
+    update.add_old_and_reference_log_probs(rollout)
+    part = update.micro_batch_loss(rollout, mask, rollout.num_rows, mask.sum(), True, True)
+    part.loss.backward()
+    with torch.no_grad():
+        student_log_probs = policy.token_log_probs(rollout)[0]
+        teacher_log_probs = teacher.token_log_probs(rollout)[0]
+    assert_close(part.teacher_kl[mask], (student_log_probs - teacher_log_probs)[mask], rtol=1e-5, atol=1e-5)
+    trained = [name for name, p in policy.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0]
+    assert trained and all("lora_" in name for name in trained)
+    assert all(p.grad is None for p in teacher.parameters())
+    assert all(torch.equal(value, teacher.state_dict()[key]) for key, value in teacher_before.items())
+
+
+def test_a_language_model_teacher_with_another_vocabulary_is_refused(tmp_path):
     def lm(vocab_size):
-        tokenizer = save_tiny_tokenizer(tmp_path / str(vocab_size), vocab_size=vocab_size)
-        return HFPolicy(config=tiny_llama_config(), tokenizer_name_or_path=str(tokenizer))
+        return tiny_lm(tmp_path, vocab_size)
 
     policy = lm(320)
     Teacher(lm(320), policy)  # the same tokenizer, another model: accepted
