@@ -216,3 +216,27 @@ def test_the_command_line_names_the_teacher_whose_tokenizer_differs(in_tmp_dir, 
         "the teacher); distillation compares log-probs of the same token ids"
     )
     assert lines[1] == f"  at model.init_args.teacher ({recipe}:30)"
+
+
+def test_the_smollm2_distillation_config_takes_the_teacher_path_and_its_teacher_fits_the_grpo_checkpoint(
+    in_tmp_dir, capsys
+):
+    from pathlib import Path
+
+    import yaml
+
+    from rlvr_lightning.cli import entry_point, main
+
+    configs = Path(__file__).resolve().parents[2] / "configs"
+    config = str(configs / "smollm2_distill.yaml")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", config, "--model.init_args.teacher.init_args.checkpoint_path=t.ckpt", "--print_config"])
+    assert exit_info.value.code in (0, None)
+    model = yaml.safe_load(capsys.readouterr().out)["model"]["init_args"]
+    teacher = model["teacher"]["init_args"]
+    assert teacher["checkpoint_path"] == "t.ckpt" and model["distillation"] == {"coef": 1.0, "rl_coef": 0.0}
+    grpo = yaml.safe_load((configs / "smollm2_arithmetic.yaml").read_text())["model"]["init_args"]["policy"]
+    expected = grpo["init_args"]["policy"]["init_args"]
+    assert {key: teacher["policy"]["init_args"][key] for key in expected} == expected
+    assert entry_point(["fit", "--config", config]) == 2  # no teacher path
+    assert capsys.readouterr().err.splitlines()[0] == "error: the following arguments are required: checkpoint_path"
