@@ -78,7 +78,8 @@ def tokenizer_mismatch(student: Policy, teacher: Policy) -> str | None:
         if student_vocab == teacher_vocab:
             return None
         differ = sorted(
-            token for token in student_vocab.keys() | teacher_vocab.keys()
+            token
+            for token in student_vocab.keys() | teacher_vocab.keys()
             if student_vocab.get(token) != teacher_vocab.get(token)
         )
         example = differ[0]

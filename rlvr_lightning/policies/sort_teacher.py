@@ -25,7 +25,9 @@ class SortTeacher(ToySortPolicy):
         """`confidence`: the probability of the sorted token at each position, in (1 / vocab_size, 1)."""
         Policy.__init__(self)  # none of ToySortPolicy's weights: the logits are fixed
         if not 1.0 / vocab_size < confidence < 1.0:
-            raise ValueError(f"SortTeacher: confidence must be in (1/vocab_size, 1) = (1/{vocab_size}, 1), got {confidence}")
+            raise ValueError(
+                f"SortTeacher: confidence must be in (1/vocab_size, 1) = (1/{vocab_size}, 1), got {confidence}"
+            )
         self.vocab_size, self.prompt_length, self.response_length = vocab_size, prompt_length, prompt_length
         self.eos_token = None
         self.confidence = confidence

@@ -87,9 +87,7 @@ def test_the_mixed_objective_is_the_weighted_sum_of_its_parts():
     rl, rl_grads = loss_and_grads(update_of(policy, epochs=2), copy.copy(rollout))
     assert rl.policy_loss.stats["clip_frac_low"] + rl.policy_loss.stats["clip_frac_high"] > 0
     distill, distill_grads = loss_and_grads(update_of(policy, teacher, epochs=2, rl_coef=0.0), copy.copy(rollout))
-    mixed, mixed_grads = loss_and_grads(
-        update_of(policy, teacher, epochs=2, coef=0.7, rl_coef=0.3), copy.copy(rollout)
-    )
+    mixed, mixed_grads = loss_and_grads(update_of(policy, teacher, epochs=2, coef=0.7, rl_coef=0.3), copy.copy(rollout))
     assert distill.loss.abs() > 0.1 and rl.loss.abs() > 0.01
     assert_close(mixed.loss, 0.3 * rl.loss + 0.7 * distill.loss)
     for mixed_grad, rl_grad, distill_grad in zip(mixed_grads, rl_grads, distill_grads, strict=True):
@@ -228,9 +226,9 @@ def test_the_smollm2_distillation_config_takes_the_teacher_path_and_its_teacher_
     from rlvr_lightning.cli import entry_point, main
 
     configs = Path(__file__).resolve().parents[2] / "configs"
-    config = str(configs / "smollm2_distill.yaml")
+    config, print_config = str(configs / "smollm2_distill.yaml"), ["--print_config"]
     with pytest.raises(SystemExit) as exit_info:
-        main(["fit", "--config", config, "--model.init_args.teacher.init_args.checkpoint_path=t.ckpt", "--print_config"])
+        main(["fit", "--config", config, "--model.init_args.teacher.init_args.checkpoint_path=t.ckpt", *print_config])
     assert exit_info.value.code in (0, None)
     model = yaml.safe_load(capsys.readouterr().out)["model"]["init_args"]
     teacher = model["teacher"]["init_args"]
