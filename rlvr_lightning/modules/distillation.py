@@ -104,7 +104,8 @@ class Teacher:
                 f"teacher: {type(policy).__name__} does not share the policy's tokenizer ({problem}); distillation "
                 "compares log-probs of the same token ids"
             )
-        if any(p is q for p in policy.parameters() for q in student.parameters()):
+        trained = {id(p) for p in student.parameters()}
+        if any(id(p) in trained for p in policy.parameters()):
             raise ValueError("teacher: the teacher shares weights with the policy; give it its own model")
         self.policy = policy
         policy.requires_grad_(False)

@@ -196,6 +196,9 @@ def test_distillation_options_without_a_teacher_and_bad_weights_are_refused():
         DistillationConfig(rl_coef=-1)
     with pytest.raises(ValueError, match="distillation.coef=0 switches distillation off"):
         DistillationConfig(coef=0.0)
+    policy = student()
+    with pytest.raises(ValueError, match="teacher: the teacher shares weights with the policy; give it its own model"):
+        Teacher(policy, policy)
     with pytest.raises(ValueError, match=r"confidence must be in \(1/vocab_size, 1\)"):
         SortTeacher(vocab_size=5, confidence=0.1)
 
@@ -238,3 +241,19 @@ def test_the_smollm2_distillation_config_takes_the_teacher_path_and_its_teacher_
     assert {key: teacher["policy"]["init_args"][key] for key in expected} == expected
     assert entry_point(["fit", "--config", config]) == 2  # no teacher path
     assert capsys.readouterr().err.splitlines()[0] == "error: the following arguments are required: checkpoint_path"
+
+
+def test_ppo_distils_too(in_tmp_dir):
+    from rlvr_lightning.modules import PPOModule
+    from rlvr_lightning.modules.options import ValueConfig
+
+    module = PPOModule(
+        student(),
+        value=ValueConfig(model="shared"),
+        group_size=4,
+        teacher=SortTeacher(V, L),
+        distillation=DistillationConfig(rl_coef=0.5),
+    )
+    trainer, recorder = fit(module, [SortInclusionOrderingReward()], steps=2)
+    assert trainer.global_step == 2 and module.policy_update.teacher is module.teacher
+    assert all(step["train/teacher_kl"] > 0 for step in recorder.steps)
