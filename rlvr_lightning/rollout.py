@@ -20,6 +20,7 @@ Shapes (documented here once; everything else refers to them):
     advantages      float[N] or float[N, T]
     old_log_probs   float[N, T]    log-probs under the policy that sampled, as the trainer computes them (no grad)
     ref_log_probs   float[N, T]    log-probs under the reference policy (no grad)
+    teacher_log_probs float[N, T]  log-probs under the distillation teacher (no grad)
     sampling_log_probs float[N, T] log-probs the generator recorded while sampling (an inference engine's
                                    kernels and precision may differ from the trainer's; no grad); 0 where masked
     response_source long[N, T]     where each response token came from (`TokenSource`: PAD, SAMPLED, TOOL,
@@ -78,6 +79,7 @@ class Rollout:
     advantages: Tensor | None = None
     old_log_probs: Tensor | None = None
     ref_log_probs: Tensor | None = None
+    teacher_log_probs: Tensor | None = None
     sampling_log_probs: Tensor | None = None
     response_source: Tensor | None = None
     values: Tensor | None = None
@@ -213,6 +215,7 @@ class Rollout:
             advantages=cat("advantages", response_len),
             old_log_probs=cat("old_log_probs", response_len),
             ref_log_probs=cat("ref_log_probs", response_len),
+            teacher_log_probs=cat("teacher_log_probs", response_len),
             sampling_log_probs=cat("sampling_log_probs", response_len),
             response_source=cat("response_source", response_len),
             values=cat("values", response_len),

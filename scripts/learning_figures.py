@@ -43,6 +43,7 @@ ASYNC_MIN_HELDOUT_ACCURACY = 0.50  # async_curves: held-out greedy last-number a
 
 
 RECIPES = (
+    "distill",
     "dapo",
     "dr_grpo",
     "gspo",
@@ -58,6 +59,7 @@ RECIPES = (
 # (final train reward, val exact-sort) of every seed: the seeds' range here widened by about their spread,
 # since another CPU or torch build changes a run as another seed would
 RECIPE_BANDS: dict[str, tuple[Band, Band]] = {
+    "distill": (Band(6.55, 7.00), Band(0.45, 0.95)),
     "dapo": (Band(6.70, 7.00), Band(0.40, 0.80)),
     "dr_grpo": (Band(6.45, 6.75), Band(0.15, 0.45)),
     "gspo": (Band(6.40, 6.80), Band(0.15, 0.45)),

@@ -34,7 +34,7 @@ def test_unknown_option_in_a_config_file_names_file_line_and_the_closest_option(
     assert lines[0] == "error: RLVRModule has no option 'entropy_coeff'"
     assert lines[1] == f"  at model.init_args.entropy_coeff ({bad}:3)"
     assert lines[2] == "  did you mean 'entropy_coef'?"
-    assert lines[3].startswith("  valid: aggregation, dynamic_sampling, entropy_coef,")
+    assert lines[3].startswith("  valid: aggregation, distillation, dynamic_sampling, entropy_coef,")
     assert "rlvr fit --model.help rlvr_lightning.modules.RLVRModule" in lines[4]
     assert len(lines) <= 6
 

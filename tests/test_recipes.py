@@ -11,6 +11,7 @@ import yaml
 from rlvr_lightning import advantages
 from rlvr_lightning.cli import main
 from rlvr_lightning.core.policy_losses import POLICY_LOSSES
+from rlvr_lightning.policies.sort_teacher import SortTeacher
 
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "configs" / "recipes"
 
@@ -73,6 +74,15 @@ EXPECTED = {
         advantage=advantages.CenteredAdvantage, loss="pg", aggregation="seq-mean-token-sum", kl=None
     ),
     "max_reward": dict(advantage=advantages.MaxOnlyAdvantage, loss="ppo_clip", kl=(0.08, "k3", "loss")),
+    # the reward's advantages are computed but weighed 0: the scripted teacher's reverse KL alone
+    "distill": dict(
+        advantage=advantages.GroupNormalizedAdvantage,
+        loss="ppo_clip",
+        aggregation="token-mean",
+        kl=None,
+        teacher=SortTeacher,
+        distillation=(1.0, 0.0),
+    ),
     # no AdvantageCallback: GAE from a separate critic
     "ppo": dict(
         advantage=type(None),
@@ -111,10 +121,14 @@ def test_recipe_runs_two_steps_on_the_sort_task(recipe, in_tmp_dir):
         "loss_constant": lambda: module.loss_constant,
         "dynamic_sampling": lambda: module.dynamic_sampling.enabled,
         "value_model": lambda: module.value.model,
+        "teacher": lambda: type(module.teacher.policy),
+        "distillation": lambda: (module.policy_update.distillation.coef, module.policy_update.distillation.rl_coef),
     }
     for option, value in read.items():
         if option in expected:
             assert value() == expected[option]
+    if "teacher" not in expected:
+        assert module.teacher is None
     if expected["kl"] is None:
         assert module.reference is None
     else:
@@ -143,6 +157,12 @@ def test_recipe_runs_two_steps_on_the_sort_task(recipe, in_tmp_dir):
             "dapo",
             ["--model.init_args.update.mini_batch_size=300"],
             "update.mini_batch_size=300 must divide the rollout size",
+        ),
+        # a teacher whose token ids mean something else
+        (
+            "distill",
+            ["--model.init_args.teacher.init_args.vocab_size=12"],
+            "teacher: SortTeacher does not share the policy's tokenizer",
         ),
         # PPO's advantages come from its critic, not from a group baseline
         (

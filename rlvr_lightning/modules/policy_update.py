@@ -2,12 +2,13 @@
 
     for epoch in update.epochs: for mini-batch (shuffled): for micro-batch:
         loss = aggregate(w_IS * policy_loss + kl.coef * KL - entropy_coef * H)   normalised by the mini-batch
+        (with a teacher: policy_loss = rl_coef * policy_loss + coef * distillation loss, modules/distillation.py)
         manual_backward(loss)                           DDP all-reduces at the last micro-batch only
     clip the gradient norm; optimizer step (skipped, and counted, when the loss or gradient is not finite)
 
 Its inputs first (`add_old_and_reference_log_probs`): the old log-probs, the trainer's numbers at the
 weights the step starts from (recomputed only when the policy moves before the last update; otherwise the
-first update's own, detached), and the reference log-probs. `w_IS` compares the old log-probs with the
+first update's own, detached), the reference log-probs and the teacher's. `w_IS` compares the old log-probs with the
 sampler's (`rollout_is`); with asynchronous rollouts the sampler is one update behind, and the same
 arithmetic is AReaL's decoupled PPO (see `modules/async_rollouts.py`).
 
@@ -28,10 +29,12 @@ import torch
 from torch import Tensor
 
 from rlvr_lightning.core.aggregation import aggregate_loss, non_empty_rows
+from rlvr_lightning.core.distillation import distillation_loss
 from rlvr_lightning.core.importance_sampling import mismatch_stats, rollout_is_weights
 from rlvr_lightning.core.kl import kl_estimator
 from rlvr_lightning.core.masked import join_masked, masked_mean
 from rlvr_lightning.core.policy_losses import PolicyLoss, PolicyLossOutput, merged_stats
+from rlvr_lightning.modules.distillation import DistillationConfig, Teacher
 from rlvr_lightning.modules.gradients import backward_sync, policy_gradient_norm
 from rlvr_lightning.modules.options import AggregationConfig, ImportanceSamplingConfig, KLConfig, UpdateConfig
 from rlvr_lightning.policies.base import Policy, SamplingConfig
@@ -47,6 +50,7 @@ class MicroBatchLoss(NamedTuple):
     kl: Tensor | None  # detached per-token KL, when it is in the loss
     entropy: Tensor | None  # detached per-token entropy, first epoch only
     sampler_pair: tuple[Tensor, Tensor] | None  # (trainer, sampler) log-probs at the sampling weights, first update
+    teacher_kl: Tensor | None = None  # detached per-token reverse KL to the teacher at the sampling policy, first epoch
 
 
 class PolicyUpdate:
@@ -61,6 +65,8 @@ class PolicyUpdate:
         update: UpdateConfig,
         entropy_coef: float,
         sampling: SamplingConfig,
+        teacher: Teacher | None = None,
+        distillation: DistillationConfig = DistillationConfig(),
     ) -> None:
         """
         Args:
@@ -73,6 +79,8 @@ class PolicyUpdate:
             update: epochs, mini- and micro-batch sizes, gradient clipping, non-finite updates tolerated.
             entropy_coef: weight of the entropy bonus subtracted from the per-token loss.
             sampling: how the responses were sampled: log-probs are computed at its temperature.
+            teacher: the frozen teacher of on-policy distillation (None: no distillation).
+            distillation: the weights of the distillation loss and of the policy loss beside it.
         """
         self.policy, self.loss, self.aggregation, self.sampling = policy, loss, aggregation, sampling
         self.temperature = sampling.temperature
@@ -81,6 +89,7 @@ class PolicyUpdate:
         self.loss_constant = float(aggregation.constant or response_length or sampling.max_new_tokens)
         self.kl, self.kl_estimator, self.reference = kl, kl_estimator(kl.estimator), reference
         self.rollout_is, self.update, self.entropy_coef = rollout_is, update, entropy_coef
+        self.teacher, self.distillation = teacher, distillation
         self.skipped_updates = 0  # non-finite updates skipped so far
         self.consecutive_skips = 0
 
@@ -96,6 +105,8 @@ class PolicyUpdate:
             update=self.update,
             entropy_coef=self.entropy_coef,
             sampling=self.sampling,
+            teacher=self.teacher,
+            distillation=self.distillation,
         )
 
     def micro_batches(self, rollout: Rollout):
@@ -109,9 +120,10 @@ class PolicyUpdate:
     # ------------------------------------------------------------------ inputs
 
     def needs_old_log_probs(self, num_rows: int) -> bool:
-        """Old log-probs matter only once the policy has moved, i.e. after the first optimizer step."""
+        """Old log-probs matter only once the policy has moved, i.e. after the first optimizer step (the
+        distillation loss always reads them then)."""
         updates = self.update.epochs * (num_rows // (self.update.mini_batch_size or num_rows))
-        return self.loss.needs_old_log_probs and updates > 1
+        return (self.loss.needs_old_log_probs or self.teacher is not None) and updates > 1
 
     @torch.no_grad()
     def add_old_and_reference_log_probs(self, rollout: Rollout) -> None:
@@ -138,6 +150,10 @@ class PolicyUpdate:
                     self.policy.reference_log_probs(self.reference, mb, self.temperature)
                     for mb in self.micro_batches(rollout)
                 ]
+            )
+        if self.teacher is not None:
+            rollout.teacher_log_probs = torch.cat(
+                [self.teacher.log_probs(mb, self.temperature) for mb in self.micro_batches(rollout)]
             )
 
     @torch.no_grad()
@@ -206,6 +222,11 @@ class PolicyUpdate:
         log_probs, entropy = self.policy_forward(micro, with_entropy, entropy_grad=self.entropy_coef != 0)
         policy_loss = self.loss(log_probs, micro.old_log_probs, micro.advantages, mask)
         token_loss = policy_loss.loss
+        teacher_kl = None
+        if self.teacher is not None:
+            distilled = distillation_loss(log_probs, micro.old_log_probs, micro.teacher_log_probs, mask)
+            token_loss = self.distillation.rl_coef * token_loss + self.distillation.coef * distilled.loss
+            teacher_kl = distilled.reverse_kl if first_epoch else None
         sampler_pair = None
         if micro.sampling_log_probs is not None:
             if first_update:
@@ -239,6 +260,7 @@ class PolicyUpdate:
             None if kl is None else kl.detach(),
             entropy.detach() if first_epoch else None,
             sampler_pair,
+            teacher_kl,
         )
 
     def policy_forward(self, micro: Rollout, with_entropy: bool, entropy_grad: bool) -> tuple[Tensor, Tensor | None]:
@@ -303,7 +325,7 @@ def update_metrics(
     """The step's update statistics, each computed once over all of its micro-batches (token-weighted);
     `rollout_is_max` is the importance weights' cap the mismatch statistics count against."""
     metrics = {f"train/{key}": value for key, value in merged_stats([part.policy_loss for part in parts]).items()}
-    for name in ("kl", "entropy"):
+    for name in ("kl", "entropy", "teacher_kl"):
         with_values = [part for part in parts if getattr(part, name) is not None]
         if with_values:
             values, mask = join_masked([getattr(part, name) for part in with_values], [p.mask for p in with_values])

@@ -10,6 +10,9 @@ One `training_step` is one rollout step:
            loss = aggregate(policy_loss + kl.coef * KL - entropy_coef * H)
            manual_backward per micro-batch; clip; optimizer step per mini-batch
 
+With a `teacher`, step 4 also scores the rollout with it and the policy loss is mixed with the on-policy
+distillation loss (`modules/distillation.py`).
+
 Lightning's `global_step` counts optimizer updates (update.epochs x mini-batches per rollout
 step); logged metrics are indexed by rollout step. Steps 4 and 5 are the module's `PolicyUpdate`
 (`modules/policy_update.py`).
@@ -31,6 +34,7 @@ from rlvr_lightning.core.masked import masked_mean, masked_sum
 from rlvr_lightning.core.policy_losses import PolicyLoss, policy_loss
 from rlvr_lightning.modules.async_rollouts import AsyncRollouts
 from rlvr_lightning.modules.bias_metrics import bias_metrics
+from rlvr_lightning.modules.distillation import DistillationConfig, Teacher, check_distillation
 from rlvr_lightning.modules.dynamic_sampling import keep_informative_groups
 from rlvr_lightning.modules.options import (
     AggregationConfig,
@@ -57,7 +61,7 @@ log = logging.getLogger(__name__)
 
 class RLVRModule(PolicyModule):
     #: arguments that are models or factories, not hyperparameters (the checkpoint holds them)
-    MODEL_ARGUMENTS: tuple[str, ...] = ("policy", "optimizer", "lr_scheduler")
+    MODEL_ARGUMENTS: tuple[str, ...] = ("policy", "optimizer", "lr_scheduler", "teacher")
 
     def __init__(
         self,
@@ -75,6 +79,8 @@ class RLVRModule(PolicyModule):
         dynamic_sampling: DynamicSamplingConfig = DynamicSamplingConfig(),
         update: UpdateConfig = UpdateConfig(),
         validation: ValidationConfig = ValidationConfig(),
+        teacher: Policy | None = None,
+        distillation: DistillationConfig = DistillationConfig(),
     ) -> None:
         """
         Args:
@@ -96,6 +102,10 @@ class RLVRModule(PolicyModule):
             update: the inner update (epochs, mini_batch_size, micro_batch_size, max_grad_norm,
                 max_consecutive_skips).
             validation: responses per validation prompt and greedy decoding (group_size, greedy).
+            teacher: on-policy distillation's frozen teacher, a policy with the student's tokenizer that scores
+                the sampled tokens (not trained, not checkpointed; null: no distillation).
+            distillation: with a teacher, the weights of the distillation loss and of the policy loss (coef,
+                rl_coef; rl_coef 0: distillation alone).
         """
         super().__init__(policy, optimizer, lr_scheduler, sampling, validation)
         self.save_hyperparameters(ignore=list(self.MODEL_ARGUMENTS))
@@ -109,8 +119,20 @@ class RLVRModule(PolicyModule):
             rollout_is = dataclasses.replace(rollout_is, mode="token_mask")  # AReaL: tokens over the cap drop out
         self.rollout_is = rollout_is
         self.reference = policy.create_reference() if kl.coef != 0 else None
+        check_distillation(teacher, distillation)
+        self.teacher = None if teacher is None else Teacher(teacher, policy)  # off the module tree: not checkpointed
         self.policy_update = PolicyUpdate(
-            policy, self.loss, aggregation, kl, self.reference, rollout_is, update, entropy_coef, self.sampling
+            policy,
+            self.loss,
+            aggregation,
+            kl,
+            self.reference,
+            rollout_is,
+            update,
+            entropy_coef,
+            self.sampling,
+            teacher=self.teacher,
+            distillation=distillation,
         )
         self.loss_constant = self.policy_update.loss_constant  # seq-sum-constant's divisor
         self.advantage_estimator: AdvantageCallback | None = None
@@ -126,6 +148,11 @@ class RLVRModule(PolicyModule):
             raise ValueError("no RewardCallback in trainer.callbacks: add at least one reward to the config")
         self._setup_advantage_estimator([cb for cb in self.trainer.callbacks if isinstance(cb, AdvantageCallback)])
         self._check_batch_sizes()
+
+    def configure_model(self) -> None:
+        super().configure_model()
+        if self.teacher is not None:
+            self.teacher.place(self)
 
     def check_sharding(self) -> None:
         if self.kl.refresh_every and getattr(self.policy, "lora_r", 0) > 0:

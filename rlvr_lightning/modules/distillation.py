@@ -1,0 +1,128 @@
+"""On-policy distillation in `RLVRModule`: a frozen teacher scores the student's sampled tokens.
+
+    model:
+      init_args:
+        teacher:                         # any policy that scores the student's token ids
+          class_path: rlvr_lightning.modules.policy_checkpoint.policy_from_checkpoint
+          init_args: {checkpoint_path: ..., policy: {...}}
+        distillation: {coef: 1.0, rl_coef: 0.0}
+
+The per-token loss becomes ``rl_coef * policy_loss(advantages) + coef * distillation_loss`` (the sampled
+reverse KL to the teacher as a per-token advantage, `core/distillation.py`), before the rollout
+importance weights, the KL penalty and the entropy bonus; ``rl_coef: 0`` distils alone (the rewards are
+still computed and logged, and validation accuracy still reads them). The teacher scores at the sampling
+temperature, as the student's log-probs are computed.
+
+The teacher must tokenize as the policy does: the loss compares log-probs of the same token ids.
+`Teacher` refuses a teacher whose vocabulary differs when the module is built.
+
+Placement: the teacher is held outside the module tree. It is not among the trained parameters, not in the
+optimizer, not pushed to a vLLM engine and not in checkpoints: a resumed run builds it again from its
+configuration, as the first run did (a `policy_from_checkpoint` teacher reads its file again).
+`configure_model` moves it to the strategy's device, or, under FSDP2, shards it as the KL reference is
+sharded (resharded after every forward).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from rlvr_lightning.parallel.fsdp import data_parallel_mesh, shard_policy, sharding_options
+from rlvr_lightning.policies.base import Policy, set_compute_device
+from rlvr_lightning.rollout import Rollout
+
+# facts of a policy without a tokenizer (ToySortPolicy) that fix what its token ids mean
+TOKEN_FACTS = ("vocab_size", "eos_token", "prompt_length", "response_length")
+
+
+@dataclass(frozen=True)
+class DistillationConfig:
+    """How the distillation loss is mixed with the reward objective (used only with a `teacher`).
+
+    Args:
+        coef: weight of the distillation loss.
+        rl_coef: weight of the policy loss on the rewards' advantages (0: distillation alone).
+    """
+
+    coef: float = 1.0
+    rl_coef: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("coef", "rl_coef"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"distillation.{name} must be >= 0, got {getattr(self, name)}")
+        if self.coef == 0:
+            raise ValueError("distillation.coef=0 switches distillation off; remove the teacher instead")
+
+
+def check_distillation(teacher: Policy | None, distillation: DistillationConfig) -> None:
+    """Distillation options without a teacher are a mistake, not a no-op."""
+    if teacher is None and distillation != DistillationConfig():
+        raise ValueError(
+            f"distillation={{coef: {distillation.coef}, rl_coef: {distillation.rl_coef}}} weighs the distillation "
+            "loss, but there is no teacher: set model.init_args.teacher (a policy with the student's tokenizer)"
+        )
+
+
+def tokenizer_mismatch(student: Policy, teacher: Policy) -> str | None:
+    """Why `teacher`'s token ids do not mean what `student`'s mean, or None when they do."""
+    student_tokenizer, teacher_tokenizer = getattr(student, "tokenizer", None), getattr(teacher, "tokenizer", None)
+    if student_tokenizer is not None or teacher_tokenizer is not None:
+        if student_tokenizer is None or teacher_tokenizer is None:
+            which = "the policy" if teacher_tokenizer is None else "the teacher"
+            return f"only {which} has a tokenizer"
+        student_vocab, teacher_vocab = student_tokenizer.get_vocab(), teacher_tokenizer.get_vocab()
+        if student_vocab == teacher_vocab:
+            return None
+        differ = sorted(
+            token
+            for token in student_vocab.keys() | teacher_vocab.keys()
+            if student_vocab.get(token) != teacher_vocab.get(token)
+        )
+        example = differ[0]
+        return (
+            f"the vocabularies differ ({len(student_vocab)} tokens vs {len(teacher_vocab)}; e.g. {example!r} is "
+            f"{student_vocab.get(example)} for the policy, {teacher_vocab.get(example)} for the teacher)"
+        )
+    for name in TOKEN_FACTS:
+        mine, theirs = getattr(student, name, None), getattr(teacher, name, None)
+        if mine != theirs:
+            return f"{name} is {mine} for the policy, {theirs} for the teacher"
+    return None
+
+
+class Teacher:
+    """The frozen teacher of on-policy distillation (see the module docstring)."""
+
+    def __init__(self, policy: Policy, student: Policy) -> None:
+        problem = tokenizer_mismatch(student, policy)
+        if problem is not None:
+            raise ValueError(
+                f"teacher: {type(policy).__name__} does not share the policy's tokenizer ({problem}); distillation "
+                "compares log-probs of the same token ids"
+            )
+        trained = {id(p) for p in student.parameters()}
+        if any(id(p) in trained for p in policy.parameters()):
+            raise ValueError("teacher: the teacher shares weights with the policy; give it its own model")
+        self.policy = policy
+        policy.requires_grad_(False)
+        policy.eval()
+
+    def place(self, pl_module) -> None:
+        """On the strategy's device; sharded as the KL reference under FSDP2 (`configure_model`)."""
+        strategy = pl_module.trainer.strategy
+        mesh = data_parallel_mesh(pl_module)
+        if mesh is not None and any(True for _ in self.policy.parameters()):
+            shard_policy(self.policy, mesh, sharding_options(strategy), root_reshard_after_forward=True)
+        elif mesh is None:
+            self.policy.to(strategy.root_device)
+        set_compute_device(self.policy, strategy.root_device)
+
+    @torch.no_grad()
+    def log_probs(self, rollout: Rollout, temperature: float) -> Tensor:
+        """`[N, T]` the teacher's log-probs of the rollout's response tokens."""
+        log_probs, _ = self.policy.token_log_probs(rollout, temperature=temperature)
+        return log_probs
