@@ -8,7 +8,8 @@
 Its inputs first (`add_old_and_reference_log_probs`): the old log-probs, the trainer's numbers at the
 weights the step starts from (recomputed only when the policy moves before the last update; otherwise the
 first update's own, detached), and the reference log-probs. `w_IS` compares the old log-probs with the
-sampler's (`rollout_is`); with asynchronous rollouts the sampler is one update behind, and the same
+sampler's (`rollout_is`), and the loss applies it (`PolicyLoss.with_rollout_is`: each token's loss times its
+weight unless the loss says otherwise); with asynchronous rollouts the sampler is one update behind, and the same
 arithmetic is AReaL's decoupled PPO (see `modules/async_rollouts.py`).
 
 The module owns one and hands itself to `run` for Lightning's manual optimisation (`optimizers`,
@@ -204,9 +205,7 @@ class PolicyUpdate:
         # as a metric only, without autograd.
         with_entropy = first_epoch or self.entropy_coef != 0
         log_probs, entropy = self.policy_forward(micro, with_entropy, entropy_grad=self.entropy_coef != 0)
-        policy_loss = self.loss(log_probs, micro.old_log_probs, micro.advantages, mask)
-        token_loss = policy_loss.loss
-        sampler_pair = None
+        sampler_pair, weights = None, None
         if micro.sampling_log_probs is not None:
             if first_update:
                 sampler_pair = (log_probs.detach(), micro.sampling_log_probs)
@@ -217,7 +216,11 @@ class PolicyUpdate:
                 weights = rollout_is_weights(
                     trainer, micro.sampling_log_probs, mask, is_options.mode, is_options.max, is_options.min
                 )
-                token_loss = token_loss * weights
+        if weights is None:
+            policy_loss = self.loss(log_probs, micro.old_log_probs, micro.advantages, mask)
+        else:  # the loss applies the weights (by default each token's loss times its weight)
+            policy_loss = self.loss.with_rollout_is(log_probs, micro.old_log_probs, micro.advantages, mask, weights)
+        token_loss = policy_loss.loss
         kl = None
         if self.reference is not None and self.kl.mode == "loss":
             kl = self.kl_estimator.estimate(log_probs, micro.ref_log_probs, clamp=self.kl.clamp)
