@@ -58,6 +58,11 @@ class GSPO(PolicyLoss):
     Both options act only with a token-level ``rollout_is`` mode; with a sequence mode (one weight per row)
     every choice gives the same loss and gradient.
 
+    Values and gradients equal TRL 1.16's (``importance_sampling_level="sequence"``, ``loss_type="grpo"``,
+    with ``row_mean`` for its vLLM correction) and AReaL's (``row_mean``, ``before_ratio``; ``token-mean``
+    aggregation) in ``tests/core/test_losses_against_trl.py``, except that the sequence log-ratio is clamped
+    at 10 from above (verl), where neither clamps.
+
     Args:
         clip_low: the sequence ratio's lower clip is ``1 - clip_low``.
         clip_high: the sequence ratio's upper clip is ``1 + clip_high``.
