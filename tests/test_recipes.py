@@ -69,6 +69,17 @@ EXPECTED = {
         advantage=advantages.BatchWhitenedAdvantage, loss="ppo_clip", clip=(0.2, 0.2), kl=(0.01, "k1", "reward")
     ),
     "cispo": dict(advantage=advantages.GroupNormalizedAdvantage, loss="cispo", aggregation="token-mean", kl=None),
+    "sapo": dict(
+        advantage=advantages.GroupNormalizedAdvantage, loss="sapo", aggregation="seq-mean-token-mean", kl=None
+    ),
+    "luspo": dict(
+        advantage=advantages.GroupNormalizedAdvantage,
+        loss="luspo",
+        clip=(2e-3, 2.5e-3),
+        aggregation="seq-mean-token-sum",
+        kl=None,
+    ),
+    "vespo": dict(advantage=advantages.GroupNormalizedAdvantage, loss="vespo", aggregation="token-mean", kl=None),
     "reinforce": dict(advantage=advantages.RawRewardAdvantage, loss="pg", aggregation="seq-mean-token-sum", kl=None),
     "reinforce_baseline": dict(
         advantage=advantages.CenteredAdvantage, loss="pg", aggregation="seq-mean-token-sum", kl=None
@@ -142,6 +153,10 @@ def test_recipe_runs_two_steps_on_the_sort_task(recipe, in_tmp_dir):
         ("gspo", ["--model.init_args.loss.init_args.clip_low=-0.1"], "GSPO: clip_low must be >= 0"),
         # a sequence-level objective aggregated per token
         ("gspo", ["--model.init_args.aggregation.mode=token-mean"], "GSPO is a sequence-level objective"),
+        # LUSPO's length weight is its aggregation
+        ("luspo", ["--model.init_args.aggregation.mode=seq-mean-token-mean"], "LUSPO weighs each sequence's loss"),
+        # a gate temperature of 0
+        ("sapo", ["--model.init_args.loss.init_args.temperature_neg=0"], "SAPO: temperature_neg must be > 0"),
         # dynamic sampling with one response per prompt: every group has zero variance
         ("dapo", ["--model.init_args.group_size=1"], "dynamic_sampling drops groups whose rewards all agree"),
         # switching GRPO's KL off but keeping its reference refresh

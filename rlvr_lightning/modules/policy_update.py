@@ -9,7 +9,9 @@
 Its inputs first (`add_old_and_reference_log_probs`): the old log-probs, the trainer's numbers at the
 weights the step starts from (recomputed only when the policy moves before the last update; otherwise the
 first update's own, detached), the reference log-probs and the teacher's. `w_IS` compares the old log-probs with the
-sampler's (`rollout_is`); with asynchronous rollouts the sampler is one update behind, and the same
+sampler's (`rollout_is`), and the loss applies it (`PolicyLoss.with_rollout_is`: each token's loss times its
+weight unless the loss says otherwise; the distillation term, token by token); with asynchronous rollouts the
+sampler is one update behind, and the same
 arithmetic is AReaL's decoupled PPO (see `modules/async_rollouts.py`).
 
 The module owns one and hands itself to `run` for Lightning's manual optimisation (`optimizers`,
@@ -220,14 +222,7 @@ class PolicyUpdate:
         # as a metric only, without autograd.
         with_entropy = first_epoch or self.entropy_coef != 0
         log_probs, entropy = self.policy_forward(micro, with_entropy, entropy_grad=self.entropy_coef != 0)
-        policy_loss = self.loss(log_probs, micro.old_log_probs, micro.advantages, mask)
-        token_loss = policy_loss.loss
-        teacher_kl = None
-        if self.teacher is not None:
-            distilled = distillation_loss(log_probs, micro.old_log_probs, micro.teacher_log_probs, mask)
-            token_loss = self.distillation.rl_coef * token_loss + self.distillation.coef * distilled.loss
-            teacher_kl = distilled.reverse_kl if first_epoch else None
-        sampler_pair = None
+        sampler_pair, weights = None, None
         if micro.sampling_log_probs is not None:
             if first_update:
                 sampler_pair = (log_probs.detach(), micro.sampling_log_probs)
@@ -238,7 +233,18 @@ class PolicyUpdate:
                 weights = rollout_is_weights(
                     trainer, micro.sampling_log_probs, mask, is_options.mode, is_options.max, is_options.min
                 )
-                token_loss = token_loss * weights
+        if weights is None:
+            policy_loss = self.loss(log_probs, micro.old_log_probs, micro.advantages, mask)
+        else:  # the loss applies the weights (by default each token's loss times its weight)
+            policy_loss = self.loss.with_rollout_is(log_probs, micro.old_log_probs, micro.advantages, mask, weights)
+        token_loss = policy_loss.loss
+        teacher_kl = None
+        if self.teacher is not None:
+            distilled = distillation_loss(log_probs, micro.old_log_probs, micro.teacher_log_probs, mask)
+            # the sampler/trainer correction applies to the distillation term as to a token-level loss
+            distilled_loss = distilled.loss if weights is None else distilled.loss * weights
+            token_loss = self.distillation.rl_coef * token_loss + self.distillation.coef * distilled_loss
+            teacher_kl = distilled.reverse_kl if first_epoch else None
         kl = None
         if self.reference is not None and self.kl.mode == "loss":
             kl = self.kl_estimator.estimate(log_probs, micro.ref_log_probs, clamp=self.kl.clamp)

@@ -124,6 +124,21 @@ def test_masked_tokens_are_exactly_zero_even_with_garbage():
     assert _stat(out, "ratio_max") == 1.0  # masked token ignored
 
 
+@pytest.mark.parametrize("kind", sorted(POLICY_LOSSES))
+def test_a_bool_mask_masks_like_an_int_mask(kind):
+    # the update passes a bool mask: a padded token must count neither in the loss, nor in GSPO's sequence ratio,
+    # nor in the statistics
+    log_probs = torch.tensor([[-1.0, -2.0, -3.0]], requires_grad=True)
+    old = log_probs.detach() + torch.tensor([[0.1, -0.2, 5.0]])
+    adv = torch.tensor([1.0])
+    as_int = policy_loss(kind)(log_probs, old, adv, torch.tensor([[1, 1, 0]]))
+    as_bool = policy_loss(kind)(log_probs, old, adv, torch.tensor([[True, True, False]]))
+    assert as_bool.loss[0, 2].item() == 0.0
+    assert_close(as_bool.loss, as_int.loss)
+    for key, value in as_int.stats.items():
+        assert_close(as_bool.stats[key], value, msg=key)
+
+
 def test_empty_mask_stats():
     log_probs, old = _at_ratios([[2.0]])
     out = PPOClip()(log_probs, old, torch.tensor([1.0]), torch.zeros(1, 1))
@@ -140,7 +155,7 @@ def test_empty_mask_stats():
 # ------------------------------------------------------------------ old_log_probs=None
 
 
-@pytest.mark.parametrize("kind", ["ratio", "ppo_clip", "gspo", "cispo"])
+@pytest.mark.parametrize("kind", ["ratio", "ppo_clip", "gspo", "cispo", "sapo", "luspo", "vespo"])
 def test_old_none_gives_the_pg_gradient(kind):
     # ratio = exp(logp - sg(logp)) = 1 but d ratio / d logp = 1 -> grad of -A r is -A, like -A logp
     log_probs = torch.tensor([[math.log(0.5), math.log(0.25)], [math.log(0.1), math.log(0.9)]], requires_grad=True)
@@ -212,7 +227,7 @@ def test_cispo_lower_bound_and_negative_advantage():
 
 
 def test_registry_names():
-    assert list(POLICY_LOSSES) == ["pg", "ratio", "ppo_clip", "gspo", "cispo"]
+    assert list(POLICY_LOSSES) == ["pg", "ratio", "ppo_clip", "gspo", "cispo", "sapo", "luspo", "vespo"]
 
 
 def test_shorthands_are_the_built_ins_with_their_defaults():

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from rlvr_lightning.core.aggregation import aggregate_loss
+from rlvr_lightning.core.soft_losses import VESPO
 from rlvr_lightning.modules import RLVRModule
-from rlvr_lightning.modules.options import ImportanceSamplingConfig, UpdateConfig
+from rlvr_lightning.modules.options import AggregationConfig, ImportanceSamplingConfig, UpdateConfig
 from rlvr_lightning.policies.toy_sort import ToySortPolicy
 from rlvr_lightning.rewards import SortInclusionOrderingReward
 
@@ -67,6 +68,24 @@ def test_token_truncated_is_weights_scale_the_policy_loss_by_hand():
         rollout, None, rollout.num_rows, num_tokens, first_epoch=True
     ).loss
     assert corrected.item() == pytest.approx(1.05 * uncorrected.item(), rel=1e-6)
+
+
+def test_the_loss_applies_the_is_weights_its_own_way():
+    # VESPO folds the weights (every one min(e^0.1, 1.05) = 1.05) into its sequence weight, W = 1.05^T, rather
+    # than multiplying each token's loss by 1.05: phi = W^k e^(lambda (1 - W)), (k, lambda) = (2, 3) for A >= 0
+    # and (3, 2) for A < 0
+    is_options = ImportanceSamplingConfig(mode="token_truncate", max=1.05)
+    module = RLVRModule(policy(), loss=VESPO(), aggregation=AggregationConfig("token-mean"), rollout_is=is_options)
+    rollout = _rollout(module)
+    num_tokens = rollout.response_mask.numel()
+    loss = module.policy_update.micro_batch_loss(rollout, None, rollout.num_rows, num_tokens, first_epoch=True).loss
+    log_probs, _ = module.policy.token_log_probs(rollout)
+    w = 1.05 ** log_probs.shape[1]
+    phi = torch.where(rollout.advantages >= 0, w**2 * math.exp(3 * (1 - w)), w**3 * math.exp(2 * (1 - w)))
+    expected = (-phi[:, None] * rollout.advantages[:, None] * log_probs).mean()
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    times_weight = (-1.05 * rollout.advantages[:, None] * log_probs).mean()
+    assert loss.item() != pytest.approx(times_weight.item(), rel=1e-3)
 
 
 def test_is_weights_use_the_trainers_old_log_probs_when_they_were_recomputed():

@@ -1,0 +1,218 @@
+"""The contract of a per-token policy-gradient loss (the thing MINIMISED) and the pieces the built-in losses share.
+
+A loss is a :class:`PolicyLoss`: built once (its constructor validates its hyper-parameters), then called
+per micro-batch. Every loss takes
+
+* ``log_probs``      ``[N, T]`` log pi_theta(token), differentiable;
+* ``old_log_probs``  ``[N, T]`` log pi_old(token) of the behaviour policy, or ``None``;
+* ``advantages``     ``[N]`` (one per response, broadcast over tokens) or ``[N, T]``;
+* ``mask``           ``[N, T]`` float/bool, 1 = real response token, or ``None``: every token is real;
+
+and returns a :class:`PolicyLossOutput` whose ``loss`` is ``[N, T]``,
+UNaggregated and exactly 0 where ``mask == 0`` (aggregate it with
+``aggregation.aggregate_loss``). Sign: a positive advantage pushes the token
+up, so ``loss = -A * (something increasing in log_probs)``.
+
+``old_log_probs=None`` means "on-policy, first inner step": ``log_probs.detach()``
+is used, so every ratio is exactly 1 but its gradient is ``grad log_probs``
+(d/dtheta exp(logp - sg(logp)) = grad logp). This lets a single-inner-epoch
+run skip the extra forward pass of the old policy.
+
+``stats`` (detached scalar tensors over the masked tokens, computed when read;
+``merged_stats`` computes them once over several outputs, e.g. every micro-batch
+of a training step):
+
+* ``clip_frac_low``  fraction of tokens where the lower clip is active
+  (ratio < 1 - clip_low and A < 0; for CISPO: the IS weight was clipped from below);
+* ``clip_frac_high`` fraction where the upper clip is active
+  (ratio > 1 + clip_high and A > 0; for CISPO: the IS weight was clipped from above);
+* ``ratio_mean``, ``ratio_min``, ``ratio_max`` of the importance ratio
+  (GSPO: of the sequence ratio, broadcast to its tokens);
+* ``dual_clip_frac`` (ppo_clip with ``dual_clip`` only): A < 0 and ratio > dual_clip.
+
+Losses without a ratio (``pg``) report 0, 0, 1, 1, 1. With an empty mask the
+ratio statistics are 1 and the fractions 0.
+
+With a correction of the sampler/trainer mismatch (``rollout_is``) the update calls
+:meth:`PolicyLoss.with_rollout_is` instead, which multiplies each token's loss by its weight unless the
+loss says otherwise (``GSPO``'s options, ``VESPO``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from rlvr_lightning.core.masked import join_masked
+
+# |log ratio| is clamped before exp so a stale token cannot produce inf
+# (verl core_algos.compute_policy_loss clamps to [-20, 20])
+LOG_RATIO_CLAMP = 20.0
+
+
+@dataclass
+class PolicyLossOutput:
+    loss: Tensor  # [N, T], zero where mask == 0, not aggregated
+    ratio: Tensor  # [N, T] detached importance ratio (ones for losses without one)
+    mask: Tensor | None  # [N, T] bool, or None: every token counts
+    low_clipped: Tensor | None = None  # [N, T] bool, where the lower clip is active
+    high_clipped: Tensor | None = None  # [N, T] bool, where the upper clip is active
+    extra_stats: dict[str, Tensor] = field(default_factory=dict)  # loss-specific detached scalars
+
+    @property
+    def stats(self) -> dict[str, Tensor]:
+        return merged_stats([self])
+
+
+@torch.no_grad()
+def merged_stats(outputs: list[PolicyLossOutput]) -> dict[str, Tensor]:
+    """The ``stats`` of all ``outputs`` taken together: fractions and the ratio mean weigh every token
+    alike, min and max are over all tokens; ``extra_stats`` are averaged over the outputs."""
+
+    masks = [out.mask for out in outputs]
+    ratio, mask = join_masked([out.ratio for out in outputs], masks)
+
+    def clipped(name: str) -> Tensor | None:
+        flags = [getattr(out, name) for out in outputs]
+        return None if any(f is None for f in flags) else join_masked(flags, masks)[0]
+
+    stats = ratio_stats(ratio, mask, clipped("low_clipped"), clipped("high_clipped"))
+    for key in outputs[0].extra_stats:
+        stats[key] = torch.stack([out.extra_stats[key] for out in outputs]).mean()
+    return stats
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def prepare_inputs(
+    log_probs: Tensor, old_log_probs: Tensor | None, advantages: Tensor, mask: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Validate shapes; return (detached old_log_probs, advantages [N, 1] or [N, T] (broadcast over tokens), bool
+    mask or None)."""
+    if log_probs.dim() != 2:
+        raise ValueError(f"log_probs must be [N, T], got shape {tuple(log_probs.shape)}")
+    if mask is not None and mask.shape != log_probs.shape:
+        raise ValueError(f"mask shape {tuple(mask.shape)} != log_probs shape {tuple(log_probs.shape)}")
+    if old_log_probs is None:
+        old_log_probs = log_probs.detach()
+    elif old_log_probs.shape != log_probs.shape:
+        shapes = f"{tuple(old_log_probs.shape)} != log_probs shape {tuple(log_probs.shape)}"
+        raise ValueError(f"old_log_probs shape {shapes}")
+    elif old_log_probs.requires_grad:
+        old_log_probs = old_log_probs.detach()
+    if advantages.dtype != log_probs.dtype:
+        advantages = advantages.to(log_probs.dtype)
+    if advantages.dim() == 1 and advantages.shape[0] == log_probs.shape[0]:
+        advantages = advantages.unsqueeze(-1)
+    elif advantages.shape != log_probs.shape:
+        raise ValueError(
+            f"advantages must be [N] or [N, T] with N, T = {tuple(log_probs.shape)}, got {tuple(advantages.shape)}"
+        )
+    if mask is not None and mask.dtype != torch.bool:
+        mask = mask.bool()
+    return old_log_probs, advantages, mask
+
+
+def token_ratio(log_probs: Tensor, old_log_probs: Tensor) -> Tensor:
+    # r_t = pi_theta / pi_old = exp(logp - old_logp)  (Schulman et al. 2017 PPO eq. 6; NOT logp / old_logp)
+    return torch.exp(torch.clamp(log_probs - old_log_probs, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+
+
+def zero_masked(loss: Tensor, mask: Tensor | None) -> Tensor:
+    if mask is None:
+        return loss
+    return torch.where(mask, loss, torch.zeros((), dtype=loss.dtype, device=loss.device))
+
+
+@torch.no_grad()
+def ratio_stats(
+    ratio: Tensor, mask: Tensor | None, low_clipped: Tensor | None = None, high_clipped: Tensor | None = None
+) -> dict[str, Tensor]:
+    """Clip fractions and ratio statistics over the masked tokens, without a host sync (1s for an empty mask)."""
+    ratio = ratio.detach()
+    if mask is None:
+        if ratio.numel() == 0:
+            return ratio_stats(ratio, torch.zeros_like(ratio, dtype=torch.bool), low_clipped, high_clipped)
+        zero = ratio.new_zeros(())
+        return {
+            "clip_frac_low": zero if low_clipped is None else low_clipped.sum() / ratio.numel(),
+            "clip_frac_high": zero if high_clipped is None else high_clipped.sum() / ratio.numel(),
+            "ratio_mean": ratio.mean(),
+            "ratio_min": ratio.amin(),
+            "ratio_max": ratio.amax(),
+        }
+    num_tokens = mask.sum().clamp(min=1)
+    has_tokens = mask.any()
+    zero, one = ratio.new_zeros(()), ratio.new_ones(())
+    return {
+        "clip_frac_low": zero if low_clipped is None else (low_clipped & mask).sum() / num_tokens,
+        "clip_frac_high": zero if high_clipped is None else (high_clipped & mask).sum() / num_tokens,
+        "ratio_mean": torch.where(has_tokens, torch.where(mask, ratio, zero).sum() / num_tokens, one),
+        "ratio_min": torch.where(has_tokens, torch.where(mask, ratio, math.inf).amin(), one),
+        "ratio_max": torch.where(has_tokens, torch.where(mask, ratio, -math.inf).amax(), one),
+    }
+
+
+def clipped_surrogate(
+    ratio: Tensor, adv: Tensor, clip_low: float, clip_high: float
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The clipped surrogate's per-token loss, the detached ratio and where the lower and upper clips are active."""
+    clipped_ratio = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    neg_adv = -adv
+    # l_t = -min(r A, clip(r, 1-eps_low, 1+eps_high) A)  (Schulman et al. 2017 PPO eq. 7)
+    loss = torch.maximum(neg_adv * ratio, neg_adv * clipped_ratio)
+    ratio_value = ratio.detach()
+    low_clipped = (ratio_value < 1.0 - clip_low) & (adv < 0)
+    high_clipped = (ratio_value > 1.0 + clip_high) & (adv > 0)
+    return loss, ratio_value, low_clipped, high_clipped
+
+
+def check_clip(loss: str, name: str, value: float) -> None:
+    if value < 0:
+        raise ValueError(f"{loss}: {name} must be >= 0, got {value}")
+
+
+class PolicyLoss:
+    """A per-token policy loss: instances own their hyper-parameters (validated when built).
+
+    Subclass it for a loss of your own and name it in the config by ``class_path`` (any importable module)."""
+
+    #: False: the loss never reads old log-probs (the update then skips computing them)
+    needs_old_log_probs: bool = True
+
+    def check(self, aggregation: str) -> None:
+        """Raise ValueError if this loss cannot be used with the aggregation mode ``aggregation`` (called when
+        the module is built)."""
+
+    def __call__(
+        self, log_probs: Tensor, old_log_probs: Tensor | None, advantages: Tensor, mask: Tensor | None
+    ) -> PolicyLossOutput:
+        """``log_probs`` [N, T] differentiable; ``old_log_probs`` [N, T] or None (on-policy: ``log_probs.detach()``);
+        ``advantages`` [N] or [N, T]; ``mask`` [N, T] bool or None (every token real). Returns a
+        :class:`PolicyLossOutput` whose ``loss`` is [N, T], unaggregated, 0 where ``mask`` is 0."""
+        raise NotImplementedError
+
+    def with_rollout_is(
+        self,
+        log_probs: Tensor,
+        old_log_probs: Tensor | None,
+        advantages: Tensor,
+        mask: Tensor | None,
+        weights: Tensor,
+    ) -> PolicyLossOutput:
+        """The loss corrected by the sampler/trainer importance weights ``weights`` (detached, ``[N, T]`` for the
+        token modes of ``core/importance_sampling.py``, ``[N, 1]`` for the sequence modes; 1 where ``mask`` is 0).
+
+        Here: each token's loss times its weight. A loss that folds the weights in otherwise overrides this."""
+        out = self(log_probs, old_log_probs, advantages, mask)
+        # l_t <- w_t l_t  (Yao et al. 2025 TIS; verl rollout_is, TRL vllm_importance_sampling_correction)
+        out.loss = out.loss * weights
+        return out
+
+    def __repr__(self) -> str:
+        options = ", ".join(f"{key}={value!r}" for key, value in vars(self).items())
+        return f"{type(self).__name__}({options})"
