@@ -60,10 +60,11 @@ RECIPES = (
     "reinforce",
 )
 # (final train reward, val exact-sort) of every seed: the seeds' range here widened by about their spread,
-# since another CPU or torch build changes a run as another seed would
+# since another CPU or torch build changes a run as another seed would (set from runs on an Intel Xeon and an
+# AMD EPYC machine, both one thread)
 RECIPE_BANDS: dict[str, tuple[Band, Band]] = {
     "distill": (Band(6.55, 7.00), Band(0.45, 0.95)),
-    "dapo": (Band(6.70, 7.00), Band(0.40, 0.80)),
+    "dapo": (Band(6.65, 7.00), Band(0.40, 0.80)),
     "dr_grpo": (Band(6.45, 6.75), Band(0.15, 0.45)),
     "gspo": (Band(6.40, 6.80), Band(0.15, 0.45)),
     "cispo": (Band(6.40, 6.70), Band(0.15, 0.35)),
@@ -71,11 +72,11 @@ RECIPE_BANDS: dict[str, tuple[Band, Band]] = {
     "luspo": (Band(6.35, 6.75), Band(0.10, 0.42)),
     "vespo": (Band(6.45, 6.90), Band(0.15, 0.52)),
     "rloo": (Band(6.35, 6.60), Band(0.10, 0.25)),
-    "ppo": (Band(6.30, 6.55), Band(0.10, 0.30)),
-    "reinforce_pp": (Band(6.30, 6.50), Band(0.10, 0.30)),
+    "ppo": (Band(6.15, 6.65), Band(0.10, 0.40)),
+    "reinforce_pp": (Band(6.30, 6.60), Band(0.10, 0.30)),
     "reinforce_baseline": (Band(6.20, 6.55), Band(0.05, 0.20)),
     "grpo": (Band(6.10, 6.50), Band(0.10, 0.22)),
-    "max_reward": (Band(5.60, 6.20), Band(0.03, 0.10)),
+    "max_reward": (Band(5.60, 6.20), Band(0.03, 0.15)),
     "reinforce": (Band(4.90, 5.60), Band(0.00, 0.04)),
 }
 
