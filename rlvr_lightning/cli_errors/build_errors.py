@@ -8,6 +8,7 @@ import re
 import traceback
 from typing import Any
 
+from rlvr_lightning.cli_errors.early_checks import EarlyOptionError
 from rlvr_lightning.cli_errors.problem import (
     ConfigProblem,
     choices_in,
@@ -84,6 +85,11 @@ def explain_build_error(error: BaseException, argv: list[str], config: Any, duri
     root = _root_cause(error)
     if isinstance(root, MisconfigurationException):
         return ConfigProblem(str(root).strip().splitlines()[0])
+    if isinstance(root, EarlyOptionError):
+        section = root.option.split(".")[0]
+        return ConfigProblem(
+            str(root), root.option, locate(root.option, argv), tip=help_tip(section, root.section_class)
+        )
     if during_setup:
         if not isinstance(root, ValueError) or not _in_setup_hook(error):
             return None

@@ -36,6 +36,7 @@ from torch.utils.data import Dataset
 from rlvr_lightning.data.sort_task import ListDataset
 from rlvr_lightning.data.task import Example, Task
 from rlvr_lightning.data.templates import apply_template, resolve_template
+from rlvr_lightning.option_domains import Range, check_ranges
 from rlvr_lightning.verifiers.answers import extract_boxed, extract_gsm8k
 
 FORMATS = ("auto", "gsm8k", "math", "fields")
@@ -168,6 +169,13 @@ def _records(path: Path):
 
 
 class JSONLTask(Task):
+    #: the domains of the numeric options (checked here and, by `rlvr`, before anything is built)
+    OPTION_RANGES = {
+        "num_val": Range(0, integer=True, optional=True),
+        "limit": Range(1, integer=True, optional=True),
+        "max_prompt_chars": Range(1, integer=True, optional=True),
+    }
+
     def __init__(
         self,
         path: str,
@@ -195,6 +203,7 @@ class JSONLTask(Task):
             max_prompt_chars: a longer prompt fails at load time, naming its file and line (None: no limit;
                 prompts longer than the model's context fail when the run starts, see `prompt_lengths`).
         """
+        check_ranges(JSONLTask.OPTION_RANGES, locals())
         if format not in FORMATS:
             raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
         resolve_template(template)

@@ -29,6 +29,7 @@ import lightning.pytorch as pl
 from torch.utils.data import DataLoader
 
 from rlvr_lightning.data.task import ListDataset, Task, collate_examples
+from rlvr_lightning.option_domains import NON_NEGATIVE_INT, POSITIVE_INT, Range, check_ranges
 
 Example = dict[str, Any]
 
@@ -107,6 +108,13 @@ def collate_pairs(examples: list[Example]) -> dict[str, list[Any]]:
 
 
 class SFTDataModule(pl.LightningDataModule):
+    #: the domains of the numeric options (checked here and, by `rlvr`, before anything is built)
+    OPTION_RANGES = {
+        "batch_size": POSITIVE_INT,
+        "val_batch_size": Range(1, integer=True, optional=True),
+        "num_workers": NON_NEGATIVE_INT,
+    }
+
     def __init__(
         self,
         train_file: str,
@@ -128,8 +136,7 @@ class SFTDataModule(pl.LightningDataModule):
             response_key: the JSON key of the response.
         """
         super().__init__()
-        if batch_size < 1:
-            raise ValueError(f"data.batch_size must be >= 1, got {batch_size}")
+        check_ranges(SFTDataModule.OPTION_RANGES, locals())
         if val_file is not None and val_task is not None:
             raise ValueError("give either val_file (pairs) or val_task (held-out prompts), not both")
         for option, file in (("train_file", train_file), ("val_file", val_file)):

@@ -46,6 +46,7 @@ from rlvr_lightning.modules.policy_module import PolicyModule
 from rlvr_lightning.modules.policy_update import PolicyUpdate
 from rlvr_lightning.modules.scoring import reward_metrics
 from rlvr_lightning.modules.step_metrics import publish_step_metrics
+from rlvr_lightning.option_domains import NON_NEGATIVE, POSITIVE_INT, check_ranges
 from rlvr_lightning.parallel.fsdp import gathered_params
 from rlvr_lightning.policies.base import Policy, PromptBatch, SamplingConfig
 from rlvr_lightning.rollout import Rollout
@@ -58,6 +59,8 @@ log = logging.getLogger(__name__)
 class RLVRModule(PolicyModule):
     #: arguments that are models or factories, not hyperparameters (the checkpoint holds them)
     MODEL_ARGUMENTS: tuple[str, ...] = ("policy", "optimizer", "lr_scheduler")
+    #: the domains of the numeric options (checked here and, by `rlvr`, before anything is built)
+    OPTION_RANGES = {"group_size": POSITIVE_INT, "entropy_coef": NON_NEGATIVE}
 
     def __init__(
         self,
@@ -97,6 +100,7 @@ class RLVRModule(PolicyModule):
                 max_consecutive_skips).
             validation: responses per validation prompt and greedy decoding (group_size, greedy).
         """
+        check_ranges(RLVRModule.OPTION_RANGES, locals())
         super().__init__(policy, optimizer, lr_scheduler, sampling, validation)
         self.save_hyperparameters(ignore=list(self.MODEL_ARGUMENTS))
         plain_hyperparameters(self)
