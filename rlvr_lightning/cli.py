@@ -160,10 +160,12 @@ class RLVRCLI(LightningCLI):
 
 
 def _cli_kwargs(args: list[str] | None, run: bool, exit_on_error: bool = True) -> dict:
-    parser_kwargs: dict = {"exit_on_error": exit_on_error, "description": DESCRIPTION}
+    # allow_abbrev off: argparse would take `--trainer.max_epoch` as `--trainer.max_epochs` (a prefix) silently
+    parser_kwargs: dict = {"exit_on_error": exit_on_error, "description": DESCRIPTION, "allow_abbrev": False}
     for command in RLVRCLI.subcommands():
         parser_kwargs[command] = {
             "exit_on_error": exit_on_error,
+            "allow_abbrev": False,
             "usage": USAGE.format(command=command),
             "description": DESCRIPTIONS.get(command, "") + OPTIONS_HELP.format(command=command),
         }

@@ -33,6 +33,7 @@ from typing import Any
 
 from torch.utils.data import Dataset
 
+from rlvr_lightning.config_locations import check_input_file
 from rlvr_lightning.data.sort_task import ListDataset
 from rlvr_lightning.data.task import Example, Task
 from rlvr_lightning.data.templates import apply_template, resolve_template
@@ -122,9 +123,7 @@ def read_jsonl(
     """Examples of a JSONL file; a bad line raises ValueError naming ``file:line``.
 
     ``line_numbers``, if given, receives the line number of every example."""
-    path = Path(path).expanduser()
-    if not path.is_file():
-        raise FileNotFoundError(f"JSONL file {str(path)!r} does not exist ({path.resolve()})")
+    path = check_input_file(path, "JSONL file")
     examples: list[Example] = []
     for line_number, record in _records(path):
         try:
@@ -204,6 +203,9 @@ class JSONLTask(Task):
                 prompts longer than the model's context fail when the run starts, see `prompt_lengths`).
         """
         check_ranges(JSONLTask.OPTION_RANGES, locals())
+        check_input_file(path, "path")  # here, not when the data module first reads it (after the model loaded)
+        if val_path is not None:
+            check_input_file(val_path, "val_path")
         if format not in FORMATS:
             raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
         resolve_template(template)

@@ -28,6 +28,7 @@ from typing import Any
 import lightning.pytorch as pl
 from torch.utils.data import DataLoader
 
+from rlvr_lightning.config_locations import check_input_file
 from rlvr_lightning.data.task import ListDataset, Task, collate_examples
 from rlvr_lightning.option_domains import NON_NEGATIVE_INT, POSITIVE_INT, Range, check_ranges
 
@@ -36,9 +37,7 @@ Example = dict[str, Any]
 
 def read_jsonl(path: str | os.PathLike, prompt_key: str = "prompt", response_key: str = "response") -> list[Example]:
     """Examples `{"prompt": ..., "response": ..., **metadata}` from a JSONL file, validated line by line."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"SFT data file {str(path)!r} does not exist")
+    path = check_input_file(path, "SFT data file")
     examples: list[Example] = []
     with path.open(encoding="utf-8") as handle:
         for line_number, line in enumerate(handle, start=1):
@@ -140,8 +139,8 @@ class SFTDataModule(pl.LightningDataModule):
         if val_file is not None and val_task is not None:
             raise ValueError("give either val_file (pairs) or val_task (held-out prompts), not both")
         for option, file in (("train_file", train_file), ("val_file", val_file)):
-            if file is not None and not Path(file).is_file():
-                raise FileNotFoundError(f"data.{option}={file!r} does not exist")
+            if file is not None:
+                check_input_file(file, option)
         self.train_file = train_file
         self.val_file = val_file
         self.val_task = val_task
