@@ -11,7 +11,7 @@ from lightning.pytorch import Callback
 from torch import Tensor
 
 from rlvr_lightning.core import advantage_estimators as estimators
-from rlvr_lightning.option_domains import POSITIVE, PROBABILITY, check_ranges
+from rlvr_lightning.option_domains import NON_NEGATIVE, PROBABILITY, check_ranges
 from rlvr_lightning.rollout import Rollout
 
 
@@ -53,7 +53,7 @@ class GroupNormalizedAdvantage(AdvantageCallback):
 
     min_group_size = 2
 
-    OPTION_RANGES = {"eps": POSITIVE}
+    OPTION_RANGES = {"eps": NON_NEGATIVE}
 
     def __init__(self, eps: float = 1e-6, unbiased_std: bool = True, std_scope: str = "group") -> None:
         check_ranges(GroupNormalizedAdvantage.OPTION_RANGES, locals())
@@ -95,7 +95,7 @@ class BatchWhitenedAdvantage(AdvantageCallback):
     per token. The default whitens one reward per response (each response weighs the same).
     """
 
-    OPTION_RANGES = {"eps": POSITIVE, "gamma": PROBABILITY}
+    OPTION_RANGES = {"eps": NON_NEGATIVE, "gamma": PROBABILITY}
 
     def __init__(self, eps: float = 1e-8, whiten: str = "response", gamma: float = 1.0) -> None:
         """

@@ -138,3 +138,15 @@ def test_an_absurd_model_size_is_refused_from_an_estimate_before_allocation(caps
         assert lines[1] == f"  at model.init_args.policy.init_args.config (command line: --{option})"
     with pytest.raises(ModelTooLargeError, match="embedding_dim: ToySortPolicy"):
         ToySortPolicy(embedding_dim=10**7)
+
+
+def test_a_nan_reward_weight_is_refused_before_the_run(in_tmp_dir, capsys):
+    callbacks = (
+        "trainer:\n  callbacks:\n    - class_path: rlvr_lightning.rewards.SortInclusionOrderingReward\n"
+        "      init_args: {weight: .nan}\n    - class_path: rlvr_lightning.advantages.GroupNormalizedAdvantage\n"
+    )
+    (in_tmp_dir / "nan.yaml").write_text(callbacks)
+    code, lines = run(capsys, "fit", "--config", SORT, "--config", "nan.yaml", *QUIET)
+    assert code == 2
+    assert lines[0] == "error: weight=nan is not valid: must be a finite number"
+    assert lines[1] == "  at trainer.callbacks[0].init_args.weight (nan.yaml:4)"
