@@ -99,6 +99,7 @@ def check_input_file(value: str | os.PathLike, name: str) -> Path:
     if path.is_file():
         return path
     given = f"{name}={str(value)!r}" if name.isidentifier() else f"{name} {str(value)!r}"
+    absolute = "" if str(path.resolve()) == str(value) else f" ({path.resolve()})"
     if path.is_dir():
-        raise IsADirectoryError(f"{given} is a directory, not a file ({path.resolve()})")
-    raise FileNotFoundError(f"{given} does not exist (looked for {path.resolve()})")
+        raise IsADirectoryError(f"{given} is a directory, not a file{absolute}")
+    raise FileNotFoundError(f"{given} does not exist" + (f" (looked for {path.resolve()})" if absolute else ""))
