@@ -11,6 +11,7 @@ from lightning.pytorch import Callback
 from torch import Tensor
 
 from rlvr_lightning.core import advantage_estimators as estimators
+from rlvr_lightning.option_domains import NON_NEGATIVE, PROBABILITY, check_ranges
 from rlvr_lightning.rollout import Rollout
 
 
@@ -52,7 +53,10 @@ class GroupNormalizedAdvantage(AdvantageCallback):
 
     min_group_size = 2
 
+    OPTION_RANGES = {"eps": NON_NEGATIVE}
+
     def __init__(self, eps: float = 1e-6, unbiased_std: bool = True, std_scope: str = "group") -> None:
+        check_ranges(GroupNormalizedAdvantage.OPTION_RANGES, locals())
         self.eps = eps
         self.unbiased_std = unbiased_std
         self.std_scope = std_scope
@@ -91,6 +95,8 @@ class BatchWhitenedAdvantage(AdvantageCallback):
     per token. The default whitens one reward per response (each response weighs the same).
     """
 
+    OPTION_RANGES = {"eps": NON_NEGATIVE, "gamma": PROBABILITY}
+
     def __init__(self, eps: float = 1e-8, whiten: str = "response", gamma: float = 1.0) -> None:
         """
         Args:
@@ -100,8 +106,7 @@ class BatchWhitenedAdvantage(AdvantageCallback):
         """
         if whiten not in WHITEN_SCOPES:
             raise ValueError(f"whiten={whiten!r} is not valid; choose one of {WHITEN_SCOPES}")
-        if not 0.0 <= gamma <= 1.0:
-            raise ValueError(f"gamma must be in [0, 1], got {gamma}")
+        check_ranges(BatchWhitenedAdvantage.OPTION_RANGES, locals())
         if gamma != 1.0 and whiten != "token":
             raise ValueError(f"gamma={gamma} discounts per-token returns: it needs whiten='token'")
         self.eps = eps

@@ -37,6 +37,7 @@ from rlvr_lightning.callbacks.interrupt import SaveOnInterrupt, TrainingInterrup
 from rlvr_lightning.callbacks.predictions import CompletionWriter
 from rlvr_lightning.callbacks.progress import ProgressLines, RewardProgressBar
 from rlvr_lightning.hub import go_offline_if_unreachable
+from rlvr_lightning.option_domains import Range
 
 TRAINER_DEFAULTS = {
     "accelerator": "auto",
@@ -56,6 +57,7 @@ TRAINER_DEFAULTS = {
     "log_every_n_steps": 1,
 }
 TORCH_THREADS_DEFAULT = 1  # see README "Language models": measured with scripts/bench_threads.py
+TORCH_THREADS_RANGE = Range(1, integer=True, optional=True)
 USAGE = "rlvr {command} [-h] [-c CONFIG] [--print_config[=flags]] [--KEY VALUE ...]"
 OPTIONS_HELP = (
     "The module's options, with their help: `rlvr {command} --model.help RLVRModule` (or SFTModule, "
@@ -116,6 +118,7 @@ class RLVRCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self.config.get(str(self.subcommand), self.config) if self.subcommand else self.config
+        cli_errors.check_options_early(config.as_dict(), {"torch_threads": TORCH_THREADS_RANGE})  # before any model
         threads = config.get("torch_threads")
         if threads:
             torch.set_num_threads(threads)
@@ -157,10 +160,12 @@ class RLVRCLI(LightningCLI):
 
 
 def _cli_kwargs(args: list[str] | None, run: bool, exit_on_error: bool = True) -> dict:
-    parser_kwargs: dict = {"exit_on_error": exit_on_error, "description": DESCRIPTION}
+    # allow_abbrev off: argparse would take `--trainer.max_epoch` as `--trainer.max_epochs` (a prefix) silently
+    parser_kwargs: dict = {"exit_on_error": exit_on_error, "description": DESCRIPTION, "allow_abbrev": False}
     for command in RLVRCLI.subcommands():
         parser_kwargs[command] = {
             "exit_on_error": exit_on_error,
+            "allow_abbrev": False,
             "usage": USAGE.format(command=command),
             "description": DESCRIPTIONS.get(command, "") + OPTIONS_HELP.format(command=command),
         }

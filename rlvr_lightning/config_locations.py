@@ -1,4 +1,5 @@
-"""Where a configuration option was set: the config file and line, or the command-line argument.
+"""Where a configuration option was set: the config file and line, or the command-line argument; and
+`check_input_file`, where a path option points.
 
 `rlvr fit --config a.yaml --config b.yaml --model.init_args.loss=x` applies its arguments in order,
 so the last one that sets an option is where its value came from; `locate` searches from the end.
@@ -6,6 +7,7 @@ so the last one that sets an option is where its value came from; `locate` searc
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -72,7 +74,7 @@ def locate(option: str | None, argv: list[str], value: str | None = None) -> str
     for i in range(len(argv) - 1, -1, -1):
         arg = argv[i]
         name = arg.split("=", 1)[0]
-        if option and name in (f"--{option}", f"--{short}"):
+        if option and (name in (f"--{option}", f"--{short}") or name.startswith((f"--{option}.", f"--{short}."))):
             return f"command line: {arg if '=' in arg else arg + ' ' + (argv[i + 1] if i + 1 < len(argv) else '')}"
         if (
             value is not None
@@ -87,3 +89,17 @@ def locate(option: str | None, argv: list[str], value: str | None = None) -> str
                 if line is not None:
                     return f"{file}:{line}"
     return None
+
+
+def check_input_file(value: str | os.PathLike, name: str) -> Path:
+    """`value` (the option `name`) as the path of an existing file; otherwise FileNotFoundError or
+    IsADirectoryError, naming the option and the absolute path looked for (a relative path is read from the
+    current directory)."""
+    path = Path(value).expanduser()
+    if path.is_file():
+        return path
+    given = f"{name}={str(value)!r}" if name.isidentifier() else f"{name} {str(value)!r}"
+    absolute = "" if str(path.resolve()) == str(value) else f" ({path.resolve()})"
+    if path.is_dir():
+        raise IsADirectoryError(f"{given} is a directory, not a file{absolute}")
+    raise FileNotFoundError(f"{given} does not exist" + (f" (looked for {path.resolve()})" if absolute else ""))

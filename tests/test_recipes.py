@@ -162,7 +162,7 @@ def test_recipe_runs_two_steps_on_the_sort_task(recipe, in_tmp_dir):
         # switching GRPO's KL off but keeping its reference refresh
         ("grpo", ["--model.init_args.kl.coef=0"], "kl.refresh_every refreshes the KL reference, but kl.coef=0"),
         # a mixup weight outside (0, 1]
-        ("max_reward", ["--model.init_args.kl.mixup_alpha=1.5"], "kl.mixup_alpha must be in \\(0, 1\\]"),
+        ("max_reward", ["--model.init_args.kl.mixup_alpha=1.5"], r"kl.mixup_alpha=1.5 is not valid: .* in \(0, 1\]"),
         # a group baseline with a single response per prompt
         ("reinforce_baseline", ["--model.init_args.group_size=1"], "CenteredAdvantage needs group_size >= 2"),
         # RLOO's leave-one-out baseline with a single response per prompt

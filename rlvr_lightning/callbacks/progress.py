@@ -23,6 +23,7 @@ from rich.progress import ProgressColumn
 from rich.text import Text
 
 from rlvr_lightning import stage_reports
+from rlvr_lightning.option_domains import NON_NEGATIVE, check_ranges
 
 METRICS_MAX_AGE_S = 1.0  # slow steps update the metrics column after every batch
 LOG_NAMES = ("lightning", "lightning.pytorch", "lightning.fabric", "")  # loggers Lightning prints through
@@ -173,7 +174,10 @@ class RewardProgressBar(RichProgressBar):
 class ProgressLines(Callback):
     """Prints what a long step is doing every `every_s` seconds (for runs without a progress bar)."""
 
+    OPTION_RANGES = {"every_s": NON_NEGATIVE}  # 0: a line at every report
+
     def __init__(self, every_s: float = 60.0) -> None:
+        check_ranges(ProgressLines.OPTION_RANGES, locals())
         self.every_s = every_s
         self.status = StepStatus()
         self._next_line = 0.0

@@ -24,6 +24,7 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch import Callback
 
+from rlvr_lightning.option_domains import NON_NEGATIVE_INT, POSITIVE_INT, check_ranges
 from rlvr_lightning.rollout import Rollout
 
 
@@ -66,6 +67,14 @@ def rollout_rows(rollout: Rollout, rows: list[int], max_chars: int = 1000) -> tu
 class RolloutTableLogger(Callback):
     """Logs `num_rows` rows of the training rollout every `every_n_steps` rollout steps (W&B table or console)."""
 
+    #: the domains of the numeric options (checked here and, by `rlvr`, before anything is built)
+    OPTION_RANGES = {
+        "every_n_steps": POSITIVE_INT,
+        "num_rows": POSITIVE_INT,
+        "max_chars": POSITIVE_INT,
+        "console_rows": NON_NEGATIVE_INT,
+    }
+
     def __init__(
         self,
         every_n_steps: int = 10,
@@ -84,8 +93,7 @@ class RolloutTableLogger(Callback):
             console_rows: rows printed to the console.
             key: W&B table key.
         """
-        if every_n_steps < 1 or num_rows < 1:
-            raise ValueError(f"every_n_steps and num_rows must be >= 1, got {every_n_steps} and {num_rows}")
+        check_ranges(RolloutTableLogger.OPTION_RANGES, locals())
         self.every_n_steps = every_n_steps
         self.num_rows = num_rows
         self.max_chars = max_chars

@@ -21,10 +21,18 @@ import os
 from argparse import ArgumentError
 
 from rlvr_lightning.cli_errors.build_errors import explain_build_error
+from rlvr_lightning.cli_errors.early_checks import check_options_early
 from rlvr_lightning.cli_errors.parse_errors import explain_parse_error
 from rlvr_lightning.cli_errors.problem import ConfigProblem
 
-__all__ = ["ConfigProblem", "debug_requested", "explain_build_error", "explain_parse_error", "is_parse_error"]
+__all__ = [
+    "ConfigProblem",
+    "check_options_early",
+    "debug_requested",
+    "explain_build_error",
+    "explain_parse_error",
+    "is_parse_error",
+]
 
 
 def is_parse_error(error: BaseException) -> bool:

@@ -8,6 +8,8 @@ import re
 import traceback
 from typing import Any
 
+from rlvr_lightning.cli_errors.config_files import relative_path_tip
+from rlvr_lightning.cli_errors.early_checks import EarlyOptionError
 from rlvr_lightning.cli_errors.problem import (
     ConfigProblem,
     choices_in,
@@ -84,12 +86,17 @@ def explain_build_error(error: BaseException, argv: list[str], config: Any, duri
     root = _root_cause(error)
     if isinstance(root, MisconfigurationException):
         return ConfigProblem(str(root).strip().splitlines()[0])
+    if isinstance(root, EarlyOptionError):
+        section = root.option.split(".")[0]
+        return ConfigProblem(
+            str(root), root.option, locate(root.option, argv), tip=help_tip(section, root.section_class)
+        )
     if during_setup:
         if not isinstance(root, ValueError) or not _in_setup_hook(error):
             return None
         objects = _raising_objects(root, SETUP_HOOKS)
     else:
-        if not isinstance(root, (ValueError, FileNotFoundError, ImportError)):
+        if not isinstance(root, (ValueError, FileNotFoundError, IsADirectoryError, ImportError)):
             return None
         objects = _raising_objects(root, ())
     text = str(root).strip()
@@ -113,6 +120,8 @@ def explain_build_error(error: BaseException, argv: list[str], config: Any, duri
         option = section or None
     choices, suggestion = choices_in(text)
     tip = help_tip(section, class_path)
+    if isinstance(root, OSError):  # a missing file: where a relative path was looked for
+        tip = relative_path_tip(text, argv) or tip
     return ConfigProblem(
         text.splitlines()[0] if len(text) < 2000 else text[:2000], option, where, choices, suggestion, tip
     )

@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from rlvr_lightning.cli_errors.config_files import config_file_problem
 from rlvr_lightning.cli_errors.problem import ConfigProblem, choices_in, closest, group_fields, help_tip, init_options
 from rlvr_lightning.config_locations import locate
 
@@ -84,6 +85,10 @@ def _module_members(module_path: str) -> list[str]:
 
 def explain_parse_error(message: str, argv: list[str], parser: Any = None) -> ConfigProblem:
     """A jsonargparse error message as a `ConfigProblem`."""
+    if re.search(r"Problems parsing config|Unexpected config|Path is not a file", message):
+        problem = config_file_problem(argv)  # the parser's message lost the file's name, line and column
+        if problem is not None:
+            return problem
     keys, classes, text = _leaf(message)
     option = _option_path(keys, classes) if keys else None
     class_path = classes[-1] if classes else None

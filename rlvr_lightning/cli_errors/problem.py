@@ -29,7 +29,7 @@ class ConfigProblem:
     def render(self) -> str:
         lines = [f"error: {self.what}"]
         if self.option or self.where:
-            place = " ".join(part for part in (self.option, f"({self.where})" if self.where else None) if part)
+            place = f"{self.option} ({self.where})" if self.option and self.where else self.option or self.where
             lines.append(f"  at {place}")
         if self.suggestion:
             lines.append(f"  did you mean {self.suggestion!r}?")

@@ -24,6 +24,7 @@ from torch.utils.data import Dataset, IterableDataset, get_worker_info
 from rlvr_lightning.data.sort_task import ListDataset
 from rlvr_lightning.data.task import Example, Task
 from rlvr_lightning.data.templates import apply_template, resolve_template
+from rlvr_lightning.option_domains import NON_NEGATIVE_INT, POSITIVE_INT, Range, check_ranges
 
 OPERATORS = ("+", "-", "*", "/")
 MAX_DRAWS = 100_000
@@ -47,6 +48,16 @@ def evaluate(operands: list[int], operators: list[str]) -> Fraction:
 
 
 class ArithmeticTask(Task):
+    #: the domains of the numeric options (checked here and, by `rlvr`, before anything is built)
+    OPTION_RANGES = {
+        "digits": POSITIVE_INT,
+        "num_operands": Range(2, integer=True),
+        "min_digits": Range(1, integer=True, optional=True),
+        "num_val": NON_NEGATIVE_INT,
+        "num_train": Range(1, integer=True, optional=True),
+        "holdout_every": Range(2, integer=True),  # one expression in this many is held out: 1 would hold out all
+    }
+
     def __init__(
         self,
         digits: int = 2,
@@ -77,14 +88,11 @@ class ArithmeticTask(Task):
         ops = list(operators)
         if not ops or any(op not in OPERATORS for op in ops):
             raise ValueError(f"operators must be a non-empty selection of {OPERATORS}, got {operators!r}")
-        if digits < 1 or num_operands < 2:
-            raise ValueError(f"ArithmeticTask needs digits >= 1 and num_operands >= 2, got {digits} and {num_operands}")
+        check_ranges(ArithmeticTask.OPTION_RANGES, locals())
         if min_digits is not None and not 1 <= min_digits <= digits:
             raise ValueError(f"min_digits must be in [1, digits={digits}], got {min_digits}")
         if "{expression}" not in question_format:
             raise ValueError(f"question_format must contain '{{expression}}', got {question_format!r}")
-        if holdout_every < 2:
-            raise ValueError(f"holdout_every must be >= 2, got {holdout_every}")
         resolve_template(template)  # fail at construction on a bad template
         self.digits = digits
         self.operators = ops

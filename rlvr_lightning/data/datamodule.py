@@ -43,6 +43,7 @@ from rlvr_lightning.data.prompt_streams import (
     example_source,
 )
 from rlvr_lightning.data.task import Example, Task, collate_examples
+from rlvr_lightning.option_domains import NON_NEGATIVE_INT, POSITIVE_INT, Range, check_ranges
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,13 @@ STATE_VERSION = 1
 
 
 class RLVRDataModule(pl.LightningDataModule):
+    #: the domains of the numeric options (checked here and, by `rlvr`, before anything is built)
+    OPTION_RANGES = {
+        "batch_size": POSITIVE_INT,
+        "val_batch_size": Range(1, integer=True, optional=True),
+        "num_workers": NON_NEGATIVE_INT,
+    }
+
     def __init__(
         self,
         task: Task,
@@ -66,8 +74,7 @@ class RLVRDataModule(pl.LightningDataModule):
             seed: shuffles finite datasets and the kept prompts; default the run's `seed_everything` seed.
         """
         super().__init__()
-        if batch_size < 1:
-            raise ValueError(f"data.batch_size must be >= 1, got {batch_size}")
+        check_ranges(RLVRDataModule.OPTION_RANGES, locals())
         self.task = task
         self.batch_size = batch_size
         self.val_batch_size = val_batch_size or batch_size

@@ -30,6 +30,7 @@ from torch import Tensor
 
 from rlvr_lightning.data.task import Example, collate_examples
 from rlvr_lightning.distributed import all_gather
+from rlvr_lightning.option_domains import POSITIVE_INT, PROBABILITY, Range, check_ranges
 from rlvr_lightning.parallel.fsdp import gathered_params
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,19 @@ TOO_FEW_CHOICES = ("fallback", "error")
 
 
 class DifficultyFilter:
+    #: the domains of the numeric options (checked here and, by `rlvr`, before anything is built)
+    OPTION_RANGES = {
+        "n": POSITIVE_INT,
+        "low": PROBABILITY,
+        "high": PROBABILITY,
+        "pass_threshold": Range(optional=True),
+        "pass_reward_max": Range(optional=True),
+        "batch_size": POSITIVE_INT,
+        "max_candidates": Range(1, integer=True, optional=True),
+        "refresh_every_n_epochs": POSITIVE_INT,
+        "min_kept": Range(1, integer=True, optional=True),
+    }
+
     def __init__(
         self,
         n: int = 8,
@@ -71,16 +85,13 @@ class DifficultyFilter:
             too_few: when fewer survive, "fallback" (train on the unfiltered pool until the next refresh, and
                 warn) or "error".
         """
+        check_ranges(DifficultyFilter.OPTION_RANGES, locals(), prefix="difficulty_filter.")
         if mode not in MODES:
             raise ValueError(f"difficulty_filter.mode={mode!r} is not valid; choose one of {list(MODES)}")
         if too_few not in TOO_FEW_CHOICES:
             raise ValueError(
                 f"difficulty_filter.too_few={too_few!r} is not valid; choose one of {list(TOO_FEW_CHOICES)}"
             )
-        if n < 1 or batch_size < 1 or refresh_every_n_epochs < 1:
-            raise ValueError("difficulty_filter.n, batch_size and refresh_every_n_epochs must be >= 1")
-        if max_candidates is not None and max_candidates < 1:
-            raise ValueError(f"difficulty_filter.max_candidates must be >= 1 or null, got {max_candidates}")
         if not 0.0 <= low < high <= 1.0:
             raise ValueError(f"difficulty_filter needs 0 <= low < high <= 1, got low={low}, high={high}")
         if pass_threshold is not None and pass_reward is not None:

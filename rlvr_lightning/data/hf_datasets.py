@@ -21,6 +21,7 @@ from rlvr_lightning.data.jsonl_task import FORMATS, RecordError, record_to_examp
 from rlvr_lightning.data.sort_task import ListDataset
 from rlvr_lightning.data.task import Example, Task
 from rlvr_lightning.data.templates import resolve_template
+from rlvr_lightning.option_domains import Range, check_ranges
 
 
 def examples_from_dataset(
@@ -55,6 +56,9 @@ def _import_datasets():
 
 
 class HFDatasetTask(Task):
+    #: the domains of the numeric options (checked here and, by `rlvr`, before anything is built)
+    OPTION_RANGES = {"num_val": Range(0, integer=True, optional=True), "limit": Range(1, integer=True, optional=True)}
+
     def __init__(
         self,
         dataset: str,
@@ -85,6 +89,7 @@ class HFDatasetTask(Task):
             revision: passed to `datasets.load_dataset`.
             data_files: passed to `datasets.load_dataset`.
         """
+        check_ranges(HFDatasetTask.OPTION_RANGES, locals())
         if format not in FORMATS:
             raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
         resolve_template(template)

@@ -33,9 +33,11 @@ from typing import Any
 
 from torch.utils.data import Dataset
 
+from rlvr_lightning.config_locations import check_input_file
 from rlvr_lightning.data.sort_task import ListDataset
 from rlvr_lightning.data.task import Example, Task
 from rlvr_lightning.data.templates import apply_template, resolve_template
+from rlvr_lightning.option_domains import Range, check_ranges
 from rlvr_lightning.verifiers.answers import extract_boxed, extract_gsm8k
 
 FORMATS = ("auto", "gsm8k", "math", "fields")
@@ -121,9 +123,7 @@ def read_jsonl(
     """Examples of a JSONL file; a bad line raises ValueError naming ``file:line``.
 
     ``line_numbers``, if given, receives the line number of every example."""
-    path = Path(path).expanduser()
-    if not path.is_file():
-        raise FileNotFoundError(f"JSONL file {str(path)!r} does not exist ({path.resolve()})")
+    path = check_input_file(path, "JSONL file")
     examples: list[Example] = []
     for line_number, record in _records(path):
         try:
@@ -168,6 +168,13 @@ def _records(path: Path):
 
 
 class JSONLTask(Task):
+    #: the domains of the numeric options (checked here and, by `rlvr`, before anything is built)
+    OPTION_RANGES = {
+        "num_val": Range(0, integer=True, optional=True),
+        "limit": Range(1, integer=True, optional=True),
+        "max_prompt_chars": Range(1, integer=True, optional=True),
+    }
+
     def __init__(
         self,
         path: str,
@@ -195,6 +202,10 @@ class JSONLTask(Task):
             max_prompt_chars: a longer prompt fails at load time, naming its file and line (None: no limit;
                 prompts longer than the model's context fail when the run starts, see `prompt_lengths`).
         """
+        check_ranges(JSONLTask.OPTION_RANGES, locals())
+        check_input_file(path, "path")  # here, not when the data module first reads it (after the model loaded)
+        if val_path is not None:
+            check_input_file(val_path, "val_path")
         if format not in FORMATS:
             raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
         resolve_template(template)

@@ -28,16 +28,16 @@ from typing import Any
 import lightning.pytorch as pl
 from torch.utils.data import DataLoader
 
+from rlvr_lightning.config_locations import check_input_file
 from rlvr_lightning.data.task import ListDataset, Task, collate_examples
+from rlvr_lightning.option_domains import NON_NEGATIVE_INT, POSITIVE_INT, Range, check_ranges
 
 Example = dict[str, Any]
 
 
 def read_jsonl(path: str | os.PathLike, prompt_key: str = "prompt", response_key: str = "response") -> list[Example]:
     """Examples `{"prompt": ..., "response": ..., **metadata}` from a JSONL file, validated line by line."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"SFT data file {str(path)!r} does not exist")
+    path = check_input_file(path, "SFT data file")
     examples: list[Example] = []
     with path.open(encoding="utf-8") as handle:
         for line_number, line in enumerate(handle, start=1):
@@ -107,6 +107,13 @@ def collate_pairs(examples: list[Example]) -> dict[str, list[Any]]:
 
 
 class SFTDataModule(pl.LightningDataModule):
+    #: the domains of the numeric options (checked here and, by `rlvr`, before anything is built)
+    OPTION_RANGES = {
+        "batch_size": POSITIVE_INT,
+        "val_batch_size": Range(1, integer=True, optional=True),
+        "num_workers": NON_NEGATIVE_INT,
+    }
+
     def __init__(
         self,
         train_file: str,
@@ -128,13 +135,12 @@ class SFTDataModule(pl.LightningDataModule):
             response_key: the JSON key of the response.
         """
         super().__init__()
-        if batch_size < 1:
-            raise ValueError(f"data.batch_size must be >= 1, got {batch_size}")
+        check_ranges(SFTDataModule.OPTION_RANGES, locals())
         if val_file is not None and val_task is not None:
             raise ValueError("give either val_file (pairs) or val_task (held-out prompts), not both")
         for option, file in (("train_file", train_file), ("val_file", val_file)):
-            if file is not None and not Path(file).is_file():
-                raise FileNotFoundError(f"data.{option}={file!r} does not exist")
+            if file is not None:
+                check_input_file(file, option)
         self.train_file = train_file
         self.val_file = val_file
         self.val_task = val_task

@@ -16,9 +16,19 @@ from torch import Tensor
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from rlvr_lightning.data.task import Example, ListDataset, Task
+from rlvr_lightning.option_domains import NON_NEGATIVE_INT, POSITIVE_INT, Range, check_ranges
 
 
 class SortTask(Task):
+    #: the domains of the numeric options (checked here and, by `rlvr`, before anything is built)
+    OPTION_RANGES = {
+        "vocab_size": Range(2, integer=True),
+        "length": POSITIVE_INT,
+        "num_val": NON_NEGATIVE_INT,
+        "num_train": Range(1, integer=True, optional=True),
+        "holdout_every": Range(2, integer=True),  # one prompt in this many is held out: 1 would hold out all
+    }
+
     def __init__(
         self,
         vocab_size: int = 10,
@@ -29,8 +39,7 @@ class SortTask(Task):
         seed: int = 0,
     ) -> None:
         """`num_train=None` streams fresh prompts forever; an int fixes a training pool of that size."""
-        if vocab_size < 2 or length < 1:
-            raise ValueError(f"SortTask needs vocab_size >= 2 and length >= 1, got {vocab_size} and {length}")
+        check_ranges(SortTask.OPTION_RANGES, locals())
         self.vocab_size = vocab_size
         self.length = length
         self.num_val = num_val

@@ -30,6 +30,7 @@ from rlvr_lightning.modules.options import AggregationConfig, UpdateConfig, Vali
 from rlvr_lightning.modules.pair_rollouts import check_nll_aggregation, response_nll
 from rlvr_lightning.modules.policy_module import PolicyModule
 from rlvr_lightning.modules.step_metrics import publish_step_metrics
+from rlvr_lightning.option_domains import POSITIVE_INT, Range, check_ranges
 from rlvr_lightning.parallel.fsdp import gathered_params
 from rlvr_lightning.policies.base import Policy, PromptBatch, SamplingConfig
 from rlvr_lightning.rollout import Rollout
@@ -39,6 +40,13 @@ log = logging.getLogger(__name__)
 
 
 class ExpertIterationModule(PolicyModule):
+    #: the domains of the numeric options (checked here and, by `rlvr`, before anything is built)
+    OPTION_RANGES = {
+        "group_size": POSITIVE_INT,
+        "reward_threshold": Range(optional=True),
+        "max_per_prompt": Range(1, integer=True, optional=True),
+    }
+
     def __init__(
         self,
         policy: Policy,
@@ -70,12 +78,11 @@ class ExpertIterationModule(PolicyModule):
                 without a token never count: count_empty_rows must stay false).
             validation: responses per validation prompt and greedy decoding (group_size, greedy).
         """
+        check_ranges(ExpertIterationModule.OPTION_RANGES, locals())
         super().__init__(policy, optimizer, lr_scheduler, sampling, validation)
         self.save_hyperparameters(ignore=["policy", "optimizer", "lr_scheduler", "sampling"])
         plain_hyperparameters(self)
         self.automatic_optimization = False
-        if group_size < 1:
-            raise ValueError(f"group_size must be >= 1, got {group_size}")
         if max_per_prompt is not None and not 1 <= max_per_prompt <= group_size:
             raise ValueError(f"max_per_prompt must be in [1, group_size={group_size}] or null, got {max_per_prompt}")
         if update.max_consecutive_skips != UpdateConfig.max_consecutive_skips:

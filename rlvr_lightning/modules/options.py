@@ -9,13 +9,21 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from rlvr_lightning.core.aggregation import AGGREGATION_MODES
 from rlvr_lightning.core.importance_sampling import ROLLOUT_IS_MODES
 from rlvr_lightning.core.kl import KLEstimator, kl_estimator
 from rlvr_lightning.core.policy_losses import PolicyLoss
 from rlvr_lightning.modules.value_model import VALUE_MODELS
+from rlvr_lightning.option_domains import (
+    NON_NEGATIVE,
+    NON_NEGATIVE_INT,
+    POSITIVE_INT,
+    PROBABILITY,
+    Range,
+    check_ranges,
+)
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +33,11 @@ KL_MODES = ("loss", "reward")
 def _choice(option: str, value, choices) -> None:
     if value not in choices:
         raise ValueError(f"{option}={value!r} is not valid; choose one of {list(choices)}")
+
+
+def _check_ranges(group: Any, name: str) -> None:
+    """The option group `group` (a dataclass with `OPTION_RANGES`), named `name` in the module's options."""
+    check_ranges(group.OPTION_RANGES, vars(group), prefix=f"{name}.")
 
 
 @dataclass(frozen=True)
@@ -42,12 +55,13 @@ class AggregationConfig:
     constant: float | None = None
     count_empty_rows: bool = True
 
+    OPTION_RANGES: ClassVar[dict[str, Range]] = {"constant": Range(0, low_open=True, optional=True)}
+
     def __post_init__(self) -> None:
         _choice("aggregation.mode", self.mode, AGGREGATION_MODES)
+        _check_ranges(self, "aggregation")
         if self.constant is not None and self.mode != "seq-sum-constant":
             raise ValueError(f"aggregation.constant is the divisor of mode 'seq-sum-constant', not of {self.mode!r}")
-        if self.constant is not None and self.constant <= 0:
-            raise ValueError(f"aggregation.constant must be > 0, got {self.constant}")
 
 
 @dataclass(frozen=True)
@@ -71,15 +85,19 @@ class KLConfig:
     refresh_every: int | None = None
     mixup_alpha: float = 1.0
 
+    OPTION_RANGES: ClassVar[dict[str, Range]] = {
+        "coef": NON_NEGATIVE,
+        "clamp": Range(0, low_open=True, optional=True),
+        "refresh_every": Range(1, integer=True, optional=True),
+        "mixup_alpha": Range(0, 1, low_open=True),
+    }
+
     def __post_init__(self) -> None:
         kl_estimator(self.estimator, "kl.estimator")
         _choice("kl.mode", self.mode, KL_MODES)
-        if self.clamp is not None and self.clamp <= 0:
-            raise ValueError(f"kl.clamp must be > 0 (or null), got {self.clamp}")
+        _check_ranges(self, "kl")
         if self.mode == "reward" and self.coef == 0:
             raise ValueError("kl.mode='reward' shapes the reward by kl.coef * KL, but kl.coef=0")
-        if not 0 < self.mixup_alpha <= 1:
-            raise ValueError(f"kl.mixup_alpha must be in (0, 1], got {self.mixup_alpha}")
         if self.mixup_alpha != 1 and not self.refresh_every:
             raise ValueError("kl.mixup_alpha sets how the reference is refreshed, but kl.refresh_every is not set")
         if self.refresh_every and self.coef == 0:
@@ -101,9 +119,15 @@ class ImportanceSamplingConfig:
     max: float = 2.0
     min: float | None = None
 
+    OPTION_RANGES: ClassVar[dict[str, Range]] = {
+        "max": Range(0, low_open=True),
+        "min": Range(0, optional=True),
+    }
+
     def __post_init__(self) -> None:
         if self.mode is not None:
             _choice("rollout_is.mode", self.mode, ROLLOUT_IS_MODES)
+        _check_ranges(self, "rollout_is")
         if self.max <= 0 or (self.min is not None and not 0 <= self.min < self.max):
             raise ValueError(f"need 0 <= rollout_is.min < rollout_is.max, got {self.min} and {self.max}")
 
@@ -121,7 +145,10 @@ class DynamicSamplingConfig:
     enabled: bool = False
     max_rounds: int = 4
 
+    OPTION_RANGES: ClassVar[dict[str, Range]] = {"max_rounds": POSITIVE_INT}
+
     def __post_init__(self) -> None:
+        _check_ranges(self, "dynamic_sampling")
         if self.max_rounds < 1 or (self.enabled and self.max_rounds < 2):
             raise ValueError(
                 f"dynamic_sampling.max_rounds={self.max_rounds}: dynamic sampling needs >= 2 rounds "
@@ -147,13 +174,16 @@ class UpdateConfig:
     max_grad_norm: float | None = 1.0
     max_consecutive_skips: int = 10
 
+    OPTION_RANGES: ClassVar[dict[str, Range]] = {
+        "epochs": POSITIVE_INT,
+        "mini_batch_size": Range(1, integer=True, optional=True),
+        "micro_batch_size": Range(1, integer=True, optional=True),
+        "max_grad_norm": Range(0, low_open=True, optional=True),
+        "max_consecutive_skips": POSITIVE_INT,
+    }
+
     def __post_init__(self) -> None:
-        if self.epochs < 1:
-            raise ValueError(f"update.epochs must be >= 1, got {self.epochs}")
-        for name in ("mini_batch_size", "micro_batch_size"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"update.{name} must be >= 1 or null, got {value}")
+        _check_ranges(self, "update")
         if (
             self.mini_batch_size is not None
             and self.micro_batch_size is not None
@@ -177,9 +207,10 @@ class ValidationConfig:
     group_size: int = 1
     greedy: bool = True
 
+    OPTION_RANGES: ClassVar[dict[str, Range]] = {"group_size": POSITIVE_INT}
+
     def __post_init__(self) -> None:
-        if self.group_size < 1:
-            raise ValueError(f"validation.group_size must be >= 1, got {self.group_size}")
+        _check_ranges(self, "validation")
         if self.greedy and self.group_size > 1:
             raise ValueError(
                 f"validation.greedy decodes the {self.group_size} validation responses of a prompt identically; "
@@ -207,16 +238,16 @@ class ValueConfig:
     clip: float | None = 0.2
     warmup_steps: int = 0
 
+    OPTION_RANGES: ClassVar[dict[str, Range]] = {
+        "lr": Range(0, low_open=True, optional=True),
+        "coef": Range(0, low_open=True),  # the critic learns from the value loss
+        "clip": Range(0, low_open=True, optional=True),
+        "warmup_steps": NON_NEGATIVE_INT,
+    }
+
     def __post_init__(self) -> None:
         _choice("value.model", self.model, VALUE_MODELS)
-        if self.coef <= 0:
-            raise ValueError(f"value.coef must be > 0 (the critic learns from the value loss), got {self.coef}")
-        if self.clip is not None and self.clip <= 0:
-            raise ValueError(f"value.clip must be > 0, or null for no clipping, got {self.clip}")
-        if self.lr is not None and self.lr <= 0:
-            raise ValueError(f"value.lr must be > 0, got {self.lr}")
-        if self.warmup_steps < 0:
-            raise ValueError(f"value.warmup_steps must be >= 0, got {self.warmup_steps}")
+        _check_ranges(self, "value")
 
 
 @dataclass(frozen=True)
@@ -233,9 +264,10 @@ class GAEConfig:
     lam: float = 1.0
     whiten: bool = True
 
+    OPTION_RANGES: ClassVar[dict[str, Range]] = {"gamma": PROBABILITY, "lam": PROBABILITY}
+
     def __post_init__(self) -> None:
-        if not (0.0 <= self.gamma <= 1.0 and 0.0 <= self.lam <= 1.0):
-            raise ValueError(f"gae.gamma and gae.lam must be in [0, 1], got gamma={self.gamma} and lam={self.lam}")
+        _check_ranges(self, "gae")
 
 
 def check_rl_options(
@@ -248,8 +280,6 @@ def check_rl_options(
     update: UpdateConfig,
 ) -> None:
     """The checks of `RLVRModule`'s options that involve more than one group (`loss` is a `PolicyLoss`)."""
-    if group_size < 1:
-        raise ValueError(f"group_size must be >= 1, got {group_size}")
     if not sampling.do_sample and group_size > 1:
         raise ValueError(
             f"sampling.do_sample=false decodes greedily: the {group_size} responses of a group would be identical "

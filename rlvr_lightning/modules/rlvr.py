@@ -50,6 +50,7 @@ from rlvr_lightning.modules.policy_module import PolicyModule
 from rlvr_lightning.modules.policy_update import PolicyUpdate
 from rlvr_lightning.modules.scoring import reward_metrics
 from rlvr_lightning.modules.step_metrics import publish_step_metrics
+from rlvr_lightning.option_domains import NON_NEGATIVE, POSITIVE_INT, check_ranges
 from rlvr_lightning.parallel.fsdp import gathered_params
 from rlvr_lightning.policies.base import Policy, PromptBatch, SamplingConfig
 from rlvr_lightning.rollout import Rollout
@@ -62,6 +63,8 @@ log = logging.getLogger(__name__)
 class RLVRModule(PolicyModule):
     #: arguments that are models or factories, not hyperparameters (the checkpoint holds them)
     MODEL_ARGUMENTS: tuple[str, ...] = ("policy", "optimizer", "lr_scheduler", "teacher")
+    #: the domains of the numeric options (checked here and, by `rlvr`, before anything is built)
+    OPTION_RANGES = {"group_size": POSITIVE_INT, "entropy_coef": NON_NEGATIVE}
 
     def __init__(
         self,
@@ -108,6 +111,7 @@ class RLVRModule(PolicyModule):
             distillation: with a teacher, the weights of the distillation loss and of the policy loss (coef,
                 rl_coef; rl_coef 0: distillation alone).
         """
+        check_ranges(RLVRModule.OPTION_RANGES, locals())
         super().__init__(policy, optimizer, lr_scheduler, sampling, validation)
         self.save_hyperparameters(ignore=list(self.MODEL_ARGUMENTS))
         plain_hyperparameters(self)

@@ -15,11 +15,12 @@ from __future__ import annotations
 import copy
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
+from rlvr_lightning.option_domains import NON_NEGATIVE_INT, POSITIVE_INT, Range, check_ranges
 from rlvr_lightning.rollout import Rollout
 
 PromptBatch = dict[str, list[Any]]
@@ -66,13 +67,16 @@ class SamplingConfig:
     min_new_tokens: int = 0
     stop_strings: list[str] = field(default_factory=list)
 
+    OPTION_RANGES: ClassVar[dict[str, Range]] = {
+        "temperature": Range(0, low_open=True),
+        "top_p": Range(0, 1, low_open=True),
+        "top_k": NON_NEGATIVE_INT,
+        "max_new_tokens": POSITIVE_INT,
+        "min_new_tokens": NON_NEGATIVE_INT,
+    }
+
     def __post_init__(self) -> None:
-        if self.temperature <= 0:
-            raise ValueError(f"sampling.temperature must be > 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"sampling.top_p must be in (0, 1], got {self.top_p}")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"sampling.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        check_ranges(self.OPTION_RANGES, vars(self), prefix="sampling.")
         if not 0 <= self.min_new_tokens <= self.max_new_tokens:
             raise ValueError(f"sampling.min_new_tokens must be in [0, max_new_tokens], got {self.min_new_tokens}")
 

@@ -47,6 +47,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
+from rlvr_lightning.option_domains import NON_NEGATIVE_INT, Range, check_ranges
 from rlvr_lightning.policies import hf_loading, prompt_encoding
 from rlvr_lightning.policies.base import Policy, PromptBatch, SamplingConfig, compute_device
 from rlvr_lightning.policies.generation import KVCacheGeneration, left_pad
@@ -70,6 +71,14 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 class HFPolicy(HFScoring, Policy):
     """A Hugging Face causal LM policy (see the module docstring for the options)."""
+
+    #: the domains of the numeric options (checked here and, by `rlvr`, before anything is built)
+    OPTION_RANGES = {
+        "lora_r": NON_NEGATIVE_INT,  # 0: no LoRA
+        "lora_alpha": Range(0, low_open=True),
+        "lora_dropout": Range(0, 1, high_open=True),
+        "min_new_tokens": NON_NEGATIVE_INT,
+    }
 
     def __init__(
         self,
@@ -105,14 +114,13 @@ class HFPolicy(HFScoring, Policy):
                 vLLM engine without top-k/top-p); our loop's are equal only to float precision, so by default
                 the trainer recomputes them.
         """
+        check_ranges(HFPolicy.OPTION_RANGES, locals())
         super().__init__()
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
         prompt_encoding.check_prompt_template(prompt_template, system_prompt)
-        if lora_r < 0:
-            raise ValueError(f"lora_r must be >= 0 (0 = no LoRA), got {lora_r}")
-        if min_new_tokens < 0:
-            raise ValueError(f"min_new_tokens must be >= 0, got {min_new_tokens}")
+        if lora_r > 0 and not hf_loading.peft_installed():  # before the model loads
+            raise ImportError(hf_loading.PEFT_MISSING)
         self.model_name_or_path = model_name_or_path
         self.prompt_template = prompt_template
         self.system_prompt = system_prompt

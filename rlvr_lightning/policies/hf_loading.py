@@ -20,6 +20,7 @@ from typing import Any
 
 from torch import nn
 
+from rlvr_lightning.policies.memory_estimate import check_fits_in_memory, transformer_parameters
 from rlvr_lightning.policies.model_cache import missing_model_message, resolve_model_path
 
 _warned_no_pad: set[str] = set()
@@ -142,6 +143,10 @@ def model_from_config(config: dict[str, Any] | str, tokenizer: Any, kwargs: dict
     if getattr(hf_config, "vocab_size", len(tokenizer)) < len(tokenizer):
         raise ValueError(f"config vocab_size {hf_config.vocab_size} < tokenizer size {len(tokenizer)}")
     kwargs = {k: v for k, v in kwargs.items() if k != "trust_remote_code"}
+    num_parameters = transformer_parameters(hf_config)
+    if num_parameters is not None:  # before anything is allocated
+        dtype = kwargs.get("dtype")
+        check_fits_in_memory("config", "the model it describes", num_parameters, getattr(dtype, "itemsize", 4))
     return AutoModelForCausalLM.from_config(hf_config, **kwargs)
 
 
@@ -164,6 +169,18 @@ def enable_gradient_checkpointing(model: nn.Module) -> None:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=non_reentrant)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=non_reentrant)
+
+
+PEFT_MISSING = (
+    "LoRA (lora_r > 0) needs the peft package, which is not installed: pip install 'rlvr-lightning[hf]' "
+    "(or: pip install peft)"
+)
+
+
+def peft_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("peft") is not None
 
 
 def add_lora(

@@ -23,13 +23,23 @@ import torch
 from torch import Tensor, nn
 
 from rlvr_lightning.core.entropy import entropy_from_log_probs
+from rlvr_lightning.option_domains import POSITIVE_INT, Range, check_ranges
 from rlvr_lightning.policies.base import Policy, PromptBatch, SamplingConfig, compute_device
+from rlvr_lightning.policies.memory_estimate import check_fits_in_memory
 from rlvr_lightning.rollout import Rollout
 
 ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU, "tanh": nn.Tanh}
 
 
 class ToySortPolicy(Policy):
+    #: the domains of the numeric options (checked here and, by `rlvr`, before anything is built)
+    OPTION_RANGES = {
+        "vocab_size": Range(2, integer=True),
+        "prompt_length": POSITIVE_INT,
+        "response_length": Range(1, integer=True, optional=True),
+        "embedding_dim": POSITIVE_INT,
+    }
+
     def __init__(
         self,
         vocab_size: int = 10,
@@ -43,6 +53,15 @@ class ToySortPolicy(Policy):
         """`response_length` defaults to `prompt_length`; `tie_embeddings` reuses the embedding as output
         projection (as the lecture does); `activation` is one of `ACTIVATIONS` or None (the lecture's model);
         `eos_token`: a token id that ends a response (None: every response is `response_length` tokens)."""
+        check_ranges(ToySortPolicy.OPTION_RANGES, locals())
+        response_length = response_length or prompt_length
+        matrices, vectors = (prompt_length + response_length) * embedding_dim**2, vocab_size * embedding_dim
+        check_fits_in_memory(
+            "embedding_dim" if matrices >= vectors else "vocab_size",
+            f"ToySortPolicy(vocab_size={vocab_size}, embedding_dim={embedding_dim})",
+            matrices + vectors * (1 if tie_embeddings else 2),
+            4,
+        )
         super().__init__()
         if activation is not None and activation not in ACTIVATIONS:
             raise ValueError(f"activation={activation!r} is not valid; choose one of {sorted(ACTIVATIONS)} or null")
@@ -53,7 +72,7 @@ class ToySortPolicy(Policy):
         self.activation = ACTIVATIONS[activation]() if activation else nn.Identity()
         self.vocab_size = vocab_size
         self.prompt_length = prompt_length
-        self.response_length = response_length or prompt_length
+        self.response_length = response_length
         scale = 1 / math.sqrt(embedding_dim)
         self.embedding = nn.Embedding(vocab_size, embedding_dim)
         self.encode_weights = nn.Parameter(torch.randn(prompt_length, embedding_dim, embedding_dim) * scale)

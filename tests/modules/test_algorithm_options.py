@@ -164,7 +164,10 @@ def test_contradictory_options_fail_at_start_up(options, message):
     "build, message",
     [
         (lambda: KLConfig(refresh_every=10), "kl.coef=0 means there is no reference"),
-        (lambda: KLConfig(coef=0.1, refresh_every=10, mixup_alpha=0.0), "kl.mixup_alpha must be in"),
+        (
+            lambda: KLConfig(coef=0.1, refresh_every=10, mixup_alpha=0.0),
+            r"kl.mixup_alpha=0.0 is not valid: must be a finite number in \(0, 1\]",
+        ),
         (lambda: KLConfig(mode="advantage"), "kl.mode='advantage' is not valid; choose one of \\['loss', 'reward'\\]"),
         (lambda: KLConfig(estimator="k4"), "kl.estimator='k4' is not valid; choose one of \\['k1', 'k2', 'k3'\\]"),
         (lambda: KLConfig(coef=0.0, mode="reward"), "kl.coef=0"),
@@ -176,7 +179,7 @@ def test_contradictory_options_fail_at_start_up(options, message):
         (lambda: AggregationConfig(mode="mean"), "aggregation.mode='mean' is not valid; choose one of"),
         (lambda: DynamicSamplingConfig(enabled=True, max_rounds=1), "dynamic sampling needs >= 2 rounds"),
         (lambda: ImportanceSamplingConfig(mode="token"), "rollout_is.mode='token' is not valid; choose one of"),
-        (lambda: UpdateConfig(epochs=0), "update.epochs must be >= 1"),
+        (lambda: UpdateConfig(epochs=0), "update.epochs=0 is not valid: must be an integer >= 1"),
         (lambda: ValidationConfig(group_size=4), "set validation.greedy: false"),
     ],
 )

@@ -237,10 +237,16 @@ class NoCopyPolicy(ToySortPolicy):
             lambda: dict(value=ValueConfig(model="shared"), critic=ToySortPolicy(vocab_size=5, prompt_length=3)),
             "value.model='shared' reads the policy's own",
         ),
-        (lambda: dict(gae=GAEConfig(gamma=1.5)), "gae.gamma and gae.lam must be in"),
-        (lambda: dict(value=ValueConfig(coef=0.0)), "value.coef must be > 0"),
-        (lambda: dict(value=ValueConfig(clip=-1.0)), "value.clip must be > 0"),
-        (lambda: dict(value=ValueConfig(warmup_steps=-1)), "value.warmup_steps must be >= 0"),
+        (lambda: dict(gae=GAEConfig(gamma=1.5)), r"gae.gamma=1.5 is not valid: must be a finite number in \[0, 1\]"),
+        (lambda: dict(value=ValueConfig(coef=0.0)), "value.coef=0.0 is not valid: must be a finite number > 0"),
+        (
+            lambda: dict(value=ValueConfig(clip=-1.0)),
+            r"value.clip=-1.0 is not valid: must be a finite number > 0 \(or null\)",
+        ),
+        (
+            lambda: dict(value=ValueConfig(warmup_steps=-1)),
+            "value.warmup_steps=-1 is not valid: must be an integer >= 0",
+        ),
     ],
 )
 def test_bad_options_fail_with_the_option_named(kwargs, message):

@@ -139,7 +139,7 @@ def test_min_new_tokens_suppresses_eos(make_policy):
     assert (rollout.response_ids[:, 5] == policy.eos_token_ids[0]).all()
     assert not torch.isin(rollout.response_ids[:, :5], torch.tensor(policy.eos_token_ids)).any()
     assert rollout.response_mask.eq(1).all() and not rollout.truncated.any()
-    with pytest.raises(ValueError, match="min_new_tokens must be >= 0"):
+    with pytest.raises(ValueError, match="min_new_tokens=-1 is not valid: must be an integer >= 0"):
         make_policy(min_new_tokens=-1)
 
 
