@@ -291,7 +291,7 @@ def load_checkpoint_weights(module: nn.Module, ckpt_path: str | Path) -> str:
         module.load_state_dict(read_sharded_weights(path, module.state_dict()), strict=True)
         return "sharded"
     if not path.is_file():
-        raise FileNotFoundError(f"--ckpt_path {str(ckpt_path)!r} does not exist")
+        raise CheckpointNotFoundError(missing_checkpoint_message(str(ckpt_path)))
     # a run's own checkpoint: its hyper-parameters hold Python objects (SamplingConfig), so not weights_only
     checkpoint = AtomicCheckpointIO().load_checkpoint(path, map_location="cpu", weights_only=False)
     if "state_dict" not in checkpoint:

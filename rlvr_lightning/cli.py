@@ -39,7 +39,7 @@ from rlvr_lightning.callbacks.interrupt import SaveOnInterrupt, TrainingInterrup
 from rlvr_lightning.callbacks.predictions import CompletionWriter
 from rlvr_lightning.callbacks.progress import ProgressLines, RewardProgressBar
 from rlvr_lightning.checkpoint_files import check_checkpoint_path
-from rlvr_lightning.cli_errors.run_errors import explain_run_error
+from rlvr_lightning.cli_errors.run_errors import explain_export_error, explain_run_error
 from rlvr_lightning.hub import go_offline_if_unreachable
 
 TRAINER_DEFAULTS = {
@@ -86,10 +86,19 @@ REMOVED_COMMANDS = {
 
 
 def _export(argv: list[str]) -> int:
-    """`rlvr export`: a checkpoint (a .ckpt file or a sharded directory) as a Hugging Face directory."""
+    """`rlvr export`: a checkpoint (a .ckpt file or a sharded directory) as a Hugging Face directory; a misuse
+    (a missing argument or file, a non-empty output directory, a policy that cannot be exported) in a few lines."""
     from rlvr_lightning import export
 
-    export.main(argv)
+    debug = cli_errors.debug_requested([])[0]  # entry_point took --debug out of argv and set RLVR_DEBUG
+    try:
+        export.main(argv, exit_on_error=debug)
+    except Exception as error:
+        problem = None if debug else explain_run_error(error) or explain_export_error(error)
+        if problem is None:
+            raise
+        print(problem.render(), file=sys.stderr)
+        return problem.status
     return 0
 
 

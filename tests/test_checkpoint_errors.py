@@ -9,6 +9,8 @@ directory is a path under a regular file.)
 from __future__ import annotations
 
 import errno
+import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -116,9 +118,7 @@ def test_rlvr_fit_into_a_directory_that_cannot_be_written_stops_before_the_first
     blocker.write_text("not a directory")
     config = run_config(in_tmp_dir, blocker / "ckpt")
     config.write_text(
-        config.read_text().replace(
-            "  callbacks:\n", f"  callbacks:\n    - class_path: {__name__}.CountSteps\n"
-        )
+        config.read_text().replace("  callbacks:\n", f"  callbacks:\n    - class_path: {__name__}.CountSteps\n")
     )
     CountSteps.steps = 0
     assert entry_point(["fit", "--config", str(config)]) == 1
@@ -140,3 +140,41 @@ def test_a_missing_checkpoint_file_is_a_short_error(in_tmp_dir, capsys, command)
     (directory / "epoch=0-rollout_step=2.ckpt").touch()
     assert entry_point([command, "--config", str(config), "--ckpt_path", str(directory / "lst.ckpt")]) == 2
     assert f"{directory} holds epoch=0-rollout_step=2.ckpt" in short_error(capsys)
+
+
+def test_rlvr_export_misuse_is_a_short_error(in_tmp_dir, capsys):
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "policies"))
+    from tiny_lm import save_tiny_tokenizer, tiny_llama_config
+
+    tokenizer = save_tiny_tokenizer(in_tmp_dir / "tokenizer")
+    model = {"class_path": "rlvr_lightning.modules.RLVRModule", "init_args": {"policy": {}}}
+    model["init_args"]["policy"] = {
+        "class_path": "rlvr_lightning.policies.hf.HFPolicy",
+        "init_args": {"config": tiny_llama_config(), "tokenizer_name_or_path": str(tokenizer)},
+    }
+    lm = in_tmp_dir / "lm.yaml"
+    lm.write_text(json.dumps({"model": model}))
+    toy = run_config(in_tmp_dir, in_tmp_dir / "ckpt")
+    busy = in_tmp_dir / "busy"
+    busy.mkdir()
+    (busy / "keep.txt").write_text("mine")
+    cases = {
+        (): "error: the following arguments are required: ckpt_path, output_dir, model",
+        ("--config", "nope.yaml", "--ckpt_path", "x.ckpt", "--output_dir", "out"): "nope.yaml",
+        (
+            "--config",
+            str(lm),
+            "--ckpt_path",
+            "x.ckpt",
+            "--output_dir",
+            "out",
+        ): "error: checkpoint x.ckpt does not exist",
+        ("--config", str(lm), "--ckpt_path", "x.ckpt", "--output_dir", str(busy)): f"--output_dir {busy} exists",
+        ("--config", str(toy), "--ckpt_path", "x.ckpt", "--output_dir", "out"): "the module's policy is ToySortPolicy",
+    }
+    for args, expected in cases.items():
+        assert entry_point(["export", *args]) == 2, args
+        error = short_error(capsys)
+        print(error)
+        assert expected in error.splitlines()[0], (args, error)
+    assert (busy / "keep.txt").read_text() == "mine" and not (in_tmp_dir / "out").exists()

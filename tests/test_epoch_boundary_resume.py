@@ -22,7 +22,8 @@ from tests.test_resume import EPOCHS, STEPS_PER_EPOCH, config, logged, parameter
 from tests.test_run_checkpoints import INTERRUPTED, SendSigint
 
 EPOCH_END = """    - class_path: lightning.pytorch.callbacks.ModelCheckpoint
-      init_args: {{dirpath: {dirpath}, every_n_epochs: 1, save_on_train_epoch_end: true, save_top_k: -1, filename: "{{epoch}}"}}
+      init_args:
+        {{dirpath: {dirpath}, every_n_epochs: 1, save_on_train_epoch_end: true, save_top_k: -1, filename: "{{epoch}}"}}
 """
 
 
@@ -66,7 +67,8 @@ trainer:
       init_args: {{save_dir: {tmp}/logs, name: {name}}}
   callbacks:
     - class_path: lightning.pytorch.callbacks.ModelCheckpoint
-      init_args: {{dirpath: {tmp}/ckpt_{name}, every_n_epochs: 1, save_top_k: -1, save_last: true, filename: "{{epoch}}"}}
+      init_args:
+        {{dirpath: {tmp}/ckpt_{name}, every_n_epochs: 1, save_top_k: -1, save_last: true, filename: "{{epoch}}"}}
 model:
   class_path: rlvr_lightning.modules.sft.SFTModule
   init_args:

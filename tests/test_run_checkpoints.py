@@ -73,7 +73,9 @@ def test_the_same_command_with_ckpt_path_last_resumes_a_recipe_after_ctrl_c(in_t
     run's directory (runs/<config names>/checkpoints), and the same command with --ckpt_path last trains steps
     2 and 3 only."""
     overlay = in_tmp_dir / "interrupt.yaml"  # appends to the recipe's callbacks (`callbacks+`)
-    overlay.write_text(f"trainer:\n  callbacks+:\n    - class_path: {__name__}.SendSigint\n      init_args: {{step: 1}}\n")
+    overlay.write_text(
+        f"trainer:\n  callbacks+:\n    - class_path: {__name__}.SendSigint\n      init_args: {{step: 1}}\n"
+    )
     command = ["fit", "--config", str(CONFIGS / "recipes" / "grpo.yaml"), "--config", str(overlay)]
     command += quick(in_tmp_dir, steps=4)
 
@@ -127,7 +129,9 @@ def test_last_ckpt_is_the_newest_state_after_an_interrupt_and_a_resume(in_tmp_di
     config = in_tmp_dir / "run.yaml"
     config.write_text(TINY.format(checkpoint=f"{{dirpath: {directory}, every_n_rollout_steps: 2, save_last: true}}"))
     overlay = in_tmp_dir / "interrupt.yaml"
-    overlay.write_text(f"trainer:\n  callbacks+:\n    - class_path: {__name__}.SendSigint\n      init_args: {{step: 0}}\n")
+    overlay.write_text(
+        f"trainer:\n  callbacks+:\n    - class_path: {__name__}.SendSigint\n      init_args: {{step: 0}}\n"
+    )
 
     assert entry_point(["fit", "--config", str(config), "--config", str(overlay)]) == INTERRUPTED
     assert steps_in(directory / "last.ckpt") == 1

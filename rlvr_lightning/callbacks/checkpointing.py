@@ -219,7 +219,9 @@ class RolloutCheckpoint(ModelCheckpoint):
             if keep_last < 1:
                 raise ValueError(f"keep_last must be >= 1 (the periodic checkpoints kept), got {keep_last}")
             if kwargs.get("monitor") not in (None, "rollout_step"):
-                raise ValueError(f"keep_last keeps the newest checkpoints: give it without monitor={kwargs['monitor']!r}")
+                raise ValueError(
+                    f"keep_last keeps the newest checkpoints: give it without monitor={kwargs['monitor']!r}"
+                )
             kwargs.update(monitor="rollout_step", mode="max", save_top_k=keep_last)
         if kwargs.get("every_n_train_steps"):
             raise ValueError(
