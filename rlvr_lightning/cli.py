@@ -145,8 +145,9 @@ class RLVRCLI(LightningCLI):
     def instantiate_trainer(self, **kwargs) -> pl.Trainer:
         """Adds what the config does not have: a Rich progress bar showing the mean reward and what a long
         step is doing (or, with the bar disabled, a line per minute of a long step), `SaveOnInterrupt`
-        and `WriteEnvironment` (environment.json beside the logs) for `fit`, and a JSONL writer of the
-        completions for `predict`."""
+        and `WriteEnvironment` (environment.json beside the logs) for `fit`, a JSONL writer of the
+        completions for `predict`, `ResumeState`, and a checkpoint callback in the run's directory when there
+        is none (`run_checkpoints`)."""
         trainer_config = self._get(self.config_init, "trainer", default={})
         callbacks = trainer_config.get("callbacks") or []
         callbacks = [callbacks] if isinstance(callbacks, pl.Callback) else list(callbacks)  # Lightning accepts one
