@@ -161,9 +161,13 @@ def test_keep_last_keeps_the_newest_periodic_checkpoints(in_tmp_dir):
         RolloutCheckpoint(keep_last=2, monitor="val/accuracy")
 
 
-def test_checkpoint_and_interrupt_callbacks_survive_a_config_that_replaces_the_callbacks(in_tmp_dir):
+def test_checkpoint_and_interrupt_callbacks_survive_a_config_that_replaces_the_callbacks(in_tmp_dir, caplog):
     """A second --config that replaces `trainer.callbacks` drops sort_grpo's RolloutCheckpoint: rlvr adds one in
-    the run's directory, and SaveOnInterrupt, whatever the list."""
+    the run's directory, and SaveOnInterrupt, whatever the list. A run started without --ckpt_path where an
+    earlier one left last.ckpt says so, and overwrites it."""
+    earlier = in_tmp_dir / "runs" / "sort_grpo+my_rewards" / "checkpoints" / "last.ckpt"
+    earlier.parent.mkdir(parents=True)
+    earlier.write_text("an earlier run's")
     overlay = in_tmp_dir / "my_rewards.yaml"
     overlay.write_text(
         "trainer:\n  callbacks:\n    - class_path: rlvr_lightning.rewards.SortInclusionOrderingReward\n"
@@ -174,7 +178,8 @@ def test_checkpoint_and_interrupt_callbacks_survive_a_config_that_replaces_the_c
     assert len(checkpoints) == 1 and checkpoints[0].save_last
     assert checkpoints[0].dirpath == str(in_tmp_dir / "runs" / "sort_grpo+my_rewards" / "checkpoints")
     assert sum(isinstance(cb, SaveOnInterrupt) for cb in cli.trainer.callbacks) == 1
-    assert (in_tmp_dir / "runs" / "sort_grpo+my_rewards" / "checkpoints" / "last.ckpt").is_file()
+    assert f"rlvr: {earlier} is the checkpoint of an earlier run; this run starts over and overwrites it" in caplog.text
+    assert steps_in(earlier) == 1 + 1  # this run's, saved at its epoch end
 
 
 TOY_MODEL = {

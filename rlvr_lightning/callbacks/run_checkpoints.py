@@ -50,6 +50,7 @@ def default_checkpoint(directory: str) -> RolloutCheckpoint:
         save_on_train_epoch_end=True,
         save_last=True,
         save_top_k=0,
+        enable_version_counter=False,
     )
 
 
