@@ -27,15 +27,19 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.utilities import rank_zero_info
 
 import rlvr_lightning.data  # noqa: F401  registers the data modules: `--data.help RLVRDataModule`
 import rlvr_lightning.modules  # noqa: F401  registers the modules: `--model.help RLVRModule`
 from rlvr_lightning import cli_errors
+from rlvr_lightning.callbacks import run_checkpoints
 from rlvr_lightning.callbacks.checkpointing import ResumeState
 from rlvr_lightning.callbacks.environment import WriteEnvironment
 from rlvr_lightning.callbacks.interrupt import SaveOnInterrupt, TrainingInterrupted
 from rlvr_lightning.callbacks.predictions import CompletionWriter
 from rlvr_lightning.callbacks.progress import ProgressLines, RewardProgressBar
+from rlvr_lightning.checkpoint_files import check_checkpoint_path
+from rlvr_lightning.cli_errors.run_errors import explain_export_error, explain_run_error
 from rlvr_lightning.hub import go_offline_if_unreachable
 from rlvr_lightning.option_domains import Range
 
@@ -84,10 +88,19 @@ REMOVED_COMMANDS = {
 
 
 def _export(argv: list[str]) -> int:
-    """`rlvr export`: a checkpoint (a .ckpt file or a sharded directory) as a Hugging Face directory."""
+    """`rlvr export`: a checkpoint (a .ckpt file or a sharded directory) as a Hugging Face directory; a misuse
+    (a missing argument or file, a non-empty output directory, a policy that cannot be exported) in a few lines."""
     from rlvr_lightning import export
 
-    export.main(argv)
+    debug = cli_errors.debug_requested([])[0]  # entry_point took --debug out of argv and set RLVR_DEBUG
+    try:
+        export.main(argv, exit_on_error=debug)
+    except Exception as error:
+        problem = None if debug else explain_run_error(error) or explain_export_error(error)
+        if problem is None:
+            raise
+        print(problem.render(), file=sys.stderr)
+        return problem.status
     return 0
 
 
@@ -115,6 +128,13 @@ class RLVRCLI(LightningCLI):
             "On a CPU shared with other jobs, more threads than free cores can be many times slower; "
             "on a machine of your own with idle cores (or on a GPU) raise it.",
         )
+        parser.add_argument(
+            "--run_name",
+            type=str | None,
+            default=None,
+            help="the folder of the run's checkpoints, <trainer.default_root_dir>/<run_name>/checkpoints, where "
+            "--ckpt_path last looks (default: the names of the --config files joined by '+')",
+        )
 
     def before_instantiate_classes(self) -> None:
         config = self.config.get(str(self.subcommand), self.config) if self.subcommand else self.config
@@ -122,13 +142,15 @@ class RLVRCLI(LightningCLI):
         threads = config.get("torch_threads")
         if threads:
             torch.set_num_threads(threads)
+        check_checkpoint_path(config.get("ckpt_path"))  # a missing file fails now, not after the model loads
         go_offline_if_unreachable(config.as_dict() if hasattr(config, "as_dict") else dict(config))
 
     def instantiate_trainer(self, **kwargs) -> pl.Trainer:
         """Adds what the config does not have: a Rich progress bar showing the mean reward and what a long
         step is doing (or, with the bar disabled, a line per minute of a long step), `SaveOnInterrupt`
-        and `WriteEnvironment` (environment.json beside the logs) for `fit`, and a JSONL writer of the
-        completions for `predict`."""
+        and `WriteEnvironment` (environment.json beside the logs) for `fit`, a JSONL writer of the
+        completions for `predict`, `ResumeState`, and a checkpoint callback in the run's directory when there
+        is none (`run_checkpoints`)."""
         trainer_config = self._get(self.config_init, "trainer", default={})
         callbacks = trainer_config.get("callbacks") or []
         callbacks = [callbacks] if isinstance(callbacks, pl.Callback) else list(callbacks)  # Lightning accepts one
@@ -147,9 +169,26 @@ class RLVRCLI(LightningCLI):
             added.append(CompletionWriter(os.path.join(str(root), "predictions.jsonl")))
         if not any(isinstance(cb, ResumeState) for cb in callbacks):  # RNG states in checkpoints, atomic files
             added.append(ResumeState())
+        added += self._place_checkpoints(trainer_config, callbacks)
         if added:
             kwargs["callbacks"] = [*callbacks, *added]
         return super().instantiate_trainer(**kwargs)
+
+    def _place_checkpoints(self, trainer_config, callbacks: list[pl.Callback]) -> list[pl.Callback]:
+        """The run's checkpoints go to <default_root_dir>/<run name>/checkpoints (`run_checkpoints`); returns the
+        checkpoint callback to add when the config has none."""
+        config = self.config.get(str(self.subcommand), self.config) if self.subcommand else self.config
+        name = run_checkpoints.run_name(config.get("config") or [], config.get("run_name"))
+        directory = run_checkpoints.checkpoint_directory(trainer_config.get("default_root_dir"), name)
+        enabled = trainer_config.get("enable_checkpointing") is not False
+        added = run_checkpoints.place_checkpoints(callbacks, directory, enabled)
+        if self.subcommand == "fit" and not config.get("ckpt_path"):
+            for last in run_checkpoints.earlier_checkpoints([*callbacks, *added]):
+                rank_zero_info(
+                    f"rlvr: {last} is the checkpoint of an earlier run; this run starts over and overwrites it "
+                    "(to continue that run instead, add --ckpt_path last)"
+                )
+        return added
 
     def _parse_ckpt_path(self) -> None:
         """The config rebuilds the run, not the checkpoint's hyper-parameters (they exclude the policy).
@@ -218,6 +257,9 @@ def entry_point(args: list[str] | None = None) -> int:
     except Exception as error:
         if debug:
             raise
+        if (run_problem := explain_run_error(error)) is not None:  # a checkpoint missing, unreadable, unwritable
+            print(run_problem.render(), file=sys.stderr)
+            return run_problem.status
         problem = _explain(error, cli, argv)
         if problem is None:
             raise

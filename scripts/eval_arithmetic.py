@@ -3,7 +3,7 @@ r"""Evaluate a policy on the held-out problems of a recipe's task, and plot a ru
     # accuracy and format rate on the 200 held-out problems, sampled at temperature 1.0 and greedily
     python scripts/eval_arithmetic.py eval --config configs/smollm2_arithmetic.yaml
     python scripts/eval_arithmetic.py eval --config configs/smollm2_arithmetic.yaml \
-        --ckpt /tmp/run/csv/version_0/checkpoints/final.ckpt
+        --ckpt /tmp/run/csv/checkpoints/final.ckpt
     # a tool-use recipe: tool use rate and calls are reported too; --no-tools takes the tools away
     python scripts/eval_arithmetic.py eval --config configs/smollm2_calculator.yaml --num 100 --no-tools
 
@@ -11,7 +11,7 @@ r"""Evaluate a policy on the held-out problems of a recipe's task, and plot a ru
     python scripts/eval_arithmetic.py plot --csv /tmp/run/csv/version_0/metrics.csv --out runs/smollm2_arithmetic.png
 
 (`/tmp/run` as in `scripts/train_smollm2_arithmetic.sh /tmp/run`, which logs to RUN_DIR/csv/version_0/ and puts
-the checkpoints, last.ckpt and final.ckpt, in its checkpoints/ folder.)
+the checkpoints, last.ckpt and final.ckpt, in RUN_DIR/csv/checkpoints/.)
 
 `eval` builds the policy, the task and the reward callbacks from the recipe YAML (so prompts,
 answer extraction and format check are the recipe's), optionally loads the policy weights of a

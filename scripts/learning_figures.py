@@ -329,7 +329,7 @@ def language_model_figures() -> list[Figure]:
                         "--modes",
                         "greedy",
                         "--ckpt",
-                        "{run_dir}/csv/version_0/checkpoints/final.ckpt",
+                        "{run_dir}/csv/checkpoints/final.ckpt",
                         "--out",
                         "{run_dir}/eval_after.json",
                     ),

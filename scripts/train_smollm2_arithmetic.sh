@@ -10,8 +10,8 @@
 #
 # Extra arguments go to the RL stage (and --seed_everything to both). The RL stage's log is
 # RUN_DIR/csv/version_0/metrics.csv (the warm-up's RUN_DIR/csv_warmup/...); its checkpoints
-# (last.ckpt every 10 steps, final.ckpt at the end) are in RUN_DIR/csv/version_0/checkpoints/.
-# Then: python scripts/eval_arithmetic.py eval --config configs/smollm2_arithmetic.yaml --ckpt RUN_DIR/csv/version_0/checkpoints/final.ckpt
+# (last.ckpt every 10 steps, final.ckpt at the end) are in RUN_DIR/csv/checkpoints/ (run name csv).
+# Then: python scripts/eval_arithmetic.py eval --config configs/smollm2_arithmetic.yaml --ckpt RUN_DIR/csv/checkpoints/final.ckpt
 #       python scripts/learning_suite.py --only smollm2_arithmetic --plot     (all seeds' curves)
 set -euo pipefail
 RUN_DIR=$(realpath -m "${1:-/tmp/smollm2_arith}")
@@ -23,8 +23,9 @@ mkdir -p "$RUN_DIR"
 cd "$RUN_DIR"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} MKL_NUM_THREADS=${MKL_NUM_THREADS:-1}
 export TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-logging() {  # a CSV logger flushed every step, under RUN_DIR/$1
+logging() {  # a CSV logger flushed every step, under RUN_DIR/$1, and the run's checkpoints in RUN_DIR/$1/checkpoints
   cat > "$RUN_DIR/logging_$1.yaml" <<YAML
+run_name: $1
 trainer:
   default_root_dir: $RUN_DIR
   enable_progress_bar: false

@@ -161,16 +161,16 @@ def test_the_registry_quick_set_and_bands(suite, figures):
 
 
 FAKE_TRAIN = """#!/usr/bin/env bash
-# stand-in of scripts/train_smollm2_arithmetic.sh: RUN_DIR --seed_everything SEED -> RUN_DIR/csv/version_0/
+# stand-in of scripts/train_smollm2_arithmetic.sh: RUN_DIR --seed_everything SEED -> RUN_DIR/csv/
 set -euo pipefail
 test -x "$PYTHON"  # the suite's interpreter, which the real script runs
 run_dir=$1; seed=$3
-mkdir -p "$run_dir/csv/version_0/checkpoints"
+mkdir -p "$run_dir/csv/version_0" "$run_dir/csv/checkpoints"
 case $seed in 0) final=0.76;; 1) final=0.72;; *) final=0.64;; esac
 printf 'step,time/step_s,train/rewards/math_accuracy,val/accuracy\\n' > "$run_dir/csv/version_0/metrics.csv"
 for step in 0 1 2 3; do printf '%s,12.5,0.5,\\n' $step >> "$run_dir/csv/version_0/metrics.csv"; done
 printf '1,,,0.3\\n3,,,%s\\n' $final >> "$run_dir/csv/version_0/metrics.csv"
-echo "${CONFIG:-arithmetic} $seed" > "$run_dir/csv/version_0/checkpoints/final.ckpt"
+echo "${CONFIG:-arithmetic} $seed" > "$run_dir/csv/checkpoints/final.ckpt"
 """
 FAKE_EVAL = """import json, sys
 args = sys.argv[1:]

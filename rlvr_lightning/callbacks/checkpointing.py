@@ -5,9 +5,11 @@
   keeps what runs between training steps (validation, curriculum refreshes, dataloader seed
   draws) from consuming the training RNG streams; installs `AtomicCheckpointIO`
   (`rlvr_lightning.checkpoint_files`) when the strategy uses Lightning's default `TorchCheckpointIO`;
+  before training, checks that every checkpoint directory can be written;
   under DDP gives each rank > 0 its own sampling seed. `rlvr` adds one to the trainer.
 - `RolloutCheckpoint`: `ModelCheckpoint` counting rollout steps (training batches) instead of
-  optimizer steps, which differ when `update.epochs` or mini-batches make several updates per step.
+  optimizer steps, which differ when `update.epochs` or mini-batches make several updates per step;
+  `keep_last=k` keeps the k newest periodic checkpoints.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from rlvr_lightning.checkpoint_files import (
     AtomicCheckpointIO,
     CheckpointReadError,
+    check_writable_directory,
     is_local,
     remove_partial_checkpoints,
 )
@@ -132,12 +135,15 @@ class ResumeState(Callback):
         strategy = trainer.strategy
         if self.atomic_checkpoints and type(strategy.checkpoint_io) is TorchCheckpointIO:
             strategy.checkpoint_io = AtomicCheckpointIO()
-        if trainer.is_global_zero:
-            for callback in trainer.checkpoint_callbacks:
-                dirpath = getattr(callback, "dirpath", None)
-                if dirpath and is_local(dirpath):
-                    for path in remove_partial_checkpoints(dirpath):
-                        log.info("removed a partial checkpoint left by a killed write: %s", path)
+        for callback in trainer.checkpoint_callbacks:
+            dirpath = getattr(callback, "dirpath", None)
+            if not dirpath or not is_local(dirpath):
+                continue
+            if stage == TrainerFn.FITTING:  # a directory that cannot be written fails now, not at the first save
+                check_writable_directory(str(dirpath).removeprefix("file://"))
+            if trainer.is_global_zero:
+                for path in remove_partial_checkpoints(dirpath):
+                    log.info("removed a partial checkpoint left by a killed write: %s", path)
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.per_rank_seeds and trainer.world_size > 1 and trainer.global_rank > 0 and self._pending is None:
@@ -196,14 +202,27 @@ class RolloutCheckpoint(ModelCheckpoint):
     Lightning's `every_n_train_steps` counts optimizer steps, which an RL step makes several of
     (`update.epochs` x mini-batches). Other arguments are `ModelCheckpoint`'s; the file name may use
     `{rollout_step}` (default `"{epoch}-{rollout_step}"`). With `every_n_epochs` unset it does not
-    save at epoch ends.
+    save at epoch ends. `keep_last=k` keeps the k newest of the periodic checkpoints and deletes older ones
+    (it sets `monitor="rollout_step", mode="max", save_top_k=k`); `last.ckpt` (`save_last`) is the newest.
     """
 
     def __init__(
-        self, every_n_rollout_steps: int = 100, filename: str | None = "{epoch}-{rollout_step}", **kwargs
+        self,
+        every_n_rollout_steps: int = 100,
+        filename: str | None = "{epoch}-{rollout_step}",
+        keep_last: int | None = None,
+        **kwargs,
     ) -> None:
         if every_n_rollout_steps < 1:
             raise ValueError(f"every_n_rollout_steps must be >= 1, got {every_n_rollout_steps}")
+        if keep_last is not None:
+            if keep_last < 1:
+                raise ValueError(f"keep_last must be >= 1 (the periodic checkpoints kept), got {keep_last}")
+            if kwargs.get("monitor") not in (None, "rollout_step"):
+                raise ValueError(
+                    f"keep_last keeps the newest checkpoints: give it without monitor={kwargs['monitor']!r}"
+                )
+            kwargs.update(monitor="rollout_step", mode="max", save_top_k=keep_last)
         if kwargs.get("every_n_train_steps"):
             raise ValueError(
                 "RolloutCheckpoint counts rollout steps: use every_n_rollout_steps, not every_n_train_steps"

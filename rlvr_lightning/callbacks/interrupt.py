@@ -119,6 +119,10 @@ class SaveOnInterrupt(Callback):
             rank_zero_info(f"rlvr: {name}: stopped after rollout step {step}; checkpointing is off, nothing was saved")
         else:
             started = time.monotonic()
+            for callback in trainer.checkpoint_callbacks:  # so that the resumed run saves over this file, not beside it
+                if isinstance(callback, ModelCheckpoint) and callback.save_last and callback.dirpath:
+                    if os.path.dirname(path) == str(callback.dirpath):
+                        callback.last_model_path = path
             trainer.save_checkpoint(path, weights_only=False)
             rank_zero_info(
                 f"rlvr: {name}: saved {path} after rollout step {step} ({time.monotonic() - started:.1f} s); "
