@@ -80,7 +80,8 @@ def test_a_value_the_module_rejects_at_construction(in_tmp_dir, capsys):
     code, lines = run(capsys, "fit", "--config", SORT, "--config", bad, *QUIET)
     assert code == 2
     assert lines[0].startswith(
-        "error: loss='ppo_clipp' is not valid; choose one of ['pg', 'ratio', 'ppo_clip', 'gspo', 'cispo', 'sapo', 'luspo', 'vespo']"
+        "error: loss='ppo_clipp' is not valid; choose one of "
+        "['pg', 'ratio', 'ppo_clip', 'gspo', 'cispo', 'sapo', 'luspo', 'vespo']"
     )
     assert lines[1] == f"  at model.init_args.loss ({bad}:3)"
     assert lines[2] == "  did you mean 'ppo_clip'?"
