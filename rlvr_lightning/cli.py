@@ -37,6 +37,7 @@ from rlvr_lightning.callbacks.interrupt import SaveOnInterrupt, TrainingInterrup
 from rlvr_lightning.callbacks.predictions import CompletionWriter
 from rlvr_lightning.callbacks.progress import ProgressLines, RewardProgressBar
 from rlvr_lightning.hub import go_offline_if_unreachable
+from rlvr_lightning.quiet_console import quiet_third_party
 
 TRAINER_DEFAULTS = {
     "accelerator": "auto",
@@ -116,6 +117,7 @@ class RLVRCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self.config.get(str(self.subcommand), self.config) if self.subcommand else self.config
+        quiet_third_party()
         threads = config.get("torch_threads")
         if threads:
             torch.set_num_threads(threads)
