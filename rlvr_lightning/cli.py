@@ -42,6 +42,7 @@ from rlvr_lightning.checkpoint_files import check_checkpoint_path
 from rlvr_lightning.cli_errors.run_errors import explain_export_error, explain_run_error
 from rlvr_lightning.hub import go_offline_if_unreachable
 from rlvr_lightning.option_domains import Range
+from rlvr_lightning.quiet_console import quiet_third_party
 
 TRAINER_DEFAULTS = {
     "accelerator": "auto",
@@ -138,6 +139,7 @@ class RLVRCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self.config.get(str(self.subcommand), self.config) if self.subcommand else self.config
+        quiet_third_party()
         cli_errors.check_options_early(config.as_dict(), {"torch_threads": TORCH_THREADS_RANGE})  # before any model
         threads = config.get("torch_threads")
         if threads:

@@ -83,6 +83,10 @@ def explain_build_error(error: BaseException, argv: list[str], config: Any, duri
     """A `ConfigProblem` for an error a configured class raised, or None when it is not a configuration mistake."""
     from lightning.fabric.utilities.exceptions import MisconfigurationException
 
+    from rlvr_lightning.cli_errors.reward_errors import explain_reward_error
+
+    if (problem := explain_reward_error(error, argv, config)) is not None:
+        return problem
     root = _root_cause(error)
     if isinstance(root, MisconfigurationException):
         return ConfigProblem(str(root).strip().splitlines()[0])

@@ -10,7 +10,7 @@ The loop (`generate`) is written by hand instead of calling `model.generate` so 
   sampling in a background thread while the training thread draws from the global one).
 
 Everything here is model-agnostic: it needs a transformers-style causal LM that accepts
-`input_ids`, `attention_mask`, `position_ids`, `past_key_values`, `use_cache` and returns `.logits`.
+`input_ids`, `attention_mask`, `position_ids`, `cache` (or `past_key_values`), `use_cache` and returns `.logits`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from rlvr_lightning.policies.base import compute_device
 from rlvr_lightning.policies.generation_backend import GenerationBackend
 from rlvr_lightning.policies.generation_output import GenerationOutput, StopStringChecker
-from rlvr_lightning.policies.kv_cache import reserve_room
+from rlvr_lightning.policies.kv_cache import cache_argument, reserve_room, returned_cache
 from rlvr_lightning.stage_reports import report_tokens
 from rlvr_lightning.timing import elapsed_seconds
 
@@ -180,11 +180,11 @@ def _generate(
         input_ids=prompt_ids,
         attention_mask=prompt_mask,
         position_ids=positions,
-        past_key_values=cache,
         use_cache=True,
+        **cache_argument(model, cache),
         **keep_kwargs,
     )
-    cache = out.past_key_values
+    cache = returned_cache(out)
     logits = out.logits[:, -1, :]
     del out
     if n > 1:
@@ -267,10 +267,10 @@ def _generate(
             input_ids=token.unsqueeze(-1),
             attention_mask=attention[:, : prompt_len + step + 1],
             position_ids=next_position.unsqueeze(-1),
-            past_key_values=cache,
             use_cache=True,
+            **cache_argument(model, cache),
         )
-        cache = out.past_key_values
+        cache = returned_cache(out)
         logits = out.logits[:, -1, :]
         del out
         next_position = next_position + 1

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from rlvr_lightning.core.log_probs import token_log_probs_and_entropy, token_log_probs_from_logits
 from rlvr_lightning.policies.generation import position_ids_from_mask
+from rlvr_lightning.policies.kv_cache import cache_argument, returned_cache
 from rlvr_lightning.rollout import Rollout
 
 
@@ -145,7 +146,7 @@ class HFScoring:
         if asked) or, without logits, the decoder alone (its last hidden states; `decoder_only_hidden_states`)."""
         if not with_logits and self.decoder_only_hidden_states:
             out = self.base_model.get_decoder()(**inputs)
-            return _Output(None, out.last_hidden_state, getattr(out, "past_key_values", None))
+            return _Output(None, out.last_hidden_state, returned_cache(out))
         if not with_logits:
             keep = 1  # the fewest logits (0 would keep them all)
         kwargs: dict[str, Any] = {"logits_to_keep": keep} if self._logits_to_keep_supported() else {}
@@ -153,7 +154,7 @@ class HFScoring:
             kwargs["output_hidden_states"] = True
         out = self.model(**inputs, **kwargs)
         hidden = out.hidden_states[-1] if with_hidden else None  # after the final norm: what the LM head reads
-        return _Output(out.logits if with_logits else None, hidden, getattr(out, "past_key_values", None))
+        return _Output(out.logits if with_logits else None, hidden, returned_cache(out))
 
     def _shared_prefix_forward(
         self,
@@ -188,7 +189,7 @@ class HFScoring:
             input_ids=unique_ids,
             attention_mask=unique_mask,
             position_ids=unique_positions,
-            past_key_values=cache,
+            **cache_argument(self.model, cache),
             use_cache=True,
         )
         cache = out.cache
@@ -212,7 +213,7 @@ class HFScoring:
             input_ids=responses,
             attention_mask=mask,
             position_ids=positions,
-            past_key_values=cache,
+            **cache_argument(self.model, cache),
             use_cache=True,
         )
         join = lambda first, rest: None if first is None else torch.cat([first, rest], dim=1)  # noqa: E731

@@ -67,3 +67,27 @@ def _growing_layer_class() -> type:
                 self._views()
 
     return GrowingLayer
+
+
+def cache_argument(model, cache) -> dict:
+    """The KV cache as `model`'s forward takes it: `cache=` (transformers 5.2x renamed it; the old name warns at
+    every call) or `past_key_values=` (older transformers, models of other libraries)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a PEFT model's own forward
+    return {"cache" if _forward_takes_cache(type(base)) else "past_key_values": cache}
+
+
+@functools.cache
+def _forward_takes_cache(model_type: type) -> bool:
+    import inspect
+
+    try:
+        return "cache" in inspect.signature(model_type.forward).parameters
+    except (TypeError, ValueError, AttributeError):
+        return False
+
+
+def returned_cache(output):
+    """The KV cache a forward returned, under either name, without touching the deprecated one."""
+    if "cache" in getattr(output, "__dataclass_fields__", {}):
+        return output.cache
+    return getattr(output, "past_key_values", None)

@@ -10,36 +10,49 @@ weighted sum in `rollout.reward`. A new reward is one small subclass:
 
 and four lines of YAML under `trainer.callbacks`.
 
-Model output is untrusted input. A reward that raises on one row costs that row (scored
-0, counted in `num_errors`) when `on_error="zero"`; `on_error="raise"` stops the run.
-The first failure prints one warning line (the error and where it was raised; the traceback
-is logged at DEBUG level); later ones are summarised every `error_summary_every_n_steps`
-training steps.
-`timeout_s` bounds each `score_row` call: a row that takes longer scores 0 and is counted.
-The call runs in a daemon thread, which Python cannot stop, so a row stuck in a tight loop
-keeps one thread busy until the process exits; rewards that judge untrusted programs or
-formulas (`rewards.code`, `rewards.math`) therefore run them in killable worker processes.
+Model output is untrusted input, and so is what a reward makes of it. A row fails when the reward
+raises on it (any exception but `KeyboardInterrupt`: `SystemExit` too), runs out of time or scores
+it with a value that is not a finite number; a failed row scores `failure_value` (0) and is counted in
+`num_errors` when `on_error="zero"`; `on_error="raise"` stops the run. A batched `score` that raises or
+returns the wrong shape fails every row. The first failure prints one warning line (the error and where
+it was raised; the traceback is logged at DEBUG level); later ones are summarised every
+`error_summary_every_n_steps` training steps. A reward that fails on every row of its first training
+step stops the run (`RewardFailedEveryRow`): that is a configuration mistake (a `score_row` with the
+wrong signature, a missing metadata key), not bad luck.
+`timeout_s` (default `DEFAULT_ROW_TIMEOUT_S`; null: none) bounds each `score_row` call: a row that takes
+longer fails (`time_limit.py`: the rows run in a worker thread).
 """
 
 from __future__ import annotations
 
 import logging
 import re
-import threading
 import traceback
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 from lightning.pytorch import Callback
 from lightning.pytorch.utilities import rank_zero_only
 from torch import Tensor
 
+from rlvr_lightning.rewards.time_limit import results_in_time
 from rlvr_lightning.rollout import Rollout
 
 log = logging.getLogger(__name__)
 _warn = rank_zero_only(log.warning)
 
 ON_ERROR_CHOICES = ("zero", "raise")
+DEFAULT_ROW_TIMEOUT_S = 60.0  # generous: a reward that calls a remote judge still fits; a stuck one is caught
+
+
+class RewardFailedEveryRow(RuntimeError):
+    """A reward failed on every row of its first training step: a configuration mistake, the run stops."""
+
+    def __init__(self, reward: RewardCallback, rows: int) -> None:
+        self.reward = reward
+        cause = reward._first_error or "failed or timed out"
+        super().__init__(f"reward {reward.name} failed on all {rows} rows of the first training step; first: {cause}")
 
 
 def _snake_case(name: str) -> str:
@@ -56,56 +69,65 @@ class RewardCallback(Callback):
 
     kind: str = "task"
     error_summary_every_n_steps: int = 50
+    failure_value: float = 0.0  # the score of a failed row
 
     def __init__(
-        self, weight: float = 1.0, name: str | None = None, on_error: str = "zero", timeout_s: float | None = None
+        self,
+        weight: float = 1.0,
+        name: str | None = None,
+        on_error: str = "zero",
+        timeout_s: float | None = DEFAULT_ROW_TIMEOUT_S,
     ) -> None:
+        """
+        Args:
+            weight: the reward's weight in the total reward.
+            name: its name in the logs (default: the class name in snake case without `Reward`).
+            on_error: "zero": a failed row scores `failure_value` and is counted; "raise": it stops the run.
+            timeout_s: seconds one `score_row` call may take (a longer one fails its row); null: no limit.
+        """
         if on_error not in ON_ERROR_CHOICES:
             raise ValueError(f"on_error={on_error!r} is not one of {ON_ERROR_CHOICES}")
-        if timeout_s is not None and timeout_s <= 0:
+        if timeout_s is not None and not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0 or null, got {timeout_s}")
         self.weight = weight
         self.name = name or _snake_case(type(self).__name__.removesuffix("Reward"))
         self.on_error = on_error
         self.timeout_s = timeout_s
-        self.num_errors = 0  # rows that raised or timed out since the last `pop_errors`
-        self._first_error: str | None = None  # the first exception this reward raised, described in one line
+        self.num_errors = 0  # rows that failed since the last `pop_errors`
+        self._first_error: str | None = None  # the first failure of this reward, described in one line
         self._warned = False
         self._failed_since_summary = self._rows_since_summary = self._failed_total = 0
+        self._step_rows = self._step_failed = 0  # in the current training step
+        self._first_step_checked = False
 
     def score(self, rollout: Rollout) -> Tensor:
-        """Unweighted scores `float[N]`. The default calls `score_row` on every row, isolating failures."""
+        """Unweighted scores `float[N]`. The default calls `score_row` on every row (each within `timeout_s`),
+        isolating failures."""
         scores = torch.zeros(rollout.num_rows)
-        for i in range(rollout.num_rows):
+        results = results_in_time(
+            lambda i: self.score_row(rollout, i), rollout.num_rows, self.timeout_s, f"reward {self.name}"
+        )
+        for i, (returned, value) in enumerate(results):
             try:
-                scores[i] = float(self._score_row_in_time(rollout, i))
-            except Exception as error:
+                if not returned:
+                    raise value
+                scores[i] = float(value)
+            except KeyboardInterrupt:
+                raise
+            except BaseException as error:  # SystemExit included: reward code must not end the run
                 if self.on_error == "raise":
-                    raise
-                self.num_errors += 1
-                self._first_error = self._first_error or f"row {i}: {describe_error(error)}"
-                log.debug("reward %s failed on row %d", self.name, i, exc_info=True)
+                    reraise(error, self.name)
+                scores[i] = self.failure_value
+                self.row_failed(i, error)
         return scores.to(rollout.response_ids.device)
 
-    def _score_row_in_time(self, rollout: Rollout, i: int) -> float:
-        if self.timeout_s is None:
-            return self.score_row(rollout, i)
-        result: list = []
-
-        def run() -> None:
-            try:
-                result.append(self.score_row(rollout, i))
-            except BaseException as error:  # handed to the caller below
-                result.append(error)
-
-        worker = threading.Thread(target=run, name=f"reward-{self.name}-row-{i}", daemon=True)
-        worker.start()
-        worker.join(self.timeout_s)
-        if not result:
-            raise TimeoutError(f"reward {self.name} took longer than timeout_s={self.timeout_s} on row {i}")
-        if isinstance(result[0], BaseException):
-            raise result[0]
-        return result[0]
+    def row_failed(self, i: int, error: BaseException | str) -> None:
+        """Count row `i` as failed; the first failure is kept for the warning (the traceback at DEBUG level)."""
+        self.num_errors += 1
+        if self._first_error is None:
+            self._first_error = f"row {i}: {error if isinstance(error, str) else describe_error(error)}"
+        if isinstance(error, BaseException):
+            log.debug("reward %s failed on row %d", self.name, i, exc_info=error)
 
     def score_row(self, rollout: Rollout, i: int) -> float:
         raise NotImplementedError(f"{type(self).__name__} must override score() or score_row()")
@@ -121,23 +143,41 @@ class RewardCallback(Callback):
         return None
 
     def __call__(self, rollout: Rollout) -> Tensor:
-        """`score` with whole-batch failures isolated as well (every row 0 and counted)."""
+        """`score`, checked: a whole-batch failure (it raised, or returned no `float[N]`) fails every row, and a
+        score that is not a finite number fails its row."""
         errors_before = self.num_errors
         try:
-            scores = self.score(rollout).float()
-        except Exception as error:
+            scores = _as_scores(self.score(rollout), rollout.num_rows)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as error:
             if self.on_error == "raise":
-                raise
+                reraise(error, self.name)
             self._first_error = self._first_error or f"the whole batch: {describe_error(error)}"
-            log.debug("reward %s failed on the whole batch", self.name, exc_info=True)
+            log.debug("reward %s failed on the whole batch", self.name, exc_info=error)
             self.num_errors += rollout.num_rows
-            scores = torch.zeros(rollout.num_rows, device=rollout.response_ids.device)
+            scores = torch.full((rollout.num_rows,), self.failure_value, device=rollout.response_ids.device)
+        scores = self._failing_non_finite(scores)
         self._note_failures(self.num_errors - errors_before, rollout.num_rows)
         return scores
+
+    def _failing_non_finite(self, scores: Tensor) -> Tensor:
+        """+inf, -inf and NaN would turn every advantage of their group into 0 or NaN: each fails its row."""
+        finite = torch.isfinite(scores)
+        if bool(finite.all()):
+            return scores
+        rows = (~finite).nonzero().flatten().tolist()
+        if self.on_error == "raise":
+            raise ValueError(f"reward {self.name}: row {rows[0]} scored {scores[rows[0]].item()}, not a finite number")
+        for i in rows:
+            self.row_failed(i, f"scored {scores[i].item()}, not a finite number")
+        return torch.where(finite, scores, torch.full_like(scores, self.failure_value))
 
     def _note_failures(self, failed: int, rows: int) -> None:
         """One warning at the first failure; after it, failures accumulate for the periodic summary."""
         self._rows_since_summary += rows
+        self._step_rows += rows
+        self._step_failed += max(failed, 0)
         if failed <= 0:
             return
         self._failed_total += failed
@@ -148,17 +188,26 @@ class RewardCallback(Callback):
         self._rows_since_summary = 0
         first = f" (first: {self._first_error})" if self._first_error else " (failed or timed out)"
         _warn(
-            f"reward {self.name}: {failed} of {rows} rows scored 0{first}; counted in reward_errors/{self.name}. "
+            f"reward {self.name}: {failed} of {rows} rows scored {self.failure_value:g}{first}; "
+            f"counted in reward_errors/{self.name}. "
             f"on_error: raise stops the run instead; later failures are summarised every "
             f"{self.error_summary_every_n_steps} steps"
         )
 
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
+        self._step_rows = self._step_failed = 0
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        if not self._first_step_checked and self._step_rows:
+            self._first_step_checked = True
+            if self._step_failed >= self._step_rows:
+                raise RewardFailedEveryRow(self, self._step_rows)
         step = trainer.fit_loop.epoch_loop._batches_that_stepped + 1
         if self._failed_since_summary and step % self.error_summary_every_n_steps == 0:
             _warn(
-                f"reward {self.name}: {self._failed_since_summary} of {self._rows_since_summary} rows scored 0 "
-                f"in the last {self.error_summary_every_n_steps} steps ({self._failed_total} since the start)"
+                f"reward {self.name}: {self._failed_since_summary} of {self._rows_since_summary} rows scored "
+                f"{self.failure_value:g} in the last {self.error_summary_every_n_steps} steps "
+                f"({self._failed_total} since the start)"
             )
             self._failed_since_summary = self._rows_since_summary = 0
 
@@ -173,6 +222,22 @@ def describe_error(error: BaseException) -> str:
     text = text if len(text) <= 200 else text[:197] + "..."
     frames = traceback.extract_tb(error.__traceback__)
     return f"{text} ({Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else text
+
+
+def _as_scores(scores, num_rows: int) -> Tensor:
+    """`float[num_rows]`, or ValueError: a `[N, 1]` result would broadcast against the other rewards' `[N]`."""
+    scores = torch.as_tensor(scores).float()
+    if tuple(scores.shape) != (num_rows,):
+        raise ValueError(f"score returned shape {tuple(scores.shape)} for {num_rows} rows; expected ({num_rows},)")
+    return scores
+
+
+def reraise(error: BaseException, name: str) -> NoReturn:
+    """`on_error: raise` raises an exception as it is; `SystemExit` and its kin, which would end the program
+    without a word, as a RuntimeError that names the reward."""
+    if isinstance(error, Exception):
+        raise error
+    raise RuntimeError(f"reward {name} raised {describe_error(error)}") from error
 
 
 def find_reward_callbacks(callbacks) -> list[RewardCallback]:

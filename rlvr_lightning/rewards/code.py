@@ -153,9 +153,8 @@ class CodeExecutionReward(RewardCallback):
     def _row_failed(self, rows: list[int], error: Exception) -> None:
         if self.on_error == "raise" or isinstance(error, SandboxUnavailable):
             raise error
-        self.num_errors += len(rows)
-        log.debug("%s: rows %s failed: %r", self.name, rows, error)
         for i in rows:
+            self.row_failed(i, error)
             self.last_errors[i] = f"{type(error).__name__}: {error}"[:500]
 
     def is_correct(self, rollout: Rollout, scores: Tensor) -> Tensor:

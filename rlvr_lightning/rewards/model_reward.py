@@ -8,9 +8,10 @@ What every model-judged reward shares:
   holds its own copy), and refuses a scorer that shares parameters with the trained module.
 * **Batches.** Rows are scored `batch_size` at a time (`score_rows`).
 * **Failures cost their row.** `score_rows` returns a float or an exception per row (an output that
-  cannot be parsed, a text too long for the scorer's context); a chunk that raises is scored again one
-  row at a time, so one bad row cannot take its neighbours down. Failed rows score 0 and are counted
-  in `num_errors` (logged as `train/reward_errors/<name>`); `on_error: raise` stops the run instead.
+  cannot be parsed, a text too long for the scorer's context); a chunk that raises (`SystemExit` too) is
+  scored again one row at a time, so one bad row cannot take its neighbours down. Failed rows, and rows
+  scored with a value that is not a finite number, score 0 and are counted in `num_errors` (logged as
+  `train/reward_errors/<name>`); `on_error: raise` stops the run instead.
 * **A time budget per batch.** With `batch_timeout_s`, chunks are started only while the budget lasts;
   rows left when it is spent score 0 and are counted. A chunk already running is not interrupted
   (torch cannot be stopped half-way), so a batch overruns by at most one chunk, whose length
@@ -27,7 +28,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from rlvr_lightning.rewards.base import RewardCallback
+from rlvr_lightning.rewards.base import RewardCallback, reraise
 from rlvr_lightning.rollout import Rollout
 
 log = logging.getLogger(__name__)
@@ -58,7 +59,7 @@ class ModelReward(RewardCallback):
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if batch_timeout_s is not None and batch_timeout_s <= 0:
             raise ValueError(f"batch_timeout_s must be > 0 or null, got {batch_timeout_s}")
-        super().__init__(weight=weight, name=name, on_error=on_error)
+        super().__init__(weight=weight, name=name, on_error=on_error, timeout_s=None)  # batch_timeout_s instead
         self.batch_size = batch_size
         self.batch_timeout_s = batch_timeout_s
         self.correct_threshold = correct_threshold
@@ -88,7 +89,7 @@ class ModelReward(RewardCallback):
     # ------------------------------------------------------------------ scoring
 
     def score(self, rollout: Rollout) -> Tensor:
-        scores = torch.zeros(rollout.num_rows)
+        scores = torch.full((rollout.num_rows,), self.failure_value)
         deadline = None if self.batch_timeout_s is None else time.monotonic() + self.batch_timeout_s
         rows = list(range(rollout.num_rows))
         for start in range(0, len(rows), self.batch_size):
@@ -99,23 +100,29 @@ class ModelReward(RewardCallback):
                 results = self.score_rows(rollout, chunk)
                 if len(results) != len(chunk):
                     raise RuntimeError(f"score_rows returned {len(results)} results for {len(chunk)} rows")
-            except Exception as error:
-                if self.on_error == "raise":
+            except KeyboardInterrupt:
+                raise
+            except BaseException as error:  # SystemExit included: the scorer's code must not end the run
+                if self.on_error == "raise" and isinstance(error, Exception):
                     raise
                 log.debug("reward %s failed on rows %s; scoring them one at a time", self.name, chunk, exc_info=error)
                 results = self._one_at_a_time(rollout, chunk, deadline)
             for i, result in zip(chunk, results, strict=True):
-                if isinstance(result, Exception):
+                if isinstance(result, BaseException):
                     if self.on_error == "raise":
-                        raise result
-                    self.num_errors += 1
-                    log.debug("reward %s could not score row %d: %s", self.name, i, result)
+                        reraise(result, self.name)
+                    self.row_failed(i, result)
                 else:
-                    scores[i] = float(result)
+                    try:
+                        scores[i] = float(result)
+                    except Exception as error:  # not a number: the row fails, not the batch
+                        if self.on_error == "raise":
+                            raise
+                        self.row_failed(i, error)
         return scores.to(rollout.response_ids.device)
 
-    def _one_at_a_time(self, rollout: Rollout, chunk: list[int], deadline: float | None) -> list[float | Exception]:
-        results: list[float | Exception] = []
+    def _one_at_a_time(self, rollout: Rollout, chunk: list[int], deadline: float | None) -> list[float | BaseException]:
+        results: list[float | BaseException] = []
         for position, i in enumerate(chunk):
             if deadline is not None and time.monotonic() >= deadline:
                 self.num_timeouts += len(chunk) - position
@@ -125,7 +132,9 @@ class ModelReward(RewardCallback):
                 break
             try:
                 results.append(self.score_rows(rollout, [i])[0])
-            except Exception as error:
+            except KeyboardInterrupt:
+                raise
+            except BaseException as error:
                 results.append(error)
         return results
 

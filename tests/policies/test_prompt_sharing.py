@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from rlvr_lightning.policies.base import SamplingConfig
+from rlvr_lightning.policies.kv_cache import cache_argument, returned_cache
 
 PROMPTS = ["What is 2+3?", "The quick brown fox jumps over the lazy dog.", "ab"]  # different lengths: padding
 GROUP = 4
@@ -65,7 +66,7 @@ def _sample_rows_separately(model, rollout, eos_ids: list[int], seed: int) -> to
     for r in range(rollout.num_rows):
         ids = rollout.prompt_ids[r][rollout.prompt_mask[r].bool()].unsqueeze(0)
         out = model(input_ids=ids, use_cache=True)
-        rows.append([out.past_key_values, out.logits[0, -1]])
+        rows.append([returned_cache(out), out.logits[0, -1]])
     torch.manual_seed(seed)
     sampled = []
     for step in range(NEW_TOKENS):
@@ -79,8 +80,8 @@ def _sample_rows_separately(model, rollout, eos_ids: list[int], seed: int) -> to
         sampled.append(tokens)
         if step + 1 < NEW_TOKENS:
             for r, row in enumerate(rows):
-                out = model(input_ids=tokens[r].view(1, 1), past_key_values=row[0], use_cache=True)
-                row[0], row[1] = out.past_key_values, out.logits[0, -1]
+                out = model(input_ids=tokens[r].view(1, 1), use_cache=True, **cache_argument(model, row[0]))
+                row[0], row[1] = returned_cache(out), out.logits[0, -1]
     return torch.stack(sampled, dim=1)
 
 

@@ -1,0 +1,40 @@
+"""`quiet_third_party`: the other libraries' messages that `rlvr` does not print, each with its reason.
+
+Every message here was seen on a run of a shipped config, is harmless, and cannot be fixed from this
+package's side; what this package caused is fixed where it is caused instead. docs/troubleshooting.md
+lists the messages that are left. `rlvr` applies it once, before the configured classes are built.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+# (message regex, category, module regex) for `warnings.filterwarnings("ignore", ...)`, each with its reason.
+IGNORED_WARNINGS: list[tuple[str, type[Warning], str]] = [
+    # Lightning 2.6 flattens every batch with torch's LeafSpec, which torch 2.13 deprecates; nothing to change here
+    (r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning, r"lightning\.pytorch\.utilities\._pytree"),
+    # the modules override transfer_batch_to_device on purpose (prompt batches are Python objects, not tensors)
+    (r"You have overridden `transfer_batch_to_device` in `LightningModule`", UserWarning, r"lightning\.pytorch\."),
+]
+# Lightning's advertisements for its cloud packages (litlogger, litmodels), printed at every start
+IGNORED_LOG_PREFIXES = {f"lightning.{part}.utilities.rank_zero": ("💡 Tip: ",) for part in ("fabric", "pytorch")}
+
+
+class _DropPrefixes(logging.Filter):
+    def __init__(self, prefixes: tuple[str, ...]) -> None:
+        super().__init__()
+        self.prefixes = prefixes
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.prefixes)
+
+
+def quiet_third_party() -> None:
+    """Install the filters above (once)."""
+    for message, category, module in IGNORED_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=category, module=module)
+    for name, prefixes in IGNORED_LOG_PREFIXES.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropPrefixes) for f in logger.filters):
+            logger.addFilter(_DropPrefixes(prefixes))
