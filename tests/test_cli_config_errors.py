@@ -3,24 +3,12 @@ files, directories told from missing files, option prefixes, missing optional de
 run from the wrong directory; a few lines each, exit status 2, no traceback."""
 
 import importlib.util
-from pathlib import Path
 
 import pytest
 
-from rlvr_lightning.cli import entry_point
 from rlvr_lightning.policies import hf_loading
 
-ROOT = Path(__file__).resolve().parents[1]
-SORT = str(ROOT / "configs" / "sort_grpo.yaml")
-TINY_LM = str(ROOT / "configs" / "length_bias" / "grpo.yaml")  # a random 2-layer Llama and a local tokenizer
-QUIET = ["--trainer.logger=false", "--trainer.enable_progress_bar=false"]
-
-
-def run(capsys, *args: str) -> tuple[int, list[str]]:
-    code = entry_point(list(args))
-    err = capsys.readouterr().err
-    assert "Traceback" not in err and "usage:" not in err, err
-    return code, [line for line in err.splitlines() if line.strip()]
+from .cli_runs import QUIET, ROOT, SORT, TINY_LM, run
 
 
 def test_a_yaml_syntax_error_names_file_line_and_column(in_tmp_dir, capsys):

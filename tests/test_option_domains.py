@@ -2,11 +2,9 @@
 (in Python), and `rlvr`'s check of the parsed config before any class is built (a few lines, exit status 2)."""
 
 import math
-from pathlib import Path
 
 import pytest
 
-from rlvr_lightning.cli import entry_point
 from rlvr_lightning.data import RLVRDataModule, SortTask
 from rlvr_lightning.modules import RLVRModule
 from rlvr_lightning.modules.options import UpdateConfig
@@ -15,17 +13,7 @@ from rlvr_lightning.policies import SamplingConfig, hf_loading
 from rlvr_lightning.policies.memory_estimate import ModelTooLargeError
 from rlvr_lightning.policies.toy_sort import ToySortPolicy
 
-ROOT = Path(__file__).resolve().parents[1]
-SORT = str(ROOT / "configs" / "sort_grpo.yaml")
-TINY_LM = str(ROOT / "configs" / "length_bias" / "grpo.yaml")  # a random 2-layer Llama and a local tokenizer
-QUIET = ["--trainer.logger=false", "--trainer.enable_progress_bar=false"]
-
-
-def run(capsys, *args: str) -> tuple[int, list[str]]:
-    code = entry_point(list(args))
-    err = capsys.readouterr().err
-    assert "Traceback" not in err and "usage:" not in err, err
-    return code, [line for line in err.splitlines() if line.strip()]
+from .cli_runs import QUIET, SORT, TINY_LM, run
 
 
 def test_check_range_names_the_option_the_value_and_the_valid_range():
