@@ -14,6 +14,8 @@ import warnings
 IGNORED_WARNINGS: list[tuple[str, type[Warning], str]] = [
     # Lightning 2.6 flattens every batch with torch's LeafSpec, which torch 2.13 deprecates; nothing to change here
     (r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning, r"lightning\.pytorch\.utilities\._pytree"),
+    # PEFT (LoRA policies) reads transformers' old name for a model's activation checkpointing
+    (r"`is_gradient_checkpointing` is deprecated", FutureWarning, r"transformers\.modeling_utils"),
     # the modules override transfer_batch_to_device on purpose (prompt batches are Python objects, not tensors)
     (r"You have overridden `transfer_batch_to_device` in `LightningModule`", UserWarning, r"lightning\.pytorch\."),
 ]

@@ -4,13 +4,13 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-from rlvr_lightning.advantages import CenteredAdvantage, GroupNormalizedAdvantage, RLOOAdvantage
+from rlvr_lightning.advantages import AdvantageCallback, CenteredAdvantage, GroupNormalizedAdvantage, RLOOAdvantage
 from rlvr_lightning.data import RLVRDataModule, SortTask
 from rlvr_lightning.modules import RLVRModule
 from rlvr_lightning.modules.options import AggregationConfig, KLConfig, UpdateConfig, ValidationConfig
 from rlvr_lightning.policies.base import SamplingConfig
 from rlvr_lightning.policies.toy_sort import ToySortPolicy
-from rlvr_lightning.rewards import RewardCallback, SortInclusionOrderingReward
+from rlvr_lightning.rewards import SortInclusionOrderingReward
 
 
 class MetricsRecorder(pl.Callback):
@@ -198,8 +198,10 @@ def test_micro_batching_is_exact_gradient_accumulation(in_tmp_dir, aggregation):
     )
 
 
-class NaNReward(RewardCallback):
-    def score(self, rollout):
+class NaNAdvantage(AdvantageCallback):
+    """A non-finite loss (a NaN reward fails its row instead: tests/rewards/test_untrusted_reward_values.py)."""
+
+    def compute(self, rollout):
         return torch.full((rollout.num_rows,), math.nan)
 
 
@@ -207,7 +209,7 @@ def test_non_finite_updates_are_skipped_then_stop_the_run(in_tmp_dir):
     module = RLVRModule(policy(), group_size=2, update=UpdateConfig(max_consecutive_skips=3))
     before = [p.detach().clone() for p in module.policy.parameters()]
     with pytest.raises(RuntimeError, match="3 consecutive updates had a non-finite loss"):
-        fit(module, [NaNReward(), CenteredAdvantage()], steps=5)
+        fit(module, [SortInclusionOrderingReward(), NaNAdvantage()], steps=5)
     assert module.policy_update.skipped_updates == 3
     for old, new in zip(before, module.policy.parameters(), strict=True):
         assert torch.equal(old, new)
