@@ -188,7 +188,10 @@ TOY_MODEL = {
         "policy": {
             "class_path": "rlvr_lightning.policies.toy_sort.ToySortPolicy",
             "init_args": {"vocab_size": 5, "prompt_length": 3, "embedding_dim": 8},
-        }
+        },
+        # a distillation config's teacher scores the real task's tokens: the toy policy runs without one
+        "teacher": None,
+        "distillation": {"coef": 1.0, "rl_coef": 1.0},
     },
 }
 TOY_DATA = {
