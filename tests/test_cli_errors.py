@@ -10,16 +10,9 @@ import pytest
 
 from rlvr_lightning.cli import entry_point
 
+from .cli_runs import QUIET, SORT, run
+
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-SORT = str(CONFIGS / "sort_grpo.yaml")
-QUIET = ["--trainer.logger=false", "--trainer.enable_progress_bar=false"]
-
-
-def run(capsys, *args: str) -> tuple[int, list[str]]:
-    code = entry_point(list(args))
-    err = capsys.readouterr().err
-    assert "usage:" not in err and "Traceback" not in err and "Namespace(" not in err, err
-    return code, [line for line in err.splitlines() if line.strip()]
 
 
 def write(path: Path, text: str) -> str:
