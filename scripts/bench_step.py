@@ -20,6 +20,7 @@ than the wall times.
     python scripts/bench_step.py                       # the tiny and smollm2 cases, ours vs TRL
     python scripts/bench_step.py --case tiny --steps 10
     python scripts/bench_step.py --case smollm2 --steps 4   # needs `rlvr-models fetch smollm2-135m-instruct`
+    python scripts/bench_step.py --case smollm2 smollm2_long --device cuda   # both legs on a GPU (fp32)
     python scripts/bench_step.py --case smollm2 smollm2_long --legs ours vllm trl --rounds 2 \
         --vllm-python .venv-vllm/bin/python
 
@@ -81,7 +82,9 @@ LEGS = ("ours", "vllm", "trl")
 # ----------------------------------------------------------------------------- ours
 
 
-def run_ours(model_dir: Path, case: dict, steps: int, seed: int, engine: bool = False) -> StepTimer:
+def run_ours(
+    model_dir: Path, case: dict, steps: int, seed: int, engine: bool = False, device: str = "cpu"
+) -> StepTimer:
     import lightning.pytorch as pl
 
     from rlvr_lightning.advantages import GroupNormalizedAdvantage
@@ -96,7 +99,7 @@ def run_ours(model_dir: Path, case: dict, steps: int, seed: int, engine: bool = 
         def score(self, rollout):
             return torch.tensor([digit_reward(t) for t in rollout.response_text])
 
-    timer = StepTimer()
+    timer = StepTimer(device)
 
     class Timing(pl.Callback):
         def on_train_batch_start(self, *args):
@@ -139,7 +142,7 @@ def run_ours(model_dir: Path, case: dict, steps: int, seed: int, engine: bool = 
         InlineTask(examples=[{"prompt": p} for p in case["prompts"]], seed=seed), batch_size=len(case["prompts"])
     )
     trainer = pl.Trainer(
-        accelerator="cpu",
+        accelerator="gpu" if device == "cuda" else "cpu",
         devices=1,
         max_epochs=1,
         limit_train_batches=steps,
@@ -203,6 +206,8 @@ def run_leg(leg: str, case: str, model_dir: Path, args, steps: int, tmp: Path) -
         str(out),
         "--tiny-prompts",
         args.tiny_prompts,
+        "--device",
+        args.device,
     ]
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
     return json.loads(out.read_text())
@@ -213,9 +218,9 @@ def worker(args) -> int:
     model_dir = Path(args.model_dir)
     if args.worker == "trl":
         with tempfile.TemporaryDirectory(prefix="bench_step-trl-") as tmp:
-            timer = run_trl(model_dir, case, args.steps, args.seed, tmp)
+            timer = run_trl(model_dir, case, args.steps, args.seed, tmp, device=args.device)
     else:
-        timer = run_ours(model_dir, case, args.steps, args.seed, engine=args.worker == "vllm")
+        timer = run_ours(model_dir, case, args.steps, args.seed, engine=args.worker == "vllm", device=args.device)
     Path(args.json).write_text(json.dumps(timer.steps))
     return 0
 
@@ -229,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=1, help="ours-then-TRL runs per case (medians over all rounds)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: both legs on the first GPU")
     parser.add_argument("--json", type=str, default=None, help="also write the results to this file")
     parser.add_argument(
         "--tiny-prompts",

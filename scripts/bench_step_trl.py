@@ -10,12 +10,12 @@ from bench_step_cases import LR, StepTimer, digit_reward
 from rlvr_lightning.timing import clock  # waits for the device's queued work before reading the time
 
 
-def run_trl(model_dir: Path, case: dict, steps: int, seed: int, output_dir: str) -> StepTimer:
+def run_trl(model_dir: Path, case: dict, steps: int, seed: int, output_dir: str, device: str = "cpu") -> StepTimer:
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    timer = StepTimer()
+    timer = StepTimer(device)
     lengths: list[int] = []
 
     class Timing(TrainerCallback):
@@ -64,7 +64,7 @@ def run_trl(model_dir: Path, case: dict, steps: int, seed: int, output_dir: str)
         weight_decay=0.0,
         max_grad_norm=1.0,
         max_steps=steps,
-        use_cpu=True,
+        use_cpu=device == "cpu",
         bf16=False,
         fp16=False,
         logging_steps=1,

@@ -13,18 +13,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-import lightning.pytorch as pl
 import pytest
 import torch
 import yaml
 
+from rlvr_lightning.cli import entry_point, main
+
+from .gsm8k_tiny import WeightsAtStart, write_tiny_gsm8k_override
+
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
-sys.path.insert(0, str(TESTS / "policies"))
-from tiny_lm import save_tiny_tokenizer, tiny_llama_config  # noqa: E402
-
-from rlvr_lightning.cli import entry_point, main  # noqa: E402
-from rlvr_lightning.rewards.base import RewardCallback  # noqa: E402
 
 RECIPE = ROOT / "configs" / "gsm8k_qwen2.5_math_1.5b.yaml"
 OVERLAYS = sorted((ROOT / "configs" / "gpu").glob("*.yaml"))
@@ -61,57 +59,7 @@ def test_overlay_parses_on_the_recipe(overlay, capsys):
 
 @pytest.fixture(scope="module")
 def tiny_override(tmp_path_factory) -> Path:
-    """Swaps the recipe's model for a tiny random Llama (a 1024-token context: the R1-Zero prompt is ~330 of its
-    tokens) and its data for 6 GSM8K-format lines; 1 step on a CPU."""
-    tmp = tmp_path_factory.mktemp("gsm8k_tiny")
-    data = tmp / "gsm8k.jsonl"
-    data.write_text(
-        "".join(
-            json.dumps({"question": f"What is {a} + {b}?", "answer": f"{a}+{b}={a + b}\n#### {a + b}"}) + "\n"
-            for a, b in [(2, 3), (4, 5), (1, 1), (7, 2), (3, 3), (6, 1)]
-        )
-    )
-    override = {
-        "trainer": {
-            "accelerator": "cpu",
-            "devices": 1,
-            "limit_train_batches": 1,
-            "limit_val_batches": 1,
-            "val_check_interval": 1,
-            "logger": False,
-            "enable_progress_bar": False,
-            "enable_model_summary": False,
-            "default_root_dir": str(tmp / "runs"),
-        },
-        "model": {
-            "init_args": {
-                "policy": {
-                    "init_args": {
-                        "model_name_or_path": None,
-                        "config": tiny_llama_config(max_position_embeddings=1024),
-                        "tokenizer_name_or_path": str(save_tiny_tokenizer(tmp / "tokenizer")),
-                    }
-                },
-                "group_size": 4,
-                "sampling": {"max_new_tokens": 8},
-                "update": {"mini_batch_size": 4, "micro_batch_size": 2},
-                "validation": {"group_size": 2, "greedy": False},
-            }
-        },
-        "data": {
-            "init_args": {
-                "batch_size": 2,
-                "val_batch_size": 2,
-                "task": {
-                    "class_path": "rlvr_lightning.data.jsonl_task.JSONLTask",
-                    "init_args": {"path": str(data), "val_path": str(data), "num_val": 2},
-                },
-            }
-        },
-    }
-    path = tmp / "tiny.yaml"
-    path.write_text(yaml.safe_dump(override))
-    return path
+    return write_tiny_gsm8k_override(tmp_path_factory.mktemp("gsm8k_tiny"), accelerator="cpu")
 
 
 SETTINGS = {  # the GPU settings of docs/scaling.md, as command-line overrides of the recipe
@@ -124,19 +72,6 @@ SETTINGS = {  # the GPU settings of docs/scaling.md, as command-line overrides o
 }
 
 
-class WeightsAtStart(pl.Callback):
-    def on_train_start(self, trainer, pl_module):
-        self.weights = [p.detach().clone() for p in pl_module.policy.parameters()]
-
-
-class EvenTokenReward(RewardCallback):
-    """Varies over a random model's responses (GSM8K's rewards are all 0 there: no advantage, no gradient)."""
-
-    def score(self, rollout):
-        mask = rollout.response_mask
-        return ((rollout.response_ids % 2 == 0).float() * mask).sum(-1) / mask.sum(-1).clamp(min=1)
-
-
 @pytest.mark.parametrize("setting", list(SETTINGS))
 def test_recipe_runs_on_cpu_with_each_setting(setting, tiny_override, in_tmp_dir):
     cli = main(
@@ -147,8 +82,8 @@ def test_recipe_runs_on_cpu_with_each_setting(setting, tiny_override, in_tmp_dir
             "--config",
             str(tiny_override),
             *SETTINGS[setting],
-            f"--trainer.callbacks+={__name__}.WeightsAtStart",
-            f"--trainer.callbacks+={__name__}.EvenTokenReward",
+            "--trainer.callbacks+=tests.gsm8k_tiny.WeightsAtStart",
+            "--trainer.callbacks+=tests.gsm8k_tiny.EvenTokenReward",
         ]
     )
     start = next(cb for cb in cli.trainer.callbacks if isinstance(cb, WeightsAtStart))

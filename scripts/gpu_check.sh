@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# One command that checks the GPU paths on a CUDA machine and prints one summary table:
+#   tests     the GPU tests (tests/gpu: the GSM8K recipe with each GPU setting, background rollouts on a
+#             side stream, resume after Ctrl-C, host syncs per decoding step, attention kernels)
+#   smollm2   10 steps of the GSM8K recipe with SmolLM2 (configs/gpu/offline_smollm2.yaml)
+#   qwen_fsdp2     steps of the recipe at Qwen2.5-1.5B's size (random weights) sharded by FSDP2 over
+#                  every GPU (NCCL; one GPU is a world of one)
+#   qwen_offload   the same with CPU offload (configs/gpu/cpu_offload.yaml)
+#   bench     scripts/bench_step.py, ours vs TRL's GRPOTrainer on the GPU (fp32; needs `pip install trl`)
+#   vllm      the vLLM engine tests on CUDA (sleep mode, weight pushes), where vLLM is installed
+# Each part runs under a time limit (PART_LIMIT_S, default 600 s; LIMIT_<part> for one part); logs go to
+# $GPU_CHECK_OUT (runs/gpu_check).
+#
+#   bash scripts/gpu_check.sh                       # every part
+#   bash scripts/gpu_check.sh tests smollm2         # some parts
+#   GSM8K_DIR=path/to/gsm8k STEPS=10 MAX_NEW_TOKENS=256 bash scripts/gpu_check.sh
+#
+# SmolLM2 comes from `rlvr-models fetch smollm2-135m-instruct`; where the cache holds its config and tokenizer
+# but no weights, random weights of its shape are used (steps and memory are those of the real model).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${GPU_CHECK_OUT:-runs/gpu_check}"
+limit="${PART_LIMIT_S:-600}"
+steps="${STEPS:-10}"
+new_tokens="${MAX_NEW_TOKENS:-256}"
+gsm8k="${GSM8K_DIR:-../shared/data/gsm8k}"
+python="${PYTHON:-python3}"
+mkdir -p "$out"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 WANDB_MODE=disabled PYTHONUNBUFFERED=1
+parts=("$@")
+[ ${#parts[@]} -eq 0 ] && parts=(tests smollm2 qwen_fsdp2 qwen_offload bench vllm)
+rows=()
+
+"$python" - <<'EOF' | tee "$out/environment.txt"
+import torch
+print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.device_count()} GPU(s)")
+for i in range(torch.cuda.device_count()):
+    p = torch.cuda.get_device_properties(i)
+    print(f"  cuda:{i} {p.name}, {p.total_memory / 2**30:.0f} GiB, bf16 {torch.cuda.is_bf16_supported()}")
+for name in ("lightning", "transformers", "flash_attn", "vllm", "trl"):
+    try:
+        print(f"{name} {__import__(name).__version__}")
+    except ImportError:
+        print(f"{name} not installed")
+EOF
+
+# SmolLM2 with random weights where only its config and tokenizer are in the cache
+smollm2_dir="$("$python" -m rlvr_lightning.policies.model_cache path smollm2-135m-instruct 2>/dev/null)"
+if [ -n "$smollm2_dir" ] && [ -f "$smollm2_dir/config.json" ] && ! ls "$smollm2_dir"/*.safetensors >/dev/null 2>&1; then
+    random_cache="$out/random_cache"
+    "$python" - "$smollm2_dir" "$random_cache/models/smollm2-135m-instruct" <<'EOF'
+import shutil, sys
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+source, target = sys.argv[1:]
+torch.manual_seed(0)
+AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(source)).save_pretrained(target)
+AutoTokenizer.from_pretrained(source).save_pretrained(target)
+print(f"SmolLM2: random weights of its shape in {target}")
+EOF
+    export RLVR_CACHE="$random_cache"
+fi
+
+# median of a metrics.csv column over the steps after the first (the first compiles and warms up)
+metric() {
+    "$python" - "$1" "$2" <<'EOF'
+import csv, statistics, sys
+rows = [r for r in csv.DictReader(open(sys.argv[1])) if r.get(sys.argv[2])]
+values = [float(r[sys.argv[2]]) for r in rows][1:] or [float(r[sys.argv[2]]) for r in rows]
+print(f"{statistics.median(values):.3g}" if values else "-")
+EOF
+}
+
+run_part() {  # name, figure command, command...
+    local name=$1 figure=$2
+    shift 2
+    local started=$SECONDS
+    echo "== $name: $*" | tee -a "$out/commands.txt"
+    local seconds
+    seconds=$(eval echo "\${LIMIT_$name:-$limit}")  # LIMIT_<part>=seconds overrides PART_LIMIT_S
+    timeout -k 20 "$seconds" bash -c '"$@"' "$name" "$@" >"$out/$name.log" 2>&1  # bash: the parts' functions
+    local code=$? status=ok
+    [ $code -eq 124 ] && status="timed out (${seconds} s)"
+    [ $code -ne 0 ] && [ $code -ne 124 ] && status="FAILED ($code)"
+    [ $code -eq 77 ] && status="skipped"
+    rows+=("$(printf '%-13s %-18s %6s s  %s' "$name" "$status" $((SECONDS - started)) "$(eval "$figure" 2>/dev/null)")")
+    tail -n 3 "$out/$name.log"
+}
+
+fit_recipe() {  # name, steps, overlays... : the GSM8K recipe with a CSV logger in $out/$name
+    local name=$1 n=$2
+    shift 2
+    local overlays=()
+    for overlay in "$@"; do overlays+=(--config "configs/gpu/$overlay.yaml"); done
+    "$python" -m rlvr_lightning.cli fit --config configs/gsm8k_qwen2.5_math_1.5b.yaml "${overlays[@]}" \
+        --run_name "gpu_check_$name" --trainer.default_root_dir "$out/$name" \
+        --trainer.logger "{class_path: lightning.pytorch.loggers.CSVLogger, init_args: {save_dir: $out/$name}}" \
+        --trainer.limit_train_batches "$n" --trainer.limit_val_batches 0 \
+        --trainer.enable_progress_bar false --model.init_args.sampling.max_new_tokens "$new_tokens" \
+        --data.init_args.task.init_args.path "$gsm8k/train.jsonl" \
+        --data.init_args.task.init_args.val_path "$gsm8k/test.jsonl"
+}
+
+fit_figure() {  # step time and sampling speed of a fit_recipe run
+    local csv
+    csv=$(find "$out/$1" -name metrics.csv | head -n 1)
+    echo "step $(metric "$csv" time/step_s) s, generation $(metric "$csv" train/generation/tokens_per_second) tok/s"
+}
+
+vllm_tests() {
+    "$python" -c "import vllm" 2>/dev/null || { echo "vLLM is not installed"; return 77; }
+    "$python" -m pytest -q tests/engines
+}
+
+export out steps new_tokens gsm8k python
+export -f fit_recipe vllm_tests
+
+for part in "${parts[@]}"; do
+    case "$part" in
+    tests) run_part tests "grep -E '[0-9]+ (passed|failed)' $out/tests.log | tail -n 1" \
+        "$python" -m pytest -q -p no:cacheprovider tests/gpu ;;
+    smollm2) run_part smollm2 "fit_figure smollm2" fit_recipe smollm2 "$steps" offline_smollm2 ;;
+    qwen_fsdp2) run_part qwen_fsdp2 "fit_figure qwen_fsdp2" \
+        fit_recipe qwen_fsdp2 "$((steps / 2))" offline_qwen2.5_1.5b_random fsdp2 ;;
+    qwen_offload) run_part qwen_offload "fit_figure qwen_offload" \
+        fit_recipe qwen_offload 3 offline_qwen2.5_1.5b_random fsdp2 cpu_offload ;;
+    bench) run_part bench "grep -E '^trl / ours' $out/bench.log | head -n 2 | tr '\n' ' '" \
+        "$python" scripts/bench_step.py --case smollm2 smollm2_long --device cuda --steps 4 ;;
+    vllm) run_part vllm "grep -E '[0-9]+ (passed|failed)|not installed' $out/vllm.log | tail -n 1" vllm_tests ;;
+    *) echo "unknown part '$part'; the parts: tests smollm2 qwen_fsdp2 qwen_offload bench vllm" >&2; exit 2 ;;
+    esac
+done
+
+echo
+echo "GPU check ($(head -n 1 "$out/environment.txt"))" | tee "$out/summary.txt"
+printf '%-13s %-18s %8s  %s\n' part status time figure | tee -a "$out/summary.txt"
+printf '%s\n' "${rows[@]}" | tee -a "$out/summary.txt"
+! printf '%s\n' "${rows[@]}" | grep -qE 'FAILED|timed out'
