@@ -104,7 +104,9 @@ fit_recipe() {  # name, steps, overlays... : the GSM8K recipe with a CSV logger 
 fit_figure() {  # step time and sampling speed of a fit_recipe run
     local csv
     csv=$(find "$out/$1" -name metrics.csv | head -n 1)
-    echo "step $(metric "$csv" time/step_s) s, generation $(metric "$csv" train/generation/tokens_per_second) tok/s"
+    echo "step $(metric "$csv" time/step_s) s (generation $(metric "$csv" time/generation_s), scoring" \
+        "$(metric "$csv" time/scoring_s), update $(metric "$csv" time/update_s)); $(metric "$csv" \
+        train/generation/tokens_per_second) tok/s"
 }
 
 vllm_tests() {

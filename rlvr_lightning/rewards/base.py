@@ -147,7 +147,8 @@ class RewardCallback(Callback):
         score that is not a finite number fails its row."""
         errors_before = self.num_errors
         try:
-            scores = _as_scores(self.score(rollout), rollout.num_rows)
+            # a reward computed on the host joins the rollout's device (the GPU's), where the weighted sum is made
+            scores = _as_scores(self.score(rollout), rollout.num_rows).to(rollout.response_ids.device)
         except KeyboardInterrupt:
             raise
         except BaseException as error:
