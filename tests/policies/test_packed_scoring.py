@@ -1,0 +1,124 @@
+"""Padding-free packed scoring (`HFPolicy.packed_sequences`) gives the padded forward's numbers: log-probs, entropy,
+hidden states and their gradients, on rows of very uneven lengths (left-padded prompts, a hole in a response mask,
+an empty response), with transformers' own packed-sequence mask and with the explicit block-diagonal one."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlvr_lightning.core.packing import block_causal_mask, packed_layout, partition_by_tokens
+from rlvr_lightning.policies import packing
+from rlvr_lightning.rollout import Rollout
+
+PROMPT_LENGTHS = [3, 9, 1, 5, 9, 2]
+RESPONSE_LENGTHS = [1, 14, 6, 0, 3, 9]
+
+
+def uneven_rollout(vocab: int = 300, seed: int = 0, prompt_lengths=PROMPT_LENGTHS, response_lengths=RESPONSE_LENGTHS):
+    """Rows with left-padded prompts and right-padded responses of the given lengths (pad id 0)."""
+    g = torch.Generator().manual_seed(seed)
+    n, p, t = len(prompt_lengths), max(prompt_lengths), max(response_lengths)
+    prompt_ids = torch.zeros(n, p, dtype=torch.long)
+    prompt_mask = torch.zeros(n, p, dtype=torch.long)
+    response_ids = torch.zeros(n, t, dtype=torch.long)
+    response_mask = torch.zeros(n, t)
+    for i, (lp, lr) in enumerate(zip(prompt_lengths, response_lengths)):
+        prompt_ids[i, p - lp :] = torch.randint(10, vocab, (lp,), generator=g)
+        prompt_mask[i, p - lp :] = 1
+        response_ids[i, :lr] = torch.randint(10, vocab, (lr,), generator=g)
+        response_mask[i, :lr] = 1
+    if t > 4 and response_lengths[1] > 4:
+        response_mask[1, 2:4] = 0  # an inserted observation: in the context, not scored
+    return Rollout(
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        response_ids=response_ids,
+        response_mask=response_mask,
+        group_index=torch.arange(n),
+        group_size=1,
+        truncated=torch.zeros(n, dtype=torch.bool),
+    )
+
+
+def _scores(policy, rollout, packed: bool):
+    policy.packed_sequences = packed
+    policy.model.zero_grad()
+    log_probs, entropy, hidden = policy.token_log_probs_and_hidden(rollout, 0.7, with_entropy=True)
+    tokens = rollout.response_mask.sum()
+    ((log_probs.sum() + 0.1 * entropy.sum()) / tokens + hidden.square().sum() / tokens).backward()
+    grads = [p.grad.clone() for p in policy.model.parameters()]
+    with torch.no_grad():
+        decoder_hidden = policy.response_hidden_states(rollout)
+    return log_probs.detach(), entropy.detach(), hidden.detach(), decoder_hidden, grads
+
+
+def _assert_same(a, b, tol=1e-5):
+    for x, y in zip(a[:4], b[:4]):
+        assert x.shape == y.shape
+        torch.testing.assert_close(x, y, atol=tol, rtol=0)
+    for x, y in zip(a[4], b[4]):
+        torch.testing.assert_close(x, y, atol=tol, rtol=0)
+
+
+@pytest.mark.parametrize("share_prompt_prefix", [False, True])
+def test_packed_scoring_matches_padded(make_policy, share_prompt_prefix):
+    policy = make_policy(share_prompt_prefix=share_prompt_prefix)
+    rollout = uneven_rollout(policy.hf_config.vocab_size)
+    calls = []
+    handle = policy.model.register_forward_pre_hook(lambda m, a, k: calls.append(k["input_ids"].shape), with_kwargs=True)
+    try:
+        packed = _scores(policy, rollout, packed=True)
+    finally:
+        handle.remove()
+    assert calls[0][0] == 1  # one packed row
+    assert calls[0][1] == sum(PROMPT_LENGTHS) + sum(max(r - 1, 0) for r in RESPONSE_LENGTHS)
+    _assert_same(packed, _scores(policy, rollout, packed=False))
+    assert bool((packed[0][3] == 0).all())  # the empty response
+
+
+def test_explicit_block_mask_matches_padded(make_policy, monkeypatch):
+    """A model whose mask is not built by transformers' masking utilities gets the explicit block-diagonal mask."""
+    policy = make_policy(share_prompt_prefix=False)
+    rollout = uneven_rollout(policy.hf_config.vocab_size, seed=1)
+    padded = _scores(policy, rollout, packed=False)
+    monkeypatch.setattr(packing, "builds_packed_mask", lambda model: False)
+    _assert_same(_scores(policy, rollout, packed=True), padded)
+
+
+def test_packing_gives_way_to_prefix_sharing_when_that_runs_fewer_positions(make_policy):
+    """Eight rows sharing one long prompt with short responses: prefix sharing (the prompt once) is cheaper."""
+    policy = make_policy(share_prompt_prefix=True)
+    shared = uneven_rollout(policy.hf_config.vocab_size, prompt_lengths=[9] * 8, response_lengths=[2, 3] * 4)
+    shared.prompt_ids[:] = shared.prompt_ids[0]
+    policy.packed_sequences = True
+    assert not policy._packing_pays(shared)
+    assert policy._packing_pays(uneven_rollout(policy.hf_config.vocab_size))  # distinct prompts: packed
+    policy.share_prompt_prefix = False
+    assert policy._packing_pays(shared)
+
+
+def test_packed_layout_by_hand():
+    # rows: prompt 2 + response 3 -> positions p p r r ; prompt 1 + response 2 -> p r ; prompt 2 + response 0 -> p p
+    layout = packed_layout(torch.tensor([2, 1, 2]), torch.tensor([3, 2, 0]))
+    assert layout.position_ids.tolist() == [0, 1, 2, 3, 0, 1, 0, 1]
+    assert layout.score_index.tolist() == [1, 2, 3, 4, 5]
+    assert layout.score_rows.tolist() == [0, 0, 0, 1, 1]
+    assert layout.score_columns.tolist() == [0, 1, 2, 0, 1]
+    assert layout.cu_seqlens.tolist() == [0, 4, 6, 8]
+    assert layout.max_length == 4
+    allowed = block_causal_mask(layout.position_ids, torch.float32)[0, 0] == 0
+    assert allowed[5].tolist() == [False] * 4 + [True, True, False, False]
+    assert allowed[3].tolist() == [True] * 4 + [False] * 4
+
+
+def test_partition_by_tokens():
+    lengths = [7, 3, 5, 2, 6, 1]
+    parts = partition_by_tokens(lengths, budget=8)
+    assert sorted(i for part in parts for i in part) == list(range(6))
+    assert all(sum(lengths[i] for i in part) <= 8 for part in parts)
+    assert len(parts) == 3  # 24 tokens, at least 3 parts of 8
+    more = partition_by_tokens(lengths, budget=8, num_parts=5)
+    assert len(more) == 5 and all(part and sum(lengths[i] for i in part) <= 8 for part in more)
+    with pytest.raises(ValueError, match="does not fit"):
+        partition_by_tokens(lengths, budget=6)
