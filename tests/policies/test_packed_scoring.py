@@ -9,36 +9,7 @@ import torch
 
 from rlvr_lightning.core.packing import block_causal_mask, packed_layout, partition_by_tokens
 from rlvr_lightning.policies import packing
-from rlvr_lightning.rollout import Rollout
-
-PROMPT_LENGTHS = [3, 9, 1, 5, 9, 2]
-RESPONSE_LENGTHS = [1, 14, 6, 0, 3, 9]
-
-
-def uneven_rollout(vocab: int = 300, seed: int = 0, prompt_lengths=PROMPT_LENGTHS, response_lengths=RESPONSE_LENGTHS):
-    """Rows with left-padded prompts and right-padded responses of the given lengths (pad id 0)."""
-    g = torch.Generator().manual_seed(seed)
-    n, p, t = len(prompt_lengths), max(prompt_lengths), max(response_lengths)
-    prompt_ids = torch.zeros(n, p, dtype=torch.long)
-    prompt_mask = torch.zeros(n, p, dtype=torch.long)
-    response_ids = torch.zeros(n, t, dtype=torch.long)
-    response_mask = torch.zeros(n, t)
-    for i, (lp, lr) in enumerate(zip(prompt_lengths, response_lengths)):
-        prompt_ids[i, p - lp :] = torch.randint(10, vocab, (lp,), generator=g)
-        prompt_mask[i, p - lp :] = 1
-        response_ids[i, :lr] = torch.randint(10, vocab, (lr,), generator=g)
-        response_mask[i, :lr] = 1
-    if t > 4 and response_lengths[1] > 4:
-        response_mask[1, 2:4] = 0  # an inserted observation: in the context, not scored
-    return Rollout(
-        prompt_ids=prompt_ids,
-        prompt_mask=prompt_mask,
-        response_ids=response_ids,
-        response_mask=response_mask,
-        group_index=torch.arange(n),
-        group_size=1,
-        truncated=torch.zeros(n, dtype=torch.bool),
-    )
+from tests.packed_rows import PROMPT_LENGTHS, RESPONSE_LENGTHS, uneven_rollout
 
 
 def _scores(policy, rollout, packed: bool):
@@ -54,10 +25,10 @@ def _scores(policy, rollout, packed: bool):
 
 
 def _assert_same(a, b, tol=1e-5):
-    for x, y in zip(a[:4], b[:4]):
+    for x, y in zip(a[:4], b[:4], strict=True):
         assert x.shape == y.shape
         torch.testing.assert_close(x, y, atol=tol, rtol=0)
-    for x, y in zip(a[4], b[4]):
+    for x, y in zip(a[4], b[4], strict=True):
         torch.testing.assert_close(x, y, atol=tol, rtol=0)
 
 
@@ -66,7 +37,9 @@ def test_packed_scoring_matches_padded(make_policy, share_prompt_prefix):
     policy = make_policy(share_prompt_prefix=share_prompt_prefix)
     rollout = uneven_rollout(policy.hf_config.vocab_size)
     calls = []
-    handle = policy.model.register_forward_pre_hook(lambda m, a, k: calls.append(k["input_ids"].shape), with_kwargs=True)
+    handle = policy.model.register_forward_pre_hook(
+        lambda m, a, k: calls.append(k["input_ids"].shape), with_kwargs=True
+    )
     try:
         packed = _scores(policy, rollout, packed=True)
     finally:
