@@ -20,6 +20,7 @@ than the wall times.
     python scripts/bench_step.py                       # the tiny and smollm2 cases, ours vs TRL
     python scripts/bench_step.py --case tiny --steps 10
     python scripts/bench_step.py --case smollm2 --steps 4   # needs `rlvr-models fetch smollm2-135m-instruct`
+    python scripts/bench_step.py --case natural --steps 7  # uneven lengths: padded vs packed micro-batches
     python scripts/bench_step.py --case smollm2 smollm2_long --legs ours vllm trl --rounds 2 \
         --vllm-python .venv-vllm/bin/python
 
@@ -265,6 +266,11 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench_step-") as tmp:
         for name in cases:
             case = CASES[name]
+            if case.get("natural_lengths"):  # ours padded vs ours packed on one replayed rollout
+                from bench_step_packing import natural_case
+
+                results[name] = natural_case(name, case, args, Path(tmp))
+                continue
             steps = args.steps or (10 if name == "tiny" else 4)
             model_dir = make_tiny_model(Path(tmp) / "tiny") if name == "tiny" else smollm2_dir()
             recorded: dict[str, list[dict]] = {leg: [] for leg in LEGS if leg in args.legs}
