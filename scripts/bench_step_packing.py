@@ -7,8 +7,9 @@ end after a geometric number of tokens (mean ~1/p) or at `new_tokens`. Both legs
 (same tokens, lengths, advantages) from the same weights: old log-probs (two mini-batches, so the update reads
 them), reference log-probs (KL in the loss), entropy bonus, and the update (PPO-clip, token-mean, AdamW, clip 1).
 The legs alternate (padded, packed, padded, ...) in one process with one torch thread; each pair gives a ratio,
-and the script prints the medians, the ratios' median and spread (min, max), and the largest difference of the
-two legs' losses. TRL's `GRPOTrainer` samples its own completions and cannot replay given ones: not measured.
+and the script prints the medians of wall and process CPU time (`_cpu`: far less disturbed by other processes on
+a shared machine), the ratios' median and spread (min, max), and the largest difference of the two legs' losses.
+TRL's `GRPOTrainer` samples its own completions and cannot replay given ones: not measured.
 """
 
 from __future__ import annotations
@@ -87,12 +88,20 @@ def _leg(policy, reference, weights, rollout, sampling, update: UpdateConfig, lr
     replay = rollout.select(torch.arange(rollout.num_rows))  # a copy: the inputs are added to it
     replay.old_log_probs = None
     torch.manual_seed(0)  # the same mini-batch order
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     passes.add_old_and_reference_log_probs(replay)
-    t1 = time.perf_counter()
+    t1, c1 = time.perf_counter(), time.process_time()
     metrics = passes.run(replay, _Module(optimizer))
-    t2 = time.perf_counter()
-    return {"scoring": t1 - t0, "update": t2 - t1, "total": t2 - t0, "loss": float(metrics["train/loss"])}
+    t2, c2 = time.perf_counter(), time.process_time()
+    return {
+        "scoring": t1 - t0,
+        "update": t2 - t1,
+        "total": t2 - t0,
+        "scoring_cpu": c1 - c0,
+        "update_cpu": c2 - c1,
+        "total_cpu": c2 - c0,
+        "loss": float(metrics["train/loss"]),
+    }
 
 
 def run_natural(model_dir, case: dict, rounds: int, seed: int, lr: float) -> dict:

@@ -39,6 +39,16 @@ def is_whole(rows: list[Tensor] | list[slice], num_rows: int) -> bool:
     return len(rows) == 1 and (isinstance(rows[0], slice) or len(rows[0]) == num_rows)
 
 
+def micro_batches(rollout: Rollout, update: UpdateConfig):
+    """The micro-batches of `rollout` (`micro_batch_rows`), the rollout itself when it is one."""
+    rows = micro_batch_rows(rollout, update)
+    if is_whole(rows, rollout.num_rows):
+        yield rollout
+        return
+    for selection in rows:
+        yield rollout.select(selection)
+
+
 def scored_in_order(rollout: Rollout, rows: list[Tensor] | list[slice], score) -> Tensor:
     """`score(micro_batch)` (`[n, ...]`) for every row of `rollout`, put back in the rollout's order."""
     if is_whole(rows, rollout.num_rows):

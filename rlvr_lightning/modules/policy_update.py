@@ -43,7 +43,7 @@ from rlvr_lightning.core.masked import join_masked, masked_mean
 from rlvr_lightning.core.policy_losses import PolicyLoss, PolicyLossOutput, merged_stats
 from rlvr_lightning.modules.distillation import DistillationConfig, Teacher
 from rlvr_lightning.modules.gradients import backward_sync, policy_gradient_norm
-from rlvr_lightning.modules.micro_batches import is_whole, micro_batch_rows, pack_sequences, scored_in_order
+from rlvr_lightning.modules.micro_batches import micro_batch_rows, micro_batches, pack_sequences, scored_in_order
 from rlvr_lightning.modules.options import AggregationConfig, ImportanceSamplingConfig, KLConfig, UpdateConfig
 from rlvr_lightning.policies.base import Policy, SamplingConfig
 from rlvr_lightning.rollout import Rollout
@@ -124,12 +124,7 @@ class PolicyUpdate:
         return micro_batch_rows(rollout, self.update)
 
     def micro_batches(self, rollout: Rollout):
-        rows = self.micro_batch_rows(rollout)
-        if is_whole(rows, rollout.num_rows):
-            yield rollout
-            return
-        for selection in rows:
-            yield rollout.select(selection)
+        return micro_batches(rollout, self.update)
 
     def by_micro_batch(self, rollout: Rollout, score) -> Tensor:
         """`score(micro_batch)` (`[n, ...]` per micro-batch) for every row of `rollout`, in its order."""

@@ -95,3 +95,29 @@ def test_partition_by_tokens():
     assert len(more) == 5 and all(part and sum(lengths[i] for i in part) <= 8 for part in more)
     with pytest.raises(ValueError, match="does not fit"):
         partition_by_tokens(lengths, budget=6)
+
+
+def _gpu_implementations() -> list[str]:
+    from transformers.utils import is_flash_attn_2_available
+
+    return ["sdpa", "eager"] + (["flash_attention_2"] if is_flash_attn_2_available() else [])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("implementation", _gpu_implementations())
+def test_packed_scoring_matches_padded_on_a_gpu(make_policy, implementation):
+    """On a GPU (fp32; flash attention in bf16 where installed, which only the packed path can use unpadded)."""
+    from rlvr_lightning.policies.base import set_compute_device
+
+    dtype = torch.bfloat16 if implementation == "flash_attention_2" else torch.float32
+    policy = make_policy(share_prompt_prefix=False, attn_implementation=implementation)
+    policy.to(device="cuda", dtype=dtype)
+    set_compute_device(policy, torch.device("cuda"))
+    rollout = uneven_rollout(policy.hf_config.vocab_size)
+    for name in ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "group_index", "truncated"):
+        setattr(rollout, name, getattr(rollout, name).cuda())
+    tol = 3e-2 if dtype == torch.bfloat16 else 1e-4
+    packed = [t.cpu().float() for t in _scores(policy, rollout, packed=True)[:4]]
+    padded = [t.cpu().float() for t in _scores(policy, rollout, packed=False)[:4]]
+    for a, b in zip(packed, padded, strict=True):
+        torch.testing.assert_close(a, b, atol=tol, rtol=0)
