@@ -182,13 +182,11 @@ def summarize(result: dict, case: dict) -> list[str]:
         f"padded micro-batches of {case['micro_batch']} rows, packed of <= {case['micro_batch_tokens']} tokens; "
         f"positions in the padded tensors {result['positions']['padded']}, real {result['positions']['packed']}"
     )
-    lines.append(
-        f"{'':<8}{'scoring':>10}{'update':>10}{'total':>10}   (median seconds over {len(legs['padded'])} rounds)"
-    )
+    keys = ("scoring", "update", "total", "scoring_cpu", "update_cpu", "total_cpu")
+    lines.append("".join(f"{k:>12}" for k in ("", *keys)) + f"   (median seconds over {len(legs['padded'])} rounds)")
     for name, runs in legs.items():
-        cells = "".join(f"{statistics.median(r[k] for r in runs):>10.3f}" for k in ("scoring", "update", "total"))
-        lines.append(f"{name:<8}{cells}")
-    for key in ("scoring", "update", "total"):
+        lines.append(f"{name:>12}" + "".join(f"{statistics.median(r[k] for r in runs):>12.3f}" for k in keys))
+    for key in keys:
         ratios = [a[key] / b[key] for a, b in zip(legs["padded"], legs["packed"], strict=True)]
         lines.append(
             f"padded / packed {key}: median {statistics.median(ratios):.2f}x (pairs: min {min(ratios):.2f}x, "

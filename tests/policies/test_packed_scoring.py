@@ -18,7 +18,7 @@ def _scores(policy, rollout, packed: bool):
     log_probs, entropy, hidden = policy.token_log_probs_and_hidden(rollout, 0.7, with_entropy=True)
     tokens = rollout.response_mask.sum()
     ((log_probs.sum() + 0.1 * entropy.sum()) / tokens + hidden.square().sum() / tokens).backward()
-    grads = [p.grad.clone() for p in policy.model.parameters()]
+    grads = [p.grad.clone() for p in policy.model.parameters() if p.grad is not None]
     with torch.no_grad():
         decoder_hidden = policy.response_hidden_states(rollout)
     return log_probs.detach(), entropy.detach(), hidden.detach(), decoder_hidden, grads
@@ -48,6 +48,14 @@ def test_packed_scoring_matches_padded(make_policy, share_prompt_prefix):
     assert calls[0][1] == sum(PROMPT_LENGTHS) + sum(max(r - 1, 0) for r in RESPONSE_LENGTHS)
     _assert_same(packed, _scores(policy, rollout, packed=False))
     assert bool((packed[0][3] == 0).all())  # the empty response
+
+
+@pytest.mark.parametrize("options", [{"lora_r": 4, "lora_alpha": 8.0}, {"gradient_checkpointing": True}])
+def test_packed_scoring_matches_padded_with_lora_or_checkpointing(make_policy, options):
+    policy = make_policy(share_prompt_prefix=False, **options)
+    policy.train()
+    rollout = uneven_rollout(policy.hf_config.vocab_size, seed=2)
+    _assert_same(_scores(policy, rollout, packed=True), _scores(policy, rollout, packed=False))
 
 
 def test_explicit_block_mask_matches_padded(make_policy, monkeypatch):
