@@ -13,6 +13,19 @@ from rlvr_lightning.policies.packing import row_tokens
 from rlvr_lightning.rollout import Rollout
 
 
+class TokenBudgetError(ValueError):
+    """A row longer than `update.micro_batch_tokens` (`rlvr` prints it without a traceback)."""
+
+
+def check_token_budget(budget: int, response_tokens: int) -> None:
+    """Before any work: a budget that not even a one-token prompt and the longest response fit."""
+    if budget <= response_tokens:
+        raise ValueError(
+            f"update.micro_batch_tokens={budget} is smaller than a row can be (a prompt and up to {response_tokens} "
+            f"response tokens); valid: an integer >= the longest prompt + {response_tokens}, or null"
+        )
+
+
 def micro_batch_rows(rollout: Rollout, update: UpdateConfig) -> list[Tensor] | list[slice]:
     """The rows of each micro-batch of `rollout`: slices of `update.micro_batch_size` rows, or with
     `update.micro_batch_tokens` index groups of at most that many tokens, balanced by length; as many groups on
@@ -25,7 +38,7 @@ def micro_batch_rows(rollout: Rollout, update: UpdateConfig) -> list[Tensor] | l
     lengths = row_tokens(rollout)
     longest = max(lengths, default=0)
     if longest > budget:
-        raise ValueError(
+        raise TokenBudgetError(
             f"update.micro_batch_tokens={budget} is smaller than the longest row of this step ({longest} tokens, "
             f"prompt + response); valid: an integer >= {longest} (prompt + max_new_tokens fits every row), or null"
         )

@@ -43,7 +43,13 @@ from rlvr_lightning.core.masked import join_masked, masked_mean
 from rlvr_lightning.core.policy_losses import PolicyLoss, PolicyLossOutput, merged_stats
 from rlvr_lightning.modules.distillation import DistillationConfig, Teacher
 from rlvr_lightning.modules.gradients import backward_sync, policy_gradient_norm
-from rlvr_lightning.modules.micro_batches import micro_batch_rows, micro_batches, pack_sequences, scored_in_order
+from rlvr_lightning.modules.micro_batches import (
+    check_token_budget,
+    micro_batch_rows,
+    micro_batches,
+    pack_sequences,
+    scored_in_order,
+)
 from rlvr_lightning.modules.options import AggregationConfig, ImportanceSamplingConfig, KLConfig, UpdateConfig
 from rlvr_lightning.policies.base import Policy, SamplingConfig
 from rlvr_lightning.rollout import Rollout
@@ -101,6 +107,7 @@ class PolicyUpdate:
         self.skipped_updates = 0  # non-finite updates skipped so far
         self.consecutive_skips = 0
         if update.micro_batch_tokens is not None:
+            check_token_budget(update.micro_batch_tokens, int(response_length or sampling.max_new_tokens))
             pack_sequences(policy, reference, None if teacher is None else teacher.policy)
 
     def options(self) -> dict:

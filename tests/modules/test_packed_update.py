@@ -218,7 +218,8 @@ def test_packed_ppo_critic_matches_padded(models, value_model):
     ("budget", "message"),
     [
         (0, r"update.micro_batch_tokens=0 is not valid: must be an integer >= 1 \(or null\)"),
-        (5, r"update.micro_batch_tokens=5 is smaller than the longest row of this step \(23 tokens"),
+        (14, r"update.micro_batch_tokens=14 is smaller than a row can be \(a prompt and up to 14 response tokens\)"),
+        (20, r"update.micro_batch_tokens=20 is smaller than the longest row of this step \(23 tokens"),
     ],
 )
 def test_a_bad_token_budget_names_the_option(models, budget, message):
