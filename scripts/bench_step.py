@@ -38,7 +38,9 @@ trained on the spot), 8 raw-text prompts x 8 completions x 16 tokens; the prompt
 plus a question, ~40 tokens (`--tiny-prompts short`: the bare question, ~10 tokens). `smollm2` =
 SmolLM2-135M-Instruct, 2 chat prompts (its chat template with its default system prompt, 40-44
 tokens) x 8 completions x 32 tokens; `smollm2_long` = 8 chat prompts x 8 completions x 128 tokens, the
-update in 4 micro-batches of 16 completions on both sides (one optimizer step).
+update in 4 micro-batches of 16 completions on both sides (one optimizer step). `natural` = the tiny Llama with
+EOS allowed (responses of very uneven lengths), ours only: padded row micro-batches against packed ones on one
+replayed rollout (scripts/bench_step_packing.py).
 Threads are pinned (`--threads`, default 1).
 """
 
