@@ -12,6 +12,7 @@ Pure torch and Python, no model: `policies/packing.py` runs the model over the l
 
 from __future__ import annotations
 
+import heapq
 from typing import NamedTuple
 
 import torch
@@ -22,13 +23,12 @@ def balanced_partition(lengths: list[int], num_parts: int) -> list[list[int]]:
     """`num_parts` groups of row indices with sums of `lengths` as equal as greedy makes them: longest row first
     into the lightest group (LPT scheduling; verl's seqlen_balancing balances micro-batches likewise). Each group
     lists its rows in ascending order; no group is empty while `num_parts <= len(lengths)`."""
-    loads = [0] * num_parts
     parts: list[list[int]] = [[] for _ in range(num_parts)]
+    lightest = [(0, 0, k) for k in range(num_parts)]  # (tokens, rows, group): equal loads, fewer rows first
     for row in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
-        # the lightest group, an empty one first (equal loads: the one with fewer rows)
-        target = min(range(num_parts), key=lambda k: (loads[k], len(parts[k]), k))
+        load, count, target = heapq.heappop(lightest)
         parts[target].append(row)
-        loads[target] += lengths[row]
+        heapq.heappush(lightest, (load + lengths[row], count + 1, target))
     return [sorted(part) for part in parts]
 
 

@@ -129,3 +129,18 @@ def test_packed_scoring_matches_padded_on_a_gpu(make_policy, implementation):
     padded = [t.cpu().float() for t in _scores(policy, rollout, packed=False)[:4]]
     for a, b in zip(packed, padded, strict=True):
         torch.testing.assert_close(a, b, atol=tol, rtol=0)
+
+
+def test_more_parts_than_the_fewest_always_fit(monkeypatch):
+    """Where greedy with the asked-for count would overflow a group, the fitting partition is split instead."""
+    from rlvr_lightning.core import packing as core_packing
+
+    greedy = core_packing.balanced_partition
+    overflowing = lambda lengths, num_parts: [list(range(len(lengths)))] + [[]] * (num_parts - 1)  # noqa: E731
+    monkeypatch.setattr(
+        core_packing, "balanced_partition", lambda lengths, k: overflowing(lengths, k) if k == 5 else greedy(lengths, k)
+    )
+    lengths = [7, 3, 5, 2, 6, 1]
+    parts = core_packing.partition_by_tokens(lengths, budget=8, num_parts=5)
+    assert len(parts) == 5 and sorted(i for part in parts for i in part) == list(range(6))
+    assert all(part and sum(lengths[i] for i in part) <= 8 for part in parts)
