@@ -21,6 +21,7 @@ than the wall times.
     python scripts/bench_step.py --case tiny --steps 10
     python scripts/bench_step.py --case smollm2 --steps 4   # needs `rlvr-models fetch smollm2-135m-instruct`
     python scripts/bench_step.py --case smollm2 smollm2_long --device cuda   # both legs on a GPU (fp32)
+    python scripts/bench_step.py --case natural --steps 7  # uneven lengths: padded vs packed micro-batches
     python scripts/bench_step.py --case smollm2 smollm2_long --legs ours vllm trl --rounds 2 \
         --vllm-python .venv-vllm/bin/python
 
@@ -38,7 +39,9 @@ trained on the spot), 8 raw-text prompts x 8 completions x 16 tokens; the prompt
 plus a question, ~40 tokens (`--tiny-prompts short`: the bare question, ~10 tokens). `smollm2` =
 SmolLM2-135M-Instruct, 2 chat prompts (its chat template with its default system prompt, 40-44
 tokens) x 8 completions x 32 tokens; `smollm2_long` = 8 chat prompts x 8 completions x 128 tokens, the
-update in 4 micro-batches of 16 completions on both sides (one optimizer step).
+update in 4 micro-batches of 16 completions on both sides (one optimizer step). `natural` = the tiny Llama with
+EOS allowed (responses of very uneven lengths), ours only: padded row micro-batches against packed ones on one
+replayed rollout (scripts/bench_step_packing.py).
 Threads are pinned (`--threads`, default 1).
 """
 
@@ -271,6 +274,11 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench_step-") as tmp:
         for name in cases:
             case = CASES[name]
+            if case.get("natural_lengths"):  # ours padded vs ours packed on one replayed rollout
+                from bench_step_packing import natural_case
+
+                results[name] = natural_case(name, case, args, Path(tmp))
+                continue
             steps = args.steps or (10 if name == "tiny" else 4)
             model_dir = make_tiny_model(Path(tmp) / "tiny") if name == "tiny" else smollm2_dir()
             recorded: dict[str, list[dict]] = {leg: [] for leg in LEGS if leg in args.legs}

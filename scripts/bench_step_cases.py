@@ -47,6 +47,18 @@ CASES = {
         "template": "chat",
         "micro_batch": 16,
     },
+    # natural lengths (EOS allowed, raised so responses end after ~1/p tokens): ours padded vs packed on the update
+    # and scoring passes of one replayed rollout (scripts/bench_step_packing.py)
+    "natural": {
+        "prompts": TINY_PROMPTS["task"],
+        "generations": 8,
+        "new_tokens": 256,
+        "template": "raw",
+        "natural_lengths": True,
+        "eos_bias": 2.5,
+        "micro_batch": 16,
+        "micro_batch_tokens": 512,  # ~2x the longest row: the sdpa mask's cost grows with its square
+    },
 }
 
 

@@ -205,6 +205,16 @@ def case_config(case: str, strategy: str, out: str, tokenizer_dir: str) -> dict:
             "model": model,
             "data": inline_data(),
         }
+    if case in ("rl_packed", "ppo_packed"):  # rl and ppo with micro-batches of at most 64 tokens, scored packed
+        config = case_config(case.removesuffix("_packed"), strategy, out, tokenizer_dir)
+        update = config["model"]["init_args"]["update"]
+        update.update(micro_batch_size=None, micro_batch_tokens=64)
+        # packed forwards under DDP too (prefix sharing would score these groups of 4 with fewer positions)
+        config["model"]["init_args"]["policy"]["init_args"]["share_prompt_prefix"] = False
+        for callback in config["trainer"]["callbacks"]:
+            if "name" in callback.get("init_args", {}):
+                callback["init_args"]["name"] = f"{case}-{strategy}"
+        return config
     if (
         case == "lora_ckpt"
     ):  # one rollout step of rl_lora that ends with a checkpoint (a .ckpt file under fsdp2_full_ckpt)

@@ -200,3 +200,21 @@ def test_data_help_lists_every_task(capsys):
     out = " ".join(capsys.readouterr().out.split())
     for task in ("SortTask", "ArithmeticTask", "JSONLTask", "HFDatasetTask", "InlineTask"):
         assert f"rlvr_lightning.data.{task}" in out
+
+
+def test_a_token_budget_no_row_fits(in_tmp_dir, capsys):
+    """`update.micro_batch_tokens` below the longest response: at construction; below a sampled row: at the step."""
+    option = "--model.init_args.update.micro_batch_tokens"
+    code, lines = run(capsys, "fit", "--config", SORT, f"{option}=3", *QUIET)
+    assert code == 2
+    assert lines[0] == (
+        "error: update.micro_batch_tokens=3 is smaller than a row can be (a prompt and up to 4 response tokens); "
+        "valid: an integer >= the longest prompt + 4, or null"
+    )
+    assert lines[1] == f"  at model.init_args.update.micro_batch_tokens (command line: {option}=3)"
+    code, lines = run(capsys, "fit", "--config", SORT, f"{option}=6", "--trainer.max_steps=1", *QUIET)
+    assert code == 2
+    assert lines[0] == (
+        "error: update.micro_batch_tokens=6 is smaller than the longest row of this step (8 tokens, prompt + "
+        "response); valid: an integer >= 8 (prompt + max_new_tokens fits every row), or null"
+    )

@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 TESTS = Path(__file__).resolve().parent
@@ -91,7 +92,7 @@ model:
       class_path: torch.optim.Adam
       init_args: {{lr: 0.05}}
     group_size: {n}
-    update: {{epochs: 2, mini_batch_size: 16}}
+    update: {{epochs: 2, mini_batch_size: 16, {micro}}}
 data:
   class_path: rlvr_lightning.data.RLVRDataModule
   init_args:
@@ -105,11 +106,15 @@ data:
 """
 
 
-def test_two_process_ddp_run(tmp_path):
+# rows 6 tokens long (prompt 3 + response 3): micro-batches of 4 rows either way, formed by tokens in the second
+@pytest.mark.parametrize("micro", ["micro_batch_size: 4", "micro_batch_tokens: 24"], ids=["rows", "tokens"])
+def test_two_process_ddp_run(tmp_path, micro):
     (tmp_path / "ddp_recorder.py").write_text(RECORDER)
     config = tmp_path / "ddp.yaml"
     config.write_text(
-        CONFIG.format(epochs=EPOCHS, steps=STEPS, out=tmp_path, vocab=V, n=N, batch=BATCH, candidates=CANDIDATES)
+        CONFIG.format(
+            epochs=EPOCHS, steps=STEPS, out=tmp_path, vocab=V, n=N, batch=BATCH, candidates=CANDIDATES, micro=micro
+        )
     )
     env = {
         **os.environ,

@@ -69,6 +69,7 @@ def pairs(tmp_path_factory, tokenizer_dir) -> Path:
     out = tmp_path_factory.mktemp("fsdp_vs_ddp")
     runs = [f"{case}:{strategy}" for case in CASES for strategy in ("ddp", "fsdp2")]
     runs += ["ppo_whole:ddp", "lora_ckpt:fsdp2_full_ckpt", "validate_first:fsdp2"]
+    runs += ["rl_packed:ddp", "rl_packed:fsdp2", "ppo_packed:fsdp2"]
     env = _env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE="2", NODE_RANK="0")
     processes, logs = [], []
     for rank in (1, 0):
@@ -84,7 +85,7 @@ def pairs(tmp_path_factory, tokenizer_dir) -> Path:
             )
         )
         logs.append(log)
-    _wait(processes, logs, timeout=300)
+    _wait(processes, logs, timeout=480)
     return out
 
 
@@ -143,6 +144,25 @@ def test_ppo_warms_up_under_ddp_and_micro_batches_change_nothing(pairs):
     assert micro["global_step"] == whole["global_step"] == 4
     for key, value in micro["state"].items():
         assert torch.allclose(value, whole["state"][key], rtol=0, atol=1e-6), key
+
+
+@pytest.mark.parametrize(
+    ("padded", "packed"),
+    [("rl-ddp", "rl_packed-ddp"), ("rl-ddp", "rl_packed-fsdp2"), ("ppo-fsdp2", "ppo_packed-fsdp2")],
+)
+def test_packed_micro_batches_end_where_row_micro_batches_end(pairs, padded, packed):
+    """`update.micro_batch_tokens`: micro-batches of at most 64 tokens, as many on both ranks, scored packed, give
+    the row micro-batches' training; DDP still all-reduces once per optimizer step; the ranks stay identical."""
+    rows, tokens = torch.load(pairs / f"{padded}.pt"), torch.load(pairs / f"{packed}.pt")
+    assert rows["global_step"] == tokens["global_step"] >= 3
+    for key, value in rows["state"].items():
+        assert torch.allclose(value, tokens["state"][key], rtol=0, atol=1e-5), key
+    assert tokens["metrics"]["train/loss"] == pytest.approx(rows["metrics"]["train/loss"], rel=1e-4, abs=1e-6)
+    ranks = [torch.load(pairs / f"{packed}.rank{r}.pt") for r in (0, 1)]
+    assert all(torch.equal(value, ranks[1][key]) for key, value in ranks[0].items())
+    if packed.endswith("ddp"):
+        for rank in (0, 1):
+            assert json.loads((pairs / f"{packed}.syncs{rank}.json").read_text()) == tokens["global_step"]
 
 
 def test_validating_before_the_first_step_in_inference_mode(pairs):

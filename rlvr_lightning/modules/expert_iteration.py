@@ -26,6 +26,7 @@ from torch import Tensor
 
 from rlvr_lightning.distributed import all_gather
 from rlvr_lightning.modules.gradients import backward_sync, policy_gradient_norm
+from rlvr_lightning.modules.micro_batches import micro_batches, pack_sequences
 from rlvr_lightning.modules.options import AggregationConfig, UpdateConfig, ValidationConfig, plain_hyperparameters
 from rlvr_lightning.modules.pair_rollouts import check_nll_aggregation, response_nll
 from rlvr_lightning.modules.policy_module import PolicyModule
@@ -73,7 +74,8 @@ class ExpertIterationModule(PolicyModule):
                 prompts do not crowd out hard ones.
             update: the fine-tuning of a round: epochs (passes over the kept responses), mini_batch_size and
                 micro_batch_size (rows per optimizer step / backward pass; null: all kept rows / the whole
-                mini-batch), max_grad_norm (null: no clipping).
+                mini-batch) or micro_batch_tokens (packed micro-batches of at most that many tokens),
+                max_grad_norm (null: no clipping).
             aggregation: how response-token losses become the mini-batch loss (mode as in SFTModule; responses
                 without a token never count: count_empty_rows must stay false).
             validation: responses per validation prompt and greedy decoding (group_size, greedy).
@@ -101,6 +103,8 @@ class ExpertIterationModule(PolicyModule):
         self.reward_threshold = reward_threshold
         self.max_per_prompt = max_per_prompt
         self.update, self.aggregation = update, aggregation
+        if update.micro_batch_tokens is not None:
+            pack_sequences(self.policy)
 
     def setup(self, stage: str) -> None:
         super().setup(stage)
@@ -212,6 +216,4 @@ class ExpertIterationModule(PolicyModule):
         return {"train/loss": torch.stack(losses).mean(), "train/grad_norm": torch.stack(grad_norms).mean()}
 
     def _micro_batches(self, rollout: Rollout):
-        size = self.update.micro_batch_size or rollout.num_rows
-        for start in range(0, rollout.num_rows, size):
-            yield rollout if size >= rollout.num_rows else rollout.select(slice(start, start + size))
+        return micro_batches(rollout, self.update)

@@ -164,6 +164,10 @@ class UpdateConfig:
         epochs: passes over the rollout (PPO epochs).
         mini_batch_size: rows (completions) per optimizer step (null: the whole rollout).
         micro_batch_size: rows per backward pass (null: the whole mini-batch); must divide mini_batch_size.
+        micro_batch_tokens: instead of rows, micro-batches of at most this many tokens (prompt + response per
+            row), each scored padding-free as one packed sequence, in every pass over the completions (old,
+            reference and teacher log-probs, PPO's values, the update); at least the longest row. Null: row
+            micro-batches (`micro_batch_size`).
         max_grad_norm: clip the gradient norm to this (null: no clipping).
         max_consecutive_skips: stop after this many consecutive updates with a non-finite loss or gradient.
     """
@@ -171,6 +175,7 @@ class UpdateConfig:
     epochs: int = 1
     mini_batch_size: int | None = None
     micro_batch_size: int | None = None
+    micro_batch_tokens: int | None = None
     max_grad_norm: float | None = 1.0
     max_consecutive_skips: int = 10
 
@@ -178,6 +183,7 @@ class UpdateConfig:
         "epochs": POSITIVE_INT,
         "mini_batch_size": Range(1, integer=True, optional=True),
         "micro_batch_size": Range(1, integer=True, optional=True),
+        "micro_batch_tokens": Range(1, integer=True, optional=True),
         "max_grad_norm": Range(0, low_open=True, optional=True),
         "max_consecutive_skips": POSITIVE_INT,
     }
@@ -192,6 +198,11 @@ class UpdateConfig:
             raise ValueError(
                 f"update.micro_batch_size={self.micro_batch_size} must divide update.mini_batch_size="
                 f"{self.mini_batch_size} (a mini-batch is accumulated from whole micro-batches)"
+            )
+        if self.micro_batch_size is not None and self.micro_batch_tokens is not None:
+            raise ValueError(
+                f"update.micro_batch_size={self.micro_batch_size} and update.micro_batch_tokens="
+                f"{self.micro_batch_tokens} both size the micro-batches; set one of them (the other null)"
             )
 
 

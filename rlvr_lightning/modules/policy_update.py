@@ -18,6 +18,11 @@ The module owns one and hands itself to `run` for Lightning's manual optimisatio
 `lr_schedulers`, `manual_backward`, `clip_gradients`). `PPOModule`'s subclass, `ValueUpdate`
 (`modules/value_update.py`), overrides `policy_forward`, `micro_batch_loss`, `gradient_norm` and
 `clip_gradients`.
+
+Micro-batches hold `update.micro_batch_size` rows, or with `update.micro_batch_tokens` at most that many tokens
+(`micro_batch_rows`): rows grouped by length into balanced micro-batches (`core/packing.py`), as many on every
+data-parallel rank, each scored as one padding-free packed sequence. Either way each micro-batch's loss is
+normalised by its mini-batch's totals, so the micro-batches' losses add up to the mini-batch's exactly.
 """
 
 from __future__ import annotations
@@ -38,6 +43,13 @@ from rlvr_lightning.core.masked import join_masked, masked_mean
 from rlvr_lightning.core.policy_losses import PolicyLoss, PolicyLossOutput, merged_stats
 from rlvr_lightning.modules.distillation import DistillationConfig, Teacher
 from rlvr_lightning.modules.gradients import backward_sync, policy_gradient_norm
+from rlvr_lightning.modules.micro_batches import (
+    check_token_budget,
+    micro_batch_rows,
+    micro_batches,
+    pack_sequences,
+    scored_in_order,
+)
 from rlvr_lightning.modules.options import AggregationConfig, ImportanceSamplingConfig, KLConfig, UpdateConfig
 from rlvr_lightning.policies.base import Policy, SamplingConfig
 from rlvr_lightning.rollout import Rollout
@@ -94,6 +106,9 @@ class PolicyUpdate:
         self.teacher, self.distillation = teacher, distillation
         self.skipped_updates = 0  # non-finite updates skipped so far
         self.consecutive_skips = 0
+        if update.micro_batch_tokens is not None:
+            check_token_budget(update.micro_batch_tokens, int(response_length or sampling.max_new_tokens))
+            pack_sequences(policy, reference, None if teacher is None else teacher.policy)
 
     def options(self) -> dict:
         """The arguments this update was built with (a subclass is built from them)."""
@@ -111,13 +126,16 @@ class PolicyUpdate:
             distillation=self.distillation,
         )
 
+    def micro_batch_rows(self, rollout: Rollout) -> list[Tensor] | list[slice]:
+        """The rows of each micro-batch of `rollout` (`modules/micro_batches.py`)."""
+        return micro_batch_rows(rollout, self.update)
+
     def micro_batches(self, rollout: Rollout):
-        size = self.update.micro_batch_size or self.update.mini_batch_size or rollout.num_rows
-        if size >= rollout.num_rows:
-            yield rollout
-            return
-        for start in range(0, rollout.num_rows, size):
-            yield rollout.select(slice(start, start + size))
+        return micro_batches(rollout, self.update)
+
+    def by_micro_batch(self, rollout: Rollout, score) -> Tensor:
+        """`score(micro_batch)` (`[n, ...]` per micro-batch) for every row of `rollout`, in its order."""
+        return scored_in_order(rollout, self.micro_batch_rows(rollout), score)
 
     # ------------------------------------------------------------------ inputs
 
@@ -143,29 +161,25 @@ class PolicyUpdate:
         ):
             rollout.old_log_probs = rollout.sampling_log_probs
         elif rollout.old_log_probs is None:
-            rollout.old_log_probs = torch.cat(
-                [self.policy.token_log_probs(mb, self.temperature)[0] for mb in self.micro_batches(rollout)]
-            )
+            rollout.old_log_probs = self.by_micro_batch(rollout, self._log_probs)
         if self.reference is not None:
-            rollout.ref_log_probs = torch.cat(
-                [
-                    self.policy.reference_log_probs(self.reference, mb, self.temperature)
-                    for mb in self.micro_batches(rollout)
-                ]
+            rollout.ref_log_probs = self.by_micro_batch(
+                rollout, lambda mb: self.policy.reference_log_probs(self.reference, mb, self.temperature)
             )
         if self.teacher is not None:
-            rollout.teacher_log_probs = torch.cat(
-                [self.teacher.log_probs(mb, self.temperature) for mb in self.micro_batches(rollout)]
+            rollout.teacher_log_probs = self.by_micro_batch(
+                rollout, lambda mb: self.teacher.log_probs(mb, self.temperature)
             )
+
+    def _log_probs(self, micro: Rollout) -> Tensor:
+        return self.policy.token_log_probs(micro, self.temperature)[0]
 
     @torch.no_grad()
     def token_kl(self, rollout: Rollout) -> Tensor:
         """`[N, T]` KL estimate to the reference at the sampling policy (no grad)."""
         log_probs = rollout.old_log_probs
         if log_probs is None:
-            log_probs = torch.cat(
-                [self.policy.token_log_probs(mb, self.temperature)[0] for mb in self.micro_batches(rollout)]
-            )
+            log_probs = self.by_micro_batch(rollout, self._log_probs)
         return self.kl_estimator.estimate(log_probs, rollout.ref_log_probs, clamp=self.kl.clamp)
 
     # ------------------------------------------------------------------ the update

@@ -140,7 +140,7 @@ class PPOModule(RLVRModule):
     def _advantages(self, rollout: Rollout, metrics: dict) -> Tensor:
         mask = rollout.response_mask
         update = self.policy_update
-        values = torch.cat([update.values(mb) for mb in update.micro_batches(rollout)])
+        values = update.by_micro_batch(rollout, update.values)
         token_rewards = outcome_token_rewards(rollout.reward, mask)
         if self._token_kl_penalty is not None:
             token_rewards = token_rewards - self._token_kl_penalty

@@ -21,6 +21,7 @@ from rlvr_lightning.core.aggregation import aggregate_loss
 from rlvr_lightning.core.masked import join_masked, masked_mean
 from rlvr_lightning.core.value_loss import value_loss
 from rlvr_lightning.modules.gradients import total_norm
+from rlvr_lightning.modules.micro_batches import pack_sequences
 from rlvr_lightning.modules.options import ValueConfig
 from rlvr_lightning.modules.policy_update import MicroBatchLoss, PolicyUpdate
 from rlvr_lightning.modules.value_model import ValueHead
@@ -45,6 +46,8 @@ class ValueUpdate(PolicyUpdate):
         """
         super().__init__(**options)
         self.critic, self.value_head, self.value = critic, value_head, value
+        if self.update.micro_batch_tokens is not None:
+            pack_sequences(critic)
         self.warming_up = False  # this rollout step trains the critic only
         self._shared_hidden: Tensor | None = None  # the policy forward's hidden states, read by the value loss
         self._value_parts: list[_ValuePart] = []

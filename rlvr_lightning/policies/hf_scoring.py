@@ -6,6 +6,9 @@ its key/value cache (`share_prompt_prefix`; the rows of a group share their prom
 most of the prompt's share of the forward and backward passes. Where that cannot apply (sliding
 windows, gradient checkpointing, rows that share nothing) one joint forward over prompt + response
 gives the same numbers.
+
+With `packed_sequences` (set by the update when `update.micro_batch_tokens` is) the rows run padding-free as one
+packed sequence instead (`policies/packing.py`), unless prefix sharing costs fewer positions.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from torch import Tensor, nn
 from rlvr_lightning.core.log_probs import token_log_probs_and_entropy, token_log_probs_from_logits
 from rlvr_lightning.policies.generation import position_ids_from_mask
 from rlvr_lightning.policies.kv_cache import cache_argument, returned_cache
+from rlvr_lightning.policies.packing import PackedOutput, layout_and_ids, packed_cost, packed_inputs
 from rlvr_lightning.rollout import Rollout
 
 
@@ -34,6 +38,12 @@ def _last(values: Tensor | None, count: int) -> Tensor | None:
     return None if values is None else values[:, -count:]
 
 
+def _unpack(values: Tensor, packed: PackedOutput, shape: tuple[int, int]) -> Tensor:
+    """`[K, ...]` values of the scored tokens at their `(row, column)` in a zero `[N, T, ...]` tensor."""
+    out = values.new_zeros((*shape, *values.shape[1:]))
+    return out.index_put((packed.rows, packed.columns), values)
+
+
 class HFScoring:
     """`token_log_probs` for `HFPolicy` (a mixin: needs `model`, `base_model`, `hf_config`,
     `share_prompt_prefix` and `gradient_checkpointing`)."""
@@ -44,6 +54,8 @@ class HFScoring:
     #: `response_hidden_states` runs the decoder alone (no LM head); off, the whole model runs (one position's
     #: logits). Sharding turns it off: FSDP2 gathers the parameters outside the blocks in the model's own forward.
     decoder_only_hidden_states: bool = True
+    #: score the rows of a call as one padding-free packed sequence (`update.micro_batch_tokens` turns it on)
+    packed_sequences: bool = False
 
     def token_log_probs(
         self, rollout: Rollout, temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = True
@@ -66,6 +78,10 @@ class HFScoring:
         num_rows, width = rollout.response_ids.shape
         if width == 0:
             return rollout.response_mask.new_zeros((num_rows, 0, self.hidden_size))
+        if self._packing_pays(rollout):
+            packed = self._packed_forward(rollout, with_logits=False, with_hidden=True)
+            keep = (rollout.response_mask[packed.rows, packed.columns] > 0).unsqueeze(-1)
+            return _unpack(torch.where(keep, packed.hidden, 0.0), packed, (num_rows, width))
         _, hidden, t = self._forward_response(rollout, with_logits=False, with_hidden=True)
         mask = (rollout.response_mask[:, :t] > 0).unsqueeze(-1)
         return F.pad(torch.where(mask, hidden, 0.0), (0, 0, 0, width - t))
@@ -87,6 +103,8 @@ class HFScoring:
             empty = rollout.response_mask.new_zeros((num_rows, 0))
             hidden = rollout.response_mask.new_zeros((num_rows, 0, self.hidden_size)) if with_hidden else None
             return empty, (empty if with_entropy else None), hidden
+        if self._packing_pays(rollout):
+            return self._packed_score(rollout, temperature, with_entropy, entropy_grad, with_hidden)
         logits, hidden, t = self._forward_response(rollout, with_logits=True, with_hidden=with_hidden)
         mask = rollout.response_mask[:, :t] > 0
         ids = rollout.response_ids[:, :t]
@@ -100,6 +118,59 @@ class HFScoring:
         if hidden is not None:
             hidden = F.pad(torch.where(mask.unsqueeze(-1), hidden, 0.0), (0, 0, 0, width - t))
         return log_probs, entropy, hidden
+
+    def _packed_score(
+        self, rollout: Rollout, temperature: float, with_entropy: bool, entropy_grad: bool, with_hidden: bool
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """`_score` from one packed forward: log-probs of the `[K, V]` scored positions alone, then put in place."""
+        packed = self._packed_forward(rollout, with_logits=True, with_hidden=with_hidden)
+        shape = tuple(rollout.response_ids.shape)
+        # [K, 1, V]: the detached entropy's row chunks then bound its temporaries as on the padded path
+        logits, ids = packed.logits.unsqueeze(1), rollout.response_ids[packed.rows, packed.columns].unsqueeze(1)
+        keep = rollout.response_mask[packed.rows, packed.columns] > 0
+        entropy = None
+        if with_entropy:
+            log_probs, entropy = token_log_probs_and_entropy(logits, ids, temperature, entropy_grad)
+            entropy = _unpack(torch.where(keep, entropy.squeeze(1), 0.0), packed, shape)
+        else:
+            log_probs = token_log_probs_from_logits(logits, ids, temperature)
+        log_probs = _unpack(torch.where(keep, log_probs.squeeze(1), 0.0), packed, shape)
+        hidden = None
+        if with_hidden:
+            hidden = _unpack(torch.where(keep.unsqueeze(-1), packed.hidden, 0.0), packed, shape)
+        return log_probs, entropy, hidden
+
+    def _packed_forward(self, rollout: Rollout, with_logits: bool, with_hidden: bool) -> PackedOutput:
+        """Logits `[K, V]` and/or last hidden states `[K, H]` of the positions scoring each response token of
+        `rollout` (rows and columns in `PackedOutput`), from one padding-free forward."""
+        layout, ids = layout_and_ids(rollout)
+        dtype = next(self.base_model.parameters()).dtype
+        inputs = packed_inputs(self.base_model, self.hf_config, layout, ids, dtype)
+        index = layout.score_index
+        keep_indices = with_logits and self._logits_to_keep_supported()
+        out = self._run(with_logits, with_hidden, keep=index if keep_indices else 0, **inputs)
+        logits = None
+        if with_logits:
+            logits = out.logits[0] if keep_indices else out.logits[0, index]
+        hidden = None if out.hidden is None else out.hidden[0, index]
+        return PackedOutput(logits, hidden, layout.score_rows, layout.score_columns)
+
+    def _packing_pays(self, rollout: Rollout) -> bool:
+        """Packed scoring, unless prefix sharing runs fewer positions (each distinct prompt once, the responses
+        padded to the longest)."""
+        if not self.packed_sequences:
+            return False
+        if not (self.share_prompt_prefix and self._prefix_sharing_supported()):
+            return True
+        prompt_mask = rollout.prompt_mask.bool()
+        used = prompt_mask.any(0).nonzero()
+        width = prompt_mask.shape[1] - int(used[0]) if used.numel() else 0
+        distinct = torch.unique(torch.cat([rollout.prompt_ids, rollout.prompt_mask], dim=1), dim=0).shape[0]
+        if distinct * 4 > rollout.num_rows * 3:  # prefix sharing would fall back to the joint forward
+            return True
+        scored = rollout.response_mask.bool().any(0).nonzero()
+        responses = int(scored[-1]) if scored.numel() else 0  # t - 1 response positions per row
+        return packed_cost(rollout) <= distinct * width + rollout.num_rows * responses
 
     def _forward_response_logits(self, rollout: Rollout) -> tuple[Tensor, int]:
         """Logits `[N, t, V]` of the positions predicting `response_ids[:, :t]` (t = last masked column + 1)."""

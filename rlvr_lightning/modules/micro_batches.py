@@ -1,0 +1,90 @@
+"""Which rows of a rollout form each micro-batch: `update.micro_batch_size` rows, or with
+`update.micro_batch_tokens` at most that many tokens, grouped by length (`core/packing.py`) and scored
+padding-free as one packed sequence each (`HFPolicy.packed_sequences`, which `pack_sequences` turns on)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from rlvr_lightning.core.packing import fewest_parts, partition_by_tokens
+from rlvr_lightning.modules.options import UpdateConfig
+from rlvr_lightning.policies.packing import row_tokens
+from rlvr_lightning.rollout import Rollout
+
+
+class TokenBudgetError(ValueError):
+    """A row longer than `update.micro_batch_tokens` (`rlvr` prints it without a traceback)."""
+
+
+def check_token_budget(budget: int, response_tokens: int) -> None:
+    """Before any work: a budget that not even a one-token prompt and the longest response fit."""
+    if budget <= response_tokens:
+        raise ValueError(
+            f"update.micro_batch_tokens={budget} is smaller than a row can be (a prompt and up to {response_tokens} "
+            f"response tokens); valid: an integer >= the longest prompt + {response_tokens}, or null"
+        )
+
+
+def micro_batch_rows(rollout: Rollout, update: UpdateConfig) -> list[Tensor] | list[slice]:
+    """The rows of each micro-batch of `rollout`: slices of `update.micro_batch_size` rows, or with
+    `update.micro_batch_tokens` index groups of at most that many tokens, balanced by length; as many groups on
+    every data-parallel rank (the most any rank needs: each pass is collective under FSDP, and every rank must
+    step as often; verl's `rearrange_micro_batches` agrees on the count likewise)."""
+    budget = update.micro_batch_tokens
+    if budget is None:
+        size = update.micro_batch_size or update.mini_batch_size or rollout.num_rows
+        return [slice(start, start + size) for start in range(0, rollout.num_rows, size)]
+    lengths = row_tokens(rollout)
+    longest = max(lengths, default=0)
+    if longest > budget:
+        raise TokenBudgetError(
+            f"update.micro_batch_tokens={budget} is smaller than the longest row of this step ({longest} tokens, "
+            f"prompt + response); valid: an integer >= {longest} (prompt + max_new_tokens fits every row), or null"
+        )
+    device = rollout.response_ids.device
+    count = most_across_ranks(fewest_parts(lengths, budget), device)
+    return [torch.tensor(rows, device=device, dtype=torch.long) for rows in partition_by_tokens(lengths, budget, count)]
+
+
+def is_whole(rows: list[Tensor] | list[slice], num_rows: int) -> bool:
+    """Whether the micro-batches are the rollout itself (one, in order)."""
+    return len(rows) == 1 and (isinstance(rows[0], slice) or len(rows[0]) == num_rows)
+
+
+def micro_batches(rollout: Rollout, update: UpdateConfig):
+    """The micro-batches of `rollout` (`micro_batch_rows`), the rollout itself when it is one."""
+    rows = micro_batch_rows(rollout, update)
+    if is_whole(rows, rollout.num_rows):
+        yield rollout
+        return
+    for selection in rows:
+        yield rollout.select(selection)
+
+
+def scored_in_order(rollout: Rollout, rows: list[Tensor] | list[slice], score) -> Tensor:
+    """`score(micro_batch)` (`[n, ...]`) for every row of `rollout`, put back in the rollout's order."""
+    if is_whole(rows, rollout.num_rows):
+        return score(rollout)
+    parts = torch.cat([score(rollout.select(selection)) for selection in rows])
+    if isinstance(rows[0], slice):
+        return parts
+    return torch.empty_like(parts).index_copy_(0, torch.cat(rows), parts)
+
+
+def pack_sequences(*policies) -> None:
+    """Have the policies that can score padding-free (`HFPolicy.packed_sequences`) do so; others score as before."""
+    for policy in policies:
+        if policy is not None and hasattr(policy, "packed_sequences"):
+            policy.packed_sequences = True
+
+
+def most_across_ranks(value: int, device: torch.device) -> int:
+    """The largest `value` of all data-parallel ranks (itself on one process)."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return value
+    if torch.distributed.get_world_size() == 1:
+        return value
+    tensor = torch.tensor([value], device=device)
+    torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.MAX)
+    return int(tensor.item())
