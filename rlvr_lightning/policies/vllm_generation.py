@@ -53,6 +53,7 @@ from rlvr_lightning.option_domains import Range, check_ranges
 from rlvr_lightning.policies.compute_dtype import compute_dtype
 from rlvr_lightning.policies.generation_backend import GenerationBackend, response_tensors
 from rlvr_lightning.policies.generation_output import GenerationOutput
+from rlvr_lightning.policies.vllm_sampling import sampling_request
 from rlvr_lightning.policies.vllm_weights import count_optimizer_steps, named_weights, parameter_version
 from rlvr_lightning.timing import elapsed_seconds
 
@@ -169,20 +170,7 @@ class VLLMGeneration(GenerationBackend):
         seeds = torch.randint(0, 2**31 - 1, (len(prompt_token_ids),), generator=generator).tolist()
         caps = list(max_new_tokens) if max_new_tokens is not None else [sampling.max_new_tokens] * len(seeds)
         params = [
-            SamplingParams(
-                n=n,
-                temperature=sampling.temperature if sampling.do_sample else 0.0,
-                top_p=sampling.top_p if sampling.do_sample else 1.0,
-                top_k=sampling.top_k if sampling.do_sample and sampling.top_k > 0 else 0,
-                max_tokens=cap,
-                min_tokens=sampling.min_new_tokens,
-                stop=list(sampling.stop_strings) or None,
-                stop_token_ids=list(eos_token_ids),  # the policy's EOS set, and only it:
-                ignore_eos=True,  # vLLM's own idea of EOS (tokenizer/config) would add to it
-                include_stop_str_in_output=True,
-                logprobs=0,
-                seed=seed,
-            )
+            SamplingParams(**sampling_request(sampling, n, cap, seed, eos_token_ids))
             for seed, cap in zip(seeds, caps, strict=True)
         ]
         generated = time.perf_counter()
