@@ -36,11 +36,13 @@ background thread.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import os
 import random
 import tempfile
+import threading
 import time
 import warnings
 from typing import Any, Literal
@@ -174,7 +176,7 @@ class VLLMGeneration(GenerationBackend):
             for seed, cap in zip(seeds, caps, strict=True)
         ]
         generated = time.perf_counter()
-        with _no_autocast(model):
+        with _no_autocast(model), _global_rng_kept():
             outputs = self._llm.generate(
                 [{"prompt_token_ids": list(p)} for p in prompt_token_ids], params, use_tqdm=False
             )
@@ -316,6 +318,26 @@ def _no_autocast(model: nn.Module):
     """Autocast (per thread, entered by Lightning's mixed precision) off for the model's device type: the engine
     computes in its own dtype."""
     return torch.autocast(next(model.parameters()).device.type, enabled=False)
+
+
+@contextlib.contextmanager
+def _global_rng_kept():
+    """vLLM's sampler draws from torch's global generator at every decoding step (its CPU sampler a seed for the
+    rows without one, even when every row has one), so a colocated engine would shift the trainer's random stream
+    by a number of draws that depends on the response lengths (a server, in its own process, does not). In the
+    training thread the state is put back after the generation; a background generation (rollout_staleness >= 1)
+    is left alone, since restoring there would undo the update's own draws made meanwhile."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    cpu = torch.get_rng_state()
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    try:
+        yield
+    finally:
+        torch.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
 
 
 def _finalise_dead_engines() -> None:

@@ -59,6 +59,14 @@ def test_requests_are_spread_over_the_servers_with_seeds_and_token_ids(servers):
     assert out.truncated.all() and not out.stopped_by_string.any()
 
 
+def test_each_prompt_gets_its_own_token_budget(servers):
+    # multi-turn rollouts (segmented_generation.py) continue rows with different budgets left
+    backend = ServerGeneration([servers[0].address])
+    out = _generate(backend, _model(), [[1], [2], [3]], n=1, max_new_tokens=[1, 3, 2])
+    assert [body["max_tokens"] for body in servers[0].completions] == [1, 3, 2]
+    assert out.response_mask.sum(-1).tolist() == [1.0, 3.0, 2.0]
+
+
 def test_weights_are_pushed_when_they_change_versioned_and_confirmed(servers, tmp_path):
     backend = ServerGeneration([s.address for s in servers], weight_dir=str(tmp_path))
     model = _model()
