@@ -105,8 +105,15 @@ def _export(argv: list[str]) -> int:
     return 0
 
 
+def _serve(argv: list[str]) -> int:
+    """`rlvr serve`: a rollout server (vLLM's OpenAI server with our worker extension) in place of this process."""
+    from rlvr_lightning import serve
+
+    return serve.main(argv)
+
+
 # Commands that are not Trainer methods: name -> function(argv) -> exit status.
-EXTRA_COMMANDS: dict[str, Callable[[list[str]], int]] = {"export": _export}
+EXTRA_COMMANDS: dict[str, Callable[[list[str]], int]] = {"export": _export, "serve": _serve}
 
 
 class RLVRCLI(LightningCLI):

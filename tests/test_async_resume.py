@@ -33,8 +33,8 @@ def test_sigkill_then_resume_with_a_rollout_in_the_checkpoint(tmp_path, monkeypa
 
     checkpoint = torch.load(tmp_path / "ckpt_killed" / "last.ckpt", weights_only=False)
     assert checkpoint["hyper_parameters"]["rollout_staleness"] == 1
-    ready = checkpoint["rlvr_async_rollouts"]["ready"]
-    assert ready["response_ids"].shape[0] == 8 * 4 and ready["sampling_log_probs"] is not None
+    (ready,) = checkpoint["rlvr_async_rollouts"]["queue"]
+    assert ready["rollout"]["response_ids"].shape[0] == 8 * 4 and ready["rollout"]["sampling_log_probs"] is not None
 
     resumed_cfg = async_config(tmp_path, "resumed")
     resumed_cfg.write_text(resumed_cfg.read_text().replace("ckpt_resumed", "ckpt_killed"))

@@ -1,6 +1,7 @@
 """`explain_run_error`: an error of the run's files (a checkpoint that is missing, unreadable or cannot be
-written), or a row longer than `update.micro_batch_tokens`, as a few lines and an exit status, or None for any
-other error; `explain_export_error`: the same for a misuse of `rlvr export`.
+written), of its rollout servers (unreachable, dead, timed out), or a row longer than `update.micro_batch_tokens`,
+as a few lines and an exit status, or None for any other error; `explain_export_error`: the same for a misuse of
+`rlvr export`.
 
     error: cannot write checkpoint runs/grpo/checkpoints/last.ckpt: No space left on device
       in runs/grpo/checkpoints: the checkpoint needs about 1.6 GB, 0.2 GB free (...); the previous checkpoint is intact
@@ -20,9 +21,17 @@ from dataclasses import dataclass
 from rlvr_lightning.checkpoint_files import CheckpointNotFoundError, CheckpointReadError, CheckpointWriteError
 from rlvr_lightning.cli_errors.problem import DEBUG_HINT
 from rlvr_lightning.modules.micro_batches import TokenBudgetError
+from rlvr_lightning.policies.rollout_server_client import RolloutServerError
 
-# a token budget smaller than a row is a configuration mistake found once the rows exist: status 2 as well
-STATUS = {CheckpointNotFoundError: 2, CheckpointReadError: 2, CheckpointWriteError: 1, TokenBudgetError: 2}
+# a token budget smaller than a row is a configuration mistake found once the rows exist: status 2 as well;
+# a rollout server that cannot be reached, died or timed out stops the run (status 1): its checkpoint is intact
+STATUS = {
+    CheckpointNotFoundError: 2,
+    CheckpointReadError: 2,
+    CheckpointWriteError: 1,
+    TokenBudgetError: 2,
+    RolloutServerError: 1,
+}
 MAX_LINE = 400
 EXPORT_USAGE = (
     "usage: rlvr export --config CONFIG --ckpt_path CKPT --output_dir DIR (rlvr export --help lists the options)"

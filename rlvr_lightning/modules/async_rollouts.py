@@ -1,5 +1,6 @@
-"""Asynchronous rollouts (`RLVRModule(rollout_staleness=1)`): the next rollout is sampled in a background
-thread while the current one trains, one update behind (verl's one-step off-policy trainer, AReaL, prime-rl).
+"""Asynchronous rollouts (`RLVRModule(rollout_staleness=K)`, K >= 1): the next rollout is sampled in a background
+thread while the current one trains, K updates behind (K = 1: verl's one-step off-policy trainer; AReaL's
+bounded staleness, prime-rl's `async_level`, for K >= 2).
 
 Lightning hands `training_step` one prompt batch at a time, so the stream shifts by one: step t trains on
 the rollout of batch t-1 while batch t is sampled beside the update.
@@ -9,7 +10,14 @@ the rollout of batch t-1 while batch t is sampled beside the update.
               old / reference log-probs, advantages, update: W_t -> W_{t+1}
               wait for R_t (it is ready when the step ends; checkpoints hold it)
 
-So the rollout trained at step t was sampled with W_{t-1}, the weights before step t-1's update. N steps
+So the rollout trained at step t was sampled with W_{t-1}, the weights before step t-1's update.
+
+Staleness K >= 2 keeps a queue of up to K sampled rollouts: the first K steps only sample (no update), then
+step t trains the oldest, sampled K updates ago, and launches batch t beside the update as above. Staleness is
+counted in policy versions (updates made), logged every step (`train/async/staleness`, `train/async/queued`);
+a rollout more than K versions old (a checkpoint of a run with a larger K) is dropped and its batch sampled
+again with the current weights, counted in `train/async/dropped` and logged once. One rollout is in flight at
+a time, so pushes still happen only between generations. N steps
 make N - 1 updates; the last batch's rollout is sampled and kept (in `last.ckpt`) but trained on only by
 a run that continues from that checkpoint. Dynamic sampling's top-ups are sampled by the same sampler
 before the launch, with W_t (nothing is in flight then).
@@ -67,8 +75,10 @@ it in the checkpoint (`state_dict`), so a resumed run trains on exactly what the
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import inspect
+import logging
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, ExitStack, nullcontext
@@ -81,27 +91,35 @@ from rlvr_lightning.policies.base import Policy, PromptBatch, SamplingConfig
 from rlvr_lightning.rollout import Rollout
 from rlvr_lightning.timing import elapsed_seconds
 
+log = logging.getLogger(__name__)
+
 
 @dataclasses.dataclass
 class SampledRollout:
-    """A rollout with what its generation reported and the policy version (optimizer steps) that sampled it."""
+    """A rollout with what its generation reported, the optimizer steps taken when it was sampled (`version`),
+    the policy version (updates made) it was sampled with, and its prompts (to sample again if too stale)."""
 
     rollout: Rollout
     stats: dict[str, float]
     version: int
+    policy_version: int = 0
+    batch: PromptBatch | None = None
 
 
 class AsyncRollouts:
-    def __init__(self, policy: Policy, group_size: int, sampling: SamplingConfig) -> None:
+    def __init__(self, policy: Policy, group_size: int, sampling: SamplingConfig, staleness: int = 1) -> None:
         if "generator" not in inspect.signature(policy.sample).parameters:
             raise TypeError(
-                f"rollout_staleness=1 samples in a background thread with a torch.Generator of its own: "
+                f"rollout_staleness={staleness} samples in a background thread with a torch.Generator of its own: "
                 f"{type(policy).__name__}.sample(batch, n, sampling) needs a `generator` argument to draw from"
             )
         self.policy = policy
         self.group_size = group_size
         self.sampling = sampling
-        self.ready: SampledRollout | None = None  # sampled, not yet trained on
+        self.staleness = staleness
+        self.queue: collections.deque[SampledRollout] = collections.deque()  # sampled, not yet trained on, oldest first
+        self.policy_version = 0  # updates made (`updated()`)
+        self.dropped = 0  # rollouts dropped as too stale
         self._sampler: Policy | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._future: Future | None = None
@@ -110,21 +128,44 @@ class AsyncRollouts:
     # ------------------------------------------------------------------ the pipeline
 
     def take(self, batch: PromptBatch, version: int) -> SampledRollout | None:
-        """The rollout to train on now. At the first step there is none yet: `batch` is sampled here (policy
-        version `version`) for the next step, and None returned. Nothing is in flight afterwards."""
+        """The rollout to train on now. While fewer than `staleness` rollouts wait (the first steps), `batch` is
+        sampled here (optimizer steps `version`) for a later step, and None returned. A rollout more than
+        `staleness` policy versions old is dropped and its prompts sampled again now. Nothing is in flight after."""
         self.wait()
-        if self.ready is None:
-            self.ready = self.sample_now(batch, version)
+        if len(self.queue) < self.staleness:
+            self.queue.append(self.sample_now(batch, version))
             return None
-        ready, self.ready = self.ready, None
+        ready = self.queue.popleft()
+        if self.policy_version - ready.policy_version > self.staleness:
+            self.dropped += 1
+            if self.dropped == 1:
+                log.warning(
+                    "rollout_staleness=%d: a rollout %d versions old was dropped and its prompts sampled again "
+                    "(counted in train/async/dropped)",
+                    self.staleness,
+                    self.policy_version - ready.policy_version,
+                )
+            ready = self.sample_now(ready.batch if ready.batch is not None else batch, version)
         ready.rollout = ready.rollout.to(self._device())
         return ready
+
+    def updated(self) -> None:
+        """The policy's weights changed (an update ran): one policy version more."""
+        self.policy_version += 1
+
+    def step_metrics(self, sampled: SampledRollout) -> dict[str, float]:
+        """The staleness of the rollout trained now (policy versions), the rollouts waiting, those dropped."""
+        return {
+            "train/async/staleness": float(self.policy_version - sampled.policy_version),
+            "train/async/queued": float(len(self.queue)),
+            "train/async/dropped": float(self.dropped),
+        }
 
     def launch(self, batch: PromptBatch, version: int) -> float:
         """Push the current weights (policy version `version`), draw the rollout's seed from torch's global
         generator, and sample `batch` in the background thread. Returns the seconds the push took."""
-        if self._future is not None or self.ready is not None:
-            raise RuntimeError("a rollout is already in flight or waiting to be trained on")
+        if self._future is not None or len(self.queue) >= self.staleness:
+            raise RuntimeError(f"a rollout is already in flight, or {self.staleness} wait to be trained on")
         push_seconds = self._push_weights()
         seed = _draw_seed()
         backend = self._engine()
@@ -141,12 +182,12 @@ class AsyncRollouts:
         return push_seconds
 
     def wait(self) -> float:
-        """Block until the rollout in flight is sampled (it becomes `ready`); the seconds spent waiting."""
+        """Block until the rollout in flight is sampled (it joins the queue); the seconds spent waiting."""
         if self._future is None:
             return 0.0
         started = time.perf_counter()
         try:
-            self.ready = self._future.result()
+            self.queue.append(self._future.result())
         finally:
             self._future = None
             backend = self._engine()
@@ -154,7 +195,7 @@ class AsyncRollouts:
                 backend.push_on_generate = True  # between steps (validation) the engine pushes as it always does
         if self._stream is not None:
             torch.cuda.current_stream().wait_stream(self._stream)
-            _record_stream(self.ready.rollout, torch.cuda.current_stream())
+            _record_stream(self.queue[-1].rollout, torch.cuda.current_stream())
         return time.perf_counter() - started
 
     def sample_now(self, batch: PromptBatch, version: int) -> SampledRollout:
@@ -190,7 +231,7 @@ class AsyncRollouts:
         rollout.old_log_probs = None
         stats = dict(getattr(self._sampler, "last_generation_stats", None) or {})
         stats["sampling_seconds"] = seconds
-        return SampledRollout(rollout, stats, version)
+        return SampledRollout(rollout, stats, version, self.policy_version, batch)
 
     # ------------------------------------------------------------------ weights
 
@@ -222,17 +263,39 @@ class AsyncRollouts:
 
     def state_dict(self) -> dict[str, Any]:
         self.wait()
-        if self.ready is None:
-            return {"ready": None}
-        fields = {f.name: getattr(self.ready.rollout, f.name) for f in dataclasses.fields(Rollout)}
-        return {"ready": _to_cpu(fields), "stats": dict(self.ready.stats), "version": self.ready.version}
+        queue = [
+            {
+                "rollout": _to_cpu({f.name: getattr(r.rollout, f.name) for f in dataclasses.fields(Rollout)}),
+                "stats": dict(r.stats),
+                "version": r.version,
+                "policy_version": r.policy_version,
+                "batch": r.batch,
+            }
+            for r in self.queue
+        ]
+        return {"queue": queue, "policy_version": self.policy_version, "dropped": self.dropped}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.close()
-        ready = state.get("ready")
-        self.ready = (
-            None if ready is None else SampledRollout(Rollout(**ready), dict(state["stats"]), int(state["version"]))
+        if "queue" not in state:  # a checkpoint of rollout_staleness=1 before queues: one rollout or none
+            ready = state.get("ready")
+            state = {"queue": [] if ready is None else [{**state, "rollout": ready}]}
+        self.policy_version = int(state.get("policy_version", 0))
+        self.dropped = int(state.get("dropped", 0))
+        self.queue = collections.deque(
+            SampledRollout(
+                Rollout(**entry["rollout"]),
+                dict(entry["stats"]),
+                int(entry["version"]),
+                int(entry.get("policy_version", self.policy_version)),
+                entry.get("batch"),
+            )
+            for entry in state["queue"]
         )
+        while len(self.queue) > self.staleness:  # a checkpoint of a run with a larger K: its oldest are too stale
+            self.queue.popleft()
+            self.dropped += 1
+            log.warning("rollout_staleness=%d: the checkpoint's oldest waiting rollout was dropped", self.staleness)
 
     def close(self) -> None:
         """Wait for the rollout in flight and stop the thread (a later launch starts a new one)."""

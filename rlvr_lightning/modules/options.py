@@ -110,7 +110,7 @@ class ImportanceSamplingConfig:
 
     Args:
         mode: token_truncate | token_mask | sequence_truncate | sequence_mask, or null (no correction; with
-            rollout_staleness 1: token_mask).
+            rollout_staleness >= 1: token_mask).
         max: the weights' cap C (truncate) or the upper end of the band outside which weights are 0 (mask).
         min: the lower end of that band, or the truncation's floor (null: none).
     """
@@ -301,9 +301,10 @@ def check_rl_options(
             "dynamic_sampling drops groups whose rewards all agree; with group_size=1 every group agrees "
             "with itself, so nothing could be trained on. Use group_size >= 2."
         )
-    if rollout_staleness not in (0, 1):
+    if isinstance(rollout_staleness, bool) or not isinstance(rollout_staleness, int) or rollout_staleness < 0:
         raise ValueError(
-            f"rollout_staleness={rollout_staleness!r} is not valid; choose 0 (on-policy) or 1 (one step off-policy)"
+            f"rollout_staleness={rollout_staleness!r} is not valid; choose an integer K >= 0 (0: on-policy, "
+            "K: rollouts sampled up to K updates before the one that trains on them)"
         )
     loss.check(aggregation.mode)
     if not loss.needs_old_log_probs and update.epochs > 1:

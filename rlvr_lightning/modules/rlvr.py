@@ -17,7 +17,8 @@ Lightning's `global_step` counts optimizer updates (update.epochs x mini-batches
 step); logged metrics are indexed by rollout step. Steps 4 and 5 are the module's `PolicyUpdate`
 (`modules/policy_update.py`).
 With `rollout_staleness=1`, step 1 takes the rollout sampled during the previous step's update
-and the next one is sampled in a background thread meanwhile (`modules/async_rollouts.py`).
+and the next one is sampled in a background thread meanwhile (`modules/async_rollouts.py`); with K >= 2 the
+rollouts wait in a queue and each is trained on K updates after the weights it was sampled with.
 """
 
 from __future__ import annotations
@@ -100,8 +101,9 @@ class RLVRModule(PolicyModule):
             entropy_coef: weight of the entropy bonus subtracted from the per-token loss.
             rollout_is: importance-sampling correction of the sampler/trainer mismatch (mode, max, min); the
                 mismatch itself is logged (train/mismatch/*) whenever the policy records sampling log-probs.
-            rollout_staleness: 0 | 1. 0: each step samples, then trains; 1: the next rollout is sampled in a
-                background thread while this one trains (AReaL's decoupled PPO; rollout_is.mode null: token_mask).
+            rollout_staleness: K >= 0. 0: each step samples, then trains; K >= 1: the next rollout is sampled in a
+                background thread while this one trains, and trained on K updates later (AReaL's decoupled PPO;
+                rollout_is.mode null: token_mask).
             dynamic_sampling: DAPO's dynamic sampling (enabled, max_rounds).
             update: the inner update (epochs, mini_batch_size, micro_batch_size, max_grad_norm,
                 max_consecutive_skips).
@@ -143,7 +145,9 @@ class RLVRModule(PolicyModule):
         self.advantage_estimator: AdvantageCallback | None = None
         self._topup_batches = None
         self.last_rollout: Rollout | None = None  # the step's trained batch (read by RolloutTableLogger)
-        self.async_rollouts = AsyncRollouts(policy, group_size, self.sampling) if rollout_staleness else None
+        self.async_rollouts = (
+            AsyncRollouts(policy, group_size, self.sampling, rollout_staleness) if rollout_staleness else None
+        )
 
     # ----------------------------------------------------------------- set-up
 
@@ -167,7 +171,7 @@ class RLVRModule(PolicyModule):
             )
         if self.async_rollouts is not None:
             raise NotImplementedError(
-                "rollout_staleness=1 samples from a full copy of the policy in a background thread, which a sharded "
+                "rollout_staleness >= 1 samples from a full copy of the policy in a background thread, which a sharded "
                 "policy does not have; use rollout_staleness: 0 with FSDP2, or a DDP strategy"
             )
 
@@ -235,6 +239,7 @@ class RLVRModule(PolicyModule):
         report_stage("update")
         update_stats = self.policy_update.run(rollout, self)
         if self.async_rollouts is not None:  # 0 when sampling took no longer than the update
+            self.async_rollouts.updated()
             metrics["time/rollout_wait_s"] = self.async_rollouts.wait()
         finished = clock(self.device)
 
@@ -257,6 +262,7 @@ class RLVRModule(PolicyModule):
             return None, None
         metrics["time/generation_s"] = sampled.stats.pop("sampling_seconds")  # in the background, beside an update
         metrics["train/async/policy_lag"] = float(self.trainer.global_step - sampled.version)  # optimizer steps
+        metrics.update(self.async_rollouts.step_metrics(sampled))  # policy versions (updates)
         return sampled.rollout, sampled.stats
 
     def _sample_now(self, batch: PromptBatch) -> Rollout:
@@ -311,12 +317,13 @@ class RLVRModule(PolicyModule):
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.policy_update.load_state_dict(checkpoint.get("rlvr_counters", {}))
-        ready = checkpoint.get("rlvr_async_rollouts", {}).get("ready")
+        saved = checkpoint.get("rlvr_async_rollouts", {})
         if self.async_rollouts is not None and "rlvr_async_rollouts" in checkpoint:
-            self.async_rollouts.load_state_dict(checkpoint["rlvr_async_rollouts"])
-        elif ready is not None:
+            self.async_rollouts.load_state_dict(saved)
+        elif saved.get("ready") is not None or saved.get("queue"):
             log.warning(
-                "the checkpoint holds a rollout sampled for rollout_staleness=1; this run samples on-policy without it"
+                "the checkpoint holds rollouts sampled for rollout_staleness >= 1; "
+                "this run samples on-policy without them"
             )
 
     def teardown(self, stage: str) -> None:

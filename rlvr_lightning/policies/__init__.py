@@ -4,6 +4,7 @@ generation backends are importable from here (`VLLMGeneration` imports vLLM only
 from rlvr_lightning.policies.base import Policy, PromptBatch, SamplingConfig
 from rlvr_lightning.policies.generation import KVCacheGeneration
 from rlvr_lightning.policies.generation_backend import GenerationBackend
+from rlvr_lightning.policies.server_generation import ServerGeneration
 from rlvr_lightning.policies.toy_sort import ToySortPolicy
 from rlvr_lightning.policies.vllm_generation import VLLMGeneration
 
@@ -13,6 +14,7 @@ __all__ = [
     "Policy",
     "PromptBatch",
     "SamplingConfig",
+    "ServerGeneration",
     "ToySortPolicy",
     "VLLMGeneration",
 ]

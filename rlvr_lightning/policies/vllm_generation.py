@@ -36,11 +36,13 @@ background thread.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import os
 import random
 import tempfile
+import threading
 import time
 import warnings
 from typing import Any, Literal
@@ -53,6 +55,7 @@ from rlvr_lightning.option_domains import Range, check_ranges
 from rlvr_lightning.policies.compute_dtype import compute_dtype
 from rlvr_lightning.policies.generation_backend import GenerationBackend, response_tensors
 from rlvr_lightning.policies.generation_output import GenerationOutput
+from rlvr_lightning.policies.vllm_sampling import sampling_request
 from rlvr_lightning.policies.vllm_weights import count_optimizer_steps, named_weights, parameter_version
 from rlvr_lightning.timing import elapsed_seconds
 
@@ -169,24 +172,11 @@ class VLLMGeneration(GenerationBackend):
         seeds = torch.randint(0, 2**31 - 1, (len(prompt_token_ids),), generator=generator).tolist()
         caps = list(max_new_tokens) if max_new_tokens is not None else [sampling.max_new_tokens] * len(seeds)
         params = [
-            SamplingParams(
-                n=n,
-                temperature=sampling.temperature if sampling.do_sample else 0.0,
-                top_p=sampling.top_p if sampling.do_sample else 1.0,
-                top_k=sampling.top_k if sampling.do_sample and sampling.top_k > 0 else 0,
-                max_tokens=cap,
-                min_tokens=sampling.min_new_tokens,
-                stop=list(sampling.stop_strings) or None,
-                stop_token_ids=list(eos_token_ids),  # the policy's EOS set, and only it:
-                ignore_eos=True,  # vLLM's own idea of EOS (tokenizer/config) would add to it
-                include_stop_str_in_output=True,
-                logprobs=0,
-                seed=seed,
-            )
+            SamplingParams(**sampling_request(sampling, n, cap, seed, eos_token_ids))
             for seed, cap in zip(seeds, caps, strict=True)
         ]
         generated = time.perf_counter()
-        with _no_autocast(model):
+        with _no_autocast(model), _global_rng_kept():
             outputs = self._llm.generate(
                 [{"prompt_token_ids": list(p)} for p in prompt_token_ids], params, use_tqdm=False
             )
@@ -328,6 +318,26 @@ def _no_autocast(model: nn.Module):
     """Autocast (per thread, entered by Lightning's mixed precision) off for the model's device type: the engine
     computes in its own dtype."""
     return torch.autocast(next(model.parameters()).device.type, enabled=False)
+
+
+@contextlib.contextmanager
+def _global_rng_kept():
+    """vLLM's sampler draws from torch's global generator at every decoding step (its CPU sampler a seed for the
+    rows without one, even when every row has one), so a colocated engine would shift the trainer's random stream
+    by a number of draws that depends on the response lengths (a server, in its own process, does not). In the
+    training thread the state is put back after the generation; a background generation (rollout_staleness >= 1)
+    is left alone, since restoring there would undo the update's own draws made meanwhile."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    cpu = torch.get_rng_state()
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    try:
+        yield
+    finally:
+        torch.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
 
 
 def _finalise_dead_engines() -> None:

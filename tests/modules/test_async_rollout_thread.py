@@ -173,7 +173,7 @@ def test_the_background_thread_samples_on_the_rank_s_device_and_a_side_stream(mo
     assert ("Stream", torch.device("cuda", 1), "main") in cuda.events  # on the rank's device, once
     assert cuda.events.index(("wait_stream", "side", "default")) < cuda.events.index(("sample", "background", "side"))
     assert cuda.events[-1] == ("wait_stream", "default", "side") and recorded == ["default"]
-    rollouts.ready = None  # taken by the training step (its move to the device is CUDA work)
+    rollouts.queue.clear()  # taken by the training step (its move to the device is CUDA work)
     cuda.events.clear()
     rollouts.launch(batch, version=2)
     rollouts.close()

@@ -140,8 +140,10 @@ def test_several_updates_recompute_the_old_log_probs_at_the_current_weights():
 
 def test_rollout_staleness_options():
     policy = ToySortPolicy(vocab_size=5, prompt_length=3)
-    with pytest.raises(ValueError, match=r"rollout_staleness=2 is not valid; choose 0 \(on-policy\) or 1"):
-        RLVRModule(policy, rollout_staleness=2)
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match=rf"rollout_staleness={bad!r} is not valid; choose an integer K >= 0"):
+            RLVRModule(policy, rollout_staleness=bad)
+    assert RLVRModule(policy, rollout_staleness=3).async_rollouts.staleness == 3
     assert (
         RLVRModule(
             policy, rollout_staleness=1, rollout_is=ImportanceSamplingConfig(mode="token_truncate")

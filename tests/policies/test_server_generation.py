@@ -1,0 +1,137 @@
+"""`ServerGeneration` against stand-in servers (vLLM's own run in tests/engines): requests spread over the
+servers with the colocated engine's sampling parameters and seeds, token ids in and out, versioned weight
+pushes that every server confirms, and faults that end within their time limit with the server named."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from fake_rollout_server import FakeRolloutServer
+
+from rlvr_lightning.cli_errors.run_errors import explain_run_error
+from rlvr_lightning.policies import SamplingConfig, ServerGeneration
+from rlvr_lightning.policies.rollout_server_client import RolloutServerError
+
+SAMPLING = SamplingConfig(max_new_tokens=3, temperature=0.7)
+
+
+@pytest.fixture
+def servers():
+    started = [FakeRolloutServer(), FakeRolloutServer()]
+    yield started
+    for server in started:
+        server.stop()
+
+
+def _generate(backend, model, prompts, n=2, generator=None, **kwargs):
+    return backend.generate(
+        model, None, prompts, n, SAMPLING, eos_token_ids=[2], pad_token_id=0, generator=generator, **kwargs
+    )
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Linear(3, 2)
+
+
+def test_requests_are_spread_over_the_servers_with_seeds_and_token_ids(servers):
+    backend = ServerGeneration([s.address for s in servers])
+    model = _model()
+    prompts = [[1, 2], [3, 4, 5], [6], [7, 8, 9, 10]]
+    out = _generate(backend, model, prompts, generator=torch.Generator().manual_seed(3))
+
+    # prompt i goes to server i % 2, as token ids, with the colocated engine's seeds (vllm_generation.py draws them so)
+    assert [b["prompt"] for b in servers[0].completions] == [[1, 2], [6]]
+    assert [b["prompt"] for b in servers[1].completions] == [[3, 4, 5], [7, 8, 9, 10]]
+    seeds = torch.randint(0, 2**31 - 1, (4,), generator=torch.Generator().manual_seed(3)).tolist()
+    sent = sorted(servers[0].completions + servers[1].completions, key=lambda b: prompts.index(b["prompt"]))
+    assert [b["seed"] for b in sent] == seeds
+    body = sent[0]
+    assert (body["n"], body["max_tokens"], body["temperature"], body["logprobs"]) == (2, 3, 0.7, 0)
+    assert body["stop_token_ids"] == [2] and body["ignore_eos"] and body["return_token_ids"]
+
+    # rows i*n .. i*n+n-1 belong to prompt i; the server's token ids and log-probs as they came
+    assert out.response_ids[:, 0].tolist() == [2, 3, 3, 4, 1, 2, 4, 5]
+    assert out.response_ids[0].tolist() == [2, 7, 7]
+    assert torch.equal(out.log_probs, torch.full((8, 3), -0.5))
+    assert out.truncated.all() and not out.stopped_by_string.any()
+
+
+def test_each_prompt_gets_its_own_token_budget(servers):
+    # multi-turn rollouts (segmented_generation.py) continue rows with different budgets left
+    backend = ServerGeneration([servers[0].address])
+    out = _generate(backend, _model(), [[1], [2], [3]], n=1, max_new_tokens=[1, 3, 2])
+    assert [body["max_tokens"] for body in servers[0].completions] == [1, 3, 2]
+    assert out.response_mask.sum(-1).tolist() == [1.0, 3.0, 2.0]
+
+
+def test_weights_are_pushed_when_they_change_versioned_and_confirmed(servers, tmp_path):
+    backend = ServerGeneration([s.address for s in servers], weight_dir=str(tmp_path))
+    model = _model()
+    first = _generate(backend, model, [[1]])
+    _generate(backend, model, [[1]])  # unchanged weights: no push
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    third = _generate(backend, model, [[1]])
+    assert [s.versions for s in servers] == [[1, 2], [1, 2]]
+    assert servers[0].loaded_names[0] == ["bias", "weight"]
+    assert (first.stats["engine/weight_version"], third.stats["engine/weight_version"]) == (1.0, 2.0)
+    assert backend.weight_pushes == 2 and all(s.prefix_resets == 2 for s in servers)
+    assert list(tmp_path.iterdir()) == []  # each pushed file removed once every server loaded it
+    assert backend.exact_log_probs  # fp32 servers and trainer, no top-k/top-p
+
+
+def test_an_unreachable_server_fails_within_the_startup_time_limit(servers):
+    servers[1].stop()
+    backend = ServerGeneration([servers[0].address, servers[1].address], startup_timeout_s=1.5)
+    started = time.monotonic()
+    with pytest.raises(RolloutServerError, match=f"rollout server {servers[1].address} did not answer within 1.5 s"):
+        _generate(backend, _model(), [[1]])
+    assert time.monotonic() - started < 5
+
+
+def test_a_server_that_dies_mid_run_is_named(servers):
+    backend = ServerGeneration([s.address for s in servers], request_timeout_s=5)
+    model = _model()
+    _generate(backend, model, [[1], [2]])
+    servers[1].stop()
+    with pytest.raises(RolloutServerError, match=f"rollout server {servers[1].address}: generation request"):
+        _generate(backend, model, [[1], [2]])
+
+
+def test_a_weight_sync_over_its_time_limit_fails_within_it(servers):
+    backend = ServerGeneration([s.address for s in servers], sync_timeout_s=0.5)
+    servers[0].sync_delay = 3.0
+    started = time.monotonic()
+    with pytest.raises(RolloutServerError) as error:
+        _generate(backend, _model(), [[1]])
+    assert time.monotonic() - started < 3.0
+    assert str(error.value) == (
+        f"rollout server {servers[0].address}: weight sync (version 1) did not complete within 0.5 s"
+    )
+    # what `rlvr` prints instead of a traceback (status 1)
+    problem = explain_run_error(RuntimeError("wrapped")) or explain_run_error(error.value)
+    assert problem.status == 1
+    assert problem.render().splitlines()[0] == f"error: {error.value}"
+
+
+def test_servers_must_serve_one_dtype(servers):
+    servers[1].dtype = "bfloat16"
+    with pytest.raises(RolloutServerError, match="same model in the same dtype"):
+        _generate(ServerGeneration([s.address for s in servers]), _model(), [[1]])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"servers": []}, "servers=\\[\\] is empty"),
+        ({"servers": ["localhost"]}, "'localhost' is not host:port"),
+        ({"servers": ["a:1"], "weight_transport": "gloo"}, "weight_transport='gloo' is not valid"),
+        ({"servers": ["a:1"], "sync_timeout_s": 0}, "sync_timeout_s"),
+    ],
+)
+def test_bad_options_are_refused_before_any_work(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        ServerGeneration(**kwargs)
