@@ -60,6 +60,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--json", default=None)
+    parser.add_argument(
+        "--model-dir",
+        default=None,
+        help="a SmolLM2 directory (default: rlvr-models'); without model.safetensors: random weights from its config",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
@@ -69,12 +74,15 @@ def main(argv: list[str] | None = None) -> int:
     from rlvr_lightning.policies.hf import HFPolicy
     from rlvr_lightning.timing import clock
 
-    policy = HFPolicy(
-        model_name_or_path=str(bench_step_cases.smollm2_dir()),
-        prompt_template="chat",
-        dtype="float32",
-        min_new_tokens=args.new_tokens,
-    ).to(args.device)
+    model_dir = Path(args.model_dir) if args.model_dir else bench_step_cases.smollm2_dir()
+    if (model_dir / "model.safetensors").exists():
+        source = {"model_name_or_path": str(model_dir)}
+    else:  # same shapes and speed, random weights (a machine without the checkpoint)
+        torch.manual_seed(0)
+        config = json.loads((model_dir / "config.json").read_text())
+        source = {"config": config, "tokenizer_name_or_path": str(model_dir)}
+    policy = HFPolicy(**source, prompt_template="chat", dtype="float32", min_new_tokens=args.new_tokens)
+    policy = policy.to(args.device)
     prompts = (bench_step_cases.SMOL_PROMPTS if args.prompts == 2 else bench_step_cases.SMOL_PROMPTS_8)[: args.prompts]
     batch = {"prompt": prompts, "metadata": [{}] * len(prompts)}
     sampling = SamplingConfig(temperature=1.0, max_new_tokens=args.new_tokens)
@@ -132,6 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     shape = f"{args.prompts} prompts x {args.generations} x {args.new_tokens} tokens"
     print(f"\nSmolLM2-135M, {shape}, {args.threads} thread(s), {args.rounds} rounds, device {args.device}")
     print(f"CPU capability {torch.backends.cpu.get_cpu_capability()}, flags {cpu_bf16_flags() or 'no bf16'}")
+    if torch.cuda.is_available():
+        print(f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    print(f"weights: {'random (config only)' if 'config' in source else model_dir}")
     print(f"bf16 copy: built in {build_seconds:.3f} s, refreshed in {refresh_seconds:.3f} s")
     print(f"{'leg':<14} {'tok/s median [min-max]':>26} {'cpu s':>8} {'k3 KL':>10} {'IS max':>8} {'IS mean':>8}")
     for leg, s in summary.items():
