@@ -14,6 +14,7 @@ measures both; docs/benchmarks.md has the figures). The copy costs the model's s
 from __future__ import annotations
 
 import copy
+import weakref
 from typing import Literal
 
 import torch
@@ -46,7 +47,9 @@ class SamplingWeights:
     nor checkpointed)."""
 
     def __init__(self) -> None:
-        self._copies: dict[int, tuple[nn.Module, nn.Module, tuple]] = {}  # id(model) -> (model, copy, version)
+        # id(model) -> (weak reference to the model, its copy, the version copied): the policy's (first rollout,
+        # top-ups, validation) and, with asynchronous rollouts, the sampling copy's
+        self._copies: dict[int, tuple[weakref.ref, nn.Module, tuple]] = {}
         count_optimizer_steps()
 
     def model_for(self, model: nn.Module, dtype: torch.dtype) -> nn.Module:
@@ -61,14 +64,14 @@ class SamplingWeights:
             )
         version = parameter_version(model)
         entry = self._copies.get(id(model))
-        if entry is not None and entry[0] is model:
+        if entry is not None and entry[0]() is model:
             _, cast, seen = entry
             if seen != version:
                 _refresh(model, cast, seen[1], version[1])
         else:
-            self._copies.clear()  # one model samples at a time; a new one (a sampling copy) replaces the last
+            self._copies = {key: value for key, value in self._copies.items() if value[0]() is not None}
             cast = _cast_copy(model, dtype)
-        self._copies[id(model)] = (model, cast, version)
+        self._copies[id(model)] = (weakref.ref(model), cast, version)
         return cast
 
     def __getstate__(self) -> dict:
