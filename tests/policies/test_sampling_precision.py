@@ -147,3 +147,20 @@ def test_sampling_log_probs_at_a_temperature_are_not_renormalised_either():
     tokens, log_probs = sample_next_token(probs.log().repeat(3, 1), temperature=2.0, top_k=1)
     assert tokens.tolist() == [0, 0, 0]
     assert torch.allclose(log_probs, torch.full((3,), math.log(math.sqrt(0.5) / probs.sqrt().sum().item())))
+
+
+class RenormalisingBackend(KVCacheGeneration):
+    """Our loop, claiming log-probs renormalised after top-k/top-p (as vLLM's processed log-probs are)."""
+
+    log_probs_renormalised = True
+
+
+def test_renormalised_log_probs_are_not_recorded_for_importance_sampling(make_policy):
+    from rlvr_lightning.policies import hf
+
+    policy = make_policy(prompt_template="raw", generation=RenormalisingBackend())
+    hf.warn_renormalised_log_probs.cache_clear()
+    with pytest.warns(UserWarning, match="renormalised over the kept tokens, so the rollouts record no sampling"):
+        rollout = policy.sample(PROMPTS, 2, SAMPLING)
+    assert rollout.sampling_log_probs is None  # no mismatch metrics and no rollout_is weights from them
+    assert make_policy(prompt_template="raw").sample(PROMPTS, 2, SAMPLING).sampling_log_probs is not None
