@@ -7,8 +7,11 @@ swap). The model itself is never touched. Buffers stay as they are (rotary frequ
 
 Why a copy and not `torch.autocast`: decoding is bound by reading the weights, once per decoding step. Autocast
 casts every fp32 weight to bf16 at every matrix product (reads 4 bytes and writes 2 per weight, then reads the 2),
-while the copy reads 2 bytes per weight per step and casts once per update (`scripts/bench_sampling_precision.py`
-measures both; docs/benchmarks.md has the figures). The copy costs the model's size in the sampling dtype.
+while the copy reads 2 bytes per weight per step and casts once per update. Measured on SmolLM2-135M
+(`scripts/bench_sampling_precision.py`, docs/benchmarks.md), the copy took 17% less CPU time than autocast; on a CPU
+without bf16 arithmetic (AVX2) both were ~3x slower than fp32, so `auto` (the default) stays fp32 there. The copy
+costs the model's size in the sampling dtype (SmolLM2-135M: 270 MB; built in 3.7 s, refreshed in 1.1 s on a
+loaded 2-core machine).
 """
 
 from __future__ import annotations
