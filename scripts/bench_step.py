@@ -25,7 +25,12 @@ than the wall times.
     python scripts/bench_step.py --case smollm2 smollm2_long --legs ours vllm trl --rounds 2 \
         --vllm-python .venv-vllm/bin/python
 
-Legs: `ours` (our KV-cache loop), `vllm` (the same module with `VLLMGeneration`, an fp32 engine in the
+Precision: both sides keep fp32 weights, gradients and AdamW states. By default both also sample in fp32;
+`--sampling-dtype bfloat16` has our legs sample in bf16 (our loop from a bf16 copy of the weights refreshed after
+each update, the engine with `dtype: bfloat16`), `--trl-bf16` runs TRL with `GRPOConfig(bf16=True)` (autocast
+around its generation and update). `peak_MB` is each leg process's peak resident memory (ru_maxrss).
+
+Legs: `ours` (our KV-cache loop), `vllm` (the same module with `VLLMGeneration`, an engine in the
 leg's process, weights pushed after every update; needs vLLM: scripts/vllm_cpu_env.sh), `trl`. Run the
 vllm leg with `--vllm-python` from the main environment rather than the whole script inside .venv-vllm:
 vllm-cpu pins transformers < 5.20, whose SDPA path copies the grouped-query keys and values at every
@@ -86,7 +91,13 @@ LEGS = ("ours", "vllm", "trl")
 
 
 def run_ours(
-    model_dir: Path, case: dict, steps: int, seed: int, engine: bool = False, device: str = "cpu"
+    model_dir: Path,
+    case: dict,
+    steps: int,
+    seed: int,
+    engine: bool = False,
+    sampling_dtype: str = "float32",
+    device: str = "cpu",
 ) -> StepTimer:
     import lightning.pytorch as pl
 
@@ -95,6 +106,7 @@ def run_ours(
     from rlvr_lightning.data.inline_task import InlineTask
     from rlvr_lightning.modules.rlvr import RLVRModule
     from rlvr_lightning.policies.base import SamplingConfig
+    from rlvr_lightning.policies.generation import KVCacheGeneration
     from rlvr_lightning.policies.hf import HFPolicy
     from rlvr_lightning.rewards.base import RewardCallback
 
@@ -113,11 +125,12 @@ def run_ours(
 
     pl.seed_everything(seed, verbose=False)
     new_tokens = case["new_tokens"]
-    generation = None
+    # fp32 master weights and update; the sampler computes in `sampling_dtype` (bf16: a cast copy of the weights)
+    generation = KVCacheGeneration(dtype=sampling_dtype)
     if engine:
         from rlvr_lightning.policies import VLLMGeneration
 
-        generation = VLLMGeneration(dtype="float32", kv_cache_memory_gib=1.0, max_model_len=512)
+        generation = VLLMGeneration(dtype=sampling_dtype, kv_cache_memory_gib=1.0, max_model_len=512)
     policy = HFPolicy(
         generation=generation,
         model_name_or_path=str(model_dir),
@@ -181,6 +194,7 @@ def _prompt_lengths(model_dir: Path, case: dict) -> list[int]:
 
 def fmt_row(label: str, m: dict[str, float]) -> str:
     cells = " ".join(f"{m[k]:>9.3f}" for k in ["step", *SECTIONS, "other", "cpu", "generation_cpu"])
+    cells += f" {m['peak_rss_mb']:>9.0f}"
     return f"{label:<6} {cells}"
 
 
@@ -211,6 +225,9 @@ def run_leg(leg: str, case: str, model_dir: Path, args, steps: int, tmp: Path) -
         args.tiny_prompts,
         "--device",
         args.device,
+        "--sampling-dtype",
+        args.sampling_dtype,
+        *(["--trl-bf16"] if args.trl_bf16 else []),
     ]
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
     return json.loads(out.read_text())
@@ -221,9 +238,12 @@ def worker(args) -> int:
     model_dir = Path(args.model_dir)
     if args.worker == "trl":
         with tempfile.TemporaryDirectory(prefix="bench_step-trl-") as tmp:
-            timer = run_trl(model_dir, case, args.steps, args.seed, tmp, device=args.device)
+            timer = run_trl(model_dir, case, args.steps, args.seed, tmp, bf16=args.trl_bf16, device=args.device)
     else:
-        timer = run_ours(model_dir, case, args.steps, args.seed, engine=args.worker == "vllm", device=args.device)
+        engine = args.worker == "vllm"
+        timer = run_ours(
+            model_dir, case, args.steps, args.seed, engine=engine, sampling_dtype=args.sampling_dtype, device=args.device
+        )
     Path(args.json).write_text(json.dumps(timer.steps))
     return 0
 
@@ -251,6 +271,15 @@ def main(argv: list[str] | None = None) -> int:
         help="the interpreter of the vllm leg, in an environment of its own "
         "(scripts/vllm_cpu_env.sh: .venv-vllm/bin/python); default: this one. Run the script from the main "
         "environment so that our loop and TRL run with its transformers",
+    )
+    parser.add_argument(
+        "--sampling-dtype",
+        choices=["float32", "bfloat16"],
+        default="float32",
+        help="our legs' sampling precision (KVCacheGeneration / VLLMGeneration dtype); weights and update stay fp32",
+    )
+    parser.add_argument(
+        "--trl-bf16", action="store_true", help="TRL's leg with GRPOConfig(bf16=True) (autocast) instead of fp32"
     )
     parser.add_argument("--worker", choices=LEGS, default=None, help=argparse.SUPPRESS)  # one leg (run_leg)
     parser.add_argument("--model-dir", default=None, help=argparse.SUPPRESS)
@@ -299,10 +328,26 @@ def main(argv: list[str] | None = None) -> int:
                 "median seconds per step"
             )
             print(
+                f"precision: ours fp32 weights and update, sampling {args.sampling_dtype}; "
+                f"TRL {'bf16 autocast (GRPOConfig bf16=True)' if args.trl_bf16 else 'fp32'}; "
+                "peak_MB: the leg process's peak resident memory"
+            )
+            print(
                 f"{'':<6} "
                 + " ".join(
                     f"{k:>9}"
-                    for k in ["step", "generate", "reward", "lp_fwd", "backward", "optim", "other", "cpu", "gen_cpu"]
+                    for k in [
+                        "step",
+                        "generate",
+                        "reward",
+                        "lp_fwd",
+                        "backward",
+                        "optim",
+                        "other",
+                        "cpu",
+                        "gen_cpu",
+                        "peak_MB",
+                    ]
                 )
             )
             for label, m in summary.items():
@@ -310,11 +355,13 @@ def main(argv: list[str] | None = None) -> int:
             ratios = {}
             for a, b in (("ours", "trl"), ("vllm", "trl"), ("ours", "vllm")):
                 if a in summary and b in summary:
-                    ratio = {k: summary[b][k] / summary[a][k] for k in ("step", "cpu", "generation", "generation_cpu")}
+                    keys = ("step", "cpu", "generation", "generation_cpu", "peak_rss_mb")
+                    ratio = {k: summary[b][k] / summary[a][k] for k in keys}
                     ratios[f"{b}/{a}"] = ratio
                     print(
                         f"{b} / {a} (medians): step {ratio['step']:.2f}x wall, {ratio['cpu']:.2f}x CPU; "
-                        f"generation {ratio['generation']:.2f}x wall, {ratio['generation_cpu']:.2f}x CPU"
+                        f"generation {ratio['generation']:.2f}x wall, {ratio['generation_cpu']:.2f}x CPU; "
+                        f"{a} peak memory {1 / ratio['peak_rss_mb']:.2f}x {b}'s"
                     )
             summary["ratios"] = ratios
             results[name] = summary

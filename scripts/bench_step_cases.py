@@ -4,6 +4,7 @@ shared reward, the per-section step timer, and the models (a tiny Llama saved to
 from __future__ import annotations
 
 import functools
+import resource
 import statistics
 import sys
 import time
@@ -102,12 +103,14 @@ class StepTimer:
         total = clock(self.device) - self.started
         step = {"step": total, **self.current, "cpu": time.process_time() - self.started_cpu}
         step["other"] = total - sum(self.current.get(s, 0.0) for s in SECTIONS)
+        step["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # the process's peak so far
         self.steps.append(step)
 
     def medians(self, warmup: int) -> dict[str, float]:
         kept = self.steps[warmup:] or self.steps
         keys = ["step", *SECTIONS, "other", "cpu", "generation_cpu"]
-        return {k: statistics.median(s.get(k, 0.0) for s in kept) for k in keys}
+        medians = {k: statistics.median(s.get(k, 0.0) for s in kept) for k in keys}
+        return {**medians, "peak_rss_mb": max(s.get("peak_rss_mb", 0.0) for s in self.steps)}
 
 
 # ----------------------------------------------------------------------------- models

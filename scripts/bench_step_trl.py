@@ -10,7 +10,10 @@ from bench_step_cases import LR, StepTimer, digit_reward
 from rlvr_lightning.timing import clock  # waits for the device's queued work before reading the time
 
 
-def run_trl(model_dir: Path, case: dict, steps: int, seed: int, output_dir: str, device: str = "cpu") -> StepTimer:
+def run_trl(
+    model_dir: Path, case: dict, steps: int, seed: int, output_dir: str, bf16: bool = False, device: str = "cpu"
+) -> StepTimer:
+    """`bf16`: GRPOConfig(bf16=True), the Trainer's bf16 autocast over fp32 weights (on a CPU too), else fp32."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -65,7 +68,7 @@ def run_trl(model_dir: Path, case: dict, steps: int, seed: int, output_dir: str,
         max_grad_norm=1.0,
         max_steps=steps,
         use_cpu=device == "cpu",
-        bf16=False,
+        bf16=bf16,
         fp16=False,
         logging_steps=1,
         report_to=[],

@@ -2,7 +2,8 @@
 
 The task (`tests/policies/learning_task.py`): repeat the digit the prompt names, 4 tokens; a random model
 earns ~0.05. GRPO must take the mean reward from <= 0.2 (first step) to >= 0.8 (last 5 steps) within 60 steps on
-two seeds and answer >= 80% of held-out prompts greedily; PPO, LoRA and asynchronous rollouts must gain at
+two seeds and answer >= 80% of held-out prompts greedily; PPO, LoRA, asynchronous rollouts and bf16 sampling
+(alone, and asynchronous with LoRA) must gain at
 least 0.4, far beyond noise (a step averages 16 prompts x 16 responses x 4 positions: a few hundredths), and
 answer half the held-out prompts. The negative tests break the update on purpose and check that the same run
 then does not learn.
@@ -24,7 +25,12 @@ from learning_task import fit, fit_config, greedy_accuracy, mean, save_word_toke
 from rlvr_lightning.core.policy_losses import PPOClip  # noqa: E402
 from rlvr_lightning.policies import hf_scoring  # noqa: E402
 
-START, END = 1, 5  # steps averaged at the start (the untrained model's samples) and at the end of a run
+START, END = 1, 5
+# our loop sampling from a bf16 copy of the fp32 weights
+BF16_SAMPLING = {
+    "class_path": "rlvr_lightning.policies.generation.KVCacheGeneration",
+    "init_args": {"dtype": "bfloat16"},
+}  # steps averaged at the start (the untrained model's samples) and at the end of a run
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +53,16 @@ def test_grpo_learns_to_repeat_the_named_digit(tokenizer_dir, tmp_path, seed):
         pytest.param("PPOModule", {"value": {"model": "separate"}}, {}, 2e-3, id="ppo"),
         pytest.param("RLVRModule", {}, {"lora_r": 8}, 5e-3, id="lora"),
         pytest.param("RLVRModule", {"rollout_staleness": 1}, {}, 2e-3, id="async"),
+        pytest.param(
+            "RLVRModule", {"rollout_is": {"mode": "token_truncate"}}, {"generation": BF16_SAMPLING}, 2e-3, id="bf16"
+        ),
+        pytest.param(
+            "RLVRModule",
+            {"rollout_staleness": 1},
+            {"lora_r": 8, "generation": BF16_SAMPLING},
+            5e-3,
+            id="bf16_async_lora",
+        ),
     ],
 )
 def test_variants_learn(tokenizer_dir, tmp_path, module_class, module, policy, lr):

@@ -228,6 +228,12 @@ class AsyncRollouts:
         # What the sampler computed is the behaviour policy's log-probs; the trainer computes its own.
         if rollout.sampling_log_probs is None:
             rollout.sampling_log_probs = rollout.old_log_probs
+        if rollout.sampling_log_probs is None:
+            raise ValueError(
+                "rollout_staleness: 1 weights each token by the sampler's log-probs, and this sampler recorded none "
+                "(VLLMGeneration with sampling.top_k or sampling.top_p renormalises them over the kept tokens); "
+                "sample with top_p: 1 and top_k: 0, or with KVCacheGeneration"
+            )
         rollout.old_log_probs = None
         stats = dict(getattr(self._sampler, "last_generation_stats", None) or {})
         stats["sampling_seconds"] = seconds

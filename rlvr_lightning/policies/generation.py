@@ -15,6 +15,7 @@ Everything here is model-agnostic: it needs a transformers-style causal LM that 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 from collections.abc import Sequence
@@ -26,6 +27,12 @@ from rlvr_lightning.policies.base import compute_device
 from rlvr_lightning.policies.generation_backend import GenerationBackend
 from rlvr_lightning.policies.generation_output import GenerationOutput, StopStringChecker
 from rlvr_lightning.policies.kv_cache import cache_argument, reserve_room, returned_cache
+from rlvr_lightning.policies.sampling_precision import (
+    SamplingDtype,
+    SamplingWeights,
+    check_sampling_dtype,
+    resolve_sampling_dtype,
+)
 from rlvr_lightning.stage_reports import report_tokens
 from rlvr_lightning.timing import elapsed_seconds
 
@@ -314,7 +321,21 @@ def generate(*args, **kwargs) -> GenerationOutput:
 
 
 class KVCacheGeneration(GenerationBackend):
-    """The loop above (`generate`) over the training model itself, as a `GenerationBackend`."""
+    """The loop above (`generate`) over the training model itself, as a `GenerationBackend`.
+
+    Args:
+        dtype: the precision the loop samples in. "auto" (the default): the trainer's compute dtype (FSDP2's
+            `param_dtype`, autocast's under `bf16-mixed`, else the weights'), so the model samples as it trains.
+            "bfloat16" over fp32 weights: a bf16 copy of the weights samples, refreshed after every update
+            (`policies/sampling_precision.py`); the fp32 master weights are untouched. "float32": the model as
+            it is, or an fp32 copy of bf16 weights. Sampling log-probs of a bf16 pass differ from the trainer's
+            fp32 ones: `RLVRModule(rollout_is=...)` corrects the mismatch, logged as `train/mismatch/*`.
+    """
+
+    def __init__(self, dtype: SamplingDtype = "auto") -> None:
+        check_sampling_dtype("KVCacheGeneration dtype", dtype)
+        self.dtype = dtype
+        self._weights = SamplingWeights()
 
     def generate(
         self,
@@ -330,6 +351,10 @@ class KVCacheGeneration(GenerationBackend):
         generator=None,
     ):
         device = compute_device(model)
+        sampler = self._weights.model_for(model, resolve_sampling_dtype(self.dtype, model))
+        # a cast copy computes in its own dtype: autocast (`bf16-mixed`) would cast it again
+        precision = contextlib.nullcontext() if sampler is model else torch.autocast(device.type, enabled=False)
+        model = sampler
         prompt_ids, prompt_mask = left_pad(prompt_token_ids, pad_token_id)
         stop = StopStringChecker(
             sampling.stop_strings, lambda rows: tokenizer.batch_decode(rows, skip_special_tokens=True)
@@ -337,22 +362,23 @@ class KVCacheGeneration(GenerationBackend):
         was_training = model.training
         model.eval()  # no dropout while sampling; gradient checkpointing would also turn the cache off
         try:
-            return generate(
-                model,
-                prompt_ids.to(device),
-                prompt_mask.to(device),
-                n,
-                max_new_tokens=sampling.max_new_tokens,
-                eos_token_ids=eos_token_ids,
-                pad_token_id=pad_token_id,
-                temperature=sampling.temperature,
-                top_k=sampling.top_k,
-                top_p=sampling.top_p,
-                stop=stop,
-                do_sample=sampling.do_sample,
-                min_new_tokens=sampling.min_new_tokens,
-                max_new_tokens_per_prompt=max_new_tokens,
-                generator=generator,
-            )
+            with precision:
+                return generate(
+                    model,
+                    prompt_ids.to(device),
+                    prompt_mask.to(device),
+                    n,
+                    max_new_tokens=sampling.max_new_tokens,
+                    eos_token_ids=eos_token_ids,
+                    pad_token_id=pad_token_id,
+                    temperature=sampling.temperature,
+                    top_k=sampling.top_k,
+                    top_p=sampling.top_p,
+                    stop=stop,
+                    do_sample=sampling.do_sample,
+                    min_new_tokens=sampling.min_new_tokens,
+                    max_new_tokens_per_prompt=max_new_tokens,
+                    generator=generator,
+                )
         finally:
             model.train(was_training)

@@ -41,6 +41,13 @@ class GenerationBackend(ABC):
         distribution at the sampling temperature), so the trainer may use them as old log-probs."""
         return False
 
+    @property
+    def log_probs_renormalised(self) -> bool:
+        """Whether the last generation's log-probs were renormalised over the tokens top-k/top-p kept (vLLM's
+        processed log-probs) instead of the unfiltered distribution the trainer scores. Such log-probs are not
+        recorded as sampling log-probs: their ratio to the trainer's would carry the kept probability mass."""
+        return False
+
     @abstractmethod
     def generate(
         self,

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import os
 import warnings
 from collections.abc import Sequence
@@ -67,6 +68,16 @@ from rlvr_lightning.policies.tool_use import ToolUse
 from rlvr_lightning.rollout import Rollout
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@functools.cache
+def warn_renormalised_log_probs(backend: str) -> None:
+    warnings.warn(
+        f"{backend}: with top_k/top_p the engine's log-probs are renormalised over the kept tokens, so the "
+        "rollouts record no sampling log-probs: no train/mismatch metrics and no rollout_is weights. Sample with "
+        "top_p: 1 and top_k: 0, or with KVCacheGeneration, which records the unfiltered log-probs",
+        stacklevel=3,
+    )
 
 
 class HFPolicy(HFScoring, Policy):
@@ -251,6 +262,10 @@ class HFPolicy(HFScoring, Policy):
         else:
             out = self.generation.generate(self.model, self.tokenizer, prompt_token_ids, n, sampling, **special)
         lengths, response_text = decode_responses(self.tokenizer, out, sampling.stop_strings)
+        sampling_log_probs = out.log_probs
+        if self.generation.log_probs_renormalised:
+            sampling_log_probs = None
+            warn_renormalised_log_probs(type(self.generation).__name__)
 
         device = self.device
         prompt_ids, prompt_mask = left_pad(prompt_token_ids, self.pad_token_id)
@@ -267,7 +282,7 @@ class HFPolicy(HFScoring, Policy):
             prompt_text=[text for text in prompt_texts for _ in range(n)],
             response_text=response_text,
             metadata=[dict(m) for m in metadata for _ in range(n)],
-            sampling_log_probs=out.log_probs,
+            sampling_log_probs=sampling_log_probs,
             response_source=out.response_source,
         )
 

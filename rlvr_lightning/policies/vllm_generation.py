@@ -21,7 +21,12 @@ the weights'); the engine computes in its own dtype, so autocast is off around i
 Sampling log-probs are the engine's (`logprobs_mode="processed_logprobs"`: after temperature, as the
 trainer computes them). They are exact enough to serve as old log-probs only from an fp32 engine
 without top-k/top-p filtering (`exact_log_probs`); otherwise the trainer recomputes them, and
-`RLVRModule(rollout_is=...)` can correct for the mismatch, which is logged every step.
+`RLVRModule(rollout_is=...)` can correct for the mismatch, which is logged every step. With top-k/top-p,
+vLLM's processed log-probs are renormalised over the tokens the filter kept (its sampler takes the
+log-softmax of the filtered logits), while the trainer's are over the whole vocabulary: their ratio would
+carry the kept mass, which is no policy change. Those rollouts record no sampling log-probs
+(`log_probs_renormalised`): no mismatch metrics, no `rollout_is` weights (our loop records the
+unfiltered log-probs and has neither limitation).
 
 Each request gets a seed drawn from torch's global generator (or the `generator` the caller passes), so
 `seed_everything` governs sampling and a resumed run draws the same seeds; the engine's own seeding at
@@ -145,6 +150,10 @@ class VLLMGeneration(GenerationBackend):
     def exact_log_probs(self) -> bool:
         fp32 = self._engine_dtype == self._trainer_dtype == torch.float32
         return fp32 and not self._last_filtered
+
+    @property
+    def log_probs_renormalised(self) -> bool:
+        return self._last_filtered
 
     def generate(
         self,

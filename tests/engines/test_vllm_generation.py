@@ -88,8 +88,11 @@ def test_engine_log_probs_match_the_trainer(make_policy):
 
 def test_filtered_sampling_or_a_bf16_engine_is_not_exact(make_policy):
     policy = make_policy(generation=engine())
-    policy.sample({"prompt": PROMPTS[:1]}, 2, SamplingConfig(top_p=0.9, max_new_tokens=4))
+    with pytest.warns(UserWarning, match="renormalised over the kept tokens"):
+        filtered = policy.sample({"prompt": PROMPTS[:1]}, 2, SamplingConfig(top_p=0.9, max_new_tokens=4))
     assert not policy.sampling_log_probs_exact  # the engine's log-probs are of the filtered distribution
+    # vLLM renormalises its processed log-probs over the kept tokens: they are not recorded for importance sampling
+    assert filtered.sampling_log_probs is None
     bf16 = make_policy(generation=engine(dtype="bfloat16"))
     bf16.sample({"prompt": PROMPTS[:1]}, 2, SamplingConfig(max_new_tokens=4))
     assert not bf16.sampling_log_probs_exact
