@@ -241,9 +241,8 @@ def worker(args) -> int:
             timer = run_trl(model_dir, case, args.steps, args.seed, tmp, bf16=args.trl_bf16, device=args.device)
     else:
         engine = args.worker == "vllm"
-        timer = run_ours(
-            model_dir, case, args.steps, args.seed, engine=engine, sampling_dtype=args.sampling_dtype, device=args.device
-        )
+        precision = {"sampling_dtype": args.sampling_dtype, "device": args.device}
+        timer = run_ours(model_dir, case, args.steps, args.seed, engine=engine, **precision)
     Path(args.json).write_text(json.dumps(timer.steps))
     return 0
 
