@@ -14,17 +14,17 @@ from tiny_lm import save_tiny_tokenizer, tiny_llama_config  # noqa: E402
 
 from rlvr_lightning.rewards.base import RewardCallback  # noqa: E402
 
-PROBLEMS = [(2, 3), (4, 5)]  # one batch: a step limit read as 1.0 (100%) still makes one step
+PROBLEMS = [(2, 3), (4, 5), (1, 1), (7, 2), (3, 3), (6, 1)]
 
 
-def write_tiny_gsm8k_override(tmp: Path, accelerator: str) -> Path:
+def write_tiny_gsm8k_override(tmp: Path, accelerator: str, problems: int = len(PROBLEMS)) -> Path:
     """A config file that swaps the recipe's model for a tiny random Llama (a 1024-token context: the R1-Zero
-    prompt is ~330 of its tokens) and its data for 6 GSM8K-format lines; one step of 2 x 4 responses."""
+    prompt is ~330 of its tokens) and its data for `problems` GSM8K-format lines; one step of 2 x 4 responses."""
     data = tmp / "gsm8k.jsonl"
     data.write_text(
         "".join(
             json.dumps({"question": f"What is {a} + {b}?", "answer": f"{a}+{b}={a + b}\n#### {a + b}"}) + "\n"
-            for a, b in PROBLEMS
+            for a, b in PROBLEMS[:problems]
         )
     )
     override = {
