@@ -103,7 +103,8 @@ class CurriculumRule:
     def __post_init__(self) -> None:
         if not 0.0 <= self.lower_at < self.raise_at <= 1.0:
             raise ValueError(
-                f"curriculum needs 0 <= lower_at < raise_at <= 1, got lower_at={self.lower_at}, raise_at={self.raise_at}"
+                "curriculum needs 0 <= lower_at < raise_at <= 1, "
+                f"got lower_at={self.lower_at}, raise_at={self.raise_at}"
             )
         if self.min_samples < 1:
             raise ValueError(f"curriculum.min_samples must be >= 1, got {self.min_samples}")
