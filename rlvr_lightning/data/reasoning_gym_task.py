@@ -21,7 +21,7 @@ accuracy before and after training compares the same prompts); the training stre
 whose question is a validation question.
 
 An example is ``{"prompt": <templated question>, "answer": <reference answer>, "rg_dataset": name,
-"rg_entry": <the reasoning-gym entry>, "rg_config": <the dataset's config as a dict>}``;
+"rg_entry": <the reasoning-gym entry>, "rg_config": <the dataset's config as a dict>, "rg_level": <its level>}``;
 `ReasoningGymReward` scores with the dataset's own ``score_answer``.
 
 Difficulty moves with the best-of-n curriculum (`DifficultyFilter`): after each refresh `RLVRDataModule`
@@ -146,7 +146,7 @@ class ReasoningGymTask(Task):
             self._datasets[key] = dataset_cls(config=cfg)
         return self._datasets[key]
 
-    def _example(self, position: int, config: dict[str, Any], seed: int, index: int) -> Example:
+    def _example(self, position: int, config: dict[str, Any], seed: int, index: int, level: int = 0) -> Example:
         name = self.specs[position].name
         entry = self._dataset(position, config, seed)[index]
         return {
@@ -156,6 +156,7 @@ class ReasoningGymTask(Task):
             "rg_dataset": name,
             "rg_entry": {"question": entry["question"], "answer": entry["answer"], "metadata": entry["metadata"]},
             "rg_config": dict(config),
+            "rg_level": level,
         }
 
     # ------------------------------------------------------------------ examples
@@ -165,10 +166,10 @@ class ReasoningGymTask(Task):
         rng = random.Random(f"{self.seed}-rg-train-{index}")
         position = rng.choices(range(len(self.specs)), weights=self._weights)[0]
         spec = self.specs[position]
-        config = self.levels[spec.name].config()
+        config, level = self.levels[spec.name].config(), self.levels[spec.name].level()
         held_out = self.val_questions()
         for _ in range(MAX_DRAWS):
-            example = self._example(position, config, self._seed_of(position), rng.randrange(spec.size))
+            example = self._example(position, config, self._seed_of(position), rng.randrange(spec.size), level)
             if (spec.name, example["question"]) not in held_out:
                 return example
         raise RuntimeError(
@@ -186,7 +187,7 @@ class ReasoningGymTask(Task):
                 for _ in range(self.num_val * 20):
                     if len(seen) == self.num_val:
                         break
-                    example = self._example(position, levels.config(), seed, rng.randrange(spec.size))
+                    example = self._example(position, levels.config(), seed, rng.randrange(spec.size), levels.level())
                     if example["question"] not in seen:
                         seen.add(example["question"])
                         examples.append(example)
