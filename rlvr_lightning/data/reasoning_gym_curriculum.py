@@ -7,10 +7,12 @@ over its candidates (passes / (candidates x n)) at or above `raise_at` raises ev
 (reasoning-gym's `increment_global_level`), at or below `lower_at` lowers the highest ones
 (`decrement_global_level`); fewer than `min_samples` candidates leave the levels as they are.
 
-The rule is the threshold rule of reasoning-gym's own curriculum experiments (a dataset's level goes up when
-its accuracy passes a threshold; `reasoning_gym.coaching`, `CurriculumExperiment`), measured with the
-best-of-n pass-rate estimate of Kimi k1.5 (Kimi Team 2025, sec. 2.3.3 "curriculum sampling") and Qwen3
-(Yang et al. 2025, sec. 4.1, pass@k filtering of the RL queries) instead of the training reward.
+The moves are reasoning-gym's own (`reasoning_gym.coaching.CurriculumExperiment.update_difficulty(dataset,
+"increment" | "decrement")` calls the same two `BaseCurriculum` methods); reasoning-gym leaves when to call
+them to the trainer. Here the decision is a threshold on the pass rate that the best-of-n refresh measures with
+the current policy, the estimate Kimi k1.5 (Kimi Team 2025, "sampling strategies": curriculum sampling, and
+prioritized sampling by success rate) and Qwen3 (Yang et al. 2025, the reasoning-RL stage: queries kept by the
+pass rate of sampled responses) select training prompts with.
 """
 
 from __future__ import annotations
