@@ -10,6 +10,7 @@ The verifiers classic API is `import verifiers as vf` in verifiers 0.3.x (`verif
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib
 import inspect
 import json
@@ -72,7 +73,8 @@ def plain_row(row: Mapping[str, Any]) -> dict[str, Any]:
     return row
 
 
-def _policy_client():
+@functools.cache
+def _policy_client_class():
     from verifiers.legacy.clients.client import Client
 
     class PolicyClient(Client):
@@ -89,12 +91,25 @@ def _policy_client():
         async def close(self):
             return None
 
-    return PolicyClient(None)
+    return PolicyClient
+
+
+def _policy_client():
+    return _policy_client_class()(None)
 
 
 def new_state(env, row: Mapping[str, Any]):
-    """A fresh rollout state for dataset `row`, as `env.init_state` makes it (with a client that is never called)."""
-    return run(env.init_state(dict(row), client=_policy_client(), model="rlvr_lightning-policy"))
+    """A fresh rollout state for dataset `row`, as `env.init_state` and `env.setup_state` make it. The client (a
+    stand-in: nothing samples through it) and the token-usage tracker (verifiers counts an inference client's
+    usage) are removed, so the state pickles (rollouts travel in checkpoints)."""
+    state = run(env.init_state(dict(row), client=_policy_client(), model="rlvr_lightning-policy"))
+    state["client"] = None
+    for key in ("usage_tracker", "usage"):
+        state.pop(key, None)
+    setup = getattr(env, "setup_state", None)  # the environment's own fields (`MultiTurnEnv.setup_state`)
+    if setup is not None:
+        state = run(setup(state)) or state
+    return state
 
 
 def normalize(messages):

@@ -61,16 +61,16 @@ class VerifiersTurns(SegmentRule):
         )  # fmt: skip
         if segment.ended != "eos":  # a stop string or the budget ended the turn: the rollout ends with it
             return None
-        if run(self.env.is_completed(state)):
-            return Finish()
         try:
+            if run(self.env.is_completed(state)):
+                return Finish()
             reply = plain_messages(run(self.env.env_response(normalize(row.notes["vf_prompt"] + completion), state)))
         except Exception as error:  # an environment that fails ends its row, as verifiers' has_error does
             self.env_errors += 1
             state["error"] = error
             return Finish(truncated=True)
         completion.extend(reply)
-        if state.get("final_env_response") is not None or run(self.env.is_completed(state)):
+        if state.get("final_env_response") is not None:  # the environment's last word: not sampled from
             return Finish()
         text = self._rendered_reply(row, completion, reply, turn, codec)
         inserted = codec.encode(text)

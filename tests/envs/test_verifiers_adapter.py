@@ -139,3 +139,31 @@ def test_max_turns_ends_the_conversation(tokenizer):
     assert rollout.metadata[0]["vf_completion"] == [{"role": "assistant", "content": "<answer>3</answer>"}]
     assert rollout.response_source[0].tolist() == [TokenSource.SAMPLED] * rollout.response_ids.shape[1]
     assert VerifiersRubricReward(MULTI, {"max_turns": 1})(rollout).tolist() == [0.0]
+
+
+def test_an_environment_that_raises_ends_its_row_only(tokenizer, monkeypatch):
+    task = VerifiersTask(MULTI, {"max_turns": 3})
+    policy = multi_turn_policy(tokenizer, guess_plan)
+    turns = policy.segment_rules[0]
+
+    async def broken(messages, state, **kwargs):
+        raise RuntimeError("environment down")
+
+    monkeypatch.setattr(turns.env, "env_response", broken)
+    rollout = policy.sample(collate_examples([task.train_dataset()[0]]), 2, SamplingConfig(max_new_tokens=64))
+    assert rollout.truncated.tolist() == [True, True]
+    assert [m["vf_completion"] for m in rollout.metadata] == [
+        [{"role": "assistant", "content": "<answer>3</answer>"}]
+    ] * 2
+    assert policy.last_generation_stats is not None and turns.env_errors == 0  # reported in the stats, then reset
+
+
+def test_a_rollout_with_environment_state_pickles(tokenizer):
+    import pickle
+
+    task = VerifiersTask(MULTI, {"max_turns": 3})
+    rollout = multi_turn_policy(tokenizer, guess_plan).sample(
+        collate_examples([task.train_dataset()[0]]), 1, SamplingConfig(max_new_tokens=64)
+    )
+    again = pickle.loads(pickle.dumps(rollout.metadata))
+    assert again[0]["vf_state"]["guesses"] == 2 and again[0]["vf_completion"] == rollout.metadata[0]["vf_completion"]

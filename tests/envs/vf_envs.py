@@ -25,9 +25,13 @@ def single_turn(num_rows: int = 4, system_prompt: str = "Answer inside <answer><
 class GuessEnv(vf.MultiTurnEnv):
     """Guess the number: after each guess the environment says "higher", "lower" or "correct" (final)."""
 
+    async def setup_state(self, state, **kwargs):
+        state["guesses"] = 0
+        return state
+
     async def env_response(self, messages, state, **kwargs):
         guess = (self.parser.parse_answer(messages) or "").strip()
-        state["guesses"] = state.get("guesses", 0) + 1
+        state["guesses"] += 1  # set up by setup_state
         target = int(state["answer"])
         if guess.lstrip("-").isdigit() and int(guess) == target:
             state["final_env_response"] = [{"role": "user", "content": "correct"}]
