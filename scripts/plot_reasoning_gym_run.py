@@ -48,10 +48,12 @@ def plot(table: list[dict[str, str]], out: str) -> None:
     levels, rates = series(table, LEVEL), series(table, re.compile(r"curriculum/(.+)/pass_rate"))
     accuracy = series(table, TRAIN_ACCURACY)
     fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
+    names = sorted(set(levels) | set(rates) | set(accuracy))
+    color = {name: f"C{k}" for k, name in enumerate(names)}  # one colour per dataset in every panel
     for name, points in sorted(levels.items()):
-        axes[0].step(*zip(*points, strict=True), where="post", marker="o", label=name)
+        axes[0].step(*zip(*points, strict=True), where="post", marker="o", label=name, color=color[name])
     for name, points in sorted(rates.items()):
-        axes[1].plot(*zip(*points, strict=True), marker="o", label=name)
+        axes[1].plot(*zip(*points, strict=True), marker="o", label=name, color=color[name])
     for name, points in sorted(accuracy.items()):
         steps, values = zip(*points, strict=True)
         window = 4
@@ -59,7 +61,7 @@ def plot(table: list[dict[str, str]], out: str) -> None:
             sum(values[max(0, i - window + 1) : i + 1]) / len(values[max(0, i - window + 1) : i + 1])
             for i in range(len(values))
         ]
-        axes[2].plot(steps, smooth, label=name)
+        axes[2].plot(steps, smooth, label=name, color=color[name])
     axes[0].set(xlabel="rollout step", ylabel="level", title="difficulty level after each refresh")
     axes[1].set(xlabel="rollout step", ylabel="pass rate", title="pass rate of the refresh's candidates", ylim=(0, 1))
     axes[2].set(xlabel="rollout step", ylabel="accuracy", title="training accuracy (mean of 4 steps)", ylim=(0, 1))

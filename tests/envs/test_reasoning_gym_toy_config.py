@@ -6,6 +6,8 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+import pytest
+
 from rlvr_lightning.cli import main  # noqa: I001
 from tests.envs import rg_support  # noqa: F401  (skips the module without reasoning-gym)
 
@@ -38,3 +40,36 @@ def test_the_toy_config_trains_with_per_dataset_metrics_and_the_curriculum(tmp_p
     refreshes = [row for row in rows if row.get("curriculum/refresh")]
     assert [float(row["curriculum/refresh"]) for row in refreshes] == [1.0, 2.0]
     assert cli.datamodule.state_dict()["task"]["levels"].keys() == set(DATASETS)
+
+
+def _smollm2_fetched() -> bool:
+    from rlvr_lightning.policies.model_cache import is_fetched
+
+    return is_fetched("smollm2-135m-instruct")
+
+
+@pytest.mark.skipif(not _smollm2_fetched(), reason="smollm2-135m-instruct not fetched (rlvr-models fetch ...)")
+def test_the_smollm2_config_runs_a_step_and_checkpoints(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cli = main(
+        [
+            "fit",
+            "--config",
+            str(ROOT / "configs" / "reasoning_gym_smollm2.yaml"),
+            "--trainer.max_epochs=1",
+            "--trainer.limit_train_batches=2",
+            "--trainer.limit_val_batches=0",
+            "--trainer.enable_progress_bar=false",
+            f"--trainer.default_root_dir={tmp_path}",
+            "--trainer.logger=false",
+            "--model.init_args.group_size=2",
+            "--model.init_args.sampling.max_new_tokens=4",
+            "--data.init_args.batch_size=1",
+            "--data.init_args.task.init_args.num_val=1",
+            "--data.init_args.difficulty_filter.init_args.n=2",
+            "--data.init_args.difficulty_filter.init_args.max_candidates=3",
+            "--data.init_args.difficulty_filter.init_args.min_kept=1",
+        ]
+    )
+    assert cli.trainer.global_step == 2
+    assert list(tmp_path.glob("*/checkpoints/last.ckpt")), "the config's checkpoint callback wrote last.ckpt"
