@@ -5,6 +5,7 @@ from rlvr_lightning.data.datamodule import RLVRDataModule
 from rlvr_lightning.data.hf_datasets import HFDatasetTask
 from rlvr_lightning.data.inline_task import InlineTask
 from rlvr_lightning.data.jsonl_task import JSONLTask
+from rlvr_lightning.data.reasoning_gym_task import ReasoningGymTask
 from rlvr_lightning.data.sft_data import SFTDataModule
 from rlvr_lightning.data.sort_task import SortTask
 from rlvr_lightning.data.task import Task, collate_examples
@@ -15,6 +16,7 @@ __all__ = [
     "InlineTask",
     "JSONLTask",
     "RLVRDataModule",
+    "ReasoningGymTask",
     "SFTDataModule",
     "SortTask",
     "Task",

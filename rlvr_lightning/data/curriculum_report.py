@@ -32,6 +32,13 @@ def publish_refresh(trainer: pl.Trainer, flt: DifficultyFilter, stats: dict[str,
         f"too hard {int(stats['curriculum/too_hard'])}; estimation {stats['curriculum/estimation_s']:.2f} s, "
         f"{int(stats['curriculum/completions'])} completions"
     )
+    levels = [  # a task with difficulty levels (`Task.update_difficulty`) reports them per dataset
+        f"{key.split('/')[1]} {value:.0f} (pass rate {stats[key.removesuffix('level') + 'pass_rate']:.2f})"
+        for key, value in stats.items()
+        if key.endswith("/level") and key.removesuffix("level") + "pass_rate" in stats
+    ]
+    if levels:
+        message += "; levels after it: " + ", ".join(levels)
     rank_zero_info(message)
     if stats["curriculum/fallback"]:
         rank_zero_warn(

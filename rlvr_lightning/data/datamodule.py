@@ -231,6 +231,7 @@ class RLVRDataModule(pl.LightningDataModule):
         )
         self.pool_position = 0
         self.topup_batches = 0
+        stats.update(self.task.update_difficulty(flt.candidates, flt.pass_counts, flt.n))
         for reward in getattr(module, "reward_callbacks", []):
             stats[f"curriculum/reward_errors/{reward.name}"] = float(reward.pop_errors())
         publish_refresh(self.trainer, self.difficulty_filter, stats)
@@ -273,6 +274,7 @@ class RLVRDataModule(pl.LightningDataModule):
             "pool_position": self.pool_position,
             "topup_batches": topups,  # per rank
             "curriculum": self.difficulty_filter.state_dict() if self.difficulty_filter is not None else None,
+            "task": self.task.state_dict(),
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -281,6 +283,7 @@ class RLVRDataModule(pl.LightningDataModule):
         topups = state_dict.get("topup_batches", [0])
         rank = self.trainer.global_rank if self.trainer is not None else 0
         self.topup_batches = int(topups[rank]) if rank < len(topups) else 0
+        self.task.load_state_dict(state_dict.get("task", {}))
         curriculum = state_dict.get("curriculum")
         if self.difficulty_filter is not None and curriculum is not None:
             self.difficulty_filter.load_state_dict(curriculum)

@@ -27,6 +27,19 @@ class Task(ABC):
         """Where example ``index`` of ``split`` ("train" or "val") comes from, for error messages."""
         return f"{split} example {index}"
 
+    def update_difficulty(self, candidates: list[Example], pass_counts: list[int], n: int) -> dict[str, float]:
+        """After a curriculum refresh: the candidates and their passes out of `n`; a task with difficulty
+        levels moves them here and returns the stats to log (every rank gets the same arguments)."""
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The task's own state for checkpoints (difficulty levels); empty for most tasks."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what `state_dict` returned."""
+        return None
+
 
 class ListDataset(Dataset):
     """A list of examples as a map-style dataset."""

@@ -47,6 +47,7 @@ class GenerationOutput:
     steps: int | None = None  # decoding steps (None: not reported)
     stats: dict[str, float] = field(default_factory=dict)  # backend-specific facts (weight push time, ...)
     response_source: Tensor | None = None  # long[N, T] `TokenSource` per token, when tokens were inserted
+    row_info: list[dict] | None = None  # per row: what segment rules add to the rollout's metadata
 
 
 def generation_stats(out: GenerationOutput, lengths: Tensor, prompt_mask: Tensor, num_rows: int) -> dict[str, float]:

@@ -257,6 +257,7 @@ class HFPolicy(HFScoring, Policy):
                 n,
                 sampling,
                 self.segment_rules,
+                metadata=metadata,
                 **special,
             )
         else:
@@ -281,7 +282,7 @@ class HFPolicy(HFScoring, Policy):
             truncated=out.truncated,
             prompt_text=[text for text in prompt_texts for _ in range(n)],
             response_text=response_text,
-            metadata=[dict(m) for m in metadata for _ in range(n)],
+            metadata=_row_metadata(metadata, n, out.row_info),
             sampling_log_probs=sampling_log_probs,
             response_source=out.response_source,
         )
@@ -328,3 +329,11 @@ class HFPolicy(HFScoring, Policy):
         model = merged_copy(self.model) if self.lora_r > 0 and merge_lora else self.model
         model.save_pretrained(str(directory))
         self.tokenizer.save_pretrained(str(directory))
+
+
+def _row_metadata(metadata: list[dict], n: int, row_info: list[dict] | None) -> list[dict]:
+    """Each prompt's metadata once per response, with what the segment rules said of that response."""
+    rows = [dict(m) for m in metadata for _ in range(n)]
+    for row, info in zip(rows, row_info or [], strict=False):
+        row.update(info)
+    return rows

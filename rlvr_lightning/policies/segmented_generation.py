@@ -87,6 +87,7 @@ class RowState:
     truncated: bool = False
     stopped_by_string: bool = False
     notes: dict[str, Any] = field(default_factory=dict)  # the rules' per-row state
+    metadata: dict[str, Any] = field(default_factory=dict)  # the prompt's example metadata (read only)
 
     @property
     def budget_left(self) -> int:
@@ -127,6 +128,10 @@ class SegmentRule(ABC):
         """Metrics over the rows of one `generate_segments` call (`train/generation/...`)."""
         return {}
 
+    def row_info(self, row: RowState) -> dict[str, Any]:
+        """What the rewards should see of a finished row (merged into the rollout's metadata for that row)."""
+        return {}
+
 
 def generate_segments(
     backend: Any,
@@ -141,18 +146,21 @@ def generate_segments(
     eos_token_ids: Sequence[int],
     pad_token_id: int,
     generator: torch.Generator | None = None,
+    metadata: Sequence[dict[str, Any]] | None = None,
 ) -> GenerationOutput:
     """`n` responses per prompt (rows `i*n .. i*n+n-1` belong to prompt `i`), generated segment by segment;
-    random draws come from `generator` (None: torch's global generator)."""
+    random draws come from `generator` (None: torch's global generator). `metadata`: each prompt's example
+    metadata, which the rules read (`RowState.metadata`)."""
     started = time.perf_counter()
     codec = Codec(tokenizer)
     stop_strings = list(dict.fromkeys([*sampling.stop_strings, *(s for rule in rules for s in rule.stop_strings)]))
     user_stop = StopStringChecker(
         sampling.stop_strings, lambda rows: tokenizer.batch_decode(rows, skip_special_tokens=True)
     )
+    metadata = list(metadata) if metadata is not None else [{} for _ in prompt_texts]
     rows = [
-        RowState(list(ids), text, sampling.max_new_tokens)
-        for ids, text in zip(prompt_token_ids, prompt_texts, strict=True)
+        RowState(list(ids), text, sampling.max_new_tokens, metadata=meta)
+        for ids, text, meta in zip(prompt_token_ids, prompt_texts, metadata, strict=True)
         for _ in range(n)
     ]
     for row in rows:
@@ -201,6 +209,7 @@ def generate_segments(
     output.stats = {**backend_stats, "rounds": float(rounds), **_turn_stats(rows)}
     for rule in rules:
         output.stats.update(rule.stats(rows))
+    output.row_info = [{k: v for rule in rules for k, v in rule.row_info(row).items()} for row in rows]
     return output
 
 
