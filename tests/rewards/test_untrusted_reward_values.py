@@ -26,6 +26,8 @@ from tests.rewards.test_sort_rewards import make_rollout
 LOGGER = "rlvr_lightning.rewards.base"
 SORT = str(Path(__file__).resolve().parents[2] / "configs" / "sort_grpo.yaml")
 BAD_VALUES = [float("inf"), float("-inf"), float("nan")]
+# the interpreter's sys.exit, read at collection: a W&B run (any earlier test's, in this process) replaces it for good
+INTERPRETER_EXIT = sys.exit
 
 
 class BatchedValue(RewardCallback):
@@ -80,7 +82,8 @@ class ExitsOnTheBatch(RewardCallback):
 
 
 @pytest.mark.parametrize("timeout_s", [None, 5.0])
-def test_sys_exit_in_reward_code_fails_the_row_not_the_run(timeout_s, caplog):
+def test_sys_exit_in_reward_code_fails_the_row_not_the_run(timeout_s, caplog, monkeypatch):
+    monkeypatch.setattr(sys, "exit", INTERPRETER_EXIT)
     caplog.set_level(logging.WARNING, logger=LOGGER)
     reward = Exits(timeout_s=timeout_s)
     assert reward(rows()).tolist() == [1.0, 1.0, 0.0, 1.0] and reward.pop_errors() == 1
