@@ -152,7 +152,7 @@ def test_reference_mixup_moves_the_reference_by_exactly_alpha(in_tmp_dir):
         ({"loss": "gspo", "aggregation": AggregationConfig(mode="token-mean")}, "sequence-level objective"),
         ({"dynamic_sampling": DynamicSamplingConfig(enabled=True), "group_size": 1}, "group_size=1 every group agrees"),
         ({"sampling": SamplingConfig(do_sample=False), "group_size": 4}, "responses of a group would be identical"),
-        ({"rollout_staleness": 2}, "rollout_staleness=2 is not valid"),
+        ({"rollout_staleness": -1}, "rollout_staleness=-1 is not valid"),
     ],
 )
 def test_contradictory_options_fail_at_start_up(options, message):
