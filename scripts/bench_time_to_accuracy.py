@@ -1,0 +1,162 @@
+"""Held-out accuracy against wall clock: our `rlvr fit` and TRL's `GRPOTrainer` on the same SmolLM2 arithmetic
+recipe (configs/smollm2_arithmetic.yaml: 2-digit sums, LoRA r=16 from the format warm-up, 4 prompts x 8
+samples of at most 32 tokens a step, Dr. GRPO, token-mean PPO-clip, AdamW 5e-5, fp32, one torch thread).
+
+    python scripts/bench_time_to_accuracy.py run --out runs/tta --seeds 0 --steps 100
+    python scripts/bench_time_to_accuracy.py report --out runs/tta --plot docs/figures/time_to_accuracy.png
+
+`run` trains the format warm-up once (shared by every leg), then runs each seed's two legs at the same time,
+each pinned to its own core (`taskset`; the machine should have no other load), and skips legs already done.
+Each leg evaluates the same 100 held-out problems greedily (one evaluator, HF `generate`) at step 0 and every
+`--eval_every` steps with its clock stopped (scripts/time_to_accuracy_legs.py). `report` prints a table and the
+time-to-accuracy: the training seconds at which ours first reaches TRL's final held-out accuracy, as a fraction
+of TRL's training seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LEGS = ("ours", "trl")
+
+
+def warm_up(out: Path) -> None:
+    """The recipe's format warm-up (SFT, ~2 min), and its LoRA adapter as a PEFT directory for TRL's leg."""
+    ckpt = out / "warmup" / "checkpoints" / "warmup" / "warmup.ckpt"
+    if not ckpt.exists():
+        (out / "warmup").mkdir(parents=True, exist_ok=True)
+        command = [
+            sys.executable, "-m", "rlvr_lightning.cli", "fit",
+            "--config", str(ROOT / "configs" / "smollm2_arithmetic_warmup.yaml"),
+            "--data.init_args.train_file", str(ROOT / "configs" / "data" / "arithmetic_format_warmup.jsonl"),
+            "--trainer.logger=false", "--trainer.enable_progress_bar=false",
+        ]  # fmt: skip
+        subprocess.run(command, cwd=out / "warmup", check=True)
+    adapter = out / "warmup_adapter"
+    if not (adapter / "adapter_config.json").exists():
+        import yaml
+
+        from rlvr_lightning.modules.policy_checkpoint import policy_from_checkpoint
+        from rlvr_lightning.policies.hf import HFPolicy
+
+        spec = yaml.safe_load((ROOT / "configs" / "smollm2_arithmetic.yaml").read_text())
+        policy_args = spec["model"]["init_args"]["policy"]["init_args"]["policy"]["init_args"]
+        policy = policy_from_checkpoint(HFPolicy(**policy_args), str(ckpt))
+        policy.model.save_pretrained(str(adapter))
+
+
+def done(path: Path, steps: int) -> bool:
+    return path.exists() and json.loads(path.read_text())["points"][-1]["step"] >= steps
+
+
+def cmd_run(args) -> None:
+    args.out.mkdir(parents=True, exist_ok=True)
+    warm_up(args.out)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "scripts")}
+    for seed in args.seeds:
+        running = []
+        for core, leg in enumerate(LEGS if seed % 2 == 0 else LEGS[::-1]):
+            if done(args.out / f"{leg}_s{seed}.json", args.steps):
+                continue
+            command = [
+                "taskset", "-c", str(core), sys.executable, str(ROOT / "scripts" / "time_to_accuracy_legs.py"), leg,
+                "--out", str(args.out), "--seed", str(seed), "--steps", str(args.steps),
+                "--eval_every", str(args.eval_every), "--num_eval", str(args.num_eval),
+            ]  # fmt: skip
+            log = open(args.out / f"{leg}_s{seed}.log", "w")
+            running.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT))
+        for process in running:
+            if process.wait() != 0:
+                raise SystemExit(f"a leg failed: {' '.join(process.args)} (see its log in {args.out})")
+    cmd_report(args)
+
+
+def load(out: Path) -> dict[tuple[str, int], dict]:
+    runs = {}
+    for path in sorted(out.glob("*_s*.json")):
+        leg, seed = path.stem.rsplit("_s", 1)
+        if leg in LEGS:
+            runs[(leg, int(seed))] = json.loads(path.read_text())
+    return runs
+
+
+def time_to_accuracy(ours: dict, trl: dict) -> tuple[float, float | None]:
+    """TRL's final accuracy, and the fraction of TRL's training seconds ours needed to first reach it."""
+    target = trl["points"][-1]["accuracy"]
+    reached = [p["train_seconds"] for p in ours["points"] if p["accuracy"] >= target]
+    return target, (reached[0] / trl["points"][-1]["train_seconds"]) if reached else None
+
+
+def cmd_report(args) -> None:
+    runs = load(args.out)
+    print("| leg | seed | step 0 | final step | final accuracy | training min | median step s |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for (leg, seed), run in sorted(runs.items()):
+        first, last = run["points"][0], run["points"][-1]
+        print(
+            f"| {leg} | {seed} | {first['accuracy']:.0%} | {last['step']} | {last['accuracy']:.0%} "
+            f"| {last['train_seconds'] / 60:.1f} | {statistics.median(run['step_seconds']):.2f} |"
+        )
+    for seed in sorted({seed for _, seed in runs}):
+        if ("ours", seed) in runs and ("trl", seed) in runs:
+            target, fraction = time_to_accuracy(runs[("ours", seed)], runs[("trl", seed)])
+            steps = [statistics.median(runs[(leg, seed)]["step_seconds"]) for leg in LEGS]
+            print(
+                f"seed {seed}: TRL's final accuracy {target:.0%}; ours reached it after "
+                + (f"{fraction:.2f}x TRL's training time" if fraction is not None else "never")
+                + f"; step time TRL / ours {steps[1] / steps[0]:.2f}x"
+            )
+    if args.plot:
+        plot(runs, args.plot)
+
+
+def plot(runs: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    colours = {"ours": "tab:blue", "trl": "tab:orange"}
+    for (leg, seed), run in sorted(runs.items()):
+        minutes = [p["train_seconds"] / 60 for p in run["points"]]
+        accuracy = [100 * p["accuracy"] for p in run["points"]]
+        label = f"{'rlvr_lightning' if leg == 'ours' else 'TRL GRPOTrainer'} (seed {seed})"
+        ax.plot(minutes, accuracy, marker="o", ms=3, color=colours[leg], alpha=1 - 0.3 * seed, label=label)
+    ax.set_xlabel("minutes of training (one core each, evaluation excluded)")
+    ax.set_ylabel("held-out greedy accuracy (%)")
+    ax.set_title("SmolLM2-135M, 2-digit addition, same recipe")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"wrote {path}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(required=True)
+    run = sub.add_parser("run", help="warm-up once, then both legs of each seed side by side")
+    run.add_argument("--seeds", type=int, nargs="+", default=[0])
+    run.add_argument("--steps", type=int, default=100, help="rollout steps of each leg")
+    run.add_argument("--eval_every", type=int, default=10)
+    run.add_argument("--num_eval", type=int, default=100, help="held-out problems decoded greedily")
+    run.set_defaults(fn=cmd_run)
+    report = sub.add_parser("report", help="the table (and plot) of the finished legs")
+    report.set_defaults(fn=cmd_report)
+    for command in (run, report):
+        command.add_argument("--out", type=Path, default=Path("runs/time_to_accuracy"))
+        command.add_argument("--plot", default=None, help="write the curves to this PNG")
+    args = parser.parse_args(argv)
+    args.fn(args)
+
+
+if __name__ == "__main__":
+    main()
