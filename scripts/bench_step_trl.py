@@ -65,6 +65,7 @@ def run_trl(
         lr_scheduler_type="constant",
         warmup_steps=0,
         weight_decay=0.0,
+        gradient_checkpointing=False,  # TRL defaults to True (memory for time); its fastest setting is off
         max_grad_norm=1.0,
         max_steps=steps,
         use_cpu=device == "cpu",

@@ -11,6 +11,13 @@ Each leg evaluates the same 100 held-out problems greedily (one evaluator, HF `g
 `--eval_every` steps with its clock stopped (scripts/time_to_accuracy_legs.py). `report` prints a table and the
 time-to-accuracy: the training seconds at which ours first reaches TRL's final held-out accuracy, as a fraction
 of TRL's training seconds.
+
+    python scripts/bench_time_to_accuracy.py distill --out runs/tta --teacher_seed 0 --seeds 0
+    python scripts/bench_time_to_accuracy.py distill_report --out runs/tta --plot docs/figures/distill_smollm2.png
+
+`distill` takes our leg's final checkpoint of `--teacher_seed` as the teacher and runs on-policy distillation
+alone and mixed with GRPO (configs/smollm2_distill.yaml) from the same warm-up, evaluated the same way;
+`distill_report` compares them with our GRPO leg by step and by training time.
 """
 
 from __future__ import annotations
@@ -25,6 +32,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 LEGS = ("ours", "trl")
+DISTILL_LEGS = ("distill", "mixed")
+NAMES = {
+    "ours": "rlvr_lightning GRPO",
+    "trl": "TRL GRPOTrainer",
+    "distill": "on-policy distillation",
+    "mixed": "distillation + GRPO",
+}
 
 
 def warm_up(out: Path) -> None:
@@ -56,34 +70,46 @@ def done(path: Path, steps: int) -> bool:
     return path.exists() and json.loads(path.read_text())["points"][-1]["step"] >= steps
 
 
-def cmd_run(args) -> None:
-    args.out.mkdir(parents=True, exist_ok=True)
-    warm_up(args.out)
+def run_legs(args, legs: tuple[str, ...], extra: list[str] = ()) -> None:
+    """Each seed's legs side by side, one per core (the first leg's core alternates with the seed)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "scripts")}
     for seed in args.seeds:
         running = []
-        for core, leg in enumerate(LEGS if seed % 2 == 0 else LEGS[::-1]):
+        for core, leg in enumerate(legs if seed % 2 == 0 else legs[::-1]):
             if done(args.out / f"{leg}_s{seed}.json", args.steps):
                 continue
             command = [
                 "taskset", "-c", str(core), sys.executable, str(ROOT / "scripts" / "time_to_accuracy_legs.py"), leg,
                 "--out", str(args.out), "--seed", str(seed), "--steps", str(args.steps),
-                "--eval_every", str(args.eval_every), "--num_eval", str(args.num_eval),
+                "--eval_every", str(args.eval_every), "--num_eval", str(args.num_eval), *extra,
             ]  # fmt: skip
             log = open(args.out / f"{leg}_s{seed}.log", "w")
             running.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT))
         for process in running:
             if process.wait() != 0:
                 raise SystemExit(f"a leg failed: {' '.join(process.args)} (see its log in {args.out})")
+
+
+def cmd_run(args) -> None:
+    args.out.mkdir(parents=True, exist_ok=True)
+    warm_up(args.out)
+    run_legs(args, LEGS)
     cmd_report(args)
+
+
+def cmd_distill(args) -> None:
+    teacher = args.out / f"ours_s{args.teacher_seed}" / "checkpoints" / "final.ckpt"
+    if not teacher.exists():
+        raise SystemExit(f"no teacher: {teacher} is written by `run --seeds {args.teacher_seed}` (our leg)")
+    run_legs(args, DISTILL_LEGS, ["--teacher", str(teacher)])
+    report_distill(args)
 
 
 def load(out: Path) -> dict[tuple[str, int], dict]:
     runs = {}
-    for path in sorted(out.glob("*_s*.json")):
+    for path in sorted(out.glob("*_s[0-9]*.json")):
         leg, seed = path.stem.rsplit("_s", 1)
-        if leg in LEGS:
-            runs[(leg, int(seed))] = json.loads(path.read_text())
+        runs[(leg, int(seed))] = json.loads(path.read_text())
     return runs
 
 
@@ -95,7 +121,7 @@ def time_to_accuracy(ours: dict, trl: dict) -> tuple[float, float | None]:
 
 
 def cmd_report(args) -> None:
-    runs = load(args.out)
+    runs = {key: run for key, run in load(args.out).items() if key[0] in LEGS}
     print("| leg | seed | step 0 | final step | final accuracy | training min | median step s |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for (leg, seed), run in sorted(runs.items()):
@@ -117,24 +143,44 @@ def cmd_report(args) -> None:
         plot(runs, args.plot)
 
 
-def plot(runs: dict, path: str) -> None:
+def report_distill(args) -> None:
+    """GRPO (our leg of `run`), distillation and both mixed: held-out accuracy by step and training time."""
+    runs = {key: run for key, run in load(args.out).items() if key[0] in ("ours", *DISTILL_LEGS)}
+    marks = [0, 10, 20, 30, 50, 100]
+    print("| leg | seed | " + " | ".join(f"step {m}" for m in marks) + " | training min | median step s |")
+    print("|---|---:|" + "---:|" * (len(marks) + 2))
+    for (leg, seed), run in sorted(runs.items()):
+        at = {p["step"]: p["accuracy"] for p in run["points"]}
+        cells = " | ".join(f"{at[m]:.0%}" if m in at else "-" for m in marks)
+        minutes = run["points"][-1]["train_seconds"] / 60
+        print(f"| {NAMES[leg]} | {seed} | {cells} | {minutes:.1f} | {statistics.median(run['step_seconds']):.2f} |")
+    if args.plot:
+        plot(runs, args.plot, by_step=True)
+
+
+def plot(runs: dict, path: str, by_step: bool = False) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.5, 4))
-    colours = {"ours": "tab:blue", "trl": "tab:orange"}
+    fig, axes = plt.subplots(1, 2 if by_step else 1, figsize=(11 if by_step else 6.5, 4), squeeze=False)
+    colours = {"ours": "tab:blue", "trl": "tab:orange", "distill": "tab:green", "mixed": "tab:red"}
     for (leg, seed), run in sorted(runs.items()):
-        minutes = [p["train_seconds"] / 60 for p in run["points"]]
         accuracy = [100 * p["accuracy"] for p in run["points"]]
-        label = f"{'rlvr_lightning' if leg == 'ours' else 'TRL GRPOTrainer'} (seed {seed})"
-        ax.plot(minutes, accuracy, marker="o", ms=3, color=colours[leg], alpha=1 - 0.3 * seed, label=label)
-    ax.set_xlabel("minutes of training (one core each, evaluation excluded)")
-    ax.set_ylabel("held-out greedy accuracy (%)")
-    ax.set_title("SmolLM2-135M, 2-digit addition, same recipe")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+        label = f"{NAMES[leg]} (seed {seed})"
+        style = {"marker": "o", "ms": 3, "color": colours[leg], "alpha": 1 - 0.3 * seed, "label": label}
+        axes[0][0].plot([p["train_seconds"] / 60 for p in run["points"]], accuracy, **style)
+        if by_step:
+            axes[0][1].plot([p["step"] for p in run["points"]], accuracy, **style)
+    axes[0][0].set_xlabel("minutes of training (one core each, evaluation excluded)")
+    if by_step:
+        axes[0][1].set_xlabel("rollout steps (4 prompts x 8 samples)")
+    for ax in axes[0]:
+        ax.set_ylabel("held-out greedy accuracy (%)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("SmolLM2-135M-Instruct, 2-digit addition, the same recipe and rollouts per step")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     print(f"wrote {path}")
@@ -145,13 +191,20 @@ def main(argv: list[str] | None = None) -> None:
     sub = parser.add_subparsers(required=True)
     run = sub.add_parser("run", help="warm-up once, then both legs of each seed side by side")
     run.add_argument("--seeds", type=int, nargs="+", default=[0])
-    run.add_argument("--steps", type=int, default=100, help="rollout steps of each leg")
-    run.add_argument("--eval_every", type=int, default=10)
-    run.add_argument("--num_eval", type=int, default=100, help="held-out problems decoded greedily")
     run.set_defaults(fn=cmd_run)
     report = sub.add_parser("report", help="the table (and plot) of the finished legs")
     report.set_defaults(fn=cmd_report)
-    for command in (run, report):
+    distill = sub.add_parser("distill", help="distillation and distillation + GRPO from our leg's final checkpoint")
+    distill.add_argument("--teacher_seed", type=int, default=0, help="the teacher: `run`'s our leg of this seed")
+    distill.add_argument("--seeds", type=int, nargs="+", default=[0])
+    distill.set_defaults(fn=cmd_distill)
+    distill_report = sub.add_parser("distill_report", help="the table (and plot) of the distillation legs")
+    distill_report.set_defaults(fn=report_distill)
+    for command in (run, distill):
+        command.add_argument("--steps", type=int, default=100, help="rollout steps of each leg")
+        command.add_argument("--eval_every", type=int, default=10)
+        command.add_argument("--num_eval", type=int, default=100, help="held-out problems decoded greedily")
+    for command in (run, report, distill, distill_report):
         command.add_argument("--out", type=Path, default=Path("runs/time_to_accuracy"))
         command.add_argument("--plot", default=None, help="write the curves to this PNG")
     args = parser.parse_args(argv)

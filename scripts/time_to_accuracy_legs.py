@@ -3,6 +3,7 @@ recipe, each evaluated by the same held-out greedy evaluator with the clock stop
 
     python scripts/time_to_accuracy_legs.py ours --out DIR --seed 0 --steps 100 --eval_every 10 --num_eval 100
     python scripts/time_to_accuracy_legs.py trl  --out DIR --seed 0 --steps 100 --eval_every 10 --num_eval 100
+    python scripts/time_to_accuracy_legs.py distill --teacher DIR/ours_s0/checkpoints/final.ckpt --out DIR ...
 
 Both start from DIR/warmup_adapter (the format warm-up's LoRA adapter, written by `bench_time_to_accuracy.py`) and
 write DIR/<leg>_s<seed>.json: the held-out accuracy at step 0 and every `eval_every` steps against the seconds
@@ -29,6 +30,7 @@ from lightning.pytorch import Callback  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "configs" / "smollm2_arithmetic.yaml"
+DISTILL = ROOT / "configs" / "smollm2_distill.yaml"
 MODEL = "smollm2-135m-instruct"
 
 
@@ -94,9 +96,7 @@ class HeldOutClock:
                 for row in rows
             ]
             encoded = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-            output = model.generate(
-                **encoded, do_sample=False, max_new_tokens=32, pad_token_id=tokenizer.pad_token_id
-            )
+            output = model.generate(**encoded, do_sample=False, max_new_tokens=32, pad_token_id=tokenizer.pad_token_id)
             responses = tokenizer.batch_decode(output[:, encoded["input_ids"].shape[1] :], skip_special_tokens=True)
             right += sum(is_correct(text, row["answer"]) for text, row in zip(responses, rows, strict=True))
         tokenizer.padding_side = side
@@ -127,26 +127,33 @@ class LightningClock(Callback):
         self.clock.step_begin()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self.clock.step_end(pl_module.policy.model, pl_module.policy.tokenizer, trainer.global_step)
+        self.clock.step_end(pl_module.policy.model, pl_module.policy.tokenizer, batch_idx + 1)
 
 
 def run_ours(args) -> None:
     """`rlvr fit` on the recipe, with the warm-up's weights, our evaluator instead of its validation loop, no
-    rollout tables, and only the final checkpoint (TRL's leg saves none)."""
-    config = recipe()
+    rollout tables, and only the final checkpoint (TRL's leg saves none). The distillation legs run
+    configs/smollm2_distill.yaml (the same recipe with a teacher) with `--teacher`: `distill` alone, `mixed`
+    with GRPO's objective on the same rollouts (`distillation.rl_coef: 1`)."""
+    name = f"{args.leg}_s{args.seed}"
+    config = yaml.safe_load((DISTILL if args.leg in ("distill", "mixed") else RECIPE).read_text())
     trainer = config["trainer"]
     trainer.update(limit_train_batches=args.steps, limit_val_batches=0, max_time=None, logger=False)
-    trainer.update(default_root_dir=str(args.out / f"ours_s{args.seed}"), enable_progress_bar=False)
+    trainer.update(default_root_dir=str(args.out / name), enable_progress_bar=False)
     keep = [cb for cb in trainer["callbacks"] if "every_n_train_steps" not in (cb.get("init_args") or {})]
     keep = [cb for cb in keep if not cb["class_path"].endswith("RolloutTableLogger")]
     for cb in keep:
         if cb["class_path"].endswith("ModelCheckpoint"):
-            cb["init_args"]["dirpath"] = str(args.out / f"ours_s{args.seed}" / "checkpoints")
-    clock = {"out": str(args.out / f"ours_s{args.seed}.json"), "every": args.eval_every, "num": args.num_eval}
+            cb["init_args"]["dirpath"] = str(args.out / name / "checkpoints")
+    clock = {"out": str(args.out / f"{name}.json"), "every": args.eval_every, "num": args.num_eval}
     trainer["callbacks"] = keep + [{"class_path": "time_to_accuracy_legs.LightningClock", "init_args": clock}]
-    config["model"]["init_args"]["policy"]["init_args"]["checkpoint_path"] = str(args.warmup_ckpt)
+    model = config["model"]["init_args"]
+    model["policy"]["init_args"]["checkpoint_path"] = str(args.warmup_ckpt)
+    if args.leg in ("distill", "mixed"):
+        model["teacher"]["init_args"]["checkpoint_path"] = str(args.teacher)
+        model["distillation"]["rl_coef"] = 1.0 if args.leg == "mixed" else 0.0
     config["seed_everything"] = args.seed
-    path = args.out / f"ours_s{args.seed}.yaml"
+    path = args.out / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     from rlvr_lightning.cli import main
 
@@ -218,6 +225,7 @@ def run_trl(args) -> None:
         weight_decay=optimizer["weight_decay"],
         lr_scheduler_type="constant",
         warmup_steps=0,
+        gradient_checkpointing=False,  # TRL defaults to True (memory for time); its fastest setting is off
         max_grad_norm=model_args["update"]["max_grad_norm"],
         max_steps=args.steps,
         use_cpu=True,
@@ -254,16 +262,17 @@ def run_trl(args) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("leg", choices=["ours", "trl"])
+    parser.add_argument("leg", choices=["ours", "trl", "distill", "mixed"])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--eval_every", type=int, default=10)
     parser.add_argument("--num_eval", type=int, default=100)
+    parser.add_argument("--teacher", type=Path, default=None, help="distill/mixed: the teacher's checkpoint")
     args = parser.parse_args(argv)
     args.warmup_ckpt = args.out / "warmup" / "checkpoints" / "warmup" / "warmup.ckpt"
     torch.set_num_threads(1)
-    {"ours": run_ours, "trl": run_trl}[args.leg](args)
+    (run_trl if args.leg == "trl" else run_ours)(args)
 
 
 if __name__ == "__main__":
