@@ -179,3 +179,28 @@ def transport_for(name: str, device: torch.device, directory: str | None, host: 
     if name == "nccl":
         return NCCLWeights(host, port, device)
     return FileWeights(directory)
+
+
+def push_adapter(
+    servers: Sequence[RolloutServerClient], path: str, name: str, version: int, timeout: float, registered: set[str]
+) -> None:
+    """Every server loads the LoRA adapter in the PEFT directory `path` in place of the one it holds and answers
+    the version. The first time, a server's OpenAI API registers the adapter under `name` (vLLM's
+    `/v1/load_lora_adapter`, which `VLLM_ALLOW_RUNTIME_LORA_UPDATING` opens), so that requests can name it; the
+    in-place reloads after are the workers' own (`rlvr_load_lora`): a registration with `load_inplace` would keep
+    that flag on every request."""
+
+    def load(server: RolloutServerClient) -> None:
+        if server.address not in registered:
+            try:
+                server.call("/v1/load_lora_adapter", {"lora_name": name, "lora_path": path}, timeout, "adapter load")
+            except RolloutServerError as error:
+                if "already been loaded" not in str(error):  # a server kept from an earlier run holds it already
+                    raise
+            registered.add(server.address)
+        answer = server.collective_rpc(
+            "rlvr_load_lora", timeout, f"weight sync (version {version})", path=path, name=name, version=version
+        )
+        _check_version(server, answer, version)
+
+    _each_server(servers, load)
