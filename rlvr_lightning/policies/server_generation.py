@@ -252,13 +252,13 @@ class ServerGeneration(GenerationBackend):
             return 0.0
         started = time.perf_counter()
         self.weight_version += 1
-        version, timeout, fresh = self.weight_version, self.sync_timeout_s, self._pushed_version is None
+        pushed, timeout, fresh = self.weight_version, self.sync_timeout_s, self._pushed_version is None
         self._weights.push(
             model,
             self._engine_dtype,
-            lambda weights: self._transport.push(self.clients, weights, version, timeout),
+            lambda weights: self._transport.push(self.clients, weights, pushed, timeout),
             lambda: push_adapter(
-                self.clients, self._adapter_dir, ADAPTER_NAME, version, timeout, self._adapter_registered
+                self.clients, self._adapter_dir, ADAPTER_NAME, pushed, timeout, self._adapter_registered
             ),
             self._adapter_dir,
             fresh,
@@ -273,10 +273,11 @@ class ServerGeneration(GenerationBackend):
 def _lora_unsupported(clients: list[RolloutServerClient], rank: int, timeout: float) -> str | None:
     """Why the servers cannot serve an adapter of `rank` (None: they can)."""
     for client in clients:
-        held = client.collective_rpc("rlvr_max_lora_rank", timeout, "LoRA rank query")  # 0: LoRA off
-        if min(held, default=0) < rank:
+        answers = client.collective_rpc("rlvr_max_lora_rank", timeout, "LoRA rank query")  # 0: LoRA off
+        held = min((int(answer) for answer in answers), default=0)  # vLLM's endpoint answers text
+        if held < rank:
             return (
-                f"rollout server {client.address} serves LoRA adapters up to rank {min(held, default=0)}, not "
+                f"rollout server {client.address} serves LoRA adapters up to rank {held}, not "
                 f"{rank}; start it with `rlvr serve ... --max-lora-rank {rank}`"
             )
     return None
