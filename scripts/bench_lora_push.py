@@ -4,7 +4,7 @@
 Legs (each its own engine; the policy's adapter changes before every push, as an update changes it):
 
 * `colocated_adapter` / `colocated_merged`: `VLLMGeneration(lora_sync=adapter|merged)` in this process;
-* `server_adapter` / `server_merged` (`--server`): `ServerGeneration(lora_sync=adapter|merged)` against a
+* `server_adapter` / `server_merged`: `ServerGeneration(lora_sync=adapter|merged)` against a
   `rlvr serve` on localhost each (the adapter's with `--max-lora-rank`), weights as a file in /dev/shm.
 
 Each round pushes once per leg, interleaved; the first push of each leg (the engine's start, the base weights)
@@ -12,7 +12,7 @@ is not counted. Per leg the script prints the bytes sent per push, the medians o
 seconds (this process's, plus the server's processes' for the server legs), and of a short generation after
 the push (LoRA kernels cost decoding time), and the ratio merged / adapter. One torch thread.
 
-    /work/venv-vllm/bin/python scripts/bench_lora_push.py --rounds 5 --server
+    /work/venv-vllm/bin/python scripts/bench_lora_push.py --rounds 5 --where colocated server
 """
 
 from __future__ import annotations
@@ -60,8 +60,6 @@ def free_port() -> int:
 
 
 def start_server(model: str, rank: int | None, log_dir: Path) -> tuple[subprocess.Popen, str]:
-    from rlvr_lightning.policies.rollout_server_client import RolloutServerClient
-
     port = free_port()
     command = [sys.executable, "-m", "rlvr_lightning.serve", "--model", model, "--port", str(port)]
     command += ["--max-lora-rank", str(rank)] if rank else []
@@ -70,9 +68,7 @@ def start_server(model: str, rank: int | None, log_dir: Path) -> tuple[subproces
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
     log = open(log_dir / f"server_{port}.log", "w")  # noqa: SIM115 (the server's lifetime)
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    address = f"127.0.0.1:{port}"
-    RolloutServerClient(address).wait_until_ready(600)
-    return process, address
+    return process, f"127.0.0.1:{port}"
 
 
 def make_leg(name: str, model: str, rank: int, servers: dict[str, str]):
@@ -143,21 +139,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rank", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--new-tokens", type=int, default=16, help="tokens of the generation after each push (0: none)")
-    parser.add_argument("--server", action="store_true", help="also push to rollout servers on localhost")
+    parser.add_argument("--where", nargs="+", choices=["colocated", "server"], default=["colocated", "server"])
+    parser.add_argument("--startup-timeout", type=float, default=1800, help="seconds a server may take to start")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     from rlvr_lightning.policies.model_cache import resolve_model_path
     from rlvr_lightning.run_environment import environment_record
 
     model = resolve_model_path(args.model)
-    legs = ["colocated_adapter", "colocated_merged"] + (["server_adapter", "server_merged"] if args.server else [])
+    legs = [f"{where}_{mode}" for where in args.where for mode in ("adapter", "merged")]
     processes: dict[str, subprocess.Popen] = {}
     servers: dict[str, str] = {}
     try:
-        if args.server:
+        if "server" in args.where:  # both start at once
+            from rlvr_lightning.policies.rollout_server_client import RolloutServerClient
+
             log_dir = Path(os.environ.get("TMPDIR", "/tmp"))
             for mode, rank in (("adapter", args.rank), ("merged", None)):
                 processes[mode], servers[mode] = start_server(model, rank, log_dir)
+            for address in servers.values():
+                RolloutServerClient(address).wait_until_ready(args.startup_timeout)
         policies = {leg: make_leg(leg, model, args.rank, servers) for leg in legs}
         generator = torch.Generator().manual_seed(0)
         pids = {leg: processes[leg.rsplit("_", 1)[1]].pid if leg.startswith("server") else None for leg in legs}
