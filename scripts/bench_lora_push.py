@@ -174,9 +174,8 @@ def main(argv: list[str] | None = None) -> int:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait(timeout=30)
     record = environment_record()
-    print(
-        f"# {time.strftime('%Y-%m-%d', time.gmtime())}, {record.get('cpu', '')}, torch threads 1, {args.rounds} rounds"
-    )
+    cpu = record["machine"].get("cpu", "")
+    print(f"# {time.strftime('%Y-%m-%d', time.gmtime())}, {cpu}, torch threads 1, {args.rounds} rounds")
     print(table(results))
     return 0
 

@@ -2,7 +2,8 @@
 
 `lora_sync` (an option of `VLLMGeneration` and `ServerGeneration`):
 
-* `merged`: the adapter merged into copies of the base weights, every weight sent (`vllm_weights.named_weights`);
+* `merged` (the default): the adapter merged into copies of the base weights, every weight sent
+  (`vllm_weights.named_weights`);
 * `adapter`: the base weights once (the engine starts from dummy weights) and again only when they change, and at
   every push the trained adapter ("default") alone, as a PEFT directory (`adapter_model.safetensors`,
   `adapter_config.json`) that the engine loads in place under one LoRA name and samples with;
@@ -10,7 +11,9 @@
 
 As SkyRL's disk-based LoRA sync and TRL's adapter-only sync do: the engine reads the PEFT directory (vLLM loads
 adapters from a path; in-memory adapters need a patched vLLM). Where the adapter cannot be served (DoRA, modules
-trained in full, an engine without LoRA) the push falls back to the merged weights and says why.
+trained in full, an engine without LoRA) the push falls back to the merged weights and says why. The price of the
+adapter: the engine decodes with LoRA kernels beside the base weights, slower than the merged model (about 1.9x
+on vLLM's CPU build: docs/rollout_servers.md).
 The backends hand `WeightPush.push` their two ways of pushing; vLLM is imported only to build its objects.
 """
 

@@ -76,7 +76,7 @@ class ServerGeneration(GenerationBackend):
         nccl_host: str = "127.0.0.1",
         nccl_port: int = 51216,
         max_concurrent_requests: int = 64,
-        lora_sync: Literal["merged", "adapter", "auto"] = "auto",
+        lora_sync: Literal["merged", "adapter", "auto"] = "merged",
     ) -> None:
         """
         Args:
@@ -90,8 +90,9 @@ class ServerGeneration(GenerationBackend):
             nccl_host: the trainer's address the servers' workers connect to for NCCL ("nccl" only).
             nccl_port: the port of that group's rendezvous.
             max_concurrent_requests: requests in flight at once, over all servers.
-            lora_sync: what a LoRA policy pushes: "adapter" (the adapter alone, to servers started with
-                `--max-lora-rank`), "merged" (the merged weights), "auto" (the adapter where the servers serve it).
+            lora_sync: what a LoRA policy pushes: "merged" (the merged weights), "adapter" (the adapter alone, to
+                servers started with `--max-lora-rank`; they then decode with LoRA kernels, slower), "auto" (the
+                adapter where the servers serve it).
         """
         self._weights = WeightPush("ServerGeneration", lora_sync)  # checks lora_sync; `_weights.mode` holds it
         check_ranges(ServerGeneration.OPTION_RANGES, locals())

@@ -105,7 +105,7 @@ class VLLMGeneration(GenerationBackend):
         sleep_level: Literal[0, 1, 2] = 0,
         seed: int = 0,
         engine_kwargs: dict[str, Any] | None = None,
-        lora_sync: Literal["merged", "adapter", "auto"] = "auto",
+        lora_sync: Literal["merged", "adapter", "auto"] = "merged",
     ) -> None:
         """
         Args:
@@ -120,8 +120,8 @@ class VLLMGeneration(GenerationBackend):
             sleep_level: 0 off; 1 release the KV cache between rollouts; 2 also the weights (re-pushed on wake).
             seed: the engine's seed (plus the rank); sampling itself uses per-request seeds from torch's RNG.
             engine_kwargs: further `vllm.LLM` arguments.
-            lora_sync: what a LoRA policy pushes: "adapter" (the adapter alone), "merged" (the merged weights),
-                "auto" (the adapter where the engine serves it).
+            lora_sync: what a LoRA policy pushes: "merged" (the merged weights), "adapter" (the adapter alone; the
+                engine then decodes with LoRA kernels, slower), "auto" (the adapter where the engine serves it).
         """
         self._weights = WeightPush("VLLMGeneration", lora_sync)  # checks lora_sync; `_weights.mode` holds it
         if dtype not in ENGINE_DTYPES:
