@@ -50,7 +50,7 @@ class FileWeights:
     ) -> None:
         from safetensors.torch import save_file
 
-        tensors = {name: tensor.detach().cpu().contiguous() for name, tensor in weights}
+        tensors = file_tensors(weights)
         handle, path = tempfile.mkstemp(prefix=f"rlvr_weights_v{version}_", suffix=".safetensors", dir=self.directory)
         os.close(handle)
         try:
@@ -162,6 +162,18 @@ class NCCLWeights:
 
     def close(self) -> None:
         self._communicator = None
+
+
+def file_tensors(weights: Iterable[tuple[str, Tensor]]) -> dict[str, Tensor]:
+    """The named tensors as CPU tensors safetensors can write: a tensor sharing memory with an earlier one (tied
+    embeddings: `embed_tokens` and `lm_head`) is copied, since safetensors refuses shared memory."""
+    tensors, storages = {}, set()
+    for name, tensor in weights:
+        tensor = tensor.detach().cpu().contiguous()
+        storage = tensor.untyped_storage().data_ptr()
+        tensors[name] = tensor.clone() if storage in storages else tensor
+        storages.add(storage)
+    return tensors
 
 
 def _check_version(server: RolloutServerClient, results: list, version: int) -> None:
