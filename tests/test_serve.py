@@ -36,3 +36,15 @@ def test_a_config_without_a_model_path_says_what_to_pass(tmp_path):
     config.write_text(yaml.safe_dump({"model": {"init_args": {}}}))
     with pytest.raises(SystemExit, match="names no model.init_args.policy.init_args.model_name_or_path; pass --model"):
         serve.main(["--config", str(config)])
+
+
+def test_max_lora_rank_serves_an_adapter_the_trainer_can_register(tmp_path, monkeypatch, capsys):
+    calls = []
+    monkeypatch.setattr(serve.os, "execve", lambda path, argv, env: calls.append((path, argv, env)))
+    serve.main(["--model", str(tmp_path), "--max-lora-rank", "8"])
+    ((_, argv, env),) = calls
+    assert "--enable-lora --max-lora-rank 8 --max-loras 1" in " ".join(argv)
+    assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "1"  # opens /v1/load_lora_adapter
+    with pytest.raises(SystemExit):
+        serve.main(["--model", str(tmp_path), "--max-lora-rank", "4"])  # not a rank vLLM accepts
+    assert "argument --max-lora-rank: invalid choice: 4 (choose from 1, 8, 16" in capsys.readouterr().err

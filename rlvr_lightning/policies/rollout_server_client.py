@@ -26,7 +26,8 @@ class RolloutServerClient:
         self.url = f"http://{self.address}"
 
     def call(self, path: str, body: dict[str, Any] | None, timeout: float, what: str) -> Any:
-        """POST `body` (GET when None) to `path` and return the decoded JSON answer (None when empty); a
+        """POST `body` (GET when None) to `path` and return the decoded JSON answer (None when empty, the text when
+        it is not JSON); a
         `RolloutServerError` saying `what` did not complete when the server is unreachable, fails, or does not
         answer within `timeout` seconds."""
         data = None if body is None else json.dumps(body).encode()
@@ -55,7 +56,10 @@ class RolloutServerClient:
                     f"rollout server {self.address}: {what} did not complete within {timeout:g} s"
                 ) from None
             raise RolloutServerError(f"rollout server {self.address}: {what} failed: {reason}") from None
-        return json.loads(text) if text.strip() else None
+        try:
+            return json.loads(text) if text.strip() else None
+        except ValueError:  # some endpoints answer plain text (`/v1/load_lora_adapter`)
+            return text.decode(errors="replace")
 
     def wait_until_ready(self, timeout: float) -> None:
         """Poll `/health` until the server answers (it may still be loading), at most `timeout` seconds."""

@@ -19,7 +19,9 @@ the thinking budget) work unchanged: `segmented_generation.py` calls `generate` 
 Weights. Before a generation whose weights changed (optimizer steps or parameter versions tell, as for the
 colocated engine), the trainer pushes them to every server (`weight_broadcast.py`: a shared-memory file on a
 CPU, NCCL from a GPU) and counts a version; `engine/weight_version` in the generation stats is the version
-the rollout was sampled with, and every server confirms it holds it.
+the rollout was sampled with, and every server confirms it holds it. A LoRA policy sends its adapter alone
+where the servers serve LoRA adapters (`lora_sync`, `lora_sync.py`; `rlvr serve --max-lora-rank`): a PEFT
+directory in `weight_dir`, loaded in place by every server, whose requests then name the adapter.
 
 Faults never hang: each server must answer `/health` within `startup_timeout_s` at the first use, each
 generation request within `request_timeout_s`, each weight push within `sync_timeout_s`; otherwise a
@@ -29,7 +31,10 @@ intact; `--ckpt_path last` resumes).
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
@@ -40,10 +45,11 @@ from rlvr_lightning.option_domains import Range, check_ranges
 from rlvr_lightning.policies.compute_dtype import compute_dtype
 from rlvr_lightning.policies.generation_backend import GenerationBackend, response_tensors
 from rlvr_lightning.policies.generation_output import GenerationOutput
+from rlvr_lightning.policies.lora_sync import ADAPTER_NAME, WeightPush
 from rlvr_lightning.policies.rollout_server_client import RolloutServerClient, RolloutServerError
 from rlvr_lightning.policies.vllm_sampling import sampling_request
-from rlvr_lightning.policies.vllm_weights import count_optimizer_steps, named_weights, parameter_version
-from rlvr_lightning.policies.weight_broadcast import transport_for
+from rlvr_lightning.policies.vllm_weights import count_optimizer_steps, parameter_version
+from rlvr_lightning.policies.weight_broadcast import FileWeights, push_adapter, transport_for
 from rlvr_lightning.timing import elapsed_seconds
 
 TRANSPORTS = ("auto", "file", "nccl")
@@ -70,6 +76,7 @@ class ServerGeneration(GenerationBackend):
         nccl_host: str = "127.0.0.1",
         nccl_port: int = 51216,
         max_concurrent_requests: int = 64,
+        lora_sync: Literal["merged", "adapter", "auto"] = "merged",
     ) -> None:
         """
         Args:
@@ -83,7 +90,11 @@ class ServerGeneration(GenerationBackend):
             nccl_host: the trainer's address the servers' workers connect to for NCCL ("nccl" only).
             nccl_port: the port of that group's rendezvous.
             max_concurrent_requests: requests in flight at once, over all servers.
+            lora_sync: what a LoRA policy pushes: "merged" (the merged weights), "adapter" (the adapter alone, to
+                servers started with `--max-lora-rank`; they then decode with LoRA kernels, slower), "auto" (the
+                adapter where the servers serve it).
         """
+        self._weights = WeightPush("ServerGeneration", lora_sync)  # checks lora_sync; `_weights.mode` holds it
         check_ranges(ServerGeneration.OPTION_RANGES, locals())
         if not servers:
             raise ValueError(
@@ -111,6 +122,8 @@ class ServerGeneration(GenerationBackend):
         self._pushed_version: tuple | None = None
         self._transport: Any = None
         self._last_filtered = False
+        self._adapter_dir: str | None = None
+        self._adapter_registered: set[str] = set()  # servers whose API serves the adapter's name
 
     @property
     def exact_log_probs(self) -> bool:
@@ -140,7 +153,7 @@ class ServerGeneration(GenerationBackend):
         caps = list(max_new_tokens) if max_new_tokens is not None else [sampling.max_new_tokens] * len(seeds)
         bodies = [
             {
-                "model": self._model_name,
+                "model": ADAPTER_NAME if self._weights.adapter else self._model_name,
                 "prompt": list(prompt),
                 **sampling_request(sampling, n, cap, seed, eos_token_ids),
                 "return_token_ids": True,
@@ -171,6 +184,7 @@ class ServerGeneration(GenerationBackend):
             "engine/decode_seconds": decode_seconds,
             "engine/weight_push_seconds": push_seconds,
             "engine/weight_version": float(version),
+            "engine/weight_push_bytes": float(self._weights.last_bytes if push_seconds else 0),
         }
         if start_seconds:
             stats["engine/start_seconds"] = start_seconds
@@ -191,7 +205,7 @@ class ServerGeneration(GenerationBackend):
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        state.update(_started=False, _transport=None, _pushed_version=None)  # connections do not travel
+        state.update(_started=False, _transport=None, _pushed_version=None, _adapter_dir=None)  # nor connections
         return state
 
     # ------------------------------------------------------------------ servers
@@ -225,6 +239,10 @@ class ServerGeneration(GenerationBackend):
         device = next(model.parameters()).device
         self._transport = transport_for(self.weight_transport, device, self.weight_dir, self.nccl_host, self.nccl_port)
         self._pushed_version = None
+        if self._weights.decide(model, lambda rank: _lora_unsupported(self.clients, rank, self.request_timeout_s)):
+            self._adapter_dir = tempfile.mkdtemp(prefix="rlvr_lora_", dir=FileWeights(self.weight_dir).directory)
+            weakref.finalize(self, shutil.rmtree, self._adapter_dir, True)
+            self._adapter_registered = set()
         count_optimizer_steps()
         self._started = True
         return time.perf_counter() - started
@@ -235,11 +253,32 @@ class ServerGeneration(GenerationBackend):
             return 0.0
         started = time.perf_counter()
         self.weight_version += 1
-        self._transport.push(
-            self.clients, named_weights(model, self._engine_dtype), self.weight_version, self.sync_timeout_s
+        pushed, timeout, fresh = self.weight_version, self.sync_timeout_s, self._pushed_version is None
+        self._weights.push(
+            model,
+            self._engine_dtype,
+            lambda weights: self._transport.push(self.clients, weights, pushed, timeout),
+            lambda: push_adapter(
+                self.clients, self._adapter_dir, ADAPTER_NAME, pushed, timeout, self._adapter_registered
+            ),
+            self._adapter_dir,
+            fresh,
         )
         for client in self.clients:  # cached prefixes were computed with the old weights
             client.call("/reset_prefix_cache", {}, self.sync_timeout_s, "prefix cache reset")
         self._pushed_version = version
         self.weight_pushes += 1
         return elapsed_seconds(started, next(model.parameters()).device)
+
+
+def _lora_unsupported(clients: list[RolloutServerClient], rank: int, timeout: float) -> str | None:
+    """Why the servers cannot serve an adapter of `rank` (None: they can)."""
+    for client in clients:
+        answers = client.collective_rpc("rlvr_max_lora_rank", timeout, "LoRA rank query")  # 0: LoRA off
+        held = min((int(answer) for answer in answers), default=0)  # vLLM's endpoint answers text
+        if held < rank:
+            return (
+                f"rollout server {client.address} serves LoRA adapters up to rank {held}, not "
+                f"{rank}; start it with `rlvr serve ... --max-lora-rank {rank}`"
+            )
+    return None

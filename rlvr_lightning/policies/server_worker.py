@@ -4,7 +4,8 @@ worker class; the trainer calls its methods through the server's `/collective_rp
 (`rollout_server_client.py`, `weight_broadcast.py`). Loaded inside the vLLM process: torch and vLLM only.
 
 Weights go through the worker's own `reload_weights` (in place, checkpoint names), as the colocated engine's
-pushes do, so both backends load weights the same way. Each load records the version the trainer gave it.
+pushes do, so both backends load weights the same way; a LoRA adapter alone through the worker's `add_lora`
+(in place). Each load records the version the trainer gave it.
 """
 
 from __future__ import annotations
@@ -27,6 +28,23 @@ class WeightReceiver:
                     yield name, handle.get_tensor(name)
 
         self.reload_weights(weights_iterator=tensors(), is_checkpoint_format=True)
+        self.rlvr_weight_version = version
+        return version
+
+    def rlvr_max_lora_rank(self) -> int:
+        """The largest LoRA rank the server serves (`--max-lora-rank`); 0 when it serves no LoRA adapters."""
+        config = self.vllm_config.lora_config
+        return int(config.max_lora_rank) if config is not None else 0
+
+    def rlvr_load_lora(self, path: str, name: str, version: int) -> int:
+        """Load the LoRA adapter in the PEFT directory `path` in place of the one the server's API registered
+        under `name` (the only one it holds); the version now held."""
+        from vllm.lora.request import LoRARequest
+
+        held = sorted(self.list_loras())
+        if len(held) != 1:
+            raise RuntimeError(f"the server holds LoRA adapters {held}; expected the one registered as {name!r}")
+        self.add_lora(LoRARequest(name, held[0], path, load_inplace=True))
         self.rlvr_weight_version = version
         return version
 

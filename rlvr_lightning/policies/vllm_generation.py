@@ -12,7 +12,8 @@ As TRL's colocate mode: the engine is created on the first `sample` (inside the 
 `VLLM_ENABLE_V1_MULTIPROCESSING=0`; under DDP or FSDP with vLLM's `external_launcher`, each rank its
 own engine on its own prompts). It starts from the model's config with dummy weights and receives the
 policy's weights right away, and again before every rollout whose weights changed (optimizer steps and
-parameter version counters tell; LoRA adapters are merged out of place, sharded parameters gathered).
+parameter version counters tell; sharded parameters gathered). A LoRA policy sends its adapter alone
+(`lora_sync`, `lora_sync.py`: the engine samples under that LoRA) or the adapter merged out of place.
 Pushing uses the worker's in-place `reload_weights`, which works on GPU and CPU alike, fed one tensor at a
 time, cast to the engine's dtype (never a list of every full tensor: an 8B model's fp32 weights are 32 GB).
 `dtype: auto` is the trainer's compute dtype (FSDP2's `param_dtype`, or `bf16-mixed`'s autocast dtype, else
@@ -29,14 +30,13 @@ carry the kept mass, which is no policy change. Those rollouts record no samplin
 unfiltered log-probs and has neither limitation).
 
 Each request gets a seed drawn from torch's global generator (or the `generator` the caller passes), so
-`seed_everything` governs sampling and a resumed run draws the same seeds; the engine's own seeding at
-start-up is kept away from the training process's random states. Not bitwise across a resume: the
-engine's kernels run again on a new engine. Sleep mode (`sleep_level`) frees the KV cache (1) or also
-the weights (2) between rollouts on GPU; waking takes the weights first, then the push, then the KV
-cache, so that the cache is not held while the pushed tensors are gathered and cast. vLLM's CPU backend
-cannot sleep, so on a CPU it is a no-op with a warning. `RLVRModule(rollout_staleness=1)` calls
-`push_weights` between updates and turns `push_on_generate` off while a generation runs in its
-background thread.
+`seed_everything` governs sampling and a resumed run draws the same seeds (the engine's own seeding kept
+apart). Not bitwise across a resume: the engine's kernels run again on a new engine. Sleep mode
+(`sleep_level`) frees the KV cache (1) or also the weights (2) between rollouts on GPU; waking takes the
+weights first, then the push, then the KV cache, so that the cache is not held while the pushed tensors are
+gathered and cast. vLLM's CPU backend cannot sleep, so on a CPU it is a no-op with a warning.
+`RLVRModule(rollout_staleness=1)` calls `push_weights` between updates and turns `push_on_generate` off
+while a generation runs in its background thread.
 """
 
 from __future__ import annotations
@@ -60,8 +60,9 @@ from rlvr_lightning.option_domains import Range, check_ranges
 from rlvr_lightning.policies.compute_dtype import compute_dtype
 from rlvr_lightning.policies.generation_backend import GenerationBackend, response_tensors
 from rlvr_lightning.policies.generation_output import GenerationOutput
+from rlvr_lightning.policies.lora_sync import WeightPush, engine_lora_unsupported, lora_request
 from rlvr_lightning.policies.vllm_sampling import sampling_request
-from rlvr_lightning.policies.vllm_weights import count_optimizer_steps, named_weights, parameter_version
+from rlvr_lightning.policies.vllm_weights import count_optimizer_steps, parameter_version
 from rlvr_lightning.timing import elapsed_seconds
 
 log = logging.getLogger(__name__)
@@ -104,6 +105,7 @@ class VLLMGeneration(GenerationBackend):
         sleep_level: Literal[0, 1, 2] = 0,
         seed: int = 0,
         engine_kwargs: dict[str, Any] | None = None,
+        lora_sync: Literal["merged", "adapter", "auto"] = "merged",
     ) -> None:
         """
         Args:
@@ -118,7 +120,10 @@ class VLLMGeneration(GenerationBackend):
             sleep_level: 0 off; 1 release the KV cache between rollouts; 2 also the weights (re-pushed on wake).
             seed: the engine's seed (plus the rank); sampling itself uses per-request seeds from torch's RNG.
             engine_kwargs: further `vllm.LLM` arguments.
+            lora_sync: what a LoRA policy pushes: "merged" (the merged weights), "adapter" (the adapter alone; the
+                engine then decodes with LoRA kernels, slower), "auto" (the adapter where the engine serves it).
         """
+        self._weights = WeightPush("VLLMGeneration", lora_sync)  # checks lora_sync; `_weights.mode` holds it
         if dtype not in ENGINE_DTYPES:
             raise ValueError(f"VLLMGeneration dtype={dtype!r} is not valid; choose one of {list(ENGINE_DTYPES)}")
         if sleep_level not in (0, 1, 2):
@@ -185,9 +190,10 @@ class VLLMGeneration(GenerationBackend):
             for seed, cap in zip(seeds, caps, strict=True)
         ]
         generated = time.perf_counter()
+        adapter = {"lora_request": lora_request(self._adapter_dir)} if self._weights.adapter else {}
         with _no_autocast(model), _global_rng_kept():
             outputs = self._llm.generate(
-                [{"prompt_token_ids": list(p)} for p in prompt_token_ids], params, use_tqdm=False
+                [{"prompt_token_ids": list(p)} for p in prompt_token_ids], params, use_tqdm=False, **adapter
             )
         decode_seconds = time.perf_counter() - generated
 
@@ -203,6 +209,7 @@ class VLLMGeneration(GenerationBackend):
         response_ids, response_mask, sampled_log_probs = response_tensors(responses, log_probs, pad_token_id, device)
         self.sleep()
         stats = {"engine/decode_seconds": decode_seconds, "engine/weight_push_seconds": push_seconds}
+        stats["engine/weight_push_bytes"] = float(self._weights.last_bytes if push_seconds else 0)
         if engine_start:
             stats["engine/start_seconds"] = engine_start
         return GenerationOutput(
@@ -279,6 +286,8 @@ class VLLMGeneration(GenerationBackend):
             kwargs["max_model_len"] = self.max_model_len
         if self.max_num_seqs is not None:
             kwargs["max_num_seqs"] = self.max_num_seqs
+        if self._weights.decide(model, engine_lora_unsupported):
+            kwargs.update(enable_lora=True, max_lora_rank=self._weights.rank, max_loras=1)
         if self.sleep_level:
             if on_gpu:
                 kwargs["enable_sleep_mode"] = True
@@ -298,6 +307,7 @@ class VLLMGeneration(GenerationBackend):
             os.environ.setdefault("LOCAL_RANK", os.environ.get("LOCAL_RANK", str(torch.distributed.get_rank())))
         kwargs.update(self.engine_kwargs)
         self._model_dir = tempfile.TemporaryDirectory(prefix="rlvr_vllm_")
+        self._adapter_dir = os.path.join(self._model_dir.name, "adapter")  # what the engine loads (lora_sync)
         base.config.save_pretrained(self._model_dir.name)
         tokenizer.save_pretrained(self._model_dir.name)
         _finalise_dead_engines()
@@ -312,15 +322,19 @@ class VLLMGeneration(GenerationBackend):
         if version == self._pushed_version:
             return 0.0
         started = time.perf_counter()
-        weights = named_weights(model, self._engine_dtype)  # a generator: one gathered, cast tensor at a time
-        with _no_autocast(model):
-            self._llm.collective_rpc(
-                "reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True}
-            )
+        with _no_autocast(model):  # the weights go as a generator: one gathered, cast tensor at a time
+            fresh = self._pushed_version is None  # a new engine, or one whose weights were discarded
+            self._weights.push(model, self._engine_dtype, self._reload, self._load_adapter, self._adapter_dir, fresh)
         self._llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
         self._pushed_version = version
         self.weight_pushes += 1
         return elapsed_seconds(started, next(model.parameters()).device)
+
+    def _reload(self, weights) -> None:
+        self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
+
+    def _load_adapter(self) -> None:
+        self._llm.llm_engine.add_lora(lora_request(self._adapter_dir, load_inplace=True))  # replaces the one held
 
 
 def _no_autocast(model: nn.Module):

