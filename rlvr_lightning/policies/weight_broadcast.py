@@ -50,7 +50,14 @@ class FileWeights:
     ) -> None:
         from safetensors.torch import save_file
 
-        tensors = {name: tensor.detach().cpu().contiguous() for name, tensor in weights}
+        tensors, stored = {}, set()
+        for name, tensor in weights:
+            tensor = tensor.detach().cpu().contiguous()
+            where = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
+            if where in stored:  # a tied weight (SmolLM2's lm_head is its embedding): the server ties it too
+                continue
+            stored.add(where)
+            tensors[name] = tensor
         handle, path = tempfile.mkstemp(prefix=f"rlvr_weights_v{version}_", suffix=".safetensors", dir=self.directory)
         os.close(handle)
         try:
