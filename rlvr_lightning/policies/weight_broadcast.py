@@ -54,8 +54,8 @@ class FileWeights:
         for name, tensor in weights:
             tensor = tensor.detach().cpu().contiguous()
             where = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
-            if where in stored:  # a tied weight (SmolLM2's lm_head is its embedding): the server ties it too
-                continue
+            if where in stored:  # a tied weight (SmolLM2's lm_head is its embedding) is written under each name,
+                tensor = tensor.clone()  # as the colocated engine receives it (safetensors refuses shared memory)
             stored.add(where)
             tensors[name] = tensor
         handle, path = tempfile.mkstemp(prefix=f"rlvr_weights_v{version}_", suffix=".safetensors", dir=self.directory)

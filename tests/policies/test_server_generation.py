@@ -86,9 +86,9 @@ def test_weights_are_pushed_when_they_change_versioned_and_confirmed(servers, tm
     assert backend.exact_log_probs  # fp32 servers and trainer, no top-k/top-p
 
 
-def test_tied_weights_are_pushed_once(servers, tmp_path):
-    """safetensors refuses tensors that share memory: a tied output layer goes once, under its first name (vLLM
-    ties it again and skips `lm_head.weight` of a model with tied embeddings)."""
+def test_tied_weights_are_pushed_under_each_name(servers, tmp_path):
+    """safetensors refuses tensors that share memory: a tied output layer is written under both names, as the
+    colocated engine receives it."""
 
     class Tied(torch.nn.Module):
         def __init__(self) -> None:
@@ -99,7 +99,7 @@ def test_tied_weights_are_pushed_once(servers, tmp_path):
 
     backend = ServerGeneration([servers[0].address], weight_dir=str(tmp_path))
     _generate(backend, Tied(), [[1]])
-    assert servers[0].loaded_names == [["embed_tokens.weight"]]
+    assert servers[0].loaded_names == [["embed_tokens.weight", "lm_head.weight"]]
 
 
 def test_an_unreachable_server_fails_within_the_startup_time_limit(servers):
