@@ -141,10 +141,13 @@ def cmd_smollm2(args) -> None:
     name = "smollm2_k2"
     fit(leg_config(REPO / "configs" / "smollm2_demo.yaml", out, name, 2, 0, args.steps, generation))
     print(f"\n{datetime.date.today()}: {' '.join(sys.argv)}\n")
-    print("| step | staleness | queued | step s | generation s | update s | wait s | weight push s | reward |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print(
+        "| step | staleness | queued | step s | generation s | update s | wait s | weight push s | reward | "
+        "sampler/trainer log-prob max diff |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
     keys = ("train/async/staleness", "train/async/queued", "time/step_s", "time/generation_s", "time/update_s")
-    keys += ("time/rollout_wait_s", "time/weight_push_s", "train/reward_mean")
+    keys += ("time/rollout_wait_s", "time/weight_push_s", "train/reward_mean", "train/mismatch/abs_diff_max")
     for row in step_rows(out, name):
         print(f"| {int(row['step'])} | " + " | ".join(f"{row[key]:.2f}" if key in row else "-" for key in keys) + " |")
 
