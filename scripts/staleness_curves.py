@@ -12,7 +12,7 @@
            `train/async/staleness`.
 
     python scripts/staleness_curves.py toy --seeds 0 1 2 --steps 60 --out runs/staleness --png docs/staleness_curves.png
-    rlvr serve --model smollm2-135m-instruct --port 8000 -- --max-model-len 1024 --enforce-eager
+    rlvr serve --model smollm2-135m-instruct --port 8000 -- --max-model-len 1024 --enforce-eager --kv-cache-memory-bytes 268435456
     python scripts/staleness_curves.py smollm2 --servers localhost:8000 --steps 5 --out runs/staleness_smollm2
 """
 
@@ -149,7 +149,9 @@ def cmd_smollm2(args) -> None:
     keys = ("train/async/staleness", "train/async/queued", "time/step_s", "time/generation_s", "time/update_s")
     keys += ("time/rollout_wait_s", "time/weight_push_s", "train/reward_mean", "train/mismatch/abs_diff_max")
     for row in step_rows(out, name):
-        print(f"| {int(row['step'])} | " + " | ".join(f"{row[key]:.2f}" if key in row else "-" for key in keys) + " |")
+        cells = [f"{row[key]:.2f}" if key in row else "-" for key in keys[:-1]]
+        cells.append(f"{row[keys[-1]]:.2g}" if keys[-1] in row else "-")
+        print(f"| {int(row['step'])} | " + " | ".join(cells) + " |")
 
 
 def main(argv: list[str] | None = None) -> None:
