@@ -12,7 +12,8 @@
            `train/async/staleness`.
 
     python scripts/staleness_curves.py toy --seeds 0 1 2 --steps 60 --out runs/staleness --png docs/staleness_curves.png
-    rlvr serve --model smollm2-135m-instruct --port 8000 -- --max-model-len 1024 --enforce-eager --kv-cache-memory-bytes 268435456
+    rlvr serve --model smollm2-135m-instruct --port 8000 \
+        -- --max-model-len 1024 --enforce-eager --kv-cache-memory-bytes 268435456
     python scripts/staleness_curves.py smollm2 --servers localhost:8000 --steps 5 --out runs/staleness_smollm2
 """
 
