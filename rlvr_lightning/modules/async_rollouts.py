@@ -178,7 +178,8 @@ class AsyncRollouts:
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlvr-rollout")
         thread_state = BackgroundThreadState(torch.get_num_threads(), self._device(), autocast_state(self._device()))
-        self._future = self._executor.submit(self._sample, batch, seed, version, thread_state)
+        # the policy version is the launch's: the update may end (`updated`) before the sampling does
+        self._future = self._executor.submit(self._sample, batch, seed, version, self.policy_version, thread_state)
         return push_seconds
 
     def wait(self) -> float:
@@ -204,10 +205,15 @@ class AsyncRollouts:
         if self._future is not None:
             raise RuntimeError("cannot sample while a rollout is in flight")
         self._push_weights()
-        return self._sample(batch, _draw_seed(), version)
+        return self._sample(batch, _draw_seed(), version, self.policy_version)
 
     def _sample(
-        self, batch: PromptBatch, seed: int, version: int, thread: BackgroundThreadState | None = None
+        self,
+        batch: PromptBatch,
+        seed: int,
+        version: int,
+        policy_version: int,
+        thread: BackgroundThreadState | None = None,
     ) -> SampledRollout:
         """Sample `batch`; `thread`: in the background thread, the training thread's state to take on first."""
         background = thread is not None
@@ -237,7 +243,7 @@ class AsyncRollouts:
         rollout.old_log_probs = None
         stats = dict(getattr(self._sampler, "last_generation_stats", None) or {})
         stats["sampling_seconds"] = seconds
-        return SampledRollout(rollout, stats, version, self.policy_version, batch)
+        return SampledRollout(rollout, stats, version, policy_version, batch)
 
     # ------------------------------------------------------------------ weights
 

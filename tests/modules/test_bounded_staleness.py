@@ -4,6 +4,8 @@ checkpoint of a larger K) are dropped or sampled again."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from rlvr_lightning.modules import RLVRModule
@@ -84,3 +86,19 @@ def test_a_checkpoint_of_one_step_staleness_before_queues_loads():
     loaded = _rollouts(1)
     loaded.load_state_dict(old_format)
     assert len(loaded.queue) == 1 and loaded.queue[0].rollout.prompt_ids[0].tolist() == [1, 2, 3]
+
+
+def test_a_rollout_keeps_the_policy_version_of_its_launch_when_the_update_ends_first():
+    """A slow sampler (a rollout server) may finish after the update: the rollout was still sampled with the
+    weights of before it, and its staleness counts that update."""
+    rollouts = _rollouts(2)
+    assert rollouts.take({"prompt": [[1, 2, 3]]}, 0) is None
+    release = threading.Event()
+    sample = rollouts._sampler.sample
+    rollouts._sampler.sample = lambda *args, **kwargs: release.wait(30) and sample(*args, **kwargs)
+    rollouts.launch({"prompt": [[3, 2, 1]]}, 0)
+    rollouts.updated()  # the update ends while the rollout is still being sampled
+    release.set()
+    rollouts.wait()
+    assert [queued.policy_version for queued in rollouts.queue] == [0, 0]
+    assert rollouts.step_metrics(rollouts.queue[-1])["train/async/staleness"] == 1.0

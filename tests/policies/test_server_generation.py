@@ -86,6 +86,22 @@ def test_weights_are_pushed_when_they_change_versioned_and_confirmed(servers, tm
     assert backend.exact_log_probs  # fp32 servers and trainer, no top-k/top-p
 
 
+def test_tied_weights_are_pushed_under_each_name(servers, tmp_path):
+    """safetensors refuses tensors that share memory: a tied output layer is written under both names, as the
+    colocated engine receives it."""
+
+    class Tied(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed_tokens = torch.nn.Embedding(5, 3)
+            self.lm_head = torch.nn.Linear(3, 5, bias=False)
+            self.lm_head.weight = self.embed_tokens.weight
+
+    backend = ServerGeneration([servers[0].address], weight_dir=str(tmp_path))
+    _generate(backend, Tied(), [[1]])
+    assert servers[0].loaded_names == [["embed_tokens.weight", "lm_head.weight"]]
+
+
 def test_an_unreachable_server_fails_within_the_startup_time_limit(servers):
     servers[1].stop()
     backend = ServerGeneration([servers[0].address, servers[1].address], startup_timeout_s=1.5)
