@@ -35,8 +35,9 @@ def served_model(directory: Path, tokenizer_dir: Path, config: dict) -> Path:
 class RolloutServer:
     """`rlvr serve` of `model_dir` on 127.0.0.1:`port`; `start` waits until it answers (~30-70 s on 2 idle cores)."""
 
-    def __init__(self, model_dir: Path, port: int | None = None) -> None:
+    def __init__(self, model_dir: Path, port: int | None = None, serve_args: list[str] = ()) -> None:
         self.model_dir = model_dir
+        self.serve_args = list(serve_args)  # `rlvr serve` options, e.g. ["--max-lora-rank", "8"]
         self.port = port or free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.log = model_dir / "server.log"
@@ -50,7 +51,7 @@ class RolloutServer:
         env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the server runs its engine as vLLM does by default
         # `rlvr serve` without importing Lightning first
         command = [sys.executable, "-m", "rlvr_lightning.serve", "--model", str(self.model_dir)]
-        command += ["--port", str(self.port), "--", "--kv-cache-memory-bytes", str(64 << 20)]
+        command += ["--port", str(self.port), *self.serve_args, "--", "--kv-cache-memory-bytes", str(64 << 20)]
         command += ["--enforce-eager", "--max-model-len", "256"]
         with open(self.log, "a") as log:
             self.process = subprocess.Popen(

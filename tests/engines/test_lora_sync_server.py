@@ -5,10 +5,6 @@ back to the merged weights with a warning that says why. One server for the modu
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -17,37 +13,16 @@ from rlvr_lightning.policies.lora_sync import adapter_tensors, tensor_bytes
 from rlvr_lightning.policies.vllm_weights import named_weights
 
 from .conftest import engine_config
+from .rollout_server_process import RolloutServer, served_model
 from .test_lora_sync import PROMPTS, SAMPLING, _max_log_prob_gap, _train_adapter
-from .test_rollout_server import REPO, _free_port, _stop
 
 
 @pytest.fixture(scope="module")
 def lora_server(tmp_path_factory, tokenizer_dir):
-    from rlvr_lightning.policies.hf import HFPolicy
-    from rlvr_lightning.policies.rollout_server_client import RolloutServerClient
-
-    model_dir = tmp_path_factory.mktemp("served_lora_model")
-    policy = HFPolicy(config=engine_config(), tokenizer_name_or_path=str(tokenizer_dir))
-    policy.base_model.config.architectures = ["LlamaForCausalLM"]
-    policy.base_model.config.save_pretrained(model_dir)
-    policy.tokenizer.save_pretrained(model_dir)
-    port = _free_port()
-    log = open(model_dir / "server.log", "w")  # noqa: SIM115 (open for the server's lifetime)
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", VLLM_LOGGING_LEVEL="WARNING")
-    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
-    command = [sys.executable, "-m", "rlvr_lightning.serve", "--model", str(model_dir), "--port", str(port)]
-    command += ["--max-lora-rank", "8", "--", "--kv-cache-memory-bytes", str(64 << 20), "--enforce-eager"]
-    command += ["--max-model-len", "256"]
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    address = f"127.0.0.1:{port}"
-    try:
-        RolloutServerClient(address).wait_until_ready(240)
-    except Exception:
-        _stop(process)
-        raise AssertionError((model_dir / "server.log").read_text()[-3000:]) from None
-    yield address
-    _stop(process)
-    log.close()
+    model_dir = served_model(tmp_path_factory.mktemp("served_lora_model"), tokenizer_dir, engine_config())
+    server = RolloutServer(model_dir, serve_args=["--max-lora-rank", "8"]).start()
+    yield server.address
+    server.stop()
 
 
 def _served(make_policy, address, **kwargs):
