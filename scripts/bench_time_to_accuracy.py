@@ -71,11 +71,14 @@ def done(path: Path, steps: int) -> bool:
 
 
 def run_legs(args, legs: tuple[str, ...], extra: list[str] = ()) -> None:
-    """Each seed's legs side by side, one per core (the first leg's core alternates with the seed)."""
+    """Each seed's legs side by side, one per core (the first leg's core alternates with the seed); with
+    `--one_core`, one after the other on core 0 (decoding reads memory: two legs side by side slow each other
+    down, 2-3x on a 2-core machine)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "scripts")}
     for seed in args.seeds:
         running = []
         for core, leg in enumerate(legs if seed % 2 == 0 else legs[::-1]):
+            core = 0 if getattr(args, "one_core", False) else core
             if done(args.out / f"{leg}_s{seed}.json", args.steps):
                 continue
             command = [
@@ -85,6 +88,8 @@ def run_legs(args, legs: tuple[str, ...], extra: list[str] = ()) -> None:
             ]  # fmt: skip
             log = open(args.out / f"{leg}_s{seed}.log", "w")
             running.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT))
+            if getattr(args, "one_core", False) and running[-1].wait() != 0:
+                raise SystemExit(f"a leg failed: {' '.join(command)} (see its log in {args.out})")
         for process in running:
             if process.wait() != 0:
                 raise SystemExit(f"a leg failed: {' '.join(process.args)} (see its log in {args.out})")
@@ -113,11 +118,12 @@ def load(out: Path) -> dict[tuple[str, int], dict]:
     return runs
 
 
-def time_to_accuracy(ours: dict, trl: dict) -> tuple[float, float | None]:
-    """TRL's final accuracy, and the fraction of TRL's training seconds ours needed to first reach it."""
+def time_to_accuracy(ours: dict, trl: dict, clock: str = "train_seconds") -> tuple[float, float | None]:
+    """TRL's final accuracy, and the fraction of TRL's training seconds (`clock`: wall or CPU) ours needed to
+    first reach it."""
     target = trl["points"][-1]["accuracy"]
-    reached = [p["train_seconds"] for p in ours["points"] if p["accuracy"] >= target]
-    return target, (reached[0] / trl["points"][-1]["train_seconds"]) if reached else None
+    reached = [p[clock] for p in ours["points"] if p["accuracy"] >= target]
+    return target, (reached[0] / trl["points"][-1][clock]) if reached else None
 
 
 def cmd_report(args) -> None:
@@ -139,6 +145,9 @@ def cmd_report(args) -> None:
                 + (f"{fraction:.2f}x TRL's training time" if fraction is not None else "never")
                 + f"; step time TRL / ours {steps[1] / steps[0]:.2f}x"
             )
+            if all("train_cpu_seconds" in run["points"][-1] for run in (runs[("ours", seed)], runs[("trl", seed)])):
+                _, cpu = time_to_accuracy(runs[("ours", seed)], runs[("trl", seed)], "train_cpu_seconds")
+                print(f"seed {seed}: the same by CPU time: " + (f"{cpu:.2f}x" if cpu is not None else "never"))
     if args.plot:
         plot(runs, args.plot)
 
@@ -202,6 +211,7 @@ def main(argv: list[str] | None = None) -> None:
     distill_report.set_defaults(fn=report_distill)
     for command in (run, distill):
         command.add_argument("--steps", type=int, default=100, help="rollout steps of each leg")
+        command.add_argument("--one_core", action="store_true", help="the legs one after the other on core 0")
         command.add_argument("--eval_every", type=int, default=10)
         command.add_argument("--num_eval", type=int, default=100, help="held-out problems decoded greedily")
     for command in (run, report, distill, distill_report):

@@ -56,30 +56,32 @@ def is_correct(text: str, gold: str) -> bool:
 
 
 class HeldOutClock:
-    """Training seconds (wall clock, evaluation excluded) and greedy held-out accuracy every `every` steps."""
+    """Training seconds (wall clock and the process's CPU time, evaluation excluded) and greedy held-out accuracy
+    every `every` steps."""
 
     def __init__(self, out: Path, every: int, num: int, batch: int = 25) -> None:
         self.out, self.every, self.batch = out, every, batch
         self.problems = arithmetic_task().val_examples()[:num]
         self.points: list[dict] = []
         self.step_seconds: list[float] = []
-        self.trained = 0.0
-        self.resumed = self.step_started = 0.0
+        self.trained = self.trained_cpu = 0.0
+        self.resumed = self.resumed_cpu = self.step_started = 0.0
 
     def start(self, model, tokenizer) -> None:
         self.evaluate(model, tokenizer, 0)
-        self.resumed = time.perf_counter()
+        self.resumed, self.resumed_cpu = time.perf_counter(), time.process_time()
 
     def step_begin(self) -> None:
         self.step_started = time.perf_counter()
 
     def step_end(self, model, tokenizer, step: int) -> None:
-        now = time.perf_counter()
+        now, now_cpu = time.perf_counter(), time.process_time()
         self.step_seconds.append(now - self.step_started)
         if step % self.every == 0:
             self.trained += now - self.resumed
+            self.trained_cpu += now_cpu - self.resumed_cpu
             self.evaluate(model, tokenizer, step)
-            self.resumed = time.perf_counter()
+            self.resumed, self.resumed_cpu = time.perf_counter(), time.process_time()
 
     @torch.no_grad()
     def evaluate(self, model, tokenizer, step: int) -> None:
@@ -102,7 +104,8 @@ class HeldOutClock:
         tokenizer.padding_side = side
         model.train(was_training)
         accuracy = right / len(self.problems)
-        self.points.append({"step": step, "train_seconds": self.trained, "accuracy": accuracy})
+        point = {"step": step, "train_seconds": self.trained, "train_cpu_seconds": self.trained_cpu}
+        self.points.append({**point, "accuracy": accuracy})
         print(
             f"step {step}: held-out accuracy {accuracy:.3f} after {self.trained:.0f} s of training "
             f"(evaluation {time.perf_counter() - started:.0f} s)",

@@ -46,13 +46,17 @@ def test_overlay_parses_on_the_recipe(overlay, capsys):
             assert policy["model_name_or_path"] == "smollm2-135m-instruct"
         else:
             assert policy["model_name_or_path"] is None and policy["config"]["num_hidden_layers"] == 28
+    elif overlay.stem == "rollout_servers":  # generation only: the recipe's strategy and precision stay
+        assert policy["generation"]["class_path"] == "rlvr_lightning.policies.ServerGeneration"
+        assert policy["generation"]["init_args"]["servers"] == ["localhost:8000"]
     else:
         assert strategy["class_path"] == "rlvr_lightning.parallel.FSDP2Strategy"
         assert strategy["init_args"]["param_dtype"] == "bfloat16"
         assert strategy["init_args"]["cpu_offload"] is (overlay.stem == "cpu_offload")
     # fp32 master weights everywhere: bf16 compute comes from autocast or from FSDP2's param_dtype
     assert policy["dtype"] == "float32"
-    assert config["trainer"]["precision"] == ("bf16-mixed" if overlay.stem.startswith("offline_") else "32-true")
+    recipe_precision = overlay.stem.startswith("offline_") or overlay.stem == "rollout_servers"
+    assert config["trainer"]["precision"] == ("bf16-mixed" if recipe_precision else "32-true")
     comment = "".join(line for line in overlay.read_text().splitlines(keepends=True) if line.startswith("#"))
     assert "Precision:" in comment or "Precision as fsdp2.yaml" in comment
 

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from rlvr_lightning.policies.vllm_weights import named_weights
+from rlvr_lightning.policies.vllm_weights import named_weights, tensor_versions
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ def base_version(model: nn.Module) -> tuple:
     """Changes whenever a base (non-adapter) parameter is modified in place or replaced. Optimizer steps do not
     touch them (they are frozen), so no step count, unlike `vllm_weights.parameter_version`."""
     return tuple(
-        (id(p), getattr(p, "_local_tensor", p)._version) for name, p in model.named_parameters() if ".lora_" not in name
+        (id(p), *tensor_versions(p)) for name, p in model.named_parameters() if ".lora_" not in name
     )
 
 
@@ -182,7 +182,8 @@ class WeightPush:
         engine_fresh: bool = False,
     ) -> int:
         """Push through `push_weights(named tensors)` and, for the adapter, `push_adapter()` once it is written to
-        `directory`; the bytes sent. `engine_fresh`: the engine holds none of the policy's weights (it started, or
+        `directory` (None: gathered, not written: a trainer rank that only takes part in a sharded model's
+        gathers); the bytes sent. `engine_fresh`: the engine holds none of the policy's weights (it started, or
         discarded them): the base weights are sent whether they changed or not."""
         sent = [0]
         if not self.adapter:
@@ -192,7 +193,9 @@ class WeightPush:
             if engine_fresh or version != self._base_version:
                 push_weights(counted(named_weights(model, dtype, merge_lora=False), sent))
                 self._base_version = version
-            sent[0] += write_adapter(directory, adapter_tensors(model, dtype), lora_config(model))
+            tensors = adapter_tensors(model, dtype)  # gathered on every rank of a sharded model
+            if directory is not None:
+                sent[0] += write_adapter(directory, tensors, lora_config(model))
             push_adapter()
         self.last_bytes = sent[0]
         return sent[0]

@@ -23,6 +23,11 @@ the rollout was sampled with, and every server confirms it holds it. A LoRA poli
 where the servers serve LoRA adapters (`lora_sync`, `lora_sync.py`; `rlvr serve --max-lora-rank`): a PEFT
 directory in `weight_dir`, loaded in place by every server, whose requests then name the adapter.
 
+A trainer of several processes (DDP, FSDP2; one node or several) shares the servers: each rank sends its own
+prompts (spread from server `rank mod S` on), and only rank 0 pushes. Every rank takes part in gathering a
+sharded model's weights, and waits for rank 0's push to complete (or fail: the error reaches every rank)
+before it samples, so the servers load each update once and no rank samples from stale weights.
+
 Faults never hang: each server must answer `/health` within `startup_timeout_s` at the first use, each
 generation request within `request_timeout_s`, each weight push within `sync_timeout_s`; otherwise a
 `RolloutServerError` names the server and what did not complete, and the run stops (its last checkpoint is
@@ -124,6 +129,7 @@ class ServerGeneration(GenerationBackend):
         self._last_filtered = False
         self._adapter_dir: str | None = None
         self._adapter_registered: set[str] = set()  # servers whose API serves the adapter's name
+        self._rank, self._world_size = 0, 1  # the trainer's process (torch.distributed), read at the first use
 
     @property
     def exact_log_probs(self) -> bool:
@@ -211,7 +217,7 @@ class ServerGeneration(GenerationBackend):
     # ------------------------------------------------------------------ servers
 
     def _complete(self, index: int, body: dict[str, Any]) -> tuple[RolloutServerClient, dict[str, Any]]:
-        client = self.clients[index % len(self.clients)]
+        client = self.clients[(index + self._rank) % len(self.clients)]
         what = f"generation request (prompt {index}, up to {body['max_tokens']} tokens)"
         return client, client.call("/v1/completions", body, self.request_timeout_s, what)
 
@@ -220,6 +226,7 @@ class ServerGeneration(GenerationBackend):
         if self._started:
             return 0.0
         started = time.perf_counter()
+        self._rank, self._world_size = trainer_rank()
         for client in self.clients:
             client.wait_until_ready(self.startup_timeout_s)
         names, dtypes = set(), set()
@@ -237,9 +244,13 @@ class ServerGeneration(GenerationBackend):
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         self._trainer_dtype = compute_dtype(base)
         device = next(model.parameters()).device
-        self._transport = transport_for(self.weight_transport, device, self.weight_dir, self.nccl_host, self.nccl_port)
+        if self._rank == 0:  # the pushing rank
+            self._transport = transport_for(
+                self.weight_transport, device, self.weight_dir, self.nccl_host, self.nccl_port
+            )
         self._pushed_version = None
-        if self._weights.decide(model, lambda rank: _lora_unsupported(self.clients, rank, self.request_timeout_s)):
+        unsupported = lambda rank: _lora_unsupported(self.clients, rank, self.request_timeout_s)  # noqa: E731
+        if self._weights.decide(model, unsupported) and self._rank == 0:
             self._adapter_dir = tempfile.mkdtemp(prefix="rlvr_lora_", dir=FileWeights(self.weight_dir).directory)
             weakref.finalize(self, shutil.rmtree, self._adapter_dir, True)
             self._adapter_registered = set()
@@ -253,11 +264,37 @@ class ServerGeneration(GenerationBackend):
             return 0.0
         started = time.perf_counter()
         self.weight_version += 1
-        pushed, timeout, fresh = self.weight_version, self.sync_timeout_s, self._pushed_version is None
+        error = None
+        try:
+            if self._rank == 0:
+                self._push(model, self.weight_version, self._pushed_version is None)
+            else:  # its part of a sharded model's gathers
+                self._weights.push(model, self._engine_dtype, _drain, lambda: None, None, self._pushed_version is None)
+        except Exception as exc:
+            error = exc
+        if self._world_size > 1:  # every rank waits for rank 0's push; its failure stops them all
+            failure = rank_0_outcome(error)
+            if failure is not None and error is None:
+                raise RolloutServerError(f"rank 0's weight push failed: {failure}")
+        if error is not None:
+            raise error
+        self._pushed_version = version
+        self.weight_pushes += 1
+        return elapsed_seconds(started, next(model.parameters()).device)
+
+    def _push(self, model: nn.Module, pushed: int, fresh: bool) -> None:
+        timeout = self.sync_timeout_s
+
+        def send(weights):
+            try:
+                self._transport.push(self.clients, weights, pushed, timeout)
+            finally:  # after a failure, the rest of a sharded model's gathers, which the other ranks are in
+                _drain(weights)
+
         self._weights.push(
             model,
             self._engine_dtype,
-            lambda weights: self._transport.push(self.clients, weights, pushed, timeout),
+            send,
             lambda: push_adapter(
                 self.clients, self._adapter_dir, ADAPTER_NAME, pushed, timeout, self._adapter_registered
             ),
@@ -265,10 +302,26 @@ class ServerGeneration(GenerationBackend):
             fresh,
         )
         for client in self.clients:  # cached prefixes were computed with the old weights
-            client.call("/reset_prefix_cache", {}, self.sync_timeout_s, "prefix cache reset")
-        self._pushed_version = version
-        self.weight_pushes += 1
-        return elapsed_seconds(started, next(model.parameters()).device)
+            client.call("/reset_prefix_cache", {}, timeout, "prefix cache reset")
+
+
+def trainer_rank() -> tuple[int, int]:
+    """This process's rank and the number of the trainer's processes (0, 1 without torch.distributed)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+def rank_0_outcome(error: BaseException | None) -> str | None:
+    """Rank 0's push error (as text) on every rank; None where it succeeded. A collective: every rank calls it."""
+    message = [f"{type(error).__name__}: {error}" if error is not None else None]
+    torch.distributed.broadcast_object_list(message, src=0)
+    return message[0]
+
+
+def _drain(weights) -> None:
+    for _ in weights:
+        pass
 
 
 def _lora_unsupported(clients: list[RolloutServerClient], rank: int, timeout: float) -> str | None:

@@ -17,6 +17,7 @@ import torch
 
 class WeightReceiver:
     rlvr_weight_version: int = -1  # -1: the weights the server started with (dummy or from disk)
+    rlvr_weight_loads: int = 0  # pushes received
 
     def rlvr_load_weights(self, path: str, version: int) -> int:
         """Load the safetensors file at `path` (the trainer wrote it); the version now held."""
@@ -28,8 +29,7 @@ class WeightReceiver:
                     yield name, handle.get_tensor(name)
 
         self.reload_weights(weights_iterator=tensors(), is_checkpoint_format=True)
-        self.rlvr_weight_version = version
-        return version
+        return self._rlvr_loaded(version)
 
     def rlvr_max_lora_rank(self) -> int:
         """The largest LoRA rank the server serves (`--max-lora-rank`); 0 when it serves no LoRA adapters."""
@@ -45,11 +45,20 @@ class WeightReceiver:
         if len(held) != 1:
             raise RuntimeError(f"the server holds LoRA adapters {held}; expected the one registered as {name!r}")
         self.add_lora(LoRARequest(name, held[0], path, load_inplace=True))
-        self.rlvr_weight_version = version
-        return version
+        return self._rlvr_loaded(version)
 
     def rlvr_weight_version_held(self) -> int:
         return self.rlvr_weight_version
+
+    def rlvr_weight_loads_received(self) -> int:
+        """Pushes loaded since the server started (weights or adapter): one per update, whatever the trainer's
+        number of processes."""
+        return self.rlvr_weight_loads
+
+    def _rlvr_loaded(self, version: int) -> int:
+        self.rlvr_weight_version = version
+        self.rlvr_weight_loads += 1
+        return version
 
     def rlvr_dtype(self) -> str:
         """The dtype the server computes in ("float32", ...): the trainer pushes its weights in it."""
@@ -79,5 +88,4 @@ class WeightReceiver:
             received.append((name, tensor))
         torch.cuda.current_stream().synchronize()
         self.reload_weights(weights_iterator=iter(received), is_checkpoint_format=True)
-        self.rlvr_weight_version = version
-        return version
+        return self._rlvr_loaded(version)

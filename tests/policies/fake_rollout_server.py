@@ -16,6 +16,7 @@ class FakeRolloutServer:
         self.completions: list[dict[str, Any]] = []  # request bodies
         self.versions: list[int] = []  # weight versions loaded
         self.loaded_names: list[list[str]] = []
+        self.loaded: list[dict[str, Any]] = []  # each load's tensors
         self.sync_delay = 0.0  # seconds a weight load takes
         self.prefix_resets = 0
         fake = self
@@ -74,6 +75,7 @@ class FakeRolloutServer:
             time.sleep(self.sync_delay)
             with safe_open(kwargs["path"], framework="pt") as handle:
                 self.loaded_names.append(list(handle.keys()))
+                self.loaded.append({name: handle.get_tensor(name) for name in handle.keys()})  # noqa: SIM118
             self.versions.append(kwargs["version"])
             return kwargs["version"]
         raise KeyError(method)
