@@ -2,11 +2,12 @@
 recipe (configs/smollm2_arithmetic.yaml: 2-digit sums, LoRA r=16 from the format warm-up, 4 prompts x 8
 samples of at most 32 tokens a step, Dr. GRPO, token-mean PPO-clip, AdamW 5e-5, fp32, one torch thread).
 
-    python scripts/bench_time_to_accuracy.py run --out runs/tta --seeds 0 --steps 100
+    python scripts/bench_time_to_accuracy.py run --out runs/tta --seeds 0 --steps 40 --one_core
     python scripts/bench_time_to_accuracy.py report --out runs/tta --plot docs/figures/time_to_accuracy.png
 
 `run` trains the format warm-up once (shared by every leg), then runs each seed's two legs at the same time,
-each pinned to its own core (`taskset`; the machine should have no other load), and skips legs already done.
+each pinned to its own core (`taskset`; the machine should have no other load), or with `--one_core` one after
+the other on core 0, and skips legs already done.
 Each leg evaluates the same 100 held-out problems greedily (one evaluator, HF `generate`) at step 0 and every
 `--eval_every` steps with its clock stopped (scripts/time_to_accuracy_legs.py). `report` prints a table and the
 time-to-accuracy: the training seconds at which ours first reaches TRL's final held-out accuracy, as a fraction
@@ -35,6 +36,7 @@ LEGS = ("ours", "trl")
 DISTILL_LEGS = ("distill", "mixed")
 NAMES = {
     "ours": "rlvr_lightning GRPO",
+    "ours_bf16": "rlvr_lightning GRPO, bf16 sampling",
     "trl": "TRL GRPOTrainer",
     "distill": "on-policy distillation",
     "mixed": "distillation + GRPO",
@@ -153,9 +155,11 @@ def cmd_report(args) -> None:
 
 
 def report_distill(args) -> None:
-    """GRPO (our leg of `run`), distillation and both mixed: held-out accuracy by step and training time."""
-    runs = {key: run for key, run in load(args.out).items() if key[0] in ("ours", *DISTILL_LEGS)}
-    marks = [0, 10, 20, 30, 50, 100]
+    """GRPO (our leg of `run`), distillation and both mixed (or `--legs`): held-out accuracy by step and
+    training time."""
+    legs = getattr(args, "legs", None) or ("ours", *DISTILL_LEGS)
+    runs = {key: run for key, run in load(args.out).items() if key[0] in legs}
+    marks = sorted({p["step"] for run in runs.values() for p in run["points"]})
     print("| leg | seed | " + " | ".join(f"step {m}" for m in marks) + " | training min | median step s |")
     print("|---|---:|" + "---:|" * (len(marks) + 2))
     for (leg, seed), run in sorted(runs.items()):
@@ -175,6 +179,7 @@ def plot(runs: dict, path: str, by_step: bool = False) -> None:
 
     fig, axes = plt.subplots(1, 2 if by_step else 1, figsize=(11 if by_step else 6.5, 4), squeeze=False)
     colours = {"ours": "tab:blue", "trl": "tab:orange", "distill": "tab:green", "mixed": "tab:red"}
+    colours["ours_bf16"] = "tab:purple"
     for (leg, seed), run in sorted(runs.items()):
         accuracy = [100 * p["accuracy"] for p in run["points"]]
         label = f"{NAMES[leg]} (seed {seed})"
@@ -208,6 +213,7 @@ def main(argv: list[str] | None = None) -> None:
     distill.add_argument("--seeds", type=int, nargs="+", default=[0])
     distill.set_defaults(fn=cmd_distill)
     distill_report = sub.add_parser("distill_report", help="the table (and plot) of the distillation legs")
+    distill_report.add_argument("--legs", nargs="+", choices=list(NAMES), default=None, help="these legs instead")
     distill_report.set_defaults(fn=report_distill)
     for command in (run, distill):
         command.add_argument("--steps", type=int, default=100, help="rollout steps of each leg")

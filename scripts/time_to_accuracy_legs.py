@@ -4,6 +4,7 @@ recipe, each evaluated by the same held-out greedy evaluator with the clock stop
     python scripts/time_to_accuracy_legs.py ours --out DIR --seed 0 --steps 100 --eval_every 10 --num_eval 100
     python scripts/time_to_accuracy_legs.py trl  --out DIR --seed 0 --steps 100 --eval_every 10 --num_eval 100
     python scripts/time_to_accuracy_legs.py distill --teacher DIR/ours_s0/checkpoints/final.ckpt --out DIR ...
+    python scripts/time_to_accuracy_legs.py ours_bf16 --out DIR --seed 0 --steps 40   # our leg, bf16 sampling
 
 Both start from DIR/warmup_adapter (the format warm-up's LoRA adapter, written by `bench_time_to_accuracy.py`) and
 write DIR/<leg>_s<seed>.json: the held-out accuracy at step 0 and every `eval_every` steps against the seconds
@@ -135,7 +136,8 @@ class LightningClock(Callback):
 
 def run_ours(args) -> None:
     """`rlvr fit` on the recipe, with the warm-up's weights, our evaluator instead of its validation loop, no
-    rollout tables, and only the final checkpoint (TRL's leg saves none). The distillation legs run
+    rollout tables, and only the final checkpoint (TRL's leg saves none). `ours_bf16` samples from a bf16 copy
+    of the weights, its mismatch corrected by `rollout_is: token_truncate`. The distillation legs run
     configs/smollm2_distill.yaml (the same recipe with a teacher) with `--teacher`: `distill` alone, `mixed`
     with GRPO's objective on the same rollouts (`distillation.rl_coef: 1`)."""
     name = f"{args.leg}_s{args.seed}"
@@ -155,6 +157,10 @@ def run_ours(args) -> None:
     if args.leg in ("distill", "mixed"):
         model["teacher"]["init_args"]["checkpoint_path"] = str(args.teacher)
         model["distillation"]["rl_coef"] = 1.0 if args.leg == "mixed" else 0.0
+    if args.leg == "ours_bf16":  # sampling from a bf16 copy of the weights, the mismatch corrected per token
+        generation = {"class_path": "rlvr_lightning.policies.KVCacheGeneration", "init_args": {"dtype": "bfloat16"}}
+        model["policy"]["init_args"]["policy"]["init_args"]["generation"] = generation
+        model["rollout_is"] = {"mode": "token_truncate", "max": 2.0}
     config["seed_everything"] = args.seed
     path = args.out / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -265,7 +271,7 @@ def run_trl(args) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("leg", choices=["ours", "trl", "distill", "mixed"])
+    parser.add_argument("leg", choices=["ours", "ours_bf16", "trl", "distill", "mixed"])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--steps", type=int, default=100)

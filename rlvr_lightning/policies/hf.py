@@ -29,6 +29,8 @@ tokens have `response_mask` 0 and are recorded in `rollout.response_source`.
 
 Dropout is switched off (`disable_dropout`, as in TRL) so that sampling and scoring see the same
 network, and the model is put in train mode (transformers only checkpoints activations in train mode).
+`lean_activations` (on by default) gives Llama-family RMSNorm and SwiGLU layers forwards that keep fewer
+tensors for the backward pass, recomputing cheap ones (`policies/lean_layers.py`; same forward values).
 
 With LoRA (`lora_r > 0`) the base weights are frozen and the KL reference is the base model with the
 adapter disabled: `create_reference` returns a parameter-free marker and no second copy is made
@@ -55,6 +57,7 @@ from rlvr_lightning.policies.generation import KVCacheGeneration, left_pad
 from rlvr_lightning.policies.generation_backend import GenerationBackend
 from rlvr_lightning.policies.generation_output import generation_stats
 from rlvr_lightning.policies.hf_scoring import HFScoring
+from rlvr_lightning.policies.lean_layers import apply_lean_layers
 from rlvr_lightning.policies.lora_reference import (
     AdapterReference,
     copy_adapter_to_reference,
@@ -100,6 +103,7 @@ class HFPolicy(HFScoring, Policy):
         dtype: Literal["float32", "bfloat16", "float16"] = "float32",
         attn_implementation: str | None = "sdpa",
         gradient_checkpointing: bool = False,
+        lean_activations: bool = True,
         lora_r: int = 0,
         lora_alpha: float = 16.0,
         lora_dropout: float = 0.0,
@@ -117,6 +121,8 @@ class HFPolicy(HFScoring, Policy):
     ) -> None:
         """
         Args:
+            lean_activations: RMSNorm and SwiGLU layers keep fewer activations for the backward pass (fewer
+                bytes per token; same forward values, gradients equal to float rounding).
             generation: the backend that samples (default `KVCacheGeneration`, our loop; or `VLLMGeneration`).
             tools: tool use in rollouts (`ToolUse`: the tools, call format, turns); None: single-turn.
             thinking_budget: cap on the tokens between `<think>` and `</think>` (`ThinkingBudget`); None: no cap.
@@ -169,6 +175,8 @@ class HFPolicy(HFScoring, Policy):
         model.train()
         if gradient_checkpointing:
             hf_loading.enable_gradient_checkpointing(model)
+        if lean_activations:
+            apply_lean_layers(model)
         if lora_r > 0:
             model, self._lora_config = hf_loading.add_lora(model, lora_r, lora_alpha, lora_dropout, lora_target_modules)
         self.model = model

@@ -137,9 +137,7 @@ def engine_lora_unsupported(rank: int) -> str | None:
 def base_version(model: nn.Module) -> tuple:
     """Changes whenever a base (non-adapter) parameter is modified in place or replaced. Optimizer steps do not
     touch them (they are frozen), so no step count, unlike `vllm_weights.parameter_version`."""
-    return tuple(
-        (id(p), *tensor_versions(p)) for name, p in model.named_parameters() if ".lora_" not in name
-    )
+    return tuple((id(p), *tensor_versions(p)) for name, p in model.named_parameters() if ".lora_" not in name)
 
 
 class WeightPush:

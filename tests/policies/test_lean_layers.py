@@ -1,0 +1,83 @@
+"""Lean RMSNorm and SwiGLU layers (`policies/lean_layers.py`): the forward is bitwise transformers' own, the
+gradients equal to float rounding, and fewer bytes are kept for the backward pass."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+
+from rlvr_lightning.policies.lean_layers import RMSNormFunction, SiluMulFunction, apply_lean_layers
+
+
+def _model(config_class):
+    torch.manual_seed(0)
+    config = config_class(
+        vocab_size=97, hidden_size=32, intermediate_size=88, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64,
+    )  # fmt: skip
+    return AutoModelForCausalLM.from_config(config, attn_implementation="eager").float()
+
+
+def _saved_bytes(model, ids) -> tuple[int, torch.Tensor]:
+    storages = {}
+
+    def pack(tensor):
+        storages[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        loss = model(input_ids=ids).logits.float().log_softmax(-1).mean()
+    parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    return sum(size for pointer, size in storages.items() if pointer not in parameters), loss
+
+
+@pytest.mark.parametrize("config_class", [LlamaConfig, Qwen2Config])
+def test_same_forward_gradients_to_rounding_and_fewer_saved_bytes(config_class):
+    plain, lean = _model(config_class), _model(config_class)
+    assert apply_lean_layers(lean) == 2 * 2 + 1 + 2  # 2 norms and 1 MLP per layer, the final norm
+    ids = torch.randint(0, 97, (3, 11))
+    plain_bytes, plain_loss = _saved_bytes(plain, ids)
+    lean_bytes, lean_loss = _saved_bytes(lean, ids)
+    assert torch.equal(plain_loss, lean_loss)
+    plain_loss.backward()
+    lean_loss.backward()
+    for (name, a), (_, b) in zip(plain.named_parameters(), lean.named_parameters(), strict=True):
+        torch.testing.assert_close(b.grad, a.grad, atol=1e-7, rtol=1e-5, msg=name)
+    # per token and layer: one hidden-size vector per norm (2) and one intermediate-size vector (the MLP)
+    tokens, layers = ids.numel(), 2
+    expected = 4 * tokens * (layers * (2 * 32 + 88) + 32)  # and the final norm's
+    assert plain_bytes - lean_bytes == expected
+    with torch.no_grad():
+        assert torch.equal(plain(input_ids=ids).logits, lean(input_ids=ids).logits)
+
+
+def test_the_functions_gradients_against_finite_differences():
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 5, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(5, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, w: RMSNormFunction.apply(a, w, 1e-6), (x, weight))
+    gate, up = torch.randn(4, 6, dtype=torch.float64, requires_grad=True), torch.randn(4, 6, dtype=torch.float64)
+    up.requires_grad_(True)
+    assert torch.autograd.gradcheck(SiluMulFunction.apply, (gate, up))
+
+
+def test_a_lean_model_deep_copies_and_pickles_with_its_lean_layers():
+    lean = _model(LlamaConfig)
+    apply_lean_layers(lean)
+    ids = torch.randint(0, 97, (2, 5))
+    for other in (copy.deepcopy(lean), pickle.loads(pickle.dumps(lean))):
+        norm = other.model.norm
+        assert norm.forward.args[0] is norm  # bound to the copy, not to the original
+        assert torch.equal(other(input_ids=ids).logits, lean(input_ids=ids).logits)
+
+
+def test_other_layers_are_left_as_they_are():
+    class GeluMLP(torch.nn.Module):
+        pass
+
+    model = torch.nn.Sequential(torch.nn.LayerNorm(4), GeluMLP())
+    assert apply_lean_layers(model) == 0
