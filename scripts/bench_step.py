@@ -30,8 +30,10 @@ Precision: both sides keep fp32 weights, gradients and AdamW states. By default 
 each update, the engine with `dtype: bfloat16`), `--trl-bf16` runs TRL with `GRPOConfig(bf16=True)` (autocast
 around its generation and update). `peak_MB` is each leg process's peak resident memory (ru_maxrss).
 
-Legs: `ours` (our KV-cache loop), `vllm` (the same module with `VLLMGeneration`, an engine in the
-leg's process, weights pushed after every update; needs vLLM: scripts/vllm_cpu_env.sh), `trl`. Run the
+Legs: `ours` (our KV-cache loop), `plain` (ours with `lean_activations: false`: transformers' own RMSNorm and
+SwiGLU forwards, which keep more activations for the backward), `vllm` (the same module with
+`VLLMGeneration`, an engine in the leg's process, weights pushed after every update; needs vLLM:
+scripts/vllm_cpu_env.sh), `trl`. Run the
 vllm leg with `--vllm-python` from the main environment rather than the whole script inside .venv-vllm:
 vllm-cpu pins transformers < 5.20, whose SDPA path copies the grouped-query keys and values at every
 decoding step (measured: our loop samples 1.55x slower there, 27.7 s against 17.8 s of CPU for
@@ -84,7 +86,7 @@ from bench_step_cases import (  # noqa: E402
 )
 from bench_step_trl import run_trl  # noqa: E402
 
-LEGS = ("ours", "vllm", "trl")
+LEGS = ("ours", "plain", "vllm", "trl")
 
 
 # ----------------------------------------------------------------------------- ours
@@ -97,6 +99,7 @@ def run_ours(
     seed: int,
     engine: bool = False,
     sampling_dtype: str = "float32",
+    lean_activations: bool = True,
     device: str = "cpu",
 ) -> StepTimer:
     import lightning.pytorch as pl
@@ -138,6 +141,7 @@ def run_ours(
         dtype="float32",
         attn_implementation="sdpa",
         min_new_tokens=new_tokens,
+        lean_activations=lean_activations,
     )
     module = RLVRModule(
         policy,
@@ -242,7 +246,8 @@ def worker(args) -> int:
     else:
         engine = args.worker == "vllm"
         precision = {"sampling_dtype": args.sampling_dtype, "device": args.device}
-        timer = run_ours(model_dir, case, args.steps, args.seed, engine=engine, **precision)
+        lean = args.worker != "plain"
+        timer = run_ours(model_dir, case, args.steps, args.seed, engine=engine, lean_activations=lean, **precision)
     Path(args.json).write_text(json.dumps(timer.steps))
     return 0
 
@@ -352,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
             for label, m in summary.items():
                 print(fmt_row(label, m))
             ratios = {}
-            for a, b in (("ours", "trl"), ("vllm", "trl"), ("ours", "vllm")):
+            for a, b in (("ours", "trl"), ("vllm", "trl"), ("ours", "vllm"), ("ours", "plain"), ("plain", "trl")):
                 if a in summary and b in summary:
                     keys = ("step", "cpu", "generation", "generation_cpu", "peak_rss_mb")
                     ratio = {k: summary[b][k] / summary[a][k] for k in keys}
