@@ -7,6 +7,7 @@ shifted by one position) and the response token ids.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
@@ -65,3 +66,70 @@ def _entropy(logits: Tensor, log_z: Tensor) -> Tensor:
     probs = torch.exp(logits - log_z.unsqueeze(-1))
     # 0 * -inf = NaN on probability-0 tokens: nansum drops them (a NaN logit already made log_z NaN)
     return log_z - (probs * logits).nansum(dim=-1)
+
+
+# rows of [rows, V] logits a chunked backward handles at once (its temporaries are a few of these)
+_BACKWARD_CHUNK_ELEMENTS = 1 << 22
+
+
+class _LinearLogProbs(torch.autograd.Function):
+    """`token_log_probs_from_logits(F.linear(hidden, weight, bias), ids, temperature)` for `[N, H]` hidden states,
+    with the same forward values; the backward runs over row chunks of the kept logits, so that the `[N, V]`
+    softmax and logit gradients are never whole (they are, under autograd: two to three logit-sized temporaries
+    on top of the logits, at the peak of the update)."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, token_ids, temperature):
+        logits = _scaled(F.linear(hidden, weight, bias), temperature)
+        log_z = torch.logsumexp(logits, dim=-1)
+        chosen = torch.gather(logits, dim=-1, index=token_ids.long().unsqueeze(-1)).squeeze(-1)
+        ctx.save_for_backward(hidden, weight, logits, log_z, token_ids)
+        ctx.temperature, ctx.has_bias = temperature, bias is not None
+        ctx.mark_non_differentiable(logits, log_z)
+        return chosen - log_z, logits, log_z
+
+    @staticmethod
+    def backward(ctx, grad, _logits, _log_z):
+        hidden, weight, logits, log_z, token_ids = ctx.saved_tensors
+        grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if ctx.needs_input_grad[1] else None
+        grad_bias = logits.new_zeros(logits.shape[-1]) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        rows = max(1, _BACKWARD_CHUNK_ELEMENTS // max(1, logits.shape[-1]))
+        for start in range(0, logits.shape[0], rows):
+            part = slice(start, start + rows)
+            # d(l_y - logsumexp l)/dl = onehot(y) - softmax(l), scaled by 1/temperature
+            grad_logits = torch.exp(logits[part] - log_z[part].unsqueeze(-1)).mul_(-grad[part].unsqueeze(-1))
+            grad_logits.scatter_add_(-1, token_ids[part].long().unsqueeze(-1), grad[part].unsqueeze(-1))
+            if ctx.temperature != 1.0:
+                grad_logits.div_(ctx.temperature)
+            grad_logits = grad_logits.to(weight.dtype)
+            if grad_hidden is not None:
+                grad_hidden[part] = grad_logits @ weight
+            if grad_weight is not None:
+                grad_weight.addmm_(grad_logits.t().float(), hidden[part].float())
+            if grad_bias is not None:
+                grad_bias += grad_logits.float().sum(0)
+        grad_weight = None if grad_weight is None else grad_weight.to(weight.dtype)
+        grad_bias = None if grad_bias is None else grad_bias.to(weight.dtype)
+        return grad_hidden, grad_weight, grad_bias, None, None
+
+
+def linear_token_log_probs(
+    hidden: Tensor, weight: Tensor, bias: Tensor | None, token_ids: Tensor, temperature: float = 1.0,
+    with_entropy: bool = False,
+) -> tuple[Tensor, Tensor | None]:  # fmt: skip
+    """Log-probs `[...]` of `token_ids` under the output layer `(weight, bias)` applied to `hidden` `[..., H]` at
+    `temperature`, and the detached entropy of each position if asked: the values of
+    `token_log_probs_and_entropy(F.linear(hidden, weight, bias), ...)`, with a backward that keeps only the
+    logits (no logit-sized softmax or gradient temporaries)."""
+    shape = token_ids.shape
+    log_probs, logits, log_z = _LinearLogProbs.apply(
+        hidden.reshape(-1, hidden.shape[-1]), weight, bias, token_ids.reshape(-1), temperature
+    )
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            rows = max(1, _ENTROPY_CHUNK_ELEMENTS // max(1, logits.shape[-1]))
+            parts = [_entropy(a, b) for a, b in zip(logits.split(rows), log_z.split(rows), strict=True)]
+        entropy = torch.cat(parts).reshape(shape)
+    return log_probs.reshape(shape), entropy

@@ -30,7 +30,8 @@ tokens have `response_mask` 0 and are recorded in `rollout.response_source`.
 Dropout is switched off (`disable_dropout`, as in TRL) so that sampling and scoring see the same
 network, and the model is put in train mode (transformers only checkpoints activations in train mode).
 `lean_activations` (on by default) gives Llama-family RMSNorm and SwiGLU layers forwards that keep fewer
-tensors for the backward pass, recomputing cheap ones (`policies/lean_layers.py`; same forward values).
+tensors for the backward pass, recomputing cheap ones (`policies/lean_layers.py`), and applies the output
+layer with `linear_token_log_probs`, whose backward has no logit-sized temporaries (same forward values).
 
 With LoRA (`lora_r > 0`) the base weights are frozen and the KL reference is the base model with the
 adapter disabled: `create_reference` returns a parameter-free marker and no second copy is made
@@ -175,6 +176,7 @@ class HFPolicy(HFScoring, Policy):
         model.train()
         if gradient_checkpointing:
             hf_loading.enable_gradient_checkpointing(model)
+        self.lean_activations = lean_activations  # also the output layer's (`hf_scoring.py`)
         if lean_activations:
             apply_lean_layers(model)
         if lora_r > 0:

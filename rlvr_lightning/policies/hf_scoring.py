@@ -20,11 +20,35 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rlvr_lightning.core.log_probs import token_log_probs_and_entropy, token_log_probs_from_logits
+from rlvr_lightning.core.log_probs import (
+    linear_token_log_probs,
+    token_log_probs_and_entropy,
+    token_log_probs_from_logits,
+)
 from rlvr_lightning.policies.generation import position_ids_from_mask
 from rlvr_lightning.policies.kv_cache import cache_argument, returned_cache
 from rlvr_lightning.policies.packing import PackedOutput, layout_and_ids, packed_cost, packed_inputs
 from rlvr_lightning.rollout import Rollout
+
+#: causal LMs whose logits are their decoder's last hidden states through a plain linear head
+LEAN_CAUSAL_LMS = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM")
+
+
+def _log_probs(
+    logits: Tensor | None,
+    hidden: Tensor | None,
+    head: nn.Linear | None,
+    ids: Tensor,
+    temperature: float,
+    with_entropy: bool,
+    entropy_grad: bool,
+) -> tuple[Tensor, Tensor | None]:
+    """The chosen tokens' log-probs (and entropies) from the logits, or from the hidden states and `head`."""
+    if head is not None:
+        return linear_token_log_probs(hidden, head.weight, head.bias, ids, temperature, with_entropy)
+    if with_entropy:
+        return token_log_probs_and_entropy(logits, ids, temperature, entropy_grad)
+    return token_log_probs_from_logits(logits, ids, temperature), None
 
 
 class _Output(NamedTuple):
@@ -56,6 +80,9 @@ class HFScoring:
     decoder_only_hidden_states: bool = True
     #: score the rows of a call as one padding-free packed sequence (`update.micro_batch_tokens` turns it on)
     packed_sequences: bool = False
+    #: `lean_activations`: a Llama-family output layer is applied by `linear_token_log_probs` (no logit-sized
+    #: temporaries in the backward)
+    lean_activations: bool = False
 
     def token_log_probs(
         self, rollout: Rollout, temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = True
@@ -103,42 +130,59 @@ class HFScoring:
             empty = rollout.response_mask.new_zeros((num_rows, 0))
             hidden = rollout.response_mask.new_zeros((num_rows, 0, self.hidden_size)) if with_hidden else None
             return empty, (empty if with_entropy else None), hidden
+        head = self._output_layer(with_entropy and entropy_grad)
         if self._packing_pays(rollout):
-            return self._packed_score(rollout, temperature, with_entropy, entropy_grad, with_hidden)
-        logits, hidden, t = self._forward_response(rollout, with_logits=True, with_hidden=with_hidden)
+            return self._packed_score(rollout, temperature, with_entropy, entropy_grad, with_hidden, head)
+        lean = head is not None
+        logits, hidden, t = self._forward_response(rollout, with_logits=not lean, with_hidden=with_hidden or lean)
         mask = rollout.response_mask[:, :t] > 0
         ids = rollout.response_ids[:, :t]
-        entropy = None
-        if with_entropy:
-            log_probs, entropy = token_log_probs_and_entropy(logits, ids, temperature, entropy_grad)
+        log_probs, entropy = _log_probs(logits, hidden, head, ids, temperature, with_entropy, entropy_grad)
+        hidden = hidden if with_hidden else None
+        if entropy is not None:
             entropy = F.pad(torch.where(mask, entropy, 0.0), (0, width - t))
-        else:
-            log_probs = token_log_probs_from_logits(logits, ids, temperature)
         log_probs = F.pad(torch.where(mask, log_probs, 0.0), (0, width - t))
         if hidden is not None:
             hidden = F.pad(torch.where(mask.unsqueeze(-1), hidden, 0.0), (0, 0, 0, width - t))
         return log_probs, entropy, hidden
 
     def _packed_score(
-        self, rollout: Rollout, temperature: float, with_entropy: bool, entropy_grad: bool, with_hidden: bool
+        self,
+        rollout: Rollout,
+        temperature: float,
+        with_entropy: bool,
+        entropy_grad: bool,
+        with_hidden: bool,
+        head: nn.Linear | None,
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """`_score` from one packed forward: log-probs of the `[K, V]` scored positions alone, then put in place."""
-        packed = self._packed_forward(rollout, with_logits=True, with_hidden=with_hidden)
+        packed = self._packed_forward(rollout, with_logits=head is None, with_hidden=with_hidden or head is not None)
         shape = tuple(rollout.response_ids.shape)
         # [K, 1, V]: the detached entropy's row chunks then bound its temporaries as on the padded path
-        logits, ids = packed.logits.unsqueeze(1), rollout.response_ids[packed.rows, packed.columns].unsqueeze(1)
+        logits = None if packed.logits is None else packed.logits.unsqueeze(1)
+        ids = rollout.response_ids[packed.rows, packed.columns].unsqueeze(1)
+        states = None if packed.hidden is None else packed.hidden.unsqueeze(1)
         keep = rollout.response_mask[packed.rows, packed.columns] > 0
-        entropy = None
-        if with_entropy:
-            log_probs, entropy = token_log_probs_and_entropy(logits, ids, temperature, entropy_grad)
+        log_probs, entropy = _log_probs(logits, states, head, ids, temperature, with_entropy, entropy_grad)
+        if entropy is not None:
             entropy = _unpack(torch.where(keep, entropy.squeeze(1), 0.0), packed, shape)
-        else:
-            log_probs = token_log_probs_from_logits(logits, ids, temperature)
         log_probs = _unpack(torch.where(keep, log_probs.squeeze(1), 0.0), packed, shape)
         hidden = None
         if with_hidden:
             hidden = _unpack(torch.where(keep.unsqueeze(-1), packed.hidden, 0.0), packed, shape)
         return log_probs, entropy, hidden
+
+    def _output_layer(self, entropy_gradient: bool) -> nn.Linear | None:
+        """The output layer that `linear_token_log_probs` applies to the decoder's hidden states (`lean_activations`:
+        a plain linear head of a Llama-family model, unsharded, without forward hooks, no entropy gradient); None:
+        the model's forward computes the logits."""
+        if entropy_gradient or not (self.lean_activations and self.decoder_only_hidden_states):
+            return None
+        if type(self.base_model).__name__ not in LEAN_CAUSAL_LMS:
+            return None
+        head = self.base_model.get_output_embeddings()
+        hooked = head is not None and (head._forward_hooks or head._forward_pre_hooks)  # they see the logits
+        return head if type(head) is nn.Linear and not hooked else None
 
     def _packed_forward(self, rollout: Rollout, with_logits: bool, with_hidden: bool) -> PackedOutput:
         """Logits `[K, V]` and/or last hidden states `[K, H]` of the positions scoring each response token of

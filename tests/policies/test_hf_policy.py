@@ -109,10 +109,11 @@ def test_rows_without_shared_prompts_use_one_forward(make_policy):
     policy = make_policy()
     rollout = policy.sample({"prompt": PROMPTS}, n=1, sampling=SamplingConfig(max_new_tokens=4))
     calls = []
-    original = policy.model.forward
-    policy.model.forward = lambda *a, **k: calls.append(k["input_ids"].shape) or original(*a, **k)
+    decoder = policy.base_model.get_decoder()  # the model's forward runs it; `lean_activations` runs it alone
+    original = decoder.forward
+    decoder.forward = lambda *a, **k: calls.append(k["input_ids"].shape) or original(*a, **k)
     policy.token_log_probs(rollout)
-    policy.model.forward = original
+    decoder.forward = original
     assert len(calls) == 1
 
 

@@ -81,3 +81,27 @@ def test_other_layers_are_left_as_they_are():
 
     model = torch.nn.Sequential(torch.nn.LayerNorm(4), GeluMLP())
     assert apply_lean_layers(model) == 0
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_a_lean_policy_scores_as_the_plain_one(make_policy, packed):
+    """`HFPolicy(lean_activations=True)`: the lean layers and the output layer through `linear_token_log_probs`
+    (prefix-shared and packed scoring) give the plain policy's log-probs, entropies and gradients."""
+    from rlvr_lightning.policies import SamplingConfig
+
+    plain, lean = make_policy(lean_activations=False), make_policy(lean_activations=True)
+    assert lean._output_layer(entropy_gradient=False) is not None and plain._output_layer(False) is None
+    torch.manual_seed(0)
+    rollout = plain.sample({"prompt": ["ab", "ba c"]}, n=3, sampling=SamplingConfig(max_new_tokens=6))
+    results = []
+    for policy in (plain, lean):
+        policy.packed_sequences = packed
+        log_probs, entropy = policy.token_log_probs(rollout, temperature=0.9, with_entropy=True, entropy_grad=False)
+        (log_probs * rollout.response_mask).sum().backward()
+        results.append((log_probs.detach(), entropy, [p.grad for p in policy.parameters()]))
+    (plain_lp, plain_entropy, plain_grads), (lean_lp, lean_entropy, lean_grads) = results
+    # the output layer runs on other shapes (one [N * T, H] product, not the model's), so equal to rounding
+    torch.testing.assert_close(lean_lp, plain_lp, atol=1e-6, rtol=0)
+    torch.testing.assert_close(lean_entropy, plain_entropy, atol=1e-6, rtol=0)
+    for a, b in zip(plain_grads, lean_grads, strict=True):
+        torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-5)
