@@ -42,6 +42,7 @@ from rlvr_lightning.checkpoint_files import check_checkpoint_path
 from rlvr_lightning.cli_errors.run_errors import explain_export_error, explain_run_error
 from rlvr_lightning.hub import go_offline_if_unreachable
 from rlvr_lightning.option_domains import Range
+from rlvr_lightning.process_memory import return_freed_memory_to_the_os
 from rlvr_lightning.quiet_console import quiet_third_party
 
 TRAINER_DEFAULTS = {
@@ -249,6 +250,7 @@ def entry_point(args: list[str] | None = None) -> int:
     """The `rlvr` console script: 0 on success, 2 for a configuration mistake (a few lines on stderr, no
     traceback unless --debug or RLVR_DEBUG=1), 128 + the signal number when SIGINT/SIGTERM stopped training."""
     argv = list(sys.argv[1:] if args is None else args)
+    return_freed_memory_to_the_os()  # the console script's process only: a library leaves malloc alone
     debug, argv = cli_errors.debug_requested(argv)
     if args is None:  # LightningCLI warns when given arguments beside sys.argv's: it reads sys.argv itself
         sys.argv[1:] = argv

@@ -30,10 +30,11 @@ Precision: both sides keep fp32 weights, gradients and AdamW states. By default 
 each update, the engine with `dtype: bfloat16`), `--trl-bf16` runs TRL with `GRPOConfig(bf16=True)` (autocast
 around its generation and update). `peak_MB` is each leg process's peak resident memory (ru_maxrss).
 
-Legs: `ours` (our KV-cache loop), `plain` (ours with `lean_activations: false`: transformers' own RMSNorm and
-SwiGLU forwards, which keep more activations for the backward), `vllm` (the same module with
-`VLLMGeneration`, an engine in the leg's process, weights pushed after every update; needs vLLM:
-scripts/vllm_cpu_env.sh), `trl`. Run the
+Legs: `ours` (our KV-cache loop, in a process set up as `rlvr` sets up its own: freed memory returned to the
+OS, `process_memory.py`), `heap` (ours with glibc's default allocator settings), `plain` (ours with
+`lean_activations: false`: transformers' own RMSNorm and SwiGLU forwards, which keep more activations for the
+backward), `vllm` (the same module with `VLLMGeneration`, an engine in the leg's process, weights pushed after
+every update; needs vLLM: scripts/vllm_cpu_env.sh), `trl`. Run the
 vllm leg with `--vllm-python` from the main environment rather than the whole script inside .venv-vllm:
 vllm-cpu pins transformers < 5.20, whose SDPA path copies the grouped-query keys and values at every
 decoding step (measured: our loop samples 1.55x slower there, 27.7 s against 17.8 s of CPU for
@@ -86,7 +87,7 @@ from bench_step_cases import (  # noqa: E402
 )
 from bench_step_trl import run_trl  # noqa: E402
 
-LEGS = ("ours", "plain", "vllm", "trl")
+LEGS = ("ours", "heap", "plain", "vllm", "trl")
 
 
 # ----------------------------------------------------------------------------- ours
@@ -247,6 +248,10 @@ def worker(args) -> int:
         engine = args.worker == "vllm"
         precision = {"sampling_dtype": args.sampling_dtype, "device": args.device}
         lean = args.worker != "plain"
+        if args.worker != "heap":
+            from rlvr_lightning.process_memory import return_freed_memory_to_the_os
+
+            return_freed_memory_to_the_os()
         timer = run_ours(model_dir, case, args.steps, args.seed, engine=engine, lean_activations=lean, **precision)
     Path(args.json).write_text(json.dumps(timer.steps))
     return 0
@@ -357,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
             for label, m in summary.items():
                 print(fmt_row(label, m))
             ratios = {}
-            for a, b in (("ours", "trl"), ("vllm", "trl"), ("ours", "vllm"), ("ours", "plain"), ("plain", "trl")):
+            for a, b in (("ours", "trl"), ("vllm", "trl"), ("ours", "vllm"), ("ours", "plain"), ("ours", "heap")):
                 if a in summary and b in summary:
                     keys = ("step", "cpu", "generation", "generation_cpu", "peak_rss_mb")
                     ratio = {k: summary[b][k] / summary[a][k] for k in keys}

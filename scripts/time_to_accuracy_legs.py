@@ -60,8 +60,8 @@ class HeldOutClock:
     """Training seconds (wall clock and the process's CPU time, evaluation excluded) and greedy held-out accuracy
     every `every` steps."""
 
-    def __init__(self, out: Path, every: int, num: int, batch: int = 25) -> None:
-        self.out, self.every, self.batch = out, every, batch
+    def __init__(self, out: Path, every: int, num: int, batch: int = 25, continued: bool = False) -> None:
+        self.out, self.every, self.batch, self.continued = out, every, batch, continued
         self.problems = arithmetic_task().val_examples()[:num]
         self.points: list[dict] = []
         self.step_seconds: list[float] = []
@@ -69,7 +69,13 @@ class HeldOutClock:
         self.resumed = self.resumed_cpu = self.step_started = 0.0
 
     def start(self, model, tokenizer) -> None:
-        self.evaluate(model, tokenizer, 0)
+        if self.out.exists() and self.continued:  # a leg continued from its final checkpoint: its clock goes on
+            recorded = json.loads(self.out.read_text())
+            self.points, self.step_seconds = recorded["points"], recorded["step_seconds"]
+            self.trained = self.points[-1]["train_seconds"]
+            self.trained_cpu = self.points[-1].get("train_cpu_seconds", 0.0)
+        else:
+            self.evaluate(model, tokenizer, 0)
         self.resumed, self.resumed_cpu = time.perf_counter(), time.process_time()
 
     def step_begin(self) -> None:
@@ -121,8 +127,8 @@ class HeldOutClock:
 class LightningClock(Callback):
     """`HeldOutClock` as a Lightning callback (named in the leg's YAML)."""
 
-    def __init__(self, out: str, every: int, num: int) -> None:
-        self.clock = HeldOutClock(Path(out), every, num)
+    def __init__(self, out: str, every: int, num: int, continued: bool = False) -> None:
+        self.clock = HeldOutClock(Path(out), every, num, continued=continued)
 
     def on_train_start(self, trainer, pl_module) -> None:
         self.clock.start(pl_module.policy.model, pl_module.policy.tokenizer)
@@ -131,7 +137,8 @@ class LightningClock(Callback):
         self.clock.step_begin()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self.clock.step_end(pl_module.policy.model, pl_module.policy.tokenizer, batch_idx + 1)
+        step = len(self.clock.step_seconds) + 1  # a continued leg goes on from its recorded steps
+        self.clock.step_end(pl_module.policy.model, pl_module.policy.tokenizer, step)
 
 
 def run_ours(args) -> None:
@@ -151,6 +158,7 @@ def run_ours(args) -> None:
         if cb["class_path"].endswith("ModelCheckpoint"):
             cb["init_args"]["dirpath"] = str(args.out / name / "checkpoints")
     clock = {"out": str(args.out / f"{name}.json"), "every": args.eval_every, "num": args.num_eval}
+    clock["continued"] = args.continue_run
     trainer["callbacks"] = keep + [{"class_path": "time_to_accuracy_legs.LightningClock", "init_args": clock}]
     model = config["model"]["init_args"]
     model["policy"]["init_args"]["checkpoint_path"] = str(args.warmup_ckpt)
@@ -166,7 +174,14 @@ def run_ours(args) -> None:
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     from rlvr_lightning.cli import main
 
-    main(["fit", "--config", str(path)])
+    final = args.out / name / "checkpoints" / "final.ckpt"
+    if args.continue_run:  # the final checkpoint ends epoch 0: the remaining steps are a second epoch
+        if not final.exists():
+            raise SystemExit(f"--continue_run: no {final} to continue from")
+        done_steps = len(json.loads((args.out / f"{name}.json").read_text())["step_seconds"])
+        config["trainer"].update(max_epochs=2, limit_train_batches=args.steps - done_steps)
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+    main(["fit", "--config", str(path), *(["--ckpt_path", str(final)] if args.continue_run else [])])
 
 
 # ------------------------------------------------------------------ TRL
@@ -278,6 +293,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--eval_every", type=int, default=10)
     parser.add_argument("--num_eval", type=int, default=100)
     parser.add_argument("--teacher", type=Path, default=None, help="distill/mixed: the teacher's checkpoint")
+    parser.add_argument(
+        "--continue_run",
+        action="store_true",
+        help="our legs: continue the finished leg from its final checkpoint up to --steps, its clock going on",
+    )
     args = parser.parse_args(argv)
     args.warmup_ckpt = args.out / "warmup" / "checkpoints" / "warmup" / "warmup.ckpt"
     torch.set_num_threads(1)
