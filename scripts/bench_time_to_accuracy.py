@@ -187,7 +187,7 @@ def plot(runs: dict, path: str, by_step: bool = False) -> None:
         axes[0][0].plot([p["train_seconds"] / 60 for p in run["points"]], accuracy, **style)
         if by_step:
             axes[0][1].plot([p["step"] for p in run["points"]], accuracy, **style)
-    axes[0][0].set_xlabel("minutes of training (one core each, evaluation excluded)")
+    axes[0][0].set_xlabel("minutes of training (one torch thread, evaluation excluded)")
     if by_step:
         axes[0][1].set_xlabel("rollout steps (4 prompts x 8 samples)")
     for ax in axes[0]:
