@@ -53,3 +53,14 @@ def tool_tokenizer(tool_tokenizer_dir):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(tool_tokenizer_dir))
+
+
+@pytest.fixture
+def servers():
+    """Two stand-ins for `rlvr serve` (tests/policies/fake_rollout_server.py), stopped after the test."""
+    from fake_rollout_server import FakeRolloutServer
+
+    started = [FakeRolloutServer(), FakeRolloutServer()]
+    yield started
+    for server in started:
+        server.stop()

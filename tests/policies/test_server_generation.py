@@ -8,21 +8,12 @@ import time
 
 import pytest
 import torch
-from fake_rollout_server import FakeRolloutServer
 
 from rlvr_lightning.cli_errors.run_errors import explain_run_error
 from rlvr_lightning.policies import SamplingConfig, ServerGeneration
 from rlvr_lightning.policies.rollout_server_client import RolloutServerError
 
 SAMPLING = SamplingConfig(max_new_tokens=3, temperature=0.7)
-
-
-@pytest.fixture
-def servers():
-    started = [FakeRolloutServer(), FakeRolloutServer()]
-    yield started
-    for server in started:
-        server.stop()
 
 
 def _generate(backend, model, prompts, n=2, generator=None, **kwargs):

@@ -7,9 +7,7 @@ from __future__ import annotations
 import multiprocessing
 import time
 
-import pytest
 import torch
-from fake_rollout_server import FakeRolloutServer
 
 from rlvr_lightning.policies import SamplingConfig, ServerGeneration
 from rlvr_lightning.policies.rollout_server_client import RolloutServerError
@@ -63,14 +61,6 @@ def _run(servers, tmp_path, sync_timeout_s=30.0) -> dict[int, tuple[str, float]]
         process.join(timeout=30)
         assert process.exitcode == 0
     return outcomes
-
-
-@pytest.fixture
-def servers():
-    started = [FakeRolloutServer(), FakeRolloutServer()]
-    yield started
-    for server in started:
-        server.stop()
 
 
 def test_rank_0_alone_pushes_the_gathered_weights_once_per_update(servers, tmp_path):
