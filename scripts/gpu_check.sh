@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # One command that checks the GPU paths on a CUDA machine and prints one summary table:
 #   tests     the GPU tests (tests/gpu: the GSM8K recipe with each GPU setting, background rollouts on a
-#             side stream, resume after Ctrl-C, host syncs per decoding step, attention kernels)
+#             side stream, resume after Ctrl-C, host syncs per decoding step, attention kernels, lean
+#             activations in fp32 and bf16 autocast), in TEST_WORKERS processes (default 4) with pytest-xdist
 #   smollm2   10 steps of the GSM8K recipe with SmolLM2 (configs/gpu/offline_smollm2.yaml)
 #   qwen_fsdp2     steps of the recipe at Qwen2.5-1.5B's size (random weights) sharded by FSDP2 over
 #                  every GPU (NCCL; one GPU is a world of one)
 #   qwen_offload   the same with CPU offload (configs/gpu/cpu_offload.yaml)
-#   bench     scripts/bench_step.py, ours vs TRL's GRPOTrainer on the GPU (fp32; needs `pip install trl`)
+#   bench     scripts/bench_step.py, ours vs TRL's GRPOTrainer on the GPU (fp32; needs `pip install trl`), the
+#             cases BENCH_CASES (default: smollm2 smollm2_long), BENCH_STEPS measured steps (default 4)
 #   vllm      the vLLM engine tests on CUDA (sleep mode, weight pushes), where vLLM is installed
 # Each part runs under a time limit (PART_LIMIT_S, default 600 s; LIMIT_<part> for one part); logs go to
 # $GPU_CHECK_OUT (runs/gpu_check).
@@ -25,6 +27,9 @@ steps="${STEPS:-10}"
 new_tokens="${MAX_NEW_TOKENS:-256}"
 gsm8k="${GSM8K_DIR:-../shared/data/gsm8k}"
 python="${PYTHON:-python3}"
+workers=()  # pytest-xdist's workers for the tests part, where it is installed
+"$python" -c "import xdist" 2>/dev/null && [ "${TEST_WORKERS:-4}" -gt 1 ] && workers=(-n "${TEST_WORKERS:-4}")
+read -r -a bench_cases <<<"${BENCH_CASES:-smollm2 smollm2_long}"
 mkdir -p "$out"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 WANDB_MODE=disabled PYTHONUNBUFFERED=1
 parts=("$@")
@@ -120,14 +125,14 @@ export -f fit_recipe vllm_tests
 for part in "${parts[@]}"; do
     case "$part" in
     tests) run_part tests "grep -E '[0-9]+ (passed|failed)' $out/tests.log | tail -n 1" \
-        "$python" -m pytest -q -p no:cacheprovider tests/gpu ;;
+        "$python" -m pytest -q -p no:cacheprovider "${workers[@]}" --durations=10 tests/gpu ;;
     smollm2) run_part smollm2 "fit_figure smollm2" fit_recipe smollm2 "$steps" offline_smollm2 ;;
     qwen_fsdp2) run_part qwen_fsdp2 "fit_figure qwen_fsdp2" \
         fit_recipe qwen_fsdp2 "$((steps / 2))" offline_qwen2.5_1.5b_random fsdp2 ;;
     qwen_offload) run_part qwen_offload "fit_figure qwen_offload" \
         fit_recipe qwen_offload 3 offline_qwen2.5_1.5b_random fsdp2 cpu_offload ;;
     bench) run_part bench "grep -E '^trl / ours' $out/bench.log | head -n 2 | tr '\n' ' '" \
-        "$python" scripts/bench_step.py --case smollm2 smollm2_long --device cuda --steps 4 ;;
+        "$python" scripts/bench_step.py --case "${bench_cases[@]}" --device cuda --steps "${BENCH_STEPS:-4}" ;;
     vllm) run_part vllm "grep -E '[0-9]+ (passed|failed)|not installed' $out/vllm.log | tail -n 1" vllm_tests ;;
     *) echo "unknown part '$part'; the parts: tests smollm2 qwen_fsdp2 qwen_offload bench vllm" >&2; exit 2 ;;
     esac

@@ -1,0 +1,54 @@
+"""Lean activations on a CUDA device (`HFPolicy(lean_activations=True)`: the lean RMSNorm/SwiGLU layers and the
+output layer through `linear_token_log_probs`) score and train as the plain policy, in fp32 and under bf16
+autocast (bf16-mixed training), padded and packed. The CPU version is tests/policies/test_lean_layers.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (scripts/gpu_check.sh)")
+
+
+def lean_and_plain_results(tmp_path, device: str, dtype: torch.dtype, packed: bool):
+    """Log-probs, entropies and gradients of the plain and the lean policy on one sampled rollout."""
+    from tiny_lm import save_tiny_tokenizer, tiny_llama_config
+
+    from rlvr_lightning.policies.base import SamplingConfig
+    from rlvr_lightning.policies.hf import HFPolicy
+
+    tokenizer = str(save_tiny_tokenizer(tmp_path / "tok"))
+    policies = []
+    for lean in (False, True):
+        torch.manual_seed(0)
+        policy = HFPolicy(config=tiny_llama_config(), tokenizer_name_or_path=tokenizer, lean_activations=lean)
+        policies.append(policy.to(device))
+    assert policies[1]._output_layer(entropy_gradient=False) is not None
+    torch.manual_seed(0)
+    prompts = ["a", "The quick brown fox jumps over", "What is 2+3? The answer"]
+    rollout = policies[0].sample({"prompt": prompts}, n=2, sampling=SamplingConfig(max_new_tokens=12))
+    results = []
+    for policy in policies:
+        policy.packed_sequences = packed
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+            log_probs, entropy = policy.token_log_probs(rollout, temperature=0.9, with_entropy=True, entropy_grad=False)
+            loss = (log_probs * rollout.response_mask).sum()
+        loss.backward()
+        results.append((log_probs.detach().float(), entropy.float(), [p.grad for p in policy.parameters()]))
+    return results
+
+
+@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_lean_activations_score_and_train_as_the_plain_policy(dtype, packed, tmp_path):
+    (plain_lp, plain_entropy, plain_grads), (lean_lp, lean_entropy, lean_grads) = lean_and_plain_results(
+        tmp_path, "cuda", dtype, packed
+    )
+    # bf16: one rounding of a logit (~0.03 at |logit| 4) moves a log-prob by about as much
+    atol = 1e-5 if dtype == torch.float32 else 5e-2
+    torch.testing.assert_close(lean_lp, plain_lp, atol=atol, rtol=0)
+    torch.testing.assert_close(lean_entropy, plain_entropy, atol=atol, rtol=0)
+    for index, (a, b) in enumerate(zip(plain_grads, lean_grads, strict=True)):
+        assert a is not None and b is not None and b.dtype == a.dtype == torch.float32, index
+        error = float((b - a).norm() / a.norm().clamp_min(1e-12))
+        assert error < (1e-4 if dtype == torch.float32 else 5e-2), (index, error)
