@@ -39,6 +39,17 @@ def policy_gradient_norm(module: torch.nn.Module, device: torch.device | None = 
     return total_norm([p.grad for p in module.parameters() if p.grad is not None], device)
 
 
+def non_finite_gradients(module: torch.nn.Module, limit: int = 3) -> tuple[list[str], int]:
+    """The names of the first `limit` parameters whose gradient (this rank's shard under FSDP2) holds a NaN or an
+    infinity, and how many such parameters there are: where a skipped update's non-finite gradient comes from."""
+    names = [
+        name
+        for name, p in module.named_parameters()
+        if p.grad is not None and not bool(torch.isfinite(getattr(p.grad, "_local_tensor", p.grad)).all())
+    ]
+    return names[:limit], len(names)
+
+
 def backward_sync(module: pl.LightningModule, sync: bool) -> AbstractContextManager:
     """Around a `manual_backward`: with `sync` False (every micro-batch of a mini-batch but the last), DDP keeps
     this backward's gradients local and the last one all-reduces them all, once per optimizer step

@@ -42,7 +42,7 @@ from rlvr_lightning.core.kl import kl_estimator
 from rlvr_lightning.core.masked import join_masked, masked_mean
 from rlvr_lightning.core.policy_losses import PolicyLoss, PolicyLossOutput, merged_stats
 from rlvr_lightning.modules.distillation import DistillationConfig, Teacher
-from rlvr_lightning.modules.gradients import backward_sync, policy_gradient_norm
+from rlvr_lightning.modules.gradients import backward_sync, non_finite_gradients, policy_gradient_norm
 from rlvr_lightning.modules.micro_batches import (
     check_token_budget,
     micro_batch_rows,
@@ -298,10 +298,15 @@ class PolicyUpdate:
         # one host transfer for both numbers: the check is then Python's, not a chain of tensor ops
         loss, grad_norm = torch.stack((loss_sum.to(grad_norm.dtype), grad_norm)).tolist()
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+            names, count = non_finite_gradients(self.policy)
             optimizer.zero_grad(set_to_none=True)
             self.skipped_updates += 1
             self.consecutive_skips += 1
-            log.warning("non-finite loss or gradient: update skipped (%d in a row)", self.consecutive_skips)
+            where = f"; non-finite gradients in {count} parameters, first {', '.join(names)}" if count else ""
+            log.warning(
+                "non-finite loss or gradient (loss %s, gradient norm %s): update skipped (%d in a row)%s",
+                loss, grad_norm, self.consecutive_skips, where,
+            )  # fmt: skip
             if self.consecutive_skips >= self.update.max_consecutive_skips:
                 raise RuntimeError(
                     f"{self.consecutive_skips} consecutive updates had a non-finite loss or gradient "

@@ -1,6 +1,8 @@
+import math
+
 import torch
 
-from rlvr_lightning.modules.gradients import total_norm
+from rlvr_lightning.modules.gradients import non_finite_gradients, total_norm
 
 
 def test_total_gradient_norm_matches_torch():
@@ -16,3 +18,15 @@ def test_the_norm_is_on_the_device_asked_for_even_without_gradients():
     assert total_norm([], device=meta).device == meta
     assert total_norm([torch.tensor([3.0, 4.0])], device=meta).device == meta
     assert total_norm([torch.tensor([3.0, 4.0])]).device == torch.device("cpu")
+
+
+def test_non_finite_gradients_names_the_parameters_that_hold_them():
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1), torch.nn.Linear(1, 1))
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    model[1].weight.grad[0, 1] = math.nan
+    model[2].bias.grad[0] = math.inf
+    assert non_finite_gradients(model) == (["1.weight", "2.bias"], 2)
+    assert non_finite_gradients(model, limit=1) == (["1.weight"], 2)
+    model[1].weight.grad = model[2].bias.grad = None  # parameters without a gradient are left out
+    assert non_finite_gradients(model) == ([], 0)

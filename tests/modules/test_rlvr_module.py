@@ -205,12 +205,16 @@ class NaNAdvantage(AdvantageCallback):
         return torch.full((rollout.num_rows,), math.nan)
 
 
-def test_non_finite_updates_are_skipped_then_stop_the_run(in_tmp_dir):
+def test_non_finite_updates_are_skipped_then_stop_the_run(in_tmp_dir, caplog):
     module = RLVRModule(policy(), group_size=2, update=UpdateConfig(max_consecutive_skips=3))
     before = [p.detach().clone() for p in module.policy.parameters()]
     with pytest.raises(RuntimeError, match="3 consecutive updates had a non-finite loss"):
         fit(module, [SortInclusionOrderingReward(), NaNAdvantage()], steps=5)
     assert module.policy_update.skipped_updates == 3
+    names = [name for name, _ in module.policy.named_parameters()]
+    warning = next(r.getMessage() for r in caplog.records if "update skipped (1 in a row)" in r.getMessage())
+    assert "loss nan, gradient norm nan" in warning and f"non-finite gradients in {len(names)} parameters" in warning
+    assert f"first {', '.join(names[:3])}" in warning
     for old, new in zip(before, module.policy.parameters(), strict=True):
         assert torch.equal(old, new)
 
