@@ -7,6 +7,7 @@
     the sampled validation loop and predictions              validation_step, predict_step
     where the modules compute, FSDP2                         configure_model (parallel/fsdp.py)
     fp32 master weights                                      on_fit_start (modules/training_precision.py)
+    no cuDNN attention while fitting on a GPU                on_fit_start, teardown (modules/attention_kernels.py)
 
 Validation samples `validation.group_size` (greedy or sampled) responses per held-out prompt: mean reward
 and accuracy per batch, and pass@k, majority-vote accuracy, format rate and response length as torchmetrics
@@ -24,6 +25,7 @@ from torch import Tensor
 
 from rlvr_lightning.evaluation import ValidationMetrics
 from rlvr_lightning.modules import scoring
+from rlvr_lightning.modules.attention_kernels import restore_cudnn_attention, turn_off_cudnn_attention
 from rlvr_lightning.modules.options import ValidationConfig
 from rlvr_lightning.modules.training_precision import check_training_precision
 from rlvr_lightning.parallel.fsdp import data_parallel_mesh, gathered_params, shard_for_training
@@ -57,6 +59,7 @@ class PolicyModule(pl.LightningModule):
         self.validation = validation
         self.reference: Policy | None = None  # a frozen copy of the policy (RLVRModule's KL reference)
         self.reward_callbacks: list[RewardCallback] = []
+        self._cudnn_attention_was_on: bool | None = None
 
     # ----------------------------------------------------------------- set-up
 
@@ -85,6 +88,11 @@ class PolicyModule(pl.LightningModule):
     def on_fit_start(self) -> None:
         # after Lightning's precision plugin converted the weights and the strategy sharded them
         check_training_precision(self)
+        self._cudnn_attention_was_on = turn_off_cudnn_attention(self.device)
+
+    def teardown(self, stage: str) -> None:
+        restore_cudnn_attention(self._cudnn_attention_was_on)
+        self._cudnn_attention_was_on = None
 
     def transfer_batch_to_device(self, batch: PromptBatch, device: torch.device, dataloader_idx: int) -> PromptBatch:
         """Prompt batches are Python objects (token lists, text, metadata): the policy places what it tensorises."""

@@ -327,6 +327,7 @@ class RLVRModule(PolicyModule):
             )
 
     def teardown(self, stage: str) -> None:
+        super().teardown(stage)
         if self.async_rollouts is not None:
             self.async_rollouts.close()
 
