@@ -4,8 +4,8 @@ Since torch 2.11, `scaled_dot_product_attention` on H100/H200 runs cuDNN's fused
 passed, and its backward returns NaN query gradients when the sequence length is 64 more than a multiple of 128
 and a query row's log-sum-exp is below -88.7 (pytorch#196678, trl#7181). A query row that attends to nothing has
 a log-sum-exp of -inf, and every left-padded batch has such rows at its padding: the forward and the loss stay
-finite, the gradient does not, and the update is skipped. One H100 run of the GSM8K recipe (SmolLM2's shape,
-torch 2.11) skipped both updates of one step in four this way. The memory-efficient, flash and math kernels are
+finite, the gradient does not, and the update is skipped (as both updates of one step in four were in an H100
+run of the GSM8K recipe at SmolLM2's shape, torch 2.11). The memory-efficient, flash and math kernels are
 not affected, so fit turns cuDNN's off for its duration (`PolicyModule.on_fit_start`) and turns it back on at
 teardown; `RLVR_CUDNN_ATTENTION=1` keeps it (a torch whose cuDNN kernel is fixed).
 """
