@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import sys
+import typing
 from collections.abc import Callable
 
 import lightning.pytorch as pl
@@ -87,6 +88,30 @@ REMOVED_COMMANDS = {
     "test": "rlvr has no `test`: no task has a test split apart from its held-out prompts; "
     "`rlvr validate --config X --ckpt_path CKPT` evaluates a checkpoint on them",
 }
+
+
+# Trainer options that take a count of batches (int) or a fraction of them (float).
+COUNT_OR_FRACTION = (
+    "limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches", "val_check_interval",
+    "overfit_batches",
+)  # fmt: skip
+
+
+def parse_counts_as_counts() -> None:
+    """Read `limit_train_batches: 1` as one batch, not as 1.0 (100%) or `500` as 500.0 (an error).
+
+    typing caches unions by equality, and `Union[int, float] == Union[float, int]`: a library imported before
+    Lightning that spells `Optional[Union[float, int]]` (huggingface_hub 1.33 does) hands its member order to the
+    Trainer's `Optional[Union[int, float]]`, and jsonargparse tries the members in that order."""
+    annotations = pl.Trainer.__init__.__annotations__
+    for name in COUNT_OR_FRACTION:
+        members = typing.get_args(annotations.get(name))
+        if int in members and float in members and members.index(float) < members.index(int):
+            rest = tuple(member for member in members if member not in (int, float))
+            annotations[name] = typing.Union[(int, float, *rest)]  # a flat key: not equal to the cached one
+
+
+parse_counts_as_counts()
 
 
 def _export(argv: list[str]) -> int:

@@ -190,3 +190,24 @@ def test_default_csv_log_is_on_disk_after_every_step(in_tmp_dir):
     cli.trainer.callbacks.append(ReadCsv())
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     assert on_disk == [0, 1, 2, 3]
+
+
+def test_trainer_counts_parse_as_counts_whatever_order_typing_cached(in_tmp_dir):
+    """typing caches equal unions as one object, so an earlier `Optional[Union[float, int]]` (Lightning's own
+    fabric.py has one) can become the Trainer's `Optional[Union[int, float]]`, and jsonargparse, which tries the
+    members in order, would read `limit_train_batches: 1` as 1.0 (all the batches). A fresh process: parsers
+    built earlier in this one may hold the members' order they saw."""
+    recipe = Path(__file__).resolve().parents[1] / "configs" / "sort_grpo.yaml"
+    code = f"""
+import typing
+import lightning.pytorch as pl
+from rlvr_lightning.cli import COUNT_OR_FRACTION, main, parse_counts_as_counts
+for name in COUNT_OR_FRACTION:
+    pl.Trainer.__init__.__annotations__[name] = typing.Union[float, int, None]  # as the cache can hand them out
+parse_counts_as_counts()
+cli = main(["--config", {str(recipe)!r}, "--trainer.limit_train_batches=1", "--trainer.limit_val_batches=0.5",
+            "--trainer.val_check_interval=3", "--trainer.logger=false"], run=False)
+print(repr((cli.trainer.limit_train_batches, cli.trainer.limit_val_batches, cli.trainer.val_check_interval)))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "(1, 0.5, 3)"
