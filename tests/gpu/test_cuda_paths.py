@@ -33,7 +33,7 @@ SETTINGS = {  # docs/scaling.md's GPU settings as overrides of the recipe
 
 @pytest.fixture(scope="module")
 def override(tmp_path_factory) -> Path:
-    # one batch an epoch: a step limit of 1 read as 1.0 (100%), as one GPU run of Lightning's CLI did, changes nothing
+    # two problems in batches of 2: one batch an epoch
     return write_tiny_gsm8k_override(tmp_path_factory.mktemp("gsm8k_gpu"), accelerator="gpu", problems=2)
 
 
