@@ -11,8 +11,8 @@ from lightning.pytorch import Callback
 from torch import Tensor
 
 from rlvr_lightning.core import advantage_estimators as estimators
-from rlvr_lightning.option_domains import NON_NEGATIVE, PROBABILITY, check_ranges
 from rlvr_lightning.rollout import Rollout
+from rlvr_lightning.runtime.option_domains import NON_NEGATIVE, PROBABILITY, check_ranges
 
 
 class AdvantageCallback(Callback):

@@ -38,7 +38,7 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 import yaml  # noqa: E402
 from lightning.pytorch import Callback  # noqa: E402
 
-from rlvr_lightning.timing import clock  # noqa: E402  (waits for the device's queued work before reading the time)
+from rlvr_lightning.runtime.timing import clock  # noqa: E402  (waits for the device's queued work before reading the time)
 
 REPO = Path(__file__).resolve().parents[1]
 LEGS = {0: "staleness0", 1: "staleness1"}
@@ -101,7 +101,7 @@ class StepClock(Callback):
 
 def fit(config: Path):
     """`rlvr fit --config config` in this process; returns the CLI and the steps' `StepClock`."""
-    from rlvr_lightning.cli import main
+    from rlvr_lightning.cli.main import main
 
     cli = main(["fit", "--config", str(config), "--trainer.callbacks+=bench_async.StepClock"])
     return cli, next(cb for cb in cli.trainer.callbacks if type(cb).__name__ == "StepClock")

@@ -61,7 +61,7 @@ def free_port() -> int:
 
 def start_server(model: str, rank: int | None, log_dir: Path) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    command = [sys.executable, "-m", "rlvr_lightning.serve", "--model", model, "--port", str(port)]
+    command = [sys.executable, "-m", "rlvr_lightning.serving.serve", "--model", model, "--port", str(port)]
     command += ["--max-lora-rank", str(rank)] if rank else []
     command += ["--", "--kv-cache-memory-bytes", str(256 << 20), "--enforce-eager", "--max-model-len", "512"]
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", VLLM_LOGGING_LEVEL="WARNING")
@@ -143,8 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--startup-timeout", type=float, default=1800, help="seconds a server may take to start")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    from rlvr_lightning.policies.model_cache import resolve_model_path
-    from rlvr_lightning.run_environment import environment_record
+    from rlvr_lightning.runtime.model_cache import resolve_model_path
+    from rlvr_lightning.runtime.run_environment import environment_record
 
     model = resolve_model_path(args.model)
     legs = [f"{where}_{mode}" for where in args.where for mode in ("adapter", "merged")]
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     servers: dict[str, str] = {}
     try:
         if "server" in args.where:  # both start at once
-            from rlvr_lightning.policies.rollout_server_client import RolloutServerClient
+            from rlvr_lightning.serving.client import RolloutServerClient
 
             log_dir = Path(os.environ.get("TMPDIR", "/tmp"))
             for mode, rank in (("adapter", args.rank), ("merged", None)):

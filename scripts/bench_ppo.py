@@ -36,9 +36,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from rlvr_lightning.core.policy_losses import PPOClip  # noqa: E402
+from rlvr_lightning.core.losses.policy_losses import PPOClip  # noqa: E402
 from rlvr_lightning.modules.options import AggregationConfig, UpdateConfig, ValueConfig  # noqa: E402
-from rlvr_lightning.timing import clock  # noqa: E402  (waits for the device's queued work before reading the time)
+from rlvr_lightning.runtime.timing import clock  # noqa: E402  (waits for the device's queued work before reading the time)
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ["What is 12 + 7? Answer with a number.", "Name a prime number larger than 10."]
@@ -60,8 +60,8 @@ def run_leg(leg: str, steps: int, seed: int, threads: int) -> dict:
     from rlvr_lightning.modules import PPOModule, RLVRModule
     from rlvr_lightning.policies.base import SamplingConfig
     from rlvr_lightning.policies.hf import HFPolicy
-    from rlvr_lightning.policies.model_cache import is_fetched, model_dir
     from rlvr_lightning.rewards.base import RewardCallback
+    from rlvr_lightning.runtime.model_cache import is_fetched, model_dir
 
     if not is_fetched("smollm2-135m-instruct"):
         raise SystemExit("SmolLM2 is not fetched: run `rlvr-models fetch smollm2-135m-instruct` first")

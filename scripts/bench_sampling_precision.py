@@ -69,10 +69,10 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
 
     from rlvr_lightning.core.importance_sampling import mismatch_stats
+    from rlvr_lightning.generation.loop import KVCacheGeneration
     from rlvr_lightning.policies.base import SamplingConfig
-    from rlvr_lightning.policies.generation import KVCacheGeneration
     from rlvr_lightning.policies.hf import HFPolicy
-    from rlvr_lightning.timing import clock
+    from rlvr_lightning.runtime.timing import clock
 
     model_dir = Path(args.model_dir) if args.model_dir else bench_step_cases.smollm2_dir()
     if (model_dir / "model.safetensors").exists():

@@ -31,7 +31,7 @@ each update, the engine with `dtype: bfloat16`), `--trl-bf16` runs TRL with `GRP
 around its generation and update). `peak_MB` is each leg process's peak resident memory (ru_maxrss).
 
 Legs: `ours` (our KV-cache loop, in a process set up as `rlvr` sets up its own: freed memory returned to the
-OS, `process_memory.py`), `heap` (ours with glibc's default allocator settings), `plain` (ours with
+OS, `runtime/process_memory.py`), `heap` (ours with glibc's default allocator settings), `plain` (ours with
 `lean_activations: false`: transformers' own RMSNorm and SwiGLU forwards, which keep more activations for the
 backward), `vllm` (the same module with `VLLMGeneration`, an engine in the leg's process, weights pushed after
 every update; needs vLLM: scripts/vllm_cpu_env.sh), `trl`. Run the
@@ -71,7 +71,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
 
-from rlvr_lightning.core.policy_losses import PPOClip  # noqa: E402
+from rlvr_lightning.core.losses.policy_losses import PPOClip  # noqa: E402
 from rlvr_lightning.modules.options import AggregationConfig, KLConfig, UpdateConfig  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -108,9 +108,9 @@ def run_ours(
     from rlvr_lightning.advantages import GroupNormalizedAdvantage
     from rlvr_lightning.data.datamodule import RLVRDataModule
     from rlvr_lightning.data.inline_task import InlineTask
+    from rlvr_lightning.generation.loop import KVCacheGeneration
     from rlvr_lightning.modules.rlvr import RLVRModule
     from rlvr_lightning.policies.base import SamplingConfig
-    from rlvr_lightning.policies.generation import KVCacheGeneration
     from rlvr_lightning.policies.hf import HFPolicy
     from rlvr_lightning.rewards.base import RewardCallback
 
@@ -249,7 +249,7 @@ def worker(args) -> int:
         precision = {"sampling_dtype": args.sampling_dtype, "device": args.device}
         lean = args.worker != "plain"
         if args.worker != "heap":
-            from rlvr_lightning.process_memory import return_freed_memory_to_the_os
+            from rlvr_lightning.runtime.process_memory import return_freed_memory_to_the_os
 
             return_freed_memory_to_the_os()
         timer = run_ours(model_dir, case, args.steps, args.seed, engine=engine, lean_activations=lean, **precision)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from rlvr_lightning.timing import clock  # waits for the device's queued work before reading the time
+from rlvr_lightning.runtime.timing import clock  # waits for the device's queued work before reading the time
 
 # tiny_lm: the test suite's tiny model + tokenizer builder
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "policies"))
@@ -143,7 +143,7 @@ def make_tiny_model(directory: Path, seed: int = 0) -> Path:
 
 
 def smollm2_dir() -> Path:
-    from rlvr_lightning.policies.model_cache import is_fetched, model_dir
+    from rlvr_lightning.runtime.model_cache import is_fetched, model_dir
 
     if not is_fetched("smollm2-135m-instruct"):
         raise SystemExit("SmolLM2 is not fetched: run `rlvr-models fetch smollm2-135m-instruct` first")

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 from bench_step_cases import LR, StepTimer, digit_reward
 
-from rlvr_lightning.timing import clock  # waits for the device's queued work before reading the time
+from rlvr_lightning.runtime.timing import clock  # waits for the device's queued work before reading the time
 
 
 def run_trl(

@@ -37,8 +37,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from rlvr_lightning.verifiers.answers import extract_gsm8k  # noqa: E402
-from rlvr_lightning.verifiers.math_equivalence import MathVerifier  # noqa: E402
+from rlvr_lightning.grading.answers import extract_gsm8k  # noqa: E402
+from rlvr_lightning.grading.math_equivalence import MathVerifier  # noqa: E402
 
 
 def perturb(gold: str) -> str:

@@ -17,7 +17,7 @@ the checkpoints, last.ckpt and final.ckpt, in RUN_DIR/csv/checkpoints/.)
 answer extraction and format check are the recipe's), optionally loads the policy weights of a
 Lightning checkpoint (a recipe whose policy starts from an earlier stage's checkpoint is evaluated
 untrained without `--ckpt`: pass that stage's checkpoint to evaluate it), and calls `HFPolicy.sample`
-directly on the task's validation examples. It reports `rlvr_lightning.evaluation.ValidationMetrics`
+directly on the task's validation examples. It reports `rlvr_lightning.evaluation.metrics.ValidationMetrics`
 (accuracy from the first `kind: task` reward, format rate from the first `kind: format` reward, pass@k
 and majority vote when `--samples` > 1, mean response length) for each decoding mode, plus wall time,
 as JSON.
@@ -89,7 +89,7 @@ def build(config_path: str, ckpt: str | None, no_tools: bool = False):
 
 def evaluate(policy, examples, rewards, sampling, samples: int, batch_size: int) -> dict[str, float]:
     from rlvr_lightning.data.task import collate_examples
-    from rlvr_lightning.evaluation import ValidationMetrics
+    from rlvr_lightning.evaluation.metrics import ValidationMetrics
     from rlvr_lightning.rollout import TokenSource
 
     metrics = ValidationMetrics(group_size=samples)

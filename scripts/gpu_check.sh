@@ -50,7 +50,7 @@ for name in ("lightning", "transformers", "flash_attn", "vllm", "trl"):
 EOF
 
 # SmolLM2 with random weights where only its config and tokenizer are in the cache
-smollm2_dir="$("$python" -m rlvr_lightning.policies.model_cache path smollm2-135m-instruct 2>/dev/null)"
+smollm2_dir="$("$python" -m rlvr_lightning.runtime.model_cache path smollm2-135m-instruct 2>/dev/null)"
 if [ -n "$smollm2_dir" ] && [ -f "$smollm2_dir/config.json" ] && ! ls "$smollm2_dir"/*.safetensors >/dev/null 2>&1; then
     random_cache="$out/random_cache"
     "$python" - "$smollm2_dir" "$random_cache/models/smollm2-135m-instruct" <<'EOF'
@@ -97,7 +97,7 @@ fit_recipe() {  # name, steps, overlays... : the GSM8K recipe with a CSV logger 
     shift 2
     local overlays=()
     for overlay in "$@"; do overlays+=(--config "configs/gpu/$overlay.yaml"); done
-    "$python" -m rlvr_lightning.cli fit --config configs/gsm8k_qwen2.5_math_1.5b.yaml "${overlays[@]}" \
+    "$python" -m rlvr_lightning.cli.main fit --config configs/gsm8k_qwen2.5_math_1.5b.yaml "${overlays[@]}" \
         --run_name "gpu_check_$name" --trainer.default_root_dir "$out/$name" \
         --trainer.logger "{class_path: lightning.pytorch.loggers.CSVLogger, init_args: {save_dir: $out/$name}}" \
         --trainer.limit_train_batches "$n" --trainer.limit_val_batches 0 \

@@ -17,7 +17,7 @@ read from the run's CSV/JSON output and checked against its band; a table (figur
 value, band, PASS/FAIL) is printed, and the exit status is 1 when anything failed.
 
 For each figure `--figures_dir/FIGURE.json` (default docs/figures/) records the values per seed, mean,
-std, band, commands, date and the environment the runs had (rlvr_lightning.run_environment);
+std, band, commands, date and the environment the runs had (rlvr_lightning.runtime.run_environment);
 `--plot` adds `FIGURE.png`, the figure's curves over seeds (mean and ± 1 std band, each seed thin)
 against rollout steps and against minutes of training steps (the sum of `time/step_s`).
 `--no_run` checks, records and plots the runs already in `--workdir`.
@@ -108,7 +108,7 @@ def child_environment(repo: Path) -> dict[str, str]:
 def runs_environment(repo: Path) -> dict:
     """`environment_record()` as the runs see it: computed in a child process with their variables (threads)."""
     script = (
-        "import json, sys; from rlvr_lightning.run_environment import environment_record; "
+        "import json, sys; from rlvr_lightning.runtime.run_environment import environment_record; "
         "print(json.dumps(environment_record(sys.argv[1])))"
     )
     done = subprocess.run(

@@ -64,7 +64,7 @@ def main() -> None:
 
     from rlvr_lightning.policies.base import SamplingConfig
     from rlvr_lightning.policies.hf import HFPolicy
-    from rlvr_lightning.timing import clock
+    from rlvr_lightning.runtime.timing import clock
 
     generation = None
     if args.engine == "vllm":

@@ -47,8 +47,8 @@ def arithmetic_task():
 
 def is_correct(text: str, gold: str) -> bool:
     """The recipe's accuracy: the last boxed answer is a plain number equal to the gold one."""
+    from rlvr_lightning.grading.answers import extract_answer, normalize_answer
     from rlvr_lightning.rewards.math import is_plain_number
-    from rlvr_lightning.verifiers.answers import extract_answer, normalize_answer
 
     answer = extract_answer(text, ["boxed"])
     if not is_plain_number(answer):
@@ -172,7 +172,7 @@ def run_ours(args) -> None:
     config["seed_everything"] = args.seed
     path = args.out / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
-    from rlvr_lightning.cli import main
+    from rlvr_lightning.cli.main import main
 
     final = args.out / name / "checkpoints" / "final.ckpt"
     if args.continue_run:  # the final checkpoint ends epoch 0: the remaining steps are a second epoch
@@ -196,9 +196,9 @@ def run_trl(args) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from rlvr_lightning.policies.model_cache import resolve_model_path
+    from rlvr_lightning.grading.answers import extract_answer, extract_boxed
     from rlvr_lightning.rewards.math import MathAccuracyReward, is_plain_number
-    from rlvr_lightning.verifiers.answers import extract_answer, extract_boxed
+    from rlvr_lightning.runtime.model_cache import resolve_model_path
 
     torch.manual_seed(args.seed)
     model_args = recipe()["model"]["init_args"]

@@ -17,8 +17,8 @@ import pytest
 import torch
 from lightning.pytorch import Callback
 
-from rlvr_lightning.checkpoint_files import AtomicCheckpointIO, CheckpointWriteError
-from rlvr_lightning.cli import entry_point
+from rlvr_lightning.cli.main import entry_point
+from rlvr_lightning.runtime.checkpoint_files import AtomicCheckpointIO, CheckpointWriteError
 from tests.test_run_checkpoints import TINY, steps_in
 
 PAYLOAD = 1_000_000  # floats: a 4 MB checkpoint

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rlvr_lightning.cli import entry_point
+from rlvr_lightning.cli.main import entry_point
 
 from .cli_runs import QUIET, SORT, run
 
@@ -102,7 +102,7 @@ def test_a_misspelled_option_of_a_loss_class(in_tmp_dir, capsys):
     bad = write(
         in_tmp_dir / "bad.yaml",
         (
-            "model:\n  init_args:\n    loss:\n      class_path: rlvr_lightning.core.policy_losses.PPOClip\n"
+            "model:\n  init_args:\n    loss:\n      class_path: rlvr_lightning.core.losses.policy_losses.PPOClip\n"
             "      init_args: {clip_hi: 0.3}\n"
         ),
     )
@@ -174,7 +174,9 @@ def test_help_says_how_to_list_the_module_and_data_options(capsys):
 
 
 def test_the_console_script_exits_2_with_the_short_message(in_tmp_dir):
-    script = "import sys; from rlvr_lightning.cli import entry_point; sys.argv[0] = 'rlvr'; sys.exit(entry_point())"
+    script = (
+        "import sys; from rlvr_lightning.cli.main import entry_point; sys.argv[0] = 'rlvr'; sys.exit(entry_point())"
+    )
     done = subprocess.run(
         [sys.executable, "-c", script, "fit", "--config", SORT, "--model.init_args.entropy_coeff=0.3"],
         capture_output=True,

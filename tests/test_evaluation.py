@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from rlvr_lightning.evaluation import MajorityVoteAccuracy, PassAtK, ValidationMetrics, majority_vote
+from rlvr_lightning.evaluation.metrics import MajorityVoteAccuracy, PassAtK, ValidationMetrics, majority_vote
 from rlvr_lightning.modules import RLVRModule
 from rlvr_lightning.modules.options import ValidationConfig
 from rlvr_lightning.rewards.format import BoxedFormatReward

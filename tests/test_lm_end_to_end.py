@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).parent / "policies"))
 
 from tiny_lm import build_tiny_tokenizer, tiny_llama_config  # noqa: E402
 
-from rlvr_lightning.cli import main  # noqa: E402
+from rlvr_lightning.cli.main import main  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -230,7 +230,7 @@ SMOLLM2 = "smollm2-135m-instruct"
 
 
 def _smollm2_fetched() -> bool:
-    from rlvr_lightning.policies.model_cache import is_fetched
+    from rlvr_lightning.runtime.model_cache import is_fetched
 
     return is_fetched(SMOLLM2)
 

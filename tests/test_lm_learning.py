@@ -22,13 +22,13 @@ sys.path.insert(0, str(Path(__file__).parent / "policies"))
 
 from learning_task import fit, fit_config, greedy_accuracy, mean, save_word_tokenizer  # noqa: E402
 
-from rlvr_lightning.core.policy_losses import PPOClip  # noqa: E402
+from rlvr_lightning.core.losses.policy_losses import PPOClip  # noqa: E402
 from rlvr_lightning.policies import hf_scoring  # noqa: E402
 
 START, END = 1, 5
 # our loop sampling from a bf16 copy of the fp32 weights
 BF16_SAMPLING = {
-    "class_path": "rlvr_lightning.policies.generation.KVCacheGeneration",
+    "class_path": "rlvr_lightning.generation.loop.KVCacheGeneration",
     "init_args": {"dtype": "bfloat16"},
 }  # steps averaged at the start (the untrained model's samples) and at the end of a run
 

@@ -21,7 +21,7 @@ from rlvr_lightning.rollout import TokenSource  # noqa: E402
 
 EXAMPLES = [{"prompt": "What is 2+3?", "answer": "5"}, {"prompt": "Say ab. What is 2+3?", "answer": "5"}]
 TOOLS = {
-    "class_path": "rlvr_lightning.policies.tool_use.ToolUse",
+    "class_path": "rlvr_lightning.multiturn.tool_use.ToolUse",
     "init_args": {
         "tools": [{"class_path": "rlvr_lightning.tools.Calculator"}],
         "max_turns": 3,
@@ -94,7 +94,7 @@ def test_rlvr_fit_with_a_calculator_from_yaml(tmp_path, monkeypatch):
     }
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
-    from rlvr_lightning.cli import main
+    from rlvr_lightning.cli.main import main
 
     cli = main(["fit", "--config", str(path)])
     assert cli.model.policy.segment_rules[0].max_turns == 3
@@ -113,8 +113,8 @@ def final_parameters(tokenizer_dir, micro_batch_size):
     from rlvr_lightning.data import RLVRDataModule
     from rlvr_lightning.data.inline_task import InlineTask
     from rlvr_lightning.modules import RLVRModule
+    from rlvr_lightning.multiturn.tool_use import ToolUse
     from rlvr_lightning.policies.base import SamplingConfig
-    from rlvr_lightning.policies.tool_use import ToolUse
     from rlvr_lightning.rewards.text import ContainsReward
     from rlvr_lightning.tools import Calculator
 

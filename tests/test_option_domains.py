@@ -8,10 +8,10 @@ import pytest
 from rlvr_lightning.data import RLVRDataModule, SortTask
 from rlvr_lightning.modules import RLVRModule
 from rlvr_lightning.modules.options import UpdateConfig
-from rlvr_lightning.option_domains import OptionValueError, Range, check_range
 from rlvr_lightning.policies import SamplingConfig, hf_loading
 from rlvr_lightning.policies.memory_estimate import ModelTooLargeError
 from rlvr_lightning.policies.toy_sort import ToySortPolicy
+from rlvr_lightning.runtime.option_domains import OptionValueError, Range, check_range
 
 from .cli_runs import QUIET, SORT, TINY_LM, run
 

@@ -11,7 +11,7 @@ import pytest
 
 SCRIPT = """
 import ctypes, sys, torch
-from rlvr_lightning.process_memory import return_freed_memory_to_the_os
+from rlvr_lightning.runtime.process_memory import return_freed_memory_to_the_os
 
 class MallInfo2(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in

@@ -9,8 +9,8 @@ import torch
 import yaml
 
 from rlvr_lightning import advantages
-from rlvr_lightning.cli import main
-from rlvr_lightning.core.policy_losses import POLICY_LOSSES
+from rlvr_lightning.cli.main import main
+from rlvr_lightning.core.losses.policy_losses import POLICY_LOSSES
 from rlvr_lightning.policies.sort_teacher import SortTeacher
 
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "configs" / "recipes"

@@ -1,4 +1,4 @@
-"""rlvr_lightning.run_environment: the record's keys and types, with and without git; `rlvr fit` writes it."""
+"""rlvr_lightning.runtime.run_environment: the record's keys and types, with and without git; `rlvr fit` writes it."""
 
 import json
 import subprocess
@@ -6,9 +6,9 @@ from pathlib import Path
 
 import torch
 
-from rlvr_lightning import run_environment
-from rlvr_lightning.cli import main
-from rlvr_lightning.run_environment import environment_record
+from rlvr_lightning.cli.main import main
+from rlvr_lightning.runtime import run_environment
+from rlvr_lightning.runtime.run_environment import environment_record
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from rlvr_lightning import serve
-from rlvr_lightning.cli import entry_point
+from rlvr_lightning.cli.main import entry_point
+from rlvr_lightning.serving import serve
 
 
 def test_rlvr_serve_execs_vllms_server_with_the_worker_extension(tmp_path, monkeypatch):
@@ -25,7 +25,7 @@ def test_rlvr_serve_execs_vllms_server_with_the_worker_extension(tmp_path, monke
     ]
     joined = " ".join(argv)
     assert f"--model {tmp_path} --host 127.0.0.1 --port 8011 --dtype float32" in joined
-    assert "--worker-extension-cls rlvr_lightning.policies.server_worker.WeightReceiver" in joined
+    assert "--worker-extension-cls rlvr_lightning.serving.server_worker.WeightReceiver" in joined
     assert "--logprobs-mode processed_logprobs --generation-config vllm --load-format dummy" in joined
     assert argv[-2:] == ["--max-model-len", "512"]  # after `--`: passed to vLLM as they are
     assert env["VLLM_SERVER_DEV_MODE"] == "1"  # the /collective_rpc endpoint the weight pushes use

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import torch
 
-from rlvr_lightning import timing
+from rlvr_lightning.generation import loop as generation
 from rlvr_lightning.modules import rlvr as rlvr_module
-from rlvr_lightning.policies import generation
-from rlvr_lightning.timing import clock, elapsed_seconds
+from rlvr_lightning.runtime import timing
+from rlvr_lightning.runtime.timing import clock, elapsed_seconds
 
 sys.path.insert(0, str(Path(__file__).parent / "policies"))
 from tiny_lm import tiny_llama_config  # noqa: E402

@@ -17,7 +17,7 @@ import lightning.pytorch as pl
 import torch
 
 from rlvr_lightning.core.kl import KLEstimator
-from rlvr_lightning.core.policy_losses import PolicyLoss, PolicyLossOutput
+from rlvr_lightning.core.losses.policy_losses import PolicyLoss, PolicyLossOutput
 
 
 def _count(path, key):
@@ -125,7 +125,7 @@ def test_rlvr_fit_trains_with_a_loss_and_a_kl_estimator_from_a_users_file(tmp_pa
         [
             sys.executable,
             "-m",
-            "rlvr_lightning.cli",
+            "rlvr_lightning.cli.main",
             "fit",
             "--config",
             str(config),

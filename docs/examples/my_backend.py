@@ -4,9 +4,9 @@ import time
 
 import torch
 
+from rlvr_lightning.generation.loop import GenerationOutput, left_pad
 from rlvr_lightning.policies import GenerationBackend
 from rlvr_lightning.policies.base import compute_device
-from rlvr_lightning.policies.generation import GenerationOutput, left_pad
 
 
 class TransformersGenerate(GenerationBackend):

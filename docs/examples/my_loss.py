@@ -2,7 +2,7 @@
 
 import torch
 
-from rlvr_lightning.core.policy_losses import PolicyLoss, PolicyLossOutput
+from rlvr_lightning.core.losses.policy_losses import PolicyLoss, PolicyLossOutput
 
 
 class ClippedPG(PolicyLoss):

@@ -4,7 +4,7 @@
   in each checkpoint and restores them right before the first training batch after a resume;
   keeps what runs between training steps (validation, curriculum refreshes, dataloader seed
   draws) from consuming the training RNG streams; installs `AtomicCheckpointIO`
-  (`rlvr_lightning.checkpoint_files`) when the strategy uses Lightning's default `TorchCheckpointIO`;
+  (`rlvr_lightning.runtime.checkpoint_files`) when the strategy uses Lightning's default `TorchCheckpointIO`;
   before training, checks that every checkpoint directory can be written;
   under DDP gives each rank > 0 its own sampling seed. `rlvr` adds one to the trainer.
 - `RolloutCheckpoint`: `ModelCheckpoint` counting rollout steps (training batches) instead of
@@ -27,7 +27,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
 
-from rlvr_lightning.checkpoint_files import (
+from rlvr_lightning.runtime.checkpoint_files import (
     AtomicCheckpointIO,
     CheckpointReadError,
     check_writable_directory,

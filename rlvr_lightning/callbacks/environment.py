@@ -15,7 +15,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
-from rlvr_lightning.run_environment import environment_record
+from rlvr_lightning.runtime.run_environment import environment_record
 
 FILENAME = "environment.json"
 

@@ -26,7 +26,7 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info
 
-from rlvr_lightning import stage_reports
+from rlvr_lightning.runtime import stage_reports
 
 SIGNALS = ("SIGINT", "SIGTERM")
 

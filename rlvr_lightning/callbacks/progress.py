@@ -7,7 +7,7 @@
 - `ProgressLines`: for runs without a bar (logs, batch jobs): a console line every `every_s`
   seconds while a step runs, saying what it is doing.
 
-Both listen to `rlvr_lightning.stage_reports` (stages reported by the module, tokens by the generation loop).
+Both listen to `rlvr_lightning.runtime.stage_reports` (stages reported by the module, tokens by the generation loop).
 """
 
 from __future__ import annotations
@@ -22,15 +22,15 @@ from lightning.pytorch.utilities import rank_zero_only
 from rich.progress import ProgressColumn
 from rich.text import Text
 
-from rlvr_lightning import stage_reports
-from rlvr_lightning.option_domains import NON_NEGATIVE, check_ranges
+from rlvr_lightning.runtime import stage_reports
+from rlvr_lightning.runtime.option_domains import NON_NEGATIVE, check_ranges
 
 METRICS_MAX_AGE_S = 1.0  # slow steps update the metrics column after every batch
 LOG_NAMES = ("lightning", "lightning.pytorch", "lightning.fabric", "")  # loggers Lightning prints through
 
 
 class StepStatus:
-    """The stage and token count of the step in progress, as reported through `rlvr_lightning.stage_reports`."""
+    """The stage and token count of the step in progress, as reported through `rlvr_lightning.runtime.stage_reports`."""
 
     def __init__(self) -> None:
         self.clear()

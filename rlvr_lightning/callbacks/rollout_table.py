@@ -24,8 +24,8 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch import Callback
 
-from rlvr_lightning.option_domains import NON_NEGATIVE_INT, POSITIVE_INT, check_ranges
 from rlvr_lightning.rollout import Rollout
+from rlvr_lightning.runtime.option_domains import NON_NEGATIVE_INT, POSITIVE_INT, check_ranges
 
 
 def _shorten(text: str | None, max_chars: int) -> str:

@@ -24,7 +24,7 @@ from torch.utils.data import Dataset, IterableDataset, get_worker_info
 from rlvr_lightning.data.sort_task import ListDataset
 from rlvr_lightning.data.task import Example, Task
 from rlvr_lightning.data.templates import apply_template, resolve_template
-from rlvr_lightning.option_domains import NON_NEGATIVE_INT, POSITIVE_INT, Range, check_ranges
+from rlvr_lightning.runtime.option_domains import NON_NEGATIVE_INT, POSITIVE_INT, Range, check_ranges
 
 OPERATORS = ("+", "-", "*", "/")
 MAX_DRAWS = 100_000

@@ -10,7 +10,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from rlvr_lightning.data.difficulty_filter import DifficultyFilter
-from rlvr_lightning.distributed import log_to_loggers, reduce_across_ranks
+from rlvr_lightning.runtime.distributed import log_to_loggers, reduce_across_ranks
 
 
 def publish_refresh(trainer: pl.Trainer, flt: DifficultyFilter, stats: dict[str, float]) -> None:

@@ -43,7 +43,7 @@ from rlvr_lightning.data.prompt_streams import (
     example_source,
 )
 from rlvr_lightning.data.task import Example, Task, collate_examples
-from rlvr_lightning.option_domains import NON_NEGATIVE_INT, POSITIVE_INT, Range, check_ranges
+from rlvr_lightning.runtime.option_domains import NON_NEGATIVE_INT, POSITIVE_INT, Range, check_ranges
 
 log = logging.getLogger(__name__)
 

@@ -29,9 +29,9 @@ import torch
 from torch import Tensor
 
 from rlvr_lightning.data.task import Example, collate_examples
-from rlvr_lightning.distributed import all_gather
-from rlvr_lightning.option_domains import POSITIVE_INT, PROBABILITY, Range, check_ranges
 from rlvr_lightning.parallel.fsdp import gathered_params
+from rlvr_lightning.runtime.distributed import all_gather
+from rlvr_lightning.runtime.option_domains import POSITIVE_INT, PROBABILITY, Range, check_ranges
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from rlvr_lightning.data.jsonl_task import FORMATS, RecordError, record_to_examp
 from rlvr_lightning.data.sort_task import ListDataset
 from rlvr_lightning.data.task import Example, Task
 from rlvr_lightning.data.templates import resolve_template
-from rlvr_lightning.option_domains import Range, check_ranges
+from rlvr_lightning.runtime.option_domains import Range, check_ranges
 
 
 def examples_from_dataset(

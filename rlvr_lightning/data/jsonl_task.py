@@ -33,12 +33,12 @@ from typing import Any
 
 from torch.utils.data import Dataset
 
-from rlvr_lightning.config_locations import check_input_file
 from rlvr_lightning.data.sort_task import ListDataset
 from rlvr_lightning.data.task import Example, Task
 from rlvr_lightning.data.templates import apply_template, resolve_template
-from rlvr_lightning.option_domains import Range, check_ranges
-from rlvr_lightning.verifiers.answers import extract_boxed, extract_gsm8k
+from rlvr_lightning.grading.answers import extract_boxed, extract_gsm8k
+from rlvr_lightning.runtime.config_locations import check_input_file
+from rlvr_lightning.runtime.option_domains import Range, check_ranges
 
 FORMATS = ("auto", "gsm8k", "math", "fields")
 MAX_LINE_BYTES = 16 * 2**20  # a longer line is rejected before it is parsed

@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from rlvr_lightning.optional_dependencies import require
+from rlvr_lightning.runtime.optional_dependencies import require
 
 RANGE_MODES = ("inclusive", "upper_bound", "last_k")
 

@@ -39,7 +39,7 @@ from torch.utils.data import Dataset, IterableDataset
 from rlvr_lightning.data.reasoning_gym_curriculum import CurriculumRule, DatasetLevels
 from rlvr_lightning.data.task import Example, ListDataset, Task
 from rlvr_lightning.data.templates import apply_template, resolve_template
-from rlvr_lightning.optional_dependencies import require
+from rlvr_lightning.runtime.optional_dependencies import require
 
 SPEC_KEYS = ("name", "weight", "size", "seed", "config", "levels")
 MAX_DRAWS = 1000

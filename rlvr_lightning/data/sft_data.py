@@ -28,9 +28,9 @@ from typing import Any
 import lightning.pytorch as pl
 from torch.utils.data import DataLoader
 
-from rlvr_lightning.config_locations import check_input_file
 from rlvr_lightning.data.task import ListDataset, Task, collate_examples
-from rlvr_lightning.option_domains import NON_NEGATIVE_INT, POSITIVE_INT, Range, check_ranges
+from rlvr_lightning.runtime.config_locations import check_input_file
+from rlvr_lightning.runtime.option_domains import NON_NEGATIVE_INT, POSITIVE_INT, Range, check_ranges
 
 Example = dict[str, Any]
 

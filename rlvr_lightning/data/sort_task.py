@@ -16,7 +16,7 @@ from torch import Tensor
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from rlvr_lightning.data.task import Example, ListDataset, Task
-from rlvr_lightning.option_domains import NON_NEGATIVE_INT, POSITIVE_INT, Range, check_ranges
+from rlvr_lightning.runtime.option_domains import NON_NEGATIVE_INT, POSITIVE_INT, Range, check_ranges
 
 
 class SortTask(Task):

@@ -4,7 +4,7 @@
       class_path: rlvr_lightning.data.verifiers_task.VerifiersTask
       init_args: {environment: my_env_package, env_args: {difficulty: easy}, num_val: 50}
 
-The environment (`rlvr_lightning.vf_environments.load_environment`) formats its dataset as verifiers does (its
+The environment (`rlvr_lightning.runtime.vf_environments.load_environment`) formats its dataset as verifiers does (its
 system prompt, few-shot examples): each row's `prompt` is a list of chat messages, which `HFPolicy` renders
 with its chat template (`prompt_template: chat`). An example is ``{"prompt": <messages>, "answer": ...,
 "vf_input": <the row>}``; `VerifiersRubricReward` scores with the environment's rubric and `VerifiersTurns`
@@ -19,7 +19,7 @@ from typing import Any
 from torch.utils.data import Dataset
 
 from rlvr_lightning.data.task import Example, ListDataset, Task
-from rlvr_lightning.vf_environments import load_environment, plain_row
+from rlvr_lightning.runtime.vf_environments import load_environment, plain_row
 
 
 class VerifiersTask(Task):

@@ -86,10 +86,10 @@ from typing import Any
 
 import torch
 
-from rlvr_lightning import stage_reports
 from rlvr_lightning.policies.base import Policy, PromptBatch, SamplingConfig
 from rlvr_lightning.rollout import Rollout
-from rlvr_lightning.timing import elapsed_seconds
+from rlvr_lightning.runtime import stage_reports
+from rlvr_lightning.runtime.timing import elapsed_seconds
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@
         distillation: {coef: 1.0, rl_coef: 0.0}
 
 The per-token loss becomes ``rl_coef * policy_loss(advantages) + coef * distillation_loss`` (the sampled
-reverse KL to the teacher as a per-token advantage, `core/distillation.py`), before the rollout
+reverse KL to the teacher as a per-token advantage, `core/losses/distillation.py`), before the rollout
 importance weights, the KL penalty and the entropy bonus; ``rl_coef: 0`` distils alone (the rewards are
 still computed and logged, and validation accuracy still reads them). The teacher scores at the sampling
 temperature, as the student's log-probs are computed.

@@ -14,9 +14,9 @@ from typing import Any, ClassVar
 from rlvr_lightning.core.aggregation import AGGREGATION_MODES
 from rlvr_lightning.core.importance_sampling import ROLLOUT_IS_MODES
 from rlvr_lightning.core.kl import KLEstimator, kl_estimator
-from rlvr_lightning.core.policy_losses import PolicyLoss
+from rlvr_lightning.core.losses.policy_losses import PolicyLoss
 from rlvr_lightning.modules.value_model import VALUE_MODELS
-from rlvr_lightning.option_domains import (
+from rlvr_lightning.runtime.option_domains import (
     NON_NEGATIVE,
     NON_NEGATIVE_INT,
     POSITIVE_INT,
@@ -231,7 +231,7 @@ class ValidationConfig:
 
 @dataclass(frozen=True)
 class ValueConfig:
-    """PPOModule's value model and its loss (`core/value_loss.py`).
+    """PPOModule's value model and its loss (`core/losses/value_loss.py`).
 
     Args:
         model: separate (a critic model of its own: `critic`, else a trainable copy of the policy, as verl

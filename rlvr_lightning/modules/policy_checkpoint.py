@@ -35,7 +35,7 @@ def policy_from_checkpoint(
     """
     path = Path(checkpoint_path)
     if path.is_dir():  # a sharded (FSDP2) run's checkpoint
-        from rlvr_lightning.checkpoint_files import read_sharded_weights
+        from rlvr_lightning.runtime.checkpoint_files import read_sharded_weights
 
         state = read_sharded_weights(path, {f"policy.{k}": v for k, v in policy.state_dict().items()})
         policy.load_state_dict({k.removeprefix("policy."): v for k, v in state.items()}, strict=strict)

@@ -23,7 +23,7 @@ import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 
-from rlvr_lightning.evaluation import ValidationMetrics
+from rlvr_lightning.evaluation.metrics import ValidationMetrics
 from rlvr_lightning.modules import scoring
 from rlvr_lightning.modules.attention_kernels import restore_cudnn_attention, turn_off_cudnn_attention
 from rlvr_lightning.modules.options import ValidationConfig

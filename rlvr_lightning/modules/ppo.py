@@ -8,8 +8,8 @@
        from every token's reward (Ouyang et al. 2022 eq. 2; verl apply_kl_penalty)
     3. advantages, returns = GAE(token rewards, V_old; gae.gamma, gae.lam)                    core/gae.py
        advantages whitened over the batch's response tokens (gae.whiten)
-    4. update.epochs x mini- x micro-batches (`ValueUpdate`, modules/value_update.py):
-           loss = RLVRModule's policy loss + value.coef * value loss (clipped around V_old) core/value_loss.py
+    4. update.epochs x mini- x micro-batches (`ValueUpdate`, modules/update/value_update.py):
+           loss = RLVRModule's policy loss + value.coef * value loss (clipped around V_old) core/losses/value_loss.py
        one optimizer with two parameter groups: the policy (the optimizer's lr) and the critic (value.lr);
        each group's gradient norm is clipped to update.max_grad_norm on its own (as verl clips actor and critic)
 
@@ -32,12 +32,12 @@ from torch import Tensor
 
 from rlvr_lightning.advantages import AdvantageCallback
 from rlvr_lightning.core.gae import gae_advantages, outcome_token_rewards
+from rlvr_lightning.core.losses.value_loss import explained_variance
 from rlvr_lightning.core.masked import masked_mean, masked_normalize, masked_sum
-from rlvr_lightning.core.value_loss import explained_variance
 from rlvr_lightning.modules.options import GAEConfig, ValueConfig
 from rlvr_lightning.modules.rlvr import RLVRModule
+from rlvr_lightning.modules.update.value_update import ValueUpdate
 from rlvr_lightning.modules.value_model import ValueHead, check_hidden_states, trainable_copy
-from rlvr_lightning.modules.value_update import ValueUpdate
 from rlvr_lightning.parallel.fsdp import data_parallel_mesh, shard_policy, shard_unit, sharding_options
 from rlvr_lightning.policies.base import Policy
 from rlvr_lightning.rollout import Rollout

@@ -15,7 +15,7 @@ distillation loss (`modules/distillation.py`).
 
 Lightning's `global_step` counts optimizer updates (update.epochs x mini-batches per rollout
 step); logged metrics are indexed by rollout step. Steps 4 and 5 are the module's `PolicyUpdate`
-(`modules/policy_update.py`).
+(`modules/update/policy_update.py`).
 With `rollout_staleness=1`, step 1 takes the rollout sampled during the previous step's update
 and the next one is sampled in a background thread meanwhile (`modules/async_rollouts.py`); with K >= 2 the
 rollouts wait in a queue and each is trained on K updates after the weights it was sampled with.
@@ -31,8 +31,8 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 
 from rlvr_lightning.advantages import AdvantageCallback, GroupNormalizedAdvantage
+from rlvr_lightning.core.losses.policy_losses import PolicyLoss, policy_loss
 from rlvr_lightning.core.masked import masked_mean, masked_sum
-from rlvr_lightning.core.policy_losses import PolicyLoss, policy_loss
 from rlvr_lightning.modules.async_rollouts import AsyncRollouts
 from rlvr_lightning.modules.bias_metrics import bias_metrics
 from rlvr_lightning.modules.distillation import DistillationConfig, Teacher, check_distillation
@@ -48,15 +48,15 @@ from rlvr_lightning.modules.options import (
     plain_hyperparameters,
 )
 from rlvr_lightning.modules.policy_module import PolicyModule
-from rlvr_lightning.modules.policy_update import PolicyUpdate
 from rlvr_lightning.modules.scoring import reward_metrics
 from rlvr_lightning.modules.step_metrics import publish_step_metrics
-from rlvr_lightning.option_domains import NON_NEGATIVE, POSITIVE_INT, check_ranges
+from rlvr_lightning.modules.update.policy_update import PolicyUpdate
 from rlvr_lightning.parallel.fsdp import gathered_params
 from rlvr_lightning.policies.base import Policy, PromptBatch, SamplingConfig
 from rlvr_lightning.rollout import Rollout
-from rlvr_lightning.stage_reports import report_stage
-from rlvr_lightning.timing import clock
+from rlvr_lightning.runtime.option_domains import NON_NEGATIVE, POSITIVE_INT, check_ranges
+from rlvr_lightning.runtime.stage_reports import report_stage
+from rlvr_lightning.runtime.timing import clock
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ class RLVRModule(PolicyModule):
             sampling: how responses are sampled (temperature, max_new_tokens, ...); log-probs use its temperature.
             loss: the per-token policy loss: pg | ratio | ppo_clip | gspo | cispo | sapo | luspo | vespo (the
                 built-in with its defaults), or a PolicyLoss by class_path and init_args (e.g.
-                rlvr_lightning.core.policy_losses.PPOClip).
+                rlvr_lightning.core.losses.policy_losses.PPOClip).
             aggregation: how token losses become the back-propagated scalar (mode, constant, count_empty_rows).
             kl: the KL penalty to a reference (coef, estimator, mode, clamp, refresh_every, mixup_alpha).
             entropy_coef: weight of the entropy bonus subtracted from the per-token loss.

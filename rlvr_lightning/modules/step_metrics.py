@@ -19,7 +19,7 @@ import lightning.pytorch as pl
 import torch
 from torch import Tensor
 
-from rlvr_lightning.distributed import log_to_loggers, reduce_across_ranks
+from rlvr_lightning.runtime.distributed import log_to_loggers, reduce_across_ranks
 
 
 def publish_step_metrics(

@@ -31,8 +31,8 @@ from typing import Any, Literal
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.pytorch.strategies import ModelParallelStrategy, StrategyRegistry
 
-from rlvr_lightning.checkpoint_files import fsync_directory
 from rlvr_lightning.parallel.fsdp import ShardingOptions
+from rlvr_lightning.runtime.checkpoint_files import fsync_directory
 
 DType = Literal["float32", "bfloat16", "float16"]
 

@@ -20,8 +20,8 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from rlvr_lightning.option_domains import NON_NEGATIVE_INT, POSITIVE_INT, Range, check_ranges
 from rlvr_lightning.rollout import Rollout
+from rlvr_lightning.runtime.option_domains import NON_NEGATIVE_INT, POSITIVE_INT, Range, check_ranges
 
 PromptBatch = dict[str, list[Any]]
 

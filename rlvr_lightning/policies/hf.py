@@ -22,9 +22,9 @@ Three seams, one file each:
 * scoring (`hf_scoring.py`): `token_log_probs`, each distinct prompt run once with the responses on
   top of its cache.
 
-Multi-turn responses: `tools` (`policies/tool_use.py`: the policy calls tools mid-response, observations
-are appended) and `thinking_budget` (`policies/thinking_budget.py`: a forced `</think>` after so many
-thinking tokens) generate in segments above the backend (`policies/segmented_generation.py`); inserted
+Multi-turn responses: `tools` (`multiturn/tool_use.py`: the policy calls tools mid-response, observations
+are appended) and `thinking_budget` (`multiturn/thinking_budget.py`: a forced `</think>` after so many
+thinking tokens) generate in segments above the backend (`multiturn/segmented_generation.py`); inserted
 tokens have `response_mask` 0 and are recorded in `rollout.response_source`.
 
 Dropout is switched off (`disable_dropout`, as in TRL) so that sampling and scoring see the same
@@ -51,12 +51,14 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from rlvr_lightning.option_domains import NON_NEGATIVE_INT, Range, check_ranges
+from rlvr_lightning.generation.backend import GenerationBackend
+from rlvr_lightning.generation.loop import KVCacheGeneration, left_pad
+from rlvr_lightning.generation.output import generation_stats
+from rlvr_lightning.multiturn.segmented_generation import decode_responses, generate_segments
+from rlvr_lightning.multiturn.thinking_budget import ThinkingBudget
+from rlvr_lightning.multiturn.tool_use import ToolUse
 from rlvr_lightning.policies import hf_loading, prompt_encoding
 from rlvr_lightning.policies.base import Policy, PromptBatch, SamplingConfig, compute_device
-from rlvr_lightning.policies.generation import KVCacheGeneration, left_pad
-from rlvr_lightning.policies.generation_backend import GenerationBackend
-from rlvr_lightning.policies.generation_output import generation_stats
 from rlvr_lightning.policies.hf_scoring import HFScoring
 from rlvr_lightning.policies.lean_layers import apply_lean_layers
 from rlvr_lightning.policies.lora_reference import (
@@ -65,11 +67,9 @@ from rlvr_lightning.policies.lora_reference import (
     merged_copy,
     scoring_as_reference,
 )
-from rlvr_lightning.policies.model_cache import resolve_model_path
-from rlvr_lightning.policies.segmented_generation import decode_responses, generate_segments
-from rlvr_lightning.policies.thinking_budget import ThinkingBudget
-from rlvr_lightning.policies.tool_use import ToolUse
 from rlvr_lightning.rollout import Rollout
+from rlvr_lightning.runtime.model_cache import resolve_model_path
+from rlvr_lightning.runtime.option_domains import NON_NEGATIVE_INT, Range, check_ranges
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

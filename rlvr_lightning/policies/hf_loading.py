@@ -3,7 +3,7 @@
 Where the model comes from (exactly one of):
 
 * `model_name_or_path`: a local Hugging Face directory, a hub id (from the local HF cache when
-  offline), or an alias from `rlvr_lightning.policies.model_cache` (e.g. `smollm2-135m-instruct`);
+  offline), or an alias from `rlvr_lightning.runtime.model_cache` (e.g. `smollm2-135m-instruct`);
 * `gguf_file`: a GGUF file, de-quantised by transformers (needs the `gguf` package): a path, or a
   file name inside the directory `model_name_or_path`;
 * `config`: random weights from a config (a dict with `model_type`, or a path to a config.json or
@@ -21,7 +21,7 @@ from typing import Any
 from torch import nn
 
 from rlvr_lightning.policies.memory_estimate import check_fits_in_memory, transformer_parameters
-from rlvr_lightning.policies.model_cache import missing_model_message, resolve_model_path
+from rlvr_lightning.runtime.model_cache import missing_model_message, resolve_model_path
 
 _warned_no_pad: set[str] = set()
 

@@ -25,8 +25,8 @@ from rlvr_lightning.core.log_probs import (
     token_log_probs_and_entropy,
     token_log_probs_from_logits,
 )
-from rlvr_lightning.policies.generation import position_ids_from_mask
-from rlvr_lightning.policies.kv_cache import cache_argument, returned_cache
+from rlvr_lightning.generation.kv_cache import cache_argument, returned_cache
+from rlvr_lightning.generation.loop import position_ids_from_mask
 from rlvr_lightning.policies.packing import PackedOutput, layout_and_ids, packed_cost, packed_inputs
 from rlvr_lightning.rollout import Rollout
 

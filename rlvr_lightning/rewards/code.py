@@ -11,7 +11,7 @@ block). The row's ``metadata[tests_key]`` is a list of test cases (or a JSON str
 ``"assert add(2, 3) == 5"``; an APPS-style ``{"inputs": [...], "outputs": [...]}`` dict works too.
 The reward is the fraction of tests passed.
 
-Every test runs in `rlvr_lightning.verifiers.run_python_tests`' sandbox (no network, a filesystem
+Every test runs in `rlvr_lightning.grading.run_python_tests`' sandbox (no network, a filesystem
 of its own holding only the interpreter and its standard library, own pid namespace, rlimits,
 wall-clock kill): a hostile program (infinite loop, fork bomb, memory hog, file reads and writes,
 host sockets, ``os.system``, ctypes, killing its parent) scores 0 and leaves the host as it was.
@@ -38,11 +38,11 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 from torch import Tensor
 
+from rlvr_lightning.grading.sandbox import SandboxUnavailable, extract_python_program, run_python_tests
+from rlvr_lightning.grading.sandbox_limits import SandboxLimits
 from rlvr_lightning.rewards.base import RewardCallback
 from rlvr_lightning.rewards.math import metadata_values, response_texts
 from rlvr_lightning.rollout import Rollout
-from rlvr_lightning.verifiers.sandbox import SandboxUnavailable, extract_python_program, run_python_tests
-from rlvr_lightning.verifiers.sandbox_limits import SandboxLimits
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ class CodeExecutionReward(RewardCallback):
     def __call__(self, rollout: Rollout) -> Tensor:
         # No isolation is a property of the host, not of a row: stop the run whatever on_error says.
         if not self.allow_network_unisolated:
-            from rlvr_lightning.verifiers.sandbox import sandbox_capabilities
+            from rlvr_lightning.grading.sandbox import sandbox_capabilities
 
             caps = sandbox_capabilities()
             if not caps["network_isolated"]:

@@ -24,10 +24,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from rlvr_lightning.grading.answers import extract_boxed
 from rlvr_lightning.rewards.base import RewardCallback
 from rlvr_lightning.rewards.math import response_texts
 from rlvr_lightning.rollout import Rollout
-from rlvr_lightning.verifiers.answers import extract_boxed
 
 THINK_OPEN, THINK_CLOSE, ANSWER_OPEN, ANSWER_CLOSE = "<think>", "</think>", "<answer>", "</answer>"
 

@@ -5,10 +5,10 @@
         - class_path: rlvr_lightning.rewards.math.MathAccuracyReward
           init_args: {answer_key: answer, methods: [boxed], timeout_s: 5.0}
 
-The answer is extracted with `rlvr_lightning.verifiers.extract_answer` (by default the last
+The answer is extracted with `rlvr_lightning.grading.extract_answer` (by default the last
 ``\\boxed{}``, else the last ``<answer>`` tag, ``#### n`` or "the answer is ..."), and compared with
 the row's ``metadata[answer_key]`` by math-verify in killable worker processes
-(`rlvr_lightning.verifiers.MathVerifier`): ``1/2``, ``0.5`` and ``\\frac{1}{2}`` agree. A row whose
+(`rlvr_lightning.grading.MathVerifier`): ``1/2``, ``0.5`` and ``\\frac{1}{2}`` agree. A row whose
 judging overruns ``timeout_s`` (``\\boxed{9^{9^{9^9}}}``) or crashes its worker scores 0 and is
 counted in ``num_errors`` (logged as ``train/reward_errors/<name>``); the other rows are unaffected.
 
@@ -30,9 +30,9 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from rlvr_lightning.grading.answers import DEFAULT_METHODS, extract_answer, normalize_answer
 from rlvr_lightning.rewards.base import RewardCallback
 from rlvr_lightning.rollout import Rollout
-from rlvr_lightning.verifiers.answers import DEFAULT_METHODS, extract_answer, normalize_answer
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ class MathAccuracyReward(RewardCallback):
     def verifier(self):
         """The `MathVerifier`, created on first use."""
         if self._verifier is None:
-            from rlvr_lightning.verifiers.math_equivalence import MathVerifier
+            from rlvr_lightning.grading.math_equivalence import MathVerifier
 
             self._verifier = MathVerifier(
                 workers=self.workers,

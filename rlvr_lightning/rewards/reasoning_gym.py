@@ -5,7 +5,7 @@
         - class_path: rlvr_lightning.rewards.reasoning_gym.ReasoningGymReward
           init_args: {methods: [boxed, answer_tag]}
 
-The answer is extracted from the response with `rlvr_lightning.verifiers.extract_answer` (`methods`, in order;
+The answer is extracted from the response with `rlvr_lightning.grading.extract_answer` (`methods`, in order;
 ``"response"``: the whole response, stripped), then scored by ``score_answer(answer, entry)`` of the dataset the
 row came from (``metadata["rg_dataset"]``, built with the row's ``metadata["rg_config"]``): reasoning-gym's
 scores are in [0, 1], some with partial credit. A response is correct when it scores at least `correct_at`.
@@ -25,11 +25,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rlvr_lightning.distributed import log_to_loggers, reduce_across_ranks
-from rlvr_lightning.optional_dependencies import require
+from rlvr_lightning.grading.answers import extract_answer
 from rlvr_lightning.rewards.base import RewardCallback
 from rlvr_lightning.rollout import Rollout
-from rlvr_lightning.verifiers.answers import extract_answer
+from rlvr_lightning.runtime.distributed import log_to_loggers, reduce_across_ranks
+from rlvr_lightning.runtime.optional_dependencies import require
 
 RESPONSE = "response"
 

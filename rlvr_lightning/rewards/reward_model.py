@@ -31,10 +31,10 @@ from torch import nn
 
 from rlvr_lightning.policies import hf_loading
 from rlvr_lightning.policies.hf import DTYPES
-from rlvr_lightning.policies.model_cache import resolve_model_path
 from rlvr_lightning.rewards.judge_prompt import JudgePrompt
 from rlvr_lightning.rewards.model_reward import ModelReward
 from rlvr_lightning.rollout import Rollout
+from rlvr_lightning.runtime.model_cache import resolve_model_path
 
 
 def load_sequence_classifier(

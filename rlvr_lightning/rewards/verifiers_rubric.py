@@ -23,7 +23,7 @@ from torch import Tensor
 
 from rlvr_lightning.rewards.base import RewardCallback
 from rlvr_lightning.rollout import Rollout
-from rlvr_lightning.vf_environments import call_reward, load_environment, new_state, normalize, reward_terms
+from rlvr_lightning.runtime.vf_environments import call_reward, load_environment, new_state, normalize, reward_terms
 
 
 class VerifiersRubricReward(RewardCallback):

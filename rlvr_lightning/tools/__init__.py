@@ -1,4 +1,4 @@
-"""Tools a policy may call in the middle of a response (multi-turn rollouts; `policies/tool_use.py`).
+"""Tools a policy may call in the middle of a response (multi-turn rollouts; `multiturn/tool_use.py`).
 
 No torch, no Lightning: a tool is a small class with a `name` and `run(arguments) -> str`, named in
 YAML under the policy's `tools` option.

@@ -1,4 +1,4 @@
-"""`PythonTool`: runs the model's code in the sandbox of `verifiers/sandbox.py` and shows its output.
+"""`PythonTool`: runs the model's code in the sandbox of `grading/sandbox.py` and shows its output.
 
 Every call is one sandboxed run (own filesystem, no network, its own pid namespace, CPU, memory, process
 and file-size limits, a wall-clock time-out; see that module). What the program prints to stdout is the
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlvr_lightning.grading.sandbox import run_python
+from rlvr_lightning.grading.sandbox_limits import SandboxLimits
 from rlvr_lightning.tools.base import Tool, ToolError
-from rlvr_lightning.verifiers.sandbox import run_python
-from rlvr_lightning.verifiers.sandbox_limits import SandboxLimits
 
 
 class PythonTool(Tool):

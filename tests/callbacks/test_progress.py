@@ -10,7 +10,6 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.loggers import CSVLogger
 
-from rlvr_lightning import stage_reports
 from rlvr_lightning.callbacks import progress as progress_callbacks
 from rlvr_lightning.callbacks.progress import ProgressLines, RewardProgressBar, StageColumn
 from rlvr_lightning.data import RLVRDataModule, SortTask
@@ -18,6 +17,7 @@ from rlvr_lightning.modules import RLVRModule
 from rlvr_lightning.modules.options import UpdateConfig
 from rlvr_lightning.policies import ToySortPolicy
 from rlvr_lightning.rewards import SortInclusionOrderingReward
+from rlvr_lightning.runtime import stage_reports
 
 TOKENS = 4
 

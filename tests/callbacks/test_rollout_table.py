@@ -10,7 +10,7 @@ from lightning.pytorch.loggers import Logger
 from rlvr_lightning.callbacks.rollout_table import RolloutTableLogger, rollout_rows
 from rlvr_lightning.modules import RLVRModule
 from rlvr_lightning.modules.options import DynamicSamplingConfig
-from rlvr_lightning.modules.policy_update import PolicyUpdate
+from rlvr_lightning.modules.update.policy_update import PolicyUpdate
 from rlvr_lightning.rewards.format import BoxedFormatReward
 from rlvr_lightning.rewards.math import MathAccuracyReward
 from tests.rewards.test_math_reward import ScriptedTextPolicy, make_rollout, run_trainer

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from rlvr_lightning.core.distillation import distillation_loss, reverse_kl_advantages
+from rlvr_lightning.core.losses.distillation import distillation_loss, reverse_kl_advantages
 
 LN2, LN1_5 = math.log(2.0), math.log(1.5)
 

@@ -17,7 +17,7 @@ from torch.testing import assert_close
 
 from rlvr_lightning.core.aggregation import aggregate_loss
 from rlvr_lightning.core.importance_sampling import rollout_is_weights
-from rlvr_lightning.core.policy_losses import GSPO, LUSPO, SAPO, VESPO
+from rlvr_lightning.core.losses.policy_losses import GSPO, LUSPO, SAPO, VESPO
 
 F64 = dict(dtype=torch.float64)
 TOL = dict(rtol=1e-6, atol=1e-6)

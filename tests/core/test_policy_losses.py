@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from rlvr_lightning.core.policy_losses import (
+from rlvr_lightning.core.losses.policy_losses import (
     CISPO,
     GSPO,
     POLICY_LOSSES,

@@ -7,7 +7,7 @@ import torch
 from torch.testing import assert_close
 
 from rlvr_lightning.core.aggregation import aggregate_loss
-from rlvr_lightning.core.policy_losses import GSPO, LUSPO, PPOClip, policy_loss
+from rlvr_lightning.core.losses.policy_losses import GSPO, LUSPO, PPOClip, policy_loss
 
 LN2 = math.log(2.0)
 SQRT2 = math.sqrt(2.0)

@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from rlvr_lightning.core.policy_losses import PPOClip, policy_loss
-from rlvr_lightning.core.soft_losses import SAPO, VESPO
+from rlvr_lightning.core.losses.policy_losses import PPOClip, policy_loss
+from rlvr_lightning.core.losses.soft_losses import SAPO, VESPO
 
 LN2 = math.log(2.0)
 SIG1 = 1.0 / (1.0 + math.exp(-1.0))  # sigmoid(1) = 0.7311; sigmoid(-1) = 1 - SIG1

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from rlvr_lightning.core.value_loss import explained_variance, value_loss
+from rlvr_lightning.core.losses.value_loss import explained_variance, value_loss
 
 
 def test_clipped_value_loss_by_hand():

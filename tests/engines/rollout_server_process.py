@@ -45,12 +45,12 @@ class RolloutServer:
         self.starts = 0
 
     def start(self, timeout: float = 1200) -> RolloutServer:
-        from rlvr_lightning.policies.rollout_server_client import RolloutServerClient, RolloutServerError
+        from rlvr_lightning.serving.client import RolloutServerClient, RolloutServerError
 
         env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", VLLM_LOGGING_LEVEL="WARNING")
         env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the server runs its engine as vLLM does by default
         # `rlvr serve` without importing Lightning first
-        command = [sys.executable, "-m", "rlvr_lightning.serve", "--model", str(self.model_dir)]
+        command = [sys.executable, "-m", "rlvr_lightning.serving.serve", "--model", str(self.model_dir)]
         command += ["--port", str(self.port), *self.serve_args, "--", "--kv-cache-memory-bytes", str(64 << 20)]
         command += ["--enforce-eager", "--max-model-len", "256"]
         with open(self.log, "a") as log:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 
 from rlvr_lightning.policies import SamplingConfig, VLLMGeneration
-from rlvr_lightning.policies.lora_sync import adapter_tensors, tensor_bytes
-from rlvr_lightning.policies.vllm_weights import named_weights
+from rlvr_lightning.serving.lora_sync import adapter_tensors, tensor_bytes
+from rlvr_lightning.serving.vllm_weights import named_weights
 
 PROMPTS = ["What is 2+3?", "The quick brown", "Say ab.", "Numbers: 0 1 2"]
 SAMPLING = SamplingConfig(temperature=0.7, max_new_tokens=12)

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from rlvr_lightning.policies import SamplingConfig, ServerGeneration
-from rlvr_lightning.policies.lora_sync import adapter_tensors, tensor_bytes
-from rlvr_lightning.policies.vllm_weights import named_weights
+from rlvr_lightning.serving.lora_sync import adapter_tensors, tensor_bytes
+from rlvr_lightning.serving.vllm_weights import named_weights
 
 from .conftest import engine_config
 from .rollout_server_process import RolloutServer, served_model

@@ -56,7 +56,7 @@ def _server_config(tmp_path, tokenizer_dir, name, steps, address, **init_args):
 
 
 def test_k0_matches_the_colocated_engine_and_log_probs_match_after_every_push(server, tool_tokenizer_dir, tmp_path):
-    from rlvr_lightning.cli import main
+    from rlvr_lightning.cli.main import main
 
     server.ensure_running()
     os.chdir(tmp_path)
@@ -77,7 +77,7 @@ def test_k0_matches_the_colocated_engine_and_log_probs_match_after_every_push(se
 
 
 def test_bounded_staleness_k2_through_the_server(server, tool_tokenizer_dir, tmp_path):
-    from rlvr_lightning.cli import main
+    from rlvr_lightning.cli.main import main
 
     server.ensure_running()
     os.chdir(tmp_path)
@@ -97,7 +97,7 @@ def test_a_two_process_fsdp2_trainer_pushes_each_update_once_from_rank_0(server,
     """FSDP2 on 2 CPU processes: every rank gathers the sharded weights, rank 0 alone pushes them (the server
     loads each update once), and each rank samples from the pushed weights (the engine's log-probs are the
     trainer's on every rank)."""
-    from rlvr_lightning.policies.rollout_server_client import RolloutServerClient
+    from rlvr_lightning.serving.client import RolloutServerClient
 
     server.ensure_running()
     client = RolloutServerClient(server.address)
@@ -108,7 +108,7 @@ def test_a_two_process_fsdp2_trainer_pushes_each_update_once_from_rank_0(server,
     config["trainer"]["callbacks"] = config["trainer"]["callbacks"][:2]
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    command = [sys.executable, "-m", "rlvr_lightning.cli", "fit", "--config", str(path)]
+    command = [sys.executable, "-m", "rlvr_lightning.cli.main", "fit", "--config", str(path)]
     result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     rows = _train_rows(tmp_path, "fsdp2")
@@ -129,7 +129,7 @@ def killed_run(server, tool_tokenizer_dir, tmp_path_factory):
     config.write_text(yaml.safe_dump(values, sort_keys=False))
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     trainer = subprocess.Popen(
-        [sys.executable, "-m", "rlvr_lightning.cli", "fit", "--config", str(config)],
+        [sys.executable, "-m", "rlvr_lightning.cli.main", "fit", "--config", str(config)],
         cwd=directory,
         env=env,
         stdout=subprocess.PIPE,
@@ -188,8 +188,8 @@ def _group_alive(group: int) -> bool:
 
 
 def test_the_stopped_run_resumes_with_ckpt_path_last_on_a_restarted_server(server, killed_run, tool_tokenizer_dir):
-    from rlvr_lightning.cli import main
-    from rlvr_lightning.policies.rollout_server_client import RolloutServerClient
+    from rlvr_lightning.cli.main import main
+    from rlvr_lightning.serving.client import RolloutServerClient
 
     directory = killed_run["directory"]
     checkpoint = torch.load(directory / "ckpt_killed" / "last.ckpt", weights_only=False, map_location="cpu")
@@ -220,9 +220,9 @@ def test_the_stopped_run_resumes_with_ckpt_path_last_on_a_restarted_server(serve
 def test_tool_rollouts_through_the_server_equal_the_colocated_engine(server, tool_tokenizer_dir):
     """A calculator call between two sampled segments: the rounds run above the backend, the server samples
     each round with the colocated engine's seeds (torch's generator) and the same weights."""
+    from rlvr_lightning.multiturn.tool_use import ToolUse
     from rlvr_lightning.policies import SamplingConfig, ServerGeneration, VLLMGeneration
     from rlvr_lightning.policies.hf import HFPolicy
-    from rlvr_lightning.policies.tool_use import ToolUse
     from rlvr_lightning.rollout import TokenSource
     from rlvr_lightning.tools import Calculator
 

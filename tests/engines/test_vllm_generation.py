@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rlvr_lightning.policies import KVCacheGeneration, SamplingConfig, VLLMGeneration
-from rlvr_lightning.policies.vllm_weights import named_weights
+from rlvr_lightning.serving.vllm_weights import named_weights
 
 PROMPTS = ["What is 2+3?", "The quick brown", "Say ab.", "Numbers: 0 1 2"]
 GREEDY = SamplingConfig(do_sample=False, max_new_tokens=10)

@@ -7,9 +7,9 @@ import pytest
 import torch
 from scripted_lm import save_tool_tokenizer, script_weights, transitions
 
+from rlvr_lightning.multiturn.thinking_budget import ThinkingBudget
+from rlvr_lightning.multiturn.tool_use import ToolUse
 from rlvr_lightning.policies import SamplingConfig, VLLMGeneration
-from rlvr_lightning.policies.thinking_budget import ThinkingBudget
-from rlvr_lightning.policies.tool_use import ToolUse
 from rlvr_lightning.rollout import TokenSource
 from rlvr_lightning.tools import Calculator
 

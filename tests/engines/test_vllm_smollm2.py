@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from rlvr_lightning.policies import SamplingConfig, VLLMGeneration
-from rlvr_lightning.policies.model_cache import is_fetched
+from rlvr_lightning.runtime.model_cache import is_fetched
 
 SMOLLM2 = "smollm2-135m-instruct"
 PROMPTS = ["What is 12 + 7?", "Name a colour.", "Say hi.", "Count to three."]

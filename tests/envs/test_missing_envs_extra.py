@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from rlvr_lightning.optional_dependencies import MissingDependencyError, require
+from rlvr_lightning.runtime.optional_dependencies import MissingDependencyError, require
 
 
 @pytest.mark.parametrize("module", ["reasoning_gym", "verifiers"])

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rlvr_lightning.cli import main  # noqa: I001
+from rlvr_lightning.cli.main import main  # noqa: I001
 from tests.envs import rg_support  # noqa: F401  (skips the module without reasoning-gym)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,7 +43,7 @@ def test_the_toy_config_trains_with_per_dataset_metrics_and_the_curriculum(tmp_p
 
 
 def _smollm2_fetched() -> bool:
-    from rlvr_lightning.policies.model_cache import is_fetched
+    from rlvr_lightning.runtime.model_cache import is_fetched
 
     return is_fetched("smollm2-135m-instruct")
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlvr_lightning.cli import entry_point, main
+from rlvr_lightning.cli.main import entry_point, main
 
 from ..gsm8k_tiny import WeightsAtStart, write_tiny_gsm8k_override
 
@@ -100,7 +100,7 @@ def test_decoding_synchronises_the_host_at_most_once_per_step():
     from tiny_lm import tiny_llama_config
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from rlvr_lightning.policies.generation import generate, left_pad
+    from rlvr_lightning.generation.loop import generate, left_pad
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**tiny_llama_config(vocab_size=64))).cuda().eval()

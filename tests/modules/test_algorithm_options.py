@@ -15,7 +15,7 @@ from rlvr_lightning.modules.options import (
     UpdateConfig,
     ValidationConfig,
 )
-from rlvr_lightning.modules.policy_update import PolicyUpdate
+from rlvr_lightning.modules.update.policy_update import PolicyUpdate
 from rlvr_lightning.policies.base import SamplingConfig
 from rlvr_lightning.policies.toy_sort import ToySortPolicy
 from rlvr_lightning.rewards import RewardCallback, SortInclusionOrderingReward
@@ -227,7 +227,7 @@ class FirstRowEmptyPolicy(ToySortPolicy):
 
 @pytest.mark.parametrize("count_empty_rows, expected", [(True, 8), (False, 7)])
 def test_count_empty_rows_sets_the_sequence_divisor(in_tmp_dir, monkeypatch, count_empty_rows, expected):
-    import rlvr_lightning.modules.policy_update as rlvr_module
+    import rlvr_lightning.modules.update.policy_update as rlvr_module
 
     seen = []
     real = rlvr_module.aggregate_loss

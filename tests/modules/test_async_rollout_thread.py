@@ -21,7 +21,7 @@ from .test_rlvr_module import fit
 
 
 def test_a_muted_thread_reports_no_progress():
-    from rlvr_lightning import stage_reports
+    from rlvr_lightning.runtime import stage_reports
 
     class Listener:
         def __init__(self):

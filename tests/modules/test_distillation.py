@@ -8,11 +8,11 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from rlvr_lightning.core.policy_losses import PPOClip
+from rlvr_lightning.core.losses.policy_losses import PPOClip
 from rlvr_lightning.modules import RLVRModule
 from rlvr_lightning.modules.distillation import DistillationConfig, Teacher
 from rlvr_lightning.modules.options import AggregationConfig, ImportanceSamplingConfig, KLConfig, UpdateConfig
-from rlvr_lightning.modules.policy_update import PolicyUpdate
+from rlvr_lightning.modules.update.policy_update import PolicyUpdate
 from rlvr_lightning.policies.base import SamplingConfig
 from rlvr_lightning.policies.sort_teacher import SortTeacher
 from rlvr_lightning.policies.toy_sort import ToySortPolicy
@@ -206,7 +206,7 @@ def test_distillation_options_without_a_teacher_and_bad_weights_are_refused():
 def test_the_command_line_names_the_teacher_whose_tokenizer_differs(in_tmp_dir, capsys):
     from pathlib import Path
 
-    from rlvr_lightning.cli import entry_point
+    from rlvr_lightning.cli.main import entry_point
 
     recipe = str(Path(__file__).resolve().parents[2] / "configs" / "recipes" / "distill.yaml")
     code = entry_point(["fit", "--config", recipe, "--model.init_args.teacher.init_args.vocab_size=12"])
@@ -227,7 +227,7 @@ def test_the_smollm2_distillation_config_takes_the_teacher_path_and_its_teacher_
 
     import yaml
 
-    from rlvr_lightning.cli import entry_point, main
+    from rlvr_lightning.cli.main import entry_point, main
 
     configs = Path(__file__).resolve().parents[2] / "configs"
     config, print_config = str(configs / "smollm2_distill.yaml"), ["--print_config"]

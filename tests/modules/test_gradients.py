@@ -2,7 +2,7 @@ import math
 
 import torch
 
-from rlvr_lightning.modules.gradients import non_finite_gradients, total_norm
+from rlvr_lightning.modules.update.gradients import non_finite_gradients, total_norm
 
 
 def test_total_gradient_norm_matches_torch():

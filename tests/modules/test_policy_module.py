@@ -6,8 +6,8 @@ import torch
 
 from rlvr_lightning.modules import ExpertIterationModule, PolicyModule, PPOModule, RLVRModule, SFTModule
 from rlvr_lightning.modules.options import UpdateConfig
-from rlvr_lightning.modules.policy_update import PolicyUpdate
-from rlvr_lightning.modules.value_update import ValueUpdate
+from rlvr_lightning.modules.update.policy_update import PolicyUpdate
+from rlvr_lightning.modules.update.value_update import ValueUpdate
 from rlvr_lightning.policies.toy_sort import ToySortPolicy
 
 

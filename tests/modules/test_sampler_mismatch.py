@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rlvr_lightning.core.aggregation import aggregate_loss
-from rlvr_lightning.core.soft_losses import VESPO
+from rlvr_lightning.core.losses.soft_losses import VESPO
 from rlvr_lightning.modules import RLVRModule
 from rlvr_lightning.modules.options import AggregationConfig, ImportanceSamplingConfig, UpdateConfig
 from rlvr_lightning.policies.toy_sort import ToySortPolicy

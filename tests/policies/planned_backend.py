@@ -7,8 +7,8 @@ from collections.abc import Callable
 
 import torch
 
-from rlvr_lightning.policies.generation_backend import GenerationBackend, response_tensors
-from rlvr_lightning.policies.generation_output import GenerationOutput
+from rlvr_lightning.generation.backend import GenerationBackend, response_tensors
+from rlvr_lightning.generation.output import GenerationOutput
 
 
 def sampled_log_prob(position: int) -> float:

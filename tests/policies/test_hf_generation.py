@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlvr_lightning.policies.generation import (
+from rlvr_lightning.generation.loop import (
     _sample_categorical,
     filter_logits,
     left_pad,
     position_ids_from_mask,
     sample_next_token,
 )
-from rlvr_lightning.policies.generation_output import StopStringChecker
+from rlvr_lightning.generation.output import StopStringChecker
 
 
 def test_left_pad_and_positions():
@@ -77,7 +77,7 @@ def test_stop_string_cut():
 
 def test_the_decode_loop_reports_its_tokens(make_policy):
     from rlvr_lightning.policies.base import SamplingConfig
-    from rlvr_lightning.stage_reports import listening
+    from rlvr_lightning.runtime.stage_reports import listening
 
     class Recorder:
         def __init__(self):

@@ -211,7 +211,7 @@ def test_sampling_restores_training_mode(make_policy):
 @pytest.mark.parametrize("compact", [True, False])
 def test_finished_rows_dropped_or_padded_keep_log_probs_exact(make_policy, compact):
     """Rows finishing at different steps: the cache surgery (or pad feeding) leaves other rows intact."""
-    from rlvr_lightning.policies.generation import generate, left_pad
+    from rlvr_lightning.generation.loop import generate, left_pad
     from rlvr_lightning.rollout import Rollout
 
     policy = make_policy(prompt_template="raw")

@@ -11,9 +11,9 @@ import torch
 from tiny_lm import tiny_llama_config
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from rlvr_lightning.policies import generation
-from rlvr_lightning.policies.generation import generate, left_pad
-from rlvr_lightning.policies.generation_output import StopStringChecker
+from rlvr_lightning.generation import loop as generation
+from rlvr_lightning.generation.loop import generate, left_pad
+from rlvr_lightning.generation.output import StopStringChecker
 
 READS = {"nonzero", "_local_scalar_dense", "is_nonzero", "masked_select", "unique", "_unique2"}
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rlvr_lightning.policies import ServerGeneration, VLLMGeneration
-from rlvr_lightning.policies.lora_sync import (
+from rlvr_lightning.serving.lora_sync import (
     WeightPush,
     adapter_tensors,
     adapter_unsupported,
@@ -17,7 +17,7 @@ from rlvr_lightning.policies.lora_sync import (
     tensor_bytes,
     write_adapter,
 )
-from rlvr_lightning.policies.vllm_weights import named_weights
+from rlvr_lightning.serving.vllm_weights import named_weights
 
 
 @pytest.fixture
@@ -119,7 +119,7 @@ def test_an_engine_without_lora_falls_back_with_the_reason(lora_policy, make_pol
     assert str(caught[0].message) == (
         "VLLMGeneration lora_sync=adapter: the engine holds no rank 8; pushing the merged weights instead"
     )
-    with caplog.at_level("INFO", logger="rlvr_lightning.policies.lora_sync"):
+    with caplog.at_level("INFO", logger="rlvr_lightning.serving.lora_sync"):
         assert not WeightPush("ServerGeneration", "auto").decide(lora_policy.model, unsupported)  # auto: no warning
     assert "ServerGeneration lora_sync=auto: the engine holds no rank 8" in caplog.text
     with pytest.warns(UserWarning, match=r"lora_sync=adapter: the policy has no LoRA adapter \(lora_r = 0\)"):

@@ -8,8 +8,8 @@ import zipfile
 import pytest
 import torch
 
-from rlvr_lightning.policies import model_cache
 from rlvr_lightning.policies.base import SamplingConfig
+from rlvr_lightning.runtime import model_cache
 
 ALIAS = "smollm2-135m-instruct"
 

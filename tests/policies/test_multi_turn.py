@@ -8,8 +8,8 @@ import torch
 from scripted_lm import script_weights, transitions
 from tiny_lm import tiny_llama_config
 
+from rlvr_lightning.multiturn.tool_use import ToolUse
 from rlvr_lightning.policies.base import SamplingConfig
-from rlvr_lightning.policies.tool_use import ToolUse
 from rlvr_lightning.rollout import TokenSource
 from rlvr_lightning.tools import Calculator
 
@@ -158,7 +158,7 @@ def test_observation_tokens_get_no_gradient(tool_tokenizer_dir):
 
 def test_our_loop_caps_each_prompt_on_its_own(tool_tokenizer_dir):
     """The backend hook segmented generation needs: rows continue with different budgets left."""
-    from rlvr_lightning.policies.generation import KVCacheGeneration
+    from rlvr_lightning.generation.loop import KVCacheGeneration
 
     policy = tool_policy(tool_tokenizer_dir, tools=None)
     ids, _ = policy.encode_prompts(["ab", "The quick brown fox"])

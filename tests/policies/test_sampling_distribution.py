@@ -27,7 +27,8 @@ from sampling_distribution import (
 )
 from tiny_lm import tiny_llama_config
 
-from rlvr_lightning.policies import generation, kv_cache
+from rlvr_lightning.generation import kv_cache
+from rlvr_lightning.generation import loop as generation
 
 SAMPLES = 10_000
 MAX_NEW_TOKENS = 8

@@ -1,4 +1,4 @@
-"""Sampling in bf16 over fp32 master weights (`KVCacheGeneration(dtype=...)`, `policies/sampling_precision.py`),
+"""Sampling in bf16 over fp32 master weights (`KVCacheGeneration(dtype=...)`, `generation/sampling_precision.py`),
 and the sampling log-probs importance sampling reads: those of the unfiltered distribution, never renormalised
 after top-k/top-p."""
 
@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
+from rlvr_lightning.generation.loop import KVCacheGeneration, sample_next_token
 from rlvr_lightning.policies.base import SamplingConfig
-from rlvr_lightning.policies.generation import KVCacheGeneration, sample_next_token
 
 PROMPTS = {"prompt": ["What is 2+3?", "The quick brown"], "metadata": [{}, {}]}
 SAMPLING = SamplingConfig(max_new_tokens=6, min_new_tokens=6)

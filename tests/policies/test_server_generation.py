@@ -9,9 +9,9 @@ import time
 import pytest
 import torch
 
-from rlvr_lightning.cli_errors.run_errors import explain_run_error
+from rlvr_lightning.cli.errors.run_errors import explain_run_error
 from rlvr_lightning.policies import SamplingConfig, ServerGeneration
-from rlvr_lightning.policies.rollout_server_client import RolloutServerError
+from rlvr_lightning.serving.client import RolloutServerError
 
 SAMPLING = SamplingConfig(max_new_tokens=3, temperature=0.7)
 

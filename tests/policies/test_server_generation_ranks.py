@@ -10,7 +10,7 @@ import time
 import torch
 
 from rlvr_lightning.policies import SamplingConfig, ServerGeneration
-from rlvr_lightning.policies.rollout_server_client import RolloutServerError
+from rlvr_lightning.serving.client import RolloutServerError
 
 WORLD = 2
 

@@ -11,8 +11,8 @@ import types
 import pytest
 import torch
 
+from rlvr_lightning.generation.compute_dtype import compute_dtype
 from rlvr_lightning.policies import SamplingConfig, VLLMGeneration
-from rlvr_lightning.policies.compute_dtype import compute_dtype
 
 SAMPLING = SamplingConfig(max_new_tokens=2)
 

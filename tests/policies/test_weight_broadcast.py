@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from safetensors.torch import load_file, save_file
 
-from rlvr_lightning.policies.weight_broadcast import file_tensors
+from rlvr_lightning.serving.weight_broadcast import file_tensors
 
 
 def test_tied_weights_are_written_once_each(tmp_path):

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
+from rlvr_lightning.grading.sandbox import SandboxUnavailable, sandbox_capabilities
 from rlvr_lightning.rewards import code as code_reward
 from rlvr_lightning.rewards.code import CodeExecutionReward, parse_tests
-from rlvr_lightning.verifiers.sandbox import SandboxUnavailable, sandbox_capabilities
 from tests.rewards.test_math_reward import make_rollout
 
 TIMEOUT = 1.0
@@ -123,7 +123,7 @@ def test_bad_test_metadata_costs_only_its_row(monkeypatch):
 
 
 def test_no_isolation_stops_the_run_whatever_on_error_says(monkeypatch):
-    import rlvr_lightning.verifiers.sandbox as sandbox
+    import rlvr_lightning.grading.sandbox as sandbox
 
     monkeypatch.setattr(
         sandbox, "sandbox_capabilities", lambda refresh=False: {"network_isolated": False, "errors": ["no netns"]}

@@ -1,0 +1,156 @@
+"""Losses with a sequence-level importance ratio: GSPO and its length-weighted variant LUSPO.
+
+Both clip ``s_i = exp(mean_t log(pi_theta / pi_old))``, one ratio per response, and route its gradient per
+token (GSPO-token). GSPO also chooses how a token-level correction of the sampler/trainer mismatch
+(``rollout_is``) meets that ratio; the peers differ there (see :class:`GSPO`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from rlvr_lightning.core.losses.policy_loss_base import (
+    PolicyLoss,
+    PolicyLossOutput,
+    check_clip,
+    clipped_surrogate,
+    prepare_inputs,
+    zero_masked,
+)
+from rlvr_lightning.core.masked import masked_mean
+
+# GSPO's sequence log-ratio is clamped from above at 10 (verl core_algos.compute_policy_loss_gspo)
+GSPO_LOG_RATIO_MAX = 10.0
+#: ``rollout_is_weight``: each token's own weight, or its row's mean weight (TRL, AReaL)
+ROLLOUT_IS_WEIGHTS = ("token", "row_mean")
+#: ``rollout_is_rejection``: tokens the correction rejects leave the loss after the sequence ratio (TRL) or
+#: before it, so that the ratio is over the kept tokens only (AReaL)
+ROLLOUT_IS_REJECTIONS = ("after_ratio", "before_ratio")
+
+
+def _check_choice(loss: str, name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{loss}: {name}={value!r} is not valid; choose one of {list(choices)}")
+
+
+class GSPO(PolicyLoss):
+    """GSPO-token: sequence-level ratio and clipping, gradient routed per token.
+
+    ``s_i = exp(mean_t (logp - old_logp))`` over the masked tokens of row i, and
+    ``s_it = sg[s_i] * exp(logp_t - sg[logp_t])`` which equals ``s_i`` in value.
+    With ``advantages`` [N] this is exactly GSPO when the loss is aggregated
+    with "seq-mean-token-mean" (the paper's 1/G sum_i 1/|y_i| sum_t), the only mode it accepts.
+
+    With token-level ``rollout_is`` weights ``w_t`` (``core/importance_sampling.py``) the peers differ:
+
+    * ``rollout_is_weight="token"``: token t's loss times its own ``w_t``, so token t's gradient weighs
+      ``w_t``. ``"row_mean"``: every token of row i takes the row's mean weight ``mean_t w_t``. Since the
+      loss of every token of a row has the same value, the loss value is the same either way; the gradient
+      is not. ``"row_mean"`` is what TRL (a ``[B, 1]`` sequence loss times the ``[B, T]`` weights) and AReaL
+      (the ratio spread over the row, times each token's weight) compute: the sequence ratio spreads the
+      weighted sum over the row.
+    * ``rollout_is_rejection="after_ratio"``: a token ``token_mask`` rejects (``w_t = 0``) still counts in
+      ``s_i`` (TRL). ``"before_ratio"``: it leaves the row first, so ``s_i``, the row mean and the
+      statistics are over the kept tokens only (AReaL's rejection sampling masks before the ratio). The
+      aggregation still divides by the row's full length.
+
+    Both options act only with a token-level ``rollout_is`` mode; with a sequence mode (one weight per row)
+    every choice gives the same loss and gradient.
+
+    Values and gradients equal TRL 1.16's (``importance_sampling_level="sequence"``, ``loss_type="grpo"``,
+    with ``row_mean`` for its vLLM correction) and AReaL's (``row_mean``, ``before_ratio``; ``token-mean``
+    aggregation) in ``tests/core/test_losses_against_trl.py``, except that the sequence log-ratio is clamped
+    at 10 from above (verl), where neither clamps.
+
+    Args:
+        clip_low: the sequence ratio's lower clip is ``1 - clip_low``.
+        clip_high: the sequence ratio's upper clip is ``1 + clip_high``.
+        rollout_is_weight: ``token`` (each token's weight) or ``row_mean`` (the row's mean weight: TRL, AReaL).
+        rollout_is_rejection: ``after_ratio`` (TRL) or ``before_ratio`` (AReaL): whether tokens the correction
+            rejects still count in the sequence ratio.
+    """
+
+    def __init__(
+        self,
+        clip_low: float = 3e-4,
+        clip_high: float = 4e-4,
+        rollout_is_weight: str = "token",
+        rollout_is_rejection: str = "after_ratio",
+    ) -> None:
+        name = type(self).__name__
+        check_clip(name, "clip_low", clip_low)
+        check_clip(name, "clip_high", clip_high)
+        _check_choice(name, "rollout_is_weight", rollout_is_weight, ROLLOUT_IS_WEIGHTS)
+        _check_choice(name, "rollout_is_rejection", rollout_is_rejection, ROLLOUT_IS_REJECTIONS)
+        self.clip_low, self.clip_high = clip_low, clip_high
+        self.rollout_is_weight, self.rollout_is_rejection = rollout_is_weight, rollout_is_rejection
+
+    def check(self, aggregation: str) -> None:
+        if aggregation != "seq-mean-token-mean":
+            raise ValueError(
+                f"GSPO is a sequence-level objective (1/|y_i| per sequence); aggregation.mode={aggregation!r} "
+                "would weight sequences by length. Use aggregation: {mode: seq-mean-token-mean}."
+            )
+
+    def __call__(self, log_probs, old_log_probs, advantages, mask):
+        clip_low, clip_high = self.clip_low, self.clip_high
+        old, adv, m = prepare_inputs(log_probs, old_log_probs, advantages, mask)
+        # log s_i = 1/|y_i| sum_t log(pi_theta / pi_old)  (Zheng et al. 2025 GSPO eq. 7)
+        seq_log_ratio = masked_mean(log_probs.detach() - old, m, dim=-1)
+        # s_it = sg[s_i] * pi_theta(y_t) / sg[pi_theta(y_t)]
+        # (GSPO §4.3 GSPO-token; verl core_algos.compute_policy_loss_gspo)
+        log_s = seq_log_ratio.unsqueeze(-1) + log_probs - log_probs.detach()
+        ratio = torch.exp(torch.clamp(log_s, max=GSPO_LOG_RATIO_MAX))
+        # l_it = -min(s_it A_i, clip(s_it, 1-eps_low, 1+eps_high) A_i)  (GSPO eq. 5 / §4.3)
+        loss, ratio_value, low_clipped, high_clipped = clipped_surrogate(ratio, adv, clip_low, clip_high)
+        return PolicyLossOutput(zero_masked(loss, m), ratio_value, m, low_clipped, high_clipped)
+
+    def with_rollout_is(self, log_probs, old_log_probs, advantages, mask, weights: Tensor) -> PolicyLossOutput:
+        if self.rollout_is_rejection == "before_ratio":
+            # AReaL apply_rejection_sampling: the loss mask loses the rejected tokens before ppo_actor_loss_fn's ratio
+            kept = (weights > 0).expand(log_probs.shape)
+            mask = kept if mask is None else mask.bool() & kept
+        out = self(log_probs, old_log_probs, advantages, mask)
+        if self.rollout_is_weight == "row_mean":
+            # w_it = 1/|y_i| sum_t w_t  (TRL grpo_trainer: [B, 1] sequence loss * [B, T] importance_sampling_ratio)
+            weights = masked_mean(weights.expand(log_probs.shape), out.mask, dim=-1).unsqueeze(-1)
+        out.loss = out.loss * weights
+        return out
+
+
+class LUSPO(GSPO):
+    """LUSPO: GSPO with each sequence's loss scaled by its length.
+
+    Length-Unbiased Sequence Policy Optimization (arXiv:2602.05261): GSPO's ``1/|y_i|`` per sequence lowers
+    the gradient of long responses; LUSPO multiplies each sequence's loss by ``|y_i|``, i.e.
+    ``1/G sum_i |y_i| l_i(s_i)``. The per-token loss is GSPO's; the length weight is the aggregation
+    "seq-mean-token-sum" (``1/G sum_i sum_t l_it``), the only mode it accepts, which also sums a KL or entropy
+    term per sequence as TRL does (``loss_type="luspo"``: ``(per_token_loss * mask).sum(-1).mean()``).
+
+    Where it differs from TRL 1.16 (values and gradients otherwise equal, ``tests/core/test_losses_against_trl.py``):
+    the sequence log-ratio is clamped at 10 (verl), and the default clip range is the paper's (TRL's paper
+    index recommends it; ``GRPOConfig.epsilon`` defaults to 0.2).
+
+    Args:
+        clip_low: the sequence ratio's lower clip is ``1 - clip_low`` (the paper's §5.1: 2e-3).
+        clip_high: the sequence ratio's upper clip is ``1 + clip_high`` (the paper's §5.1: 2.5e-3).
+        rollout_is_weight: as :class:`GSPO`.
+        rollout_is_rejection: as :class:`GSPO`.
+    """
+
+    def __init__(
+        self,
+        clip_low: float = 2e-3,
+        clip_high: float = 2.5e-3,
+        rollout_is_weight: str = "token",
+        rollout_is_rejection: str = "after_ratio",
+    ) -> None:
+        super().__init__(clip_low, clip_high, rollout_is_weight, rollout_is_rejection)
+
+    def check(self, aggregation: str) -> None:
+        if aggregation != "seq-mean-token-sum":
+            raise ValueError(
+                f"LUSPO weighs each sequence's loss by its length (sum over its tokens); aggregation.mode="
+                f"{aggregation!r} would not. Use aggregation: {{mode: seq-mean-token-sum}}."
+            )

@@ -1,0 +1,384 @@
+"""Batched sampling for causal language models: left padding, a KV cache, stop conditions.
+
+The loop (`generate`) is written by hand instead of calling `model.generate` so that it can
+
+* prefill every distinct prompt once and repeat its KV cache `n` times (group sampling),
+* drop finished rows from the batch and the cache as soon as they finish (no compute spent on padding),
+* return the log-prob of every sampled token under the *unfiltered* distribution at the sampling
+  temperature (what `token_log_probs` recomputes), and
+* use the global torch RNG, so `lightning.seed_everything` governs it (or a `generator` of its own, for
+  sampling in a background thread while the training thread draws from the global one).
+
+Everything here is model-agnostic: it needs a transformers-style causal LM that accepts
+`input_ids`, `attention_mask`, `position_ids`, `cache` (or `past_key_values`), `use_cache` and returns `.logits`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from rlvr_lightning.generation.backend import GenerationBackend
+from rlvr_lightning.generation.kv_cache import cache_argument, reserve_room, returned_cache
+from rlvr_lightning.generation.output import GenerationOutput, StopStringChecker
+from rlvr_lightning.generation.sampling_precision import (
+    SamplingDtype,
+    SamplingWeights,
+    check_sampling_dtype,
+    resolve_sampling_dtype,
+)
+from rlvr_lightning.policies.base import compute_device
+from rlvr_lightning.runtime.stage_reports import report_tokens
+from rlvr_lightning.runtime.timing import elapsed_seconds
+
+
+def left_pad(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor]:
+    """Left-pad token id lists into `ids long[B, P]` and `mask long[B, P]`."""
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for row, seq in enumerate(sequences):
+        if len(seq):
+            ids[row, width - len(seq) :] = torch.as_tensor(list(seq), dtype=torch.long)
+            mask[row, width - len(seq) :] = 1
+    return ids, mask
+
+
+def position_ids_from_mask(mask: Tensor) -> Tensor:
+    """Positions counting only real tokens (`cumsum - 1`), 0 on left padding."""
+    return (mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
+    """Top-k then nucleus (top-p) filtering of `logits [B, V]`: removed entries become -inf."""
+    if 0 < top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        # remove a token when the tokens ranked above it already cover top_p (the top one always stays)
+        remove = (probs.cumsum(-1) - probs) > top_p
+        sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
+        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+    return logits
+
+
+def _sample_categorical(probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
+    """One draw per row of `probs [B, V]` by inverting the CDF with one uniform per row.
+
+    Same distribution as `torch.multinomial(probs, 1)`, whose CPU kernel draws an exponential
+    variate per vocabulary entry (~10% of a SmolLM2 decoding step); this draws one number per row.
+    """
+    cdf = probs.cumsum(dim=-1)
+    u = torch.rand((probs.shape[0], 1), device=probs.device, dtype=cdf.dtype, generator=generator) * cdf[:, -1:]
+    tokens = torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
+    # `u` rounding up to the total mass can land on a zero-probability tail token: take the mode then. Asking
+    # whether a row needs it costs nothing on a CPU and saves a pass over the vocabulary; on an accelerator
+    # the answer would wait for the queued work, so the mode is computed for every row instead.
+    valid = probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) > 0
+    if host_reads_are_free(probs.device) and bool(valid.all()):
+        return tokens
+    return torch.where(valid, tokens, probs.argmax(dim=-1))
+
+
+def host_reads_are_free(device: torch.device) -> bool:
+    """Whether reading a value of `device` on the host costs no synchronisation (a CPU: nothing is queued)."""
+    return device.type == "cpu"
+
+
+def sample_next_token(
+    logits: Tensor,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    do_sample: bool = True,
+    suppress: Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Sample one token per row of `logits [B, V]` (the argmax when `do_sample` is False).
+
+    `suppress` (token ids) are never chosen (e.g. EOS before `min_new_tokens`); draws come from `generator`
+    (None: torch's global generator). Returns
+    `(tokens long[B], log_probs float[B])`; the log-probs are under the unfiltered
+    `softmax(logits / temperature)`, i.e. what `token_log_probs` recomputes for the same tokens.
+    """
+    scaled = logits.float()
+    if temperature != 1.0:
+        scaled = scaled / temperature
+    choose_from = scaled
+    if suppress is not None and suppress.numel():
+        choose_from = scaled.index_fill(-1, suppress, float("-inf"))
+    if do_sample:
+        filtered = filter_logits(choose_from, top_k=top_k, top_p=top_p)
+        probs = torch.softmax(filtered, dim=-1)
+        tokens = _sample_categorical(probs, generator)
+        if filtered is scaled:  # nothing filtered: the sampling distribution is the unfiltered one
+            return tokens, probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).log()
+    else:
+        tokens = choose_from.argmax(dim=-1)
+    log_probs = scaled.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
+    return tokens, log_probs
+
+
+def _supports_logits_to_keep(model: nn.Module) -> bool:
+    import inspect
+
+    base = model
+    get_base = getattr(model, "get_base_model", None)
+    if callable(get_base):
+        base = get_base()
+    try:
+        return "logits_to_keep" in inspect.signature(base.forward).parameters
+    except (TypeError, ValueError):  # pragma: no cover
+        return False
+
+
+def _generate(
+    model: nn.Module,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    n: int,
+    *,
+    max_new_tokens: int,
+    eos_token_ids: Sequence[int],
+    pad_token_id: int,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    stop: StopStringChecker | None = None,
+    compact: bool = True,
+    do_sample: bool = True,
+    min_new_tokens: int = 0,
+    max_new_tokens_per_prompt: Sequence[int] | None = None,
+    generator: torch.Generator | None = None,
+) -> GenerationOutput:
+    """Sample `n` continuations of each left-padded prompt (rows `i*n .. i*n+n-1` belong to prompt `i`).
+
+    `prompt_ids/prompt_mask [B, P]` are the *distinct* prompts: they are prefilled once and their KV
+    cache is repeated `n` times. Finished rows (EOS or stop string) are removed from the batch when
+    `compact` (and the cache supports it); the loop ends when every row has finished. With
+    `do_sample=False` every row decodes greedily (argmax), so the `n` rows of a prompt are equal.
+    EOS cannot be sampled before `min_new_tokens` tokens (stop strings still end a row).
+    `max_new_tokens_per_prompt` (each at most `max_new_tokens`) caps the rows of each prompt on their own;
+    a row that reaches its cap is truncated like one that reaches `max_new_tokens`. Random draws come
+    from `generator` (None: torch's global generator).
+    """
+    from transformers import DynamicCache
+
+    start = time.perf_counter()
+    device = prompt_ids.device
+    num_rows = prompt_ids.shape[0] * n
+    eos_ids = set(eos_token_ids)
+    eos = torch.as_tensor(sorted(eos_ids), dtype=torch.long, device=device)
+    keep_kwargs = {"logits_to_keep": 1} if _supports_logits_to_keep(model) else {}
+
+    # prefill the distinct prompts
+    positions = position_ids_from_mask(prompt_mask)
+    config = getattr(model, "config", None)
+    cache = DynamicCache(config=config) if config is not None else DynamicCache()
+    reserve_room(cache, prompt_ids.shape[1] + max_new_tokens)
+    out = model(
+        input_ids=prompt_ids,
+        attention_mask=prompt_mask,
+        position_ids=positions,
+        use_cache=True,
+        **cache_argument(model, cache),
+        **keep_kwargs,
+    )
+    cache = returned_cache(out)
+    logits = out.logits[:, -1, :]
+    del out
+    if n > 1:
+        cache.batch_repeat_interleave(n)
+        logits = logits.repeat_interleave(n, dim=0)
+    prefill_seconds = elapsed_seconds(start, device)
+
+    prompt_len = prompt_ids.shape[1]
+    attention = torch.ones((num_rows, prompt_len + max_new_tokens), dtype=prompt_mask.dtype, device=device)
+    attention[:, :prompt_len] = prompt_mask.repeat_interleave(n, dim=0)
+    next_position = positions[:, -1].repeat_interleave(n, dim=0) + 1
+    tokens_out = torch.full((num_rows, max_new_tokens), pad_token_id, dtype=torch.long, device=device)
+    log_probs_out = torch.zeros((num_rows, max_new_tokens), dtype=torch.float32, device=device)
+
+    # The host decides which rows end, from the step's tokens (one device-to-host copy per step: on a GPU
+    # every read of a device value waits for the queued work). Per original row:
+    lengths = [max_new_tokens] * num_rows
+    finished = [False] * num_rows
+    by_string = [False] * num_rows
+    caps = None if max_new_tokens_per_prompt is None else [cap for cap in max_new_tokens_per_prompt for _ in range(n)]
+    history: list[list[int]] = [[] for _ in range(num_rows)] if stop else []
+    # Per row of the current batch: its original row and whether it is still generating.
+    active = list(range(num_rows))
+    alive = [True] * num_rows
+    active_rows = torch.arange(num_rows, device=device)
+    dead_inputs = None  # bool[B] on the device: rows kept in the batch (no compaction) that ended; they are fed pad
+    steps = 0
+    for step in range(max_new_tokens):
+        steps = step + 1
+        suppress = eos if step < min_new_tokens else None
+        token, token_log_prob = sample_next_token(logits, temperature, top_k, top_p, do_sample, suppress, generator)
+        tokens_out[active_rows, step] = token  # rows that ended earlier are overwritten with pad at the end
+        log_probs_out[active_rows, step] = token_log_prob
+        report_tokens(step + 1, max_new_tokens)
+
+        sampled = token.tolist()  # the step's one host synchronisation
+        ended, candidates = [], []
+        for i, row in enumerate(active):
+            if not alive[i]:
+                continue
+            if stop:
+                history[row].append(sampled[i])
+            if sampled[i] in eos_ids:
+                ended.append(i)
+                finished[row] = True
+            elif stop:
+                candidates.append(i)
+        if candidates:
+            lo = max(0, step + 1 - stop.window)
+            hits = stop.check([history[active[i]][lo:] for i in candidates])
+            for i, hit in zip(candidates, hits, strict=True):
+                if hit:
+                    ended.append(i)
+                    finished[active[i]] = by_string[active[i]] = True
+        if caps is not None:
+            ending = set(ended)
+            ended += [i for i, row in enumerate(active) if alive[i] and i not in ending and caps[row] <= step + 1]
+        for i in ended:
+            lengths[active[i]] = step + 1
+            alive[i] = False
+        if step == max_new_tokens - 1 or not any(alive):
+            break
+        if ended:
+            if compact:
+                keep = [i for i, flag in enumerate(alive) if flag]
+                try:
+                    cache.batch_select_indices(keep_index := host_to_device(keep, device, torch.long))
+                except (NotImplementedError, AttributeError):
+                    compact = False
+                else:
+                    active, alive = [active[i] for i in keep], [True] * len(keep)
+                    active_rows, token, attention = active_rows[keep_index], token[keep_index], attention[keep_index]
+                    next_position = next_position[keep_index]
+            if not compact:
+                dead_inputs = host_to_device([not flag for flag in alive], device, torch.bool)
+        if dead_inputs is not None:
+            token = token.masked_fill(dead_inputs, pad_token_id)
+
+        out = model(
+            input_ids=token.unsqueeze(-1),
+            attention_mask=attention[:, : prompt_len + step + 1],
+            position_ids=next_position.unsqueeze(-1),
+            use_cache=True,
+            **cache_argument(model, cache),
+        )
+        cache = returned_cache(out)
+        logits = out.logits[:, -1, :]
+        del out
+        next_position = next_position + 1
+    del cache
+
+    width = min(max(max(lengths), 1), steps) if num_rows else 1
+    lengths_tensor = host_to_device(lengths, device, torch.long)
+    mask = torch.arange(width, device=device).unsqueeze(0) < lengths_tensor.unsqueeze(-1)
+    response_ids = tokens_out[:, :width].masked_fill(~mask, pad_token_id)
+    log_probs = log_probs_out[:, :width].masked_fill(~mask, 0.0)
+    return GenerationOutput(
+        response_ids=response_ids,
+        response_mask=mask.float(),
+        truncated=~host_to_device(finished, device, torch.bool),
+        log_probs=log_probs,
+        stopped_by_string=host_to_device(by_string, device, torch.bool),
+        seconds=elapsed_seconds(start, device),
+        prefill_seconds=prefill_seconds,
+        steps=steps,
+    )
+
+
+def host_to_device(values: list, device: torch.device, dtype: torch.dtype) -> Tensor:
+    """`values` as a tensor on `device`, queued without waiting for the device (a CUDA copy from pageable
+    memory synchronises; one from pinned memory is ordered on the stream like a kernel)."""
+    tensor = torch.tensor(values, dtype=dtype)
+    if device.type == "cuda":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
+
+
+@functools.wraps(_generate)
+def generate(*args, **kwargs) -> GenerationOutput:
+    # under `torch.inference_mode` (decoding steps of a small model ~15% faster than under `no_grad`),
+    # with the outputs turned back into normal tensors that autograd may save later
+    with torch.inference_mode():
+        out = _generate(*args, **kwargs)
+    for name in ("response_ids", "response_mask", "truncated", "log_probs", "stopped_by_string"):
+        setattr(out, name, getattr(out, name).clone())
+    return out
+
+
+class KVCacheGeneration(GenerationBackend):
+    """The loop above (`generate`) over the training model itself, as a `GenerationBackend`.
+
+    Args:
+        dtype: the precision the loop samples in. "auto" (the default): the trainer's compute dtype (FSDP2's
+            `param_dtype`, autocast's under `bf16-mixed`, else the weights'), so the model samples as it trains.
+            "bfloat16" over fp32 weights: a bf16 copy of the weights samples, refreshed after every update
+            (`generation/sampling_precision.py`); the fp32 master weights are untouched. "float32": the model as
+            it is, or an fp32 copy of bf16 weights. Sampling log-probs of a bf16 pass differ from the trainer's
+            fp32 ones: `RLVRModule(rollout_is=...)` corrects the mismatch, logged as `train/mismatch/*`.
+    """
+
+    def __init__(self, dtype: SamplingDtype = "auto") -> None:
+        check_sampling_dtype("KVCacheGeneration dtype", dtype)
+        self.dtype = dtype
+        self._weights = SamplingWeights()
+
+    def generate(
+        self,
+        model,
+        tokenizer,
+        prompt_token_ids,
+        n,
+        sampling,
+        *,
+        eos_token_ids,
+        pad_token_id,
+        max_new_tokens=None,
+        generator=None,
+    ):
+        device = compute_device(model)
+        sampler = self._weights.model_for(model, resolve_sampling_dtype(self.dtype, model))
+        # a cast copy computes in its own dtype: autocast (`bf16-mixed`) would cast it again
+        precision = contextlib.nullcontext() if sampler is model else torch.autocast(device.type, enabled=False)
+        model = sampler
+        prompt_ids, prompt_mask = left_pad(prompt_token_ids, pad_token_id)
+        stop = StopStringChecker(
+            sampling.stop_strings, lambda rows: tokenizer.batch_decode(rows, skip_special_tokens=True)
+        )
+        was_training = model.training
+        model.eval()  # no dropout while sampling; gradient checkpointing would also turn the cache off
+        try:
+            with precision:
+                return generate(
+                    model,
+                    prompt_ids.to(device),
+                    prompt_mask.to(device),
+                    n,
+                    max_new_tokens=sampling.max_new_tokens,
+                    eos_token_ids=eos_token_ids,
+                    pad_token_id=pad_token_id,
+                    temperature=sampling.temperature,
+                    top_k=sampling.top_k,
+                    top_p=sampling.top_p,
+                    stop=stop,
+                    do_sample=sampling.do_sample,
+                    min_new_tokens=sampling.min_new_tokens,
+                    max_new_tokens_per_prompt=max_new_tokens,
+                    generator=generator,
+                )
+        finally:
+            model.train(was_training)

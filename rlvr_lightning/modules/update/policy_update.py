@@ -1,0 +1,367 @@
+"""`PolicyUpdate`: the inner update of `RLVRModule`, epochs x mini-batches x micro-batches over one rollout.
+
+    for epoch in update.epochs: for mini-batch (shuffled): for micro-batch:
+        loss = aggregate(w_IS * policy_loss + kl.coef * KL - entropy_coef * H)   normalised by the mini-batch
+        (with a teacher: policy_loss = rl_coef * policy_loss + coef * distillation loss, modules/distillation.py)
+        manual_backward(loss)                           DDP all-reduces at the last micro-batch only
+    clip the gradient norm; optimizer step (skipped, and counted, when the loss or gradient is not finite)
+
+Its inputs first (`add_old_and_reference_log_probs`): the old log-probs, the trainer's numbers at the
+weights the step starts from (recomputed only when the policy moves before the last update; otherwise the
+first update's own, detached), the reference log-probs and the teacher's. `w_IS` compares the old log-probs with the
+sampler's (`rollout_is`), and the loss applies it (`PolicyLoss.with_rollout_is`: each token's loss times its
+weight unless the loss says otherwise; the distillation term, token by token); with asynchronous rollouts the
+sampler is one update behind, and the same
+arithmetic is AReaL's decoupled PPO (see `modules/async_rollouts.py`).
+
+The module owns one and hands itself to `run` for Lightning's manual optimisation (`optimizers`,
+`lr_schedulers`, `manual_backward`, `clip_gradients`). `PPOModule`'s subclass, `ValueUpdate`
+(`modules/update/value_update.py`), overrides `policy_forward`, `micro_batch_loss`, `gradient_norm` and
+`clip_gradients`.
+
+Micro-batches hold `update.micro_batch_size` rows, or with `update.micro_batch_tokens` at most that many tokens
+(`micro_batch_rows`): rows grouped by length into balanced micro-batches (`core/packing.py`), as many on every
+data-parallel rank, each scored as one padding-free packed sequence. Either way each micro-batch's loss is
+normalised by its mini-batch's totals, so the micro-batches' losses add up to the mini-batch's exactly.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import NamedTuple
+
+import lightning.pytorch as pl
+import torch
+from torch import Tensor
+
+from rlvr_lightning.core.aggregation import aggregate_loss, non_empty_rows
+from rlvr_lightning.core.importance_sampling import mismatch_stats, rollout_is_weights
+from rlvr_lightning.core.kl import kl_estimator
+from rlvr_lightning.core.losses.distillation import distillation_loss
+from rlvr_lightning.core.losses.policy_losses import PolicyLoss, PolicyLossOutput, merged_stats
+from rlvr_lightning.core.masked import join_masked, masked_mean
+from rlvr_lightning.modules.distillation import DistillationConfig, Teacher
+from rlvr_lightning.modules.options import AggregationConfig, ImportanceSamplingConfig, KLConfig, UpdateConfig
+from rlvr_lightning.modules.update.gradients import backward_sync, non_finite_gradients, policy_gradient_norm
+from rlvr_lightning.modules.update.micro_batches import (
+    check_token_budget,
+    micro_batch_rows,
+    micro_batches,
+    pack_sequences,
+    scored_in_order,
+)
+from rlvr_lightning.policies.base import Policy, SamplingConfig
+from rlvr_lightning.rollout import Rollout
+
+log = logging.getLogger(__name__)
+
+
+class MicroBatchLoss(NamedTuple):
+    loss: Tensor  # the scalar that is back-propagated
+    policy_loss: PolicyLossOutput
+    mask: Tensor | None  # bool [n, T], None: every token counts
+    kl: Tensor | None  # detached per-token KL, when it is in the loss
+    entropy: Tensor | None  # detached per-token entropy, first epoch only
+    sampler_pair: tuple[Tensor, Tensor] | None  # (trainer, sampler) log-probs at the sampling weights, first update
+    teacher_kl: Tensor | None = None  # detached per-token reverse KL to the teacher at the sampling policy, first epoch
+
+
+class PolicyUpdate:
+    def __init__(
+        self,
+        policy: Policy,
+        loss: PolicyLoss,
+        aggregation: AggregationConfig,
+        kl: KLConfig,
+        reference: Policy | None,
+        rollout_is: ImportanceSamplingConfig,
+        update: UpdateConfig,
+        entropy_coef: float,
+        sampling: SamplingConfig,
+        teacher: Teacher | None = None,
+        distillation: DistillationConfig = DistillationConfig(),
+    ) -> None:
+        """
+        Args:
+            policy: the model being trained.
+            loss: the per-token policy loss.
+            aggregation: how token losses become the scalar that is back-propagated.
+            kl: the KL penalty to `reference`.
+            reference: the KL reference (None: no KL).
+            rollout_is: the importance-sampling correction of the sampler/trainer mismatch.
+            update: epochs, mini- and micro-batch sizes, gradient clipping, non-finite updates tolerated.
+            entropy_coef: weight of the entropy bonus subtracted from the per-token loss.
+            sampling: how the responses were sampled: log-probs are computed at its temperature.
+            teacher: the frozen teacher of on-policy distillation (None: no distillation).
+            distillation: the weights of the distillation loss and of the policy loss beside it.
+        """
+        self.policy, self.loss, self.aggregation, self.sampling = policy, loss, aggregation, sampling
+        self.temperature = sampling.temperature
+        # the divisor of seq-sum-constant: the policy's fixed response length, else the longest response
+        response_length = getattr(policy, "response_length", None)
+        self.loss_constant = float(aggregation.constant or response_length or sampling.max_new_tokens)
+        self.kl, self.kl_estimator, self.reference = kl, kl_estimator(kl.estimator), reference
+        self.rollout_is, self.update, self.entropy_coef = rollout_is, update, entropy_coef
+        self.teacher, self.distillation = teacher, distillation
+        self.skipped_updates = 0  # non-finite updates skipped so far
+        self.consecutive_skips = 0
+        if update.micro_batch_tokens is not None:
+            check_token_budget(update.micro_batch_tokens, int(response_length or sampling.max_new_tokens))
+            pack_sequences(policy, reference, None if teacher is None else teacher.policy)
+
+    def options(self) -> dict:
+        """The arguments this update was built with (a subclass is built from them)."""
+        return dict(
+            policy=self.policy,
+            loss=self.loss,
+            aggregation=self.aggregation,
+            kl=self.kl,
+            reference=self.reference,
+            rollout_is=self.rollout_is,
+            update=self.update,
+            entropy_coef=self.entropy_coef,
+            sampling=self.sampling,
+            teacher=self.teacher,
+            distillation=self.distillation,
+        )
+
+    def micro_batch_rows(self, rollout: Rollout) -> list[Tensor] | list[slice]:
+        """The rows of each micro-batch of `rollout` (`modules/update/micro_batches.py`)."""
+        return micro_batch_rows(rollout, self.update)
+
+    def micro_batches(self, rollout: Rollout):
+        return micro_batches(rollout, self.update)
+
+    def by_micro_batch(self, rollout: Rollout, score) -> Tensor:
+        """`score(micro_batch)` (`[n, ...]` per micro-batch) for every row of `rollout`, in its order."""
+        return scored_in_order(rollout, self.micro_batch_rows(rollout), score)
+
+    # ------------------------------------------------------------------ inputs
+
+    def needs_old_log_probs(self, num_rows: int) -> bool:
+        """Old log-probs matter only once the policy has moved, i.e. after the first optimizer step (the
+        distillation loss always reads them then)."""
+        updates = self.update.epochs * (num_rows // (self.update.mini_batch_size or num_rows))
+        return (self.loss.needs_old_log_probs or self.teacher is not None) and updates > 1
+
+    @torch.no_grad()
+    def add_old_and_reference_log_probs(self, rollout: Rollout) -> None:
+        """Old log-probs (unless the policy already recorded them while sampling) and reference log-probs.
+
+        Sampling log-probs serve as old log-probs only when the policy says they are the trainer's and no
+        importance-sampling correction needs the trainer's own numbers next to them."""
+        if not self.needs_old_log_probs(rollout.num_rows):
+            rollout.old_log_probs = None  # the ratio is 1 by construction: the loss uses detached log-probs
+        elif (
+            rollout.old_log_probs is None
+            and rollout.sampling_log_probs is not None
+            and self.policy.sampling_log_probs_exact
+            and self.rollout_is.mode is None
+        ):
+            rollout.old_log_probs = rollout.sampling_log_probs
+        elif rollout.old_log_probs is None:
+            rollout.old_log_probs = self.by_micro_batch(rollout, self._log_probs)
+        if self.reference is not None:
+            rollout.ref_log_probs = self.by_micro_batch(
+                rollout, lambda mb: self.policy.reference_log_probs(self.reference, mb, self.temperature)
+            )
+        if self.teacher is not None:
+            rollout.teacher_log_probs = self.by_micro_batch(
+                rollout, lambda mb: self.teacher.log_probs(mb, self.temperature)
+            )
+
+    def _log_probs(self, micro: Rollout) -> Tensor:
+        return self.policy.token_log_probs(micro, self.temperature)[0]
+
+    @torch.no_grad()
+    def token_kl(self, rollout: Rollout) -> Tensor:
+        """`[N, T]` KL estimate to the reference at the sampling policy (no grad)."""
+        log_probs = rollout.old_log_probs
+        if log_probs is None:
+            log_probs = self.by_micro_batch(rollout, self._log_probs)
+        return self.kl_estimator.estimate(log_probs, rollout.ref_log_probs, clamp=self.kl.clamp)
+
+    # ------------------------------------------------------------------ the update
+
+    def run(self, rollout: Rollout, module: pl.LightningModule) -> dict[str, Tensor | float]:
+        """Train on `rollout` with `module`'s optimizer and scheduler; the step's update metrics."""
+        optimizer = module.optimizers()
+        scheduler = module.lr_schedulers()
+        mini_size = self.update.mini_batch_size or rollout.num_rows
+        # Fixed-length responses (every token real) skip all the masking ops of the loss.
+        masked = not bool(rollout.response_mask.all())
+        parts: list[MicroBatchLoss] = []
+        losses: list[float] = []
+        grad_norms: list[float] = []
+        for epoch in range(self.update.epochs):
+            order = None
+            if mini_size < rollout.num_rows:
+                order = torch.randperm(rollout.num_rows, device=rollout.response_ids.device)
+            for start in range(0, rollout.num_rows, mini_size):
+                minibatch = rollout if order is None else rollout.select(order[start : start + mini_size])
+                num_tokens = minibatch.response_mask.sum() if masked else minibatch.response_mask.numel()
+                num_sequences = minibatch.num_rows
+                if masked and not self.aggregation.count_empty_rows:
+                    num_sequences = non_empty_rows(minibatch.response_mask)
+                micro_losses = []
+                micros = list(self.micro_batches(minibatch))
+                for i, micro in enumerate(micros):
+                    mask = micro.response_mask.bool() if masked else None
+                    first_update = epoch == 0 and start == 0  # the policy is still the one that sampled
+                    part = self.micro_batch_loss(micro, mask, num_sequences, num_tokens, epoch == 0, first_update)
+                    with backward_sync(module, sync=i == len(micros) - 1):
+                        module.manual_backward(part.loss)
+                    micro_losses.append(part.loss.detach())
+                    parts.append(part)
+                loss_sum = micro_losses[0] if len(micro_losses) == 1 else torch.stack(micro_losses).sum()
+                loss, grad_norm = self.clip_and_step(module, optimizer, scheduler, loss_sum)
+                losses.append(loss)
+                grad_norms.append(grad_norm)
+        return update_metrics(parts, losses, grad_norms, self.rollout_is.max)
+
+    def micro_batch_loss(
+        self,
+        micro: Rollout,
+        mask: Tensor | None,
+        num_sequences: int,
+        num_tokens: Tensor | int,
+        first_epoch: bool,
+        first_update: bool = False,
+    ) -> MicroBatchLoss:
+        """The micro-batch's share of the mini-batch loss, normalised by the mini-batch's sizes.
+
+        `mask` is the micro-batch's response mask, or None when every token is real."""
+        # Entropy is logged from the first epoch (the sampling policy) and costs a pass only where it is needed;
+        # as a metric only, without autograd.
+        with_entropy = first_epoch or self.entropy_coef != 0
+        log_probs, entropy = self.policy_forward(micro, with_entropy, entropy_grad=self.entropy_coef != 0)
+        sampler_pair, weights = None, None
+        if micro.sampling_log_probs is not None:
+            if first_update:
+                sampler_pair = (log_probs.detach(), micro.sampling_log_probs)
+            if self.rollout_is.mode is not None:
+                # the trainer's log-probs at the sampling weights: the recomputed old ones, else this first update's
+                trainer = micro.old_log_probs if micro.old_log_probs is not None else log_probs.detach()
+                is_options = self.rollout_is
+                weights = rollout_is_weights(
+                    trainer, micro.sampling_log_probs, mask, is_options.mode, is_options.max, is_options.min
+                )
+        if weights is None:
+            policy_loss = self.loss(log_probs, micro.old_log_probs, micro.advantages, mask)
+        else:  # the loss applies the weights (by default each token's loss times its weight)
+            policy_loss = self.loss.with_rollout_is(log_probs, micro.old_log_probs, micro.advantages, mask, weights)
+        token_loss = policy_loss.loss
+        teacher_kl = None
+        if self.teacher is not None:
+            distilled = distillation_loss(log_probs, micro.old_log_probs, micro.teacher_log_probs, mask)
+            # the sampler/trainer correction applies to the distillation term as to a token-level loss
+            distilled_loss = distilled.loss if weights is None else distilled.loss * weights
+            token_loss = self.distillation.rl_coef * token_loss + self.distillation.coef * distilled_loss
+            teacher_kl = distilled.reverse_kl if first_epoch else None
+        kl = None
+        if self.reference is not None and self.kl.mode == "loss":
+            kl = self.kl_estimator.estimate(log_probs, micro.ref_log_probs, clamp=self.kl.clamp)
+            token_loss = token_loss + self.kl.coef * kl
+        if self.entropy_coef != 0:
+            token_loss = token_loss - self.entropy_coef * entropy
+        loss = aggregate_loss(
+            token_loss,
+            mask,
+            self.aggregation.mode,
+            num_sequences=num_sequences,
+            num_tokens=num_tokens,
+            constant=self.loss_constant,
+        )
+        return MicroBatchLoss(
+            loss,
+            policy_loss,
+            mask,
+            None if kl is None else kl.detach(),
+            entropy.detach() if first_epoch else None,
+            sampler_pair,
+            teacher_kl,
+        )
+
+    def policy_forward(self, micro: Rollout, with_entropy: bool, entropy_grad: bool) -> tuple[Tensor, Tensor | None]:
+        """The trained log-probs (and entropy) of a micro-batch."""
+        return self.policy.token_log_probs(
+            micro, self.temperature, with_entropy=with_entropy, entropy_grad=entropy_grad
+        )
+
+    # ------------------------------------------------------------------ the optimizer step
+
+    def clip_and_step(self, module: pl.LightningModule, optimizer, scheduler, loss_sum: Tensor) -> tuple[float, float]:
+        """Clip and step, or skip the update when the loss or the gradient is not finite. Returns the
+        loss and the gradient norm before clipping."""
+        grad_norm = self.gradient_norm(loss_sum.device)
+        # one host transfer for both numbers: the check is then Python's, not a chain of tensor ops
+        loss, grad_norm = torch.stack((loss_sum.to(grad_norm.dtype), grad_norm)).tolist()
+        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+            names, count = non_finite_gradients(self.policy)
+            optimizer.zero_grad(set_to_none=True)
+            self.skipped_updates += 1
+            self.consecutive_skips += 1
+            where = f"; non-finite gradients in {count} parameters, first {', '.join(names)}" if count else ""
+            log.warning(
+                "non-finite loss or gradient (loss %s, gradient norm %s): update skipped (%d in a row)%s",
+                loss, grad_norm, self.consecutive_skips, where,
+            )  # fmt: skip
+            if self.consecutive_skips >= self.update.max_consecutive_skips:
+                raise RuntimeError(
+                    f"{self.consecutive_skips} consecutive updates had a non-finite loss or gradient "
+                    f"(update.max_consecutive_skips={self.update.max_consecutive_skips}); stopping. Lower the "
+                    "learning rate, check the rewards for NaN, or raise update.max_consecutive_skips."
+                )
+            return loss, grad_norm
+        self.consecutive_skips = 0
+        if self.update.max_grad_norm is not None:
+            self.clip_gradients(module, optimizer)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if scheduler is not None:
+            scheduler.step()
+        return loss, grad_norm
+
+    def gradient_norm(self, device: torch.device) -> Tensor:
+        """The gradient norm that is logged and must be finite for the update to happen, on `device` (the
+        loss's)."""
+        return policy_gradient_norm(self.policy, device)
+
+    def clip_gradients(self, module: pl.LightningModule, optimizer) -> None:
+        """Clip to `update.max_grad_norm` (Lightning's clipping, which knows the strategy)."""
+        module.clip_gradients(optimizer, gradient_clip_val=self.update.max_grad_norm, gradient_clip_algorithm="norm")
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def state_dict(self) -> dict[str, int]:
+        """The skip counters (checkpoints keep them under "rlvr_counters")."""
+        return {"skipped_updates": self.skipped_updates, "consecutive_skips": self.consecutive_skips}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.skipped_updates = state.get("skipped_updates", 0)
+        self.consecutive_skips = state.get("consecutive_skips", 0)
+
+
+@torch.no_grad()
+def update_metrics(
+    parts: list[MicroBatchLoss], losses: list[float], grad_norms: list[float], rollout_is_max: float
+) -> dict[str, Tensor | float]:
+    """The step's update statistics, each computed once over all of its micro-batches (token-weighted);
+    `rollout_is_max` is the importance weights' cap the mismatch statistics count against."""
+    metrics = {f"train/{key}": value for key, value in merged_stats([part.policy_loss for part in parts]).items()}
+    for name in ("kl", "entropy", "teacher_kl"):
+        with_values = [part for part in parts if getattr(part, name) is not None]
+        if with_values:
+            values, mask = join_masked([getattr(part, name) for part in with_values], [p.mask for p in with_values])
+            metrics[f"train/{name}"] = masked_mean(values, mask)
+    with_sampler = [part for part in parts if part.sampler_pair is not None]
+    if with_sampler:
+        masks = [part.mask for part in with_sampler]
+        trainer, mask = join_masked([part.sampler_pair[0] for part in with_sampler], masks)
+        sampler, _ = join_masked([part.sampler_pair[1] for part in with_sampler], masks)
+        stats = mismatch_stats(trainer, sampler, mask, rollout_is_max)
+        metrics.update({f"train/mismatch/{key}": value for key, value in stats.items()})
+    metrics["train/loss"] = sum(losses) / len(losses)
+    metrics["train/grad_norm"] = sum(grad_norms) / len(grad_norms)
+    return metrics

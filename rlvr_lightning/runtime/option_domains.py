@@ -1,0 +1,105 @@
+"""The domain of a numeric option, and the check that a value lies in it.
+
+    check_range("group_size", 0, low=1, integer=True)
+    ValueError: group_size=0 is not valid: must be an integer >= 1
+
+A class declares the domains of its numeric options once, in a class attribute `OPTION_RANGES` (option name ->
+`Range`), and checks them first thing in `__init__` with `check_ranges`; `rlvr` checks the same table on the
+parsed config before any class is built (`cli/errors/early_checks.py`), so a bad value stops a run before a
+model loads. A float must be finite: NaN or infinity is never a valid option value.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+class OptionValueError(ValueError):
+    """A value outside its option's domain: the message starts with `option=value`."""
+
+    def __init__(self, option: str, value: Any, must_be: str) -> None:
+        self.option, self.value = option, value
+        super().__init__(f"{option}={value!r} is not valid: must be {must_be}")
+
+
+@dataclass(frozen=True)
+class Range:
+    """Numbers from `low` to `high` (None: unbounded), each end included unless `low_open` / `high_open`;
+    `integer`: whole numbers only; `optional`: None (null in YAML) allowed too."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    integer: bool = False
+    optional: bool = False
+
+    def describe(self) -> str:
+        kind = "an integer" if self.integer else "a finite number"
+        if self.low is not None and self.high is not None:
+            text = f"{kind} in {'(' if self.low_open else '['}{self.low}, {self.high}{')' if self.high_open else ']'}"
+        elif self.low is not None:
+            text = f"{kind} {'>' if self.low_open else '>='} {self.low}"
+        elif self.high is not None:
+            text = f"{kind} {'<' if self.high_open else '<='} {self.high}"
+        else:
+            text = kind
+        return text + (" (or null)" if self.optional else "")
+
+    def contains(self, value: Any) -> bool:
+        if value is None:
+            return self.optional
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return False
+        if self.integer and not (isinstance(value, int) or (math.isfinite(value) and value == int(value))):
+            return False
+        if not math.isfinite(value):
+            return False
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        return not (self.high is not None and (value >= self.high if self.high_open else value > self.high))
+
+    def check(self, option: str, value: Any) -> None:
+        if not self.contains(value):
+            raise OptionValueError(option, value, self.describe())
+
+
+def check_range(
+    option: str,
+    value: Any,
+    low: float | None = None,
+    high: float | None = None,
+    *,
+    low_open: bool = False,
+    high_open: bool = False,
+    integer: bool = False,
+    optional: bool = False,
+) -> None:
+    """Raise `OptionValueError` (a ValueError naming the option, the value and the valid range) unless `value`
+    lies in the `Range` these arguments describe."""
+    Range(low, high, low_open, high_open, integer, optional).check(option, value)
+
+
+def check_ranges(ranges: Mapping[str, Range], values: Mapping[str, Any], prefix: str = "") -> None:
+    """Check every option of `ranges` that `values` has (e.g. a class's `OPTION_RANGES` against `locals()`);
+    the error names the option as `prefix + name`."""
+    for name, domain in ranges.items():
+        if name in values:
+            domain.check(prefix + name, values[name])
+
+
+def is_finite_number(value: Any) -> bool:
+    """False only for a float that is NaN or infinite."""
+    return not isinstance(value, float) or math.isfinite(value)
+
+
+# shorthands for the common domains
+POSITIVE_INT = Range(1, integer=True)
+NON_NEGATIVE_INT = Range(0, integer=True)
+POSITIVE = Range(0, low_open=True)
+NON_NEGATIVE = Range(0)
+FINITE = Range()
+PROBABILITY = Range(0, 1)
