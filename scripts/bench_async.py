@@ -177,7 +177,7 @@ def heldout_accuracy(policy, config: Path, num: int) -> tuple[dict[str, float], 
     from eval_arithmetic import _instantiate
 
     from rlvr_lightning.data.task import collate_examples
-    from rlvr_lightning.policies.base import SamplingConfig
+    from rlvr_lightning.generation.sampling_config import SamplingConfig
     from rlvr_lightning.rewards.base import RewardCallback
 
     started = time.perf_counter()

@@ -57,8 +57,8 @@ def run_leg(leg: str, steps: int, seed: int, threads: int) -> dict:
     from rlvr_lightning.advantages import GroupNormalizedAdvantage
     from rlvr_lightning.data.datamodule import RLVRDataModule
     from rlvr_lightning.data.inline_task import InlineTask
+    from rlvr_lightning.generation.sampling_config import SamplingConfig
     from rlvr_lightning.modules import PPOModule, RLVRModule
-    from rlvr_lightning.policies.base import SamplingConfig
     from rlvr_lightning.policies.hf import HFPolicy
     from rlvr_lightning.rewards.base import RewardCallback
     from rlvr_lightning.runtime.model_cache import is_fetched, model_dir

@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from rlvr_lightning.core.importance_sampling import mismatch_stats
     from rlvr_lightning.generation.loop import KVCacheGeneration
-    from rlvr_lightning.policies.base import SamplingConfig
+    from rlvr_lightning.generation.sampling_config import SamplingConfig
     from rlvr_lightning.policies.hf import HFPolicy
     from rlvr_lightning.runtime.timing import clock
 

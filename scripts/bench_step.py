@@ -109,8 +109,8 @@ def run_ours(
     from rlvr_lightning.data.datamodule import RLVRDataModule
     from rlvr_lightning.data.inline_task import InlineTask
     from rlvr_lightning.generation.loop import KVCacheGeneration
+    from rlvr_lightning.generation.sampling_config import SamplingConfig
     from rlvr_lightning.modules.rlvr import RLVRModule
-    from rlvr_lightning.policies.base import SamplingConfig
     from rlvr_lightning.policies.hf import HFPolicy
     from rlvr_lightning.rewards.base import RewardCallback
 

@@ -22,9 +22,9 @@ import time
 import torch
 
 from rlvr_lightning.core.losses.policy_losses import PPOClip
+from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.modules.options import AggregationConfig, ImportanceSamplingConfig, KLConfig, UpdateConfig
 from rlvr_lightning.modules.update.policy_update import PolicyUpdate
-from rlvr_lightning.policies.base import SamplingConfig
 
 
 class _Module:

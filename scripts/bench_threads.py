@@ -57,7 +57,7 @@ def main() -> None:
     parser.add_argument("--conditions", nargs="+", default=["quiet", "load"], choices=["quiet", "load"])
     args = parser.parse_args()
 
-    from rlvr_lightning.policies.base import SamplingConfig
+    from rlvr_lightning.generation.sampling_config import SamplingConfig
     from rlvr_lightning.policies.hf import HFPolicy
 
     torch.manual_seed(0)

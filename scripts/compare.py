@@ -45,9 +45,9 @@ from compare_report import Run, markdown_table, plot, recipe_order, summarise_ru
 
 RL_MODULES = (
     "rlvr_lightning.modules.RLVRModule",
-    "rlvr_lightning.modules.rlvr.RLVRModule",
+    "rlvr_lightning.modules.RLVRModule",
     "rlvr_lightning.modules.PPOModule",
-    "rlvr_lightning.modules.ppo.PPOModule",
+    "rlvr_lightning.modules.PPOModule",
 )
 
 

@@ -54,7 +54,7 @@ def _instantiate(spec):
 
 
 def build(config_path: str, ckpt: str | None, no_tools: bool = False):
-    from rlvr_lightning.policies.base import SamplingConfig
+    from rlvr_lightning.generation.sampling_config import SamplingConfig
     from rlvr_lightning.rewards.base import RewardCallback
 
     config = yaml.safe_load(Path(config_path).read_text())

@@ -62,7 +62,7 @@ def main() -> None:
 
     from torch.profiler import ProfilerActivity, profile
 
-    from rlvr_lightning.policies.base import SamplingConfig
+    from rlvr_lightning.generation.sampling_config import SamplingConfig
     from rlvr_lightning.policies.hf import HFPolicy
     from rlvr_lightning.runtime.timing import clock
 

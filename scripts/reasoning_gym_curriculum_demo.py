@@ -20,8 +20,8 @@ import torch
 from rlvr_lightning.data import RLVRDataModule
 from rlvr_lightning.data.difficulty_filter import DifficultyFilter
 from rlvr_lightning.data.reasoning_gym_task import ReasoningGymTask
+from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.modules import scoring
-from rlvr_lightning.policies.base import SamplingConfig
 from rlvr_lightning.rewards.reasoning_gym import ReasoningGymReward
 from rlvr_lightning.rollout import Rollout
 

@@ -44,7 +44,7 @@ class MismatchLog(pl.Callback):
 
 
 def run(tokenizer_dir: Path, seed: int, dtype: str, steps: int, directory: Path) -> dict:
-    generation = {"class_path": "rlvr_lightning.generation.loop.KVCacheGeneration", "init_args": {"dtype": dtype}}
+    generation = {"class_path": "rlvr_lightning.generation.KVCacheGeneration", "init_args": {"dtype": dtype}}
     config = fit_config(
         tokenizer_dir,
         seed,

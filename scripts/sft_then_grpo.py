@@ -10,7 +10,7 @@ Stages (each reports the greedy exact-sort accuracy on the sort task's 256 held-
                  (never a validation prompt) -> WORKDIR/train.jsonl
     sft          configs/recipes/sft.yaml (SFTModule) on them -> a Lightning checkpoint
     grpo         configs/recipes/grpo.yaml with its policy loaded from the SFT checkpoint
-                 (rlvr_lightning.modules.sft.policy_from_checkpoint; the KL reference is the SFT policy)
+                 (rlvr_lightning.modules.policy_from_checkpoint; the KL reference is the SFT policy)
     grpo_scratch the same GRPO recipe from a random policy (the control)
     ei           configs/recipes/expert_iteration.yaml (ExpertIterationModule) from the SFT checkpoint
                  for `--ei_rounds` rounds, keeping only exact sorts (the task reward's is_correct)
@@ -64,7 +64,7 @@ def recipe_policy(recipe: Path) -> dict:
 def from_checkpoint(policy: dict, checkpoint: Path) -> str:
     """A `--model.init_args.policy=` value that loads `checkpoint` into `policy`."""
     wrapped = {
-        "class_path": "rlvr_lightning.modules.sft.policy_from_checkpoint",
+        "class_path": "rlvr_lightning.modules.policy_from_checkpoint",
         "init_args": {"checkpoint_path": str(checkpoint), "policy": policy},
     }
     return "--model.init_args.policy=" + json.dumps(wrapped)

@@ -138,7 +138,7 @@ def plot(results: dict, path: Path, steps: int) -> None:
 def cmd_smollm2(args) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    generation = {"class_path": "rlvr_lightning.policies.ServerGeneration", "init_args": {"servers": args.servers}}
+    generation = {"class_path": "rlvr_lightning.generation.ServerGeneration", "init_args": {"servers": args.servers}}
     name = "smollm2_k2"
     fit(leg_config(REPO / "configs" / "smollm2_demo.yaml", out, name, 2, 0, args.steps, generation))
     print(f"\n{datetime.date.today()}: {' '.join(sys.argv)}\n")

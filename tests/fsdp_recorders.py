@@ -77,8 +77,8 @@ class ShardedSampling(pl.Callback):
         self.out, self.name, self.tokenizer_dir = out, name, tokenizer_dir
 
     def on_train_end(self, trainer, pl_module):
+        from rlvr_lightning.generation.sampling_config import SamplingConfig
         from rlvr_lightning.parallel import gathered_params
-        from rlvr_lightning.policies.base import SamplingConfig
         from rlvr_lightning.policies.hf import HFPolicy
 
         rank = trainer.global_rank

@@ -70,7 +70,7 @@ def evaluation_as_on_gpus():
 
 def policy(tokenizer_dir: str, **options) -> dict:
     return {
-        "class_path": "rlvr_lightning.policies.hf.HFPolicy",
+        "class_path": "rlvr_lightning.policies.HFPolicy",
         "init_args": {"config": TINY_LLAMA, "tokenizer_name_or_path": tokenizer_dir, **options},
     }
 
@@ -82,7 +82,7 @@ def inline_data(batch_size: int = 2) -> dict:
             "batch_size": batch_size,
             "val_batch_size": 2,
             "task": {
-                "class_path": "rlvr_lightning.data.inline_task.InlineTask",
+                "class_path": "rlvr_lightning.data.InlineTask",
                 "init_args": {
                     "examples": [{"prompt": p} for p in PROMPTS],
                     "val_examples": [{"prompt": p} for p in PROMPTS[:4]],
@@ -141,7 +141,7 @@ def case_config(case: str, strategy: str, out: str, tokenizer_dir: str) -> dict:
         data = inline_data()
         if case == "rl":  # a curriculum refresh first: 5 candidates, 3 and 2 per rank, sampled in 2 and 1 calls
             data["init_args"]["difficulty_filter"] = {
-                "class_path": "rlvr_lightning.data.difficulty_filter.DifficultyFilter",
+                "class_path": "rlvr_lightning.data.DifficultyFilter",
                 "init_args": {"n": 2, "max_candidates": 5, "batch_size": 2, "pass_threshold": 0.5},
             }
         return {"seed_everything": 0, "trainer": trainer(strategy, 2, callbacks), "model": model, "data": data}
@@ -153,7 +153,7 @@ def case_config(case: str, strategy: str, out: str, tokenizer_dir: str) -> dict:
             "init_args": {"policy": policy(tokenizer_dir), "optimizer": adam},
         }
         data = {
-            "class_path": "rlvr_lightning.data.sft_data.SFTDataModule",
+            "class_path": "rlvr_lightning.data.SFTDataModule",
             "init_args": {"train_file": str(pairs), "batch_size": 2},
         }
         run = trainer(strategy, 3, record, gradient_clip_val=1.0)

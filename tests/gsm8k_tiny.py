@@ -59,7 +59,7 @@ def write_tiny_gsm8k_override(tmp: Path, accelerator: str, problems: int = len(P
                 "batch_size": 2,
                 "val_batch_size": 2,
                 "task": {
-                    "class_path": "rlvr_lightning.data.jsonl_task.JSONLTask",
+                    "class_path": "rlvr_lightning.data.JSONLTask",
                     "init_args": {"path": str(data), "val_path": str(data), "num_val": 2},
                 },
             }

@@ -221,7 +221,7 @@ model:
   class_path: rlvr_lightning.modules.RLVRModule
   init_args:
     policy:
-      class_path: rlvr_lightning.policies.toy_sort.ToySortPolicy
+      class_path: rlvr_lightning.policies.ToySortPolicy
       init_args: {{vocab_size: 5, prompt_length: 3, embedding_dim: 512}}
     group_size: 4
 data:

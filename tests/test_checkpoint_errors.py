@@ -149,7 +149,7 @@ def test_rlvr_export_misuse_is_a_short_error(in_tmp_dir, capsys):
     tokenizer = save_tiny_tokenizer(in_tmp_dir / "tokenizer")
     model = {"class_path": "rlvr_lightning.modules.RLVRModule", "init_args": {"policy": {}}}
     model["init_args"]["policy"] = {
-        "class_path": "rlvr_lightning.policies.hf.HFPolicy",
+        "class_path": "rlvr_lightning.policies.HFPolicy",
         "init_args": {"config": tiny_llama_config(), "tokenizer_name_or_path": str(tokenizer)},
     }
     lm = in_tmp_dir / "lm.yaml"

@@ -96,7 +96,7 @@ def test_predict_writes_the_checkpoint_completions_and_validate_scores_them(in_t
     policy; `rlvr validate --ckpt_path` reports the accuracy of exactly those completions."""
     import json
 
-    from rlvr_lightning.policies.base import SamplingConfig
+    from rlvr_lightning.generation.sampling_config import SamplingConfig
 
     config = str(CONFIGS[0].parent / "sort_lecture.yaml")
     fitted = main(["fit", "--config", config, *QUICK, "--trainer.limit_train_batches=2"])

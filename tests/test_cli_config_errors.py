@@ -77,7 +77,7 @@ def no_model_loading(monkeypatch):
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
 def test_the_vllm_backend_without_vllm_names_the_install_command_before_the_model_loads(capsys, no_model_loading):
-    backend = "--model.init_args.policy.init_args.generation=rlvr_lightning.policies.VLLMGeneration"
+    backend = "--model.init_args.policy.init_args.generation=rlvr_lightning.generation.VLLMGeneration"
     code, lines = run(capsys, "fit", "--config", TINY_LM, backend, *QUIET)
     assert code == 2 and len(lines) <= 4
     assert lines[0].startswith("error: VLLMGeneration needs vLLM, which is not installed in this environment: ")

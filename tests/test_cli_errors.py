@@ -102,7 +102,7 @@ def test_a_misspelled_option_of_a_loss_class(in_tmp_dir, capsys):
     bad = write(
         in_tmp_dir / "bad.yaml",
         (
-            "model:\n  init_args:\n    loss:\n      class_path: rlvr_lightning.core.losses.policy_losses.PPOClip\n"
+            "model:\n  init_args:\n    loss:\n      class_path: rlvr_lightning.core.PPOClip\n"
             "      init_args: {clip_hi: 0.3}\n"
         ),
     )

@@ -101,7 +101,7 @@ data:
       class_path: rlvr_lightning.data.SortTask
       init_args: {{vocab_size: {vocab}, length: 3, num_val: 0}}
     difficulty_filter:
-      class_path: rlvr_lightning.data.difficulty_filter.DifficultyFilter
+      class_path: rlvr_lightning.data.DifficultyFilter
       init_args: {{n: {n}, max_candidates: {candidates}, batch_size: 8}}
 """
 

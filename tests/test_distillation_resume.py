@@ -39,14 +39,14 @@ model:
   class_path: rlvr_lightning.modules.RLVRModule
   init_args:
     policy:
-      class_path: rlvr_lightning.policies.toy_sort.ToySortPolicy
+      class_path: rlvr_lightning.policies.ToySortPolicy
       init_args: {POLICY}
     teacher:
-      class_path: rlvr_lightning.modules.policy_checkpoint.policy_from_checkpoint
+      class_path: rlvr_lightning.modules.policy_from_checkpoint
       init_args:
         checkpoint_path: {teacher}
         policy:
-          class_path: rlvr_lightning.policies.toy_sort.ToySortPolicy
+          class_path: rlvr_lightning.policies.ToySortPolicy
           init_args: {POLICY}
     distillation: {{coef: 1.0, rl_coef: 0.5}}
     optimizer:

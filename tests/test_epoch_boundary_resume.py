@@ -70,13 +70,13 @@ trainer:
       init_args:
         {{dirpath: {tmp}/ckpt_{name}, every_n_epochs: 1, save_top_k: -1, save_last: true, filename: "{{epoch}}"}}
 model:
-  class_path: rlvr_lightning.modules.sft.SFTModule
+  class_path: rlvr_lightning.modules.SFTModule
   init_args:
     policy:
-      class_path: rlvr_lightning.policies.toy_sort.ToySortPolicy
+      class_path: rlvr_lightning.policies.ToySortPolicy
       init_args: {{vocab_size: 5, prompt_length: 3, embedding_dim: 8, activation: tanh}}
 data:
-  class_path: rlvr_lightning.data.sft_data.SFTDataModule
+  class_path: rlvr_lightning.data.SFTDataModule
   init_args: {{train_file: {tmp}/train.jsonl, batch_size: 8}}
 """
 

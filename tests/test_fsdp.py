@@ -299,7 +299,7 @@ def test_export_gives_a_hugging_face_directory_with_the_same_log_probs(resumed, 
     from transformers import AutoModelForCausalLM
 
     from rlvr_lightning.cli.main import main
-    from rlvr_lightning.policies.base import SamplingConfig
+    from rlvr_lightning.generation.sampling_config import SamplingConfig
 
     if source == "sharded":  # the directory of shards of the uninterrupted run's last step
         config, ckpt, run = resumed / "full.yaml", resumed / "ckpt_full" / "last.ckpt", torch.load(resumed / "full.pt")

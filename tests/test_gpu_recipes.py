@@ -38,16 +38,13 @@ def test_overlay_parses_on_the_recipe(overlay, capsys):
     task = config["data"]["init_args"]["task"]
     strategy = config["trainer"]["strategy"]
     if overlay.stem.startswith("offline_"):  # weights and data that exist offline
-        assert (
-            task["class_path"] == "rlvr_lightning.data.jsonl_task.JSONLTask"
-            and task["init_args"]["template"] == "r1_zero"
-        )
+        assert task["class_path"] == "rlvr_lightning.data.JSONLTask" and task["init_args"]["template"] == "r1_zero"
         if "smollm2" in overlay.stem:
             assert policy["model_name_or_path"] == "smollm2-135m-instruct"
         else:
             assert policy["model_name_or_path"] is None and policy["config"]["num_hidden_layers"] == 28
     elif overlay.stem == "rollout_servers":  # generation only: the recipe's strategy and precision stay
-        assert policy["generation"]["class_path"] == "rlvr_lightning.policies.ServerGeneration"
+        assert policy["generation"]["class_path"] == "rlvr_lightning.generation.ServerGeneration"
         assert policy["generation"]["init_args"]["servers"] == ["localhost:8000"]
     else:
         assert strategy["class_path"] == "rlvr_lightning.parallel.FSDP2Strategy"

@@ -18,19 +18,19 @@ trainer:
   logger: false
   enable_checkpointing: false
   callbacks:
-    - class_path: rlvr_lightning.rewards.text.ContainsReward
+    - class_path: rlvr_lightning.rewards.ContainsReward
       init_args: {key: answer}
 model:
   class_path: rlvr_lightning.modules.RLVRModule
   init_args:
     policy:
-      class_path: rlvr_lightning.policies.hf.HFPolicy
+      class_path: rlvr_lightning.policies.HFPolicy
       init_args: {model_name_or_path: no-such-org/no-such-model}
 data:
   class_path: rlvr_lightning.data.RLVRDataModule
   init_args:
     task:
-      class_path: rlvr_lightning.data.inline_task.InlineTask
+      class_path: rlvr_lightning.data.InlineTask
       init_args: {examples: [{prompt: "What is 1 + 1?", answer: "2"}]}
 """
 

@@ -85,7 +85,7 @@ def _config(
                 "init_args": {"save_dir": str(tmp_path), "name": "csv"},
             },
             "callbacks": [
-                {"class_path": "rlvr_lightning.rewards.text.ContainsReward", "init_args": {"target": "a"}},
+                {"class_path": "rlvr_lightning.rewards.ContainsReward", "init_args": {"target": "a"}},
                 {"class_path": "rlvr_lightning.advantages.GroupNormalizedAdvantage"},
             ],
             **(trainer or {}),
@@ -93,7 +93,7 @@ def _config(
         "model": {
             "class_path": "rlvr_lightning.modules.RLVRModule",
             "init_args": {
-                "policy": {"class_path": "rlvr_lightning.policies.hf.HFPolicy", "init_args": policy},
+                "policy": {"class_path": "rlvr_lightning.policies.HFPolicy", "init_args": policy},
                 "optimizer": {"class_path": "torch.optim.AdamW", "init_args": {"lr": 1.0e-3}},
                 "group_size": 4,
                 "sampling": {"temperature": 1.0, "max_new_tokens": 6},
@@ -105,7 +105,7 @@ def _config(
             "init_args": {
                 "batch_size": 2,
                 "task": {
-                    "class_path": "rlvr_lightning.data.inline_task.InlineTask",
+                    "class_path": "rlvr_lightning.data.InlineTask",
                     "init_args": task or {"examples": CHAT_EXAMPLES, "val_examples": CHAT_EXAMPLES[:2]},
                 },
             },

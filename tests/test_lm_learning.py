@@ -28,7 +28,7 @@ from rlvr_lightning.policies import hf_scoring  # noqa: E402
 START, END = 1, 5
 # our loop sampling from a bf16 copy of the fp32 weights
 BF16_SAMPLING = {
-    "class_path": "rlvr_lightning.generation.loop.KVCacheGeneration",
+    "class_path": "rlvr_lightning.generation.KVCacheGeneration",
     "init_args": {"dtype": "bfloat16"},
 }  # steps averaged at the start (the untrained model's samples) and at the end of a run
 

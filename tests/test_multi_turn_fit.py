@@ -21,7 +21,7 @@ from rlvr_lightning.rollout import TokenSource  # noqa: E402
 
 EXAMPLES = [{"prompt": "What is 2+3?", "answer": "5"}, {"prompt": "Say ab. What is 2+3?", "answer": "5"}]
 TOOLS = {
-    "class_path": "rlvr_lightning.multiturn.tool_use.ToolUse",
+    "class_path": "rlvr_lightning.multiturn.ToolUse",
     "init_args": {
         "tools": [{"class_path": "rlvr_lightning.tools.Calculator"}],
         "max_turns": 3,
@@ -65,7 +65,7 @@ def test_rlvr_fit_with_a_calculator_from_yaml(tmp_path, monkeypatch):
                 "init_args": {"save_dir": str(tmp_path), "name": "csv"},
             },
             "callbacks": [
-                {"class_path": "rlvr_lightning.rewards.text.ContainsReward", "init_args": {"target": "5"}},
+                {"class_path": "rlvr_lightning.rewards.ContainsReward", "init_args": {"target": "5"}},
                 {"class_path": "rlvr_lightning.advantages.CenteredAdvantage"},
             ],
         },
@@ -73,7 +73,7 @@ def test_rlvr_fit_with_a_calculator_from_yaml(tmp_path, monkeypatch):
             "class_path": "rlvr_lightning.modules.RLVRModule",
             "init_args": {
                 "policy": {
-                    "class_path": "rlvr_lightning.policies.hf.HFPolicy",
+                    "class_path": "rlvr_lightning.policies.HFPolicy",
                     "init_args": {"model_name_or_path": str(model_dir), "prompt_template": "raw", "tools": TOOLS},
                 },
                 "optimizer": {"class_path": "torch.optim.AdamW", "init_args": {"lr": 1.0e-3}},
@@ -86,7 +86,7 @@ def test_rlvr_fit_with_a_calculator_from_yaml(tmp_path, monkeypatch):
             "init_args": {
                 "batch_size": 2,
                 "task": {
-                    "class_path": "rlvr_lightning.data.inline_task.InlineTask",
+                    "class_path": "rlvr_lightning.data.InlineTask",
                     "init_args": {"examples": EXAMPLES, "val_examples": EXAMPLES},
                 },
             },
@@ -112,9 +112,9 @@ def final_parameters(tokenizer_dir, micro_batch_size):
     from rlvr_lightning.advantages import CenteredAdvantage
     from rlvr_lightning.data import RLVRDataModule
     from rlvr_lightning.data.inline_task import InlineTask
+    from rlvr_lightning.generation.sampling_config import SamplingConfig
     from rlvr_lightning.modules import RLVRModule
     from rlvr_lightning.multiturn.tool_use import ToolUse
-    from rlvr_lightning.policies.base import SamplingConfig
     from rlvr_lightning.rewards.text import ContainsReward
     from rlvr_lightning.tools import Calculator
 

@@ -49,7 +49,7 @@ class WaitAtStep(Callback):
 
 FILTER = """
     difficulty_filter:
-      class_path: rlvr_lightning.data.difficulty_filter.DifficultyFilter
+      class_path: rlvr_lightning.data.DifficultyFilter
       init_args: {n: 4, max_candidates: 48, batch_size: 16, pass_threshold: 4.0}
 """
 
@@ -84,7 +84,7 @@ model:
   class_path: rlvr_lightning.modules.{"PPOModule" if ppo else "RLVRModule"}
   init_args:
 {PPO if ppo else ""}    policy:
-      class_path: rlvr_lightning.policies.toy_sort.ToySortPolicy
+      class_path: rlvr_lightning.policies.ToySortPolicy
       init_args: {{vocab_size: 5, prompt_length: 3, embedding_dim: 8, activation: relu}}
     optimizer:
       class_path: torch.optim.Adam

@@ -111,7 +111,7 @@ model:
   class_path: rlvr_lightning.modules.RLVRModule
   init_args:
     policy:
-      class_path: rlvr_lightning.policies.toy_sort.ToySortPolicy
+      class_path: rlvr_lightning.policies.ToySortPolicy
       init_args: {{vocab_size: 5, prompt_length: 3, embedding_dim: 8}}
     group_size: 4
 data:
@@ -186,7 +186,7 @@ TOY_MODEL = {
     "class_path": "rlvr_lightning.modules.RLVRModule",
     "init_args": {
         "policy": {
-            "class_path": "rlvr_lightning.policies.toy_sort.ToySortPolicy",
+            "class_path": "rlvr_lightning.policies.ToySortPolicy",
             "init_args": {"vocab_size": 5, "prompt_length": 3, "embedding_dim": 8},
         },
         # a distillation config's teacher scores the real task's tokens: the toy policy runs without one

@@ -234,8 +234,8 @@ def test_predict_gathers_the_sharded_policy(hf_policy, one_process_group):
     happened there (and ranks decoding different numbers of tokens would pair their all-gathers wrongly)."""
     from rlvr_lightning.data import RLVRDataModule
     from rlvr_lightning.data.inline_task import InlineTask
+    from rlvr_lightning.generation.sampling_config import SamplingConfig
     from rlvr_lightning.modules import RLVRModule
-    from rlvr_lightning.policies.base import SamplingConfig
 
     module = RLVRModule(
         hf_policy(), group_size=2, sampling=SamplingConfig(max_new_tokens=4), validation=ValidationConfig(greedy=False)
@@ -258,8 +258,8 @@ def test_ppo_shards_its_critic_and_reads_hidden_states_through_the_sharded_model
     where FSDP2 gathers the embeddings (a sharded DTensor met a plain tensor)."""
     from rlvr_lightning.data import RLVRDataModule
     from rlvr_lightning.data.inline_task import InlineTask
+    from rlvr_lightning.generation.sampling_config import SamplingConfig
     from rlvr_lightning.modules import PPOModule
-    from rlvr_lightning.policies.base import SamplingConfig
 
     pl.seed_everything(0)
     module = PPOModule(

@@ -6,7 +6,7 @@ import torch
 
 from rlvr_lightning.generation.loop import GenerationOutput, left_pad
 from rlvr_lightning.policies import GenerationBackend
-from rlvr_lightning.policies.base import compute_device
+from rlvr_lightning.runtime.devices import compute_device
 
 
 class TransformersGenerate(GenerationBackend):

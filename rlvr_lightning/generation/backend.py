@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from rlvr_lightning.generation.output import GenerationOutput
-from rlvr_lightning.policies.base import SamplingConfig
+from rlvr_lightning.generation.sampling_config import SamplingConfig
 
 
 class GenerationBackend(ABC):

@@ -32,7 +32,7 @@ from rlvr_lightning.generation.sampling_precision import (
     check_sampling_dtype,
     resolve_sampling_dtype,
 )
-from rlvr_lightning.policies.base import compute_device
+from rlvr_lightning.runtime.devices import compute_device
 from rlvr_lightning.runtime.stage_reports import report_tokens
 from rlvr_lightning.runtime.timing import elapsed_seconds
 

@@ -86,7 +86,8 @@ from typing import Any
 
 import torch
 
-from rlvr_lightning.policies.base import Policy, PromptBatch, SamplingConfig
+from rlvr_lightning.generation.sampling_config import SamplingConfig
+from rlvr_lightning.policies.base import Policy, PromptBatch
 from rlvr_lightning.rollout import Rollout
 from rlvr_lightning.runtime import stage_reports
 from rlvr_lightning.runtime.timing import elapsed_seconds

@@ -31,8 +31,9 @@ import torch
 from torch import Tensor
 
 from rlvr_lightning.parallel.fsdp import data_parallel_mesh, shard_policy, sharding_options
-from rlvr_lightning.policies.base import Policy, set_compute_device
+from rlvr_lightning.policies.base import Policy
 from rlvr_lightning.rollout import Rollout
+from rlvr_lightning.runtime.devices import set_compute_device
 
 # facts of a policy without a tokenizer (ToySortPolicy) that fix what its token ids mean
 TOKEN_FACTS = ("vocab_size", "eos_token", "prompt_length", "response_length")

@@ -24,6 +24,7 @@ import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 
+from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.modules.options import AggregationConfig, UpdateConfig, ValidationConfig, plain_hyperparameters
 from rlvr_lightning.modules.pair_rollouts import check_nll_aggregation, response_nll
 from rlvr_lightning.modules.policy_module import PolicyModule
@@ -31,7 +32,7 @@ from rlvr_lightning.modules.step_metrics import publish_step_metrics
 from rlvr_lightning.modules.update.gradients import backward_sync, policy_gradient_norm
 from rlvr_lightning.modules.update.micro_batches import micro_batches, pack_sequences
 from rlvr_lightning.parallel.fsdp import gathered_params
-from rlvr_lightning.policies.base import Policy, PromptBatch, SamplingConfig
+from rlvr_lightning.policies.base import Policy, PromptBatch
 from rlvr_lightning.rollout import Rollout
 from rlvr_lightning.runtime.distributed import all_gather
 from rlvr_lightning.runtime.option_domains import POSITIVE_INT, Range, check_ranges

@@ -15,8 +15,9 @@ from torch import Tensor
 
 from rlvr_lightning.core.aggregation import AGGREGATION_MODES, aggregate_loss
 from rlvr_lightning.modules.options import AggregationConfig
-from rlvr_lightning.policies.base import Policy, compute_device
+from rlvr_lightning.policies.base import Policy
 from rlvr_lightning.rollout import Rollout
+from rlvr_lightning.runtime.devices import compute_device
 
 
 def _is_text_policy(policy: Policy) -> bool:

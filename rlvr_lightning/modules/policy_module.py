@@ -24,12 +24,13 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 
 from rlvr_lightning.evaluation.metrics import ValidationMetrics
+from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.modules import scoring
 from rlvr_lightning.modules.attention_kernels import restore_cudnn_attention, turn_off_cudnn_attention
 from rlvr_lightning.modules.options import ValidationConfig
 from rlvr_lightning.modules.training_precision import check_training_precision
 from rlvr_lightning.parallel.fsdp import data_parallel_mesh, gathered_params, shard_for_training
-from rlvr_lightning.policies.base import Policy, PromptBatch, SamplingConfig
+from rlvr_lightning.policies.base import Policy, PromptBatch
 from rlvr_lightning.rewards.base import RewardCallback, find_reward_callbacks
 from rlvr_lightning.rollout import Rollout
 

@@ -33,6 +33,7 @@ from torch import Tensor
 from rlvr_lightning.advantages import AdvantageCallback, GroupNormalizedAdvantage
 from rlvr_lightning.core.losses.policy_losses import PolicyLoss, policy_loss
 from rlvr_lightning.core.masked import masked_mean, masked_sum
+from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.modules.async_rollouts import AsyncRollouts
 from rlvr_lightning.modules.bias_metrics import bias_metrics
 from rlvr_lightning.modules.distillation import DistillationConfig, Teacher, check_distillation
@@ -52,7 +53,7 @@ from rlvr_lightning.modules.scoring import reward_metrics
 from rlvr_lightning.modules.step_metrics import publish_step_metrics
 from rlvr_lightning.modules.update.policy_update import PolicyUpdate
 from rlvr_lightning.parallel.fsdp import gathered_params
-from rlvr_lightning.policies.base import Policy, PromptBatch, SamplingConfig
+from rlvr_lightning.policies.base import Policy, PromptBatch
 from rlvr_lightning.rollout import Rollout
 from rlvr_lightning.runtime.option_domains import NON_NEGATIVE, POSITIVE_INT, check_ranges
 from rlvr_lightning.runtime.stage_reports import report_stage

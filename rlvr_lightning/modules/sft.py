@@ -26,11 +26,12 @@ import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 
+from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.modules.options import AggregationConfig, ValidationConfig, plain_hyperparameters
 from rlvr_lightning.modules.pair_rollouts import check_nll_aggregation, pair_rollout, response_nll
 from rlvr_lightning.modules.policy_checkpoint import policy_from_checkpoint
 from rlvr_lightning.modules.policy_module import PolicyModule
-from rlvr_lightning.policies.base import Policy, SamplingConfig
+from rlvr_lightning.policies.base import Policy
 from rlvr_lightning.rollout import Rollout
 
 # configs name the loader as rlvr_lightning.modules.sft.policy_from_checkpoint

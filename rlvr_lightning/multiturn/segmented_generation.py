@@ -30,8 +30,9 @@ import torch
 from torch import nn
 
 from rlvr_lightning.generation.output import GenerationOutput, StopStringChecker
-from rlvr_lightning.policies.base import SamplingConfig, compute_device
+from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.rollout import TokenSource
+from rlvr_lightning.runtime.devices import compute_device
 
 
 class Codec:

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from rlvr_lightning.policies.base import set_compute_device
+from rlvr_lightning.runtime.devices import set_compute_device
 
 log = logging.getLogger(__name__)
 

@@ -1,20 +1,31 @@
-"""Policies. `HFPolicy` lives in `rlvr_lightning.policies.hf` (imports transformers on demand); its
-generation backends are importable from here (`VLLMGeneration` imports vLLM only when it starts)."""
+"""Policies: the models the training modules train (`HFPolicy`: a Hugging Face causal LM, optionally with LoRA;
+`ToySortPolicy`: the sort task's small model; `SortTeacher`: a scripted teacher for distillation), behind the
+`Policy` interface. `HFPolicy` imports transformers when it is built.
 
-from rlvr_lightning.generation.backend import GenerationBackend
-from rlvr_lightning.generation.loop import KVCacheGeneration
-from rlvr_lightning.generation.servers import ServerGeneration
-from rlvr_lightning.generation.vllm_engine import VLLMGeneration
-from rlvr_lightning.policies.base import Policy, PromptBatch, SamplingConfig
+The generation backends live in `rlvr_lightning.generation`; the names below are also importable from here, so
+that recipes written as `rlvr_lightning.policies.VLLMGeneration` keep working."""
+
+from rlvr_lightning.generation import (
+    GenerationBackend,
+    KVCacheGeneration,
+    SamplingConfig,
+    ServerGeneration,
+    VLLMGeneration,
+)
+from rlvr_lightning.policies.base import Policy, PromptBatch
+from rlvr_lightning.policies.hf import HFPolicy
+from rlvr_lightning.policies.sort_teacher import SortTeacher
 from rlvr_lightning.policies.toy_sort import ToySortPolicy
 
 __all__ = [
     "GenerationBackend",
+    "HFPolicy",
     "KVCacheGeneration",
     "Policy",
     "PromptBatch",
     "SamplingConfig",
     "ServerGeneration",
+    "SortTeacher",
     "ToySortPolicy",
     "VLLMGeneration",
 ]

@@ -14,71 +14,15 @@ from __future__ import annotations
 
 import copy
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.rollout import Rollout
-from rlvr_lightning.runtime.option_domains import NON_NEGATIVE_INT, POSITIVE_INT, Range, check_ranges
 
 PromptBatch = dict[str, list[Any]]
-
-
-def compute_device(module: nn.Module) -> torch.device:
-    """The device `module` computes on: the one `set_compute_device` recorded (a training module records its
-    strategy's root device), else its first parameter's (CPU without parameters).
-
-    The two differ under FSDP2 with CPU offload: the sharded parameters stay in CPU memory while every
-    forward runs on the GPU, so tensors built for a forward must not follow the parameters."""
-    device = getattr(module, "_compute_device", None)
-    if device is not None:
-        return device
-    first = next(module.parameters(), None)
-    return first.device if first is not None else torch.device("cpu")
-
-
-def set_compute_device(module: nn.Module, device: torch.device) -> None:
-    """Record `device` as where `module` and every submodule compute (`compute_device` reads it)."""
-    for submodule in module.modules():
-        submodule._compute_device = torch.device(device)
-
-
-@dataclass
-class SamplingConfig:
-    """How responses are sampled. Log-probs are computed at the same temperature.
-
-    Args:
-        temperature: the sampling temperature (> 0); the trainer's log-probs use the same one.
-        do_sample: false: greedy decoding (evaluation).
-        top_p: nucleus sampling's probability mass (1: off).
-        top_k: sample among the k most likely tokens (0: off).
-        max_new_tokens: the most tokens a response may have.
-        min_new_tokens: EOS is not sampled before this many tokens (equal-length benchmarks).
-        stop_strings: a response ends after any of these strings.
-    """
-
-    temperature: float = 1.0
-    do_sample: bool = True
-    top_p: float = 1.0
-    top_k: int = 0
-    max_new_tokens: int = 256
-    min_new_tokens: int = 0
-    stop_strings: list[str] = field(default_factory=list)
-
-    OPTION_RANGES: ClassVar[dict[str, Range]] = {
-        "temperature": Range(0, low_open=True),
-        "top_p": Range(0, 1, low_open=True),
-        "top_k": NON_NEGATIVE_INT,
-        "max_new_tokens": POSITIVE_INT,
-        "min_new_tokens": NON_NEGATIVE_INT,
-    }
-
-    def __post_init__(self) -> None:
-        check_ranges(self.OPTION_RANGES, vars(self), prefix="sampling.")
-        if not 0 <= self.min_new_tokens <= self.max_new_tokens:
-            raise ValueError(f"sampling.min_new_tokens must be in [0, max_new_tokens], got {self.min_new_tokens}")
 
 
 class Policy(nn.Module, ABC):

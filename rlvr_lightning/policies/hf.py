@@ -54,11 +54,12 @@ from torch import Tensor, nn
 from rlvr_lightning.generation.backend import GenerationBackend
 from rlvr_lightning.generation.loop import KVCacheGeneration, left_pad
 from rlvr_lightning.generation.output import generation_stats
+from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.multiturn.segmented_generation import decode_responses, generate_segments
 from rlvr_lightning.multiturn.thinking_budget import ThinkingBudget
 from rlvr_lightning.multiturn.tool_use import ToolUse
 from rlvr_lightning.policies import hf_loading, prompt_encoding
-from rlvr_lightning.policies.base import Policy, PromptBatch, SamplingConfig, compute_device
+from rlvr_lightning.policies.base import Policy, PromptBatch
 from rlvr_lightning.policies.hf_scoring import HFScoring
 from rlvr_lightning.policies.lean_layers import apply_lean_layers
 from rlvr_lightning.policies.lora_reference import (
@@ -68,6 +69,7 @@ from rlvr_lightning.policies.lora_reference import (
     scoring_as_reference,
 )
 from rlvr_lightning.rollout import Rollout
+from rlvr_lightning.runtime.devices import compute_device
 from rlvr_lightning.runtime.model_cache import resolve_model_path
 from rlvr_lightning.runtime.option_domains import NON_NEGATIVE_INT, Range, check_ranges
 

@@ -23,9 +23,11 @@ import torch
 from torch import Tensor, nn
 
 from rlvr_lightning.core.entropy import entropy_from_log_probs
-from rlvr_lightning.policies.base import Policy, PromptBatch, SamplingConfig, compute_device
+from rlvr_lightning.generation.sampling_config import SamplingConfig
+from rlvr_lightning.policies.base import Policy, PromptBatch
 from rlvr_lightning.policies.memory_estimate import check_fits_in_memory
 from rlvr_lightning.rollout import Rollout
+from rlvr_lightning.runtime.devices import compute_device
 from rlvr_lightning.runtime.option_domains import POSITIVE_INT, Range, check_ranges
 
 ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU, "tanh": nn.Tanh}

@@ -1,4 +1,35 @@
-from rlvr_lightning.rewards.base import RewardCallback
-from rlvr_lightning.rewards.sort import SortAndStopReward, SortDistanceReward, SortInclusionOrderingReward
+"""Rewards: `RewardCallback`s that score a rollout's rows; a recipe lists them under `trainer.callbacks` and
+their weighted sum is the reward."""
 
-__all__ = ["RewardCallback", "SortAndStopReward", "SortDistanceReward", "SortInclusionOrderingReward"]
+from rlvr_lightning.rewards.base import RewardCallback
+from rlvr_lightning.rewards.code import CodeExecutionReward
+from rlvr_lightning.rewards.format import BoxedFormatReward, R1FormatReward
+from rlvr_lightning.rewards.judge import GenerativeJudgeReward
+from rlvr_lightning.rewards.language import LanguageConsistencyReward
+from rlvr_lightning.rewards.length import LengthReward
+from rlvr_lightning.rewards.math import MathAccuracyReward
+from rlvr_lightning.rewards.model_reward import ModelReward
+from rlvr_lightning.rewards.reasoning_gym import ReasoningGymReward
+from rlvr_lightning.rewards.reward_model import SequenceClassifierReward
+from rlvr_lightning.rewards.sort import SortAndStopReward, SortDistanceReward, SortInclusionOrderingReward
+from rlvr_lightning.rewards.text import ContainsReward
+from rlvr_lightning.rewards.verifiers_rubric import VerifiersRubricReward
+
+__all__ = [
+    "BoxedFormatReward",
+    "CodeExecutionReward",
+    "ContainsReward",
+    "GenerativeJudgeReward",
+    "LanguageConsistencyReward",
+    "LengthReward",
+    "MathAccuracyReward",
+    "ModelReward",
+    "R1FormatReward",
+    "ReasoningGymReward",
+    "RewardCallback",
+    "SequenceClassifierReward",
+    "SortAndStopReward",
+    "SortDistanceReward",
+    "SortInclusionOrderingReward",
+    "VerifiersRubricReward",
+]

@@ -37,7 +37,8 @@ from typing import Any
 
 from torch import nn
 
-from rlvr_lightning.policies.base import Policy, SamplingConfig
+from rlvr_lightning.generation.sampling_config import SamplingConfig
+from rlvr_lightning.policies.base import Policy
 from rlvr_lightning.rewards.judge_prompt import JudgePrompt
 from rlvr_lightning.rewards.model_reward import ModelReward
 from rlvr_lightning.rollout import Rollout

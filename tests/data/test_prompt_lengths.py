@@ -11,8 +11,8 @@ import torch
 from rlvr_lightning.data import RLVRDataModule
 from rlvr_lightning.data.jsonl_task import JSONLTask
 from rlvr_lightning.data.prompt_lengths import check_prompt_lengths
+from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.modules import RLVRModule
-from rlvr_lightning.policies.base import SamplingConfig
 from rlvr_lightning.rewards.format import BoxedFormatReward
 
 pytest.importorskip("transformers")

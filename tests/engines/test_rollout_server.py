@@ -48,7 +48,7 @@ def _server_config(tmp_path, tokenizer_dir, name, steps, address, **init_args):
     config = yaml.safe_load(path.read_text())
     module = config["model"]["init_args"]
     module["policy"]["init_args"]["generation"] = {
-        "class_path": "rlvr_lightning.policies.ServerGeneration",
+        "class_path": "rlvr_lightning.generation.ServerGeneration",
         "init_args": {"servers": [address], **init_args},
     }
     path.write_text(yaml.safe_dump(config, sort_keys=False))

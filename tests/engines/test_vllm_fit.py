@@ -15,7 +15,7 @@ import yaml
 from .conftest import engine_config
 
 REPO = Path(__file__).resolve().parents[2]
-ENGINE = {"class_path": "rlvr_lightning.policies.VLLMGeneration", "init_args": {"kv_cache_memory_gib": 0.0625}}
+ENGINE = {"class_path": "rlvr_lightning.generation.VLLMGeneration", "init_args": {"kv_cache_memory_gib": 0.0625}}
 EXAMPLES = [
     {"prompt": p, "answer": "a"} for p in ["What is 2+3?", "Say ab.", "Count to 3.", "The quick brown", "Numbers 0 1"]
 ]
@@ -36,7 +36,7 @@ def _config(tmp_path: Path, tokenizer_dir: Path, name: str, steps: int, **traine
                 "init_args": {"save_dir": str(tmp_path), "name": name},
             },
             "callbacks": [
-                {"class_path": "rlvr_lightning.rewards.text.ContainsReward", "init_args": {"target": "a"}},
+                {"class_path": "rlvr_lightning.rewards.ContainsReward", "init_args": {"target": "a"}},
                 {"class_path": "rlvr_lightning.advantages.GroupNormalizedAdvantage"},
                 {
                     "class_path": "rlvr_lightning.callbacks.RolloutCheckpoint",
@@ -53,7 +53,7 @@ def _config(tmp_path: Path, tokenizer_dir: Path, name: str, steps: int, **traine
             "class_path": "rlvr_lightning.modules.RLVRModule",
             "init_args": {
                 "policy": {
-                    "class_path": "rlvr_lightning.policies.hf.HFPolicy",
+                    "class_path": "rlvr_lightning.policies.HFPolicy",
                     "init_args": {
                         "config": engine_config(),
                         "tokenizer_name_or_path": str(tokenizer_dir),
@@ -73,7 +73,7 @@ def _config(tmp_path: Path, tokenizer_dir: Path, name: str, steps: int, **traine
             "init_args": {
                 "batch_size": 2,
                 "task": {
-                    "class_path": "rlvr_lightning.data.inline_task.InlineTask",
+                    "class_path": "rlvr_lightning.data.InlineTask",
                     "init_args": {"examples": EXAMPLES},
                 },
             },

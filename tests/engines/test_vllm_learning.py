@@ -10,7 +10,7 @@ from learning_task import fit, fit_config, greedy_accuracy, mean, model_config, 
 from rlvr_lightning.generation.vllm_engine import VLLMGeneration
 
 START, END = 1, 5  # steps averaged at the start (the untrained model's samples) and at the end of a run
-ENGINE = {"class_path": "rlvr_lightning.policies.VLLMGeneration", "init_args": {"kv_cache_memory_gib": 0.0625}}
+ENGINE = {"class_path": "rlvr_lightning.generation.VLLMGeneration", "init_args": {"kv_cache_memory_gib": 0.0625}}
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,8 @@ import torch
 
 from rlvr_lightning.data.task import collate_examples  # noqa: I001
 from rlvr_lightning.data.verifiers_task import VerifiersTask
+from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.multiturn.verifiers_turns import VerifiersTurns
-from rlvr_lightning.policies.base import SamplingConfig
 from rlvr_lightning.rewards.verifiers_rubric import VerifiersRubricReward
 from rlvr_lightning.rollout import Rollout, TokenSource
 from rlvr_lightning.runtime.vf_environments import load_environment, new_state, normalize, run

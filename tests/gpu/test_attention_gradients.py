@@ -16,7 +16,7 @@ def padded_scoring_gradients(tmp_path, device: str) -> list[torch.Tensor]:
     """The gradients of the summed log-probs of a left-padded rollout scored over 192 positions, bf16 autocast."""
     from tiny_lm import save_tiny_tokenizer, tiny_llama_config
 
-    from rlvr_lightning.policies.base import SamplingConfig
+    from rlvr_lightning.generation.sampling_config import SamplingConfig
     from rlvr_lightning.policies.hf import HFPolicy
 
     torch.manual_seed(0)

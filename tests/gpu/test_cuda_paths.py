@@ -141,7 +141,7 @@ def test_every_attention_kernel_scores_the_same(dtype, tmp_path):
     under bf16 autocast (bf16-mixed training); flash-attention only under bf16, where it is installed."""
     from tiny_lm import save_tiny_tokenizer, tiny_llama_config
 
-    from rlvr_lightning.policies.base import SamplingConfig
+    from rlvr_lightning.generation.sampling_config import SamplingConfig
     from rlvr_lightning.policies.hf import HFPolicy
 
     tokenizer = str(save_tiny_tokenizer(tmp_path / "tok"))

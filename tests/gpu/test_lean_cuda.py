@@ -14,7 +14,7 @@ def lean_and_plain_results(tmp_path, device: str, dtype: torch.dtype, packed: bo
     """Log-probs, entropies and gradients of the plain and the lean policy on one sampled rollout."""
     from tiny_lm import save_tiny_tokenizer, tiny_llama_config
 
-    from rlvr_lightning.policies.base import SamplingConfig
+    from rlvr_lightning.generation.sampling_config import SamplingConfig
     from rlvr_lightning.policies.hf import HFPolicy
 
     tokenizer = str(save_tiny_tokenizer(tmp_path / "tok"))

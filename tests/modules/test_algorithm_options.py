@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from rlvr_lightning.advantages import CenteredAdvantage
+from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.modules import RLVRModule
 from rlvr_lightning.modules.options import (
     AggregationConfig,
@@ -16,7 +17,6 @@ from rlvr_lightning.modules.options import (
     ValidationConfig,
 )
 from rlvr_lightning.modules.update.policy_update import PolicyUpdate
-from rlvr_lightning.policies.base import SamplingConfig
 from rlvr_lightning.policies.toy_sort import ToySortPolicy
 from rlvr_lightning.rewards import RewardCallback, SortInclusionOrderingReward
 from rlvr_lightning.rollout import Rollout

@@ -9,11 +9,11 @@ import torch
 from torch.testing import assert_close
 
 from rlvr_lightning.core.losses.policy_losses import PPOClip
+from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.modules import RLVRModule
 from rlvr_lightning.modules.distillation import DistillationConfig, Teacher
 from rlvr_lightning.modules.options import AggregationConfig, ImportanceSamplingConfig, KLConfig, UpdateConfig
 from rlvr_lightning.modules.update.policy_update import PolicyUpdate
-from rlvr_lightning.policies.base import SamplingConfig
 from rlvr_lightning.policies.sort_teacher import SortTeacher
 from rlvr_lightning.policies.toy_sort import ToySortPolicy
 from rlvr_lightning.rewards import SortInclusionOrderingReward

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from rlvr_lightning.data import RLVRDataModule, SortTask
+from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.modules.expert_iteration import ExpertIterationModule
 from rlvr_lightning.modules.options import AggregationConfig, UpdateConfig
 from rlvr_lightning.modules.pair_rollouts import pair_rollout
-from rlvr_lightning.policies.base import SamplingConfig
 from rlvr_lightning.policies.toy_sort import ToySortPolicy
 from rlvr_lightning.rewards import RewardCallback, SortInclusionOrderingReward
 

@@ -14,12 +14,12 @@ from torch.testing import assert_close
 from rlvr_lightning.core.aggregation import AGGREGATION_MODES
 from rlvr_lightning.core.losses import policy_losses, sequence_losses, soft_losses
 from rlvr_lightning.core.losses.policy_loss_base import PolicyLoss
+from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.modules.distillation import Teacher
 from rlvr_lightning.modules.options import AggregationConfig, ImportanceSamplingConfig, KLConfig, UpdateConfig
 from rlvr_lightning.modules.update.policy_update import PolicyUpdate
 from rlvr_lightning.modules.update.value_update import ValueUpdate
 from rlvr_lightning.modules.value_model import ValueHead, trainable_copy
-from rlvr_lightning.policies.base import SamplingConfig
 from tests.packed_rows import RESPONSE_LENGTHS, uneven_rollout
 
 # every built-in loss class, found in its module: a new one is tested without being listed here

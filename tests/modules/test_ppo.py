@@ -12,9 +12,9 @@ from torch.testing import assert_close
 from rlvr_lightning.advantages import CenteredAdvantage
 from rlvr_lightning.core.masked import masked_normalize
 from rlvr_lightning.data import RLVRDataModule, SortTask
+from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.modules import PPOModule
 from rlvr_lightning.modules.options import GAEConfig, KLConfig, UpdateConfig, ValueConfig
-from rlvr_lightning.policies.base import SamplingConfig
 from rlvr_lightning.policies.toy_sort import ToySortPolicy
 from rlvr_lightning.rewards import RewardCallback, SortAndStopReward, SortInclusionOrderingReward
 

@@ -6,9 +6,9 @@ import torch
 
 from rlvr_lightning.advantages import AdvantageCallback, CenteredAdvantage, GroupNormalizedAdvantage, RLOOAdvantage
 from rlvr_lightning.data import RLVRDataModule, SortTask
+from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.modules import RLVRModule
 from rlvr_lightning.modules.options import AggregationConfig, KLConfig, UpdateConfig, ValidationConfig
-from rlvr_lightning.policies.base import SamplingConfig
 from rlvr_lightning.policies.toy_sort import ToySortPolicy
 from rlvr_lightning.rewards import SortInclusionOrderingReward
 

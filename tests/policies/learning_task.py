@@ -127,7 +127,7 @@ def fit_config(
     policy_args = {"config": model_config(), "tokenizer_name_or_path": str(tokenizer_dir), "prompt_template": "raw"}
     policy_args.update(policy or {})
     module_args = {
-        "policy": {"class_path": "rlvr_lightning.policies.hf.HFPolicy", "init_args": policy_args},
+        "policy": {"class_path": "rlvr_lightning.policies.HFPolicy", "init_args": policy_args},
         "optimizer": {"class_path": "torch.optim.Adam", "init_args": {"lr": lr}},
         "group_size": 16,
         "sampling": {"temperature": 1.0, "max_new_tokens": RESPONSE_LENGTH},
@@ -174,7 +174,7 @@ def fit(config: dict[str, Any], directory: str | Path) -> tuple[Any, RewardCurve
 @torch.no_grad()
 def greedy_accuracy(policy, val_examples: list[dict[str, Any]] = VAL_EXAMPLES) -> float:
     """The share of held-out prompts whose greedy response is the named digit at every position."""
-    from rlvr_lightning.policies.base import SamplingConfig
+    from rlvr_lightning.generation.sampling_config import SamplingConfig
 
     batch = {"prompt": [e["prompt"] for e in val_examples], "metadata": [dict(e) for e in val_examples]}
     rollout = policy.sample(batch, 1, SamplingConfig(do_sample=False, max_new_tokens=RESPONSE_LENGTH))

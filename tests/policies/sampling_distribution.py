@@ -138,7 +138,7 @@ def policy_sample(
         prompts, n = [longer_prompts[0], *[prompt] * 50, longer_prompts[1], *[prompt] * 50], num_samples // 100
     else:
         raise ValueError(f"layout={layout!r} is not valid; choose one of {list(LAYOUTS)}")
-    from rlvr_lightning.policies.base import SamplingConfig
+    from rlvr_lightning.generation.sampling_config import SamplingConfig
 
     sampling = SamplingConfig(temperature=temperature, max_new_tokens=max_new_tokens)
     rollout = policy.sample({"prompt": prompts}, n, sampling, generator=torch.Generator().manual_seed(seed))

@@ -76,7 +76,7 @@ def test_stop_string_cut():
 
 
 def test_the_decode_loop_reports_its_tokens(make_policy):
-    from rlvr_lightning.policies.base import SamplingConfig
+    from rlvr_lightning.generation.sampling_config import SamplingConfig
     from rlvr_lightning.runtime.stage_reports import listening
 
     class Recorder:

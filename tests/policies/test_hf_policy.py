@@ -7,7 +7,7 @@ import pytest
 import torch
 from tiny_lm import EOS, bias_tokens, masked_max_diff, tiny_llama_config
 
-from rlvr_lightning.policies.base import SamplingConfig
+from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.policies.hf import AdapterReference, HFPolicy
 
 PROMPTS = ["What is 2+3?", "Hi", "Think step by step, then answer: what is the sum of 7 and 12?"]
@@ -264,7 +264,7 @@ def test_built_from_yaml_with_jsonargparse(tokenizer_dir):
     parser.add_subclass_arguments(Policy, "policy")
     yaml = f"""
 policy:
-  class_path: rlvr_lightning.policies.hf.HFPolicy
+  class_path: rlvr_lightning.policies.HFPolicy
   init_args:
     config: {{model_type: llama, hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1,
               num_attention_heads: 2, max_position_embeddings: 128}}

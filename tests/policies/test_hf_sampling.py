@@ -7,7 +7,7 @@ import pytest
 import torch
 from tiny_lm import EOS, bias_tokens, masked_max_diff, tiny_llama_config
 
-from rlvr_lightning.policies.base import SamplingConfig
+from rlvr_lightning.generation.sampling_config import SamplingConfig
 
 PROMPTS = ["What is 2+3?", "Hi", "Think step by step, then answer: what is the sum of 7 and 12?"]
 

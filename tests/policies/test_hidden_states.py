@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from rlvr_lightning.policies.base import SamplingConfig
+from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.policies.toy_sort import ToySortPolicy
 
 PROMPTS = ["What is 2+3?", "The quick brown fox jumps over the lazy dog.", "ab"]

@@ -8,7 +8,7 @@ import zipfile
 import pytest
 import torch
 
-from rlvr_lightning.policies.base import SamplingConfig
+from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.runtime import model_cache
 
 ALIAS = "smollm2-135m-instruct"

@@ -115,7 +115,7 @@ def _gpu_implementations() -> list[str]:
 @pytest.mark.parametrize("implementation", _gpu_implementations())
 def test_packed_scoring_matches_padded_on_a_gpu(make_policy, implementation):
     """On a GPU (fp32; flash attention in bf16 where installed, which only the packed path can use unpadded)."""
-    from rlvr_lightning.policies.base import set_compute_device
+    from rlvr_lightning.runtime.devices import set_compute_device
 
     dtype = torch.bfloat16 if implementation == "flash_attention_2" else torch.float32
     policy = make_policy(share_prompt_prefix=False, attn_implementation=implementation)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from rlvr_lightning.generation.kv_cache import cache_argument, returned_cache
-from rlvr_lightning.policies.base import SamplingConfig
+from rlvr_lightning.generation.sampling_config import SamplingConfig
 
 PROMPTS = ["What is 2+3?", "The quick brown fox jumps over the lazy dog.", "ab"]  # different lengths: padding
 GROUP = 4

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.modules.async_rollouts import copy_weights
 from rlvr_lightning.multiturn.thinking_budget import ThinkingBudget
-from rlvr_lightning.policies.base import SamplingConfig
 from rlvr_lightning.policies.toy_sort import ToySortPolicy
 
 PROMPTS = {"prompt": ["What is 2+3?", "The quick brown"], "metadata": [{}, {}]}

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rlvr_lightning.generation.loop import KVCacheGeneration, sample_next_token
-from rlvr_lightning.policies.base import SamplingConfig
+from rlvr_lightning.generation.sampling_config import SamplingConfig
 
 PROMPTS = {"prompt": ["What is 2+3?", "The quick brown"], "metadata": [{}, {}]}
 SAMPLING = SamplingConfig(max_new_tokens=6, min_new_tokens=6)

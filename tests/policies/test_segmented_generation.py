@@ -7,10 +7,10 @@ import pytest
 import torch
 from planned_backend import PlannedBackend, sampled_log_prob
 
+from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.multiturn.segmented_generation import decode_responses, generate_segments
 from rlvr_lightning.multiturn.thinking_budget import ThinkingBudget
 from rlvr_lightning.multiturn.tool_use import ToolUse
-from rlvr_lightning.policies.base import SamplingConfig
 from rlvr_lightning.rollout import TokenSource
 from rlvr_lightning.tools import Calculator, FencedCodeCalls, Tool, ToolError
 

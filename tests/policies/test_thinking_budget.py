@@ -7,8 +7,8 @@ import torch
 from scripted_lm import script_weights, transitions
 from tiny_lm import bias_tokens, tiny_llama_config
 
+from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.multiturn.thinking_budget import ThinkingBudget
-from rlvr_lightning.policies.base import SamplingConfig
 from rlvr_lightning.rollout import TokenSource
 
 FORCED = "\nConsidering the limited time, I answer now.\n</think>\n\n"

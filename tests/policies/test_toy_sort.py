@@ -1,6 +1,6 @@
 import torch
 
-from rlvr_lightning.policies.base import SamplingConfig
+from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.policies.toy_sort import ToySortPolicy
 
 

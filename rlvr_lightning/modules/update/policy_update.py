@@ -41,6 +41,7 @@ from rlvr_lightning.core.kl import kl_estimator
 from rlvr_lightning.core.losses.distillation import distillation_loss
 from rlvr_lightning.core.losses.policy_losses import PolicyLoss, PolicyLossOutput, merged_stats
 from rlvr_lightning.core.masked import join_masked, masked_mean
+from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.modules.distillation import DistillationConfig, Teacher
 from rlvr_lightning.modules.options import AggregationConfig, ImportanceSamplingConfig, KLConfig, UpdateConfig
 from rlvr_lightning.modules.update.gradients import backward_sync, non_finite_gradients, policy_gradient_norm
@@ -51,7 +52,7 @@ from rlvr_lightning.modules.update.micro_batches import (
     pack_sequences,
     scored_in_order,
 )
-from rlvr_lightning.policies.base import Policy, SamplingConfig
+from rlvr_lightning.policies.base import Policy
 from rlvr_lightning.rollout import Rollout
 
 log = logging.getLogger(__name__)

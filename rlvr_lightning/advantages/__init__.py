@@ -1,0 +1,22 @@
+"""Advantage callbacks: turn a rollout's rewards into advantages; exactly one per run, listed under
+`trainer.callbacks` (GRPO's group-normalised advantage when none is)."""
+
+from rlvr_lightning.advantages.callbacks import (
+    AdvantageCallback,
+    BatchWhitenedAdvantage,
+    CenteredAdvantage,
+    GroupNormalizedAdvantage,
+    MaxOnlyAdvantage,
+    RawRewardAdvantage,
+    RLOOAdvantage,
+)
+
+__all__ = [
+    "AdvantageCallback",
+    "BatchWhitenedAdvantage",
+    "CenteredAdvantage",
+    "GroupNormalizedAdvantage",
+    "MaxOnlyAdvantage",
+    "RLOOAdvantage",
+    "RawRewardAdvantage",
+]
