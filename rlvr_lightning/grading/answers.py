@@ -5,7 +5,7 @@ function runs in time linear in its input: brace matching is a single depth scan
 (no recursive regex), searches use ``rfind`` or regexes without nested
 quantifiers, and nothing is ever ``eval``'d.
 
-Policy decisions (documented once, tested in ``tests/verifiers/test_answers.py``):
+Policy decisions (documented once, tested in ``tests/grading/test_answers.py``):
 
 * The LAST answer wins (last ``\\boxed``, last ``<answer>``, last ``####``, last
   "the answer is"), as in the usual GRPO/R1 reward functions.

@@ -37,7 +37,7 @@ run that never executes program code evaluates the assertion on them, so the exp
 values never reach the program. Forgeries that do not pass: an object (or int
 subclass) whose ``__eq__`` always agrees, a success marker read from its own source,
 ``sys.settrace`` jumping over assertions, ``sys.exit(0)`` / ``os._exit(0)`` before the
-checks, a patched encoder (``tests/verifiers/test_sandbox_hostile.py``). What remains
+checks, a patched encoder (``tests/grading/test_sandbox_hostile.py``). What remains
 possible: a program controls the values it returns, so a weak assertion (``assert
 f(2)``, ``assert f(2) != 5``) is passed by any value that satisfies it, and a program
 that special-cases the inputs it is called with passes the tests it saw (it never sees

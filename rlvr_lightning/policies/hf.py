@@ -16,7 +16,7 @@ A prompt may also be a list of token ids, used as is (`policies/prompt_encoding.
 Three seams, one file each:
 
 * loading (`hf_loading.py`): model, tokenizer, dropout off, gradient checkpointing, LoRA;
-* generation (`generation_backend.py`): `generation` picks the backend that samples, our KV-cache
+* generation (`generation/backend.py`): `generation` picks the backend that samples, our KV-cache
   loop (`KVCacheGeneration`, the default) or a vLLM engine (`VLLMGeneration`). `sample` records
   the sampling log-probs in `rollout.sampling_log_probs` and `last_generation_stats`;
 * scoring (`hf_scoring.py`): `token_log_probs`, each distinct prompt run once with the responses on

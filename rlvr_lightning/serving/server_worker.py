@@ -1,7 +1,7 @@
 """`WeightReceiver`: the worker extension a rollout server runs (`vllm serve --worker-extension-cls
 rlvr_lightning.serving.server_worker.WeightReceiver`, which `rlvr serve` passes). vLLM mixes it into its
 worker class; the trainer calls its methods through the server's `/collective_rpc` endpoint
-(`rollout_server_client.py`, `weight_broadcast.py`). Loaded inside the vLLM process: torch and vLLM only.
+(`client.py`, `weight_broadcast.py`). Loaded inside the vLLM process: torch and vLLM only.
 
 Weights go through the worker's own `reload_weights` (in place, checkpoint names), as the colocated engine's
 pushes do, so both backends load weights the same way; a LoRA adapter alone through the worker's `add_lora`

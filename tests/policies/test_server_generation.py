@@ -33,7 +33,7 @@ def test_requests_are_spread_over_the_servers_with_seeds_and_token_ids(servers):
     prompts = [[1, 2], [3, 4, 5], [6], [7, 8, 9, 10]]
     out = _generate(backend, model, prompts, generator=torch.Generator().manual_seed(3))
 
-    # prompt i goes to server i % 2, as token ids, with the colocated engine's seeds (vllm_generation.py draws them so);
+    # prompt i goes to server i % 2, as token ids, with the colocated engine's seeds (generation/vllm_engine.py draws them so);
     # the requests are sent at once, so a server sees its own in any order
     assert sorted(b["prompt"] for b in servers[0].completions) == [[1, 2], [6]]
     assert sorted(b["prompt"] for b in servers[1].completions) == [[3, 4, 5], [7, 8, 9, 10]]
