@@ -46,22 +46,19 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from rlvr_lightning.generation.backend import GenerationBackend, response_tensors
 from rlvr_lightning.generation.compute_dtype import compute_dtype
-from rlvr_lightning.generation.output import GenerationOutput
-from rlvr_lightning.generation.vllm_sampling import sampling_request
+from rlvr_lightning.generation.engine_backend import Completion, EngineGeneration
 from rlvr_lightning.runtime.option_domains import Range, check_ranges
 from rlvr_lightning.runtime.timing import elapsed_seconds
 from rlvr_lightning.serving.client import RolloutServerClient, RolloutServerError
-from rlvr_lightning.serving.lora_sync import ADAPTER_NAME, WeightPush
+from rlvr_lightning.serving.lora_sync import ADAPTER_NAME
 from rlvr_lightning.serving.vllm_weights import count_optimizer_steps, parameter_version
 from rlvr_lightning.serving.weight_broadcast import FileWeights, push_adapter, transport_for
 
 TRANSPORTS = ("auto", "file", "nccl")
 
 
-class ServerGeneration(GenerationBackend):
-    owns_weights = True  # the servers hold their own copies of the weights
+class ServerGeneration(EngineGeneration):
     OPTION_RANGES = {
         "request_timeout_s": Range(0, low_open=True),
         "sync_timeout_s": Range(0, low_open=True),
@@ -99,7 +96,7 @@ class ServerGeneration(GenerationBackend):
                 servers started with `--max-lora-rank`; they then decode with LoRA kernels, slower), "auto" (the
                 adapter where the servers serve it).
         """
-        self._weights = WeightPush("ServerGeneration", lora_sync)  # checks lora_sync; `_weights.mode` holds it
+        super().__init__("ServerGeneration", lora_sync)  # checks lora_sync
         check_ranges(ServerGeneration.OPTION_RANGES, locals())
         if not servers:
             raise ValueError(
@@ -119,91 +116,54 @@ class ServerGeneration(GenerationBackend):
         self.nccl_host, self.nccl_port = nccl_host, nccl_port
         self.max_concurrent_requests = max_concurrent_requests
         self.weight_version = 0  # pushes made; the servers start at -1 (their own weights)
-        self.weight_pushes = 0
         self._started = False
         self._model_name: str | None = None
-        self._engine_dtype: torch.dtype | None = None
-        self._trainer_dtype: torch.dtype | None = None
-        self._pushed_version: tuple | None = None
         self._transport: Any = None
-        self._last_filtered = False
         self._adapter_dir: str | None = None
         self._adapter_registered: set[str] = set()  # servers whose API serves the adapter's name
         self._rank, self._world_size = 0, 1  # the trainer's process (torch.distributed), read at the first use
 
-    @property
-    def exact_log_probs(self) -> bool:
-        fp32 = self._engine_dtype == self._trainer_dtype == torch.float32
-        return fp32 and not self._last_filtered
-
     # ------------------------------------------------------------------ the seam
 
-    def generate(
-        self,
-        model,
-        tokenizer,
-        prompt_token_ids,
-        n,
-        sampling,
-        *,
-        eos_token_ids,
-        pad_token_id,
-        max_new_tokens=None,
-        generator=None,
-    ):
-        started = time.perf_counter()
+    def _prepare(self, model: nn.Module, tokenizer: Any) -> dict[str, float]:
         start_seconds = self._start(model)
         push_seconds = self._push_if_changed(model) if self.push_on_generate else 0.0
-        self._last_filtered = sampling.do_sample and (sampling.top_k > 0 or sampling.top_p < 1.0)
-        seeds = torch.randint(0, 2**31 - 1, (len(prompt_token_ids),), generator=generator).tolist()
-        caps = list(max_new_tokens) if max_new_tokens is not None else [sampling.max_new_tokens] * len(seeds)
+        # the version these rollouts are sampled with (an asynchronous driver may push during the requests)
+        version = float(self.weight_version)
+        return {
+            "engine/start_seconds": start_seconds,
+            "engine/weight_push_seconds": push_seconds,
+            "engine/weight_version": version,
+        }
+
+    def _complete_all(self, model, prompt_token_ids, requests):
+        model_name = ADAPTER_NAME if self._weights.adapter else self._model_name
         bodies = [
             {
-                "model": ADAPTER_NAME if self._weights.adapter else self._model_name,
+                "model": model_name,
                 "prompt": list(prompt),
-                **sampling_request(sampling, n, cap, seed, eos_token_ids),
+                **request,
                 "return_token_ids": True,
                 "skip_special_tokens": False,
             }
-            for prompt, seed, cap in zip(prompt_token_ids, seeds, caps, strict=True)
+            for prompt, request in zip(prompt_token_ids, requests, strict=True)
         ]
-        version = self.weight_version
-        decode_started = time.perf_counter()
         with ThreadPoolExecutor(max_workers=min(self.max_concurrent_requests, len(bodies))) as pool:
             answers = list(pool.map(self._complete, range(len(bodies)), bodies))
-        decode_seconds = time.perf_counter() - decode_started
+        return [self._completions(client, answer, requests[0]["n"]) for client, answer in answers]
 
-        responses, log_probs, truncated, by_string = [], [], [], []
-        for client, answer in answers:
-            choices = sorted(answer["choices"], key=lambda choice: choice["index"])
-            if len(choices) != n:
-                raise RolloutServerError(f"rollout server {client.address} answered {len(choices)} responses, not {n}")
-            for choice in choices:
-                tokens = list(choice["token_ids"])
-                responses.append(tokens)
-                log_probs.append(list((choice.get("logprobs") or {}).get("token_logprobs") or [0.0] * len(tokens)))
-                truncated.append(choice.get("finish_reason") == "length")
-                by_string.append(isinstance(choice.get("stop_reason"), str))
-        device = next(model.parameters()).device
-        response_ids, response_mask, sampled_log_probs = response_tensors(responses, log_probs, pad_token_id, device)
-        stats = {
-            "engine/decode_seconds": decode_seconds,
-            "engine/weight_push_seconds": push_seconds,
-            "engine/weight_version": float(version),
-            "engine/weight_push_bytes": float(self._weights.last_bytes if push_seconds else 0),
-        }
-        if start_seconds:
-            stats["engine/start_seconds"] = start_seconds
-        return GenerationOutput(
-            response_ids=response_ids,
-            response_mask=response_mask,
-            truncated=torch.tensor(truncated, dtype=torch.bool, device=device),
-            log_probs=sampled_log_probs,
-            stopped_by_string=torch.tensor(by_string, dtype=torch.bool, device=device),
-            seconds=time.perf_counter() - started,
-            steps=int(response_mask.sum(-1).max().item()),
-            stats=stats,
-        )
+    @staticmethod
+    def _completions(client: RolloutServerClient, answer: dict[str, Any], n: int) -> list[Completion]:
+        choices = sorted(answer["choices"], key=lambda choice: choice["index"])
+        if len(choices) != n:
+            raise RolloutServerError(f"rollout server {client.address} answered {len(choices)} responses, not {n}")
+        completions = []
+        for choice in choices:
+            tokens = list(choice["token_ids"])
+            log_probs = (choice.get("logprobs") or {}).get("token_logprobs") or [0.0] * len(tokens)
+            by_string = isinstance(choice.get("stop_reason"), str)
+            completions.append(Completion(tokens, list(log_probs), choice.get("finish_reason") == "length", by_string))
+        return completions
 
     def push_weights(self, model: nn.Module, tokenizer: Any) -> float:
         self._start(model)

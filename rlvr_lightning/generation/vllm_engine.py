@@ -19,15 +19,9 @@ time, cast to the engine's dtype (never a list of every full tensor: an 8B model
 `dtype: auto` is the trainer's compute dtype (FSDP2's `param_dtype`, or `bf16-mixed`'s autocast dtype, else
 the weights'); the engine computes in its own dtype, so autocast is off around its calls.
 
-Sampling log-probs are the engine's (`logprobs_mode="processed_logprobs"`: after temperature, as the
-trainer computes them). They are exact enough to serve as old log-probs only from an fp32 engine
-without top-k/top-p filtering (`exact_log_probs`); otherwise the trainer recomputes them, and
-`RLVRModule(rollout_is=...)` can correct for the mismatch, which is logged every step. With top-k/top-p,
-vLLM's processed log-probs are renormalised over the tokens the filter kept (its sampler takes the
-log-softmax of the filtered logits), while the trainer's are over the whole vocabulary: their ratio would
-carry the kept mass, which is no policy change. Those rollouts record no sampling log-probs
-(`log_probs_renormalised`): no mismatch metrics, no `rollout_is` weights (our loop records the
-unfiltered log-probs and has neither limitation).
+Sampling log-probs are the engine's, recorded as `EngineGeneration` says (`engine_backend.py`: exact only
+from an fp32 engine without top-k/top-p; with them, renormalised and not recorded). Our loop records the
+unfiltered log-probs and has neither limitation.
 
 Each request gets a seed drawn from torch's global generator (or the `generator` the caller passes), so
 `seed_everything` governs sampling and a resumed run draws the same seeds (the engine's own seeding kept
@@ -56,13 +50,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from rlvr_lightning.generation.backend import GenerationBackend, response_tensors
 from rlvr_lightning.generation.compute_dtype import compute_dtype
-from rlvr_lightning.generation.output import GenerationOutput
-from rlvr_lightning.generation.vllm_sampling import sampling_request
+from rlvr_lightning.generation.engine_backend import Completion, EngineGeneration
 from rlvr_lightning.runtime.option_domains import Range, check_ranges
 from rlvr_lightning.runtime.timing import elapsed_seconds
-from rlvr_lightning.serving.lora_sync import WeightPush, engine_lora_unsupported, lora_request
+from rlvr_lightning.serving.lora_sync import engine_lora_unsupported, lora_request
 from rlvr_lightning.serving.vllm_weights import count_optimizer_steps, parameter_version
 
 log = logging.getLogger(__name__)
@@ -84,8 +76,7 @@ def vllm_installed() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-class VLLMGeneration(GenerationBackend):
-    owns_weights = True  # the engine holds its own copy of the weights
+class VLLMGeneration(EngineGeneration):
     #: the domains of the numeric options (checked here and, by `rlvr`, before anything is built)
     OPTION_RANGES = {
         "gpu_memory_utilization": Range(0, 1, low_open=True),
@@ -123,7 +114,7 @@ class VLLMGeneration(GenerationBackend):
             lora_sync: what a LoRA policy pushes: "merged" (the merged weights), "adapter" (the adapter alone; the
                 engine then decodes with LoRA kernels, slower), "auto" (the adapter where the engine serves it).
         """
-        self._weights = WeightPush("VLLMGeneration", lora_sync)  # checks lora_sync; `_weights.mode` holds it
+        super().__init__("VLLMGeneration", lora_sync)  # checks lora_sync
         if dtype not in ENGINE_DTYPES:
             raise ValueError(f"VLLMGeneration dtype={dtype!r} is not valid; choose one of {list(ENGINE_DTYPES)}")
         if sleep_level not in (0, 1, 2):
@@ -141,87 +132,42 @@ class VLLMGeneration(GenerationBackend):
         self.seed = seed
         self.engine_kwargs = dict(engine_kwargs or {})
         self._llm: Any = None
-        self._engine_dtype: torch.dtype | None = None
-        self._trainer_dtype: torch.dtype | None = None
         self._model_dir: tempfile.TemporaryDirectory | None = None
-        self._pushed_version: tuple | None = None
         self._asleep: set[str] = set()  # the engine's memory that sleep released: "weights", "kv_cache"
-        self._last_filtered = False
-        self.weight_pushes = 0
 
     # ------------------------------------------------------------------ the seam
 
-    @property
-    def exact_log_probs(self) -> bool:
-        fp32 = self._engine_dtype == self._trainer_dtype == torch.float32
-        return fp32 and not self._last_filtered
-
-    @property
-    def log_probs_renormalised(self) -> bool:
-        return self._last_filtered
-
-    def generate(
-        self,
-        model,
-        tokenizer,
-        prompt_token_ids,
-        n,
-        sampling,
-        *,
-        eos_token_ids,
-        pad_token_id,
-        max_new_tokens=None,
-        generator=None,
-    ):
-        from vllm import SamplingParams
-
-        started = time.perf_counter()
+    def _prepare(self, model: nn.Module, tokenizer: Any) -> dict[str, float]:
         engine_start = self._ensure_engine(model, tokenizer)
         self._wake("weights")
         push_seconds = self._push_weights_if_changed(model) if self.push_on_generate else 0.0
         self._wake("kv_cache")
-        self._last_filtered = sampling.do_sample and (sampling.top_k > 0 or sampling.top_p < 1.0)
-        # one seed per prompt from torch's generator (or the caller's): seed_everything governs sampling, resume
-        # draws the same
-        seeds = torch.randint(0, 2**31 - 1, (len(prompt_token_ids),), generator=generator).tolist()
-        caps = list(max_new_tokens) if max_new_tokens is not None else [sampling.max_new_tokens] * len(seeds)
-        params = [
-            SamplingParams(**sampling_request(sampling, n, cap, seed, eos_token_ids))
-            for seed, cap in zip(seeds, caps, strict=True)
-        ]
-        generated = time.perf_counter()
+        return {"engine/start_seconds": engine_start, "engine/weight_push_seconds": push_seconds}
+
+    def _complete_all(self, model, prompt_token_ids, requests):
+        from vllm import SamplingParams
+
         adapter = {"lora_request": lora_request(self._adapter_dir)} if self._weights.adapter else {}
+        params = [SamplingParams(**request) for request in requests]
         with _no_autocast(model), _global_rng_kept():
             outputs = self._llm.generate(
                 [{"prompt_token_ids": list(p)} for p in prompt_token_ids], params, use_tqdm=False, **adapter
             )
-        decode_seconds = time.perf_counter() - generated
+        return [
+            [
+                Completion(
+                    list(c.token_ids),
+                    [step[token].logprob for step, token in zip(c.logprobs, c.token_ids, strict=True)],
+                    c.finish_reason == "length",
+                    isinstance(c.stop_reason, str),
+                )
+                for c in sorted(output.outputs, key=lambda c: c.index)
+            ]
+            for output in outputs
+        ]
 
-        responses, log_probs, truncated, by_string = [], [], [], []
-        for output in outputs:
-            for completion in sorted(output.outputs, key=lambda c: c.index):
-                tokens = list(completion.token_ids)
-                responses.append(tokens)
-                log_probs.append([step[token].logprob for step, token in zip(completion.logprobs, tokens, strict=True)])
-                truncated.append(completion.finish_reason == "length")
-                by_string.append(isinstance(completion.stop_reason, str))
-        device = next(model.parameters()).device
-        response_ids, response_mask, sampled_log_probs = response_tensors(responses, log_probs, pad_token_id, device)
+    def _finished(self) -> None:
         self.sleep()
-        stats = {"engine/decode_seconds": decode_seconds, "engine/weight_push_seconds": push_seconds}
-        stats["engine/weight_push_bytes"] = float(self._weights.last_bytes if push_seconds else 0)
-        if engine_start:
-            stats["engine/start_seconds"] = engine_start
-        return GenerationOutput(
-            response_ids=response_ids,
-            response_mask=response_mask,
-            truncated=torch.tensor(truncated, dtype=torch.bool, device=device),
-            log_probs=sampled_log_probs,
-            stopped_by_string=torch.tensor(by_string, dtype=torch.bool, device=device),
-            seconds=time.perf_counter() - started,
-            steps=int(response_mask.sum(-1).max().item()),
-            stats=stats,
-        )
 
     def push_weights(self, model: nn.Module, tokenizer: Any) -> float:
         """Start the engine if needed, wake it, and push the weights if they changed (seconds for the push)."""

@@ -33,7 +33,7 @@ def test_requests_are_spread_over_the_servers_with_seeds_and_token_ids(servers):
     prompts = [[1, 2], [3, 4, 5], [6], [7, 8, 9, 10]]
     out = _generate(backend, model, prompts, generator=torch.Generator().manual_seed(3))
 
-    # prompt i goes to server i % 2, as token ids, with the colocated engine's seeds (generation/vllm_engine.py draws them so);
+    # prompt i goes to server i % 2, as token ids, with the colocated engine's seeds (vllm_engine.py draws them so);
     # the requests are sent at once, so a server sees its own in any order
     assert sorted(b["prompt"] for b in servers[0].completions) == [[1, 2], [6]]
     assert sorted(b["prompt"] for b in servers[1].completions) == [[3, 4, 5], [7, 8, 9, 10]]
@@ -145,3 +145,20 @@ def test_servers_must_serve_one_dtype(servers):
 def test_bad_options_are_refused_before_any_work(kwargs, message):
     with pytest.raises(ValueError, match=message):
         ServerGeneration(**kwargs)
+
+
+def test_filtered_sampling_records_no_sampling_log_probs_and_warns(servers, make_policy):
+    # with top-p/top-k the servers' processed log-probs are renormalised over the kept tokens, as the colocated
+    # engine's are: recorded as sampling log-probs, they would bias the mismatch metrics and rollout_is weights
+    from rlvr_lightning.policies import hf
+
+    backend = ServerGeneration([servers[0].address])
+    policy = make_policy(prompt_template="raw", generation=backend)
+    hf.warn_renormalised_log_probs.cache_clear()
+    filtered = SamplingConfig(max_new_tokens=3, top_p=0.9)
+    with pytest.warns(UserWarning, match="renormalised over the kept tokens, so the rollouts record no sampling"):
+        rollout = policy.sample({"prompt": ["a b", "c"]}, 2, filtered)
+    assert backend.log_probs_renormalised and not backend.exact_log_probs
+    assert rollout.sampling_log_probs is None
+    unfiltered = policy.sample({"prompt": ["a b", "c"]}, 2, SamplingConfig(max_new_tokens=3))
+    assert not backend.log_probs_renormalised and unfiltered.sampling_log_probs is not None
