@@ -13,11 +13,12 @@ from rlvr_lightning.cli.errors.early_checks import EarlyOptionError
 from rlvr_lightning.cli.errors.problem import (
     ConfigProblem,
     choices_in,
+    config_path_of,
     group_fields,
     help_tip,
-    import_class,
     init_options,
 )
+from rlvr_lightning.cli.errors.reward_errors import explain_reward_error
 from rlvr_lightning.runtime.config_locations import locate
 
 SETUP_HOOKS = ("setup", "configure_optimizers", "configure_model", "on_fit_start")
@@ -49,41 +50,9 @@ def _raising_objects(error: BaseException, hooks: tuple[str, ...]) -> list[Any]:
     return found[::-1]
 
 
-def _config_path_of(obj: Any, config: Any) -> tuple[str | None, str | None]:
-    """(dotted option path, class_path) of the config section that built `obj` (matched by class)."""
-    if config is None or obj is None:
-        return None, None
-    tree = config.as_dict() if hasattr(config, "as_dict") else config
-    cls = type(obj)
-
-    def walk(node: Any, path: list[str]):
-        if isinstance(node, dict):
-            class_path = node.get("class_path")
-            if isinstance(class_path, str):
-                try:
-                    if import_class(class_path) is cls:
-                        return ".".join(path), class_path
-                except Exception:  # noqa: BLE001
-                    pass
-            for key, value in node.items():
-                found = walk(value, [*path, str(key)])
-                if found:
-                    return found
-        elif isinstance(node, list):
-            for i, value in enumerate(node):
-                found = walk(value, [*path[:-1], f"{path[-1]}[{i}]"] if path else [str(i)])
-                if found:
-                    return found
-        return None
-
-    return walk(tree, []) or (None, None)
-
-
 def explain_build_error(error: BaseException, argv: list[str], config: Any, during_setup: bool) -> ConfigProblem | None:
     """A `ConfigProblem` for an error a configured class raised, or None when it is not a configuration mistake."""
     from lightning.fabric.utilities.exceptions import MisconfigurationException
-
-    from rlvr_lightning.cli.errors.reward_errors import explain_reward_error
 
     if (problem := explain_reward_error(error, argv, config)) is not None:
         return problem
@@ -106,7 +75,7 @@ def explain_build_error(error: BaseException, argv: list[str], config: Any, duri
     text = str(root).strip()
     obj, section, class_path = None, None, None
     for candidate in objects:  # the innermost object a config section built
-        section, class_path = _config_path_of(candidate, config)
+        section, class_path = config_path_of(candidate, config)
         if section is not None:
             obj = candidate
             break

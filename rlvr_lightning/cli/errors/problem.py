@@ -98,3 +98,33 @@ def choices_in(text: str) -> tuple[list[str], str | None]:
     if not given or "did you mean" in text:
         return choices, None
     return choices, closest(given.group(1), choices)
+
+
+def config_path_of(obj: Any, config: Any) -> tuple[str | None, str | None]:
+    """(dotted option path, class_path) of the config section that built `obj` (matched by class)."""
+    if config is None or obj is None:
+        return None, None
+    tree = config.as_dict() if hasattr(config, "as_dict") else config
+    cls = type(obj)
+
+    def walk(node: Any, path: list[str]):
+        if isinstance(node, dict):
+            class_path = node.get("class_path")
+            if isinstance(class_path, str):
+                try:
+                    if import_class(class_path) is cls:
+                        return ".".join(path), class_path
+                except Exception:  # noqa: BLE001
+                    pass
+            for key, value in node.items():
+                found = walk(value, [*path, str(key)])
+                if found:
+                    return found
+        elif isinstance(node, list):
+            for i, value in enumerate(node):
+                found = walk(value, [*path[:-1], f"{path[-1]}[{i}]"] if path else [str(i)])
+                if found:
+                    return found
+        return None
+
+    return walk(tree, []) or (None, None)

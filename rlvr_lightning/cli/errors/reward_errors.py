@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlvr_lightning.cli.errors.build_errors import _config_path_of
-from rlvr_lightning.cli.errors.problem import ConfigProblem
+from rlvr_lightning.cli.errors.problem import ConfigProblem, config_path_of
 from rlvr_lightning.rewards.base import RewardFailedEveryRow
 from rlvr_lightning.runtime.config_locations import locate
 
@@ -17,7 +16,7 @@ from rlvr_lightning.runtime.config_locations import locate
 def explain_reward_error(error: BaseException, argv: list[str], config: Any) -> ConfigProblem | None:
     if not isinstance(error, RewardFailedEveryRow):
         return None
-    section, class_path = _config_path_of(error.reward, config)
+    section, class_path = config_path_of(error.reward, config)
     where = locate(section, argv, value=class_path) if section else None
     tip = "the reward's on_error: raise stops at its first failure, with the traceback"
     return ConfigProblem(str(error), section, where, tip=tip)
