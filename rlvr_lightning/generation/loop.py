@@ -19,6 +19,7 @@ import contextlib
 import functools
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -26,6 +27,7 @@ from torch import Tensor, nn
 from rlvr_lightning.generation.backend import GenerationBackend
 from rlvr_lightning.generation.kv_cache import cache_argument, reserve_room, returned_cache
 from rlvr_lightning.generation.output import GenerationOutput, StopStringChecker
+from rlvr_lightning.generation.row_ends import RowEnds
 from rlvr_lightning.generation.sampling_precision import (
     SamplingDtype,
     SamplingWeights,
@@ -169,16 +171,87 @@ def _generate(
     a row that reaches its cap is truncated like one that reaches `max_new_tokens`. Random draws come
     from `generator` (None: torch's global generator).
     """
-    from transformers import DynamicCache
-
     start = time.perf_counter()
     device = prompt_ids.device
     num_rows = prompt_ids.shape[0] * n
-    eos_ids = set(eos_token_ids)
-    eos = torch.as_tensor(sorted(eos_ids), dtype=torch.long, device=device)
-    keep_kwargs = {"logits_to_keep": 1} if _supports_logits_to_keep(model) else {}
+    eos = torch.as_tensor(sorted(set(eos_token_ids)), dtype=torch.long, device=device)
+    cache, logits, positions = _prefill(model, prompt_ids, prompt_mask, n, max_new_tokens)
+    prefill_seconds = elapsed_seconds(start, device)
 
-    # prefill the distinct prompts
+    prompt_len = prompt_ids.shape[1]
+    attention = torch.ones((num_rows, prompt_len + max_new_tokens), dtype=prompt_mask.dtype, device=device)
+    attention[:, :prompt_len] = prompt_mask.repeat_interleave(n, dim=0)
+    next_position = positions[:, -1].repeat_interleave(n, dim=0) + 1
+    tokens_out = torch.full((num_rows, max_new_tokens), pad_token_id, dtype=torch.long, device=device)
+    log_probs_out = torch.zeros((num_rows, max_new_tokens), dtype=torch.float32, device=device)
+
+    caps = None if max_new_tokens_per_prompt is None else [cap for cap in max_new_tokens_per_prompt for _ in range(n)]
+    rows = RowEnds(num_rows, max_new_tokens, eos_token_ids, stop, caps)
+    active_rows = torch.arange(num_rows, device=device)
+    dead_inputs = None  # bool[B] on the device: rows kept in the batch (no compaction) that ended; they are fed pad
+    steps = 0
+    for step in range(max_new_tokens):
+        steps = step + 1
+        suppress = eos if step < min_new_tokens else None
+        token, token_log_prob = sample_next_token(logits, temperature, top_k, top_p, do_sample, suppress, generator)
+        tokens_out[active_rows, step] = token  # rows that ended earlier are overwritten with pad at the end
+        log_probs_out[active_rows, step] = token_log_prob
+        report_tokens(step + 1, max_new_tokens)
+
+        ended = rows.end(token.tolist(), step)  # the step's one host synchronisation
+        if step == max_new_tokens - 1 or not any(rows.alive):
+            break
+        if ended:
+            if compact:
+                keep = [i for i, flag in enumerate(rows.alive) if flag]
+                try:
+                    cache.batch_select_indices(keep_index := host_to_device(keep, device, torch.long))
+                except (NotImplementedError, AttributeError):
+                    compact = False
+                else:
+                    rows.keep(keep)
+                    active_rows, token, attention = active_rows[keep_index], token[keep_index], attention[keep_index]
+                    next_position = next_position[keep_index]
+            if not compact:
+                dead_inputs = host_to_device([not flag for flag in rows.alive], device, torch.bool)
+        if dead_inputs is not None:
+            token = token.masked_fill(dead_inputs, pad_token_id)
+
+        out = model(
+            input_ids=token.unsqueeze(-1),
+            attention_mask=attention[:, : prompt_len + step + 1],
+            position_ids=next_position.unsqueeze(-1),
+            use_cache=True,
+            **cache_argument(model, cache),
+        )
+        cache = returned_cache(out)
+        logits = out.logits[:, -1, :]
+        del out
+        next_position = next_position + 1
+    del cache
+
+    width = min(max(max(rows.lengths), 1), steps) if num_rows else 1
+    lengths_tensor = host_to_device(rows.lengths, device, torch.long)
+    mask = torch.arange(width, device=device).unsqueeze(0) < lengths_tensor.unsqueeze(-1)
+    return GenerationOutput(
+        response_ids=tokens_out[:, :width].masked_fill(~mask, pad_token_id),
+        response_mask=mask.float(),
+        truncated=~host_to_device(rows.finished, device, torch.bool),
+        log_probs=log_probs_out[:, :width].masked_fill(~mask, 0.0),
+        stopped_by_string=host_to_device(rows.by_string, device, torch.bool),
+        seconds=elapsed_seconds(start, device),
+        prefill_seconds=prefill_seconds,
+        steps=steps,
+    )
+
+
+def _prefill(
+    model: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, n: int, max_new_tokens: int
+) -> tuple[Any, Tensor, Tensor]:
+    """The distinct prompts' forward, its KV cache repeated `n` times: (cache, last logits [B * n, V], positions)."""
+    from transformers import DynamicCache
+
+    keep_kwargs = {"logits_to_keep": 1} if _supports_logits_to_keep(model) else {}
     positions = position_ids_from_mask(prompt_mask)
     config = getattr(model, "config", None)
     cache = DynamicCache(config=config) if config is not None else DynamicCache()
@@ -197,107 +270,7 @@ def _generate(
     if n > 1:
         cache.batch_repeat_interleave(n)
         logits = logits.repeat_interleave(n, dim=0)
-    prefill_seconds = elapsed_seconds(start, device)
-
-    prompt_len = prompt_ids.shape[1]
-    attention = torch.ones((num_rows, prompt_len + max_new_tokens), dtype=prompt_mask.dtype, device=device)
-    attention[:, :prompt_len] = prompt_mask.repeat_interleave(n, dim=0)
-    next_position = positions[:, -1].repeat_interleave(n, dim=0) + 1
-    tokens_out = torch.full((num_rows, max_new_tokens), pad_token_id, dtype=torch.long, device=device)
-    log_probs_out = torch.zeros((num_rows, max_new_tokens), dtype=torch.float32, device=device)
-
-    # The host decides which rows end, from the step's tokens (one device-to-host copy per step: on a GPU
-    # every read of a device value waits for the queued work). Per original row:
-    lengths = [max_new_tokens] * num_rows
-    finished = [False] * num_rows
-    by_string = [False] * num_rows
-    caps = None if max_new_tokens_per_prompt is None else [cap for cap in max_new_tokens_per_prompt for _ in range(n)]
-    history: list[list[int]] = [[] for _ in range(num_rows)] if stop else []
-    # Per row of the current batch: its original row and whether it is still generating.
-    active = list(range(num_rows))
-    alive = [True] * num_rows
-    active_rows = torch.arange(num_rows, device=device)
-    dead_inputs = None  # bool[B] on the device: rows kept in the batch (no compaction) that ended; they are fed pad
-    steps = 0
-    for step in range(max_new_tokens):
-        steps = step + 1
-        suppress = eos if step < min_new_tokens else None
-        token, token_log_prob = sample_next_token(logits, temperature, top_k, top_p, do_sample, suppress, generator)
-        tokens_out[active_rows, step] = token  # rows that ended earlier are overwritten with pad at the end
-        log_probs_out[active_rows, step] = token_log_prob
-        report_tokens(step + 1, max_new_tokens)
-
-        sampled = token.tolist()  # the step's one host synchronisation
-        ended, candidates = [], []
-        for i, row in enumerate(active):
-            if not alive[i]:
-                continue
-            if stop:
-                history[row].append(sampled[i])
-            if sampled[i] in eos_ids:
-                ended.append(i)
-                finished[row] = True
-            elif stop:
-                candidates.append(i)
-        if candidates:
-            lo = max(0, step + 1 - stop.window)
-            hits = stop.check([history[active[i]][lo:] for i in candidates])
-            for i, hit in zip(candidates, hits, strict=True):
-                if hit:
-                    ended.append(i)
-                    finished[active[i]] = by_string[active[i]] = True
-        if caps is not None:
-            ending = set(ended)
-            ended += [i for i, row in enumerate(active) if alive[i] and i not in ending and caps[row] <= step + 1]
-        for i in ended:
-            lengths[active[i]] = step + 1
-            alive[i] = False
-        if step == max_new_tokens - 1 or not any(alive):
-            break
-        if ended:
-            if compact:
-                keep = [i for i, flag in enumerate(alive) if flag]
-                try:
-                    cache.batch_select_indices(keep_index := host_to_device(keep, device, torch.long))
-                except (NotImplementedError, AttributeError):
-                    compact = False
-                else:
-                    active, alive = [active[i] for i in keep], [True] * len(keep)
-                    active_rows, token, attention = active_rows[keep_index], token[keep_index], attention[keep_index]
-                    next_position = next_position[keep_index]
-            if not compact:
-                dead_inputs = host_to_device([not flag for flag in alive], device, torch.bool)
-        if dead_inputs is not None:
-            token = token.masked_fill(dead_inputs, pad_token_id)
-
-        out = model(
-            input_ids=token.unsqueeze(-1),
-            attention_mask=attention[:, : prompt_len + step + 1],
-            position_ids=next_position.unsqueeze(-1),
-            use_cache=True,
-            **cache_argument(model, cache),
-        )
-        cache = returned_cache(out)
-        logits = out.logits[:, -1, :]
-        del out
-        next_position = next_position + 1
-    del cache
-
-    width = min(max(max(lengths), 1), steps) if num_rows else 1
-    lengths_tensor = host_to_device(lengths, device, torch.long)
-    mask = torch.arange(width, device=device).unsqueeze(0) < lengths_tensor.unsqueeze(-1)
-    response_ids = tokens_out[:, :width].masked_fill(~mask, pad_token_id)
-    log_probs = log_probs_out[:, :width].masked_fill(~mask, 0.0)
-    return GenerationOutput(
-        response_ids=response_ids,
-        response_mask=mask.float(),
-        truncated=~host_to_device(finished, device, torch.bool),
-        log_probs=log_probs,
-        stopped_by_string=host_to_device(by_string, device, torch.bool),
-        seconds=elapsed_seconds(start, device),
-        prefill_seconds=prefill_seconds,
-        steps=steps,
-    )
+    return cache, logits, positions
 
 
 def host_to_device(values: list, device: torch.device, dtype: torch.dtype) -> Tensor:
