@@ -247,7 +247,6 @@ def child(cfg, to_parent, from_parent, prog_src, fds, features):
 
 def main():
     cfg = json.loads(sys.argv[1])
-    features = []
     t0 = time.monotonic()
     deadline = t0 + cfg["timeout_s"]
     with open(cfg["program"], "rb") as f:
@@ -257,35 +256,14 @@ def main():
         os.open(cfg["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600),
         os.open(cfg["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600),
     ]
-    mode = cfg["mode"]
-    if mode == "root":
-        unshare(CLONE_NEWPID)  # the next child is PID 1 of a new pid namespace
-    elif mode == "user":
-        uid, gid = os.getuid(), os.getgid()
-        unshare(CLONE_NEWUSER | CLONE_NEWPID)
-        _write("/proc/self/setgroups", "deny")
-        _write("/proc/self/uid_map", f"{uid} {uid} 1")
-        _write("/proc/self/gid_map", f"{gid} {gid} 1")
-        cfg["uid"], cfg["gid"] = uid, gid
-    if mode != "none":
-        features.append("pidns")
+    features = _enter_namespaces(cfg)
     c2p_r, c2p_w = os.pipe()  # child -> parent: b"M" (map me), b"E..." error; EOF on exec
     p2c_r, p2c_w = os.pipe()
     pid = os.fork()
     if pid == 0:
         os.close(c2p_r)
         os.close(p2c_w)
-        try:
-            child(cfg, c2p_w, p2c_r, prog_src, fds, features)
-        except BaseException as e:  # report set-up failures, never run the program half-isolated
-            try:
-                os.write(
-                    c2p_w,
-                    ("E" + json.dumps({"error": f"{type(e).__name__}: {e}", "features": features}) + "\n").encode(),
-                )
-            finally:
-                os._exit(127)
-        os._exit(127)
+        _run_child(cfg, c2p_w, p2c_r, prog_src, fds, features)
     os.close(c2p_w)
     os.close(p2c_r)
     for f in fds:
@@ -298,8 +276,58 @@ def main():
             os._exit(3)
 
     signal.signal(signal.SIGTERM, on_term)
-    # Set-up channel, one message per line: "M" (map my user namespace), "F<json>"
-    # (features applied), "E<json>" (set-up failed). EOF means the exec happened.
+    setup_err, features = _follow_setup(cfg, pid, c2p_r, p2c_w, deadline, features)
+    status = _wait_until(pid, deadline)
+    elapsed = time.monotonic() - t0
+    if status is None:
+        os.kill(pid, signal.SIGKILL)  # the namespace's init: takes every descendant with it
+        os.waitpid(pid, 0)
+        out = {"status": "timeout"}
+    elif setup_err is not None:
+        out = {"status": "setup_error", "error": setup_err["error"]}
+    elif os.WIFSIGNALED(status):
+        out = {"status": "signal", "signal": os.WTERMSIG(status)}
+    else:
+        out = {"status": "exit", "code": os.WEXITSTATUS(status)}
+    out["elapsed"] = round(elapsed, 4)
+    out["features"] = features
+    sys.stdout.write(json.dumps(out) + "\n")
+    sys.stdout.flush()
+
+
+def _enter_namespaces(cfg: dict) -> list[str]:
+    """Unshare the pid namespace (and the user namespace when unprivileged); the features applied so far."""
+    mode = cfg["mode"]
+    if mode == "root":
+        unshare(CLONE_NEWPID)  # the next child is PID 1 of a new pid namespace
+    elif mode == "user":
+        uid, gid = os.getuid(), os.getgid()
+        unshare(CLONE_NEWUSER | CLONE_NEWPID)
+        _write("/proc/self/setgroups", "deny")
+        _write("/proc/self/uid_map", f"{uid} {uid} 1")
+        _write("/proc/self/gid_map", f"{gid} {gid} 1")
+        cfg["uid"], cfg["gid"] = uid, gid
+    return ["pidns"] if mode != "none" else []
+
+
+def _run_child(cfg: dict, c2p_w: int, p2c_r: int, prog_src: bytes, fds: list[int], features: list[str]) -> None:
+    """In the forked child: isolate and exec the program; never returns."""
+    try:
+        child(cfg, c2p_w, p2c_r, prog_src, fds, features)
+    except BaseException as e:  # report set-up failures, never run the program half-isolated
+        try:
+            os.write(
+                c2p_w,
+                ("E" + json.dumps({"error": f"{type(e).__name__}: {e}", "features": features}) + "\n").encode(),
+            )
+        finally:
+            os._exit(127)
+    os._exit(127)
+
+
+def _follow_setup(cfg: dict, pid: int, c2p_r: int, p2c_w: int, deadline: float, features: list[str]):
+    """Read the set-up channel, one message per line: "M" (map my user namespace), "F<json>" (features
+    applied), "E<json>" (set-up failed). EOF means the exec happened. Returns (set-up error or None, features)."""
     setup_err = None
     buf = b""
     eof = False
@@ -321,7 +349,11 @@ def main():
             elif line.startswith(b"E"):
                 setup_err = json.loads(line[1:].decode())
                 features = setup_err["features"]
-    # Wait for the program with the wall-clock deadline.
+    return setup_err, features
+
+
+def _wait_until(pid: int, deadline: float) -> int | None:
+    """The program's wait status, or None when the wall-clock deadline passed first."""
     status = None
     try:
         pidfd = os.pidfd_open(pid)
@@ -338,21 +370,7 @@ def main():
         wpid, st = os.waitpid(pid, os.WNOHANG)
         if wpid == pid:
             status = st
-    elapsed = time.monotonic() - t0
-    if status is None:
-        os.kill(pid, signal.SIGKILL)  # the namespace's init: takes every descendant with it
-        os.waitpid(pid, 0)
-        out = {"status": "timeout"}
-    elif setup_err is not None:
-        out = {"status": "setup_error", "error": setup_err["error"]}
-    elif os.WIFSIGNALED(status):
-        out = {"status": "signal", "signal": os.WTERMSIG(status)}
-    else:
-        out = {"status": "exit", "code": os.WEXITSTATUS(status)}
-    out["elapsed"] = round(elapsed, 4)
-    out["features"] = features
-    sys.stdout.write(json.dumps(out) + "\n")
-    sys.stdout.flush()
+    return status
 
 
 if __name__ == "__main__":

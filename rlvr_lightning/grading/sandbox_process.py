@@ -44,21 +44,7 @@ def run_once(
     """One isolated run. Returns the bootstrap's report plus ``stdout``/``stderr``."""
     stage = tempfile.mkdtemp(prefix="rlvr_sandbox_")  # 0700, ours: the program never sees it
     try:
-        work = os.path.join(stage, "work")
-        os.mkdir(work, 0o700)
-        if mode == "none" and os.geteuid() == 0:
-            # Without namespaces the program runs in this host directory as nobody: let it
-            # traverse (not list) the staging directory to reach it.
-            os.chown(work, NOBODY, NOBODY)
-            os.chmod(stage, 0o711)
-        prog = os.path.join(stage, "prog.py")
-        with open(prog, "w", encoding="utf-8") as f:
-            f.write(source)
-        stdin_path = None
-        if stdin is not None:
-            stdin_path = os.path.join(stage, "stdin.txt")
-            with open(stdin_path, "w", encoding="utf-8") as f:
-                f.write(stdin)
+        work, prog, stdin_path = _stage_files(stage, source, stdin, mode)
         files: dict[str, Any] = {"binds": [], "hide": []}
         root = None
         if mode != "none":  # the program's whole filesystem: see _sandbox_boot.build_root
@@ -95,33 +81,59 @@ def run_once(
             "fsize_mb": int(limits.max_file_mb),
             "tmpfs_kb": max(4096, 8 * 1024 * int(limits.max_file_mb)),
         }
-        proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", _BOOT, json.dumps(cfg)],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=dict(_MIN_ENV),
-            close_fds=True,
-            start_new_session=True,
-        )
-        try:
-            out, err = proc.communicate(timeout=limits.timeout_s + SLACK_S)
-            try:
-                report = json.loads(out.decode().strip().splitlines()[-1])
-            except (ValueError, IndexError):
-                report = {"status": "setup_error", "error": f"bootstrap failed: {err.decode(errors='replace')[-500:]}"}
-        except subprocess.TimeoutExpired:
-            _kill_group(proc.pid)
-            proc.communicate()
-            report = {"status": "timeout"}
-        finally:
-            _kill_group(proc.pid)  # stragglers of the group (only possible in mode "none")
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        report = _boot(cfg, limits)
         cap = int(limits.max_file_mb) * 1024 * 1024 + 1
         report["stdout"] = _read_capped(cfg["stdout"], cap)
         report["stderr"] = _read_capped(cfg["stderr"], 64 * 1024)
         return report
     finally:
         shutil.rmtree(stage, ignore_errors=True)
+
+
+def _stage_files(stage: str, source: str, stdin: str | None, mode: str) -> tuple[str, str, str | None]:
+    """The program's working directory, its source file and its stdin file (None: no stdin) under `stage`."""
+    work = os.path.join(stage, "work")
+    os.mkdir(work, 0o700)
+    if mode == "none" and os.geteuid() == 0:
+        # Without namespaces the program runs in this host directory as nobody: let it
+        # traverse (not list) the staging directory to reach it.
+        os.chown(work, NOBODY, NOBODY)
+        os.chmod(stage, 0o711)
+    prog = os.path.join(stage, "prog.py")
+    with open(prog, "w", encoding="utf-8") as f:
+        f.write(source)
+    stdin_path = None
+    if stdin is not None:
+        stdin_path = os.path.join(stage, "stdin.txt")
+        with open(stdin_path, "w", encoding="utf-8") as f:
+            f.write(stdin)
+    return work, prog, stdin_path
+
+
+def _boot(cfg: dict[str, Any], limits: SandboxLimits) -> dict[str, Any]:
+    """Run the bootstrap on `cfg` within the time limit (plus slack); its report."""
+    proc = subprocess.Popen(
+        [sys.executable, "-I", "-S", _BOOT, json.dumps(cfg)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=dict(_MIN_ENV),
+        close_fds=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=limits.timeout_s + SLACK_S)
+        try:
+            report = json.loads(out.decode().strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            report = {"status": "setup_error", "error": f"bootstrap failed: {err.decode(errors='replace')[-500:]}"}
+    except subprocess.TimeoutExpired:
+        _kill_group(proc.pid)
+        proc.communicate()
+        report = {"status": "timeout"}
+    finally:
+        _kill_group(proc.pid)  # stragglers of the group (only possible in mode "none")
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return report

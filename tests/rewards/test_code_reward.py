@@ -143,7 +143,7 @@ class _Result:
 
 @needs_sandbox
 def test_the_hostile_set_through_the_reward_scores_zero_and_the_run_goes_on():
-    from tests.verifiers.test_sandbox_hostile import ADD_TESTS, CTYPES, FORGERIES, HONEST_ADD, PARENT_KILLERS
+    from tests.grading.test_sandbox_hostile import ADD_TESTS, CTYPES, FORGERIES, HONEST_ADD, PARENT_KILLERS
 
     hostile = {**FORGERIES, **PARENT_KILLERS, **CTYPES, **{k: v for k, v in HOSTILE.items() if "{path" not in v}}
     texts = [fenced(HONEST_ADD), *[fenced(p) for p in hostile.values()], fenced(HONEST_ADD.replace("a + b", "b + a"))]
