@@ -179,6 +179,7 @@ def _generate(
     prefill_seconds = elapsed_seconds(start, device)
 
     prompt_len = prompt_ids.shape[1]
+    # the attention mask of every position a row may reach, its next position, and the sampled tokens
     attention = torch.ones((num_rows, prompt_len + max_new_tokens), dtype=prompt_mask.dtype, device=device)
     attention[:, :prompt_len] = prompt_mask.repeat_interleave(n, dim=0)
     next_position = positions[:, -1].repeat_interleave(n, dim=0) + 1
@@ -202,45 +203,61 @@ def _generate(
         if step == max_new_tokens - 1 or not any(rows.alive):
             break
         if ended:
-            if compact:
-                keep = [i for i, flag in enumerate(rows.alive) if flag]
-                try:
-                    cache.batch_select_indices(keep_index := host_to_device(keep, device, torch.long))
-                except (NotImplementedError, AttributeError):
-                    compact = False
-                else:
-                    rows.keep(keep)
-                    active_rows, token, attention = active_rows[keep_index], token[keep_index], attention[keep_index]
-                    next_position = next_position[keep_index]
-            if not compact:
+            kept = _compact(cache, rows, [active_rows, token, attention, next_position]) if compact else None
+            if kept is not None:
+                active_rows, token, attention, next_position = kept
+            else:
+                compact = False
                 dead_inputs = host_to_device([not flag for flag in rows.alive], device, torch.bool)
         if dead_inputs is not None:
             token = token.masked_fill(dead_inputs, pad_token_id)
 
-        out = model(
-            input_ids=token.unsqueeze(-1),
-            attention_mask=attention[:, : prompt_len + step + 1],
-            position_ids=next_position.unsqueeze(-1),
-            use_cache=True,
-            **cache_argument(model, cache),
-        )
-        cache = returned_cache(out)
-        logits = out.logits[:, -1, :]
-        del out
+        cache, logits = _decode(model, cache, token, attention[:, : prompt_len + step + 1], next_position)
         next_position = next_position + 1
     del cache
 
-    width = min(max(max(rows.lengths), 1), steps) if num_rows else 1
-    lengths_tensor = host_to_device(rows.lengths, device, torch.long)
-    mask = torch.arange(width, device=device).unsqueeze(0) < lengths_tensor.unsqueeze(-1)
+    out = _response(rows, tokens_out, log_probs_out, steps, pad_token_id)
+    out.seconds, out.prefill_seconds = elapsed_seconds(start, device), prefill_seconds
+    return out
+
+
+def _compact(cache: Any, rows: RowEnds, tensors: list[Tensor]) -> list[Tensor] | None:
+    """Drop the ended rows from the cache, `rows` and `tensors` (per batch row); None: the cache cannot."""
+    keep = [i for i, flag in enumerate(rows.alive) if flag]
+    keep_index = host_to_device(keep, tensors[0].device, torch.long)
+    try:
+        cache.batch_select_indices(keep_index)
+    except (NotImplementedError, AttributeError):
+        return None
+    rows.keep(keep)
+    return [tensor[keep_index] for tensor in tensors]
+
+
+def _decode(model: nn.Module, cache: Any, token: Tensor, attention: Tensor, position: Tensor) -> tuple[Any, Tensor]:
+    """One decoding step's forward: the cache and the next-token logits [B, V]."""
+    out = model(
+        input_ids=token.unsqueeze(-1),
+        attention_mask=attention,
+        position_ids=position.unsqueeze(-1),
+        use_cache=True,
+        **cache_argument(model, cache),
+    )
+    return returned_cache(out), out.logits[:, -1, :]
+
+
+def _response(rows: RowEnds, tokens: Tensor, log_probs: Tensor, steps: int, pad_token_id: int) -> GenerationOutput:
+    """The decoded rows cut to their lengths (pad and log-prob 0 after a row's end)."""
+    device = tokens.device
+    width = min(max(max(rows.lengths), 1), steps) if rows.lengths else 1
+    lengths = host_to_device(rows.lengths, device, torch.long)
+    mask = torch.arange(width, device=device).unsqueeze(0) < lengths.unsqueeze(-1)
     return GenerationOutput(
-        response_ids=tokens_out[:, :width].masked_fill(~mask, pad_token_id),
+        response_ids=tokens[:, :width].masked_fill(~mask, pad_token_id),
         response_mask=mask.float(),
         truncated=~host_to_device(rows.finished, device, torch.bool),
-        log_probs=log_probs_out[:, :width].masked_fill(~mask, 0.0),
+        log_probs=log_probs[:, :width].masked_fill(~mask, 0.0),
         stopped_by_string=host_to_device(rows.by_string, device, torch.bool),
-        seconds=elapsed_seconds(start, device),
-        prefill_seconds=prefill_seconds,
+        seconds=0.0,
         steps=steps,
     )
 

@@ -155,16 +155,7 @@ class HFPolicy(HFScoring, Policy):
         self.last_generation_stats: dict[str, float] = {}
 
         model_source, gguf_name = hf_loading.model_source(model_name_or_path, gguf_file, config)
-        if tokenizer_name_or_path is not None:
-            tokenizer_source, tokenizer_gguf = resolve_model_path(tokenizer_name_or_path), None
-        elif model_source is not None:
-            tokenizer_source, tokenizer_gguf = model_source, gguf_name
-        else:
-            raise ValueError(
-                "HFPolicy(config=...) needs tokenizer_name_or_path (or model_name_or_path) for the tokenizer"
-            )
-        self.tokenizer = hf_loading.load_tokenizer(tokenizer_source, tokenizer_gguf, trust_remote_code)
-
+        self.tokenizer = _load_tokenizer(tokenizer_name_or_path, model_source, gguf_name, trust_remote_code)
         model_kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code, "dtype": self.torch_dtype}
         if attn_implementation is not None:
             model_kwargs["attn_implementation"] = attn_implementation
@@ -172,15 +163,8 @@ class HFPolicy(HFScoring, Policy):
             model = hf_loading.model_from_config(config, self.tokenizer, model_kwargs)
         else:
             model = hf_loading.load_model(model_source, gguf_name, model_kwargs)
-        if disable_dropout:
-            hf_loading.disable_dropout(model)
-        # from_pretrained returns the model in eval mode; transformers runs gradient checkpointing only in train mode
-        model.train()
-        if gradient_checkpointing:
-            hf_loading.enable_gradient_checkpointing(model)
+        _prepare_for_training(model, disable_dropout, gradient_checkpointing, lean_activations)
         self.lean_activations = lean_activations  # also the output layer's (`hf_scoring.py`)
-        if lean_activations:
-            apply_lean_layers(model)
         if lora_r > 0:
             model, self._lora_config = hf_loading.add_lora(model, lora_r, lora_alpha, lora_dropout, lora_target_modules)
         self.model = model
@@ -189,12 +173,7 @@ class HFPolicy(HFScoring, Policy):
         self.eos_token_ids = hf_loading.eos_token_ids(self.tokenizer, self.base_model)
         if not self.eos_token_ids:
             warnings.warn("HFPolicy: neither the tokenizer nor the generation config names an EOS token", stacklevel=2)
-        text_config = (
-            self.hf_config.get_text_config(decoder=True)
-            if hasattr(self.hf_config, "get_text_config")
-            else self.hf_config
-        )
-        self.max_context: int | None = getattr(text_config, "max_position_embeddings", None)
+        self.max_context: int | None = _max_context(self.hf_config)
 
     # ------------------------------------------------------------------ properties
 
@@ -349,3 +328,31 @@ def _row_metadata(metadata: list[dict], n: int, row_info: list[dict] | None) -> 
     for row, info in zip(rows, row_info or [], strict=False):
         row.update(info)
     return rows
+
+
+def _load_tokenizer(
+    tokenizer_name_or_path: str | None, model_source: Any, gguf_name: str | None, trust_remote_code: bool
+):
+    """The tokenizer named, else the model's own."""
+    if tokenizer_name_or_path is not None:
+        return hf_loading.load_tokenizer(resolve_model_path(tokenizer_name_or_path), None, trust_remote_code)
+    if model_source is None:
+        raise ValueError("HFPolicy(config=...) needs tokenizer_name_or_path (or model_name_or_path) for the tokenizer")
+    return hf_loading.load_tokenizer(model_source, gguf_name, trust_remote_code)
+
+
+def _max_context(hf_config: Any) -> int | None:
+    """The longest sequence the model's positions cover (its text decoder's, for a multimodal config)."""
+    text_config = hf_config.get_text_config(decoder=True) if hasattr(hf_config, "get_text_config") else hf_config
+    return getattr(text_config, "max_position_embeddings", None)
+
+
+def _prepare_for_training(model: nn.Module, disable_dropout: bool, gradient_checkpointing: bool, lean: bool) -> None:
+    if disable_dropout:
+        hf_loading.disable_dropout(model)
+    # from_pretrained returns the model in eval mode; transformers runs gradient checkpointing only in train mode
+    model.train()
+    if gradient_checkpointing:
+        hf_loading.enable_gradient_checkpointing(model)
+    if lean:
+        apply_lean_layers(model)
