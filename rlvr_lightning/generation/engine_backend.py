@@ -25,7 +25,9 @@ from rlvr_lightning.generation.backend import GenerationBackend, response_tensor
 from rlvr_lightning.generation.output import GenerationOutput
 from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.generation.vllm_sampling import sampling_request
+from rlvr_lightning.runtime.timing import elapsed_seconds
 from rlvr_lightning.serving.lora_sync import WeightPush
+from rlvr_lightning.serving.vllm_weights import parameter_version
 
 
 class Completion(NamedTuple):
@@ -70,6 +72,21 @@ class EngineGeneration(GenerationBackend):
         self, model: nn.Module, prompt_token_ids: Sequence[Sequence[int]], requests: list[dict[str, Any]]
     ) -> list[list[Completion]]:
         """Each prompt's completions, in the order of their `index`, for one sampling request per prompt."""
+
+    @abstractmethod
+    def _push(self, model: nn.Module, fresh: bool) -> None:
+        """Send the policy's weights to the engine (`fresh`: it holds none of ours yet, or discarded them)."""
+
+    def _push_if_changed(self, model: nn.Module) -> float:
+        """Push the weights if a parameter changed since the last push: the seconds it took (0: no push)."""
+        version = parameter_version(model)
+        if version == self._pushed_version:
+            return 0.0
+        started = time.perf_counter()
+        self._push(model, fresh=self._pushed_version is None)
+        self._pushed_version = version
+        self.weight_pushes += 1
+        return elapsed_seconds(started, next(model.parameters()).device)
 
     def _stats(self, decode_seconds: float, prepared: dict[str, float]) -> dict[str, float]:
         push_seconds = prepared.get("engine/weight_push_seconds", 0.0)

@@ -49,10 +49,9 @@ from torch import nn
 from rlvr_lightning.generation.compute_dtype import compute_dtype
 from rlvr_lightning.generation.engine_backend import Completion, EngineGeneration
 from rlvr_lightning.runtime.option_domains import Range, check_ranges
-from rlvr_lightning.runtime.timing import elapsed_seconds
 from rlvr_lightning.serving.client import RolloutServerClient, RolloutServerError
 from rlvr_lightning.serving.lora_sync import ADAPTER_NAME
-from rlvr_lightning.serving.vllm_weights import count_optimizer_steps, parameter_version
+from rlvr_lightning.serving.vllm_weights import count_optimizer_steps
 from rlvr_lightning.serving.weight_broadcast import FileWeights, push_adapter, transport_for
 
 TRANSPORTS = ("auto", "file", "nccl")
@@ -218,18 +217,14 @@ class ServerGeneration(EngineGeneration):
         self._started = True
         return time.perf_counter() - started
 
-    def _push_if_changed(self, model: nn.Module) -> float:
-        version = parameter_version(model)
-        if version == self._pushed_version:
-            return 0.0
-        started = time.perf_counter()
+    def _push(self, model: nn.Module, fresh: bool) -> None:
         self.weight_version += 1
         error = None
         try:
             if self._rank == 0:
-                self._push(model, self.weight_version, self._pushed_version is None)
+                self._send(model, self.weight_version, fresh)
             else:  # its part of a sharded model's gathers
-                self._weights.push(model, self._engine_dtype, _drain, lambda: None, None, self._pushed_version is None)
+                self._weights.push(model, self._engine_dtype, _drain, lambda: None, None, fresh)
         except Exception as exc:
             error = exc
         if self._world_size > 1:  # every rank waits for rank 0's push; its failure stops them all
@@ -238,11 +233,8 @@ class ServerGeneration(EngineGeneration):
                 raise RolloutServerError(f"rank 0's weight push failed: {failure}")
         if error is not None:
             raise error
-        self._pushed_version = version
-        self.weight_pushes += 1
-        return elapsed_seconds(started, next(model.parameters()).device)
 
-    def _push(self, model: nn.Module, pushed: int, fresh: bool) -> None:
+    def _send(self, model: nn.Module, pushed: int, fresh: bool) -> None:
         timeout = self.sync_timeout_s
 
         def send(weights):

@@ -53,9 +53,8 @@ from torch import nn
 from rlvr_lightning.generation.compute_dtype import compute_dtype
 from rlvr_lightning.generation.engine_backend import Completion, EngineGeneration
 from rlvr_lightning.runtime.option_domains import Range, check_ranges
-from rlvr_lightning.runtime.timing import elapsed_seconds
 from rlvr_lightning.serving.lora_sync import engine_lora_unsupported, lora_request
-from rlvr_lightning.serving.vllm_weights import count_optimizer_steps, parameter_version
+from rlvr_lightning.serving.vllm_weights import count_optimizer_steps
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +139,7 @@ class VLLMGeneration(EngineGeneration):
     def _prepare(self, model: nn.Module, tokenizer: Any) -> dict[str, float]:
         engine_start = self._ensure_engine(model, tokenizer)
         self._wake("weights")
-        push_seconds = self._push_weights_if_changed(model) if self.push_on_generate else 0.0
+        push_seconds = self._push_if_changed(model) if self.push_on_generate else 0.0
         self._wake("kv_cache")
         return {"engine/start_seconds": engine_start, "engine/weight_push_seconds": push_seconds}
 
@@ -173,7 +172,7 @@ class VLLMGeneration(EngineGeneration):
         """Start the engine if needed, wake it, and push the weights if they changed (seconds for the push)."""
         self._ensure_engine(model, tokenizer)
         self._wake("weights")  # the KV cache wakes when a generation needs it
-        return self._push_weights_if_changed(model)
+        return self._push_if_changed(model)
 
     def sleep(self) -> None:
         if self.sleep_level == 0 or self._llm is None or self._asleep:
@@ -263,18 +262,10 @@ class VLLMGeneration(EngineGeneration):
         count_optimizer_steps()
         return time.perf_counter() - started
 
-    def _push_weights_if_changed(self, model: nn.Module) -> float:
-        version = parameter_version(model)
-        if version == self._pushed_version:
-            return 0.0
-        started = time.perf_counter()
+    def _push(self, model: nn.Module, fresh: bool) -> None:
         with _no_autocast(model):  # the weights go as a generator: one gathered, cast tensor at a time
-            fresh = self._pushed_version is None  # a new engine, or one whose weights were discarded
             self._weights.push(model, self._engine_dtype, self._reload, self._load_adapter, self._adapter_dir, fresh)
         self._llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
-        self._pushed_version = version
-        self.weight_pushes += 1
-        return elapsed_seconds(started, next(model.parameters()).device)
 
     def _reload(self, weights) -> None:
         self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})

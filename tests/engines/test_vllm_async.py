@@ -31,7 +31,7 @@ def test_the_engine_samples_beside_the_update_and_is_pushed_between(tokenizer_di
 
     monkeypatch.chdir(tmp_path)
     steps, launched_at, pushes, generations = [0], [-1], [], []
-    push, generate, launch = VLLMGeneration._push_weights_if_changed, VLLMGeneration.generate, AsyncRollouts.launch
+    push, generate, launch = VLLMGeneration._push_if_changed, VLLMGeneration.generate, AsyncRollouts.launch
 
     def recording_launch(self, batch, version):
         launched_at[0] = steps[0]
@@ -57,7 +57,7 @@ def test_the_engine_samples_beside_the_update_and_is_pushed_between(tokenizer_di
         return out
 
     monkeypatch.setattr(AsyncRollouts, "launch", recording_launch)
-    monkeypatch.setattr(VLLMGeneration, "_push_weights_if_changed", recording_push)
+    monkeypatch.setattr(VLLMGeneration, "_push_if_changed", recording_push)
     monkeypatch.setattr(VLLMGeneration, "generate", recording_generate)
     hook = register_optimizer_step_post_hook(lambda optimizer, args, kwargs: steps.__setitem__(0, steps[0] + 1))
     try:

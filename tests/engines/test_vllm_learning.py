@@ -34,11 +34,11 @@ def test_grpo_with_the_engine_learns_to_repeat_the_named_digit(tokenizer_dir, tm
 
 
 def test_an_engine_that_keeps_its_first_weights_does_not_learn(tokenizer_dir, tmp_path, monkeypatch):
-    push = VLLMGeneration._push_weights_if_changed
+    push = VLLMGeneration._push_if_changed
 
     def first_push_only(self, model):
         return push(self, model) if self.weight_pushes == 0 else 0.0
 
-    monkeypatch.setattr(VLLMGeneration, "_push_weights_if_changed", first_push_only)
+    monkeypatch.setattr(VLLMGeneration, "_push_if_changed", first_push_only)
     _, curve = fit(_engine_config(tokenizer_dir, seed=0, steps=30), tmp_path)
     assert mean(curve.rewards[-END:]) <= mean(curve.rewards[:START]) + 0.05, curve.rewards
