@@ -23,6 +23,7 @@ def test_the_record_names_software_threads_machine_commit_and_date(monkeypatch):
         "cpu" if torch.version.cuda is None else f"cuda {torch.version.cuda}"
     ) or record["torch"]["build"].startswith("rocm")
     assert isinstance(record["torch"]["gpus"], list)
+    assert record["torch"]["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     assert set(record["packages"]) == {
         "transformers",
         "lightning",

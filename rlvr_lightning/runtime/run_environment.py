@@ -42,13 +42,15 @@ def package_version(distribution: str) -> str | None:
 
 
 def torch_build() -> dict:
-    """torch's version and what it was built for: "cpu", "cuda 12.8" or "rocm 6.4"."""
+    """torch's version, what it was built for ("cpu", "cuda 12.8" or "rocm 6.4") and the CPU kernels it dispatches to
+    ("AVX512", "AVX2", ...: other kernels round differently, so a run's trajectory differs with them)."""
     cuda, hip = torch.version.cuda, getattr(torch.version, "hip", None)
     build = f"cuda {cuda}" if cuda else f"rocm {hip}" if hip else "cpu"
     gpus = (
         [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
     )
-    return {"version": torch.__version__, "build": build, "gpus": gpus}
+    cpu_capability = torch.backends.cpu.get_cpu_capability()
+    return {"version": torch.__version__, "build": build, "gpus": gpus, "cpu_capability": cpu_capability}
 
 
 def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
