@@ -101,7 +101,7 @@ class StepClock(Callback):
 
 def fit(config: Path):
     """`rlvr fit --config config` in this process; returns the CLI and the steps' `StepClock`."""
-    from rlvr_lightning.cli.main import main
+    from rlvr_lightning.cli.app import main
 
     cli = main(["fit", "--config", str(config), "--trainer.callbacks+=bench_async.StepClock"])
     return cli, next(cb for cb in cli.trainer.callbacks if type(cb).__name__ == "StepClock")

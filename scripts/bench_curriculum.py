@@ -29,7 +29,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from rlvr_lightning.cli.main import main as rlvr_cli  # noqa: E402
+from rlvr_lightning.cli.app import main as rlvr_cli  # noqa: E402
 
 CONFIG = REPO / "configs" / "sort_curriculum.yaml"
 

@@ -30,7 +30,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 import torch
 
-from rlvr_lightning.cli.main import main as rlvr_cli
+from rlvr_lightning.cli.app import main as rlvr_cli
 from rlvr_lightning.policies.toy_sort import ToySortPolicy
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "sort_lecture.yaml"

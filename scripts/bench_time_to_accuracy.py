@@ -49,7 +49,7 @@ def warm_up(out: Path) -> None:
     if not ckpt.exists():
         (out / "warmup").mkdir(parents=True, exist_ok=True)
         command = [
-            sys.executable, "-m", "rlvr_lightning.cli.main", "fit",
+            sys.executable, "-m", "rlvr_lightning.cli", "fit",
             "--config", str(ROOT / "configs" / "smollm2_arithmetic_warmup.yaml"),
             "--data.init_args.train_file", str(ROOT / "configs" / "data" / "arithmetic_format_warmup.jsonl"),
             "--trainer.logger=false", "--trainer.enable_progress_bar=false",

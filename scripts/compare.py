@@ -102,7 +102,7 @@ def launch(recipe: Path, seed: int, workdir: Path, steps: int | None, extra: lis
     if in_process:
         import torch
 
-        from rlvr_lightning.cli.main import main
+        from rlvr_lightning.cli.app import main
 
         torch.set_num_threads(1)
         try:
@@ -114,7 +114,7 @@ def launch(recipe: Path, seed: int, workdir: Path, steps: int | None, extra: lis
         env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", WANDB_MODE="offline", WANDB_SILENT="true")
         with (run_dir / "output.log").open("w") as log:
             process = subprocess.run(
-                [sys.executable, "-m", "rlvr_lightning.cli.main", *args],
+                [sys.executable, "-m", "rlvr_lightning.cli", *args],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,

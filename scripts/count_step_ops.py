@@ -25,7 +25,7 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_overhead as bench  # noqa: E402
 
-from rlvr_lightning.cli.main import main as rlvr_cli  # noqa: E402
+from rlvr_lightning.cli.app import main as rlvr_cli  # noqa: E402
 
 FIRST, STEPS = 20, 50
 

@@ -147,7 +147,7 @@ def rlvr_fit(config: str, *extra: str, cwd: str = "run_dir", log_name: str = "cs
         (
             "{python}",
             "-m",
-            "rlvr_lightning.cli.main",
+            "rlvr_lightning.cli",
             "fit",
             "--config",
             "{repo}/" + config,

@@ -39,7 +39,7 @@ EI_CONFIG = REPO / "configs" / "recipes" / "expert_iteration.yaml"
 
 def stage_cli(args: list[str]):
     """`rlvr ARGS`, in-process."""
-    from rlvr_lightning.cli.main import main
+    from rlvr_lightning.cli.app import main
 
     return main(args)
 

@@ -78,7 +78,7 @@ def step_rows(out: Path, name: str) -> list[dict[str, float]]:
 
 
 def fit(config: Path) -> None:
-    from rlvr_lightning.cli.main import main
+    from rlvr_lightning.cli.app import main
 
     main(["fit", "--config", str(config)])
 

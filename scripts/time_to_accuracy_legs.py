@@ -172,7 +172,7 @@ def run_ours(args) -> None:
     config["seed_everything"] = args.seed
     path = args.out / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
-    from rlvr_lightning.cli.main import main
+    from rlvr_lightning.cli.app import main
 
     final = args.out / name / "checkpoints" / "final.ckpt"
     if args.continue_run:  # the final checkpoint ends epoch 0: the remaining steps are a second epoch

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from rlvr_lightning.cli.main import entry_point
+from rlvr_lightning.cli.app import entry_point
 
 ROOT = Path(__file__).resolve().parents[1]
 SORT = str(ROOT / "configs" / "sort_grpo.yaml")

@@ -292,7 +292,7 @@ def write_config(config: dict, path: Path) -> Path:
 
 
 def main(out: str, tokenizer_dir: str, runs: list[str]) -> None:
-    from rlvr_lightning.cli.main import main as rlvr
+    from rlvr_lightning.cli.app import main as rlvr
 
     torch.set_num_threads(1)
     rank = os.environ["RANK"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from rlvr_lightning.cli.main import main
+from rlvr_lightning.cli.app import main
 
 from . import test_resume
 from .test_resume import EPOCHS, STEPS_PER_EPOCH, K, kill_when_waiting, logged, parameters, start_killed_run

@@ -17,7 +17,7 @@ import torch
 
 from rlvr_lightning.callbacks import AtomicCheckpointIO, CheckpointReadError, ResumeState
 from rlvr_lightning.callbacks.checkpointing import remove_partial_checkpoints
-from rlvr_lightning.cli.main import main
+from rlvr_lightning.cli.app import main
 
 PAYLOAD = 1_000_000  # floats: 4 MB, so a write takes long enough to be killed in the middle of
 
@@ -240,7 +240,7 @@ def test_rlvr_fit_killed_while_checkpointing_every_step_resumes(tmp_path, monkey
     config.write_text(REAL_RUN.format(dirpath=tmp_path / "ckpt"))
     last = tmp_path / "ckpt" / "last.ckpt"
     process = subprocess.Popen(
-        [sys.executable, "-m", "rlvr_lightning.cli.main", "fit", "--config", str(config)],
+        [sys.executable, "-m", "rlvr_lightning.cli", "fit", "--config", str(config)],
         env={**os.environ, "OMP_NUM_THREADS": "1"},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from rlvr_lightning.cli.main import main as rlvr_cli
+from rlvr_lightning.cli.app import main as rlvr_cli
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 from lightning.pytorch import Callback
 
-from rlvr_lightning.cli.main import entry_point
+from rlvr_lightning.cli.app import entry_point
 from rlvr_lightning.runtime.checkpoint_files import AtomicCheckpointIO, CheckpointWriteError
 from tests.test_run_checkpoints import TINY, steps_in
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from rlvr_lightning.cli.main import main
+from rlvr_lightning.cli.app import main
 
 # configs/gpu/ holds overlays of the GSM8K recipe, parsed on top of it by tests/test_gpu_recipes.py
 CONFIGS = sorted(p for p in (Path(__file__).resolve().parents[1] / "configs").rglob("*.yaml") if p.parent.name != "gpu")
@@ -38,9 +38,7 @@ def test_sort_lecture_runs_end_to_end(in_tmp_dir):
 
 def test_the_console_script_exits_with_status_zero_after_a_run(in_tmp_dir):
     # `rlvr` as installed: [project.scripts] calls the entry point and exits with what it returns
-    script = (
-        "import sys; from rlvr_lightning.cli.main import entry_point; sys.argv[0] = 'rlvr'; sys.exit(entry_point())"
-    )
+    script = "import sys; from rlvr_lightning.cli.app import entry_point; sys.argv[0] = 'rlvr'; sys.exit(entry_point())"
     config = str(CONFIGS[0].parent / "sort_lecture.yaml")
     done = subprocess.run(
         [sys.executable, "-c", script, "fit", "--config", config, *QUICK, "--trainer.limit_train_batches=1"],
@@ -130,7 +128,7 @@ def test_predict_writes_the_checkpoint_completions_and_validate_scores_them(in_t
 
 
 def test_there_is_no_test_command():
-    from rlvr_lightning.cli.main import RLVRCLI
+    from rlvr_lightning.cli.app import RLVRCLI
 
     assert set(RLVRCLI.subcommands()) == {"fit", "validate", "predict"}
 
@@ -203,7 +201,7 @@ def test_trainer_counts_parse_as_counts_whatever_order_typing_cached(in_tmp_dir)
     code = f"""
 import typing
 import lightning.pytorch as pl
-from rlvr_lightning.cli.main import COUNT_OR_FRACTION, main, parse_counts_as_counts
+from rlvr_lightning.cli.app import COUNT_OR_FRACTION, main, parse_counts_as_counts
 for name in COUNT_OR_FRACTION:
     pl.Trainer.__init__.__annotations__[name] = typing.Union[float, int, None]  # as the cache can hand them out
 parse_counts_as_counts()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rlvr_lightning.cli.main import entry_point
+from rlvr_lightning.cli.app import entry_point
 
 from .cli_runs import QUIET, SORT, run
 
@@ -174,9 +174,7 @@ def test_help_says_how_to_list_the_module_and_data_options(capsys):
 
 
 def test_the_console_script_exits_2_with_the_short_message(in_tmp_dir):
-    script = (
-        "import sys; from rlvr_lightning.cli.main import entry_point; sys.argv[0] = 'rlvr'; sys.exit(entry_point())"
-    )
+    script = "import sys; from rlvr_lightning.cli.app import entry_point; sys.argv[0] = 'rlvr'; sys.exit(entry_point())"
     done = subprocess.run(
         [sys.executable, "-c", script, "fit", "--config", SORT, "--model.init_args.entropy_coeff=0.3"],
         capture_output=True,

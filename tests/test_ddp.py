@@ -122,7 +122,7 @@ def test_two_process_ddp_run(tmp_path, micro):
         "OMP_NUM_THREADS": "1",
     }
     result = subprocess.run(
-        [sys.executable, "-m", "rlvr_lightning.cli.main", "fit", "--config", str(config)],
+        [sys.executable, "-m", "rlvr_lightning.cli", "fit", "--config", str(config)],
         cwd=tmp_path,
         env=env,
         capture_output=True,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from rlvr_lightning.cli.main import main
+from rlvr_lightning.cli.app import main
 from rlvr_lightning.policies.toy_sort import ToySortPolicy
 
 from .test_resume import logged, parameters

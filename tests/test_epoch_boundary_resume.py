@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from rlvr_lightning.cli.main import entry_point, main
+from rlvr_lightning.cli.app import entry_point, main
 from rlvr_lightning.data.sft_data import write_jsonl
 from tests.modules.test_sft import sort_pairs
 from tests.test_resume import EPOCHS, STEPS_PER_EPOCH, config, logged, parameters

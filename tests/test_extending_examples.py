@@ -48,7 +48,7 @@ def run_example(tmp_path: Path, files: list[str], configs: list[Path | str], *ar
         patch.setenv("HF_HUB_OFFLINE", "1")
         for name in modules:  # the user's module from this directory, not one imported by an earlier example
             patch.delitem(sys.modules, name, raising=False)
-        from rlvr_lightning.cli.main import main
+        from rlvr_lightning.cli.app import main
 
         main([*command, *args])
         for name in modules:

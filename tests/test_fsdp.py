@@ -196,7 +196,7 @@ def test_fsdp2_shards_every_parameter_across_the_ranks(pairs):
 def _fit(config: Path, out: Path, name: str) -> tuple[subprocess.Popen, Path]:
     log = out / f"{name}.log"
     process = subprocess.Popen(
-        [sys.executable, "-m", "rlvr_lightning.cli.main", "fit", "--config", str(config)],
+        [sys.executable, "-m", "rlvr_lightning.cli", "fit", "--config", str(config)],
         env=_env(),
         cwd=out,
         start_new_session=True,
@@ -298,7 +298,7 @@ def _trained_policy(tokenizer_dir: str, state: dict, **options):
 def test_export_gives_a_hugging_face_directory_with_the_same_log_probs(resumed, pairs, tokenizer_dir, tmp_path, source):
     from transformers import AutoModelForCausalLM
 
-    from rlvr_lightning.cli.main import main
+    from rlvr_lightning.cli.app import main
     from rlvr_lightning.generation.sampling_config import SamplingConfig
 
     if source == "sharded":  # the directory of shards of the uninterrupted run's last step
@@ -332,7 +332,7 @@ def test_export_gives_a_hugging_face_directory_with_the_same_log_probs(resumed, 
 
 
 def test_export_refuses_what_it_cannot_write(resumed, tmp_path):
-    from rlvr_lightning.cli.main import main
+    from rlvr_lightning.cli.app import main
 
     busy = tmp_path / "busy"
     busy.mkdir()

@@ -17,7 +17,7 @@ import pytest
 import torch
 import yaml
 
-from rlvr_lightning.cli.main import entry_point, main
+from rlvr_lightning.cli.app import entry_point, main
 
 from .gsm8k_tiny import WeightsAtStart, write_tiny_gsm8k_override
 
@@ -127,7 +127,7 @@ def test_recipe_runs_sharded_with_cpu_offload_on_two_processes(tiny_override, tm
     command = [
         sys.executable,
         "-m",
-        "rlvr_lightning.cli.main",
+        "rlvr_lightning.cli",
         "fit",
         "--config",
         str(RECIPE),

@@ -74,7 +74,7 @@ def test_rlvr_fit_fails_fast_with_the_policy_message(tmp_path):
     env.update(HF_ENDPOINT=CLOSED, HF_HOME=str(tmp_path / "hf"), OMP_NUM_THREADS="1")
     started = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-m", "rlvr_lightning.cli.main", "fit", "--config", str(config)],
+        [sys.executable, "-m", "rlvr_lightning.cli", "fit", "--config", str(config)],
         cwd=tmp_path,
         env=env,
         capture_output=True,

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from rlvr_lightning.cli.main import main
+from rlvr_lightning.cli.app import main
 from tests.test_resume import EPOCHS, STEPS_PER_EPOCH, K, config, logged, parameters
 
 WAITER = '''
@@ -51,7 +51,7 @@ def start(tmp_path: Path, name: str) -> subprocess.Popen:
         "OMP_NUM_THREADS": "1",
     }
     return subprocess.Popen(
-        [sys.executable, "-m", "rlvr_lightning.cli.main", "fit", "--config", str(cfg)],
+        [sys.executable, "-m", "rlvr_lightning.cli", "fit", "--config", str(cfg)],
         cwd=tmp_path,
         env=env,
         stdout=subprocess.DEVNULL,

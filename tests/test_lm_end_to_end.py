@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).parent / "policies"))
 
 from tiny_lm import build_tiny_tokenizer, tiny_llama_config  # noqa: E402
 
-from rlvr_lightning.cli.main import main  # noqa: E402
+from rlvr_lightning.cli.app import main  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -94,7 +94,7 @@ def test_rlvr_fit_with_a_calculator_from_yaml(tmp_path, monkeypatch):
     }
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
-    from rlvr_lightning.cli.main import main
+    from rlvr_lightning.cli.app import main
 
     cli = main(["fit", "--config", str(path)])
     assert cli.model.policy.segment_rules[0].max_turns == 3

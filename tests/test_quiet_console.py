@@ -13,9 +13,7 @@ LIGHTNING_INFO = [r"Seed set to \d+$", r"GPU available: ", r"TPU available: ", r
 
 
 def test_the_sort_recipe_prints_no_third_party_warnings(in_tmp_dir):
-    script = (
-        "import sys; from rlvr_lightning.cli.main import entry_point; sys.argv[0] = 'rlvr'; sys.exit(entry_point())"
-    )
+    script = "import sys; from rlvr_lightning.cli.app import entry_point; sys.argv[0] = 'rlvr'; sys.exit(entry_point())"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONWARNINGS", "RLVR_DEBUG")}
     env["PYTHONPATH"] = str(ROOT)
     args = ["fit", "--config", str(ROOT / "configs" / "sort_grpo.yaml"), "--trainer.limit_train_batches", "2"]

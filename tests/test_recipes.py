@@ -9,7 +9,7 @@ import torch
 import yaml
 
 from rlvr_lightning import advantages
-from rlvr_lightning.cli.main import main
+from rlvr_lightning.cli.app import main
 from rlvr_lightning.core.losses.policy_losses import POLICY_LOSSES
 from rlvr_lightning.policies.sort_teacher import SortTeacher
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlvr_lightning.cli.main import main
+from rlvr_lightning.cli.app import main
 
 K = 6
 STEPS_PER_EPOCH = 4
@@ -138,7 +138,7 @@ def start_killed_run(tmp_path: Path, name: str, with_filter: bool, ppo: bool = F
         "OMP_NUM_THREADS": "1",
     }
     process = subprocess.Popen(
-        [sys.executable, "-m", "rlvr_lightning.cli.main", "fit", "--config", str(cfg)],
+        [sys.executable, "-m", "rlvr_lightning.cli", "fit", "--config", str(cfg)],
         cwd=tmp_path,
         env=env,
         stdout=subprocess.DEVNULL,

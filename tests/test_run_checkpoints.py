@@ -22,7 +22,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from rlvr_lightning.callbacks import RolloutCheckpoint
 from rlvr_lightning.callbacks.interrupt import SaveOnInterrupt
-from rlvr_lightning.cli.main import entry_point, main
+from rlvr_lightning.cli.app import entry_point, main
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from rlvr_lightning.cli.main import main
+from rlvr_lightning.cli.app import main
 from rlvr_lightning.runtime import run_environment
 from rlvr_lightning.runtime.run_environment import environment_record
 

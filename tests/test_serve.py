@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from rlvr_lightning.cli.main import entry_point
+from rlvr_lightning.cli.app import entry_point
 from rlvr_lightning.serving import serve
 
 

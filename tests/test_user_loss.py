@@ -125,7 +125,7 @@ def test_rlvr_fit_trains_with_a_loss_and_a_kl_estimator_from_a_users_file(tmp_pa
         [
             sys.executable,
             "-m",
-            "rlvr_lightning.cli.main",
+            "rlvr_lightning.cli",
             "fit",
             "--config",
             str(config),

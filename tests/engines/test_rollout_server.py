@@ -56,7 +56,7 @@ def _server_config(tmp_path, tokenizer_dir, name, steps, address, **init_args):
 
 
 def test_k0_matches_the_colocated_engine_and_log_probs_match_after_every_push(server, tool_tokenizer_dir, tmp_path):
-    from rlvr_lightning.cli.main import main
+    from rlvr_lightning.cli.app import main
 
     server.ensure_running()
     os.chdir(tmp_path)
@@ -77,7 +77,7 @@ def test_k0_matches_the_colocated_engine_and_log_probs_match_after_every_push(se
 
 
 def test_bounded_staleness_k2_through_the_server(server, tool_tokenizer_dir, tmp_path):
-    from rlvr_lightning.cli.main import main
+    from rlvr_lightning.cli.app import main
 
     server.ensure_running()
     os.chdir(tmp_path)
@@ -108,7 +108,7 @@ def test_a_two_process_fsdp2_trainer_pushes_each_update_once_from_rank_0(server,
     config["trainer"]["callbacks"] = config["trainer"]["callbacks"][:2]
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    command = [sys.executable, "-m", "rlvr_lightning.cli.main", "fit", "--config", str(path)]
+    command = [sys.executable, "-m", "rlvr_lightning.cli", "fit", "--config", str(path)]
     result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     rows = _train_rows(tmp_path, "fsdp2")
@@ -129,7 +129,7 @@ def killed_run(server, tool_tokenizer_dir, tmp_path_factory):
     config.write_text(yaml.safe_dump(values, sort_keys=False))
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     trainer = subprocess.Popen(
-        [sys.executable, "-m", "rlvr_lightning.cli.main", "fit", "--config", str(config)],
+        [sys.executable, "-m", "rlvr_lightning.cli", "fit", "--config", str(config)],
         cwd=directory,
         env=env,
         stdout=subprocess.PIPE,
@@ -188,7 +188,7 @@ def _group_alive(group: int) -> bool:
 
 
 def test_the_stopped_run_resumes_with_ckpt_path_last_on_a_restarted_server(server, killed_run, tool_tokenizer_dir):
-    from rlvr_lightning.cli.main import main
+    from rlvr_lightning.cli.app import main
     from rlvr_lightning.serving.client import RolloutServerClient
 
     directory = killed_run["directory"]

@@ -26,7 +26,7 @@ def _async_config(tmp_path, tokenizer_dir, name: str, steps: int):
 def test_the_engine_samples_beside_the_update_and_is_pushed_between(tokenizer_dir, tmp_path, monkeypatch):
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
-    from rlvr_lightning.cli.main import main
+    from rlvr_lightning.cli.app import main
     from rlvr_lightning.modules.async_rollouts import AsyncRollouts
 
     monkeypatch.chdir(tmp_path)

@@ -91,7 +91,7 @@ def _train_rows(tmp_path: Path, name: str) -> list[dict[str, str]]:
 
 
 def test_fit_with_the_engine_logs_the_mismatch_and_resumes(tokenizer_dir, tmp_path, monkeypatch):
-    from rlvr_lightning.cli.main import main
+    from rlvr_lightning.cli.app import main
 
     monkeypatch.chdir(tmp_path)
     full = main(["fit", "--config", str(_config(tmp_path, tokenizer_dir, "full", steps=3))])
@@ -132,7 +132,7 @@ def test_ddp_two_processes_each_with_its_own_engine(tokenizer_dir, tmp_path):
     config.write_text(yaml.safe_dump(config_values, sort_keys=False))
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     result = subprocess.run(
-        [sys.executable, "-m", "rlvr_lightning.cli.main", "fit", "--config", str(config)],
+        [sys.executable, "-m", "rlvr_lightning.cli", "fit", "--config", str(config)],
         cwd=tmp_path,
         env=env,
         capture_output=True,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rlvr_lightning.cli.main import main  # noqa: I001
+from rlvr_lightning.cli.app import main  # noqa: I001
 from tests.envs import rg_support  # noqa: F401  (skips the module without reasoning-gym)
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -3,7 +3,7 @@ the per-step metrics of its CSV log.
 
     python -m tests.golden.runs --out trajectories.json [NAME ...]   # in a process pinned by `pinned_environment`
 
-Each run goes through `rlvr fit` in-process (`rlvr_lightning.cli.main`) in its own empty directory, so the
+Each run goes through `rlvr fit` in-process (`rlvr_lightning.cli.app`) in its own empty directory, so the
 configs' relative paths (checkpoint folders, the SFT data file) land there. The process must be started with
 `pinned_environment()`: torch and MKL choose their kernels by CPU (AVX-512 or AVX2, Intel or AMD), and
 kernels of another instruction set give other last bits, which a few rollout steps turn into another

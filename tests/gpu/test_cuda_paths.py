@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlvr_lightning.cli.main import entry_point, main
+from rlvr_lightning.cli.app import entry_point, main
 
 from ..gsm8k_tiny import WeightsAtStart, write_tiny_gsm8k_override
 

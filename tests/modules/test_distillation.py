@@ -206,7 +206,7 @@ def test_distillation_options_without_a_teacher_and_bad_weights_are_refused():
 def test_the_command_line_names_the_teacher_whose_tokenizer_differs(in_tmp_dir, capsys):
     from pathlib import Path
 
-    from rlvr_lightning.cli.main import entry_point
+    from rlvr_lightning.cli.app import entry_point
 
     recipe = str(Path(__file__).resolve().parents[2] / "configs" / "recipes" / "distill.yaml")
     code = entry_point(["fit", "--config", recipe, "--model.init_args.teacher.init_args.vocab_size=12"])
@@ -227,7 +227,7 @@ def test_the_smollm2_distillation_config_takes_the_teacher_path_and_its_teacher_
 
     import yaml
 
-    from rlvr_lightning.cli.main import entry_point, main
+    from rlvr_lightning.cli.app import entry_point, main
 
     configs = Path(__file__).resolve().parents[2] / "configs"
     config, print_config = str(configs / "smollm2_distill.yaml"), ["--print_config"]

@@ -161,7 +161,7 @@ def fit_config(
 
 def fit(config: dict[str, Any], directory: str | Path) -> tuple[Any, RewardCurve]:
     """`rlvr fit --config <config>` in this process, writing under `directory`; the CLI and the reward curve."""
-    from rlvr_lightning.cli.main import main
+    from rlvr_lightning.cli.app import main
 
     directory = Path(directory)
     config = {**config, "trainer": {**config["trainer"], "default_root_dir": str(directory)}}

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from rlvr_lightning.advantages import GroupNormalizedAdvantage
-from rlvr_lightning.cli.main import entry_point
+from rlvr_lightning.cli.app import entry_point
 from rlvr_lightning.modules import RLVRModule
 from rlvr_lightning.rewards import RewardCallback, SortInclusionOrderingReward
 from rlvr_lightning.rewards.base import DEFAULT_ROW_TIMEOUT_S, RewardFailedEveryRow

@@ -22,7 +22,7 @@ from rlvr_lightning.cli.errors.reward_errors import explain_reward_error
 from rlvr_lightning.runtime.config_locations import locate
 
 SETUP_HOOKS = ("setup", "configure_optimizers", "configure_model", "on_fit_start")
-_WRAPPERS = (os.sep + "jsonargparse" + os.sep, os.path.join("lightning", "pytorch", "cli/main.py"))
+_WRAPPERS = (os.sep + "jsonargparse" + os.sep, os.path.join("lightning", "pytorch", "cli/app.py"))
 
 
 def _root_cause(error: BaseException) -> BaseException:

@@ -313,7 +313,3 @@ def _explain(error: Exception, cli: RLVRCLI, argv: list[str]) -> cli_errors.Conf
     if config is not None and config.get("subcommand"):
         config = config[config["subcommand"]]
     return cli_errors.explain_build_error(error, argv, config, during_setup=hasattr(cli, "trainer"))
-
-
-if __name__ == "__main__":
-    sys.exit(entry_point())
