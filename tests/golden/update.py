@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown golden runs {unknown}; choose from {sorted(runs)}")
     with tempfile.TemporaryDirectory() as tmp:
         made = run_pinned(args.names, Path(tmp) / "trajectories.json")
-    from rlvr_lightning.run_environment import cpu_model
+    from rlvr_lightning.runtime.run_environment import cpu_model
 
     for name, rows in made["runs"].items():
         old = read_golden(name)
