@@ -268,8 +268,10 @@ def test_hyper_parameters_are_checked_when_built(build, match):
 
 def test_gspo_checks_the_aggregation():
     GSPO().check("seq-mean-token-mean")
-    with pytest.raises(ValueError, match="seq-mean-token-mean"):
-        GSPO().check("token-mean")
+    GSPO().check("token-mean")  # AReaL's aggregation, which the AReaL comparison uses
+    for mode in ("seq-mean-token-sum", "seq-sum-constant"):
+        with pytest.raises(ValueError, match=f"aggregation.mode='{mode}'.*seq-mean-token-mean"):
+            GSPO().check(mode)
     for loss in (PolicyGradient(), ImportanceRatio(), PPOClip(), CISPO()):
         loss.check("token-mean")
 
