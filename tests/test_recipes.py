@@ -151,8 +151,8 @@ def test_recipe_runs_two_steps_on_the_sort_task(recipe, in_tmp_dir):
     [
         # a negative clip range
         ("gspo", ["--model.init_args.loss.init_args.clip_low=-0.1"], "GSPO: clip_low must be >= 0"),
-        # a sequence-level objective aggregated per token
-        ("gspo", ["--model.init_args.aggregation.mode=token-mean"], "GSPO is a sequence-level objective"),
+        # a sequence-level objective aggregated by token sums
+        ("gspo", ["--model.init_args.aggregation.mode=seq-mean-token-sum"], "GSPO is a sequence-level objective"),
         # LUSPO's length weight is its aggregation
         ("luspo", ["--model.init_args.aggregation.mode=seq-mean-token-mean"], "LUSPO weighs each sequence's loss"),
         # a gate temperature of 0
