@@ -42,6 +42,13 @@ EXPECTED = {
         aggregation="seq-mean-token-mean",
         kl=(0.04, "k3", "loss"),
     ),
+    "grpo_k3_is": dict(
+        advantage=advantages.GroupNormalizedAdvantage,
+        loss="ppo_clip",
+        clip=(0.2, 0.2),
+        aggregation="seq-mean-token-mean",
+        kl=(0.04, "k3_is", "loss"),
+    ),
     "dr_grpo": dict(
         advantage=advantages.CenteredAdvantage,
         loss="ppo_clip",

@@ -70,7 +70,8 @@ class KLConfig:
 
     Args:
         coef: weight of the KL penalty; 0 means no reference model at all.
-        estimator: k1 | k2 | k3 (Schulman 2020), or a KLEstimator (class_path and init_args).
+        estimator: k1 | k2 | k3 (Schulman 2020) | k3_is (k3 times pi_theta / pi_old, unbiased off-policy:
+            DeepSeek-V3.2), or a KLEstimator (class_path and init_args).
         mode: loss (coef * KL added to the per-token loss, GRPO) | reward (coef * sum_t KL_t subtracted from each
             response's reward before advantages, PPO-style reward shaping).
         clamp: clamp each token's estimate to [-clamp, clamp] (verl's low_var_kl: 10; null: no clamp).

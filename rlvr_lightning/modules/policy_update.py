@@ -141,9 +141,10 @@ class PolicyUpdate:
 
     def needs_old_log_probs(self, num_rows: int) -> bool:
         """Old log-probs matter only once the policy has moved, i.e. after the first optimizer step (the
-        distillation loss always reads them then)."""
+        distillation loss always reads them then, an importance-weighted KL estimator too)."""
         updates = self.update.epochs * (num_rows // (self.update.mini_batch_size or num_rows))
-        return (self.loss.needs_old_log_probs or self.teacher is not None) and updates > 1
+        kl_reads_them = self.reference is not None and self.kl.mode == "loss" and self.kl_estimator.needs_old_log_probs
+        return (self.loss.needs_old_log_probs or self.teacher is not None or kl_reads_them) and updates > 1
 
     @torch.no_grad()
     def add_old_and_reference_log_probs(self, rollout: Rollout) -> None:
@@ -261,7 +262,7 @@ class PolicyUpdate:
             teacher_kl = distilled.reverse_kl if first_epoch else None
         kl = None
         if self.reference is not None and self.kl.mode == "loss":
-            kl = self.kl_estimator.estimate(log_probs, micro.ref_log_probs, clamp=self.kl.clamp)
+            kl = self.token_kl_in_loss(log_probs, micro)
             token_loss = token_loss + self.kl.coef * kl
         if self.entropy_coef != 0:
             token_loss = token_loss - self.entropy_coef * entropy
@@ -282,6 +283,12 @@ class PolicyUpdate:
             sampler_pair,
             teacher_kl,
         )
+
+    def token_kl_in_loss(self, log_probs: Tensor, micro: Rollout) -> Tensor:
+        """`[n, T]` the KL estimate added to the loss (with the old log-probs where the estimator reads them)."""
+        if self.kl_estimator.needs_old_log_probs:
+            return self.kl_estimator.estimate(log_probs, micro.ref_log_probs, self.kl.clamp, micro.old_log_probs)
+        return self.kl_estimator.estimate(log_probs, micro.ref_log_probs, clamp=self.kl.clamp)
 
     def policy_forward(self, micro: Rollout, with_entropy: bool, entropy_grad: bool) -> tuple[Tensor, Tensor | None]:
         """The trained log-probs (and entropy) of a micro-batch."""

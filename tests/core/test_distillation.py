@@ -109,7 +109,9 @@ def test_after_the_student_moved_the_expected_gradient_is_still_the_reverse_kl_g
     student_logits = torch.randn(3, 5, generator=generator, dtype=torch.float64, requires_grad=True)
     old_log_probs = torch.log_softmax(student_logits.detach() + torch.randn(3, 5, generator=generator), -1)
     teacher_log_probs = torch.log_softmax(torch.randn(3, 5, generator=generator, dtype=torch.float64), -1)
-    (expected,) = torch.autograd.grad(full_vocabulary_loss(student_logits, old_log_probs, teacher_log_probs), student_logits)
+    (expected,) = torch.autograd.grad(
+        full_vocabulary_loss(student_logits, old_log_probs, teacher_log_probs), student_logits
+    )
     log_p = torch.log_softmax(student_logits, -1)
     # grad KL(pi || nu) = grad sum_y pi(y) (log pi(y) - log nu(y))
     (exact,) = torch.autograd.grad((log_p.exp() * (log_p - teacher_log_probs)).sum(), student_logits)
@@ -137,6 +139,6 @@ def reverse_kl_per_rollout(epochs: int, rollouts: int, lr: float = 5.0) -> list[
 
 def test_two_epochs_per_rollout_lower_the_reverse_kl_at_least_as_fast_as_one():
     one, two = reverse_kl_per_rollout(epochs=1, rollouts=10), reverse_kl_per_rollout(epochs=2, rollouts=5)
-    assert all(b <= a for a, b in zip(one, two))
+    assert all(b <= a for a, b in zip(one[: len(two)], two, strict=True))  # after as many rollouts
     # exact gradients: a second epoch is the next rollout's update, so 2 epochs x 5 rollouts retrace 1 x 10
     assert_close(torch.tensor(two), torch.tensor(one[1::2]), rtol=0, atol=1e-10)

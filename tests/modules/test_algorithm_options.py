@@ -175,7 +175,10 @@ def test_gspo_builds_with_areals_token_mean():
             r"kl.mixup_alpha=0.0 is not valid: must be a finite number in \(0, 1\]",
         ),
         (lambda: KLConfig(mode="advantage"), "kl.mode='advantage' is not valid; choose one of \\['loss', 'reward'\\]"),
-        (lambda: KLConfig(estimator="k4"), "kl.estimator='k4' is not valid; choose one of \\['k1', 'k2', 'k3'\\]"),
+        (
+            lambda: KLConfig(estimator="k4"),
+            "kl.estimator='k4' is not valid; choose one of \\['k1', 'k2', 'k3', 'k3_is'\\]",
+        ),
         (lambda: KLConfig(coef=0.0, mode="reward"), "kl.coef=0"),
         (lambda: KLConfig(coef=0.1, mixup_alpha=0.5), "kl.refresh_every is not set"),
         (

@@ -1,0 +1,54 @@
+"""The algorithm options of `core/` inside the update: with packed micro-batches (`update.micro_batch_tokens`)
+they give the padded row micro-batches' loss and gradients (1e-5, fp32), with and without a token-level
+`rollout_is` correction, over two optimizer steps (old log-probs read)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from rlvr_lightning.core import policy_losses
+from rlvr_lightning.modules.options import ImportanceSamplingConfig, KLConfig
+from rlvr_lightning.modules.policy_update import PolicyUpdate
+from tests.modules import test_packed_update as packed
+from tests.modules.test_packed_update import PACKED, PADDED, _assert_same_update, _options, _rollout, _run
+
+models, tokenizer_dir = packed.models, packed.tokenizer_dir  # the fixtures: a tiny Llama policy and reference
+
+
+def _with_sampler(rollout, seed=0):
+    generator = torch.Generator().manual_seed(seed + 7)
+    noise = 0.2 * torch.randn(rollout.old_log_probs.shape, generator=generator)
+    rollout.sampling_log_probs = (rollout.old_log_probs + noise) * rollout.response_mask
+    return rollout
+
+
+def _same_update_packed_and_padded(models, rollout_is=None, loss=None, **options):
+    policy, reference, _ = models
+    rollout = _with_sampler(_rollout(policy))
+    runs = []
+    for update in (PADDED, PACKED):
+        built = _options(policy, reference, loss or policy_losses.PPOClip(), "token-mean", update)
+        if rollout_is is not None:
+            built["rollout_is"] = rollout_is
+        for name, value in options.items():
+            built[name] = dataclasses.replace(built[name], **value) if isinstance(value, dict) else value
+        runs.append(_run(PolicyUpdate, built, rollout, policy.parameters()))
+    _assert_same_update(*runs)
+    return runs
+
+
+@pytest.mark.parametrize("rollout_is", [None, ImportanceSamplingConfig(mode="token_truncate", max=1.2)])
+def test_k3_is_packed_matches_padded(models, rollout_is):
+    _same_update_packed_and_padded(models, rollout_is, kl={"estimator": "k3_is"})
+
+
+def test_k3_is_has_the_old_log_probs_read_once_the_policy_moves(models):
+    policy, reference, _ = models
+    options = _options(policy, reference, policy_losses.PolicyGradient(), "token-mean", PADDED)
+    assert not PolicyUpdate(**options).needs_old_log_probs(6)  # pg reads none
+    options["kl"] = KLConfig(coef=0.1, estimator="k3_is")
+    assert PolicyUpdate(**options).needs_old_log_probs(6)  # 2 mini-batches: the second is off-policy
+    assert not PolicyUpdate(**options).needs_old_log_probs(3)  # 1 update: the ratio is 1 by construction
