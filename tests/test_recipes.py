@@ -49,6 +49,24 @@ EXPECTED = {
         aggregation="seq-mean-token-mean",
         kl=(0.04, "k3_is", "loss"),
     ),
+    "high_entropy": dict(
+        advantage=advantages.GroupNormalizedAdvantage,
+        loss="high_entropy",
+        aggregation="token-mean",
+        kl=None,
+        wrapped=("ppo_clip", (0.2, 0.28), 0.2),
+    ),
+    "clip_cov": dict(
+        advantage=advantages.GroupNormalizedAdvantage,
+        loss="clip_cov",
+        clip=(0.2, 0.2),
+        aggregation="token-mean",
+        kl=None,
+        cov=(2e-4, 1.0, 5.0),
+    ),
+    "kl_cov": dict(
+        advantage=advantages.GroupNormalizedAdvantage, loss="kl_cov", aggregation="token-mean", kl=None, cov=(2e-3, 1.0)
+    ),
     "dr_grpo": dict(
         advantage=advantages.CenteredAdvantage,
         loss="ppo_clip",
@@ -141,6 +159,12 @@ def test_recipe_runs_two_steps_on_the_sort_task(recipe, in_tmp_dir):
         "value_model": lambda: module.value.model,
         "teacher": lambda: type(module.teacher.policy),
         "distillation": lambda: (module.policy_update.distillation.coef, module.policy_update.distillation.rl_coef),
+        "wrapped": lambda: (
+            next(k for k, cls in POLICY_LOSSES.items() if type(module.loss.loss) is cls),
+            (module.loss.loss.clip_low, module.loss.loss.clip_high),
+            module.loss.top_quantile,
+        ),
+        "cov": lambda: tuple(v for k, v in vars(module.loss).items() if k.startswith(("clip_cov", "kl_cov", "ppo_kl"))),
     }
     for option, value in read.items():
         if option in expected:

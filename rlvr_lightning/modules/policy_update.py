@@ -51,6 +51,7 @@ from rlvr_lightning.modules.micro_batches import (
     scored_in_order,
 )
 from rlvr_lightning.modules.options import AggregationConfig, ImportanceSamplingConfig, KLConfig, UpdateConfig
+from rlvr_lightning.modules.token_selection import SelectionInputs, mini_batch_selection, select_over_mini_batch
 from rlvr_lightning.policies.base import Policy, SamplingConfig
 from rlvr_lightning.rollout import Rollout
 
@@ -207,10 +208,14 @@ class PolicyUpdate:
                     num_sequences = non_empty_rows(minibatch.response_mask)
                 micro_losses = []
                 micros = list(self.micro_batches(minibatch))
+                # a token-selecting loss's pick over the whole mini-batch (when it is several micro-batches)
+                selections = mini_batch_selection(self.loss, self.selection_forward, micros, masked)
                 for i, micro in enumerate(micros):
                     mask = micro.response_mask.bool() if masked else None
                     first_update = epoch == 0 and start == 0  # the policy is still the one that sampled
-                    part = self.micro_batch_loss(micro, mask, num_sequences, num_tokens, epoch == 0, first_update)
+                    part = self.micro_batch_loss(
+                        micro, mask, num_sequences, num_tokens, epoch == 0, first_update, selections[i]
+                    )
                     with backward_sync(module, sync=i == len(micros) - 1):
                         module.manual_backward(part.loss)
                     micro_losses.append(part.loss.detach())
@@ -229,14 +234,21 @@ class PolicyUpdate:
         num_tokens: Tensor | int,
         first_epoch: bool,
         first_update: bool = False,
+        selected: Tensor | None = None,
     ) -> MicroBatchLoss:
         """The micro-batch's share of the mini-batch loss, normalised by the mini-batch's sizes.
 
-        `mask` is the micro-batch's response mask, or None when every token is real."""
+        `mask` is the micro-batch's response mask, or None when every token is real; `selected` the tokens a
+        token-selecting loss picked over the mini-batch (None: over this micro-batch, on every rank)."""
         # Entropy is logged from the first epoch (the sampling policy) and costs a pass only where it is needed;
         # as a metric only, without autograd.
-        with_entropy = first_epoch or self.entropy_coef != 0
+        with_entropy = first_epoch or self.entropy_coef != 0 or self.loss.selection_reads_entropy
         log_probs, entropy = self.policy_forward(micro, with_entropy, entropy_grad=self.entropy_coef != 0)
+        if self.loss.selects_tokens and selected is None:
+            reads = entropy if self.loss.selection_reads_entropy else None
+            inputs = SelectionInputs(log_probs, micro.old_log_probs, micro.advantages, mask, reads)
+            (selected,) = select_over_mini_batch(self.loss, [inputs])
+        selection = {} if selected is None else {"selected": selected}
         sampler_pair, weights = None, None
         if micro.sampling_log_probs is not None:
             if first_update:
@@ -249,9 +261,10 @@ class PolicyUpdate:
                     trainer, micro.sampling_log_probs, mask, is_options.mode, is_options.max, is_options.min
                 )
         if weights is None:
-            policy_loss = self.loss(log_probs, micro.old_log_probs, micro.advantages, mask)
+            policy_loss = self.loss(log_probs, micro.old_log_probs, micro.advantages, mask, **selection)
         else:  # the loss applies the weights (by default each token's loss times its weight)
-            policy_loss = self.loss.with_rollout_is(log_probs, micro.old_log_probs, micro.advantages, mask, weights)
+            inputs = (log_probs, micro.old_log_probs, micro.advantages, mask, weights)
+            policy_loss = self.loss.with_rollout_is(*inputs, **selection)
         token_loss = policy_loss.loss
         teacher_kl = None
         if self.teacher is not None:
@@ -283,6 +296,10 @@ class PolicyUpdate:
             sampler_pair,
             teacher_kl,
         )
+
+    def selection_forward(self, micro: Rollout) -> tuple[Tensor, Tensor | None]:
+        """The log-probs (and entropies, if the loss reads them) a token-selecting loss picks from, no autograd."""
+        return PolicyUpdate.policy_forward(self, micro, self.loss.selection_reads_entropy, entropy_grad=False)
 
     def token_kl_in_loss(self, log_probs: Tensor, micro: Rollout) -> Tensor:
         """`[n, T]` the KL estimate added to the loss (with the old log-probs where the estimator reads them)."""

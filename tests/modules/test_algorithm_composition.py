@@ -52,3 +52,19 @@ def test_k3_is_has_the_old_log_probs_read_once_the_policy_moves(models):
     options["kl"] = KLConfig(coef=0.1, estimator="k3_is")
     assert PolicyUpdate(**options).needs_old_log_probs(6)  # 2 mini-batches: the second is off-policy
     assert not PolicyUpdate(**options).needs_old_log_probs(3)  # 1 update: the ratio is 1 by construction
+
+
+SELECTING = {
+    "clip_cov": lambda: policy_losses.ClipCov(clip_cov_ratio=0.2, clip_cov_lb=0.0, clip_cov_ub=100.0),
+    "kl_cov": lambda: policy_losses.KLCov(kl_cov_ratio=0.2),
+    "high_entropy": lambda: policy_losses.HighEntropyTokens(top_quantile=0.3),
+}
+
+
+@pytest.mark.parametrize("rollout_is", [None, ImportanceSamplingConfig(mode="token_truncate", max=1.2)])
+@pytest.mark.parametrize("name", sorted(SELECTING))
+def test_token_picks_over_the_mini_batch_are_the_same_packed_or_padded(models, name, rollout_is):
+    """Three micro-batches of one row, or fewer packed ones: the same pick over the whole mini-batch (a pick per
+    micro-batch would differ)."""
+    runs = _same_update_packed_and_padded(models, rollout_is, loss=SELECTING[name]())
+    assert 0 < float(runs[0][1][f"train/{'selected_frac' if name == 'high_entropy' else 'cov_selected_frac'}"]) < 1
