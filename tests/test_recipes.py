@@ -67,6 +67,14 @@ EXPECTED = {
     "kl_cov": dict(
         advantage=advantages.GroupNormalizedAdvantage, loss="kl_cov", aggregation="token-mean", kl=None, cov=(2e-3, 1.0)
     ),
+    "grpo_opsm": dict(
+        advantage=advantages.GroupNormalizedAdvantage,
+        loss="ppo_clip",
+        clip=(0.2, 0.2),
+        aggregation="seq-mean-token-mean",
+        kl=(0.04, "k3", "loss"),
+        off_policy_mask_threshold=0.01,
+    ),
     "dr_grpo": dict(
         advantage=advantages.CenteredAdvantage,
         loss="ppo_clip",
@@ -159,6 +167,7 @@ def test_recipe_runs_two_steps_on_the_sort_task(recipe, in_tmp_dir):
         "value_model": lambda: module.value.model,
         "teacher": lambda: type(module.teacher.policy),
         "distillation": lambda: (module.policy_update.distillation.coef, module.policy_update.distillation.rl_coef),
+        "off_policy_mask_threshold": lambda: module.rollout_is.off_policy_mask_threshold,
         "wrapped": lambda: (
             next(k for k, cls in POLICY_LOSSES.items() if type(module.loss.loss) is cls),
             (module.loss.loss.clip_low, module.loss.loss.clip_high),

@@ -37,7 +37,7 @@ from torch import Tensor
 
 from rlvr_lightning.core.aggregation import aggregate_loss, non_empty_rows
 from rlvr_lightning.core.distillation import distillation_loss
-from rlvr_lightning.core.importance_sampling import mismatch_stats, rollout_is_weights
+from rlvr_lightning.core.importance_sampling import mask_off_policy_sequences, mismatch_stats, rollout_is_weights
 from rlvr_lightning.core.kl import kl_estimator
 from rlvr_lightning.core.masked import join_masked, masked_mean
 from rlvr_lightning.core.policy_losses import PolicyLoss, PolicyLossOutput, merged_stats
@@ -104,6 +104,7 @@ class PolicyUpdate:
         self.loss_constant = float(aggregation.constant or response_length or sampling.max_new_tokens)
         self.kl, self.kl_estimator, self.reference = kl, kl_estimator(kl.estimator), reference
         self.rollout_is, self.update, self.entropy_coef = rollout_is, update, entropy_coef
+        self.masks_off_policy = rollout_is.off_policy_mask_threshold is not None
         self.teacher, self.distillation = teacher, distillation
         self.skipped_updates = 0  # non-finite updates skipped so far
         self.consecutive_skips = 0
@@ -145,7 +146,8 @@ class PolicyUpdate:
         distillation loss always reads them then, an importance-weighted KL estimator too)."""
         updates = self.update.epochs * (num_rows // (self.update.mini_batch_size or num_rows))
         kl_reads_them = self.reference is not None and self.kl.mode == "loss" and self.kl_estimator.needs_old_log_probs
-        return (self.loss.needs_old_log_probs or self.teacher is not None or kl_reads_them) and updates > 1
+        readers = (self.loss.needs_old_log_probs, self.teacher is not None, kl_reads_them, self.masks_off_policy)
+        return any(readers) and updates > 1
 
     @torch.no_grad()
     def add_old_and_reference_log_probs(self, rollout: Rollout) -> None:
@@ -236,10 +238,8 @@ class PolicyUpdate:
         first_update: bool = False,
         selected: Tensor | None = None,
     ) -> MicroBatchLoss:
-        """The micro-batch's share of the mini-batch loss, normalised by the mini-batch's sizes.
-
-        `mask` is the micro-batch's response mask, or None when every token is real; `selected` the tokens a
-        token-selecting loss picked over the mini-batch (None: over this micro-batch, on every rank)."""
+        """The micro-batch's share of the mini-batch loss, normalised by the mini-batch's sizes. `mask`: its response
+        mask (None: every token real); `selected`: a token-selecting loss's pick over the mini-batch (None: here)."""
         # Entropy is logged from the first epoch (the sampling policy) and costs a pass only where it is needed;
         # as a metric only, without autograd.
         with_entropy = first_epoch or self.entropy_coef != 0 or self.loss.selection_reads_entropy
@@ -265,6 +265,12 @@ class PolicyUpdate:
         else:  # the loss applies the weights (by default each token's loss times its weight)
             inputs = (log_probs, micro.old_log_probs, micro.advantages, mask, weights)
             policy_loss = self.loss.with_rollout_is(*inputs, **selection)
+        if self.masks_off_policy:  # the sampler's log-probs, else the old ones, else (on-policy) the current ones
+            sampler = next(
+                lp for lp in (micro.sampling_log_probs, micro.old_log_probs, log_probs.detach()) if lp is not None
+            )
+            threshold = self.rollout_is.off_policy_mask_threshold
+            mask_off_policy_sequences(policy_loss, micro.advantages, log_probs, sampler, mask, threshold)
         token_loss = policy_loss.loss
         teacher_kl = None
         if self.teacher is not None:

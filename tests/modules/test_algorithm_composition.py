@@ -68,3 +68,22 @@ def test_token_picks_over_the_mini_batch_are_the_same_packed_or_padded(models, n
     micro-batch would differ)."""
     runs = _same_update_packed_and_padded(models, rollout_is, loss=SELECTING[name]())
     assert 0 < float(runs[0][1][f"train/{'selected_frac' if name == 'high_entropy' else 'cov_selected_frac'}"]) < 1
+
+
+@pytest.mark.parametrize("rollout_is", [None, ImportanceSamplingConfig(mode="token_mask", max=1.2)])
+def test_off_policy_sequence_masking_packed_matches_padded(models, rollout_is):
+    threshold = {"off_policy_mask_threshold": 0.0}
+    options = ImportanceSamplingConfig(off_policy_mask_threshold=0.0) if rollout_is is None else None
+    runs = _same_update_packed_and_padded(
+        models, options or dataclasses.replace(rollout_is, **threshold), loss=policy_losses.PPOClip()
+    )
+    assert 0 < float(runs[0][1]["train/off_policy_masked_frac"]) < 1
+
+
+def test_off_policy_sequence_masking_has_the_old_log_probs_read_and_checks_its_threshold(models):
+    policy, _, _ = models
+    options = _options(policy, None, policy_losses.PolicyGradient(), "token-mean", PADDED)
+    options["rollout_is"] = ImportanceSamplingConfig(off_policy_mask_threshold=0.5)
+    assert PolicyUpdate(**options).needs_old_log_probs(6)  # pg alone reads none
+    with pytest.raises(ValueError, match=r"rollout_is.off_policy_mask_threshold=-0.1 is not valid"):
+        ImportanceSamplingConfig(off_policy_mask_threshold=-0.1)
