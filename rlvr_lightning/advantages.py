@@ -7,11 +7,13 @@ configured). A new estimator is one subclass overriding `compute`.
 
 from __future__ import annotations
 
+import torch
 from lightning.pytorch import Callback
 from torch import Tensor
 
 from rlvr_lightning.core import advantage_estimators as estimators
 from rlvr_lightning.option_domains import NON_NEGATIVE, PROBABILITY, check_ranges
+from rlvr_lightning.rewards.base import RewardCallback
 from rlvr_lightning.rollout import Rollout
 
 
@@ -66,6 +68,55 @@ class GroupNormalizedAdvantage(AdvantageCallback):
         return estimators.normalized_advantages(
             rollout.reward, rollout.group_size, eps=self.eps, unbiased_std=self.unbiased_std, std_scope=self.std_scope
         )
+
+
+class NormalizeThenSumAdvantage(AdvantageCallback):
+    """GDPO: each reward normalised within its group, then the weighted sum normalised over the batch.
+
+    With several rewards, GRPO normalises their weighted sum, so a reward of large spread drowns the others;
+    here each reward counts by its weight whatever its scale (TRL's ``multi_objective_aggregation=
+    "normalize_then_sum"``, verl's ``gdpo``).
+
+    Args:
+        weights: each reward's weight by its name (``rollout.rewards``; a reward left out weighs 0); null: the
+            reward callbacks' own weights, those of the total reward.
+        eps: added to every std (TRL: 1e-4).
+    """
+
+    min_group_size = 2
+
+    OPTION_RANGES = {"eps": NON_NEGATIVE}
+
+    def __init__(self, weights: dict[str, float] | None = None, eps: float = 1e-4) -> None:
+        check_ranges(NormalizeThenSumAdvantage.OPTION_RANGES, locals())
+        self.weights, self.eps = weights, eps
+        self.reward_weights: dict[str, float] = {}
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        self.reward_weights = {cb.name: cb.weight for cb in trainer.callbacks if isinstance(cb, RewardCallback)}
+        unknown = sorted(set(self.weights or {}) - set(self.reward_weights))
+        if unknown:
+            raise ValueError(
+                f"NormalizeThenSumAdvantage: weights names {unknown}, not rewards of this run "
+                f"{sorted(self.reward_weights)}"
+            )
+        kl = getattr(pl_module, "kl", None)
+        if kl is not None and kl.mode == "reward" and kl.coef > 0:
+            raise ValueError(
+                "NormalizeThenSumAdvantage normalises each reward callback's scores: kl.mode='reward' would "
+                "subtract the KL penalty from the total it does not read; use kl.mode='loss'"
+            )
+
+    def weight(self, name: str) -> float:
+        if self.weights is not None:
+            return self.weights.get(name, 0.0)
+        return self.reward_weights.get(name, 1.0)
+
+    def compute(self, rollout: Rollout) -> Tensor:
+        names = list(rollout.rewards)
+        rewards = torch.stack([rollout.rewards[name] for name in names], dim=1)
+        weights = torch.tensor([self.weight(name) for name in names], device=rewards.device)
+        return estimators.normalize_then_sum_advantages(rewards, weights, rollout.group_size, eps=self.eps)
 
 
 class MaxOnlyAdvantage(AdvantageCallback):

@@ -75,6 +75,14 @@ EXPECTED = {
         kl=(0.04, "k3", "loss"),
         off_policy_mask_threshold=0.01,
     ),
+    "gdpo": dict(
+        advantage=advantages.NormalizeThenSumAdvantage,
+        loss="ppo_clip",
+        clip=(0.2, 0.2),
+        aggregation="seq-mean-token-mean",
+        kl=None,
+        gdpo_weights=[1.0, 1.0],
+    ),
     "dr_grpo": dict(
         advantage=advantages.CenteredAdvantage,
         loss="ppo_clip",
@@ -168,6 +176,9 @@ def test_recipe_runs_two_steps_on_the_sort_task(recipe, in_tmp_dir):
         "teacher": lambda: type(module.teacher.policy),
         "distillation": lambda: (module.policy_update.distillation.coef, module.policy_update.distillation.rl_coef),
         "off_policy_mask_threshold": lambda: module.rollout_is.off_policy_mask_threshold,
+        "gdpo_weights": lambda: [
+            module.advantage_estimator.weight(name) for name in ("sort_inclusion_ordering", "sort_distance")
+        ],
         "wrapped": lambda: (
             next(k for k, cls in POLICY_LOSSES.items() if type(module.loss.loss) is cls),
             (module.loss.loss.clip_low, module.loss.loss.clip_high),
