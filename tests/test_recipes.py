@@ -83,6 +83,14 @@ EXPECTED = {
         kl=None,
         gdpo_weights=[1.0, 1.0],
     ),
+    "passk": dict(
+        advantage=advantages.PassAtKAdvantage,
+        loss="ppo_clip",
+        clip=(0.2, 0.2),
+        aggregation="seq-mean-token-mean",
+        kl=None,
+        pass_at=(4, "mean"),
+    ),
     "dr_grpo": dict(
         advantage=advantages.CenteredAdvantage,
         loss="ppo_clip",
@@ -176,6 +184,7 @@ def test_recipe_runs_two_steps_on_the_sort_task(recipe, in_tmp_dir):
         "teacher": lambda: type(module.teacher.policy),
         "distillation": lambda: (module.policy_update.distillation.coef, module.policy_update.distillation.rl_coef),
         "off_policy_mask_threshold": lambda: module.rollout_is.off_policy_mask_threshold,
+        "pass_at": lambda: (module.advantage_estimator.k, module.advantage_estimator.baseline),
         "gdpo_weights": lambda: [
             module.advantage_estimator.weight(name) for name in ("sort_inclusion_ordering", "sort_distance")
         ],
@@ -216,6 +225,8 @@ def test_recipe_runs_two_steps_on_the_sort_task(recipe, in_tmp_dir):
         ("max_reward", ["--model.init_args.kl.mixup_alpha=1.5"], r"kl.mixup_alpha=1.5 is not valid: .* in \(0, 1\]"),
         # a group baseline with a single response per prompt
         ("reinforce_baseline", ["--model.init_args.group_size=1"], "CenteredAdvantage needs group_size >= 2"),
+        # pass@k with k as large as the group: every draw is the whole group
+        ("passk", ["--model.init_args.group_size=4"], r"baseline='mean' need 1 <= k <= 3, got k=4"),
         # RLOO's leave-one-out baseline with a single response per prompt
         ("rloo", ["--model.init_args.group_size=1"], "RLOOAdvantage needs group_size >= 2"),
         # mini-batches that do not tile the rollout

@@ -62,3 +62,27 @@ def verl_kl_cov_loss(old_log_prob, log_prob, advantages, response_mask, kl_cov_r
             rows, cols = large_cov_idxs // advantages.shape[1], large_cov_idxs % advantages.shape[1]
             pg_losses[rows, cols] = pg_losses_kl[rows, cols]
     return (pg_losses * response_mask).sum() / response_mask.sum()
+
+
+def verl_grpo_passk(scores, index, epsilon=1e-6, norm_adv_by_std_in_grpo=True):
+    """compute_grpo_passk_outcome_advantage on outcome scores ``[bs]`` (the token-level rewards summed), ``index``
+    the group of each row; returns the ``[bs]`` advantages (verl broadcasts them over the response mask)."""
+    from collections import defaultdict
+
+    advantages = torch.zeros_like(scores)
+    id2scores, id2indices = defaultdict(list), defaultdict(list)
+    with torch.no_grad():
+        for i in range(scores.shape[0]):
+            id2scores[index[i]].append(scores[i])
+            id2indices[index[i]].append(i)
+        for idx in id2scores:
+            rewards = torch.stack(id2scores[idx])
+            topk, topk_idx = torch.topk(rewards, 2)
+            r_max, r_second_max = topk[0], topk[1]
+            i_max = id2indices[idx][topk_idx[0].item()]
+            advantage = r_max - r_second_max
+            if norm_adv_by_std_in_grpo:
+                std = torch.std(rewards)
+                advantage = advantage / (std + epsilon)
+            advantages[i_max] = advantage
+    return advantages
