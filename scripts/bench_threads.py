@@ -39,7 +39,6 @@ def competing_job(stop) -> None:
 
 
 def proxy_step(policy, sampling) -> float:
-    from rlvr_lightning.policies.base import SamplingConfig  # noqa: F401  (imported by the caller too)
 
     started = time.perf_counter()
     rollout = policy.sample({"prompt": PROMPTS, "metadata": [{}, {}]}, 4, sampling)

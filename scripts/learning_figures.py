@@ -58,6 +58,13 @@ RECIPES = (
     "grpo",
     "max_reward",
     "reinforce",
+    "gdpo",
+    "high_entropy",
+    "clip_cov",
+    "passk",
+    "kl_cov",
+    "grpo_opsm",
+    "grpo_k3_is",
 )
 # (final train reward, val exact-sort) of every seed: the seeds' range here widened by about their spread,
 # since another CPU or torch build changes a run as another seed would (set from runs on an Intel Xeon and an
@@ -78,6 +85,14 @@ RECIPE_BANDS: dict[str, tuple[Band, Band]] = {
     "grpo": (Band(6.10, 6.50), Band(0.10, 0.22)),
     "max_reward": (Band(5.60, 6.20), Band(0.03, 0.15)),
     "reinforce": (Band(4.90, 5.60), Band(0.00, 0.04)),
+    # from one machine's three seeds (docs/compare_options.md, 2026-11-28), widened by their spread
+    "gdpo": (Band(6.30, 7.00), Band(0.10, 1.00)),
+    "high_entropy": (Band(6.25, 6.90), Band(0.10, 0.43)),
+    "clip_cov": (Band(6.20, 6.85), Band(0.01, 0.43)),
+    "passk": (Band(6.30, 6.70), Band(0.13, 0.34)),
+    "kl_cov": (Band(6.15, 6.65), Band(0.03, 0.27)),
+    "grpo_opsm": (Band(6.05, 6.55), Band(0.02, 0.29)),
+    "grpo_k3_is": (Band(5.70, 6.75), Band(0.00, 0.40)),
 }
 
 

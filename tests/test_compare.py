@@ -103,6 +103,7 @@ def test_a_real_comparison_writes_the_table_and_the_plot(compare, tmp_path, caps
 def test_default_recipes_are_the_rl_recipes(compare):
     names = {path.stem for path in compare.default_recipes()}
     assert {"grpo", "dapo", "reinforce", "max_reward"} <= names
+    assert {"grpo_k3_is", "grpo_opsm", "high_entropy", "gdpo", "passk", "clip_cov", "kl_cov"} <= names
 
 
 def test_the_default_output_is_not_a_tracked_file(compare):

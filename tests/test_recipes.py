@@ -42,6 +42,55 @@ EXPECTED = {
         aggregation="seq-mean-token-mean",
         kl=(0.04, "k3", "loss"),
     ),
+    "grpo_k3_is": dict(
+        advantage=advantages.GroupNormalizedAdvantage,
+        loss="ppo_clip",
+        clip=(0.2, 0.2),
+        aggregation="seq-mean-token-mean",
+        kl=(0.04, "k3_is", "loss"),
+    ),
+    "high_entropy": dict(
+        advantage=advantages.GroupNormalizedAdvantage,
+        loss="high_entropy",
+        aggregation="token-mean",
+        kl=None,
+        wrapped=("ppo_clip", (0.2, 0.28), 0.2),
+    ),
+    "clip_cov": dict(
+        advantage=advantages.GroupNormalizedAdvantage,
+        loss="clip_cov",
+        clip=(0.2, 0.2),
+        aggregation="token-mean",
+        kl=None,
+        cov=(2e-4, 1.0, 5.0),
+    ),
+    "kl_cov": dict(
+        advantage=advantages.GroupNormalizedAdvantage, loss="kl_cov", aggregation="token-mean", kl=None, cov=(2e-3, 1.0)
+    ),
+    "grpo_opsm": dict(
+        advantage=advantages.GroupNormalizedAdvantage,
+        loss="ppo_clip",
+        clip=(0.2, 0.2),
+        aggregation="seq-mean-token-mean",
+        kl=(0.04, "k3", "loss"),
+        off_policy_mask_threshold=0.01,
+    ),
+    "gdpo": dict(
+        advantage=advantages.NormalizeThenSumAdvantage,
+        loss="ppo_clip",
+        clip=(0.2, 0.2),
+        aggregation="seq-mean-token-mean",
+        kl=None,
+        gdpo_weights=[1.0, 1.0],
+    ),
+    "passk": dict(
+        advantage=advantages.PassAtKAdvantage,
+        loss="ppo_clip",
+        clip=(0.2, 0.2),
+        aggregation="seq-mean-token-mean",
+        kl=None,
+        pass_at=(4, "mean"),
+    ),
     "dr_grpo": dict(
         advantage=advantages.CenteredAdvantage,
         loss="ppo_clip",
@@ -134,6 +183,17 @@ def test_recipe_runs_two_steps_on_the_sort_task(recipe, in_tmp_dir):
         "value_model": lambda: module.value.model,
         "teacher": lambda: type(module.teacher.policy),
         "distillation": lambda: (module.policy_update.distillation.coef, module.policy_update.distillation.rl_coef),
+        "off_policy_mask_threshold": lambda: module.rollout_is.off_policy_mask_threshold,
+        "pass_at": lambda: (module.advantage_estimator.k, module.advantage_estimator.baseline),
+        "gdpo_weights": lambda: [
+            module.advantage_estimator.weight(name) for name in ("sort_inclusion_ordering", "sort_distance")
+        ],
+        "wrapped": lambda: (
+            next(k for k, cls in POLICY_LOSSES.items() if type(module.loss.loss) is cls),
+            (module.loss.loss.clip_low, module.loss.loss.clip_high),
+            module.loss.top_quantile,
+        ),
+        "cov": lambda: tuple(v for k, v in vars(module.loss).items() if k.startswith(("clip_cov", "kl_cov", "ppo_kl"))),
     }
     for option, value in read.items():
         if option in expected:
@@ -151,8 +211,8 @@ def test_recipe_runs_two_steps_on_the_sort_task(recipe, in_tmp_dir):
     [
         # a negative clip range
         ("gspo", ["--model.init_args.loss.init_args.clip_low=-0.1"], "GSPO: clip_low must be >= 0"),
-        # a sequence-level objective aggregated per token
-        ("gspo", ["--model.init_args.aggregation.mode=token-mean"], "GSPO is a sequence-level objective"),
+        # a sequence-level objective aggregated by token sums
+        ("gspo", ["--model.init_args.aggregation.mode=seq-mean-token-sum"], "GSPO is a sequence-level objective"),
         # LUSPO's length weight is its aggregation
         ("luspo", ["--model.init_args.aggregation.mode=seq-mean-token-mean"], "LUSPO weighs each sequence's loss"),
         # a gate temperature of 0
@@ -165,6 +225,8 @@ def test_recipe_runs_two_steps_on_the_sort_task(recipe, in_tmp_dir):
         ("max_reward", ["--model.init_args.kl.mixup_alpha=1.5"], r"kl.mixup_alpha=1.5 is not valid: .* in \(0, 1\]"),
         # a group baseline with a single response per prompt
         ("reinforce_baseline", ["--model.init_args.group_size=1"], "CenteredAdvantage needs group_size >= 2"),
+        # pass@k with k as large as the group: every draw is the whole group
+        ("passk", ["--model.init_args.group_size=4"], r"baseline='mean' need 1 <= k <= 3, got k=4"),
         # RLOO's leave-one-out baseline with a single response per prompt
         ("rloo", ["--model.init_args.group_size=1"], "RLOOAdvantage needs group_size >= 2"),
         # mini-batches that do not tile the rollout

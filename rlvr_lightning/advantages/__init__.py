@@ -7,6 +7,8 @@ from rlvr_lightning.advantages.callbacks import (
     CenteredAdvantage,
     GroupNormalizedAdvantage,
     MaxOnlyAdvantage,
+    NormalizeThenSumAdvantage,
+    PassAtKAdvantage,
     RawRewardAdvantage,
     RLOOAdvantage,
 )
@@ -17,6 +19,8 @@ __all__ = [
     "CenteredAdvantage",
     "GroupNormalizedAdvantage",
     "MaxOnlyAdvantage",
+    "NormalizeThenSumAdvantage",
+    "PassAtKAdvantage",
     "RLOOAdvantage",
     "RawRewardAdvantage",
 ]

@@ -7,10 +7,13 @@ configured). A new estimator is one subclass overriding `compute`.
 
 from __future__ import annotations
 
+import torch
 from lightning.pytorch import Callback
 from torch import Tensor
 
 from rlvr_lightning.core import advantage_estimators as estimators
+from rlvr_lightning.core.pass_at_k import PASS_AT_K_BASELINES, pass_at_k_advantages
+from rlvr_lightning.rewards.base import RewardCallback
 from rlvr_lightning.rollout import Rollout
 from rlvr_lightning.runtime.option_domains import NON_NEGATIVE, PROBABILITY, check_ranges
 
@@ -66,6 +69,89 @@ class GroupNormalizedAdvantage(AdvantageCallback):
         return estimators.normalized_advantages(
             rollout.reward, rollout.group_size, eps=self.eps, unbiased_std=self.unbiased_std, std_scope=self.std_scope
         )
+
+
+class NormalizeThenSumAdvantage(AdvantageCallback):
+    """GDPO: each reward normalised within its group, then the weighted sum normalised over the batch.
+
+    With several rewards, GRPO normalises their weighted sum, so a reward of large spread drowns the others;
+    here each reward counts by its weight whatever its scale (TRL's ``multi_objective_aggregation=
+    "normalize_then_sum"``, verl's ``gdpo``).
+
+    Args:
+        weights: each reward's weight by its name (``rollout.rewards``; a reward left out weighs 0); null: the
+            reward callbacks' own weights, those of the total reward.
+        eps: added to every std (TRL: 1e-4).
+    """
+
+    min_group_size = 2
+
+    OPTION_RANGES = {"eps": NON_NEGATIVE}
+
+    def __init__(self, weights: dict[str, float] | None = None, eps: float = 1e-4) -> None:
+        check_ranges(NormalizeThenSumAdvantage.OPTION_RANGES, locals())
+        self.weights, self.eps = weights, eps
+        self.reward_weights: dict[str, float] = {}
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        self.reward_weights = {cb.name: cb.weight for cb in trainer.callbacks if isinstance(cb, RewardCallback)}
+        unknown = sorted(set(self.weights or {}) - set(self.reward_weights))
+        if unknown:
+            raise ValueError(
+                f"NormalizeThenSumAdvantage: weights names {unknown}, not rewards of this run "
+                f"{sorted(self.reward_weights)}"
+            )
+        kl = getattr(pl_module, "kl", None)
+        if kl is not None and kl.mode == "reward" and kl.coef > 0:
+            raise ValueError(
+                "NormalizeThenSumAdvantage normalises each reward callback's scores: kl.mode='reward' would "
+                "subtract the KL penalty from the total it does not read; use kl.mode='loss'"
+            )
+
+    def weight(self, name: str) -> float:
+        if self.weights is not None:
+            return self.weights.get(name, 0.0)
+        return self.reward_weights.get(name, 1.0)
+
+    def compute(self, rollout: Rollout) -> Tensor:
+        names = list(rollout.rewards)
+        rewards = torch.stack([rollout.rewards[name] for name in names], dim=1)
+        weights = torch.tensor([self.weight(name) for name in names], device=rewards.device)
+        return estimators.normalize_then_sum_advantages(rewards, weights, rollout.group_size, eps=self.eps)
+
+
+class PassAtKAdvantage(AdvantageCallback):
+    """Pass@k training: each response is credited with its share of its group's best-of-``k`` reward
+    (`core/pass_at_k.py` ``pass_at_k_advantages``), so a group is rewarded for solving the prompt once in ``k``
+    tries rather than on average.
+
+    Args:
+        k: responses per draw; ``baseline="mean"`` needs ``k < group_size``, ``"leave_one_out"`` ``2 <= k`` (null:
+            the group size).
+        baseline: ``mean`` (Chen et al. 2025's analytical pass@k advantage) or ``leave_one_out`` (what a response
+            adds to a draw; with ``k`` = the group size, verl's ``grpo_passk``).
+        eps: added to the std.
+    """
+
+    min_group_size = 2
+
+    OPTION_RANGES = {"eps": NON_NEGATIVE}
+
+    def __init__(self, k: int | None = 4, baseline: str = "mean", eps: float = 1e-6) -> None:
+        if baseline not in PASS_AT_K_BASELINES:
+            raise ValueError(f"baseline={baseline!r} is not valid; choose one of {list(PASS_AT_K_BASELINES)}")
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+            raise ValueError(f"k={k!r} is not valid; choose an integer >= 1 (or null: the group size)")
+        check_ranges(PassAtKAdvantage.OPTION_RANGES, locals())
+        self.k, self.baseline, self.eps = k, baseline, eps
+
+    def check_group_size(self, group_size: int) -> None:
+        super().check_group_size(group_size)
+        pass_at_k_advantages(torch.zeros(group_size), group_size, self.k or group_size, self.baseline)  # k fits
+
+    def compute(self, rollout: Rollout) -> Tensor:
+        k = self.k or rollout.group_size
+        return pass_at_k_advantages(rollout.reward, rollout.group_size, k, self.baseline, self.eps)
 
 
 class MaxOnlyAdvantage(AdvantageCallback):

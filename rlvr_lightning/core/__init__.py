@@ -16,7 +16,7 @@ from rlvr_lightning.core.advantage_estimators import (
 )
 from rlvr_lightning.core.aggregation import AGGREGATION_MODES, aggregate_loss
 from rlvr_lightning.core.entropy import entropy_from_log_probs, entropy_from_logits
-from rlvr_lightning.core.kl import K1, K2, K3, KL_ESTIMATORS, KLEstimator, kl_estimator
+from rlvr_lightning.core.kl import K1, K2, K3, K3IS, KL_ESTIMATORS, KLEstimator, kl_estimator
 from rlvr_lightning.core.log_probs import token_log_probs_from_logits
 from rlvr_lightning.core.losses.policy_losses import (
     CISPO,
@@ -25,7 +25,10 @@ from rlvr_lightning.core.losses.policy_losses import (
     POLICY_LOSSES,
     SAPO,
     VESPO,
+    ClipCov,
+    HighEntropyTokens,
     ImportanceRatio,
+    KLCov,
     PolicyGradient,
     PolicyLoss,
     PolicyLossOutput,
@@ -37,12 +40,16 @@ from rlvr_lightning.core.masked import masked_mean, masked_normalize, masked_sum
 from rlvr_lightning.core.pass_at_k import pass_at_k, pass_at_k_tensor
 
 __all__ = [
+    "ClipCov",
+    "HighEntropyTokens",
+    "KLCov",
     "AGGREGATION_MODES",
     "CISPO",
     "GSPO",
     "K1",
     "K2",
     "K3",
+    "K3IS",
     "KL_ESTIMATORS",
     "LUSPO",
     "POLICY_LOSSES",

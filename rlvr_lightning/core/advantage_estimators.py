@@ -107,6 +107,23 @@ def normalized_advantages(
     return advantages.view_as(rewards)
 
 
+def normalize_then_sum_advantages(rewards: Tensor, weights: Tensor, group_size: int, eps: float = 1e-4) -> Tensor:
+    """GDPO: ``[N]`` advantages from ``[N, K]`` rewards (one column per reward) and their ``[K]`` weights.
+
+    Each reward is normalised within its group (``normalized_advantages``: unbiased std, an all-equal group gives
+    0) before the weighted sum, which is then normalised over the batch; an all-equal sum gives 0."""
+    if rewards.dim() != 2 or weights.shape != (rewards.shape[1],):
+        raise ValueError(f"need rewards [N, K] and weights [K], got {tuple(rewards.shape)} and {tuple(weights.shape)}")
+    rewards = _as_float(rewards)
+    columns = [normalized_advantages(rewards[:, k], group_size, eps=eps) for k in range(rewards.shape[1])]
+    # A_i = batch_norm(sum_k w_k (r_ik - mean_g r_k) / (std_g r_k + eps))  (GDPO, arXiv:2601.05242 §3; checked against
+    # TRL f2cd577 grpo_trainer.py multi_objective_aggregation="normalize_then_sum"; verl gdpo whitens per token)
+    total = (torch.stack(columns, dim=1) * weights.to(rewards.dtype)).sum(dim=1)
+    if total.numel() < 2 or _all_equal(total):
+        return torch.zeros_like(total)
+    return (total - total.mean()) / (total.std(unbiased=True) + eps)
+
+
 def max_only_advantages(rewards: Tensor, group_size: int | None = None) -> Tensor:
     """Keep the reward of responses that hit their group's max; everything else gets 0."""
     grouped = _grouped(rewards, group_size)

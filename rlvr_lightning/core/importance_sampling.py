@@ -12,6 +12,9 @@ gradient with the ratio w_t = pi_old(y_t) / pi_sampler(y_t), truncated at C (TIS
 * `sequence_mask`:     w = prod_t r_t, or 0 (the whole response) where it is outside [C_min, C]
 
 with r_t = exp(log pi_old(y_t) - log pi_sampler(y_t)). Weights carry no gradient.
+
+`mask_off_policy_sequences` is DeepSeek-V3.2's off-policy sequence masking: a response with a negative
+advantage whose mean log(pi_sampler / pi_theta) over its tokens exceeds a threshold delta leaves the policy loss.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import torch
 from torch import Tensor
 
 from rlvr_lightning.core.kl import K3
+from rlvr_lightning.core.losses.policy_loss_base import PolicyLossOutput
 from rlvr_lightning.core.masked import masked_mean
 
 ROLLOUT_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
@@ -83,3 +87,34 @@ def mismatch_stats(
         "is_weight_max": (ratio if mask is None else torch.where(mask.bool(), ratio, 0.0)).max(),
         "capped_fraction": masked_mean((ratio > max_weight).float(), mask),
     }
+
+
+def off_policy_sequence_mask(
+    advantages: Tensor, log_probs: Tensor, sampling_log_probs: Tensor, mask: Tensor | None, threshold: float
+) -> Tensor:
+    """bool ``[N, 1]`` (``[N, T]`` for per-token advantages): False where a response leaves the policy loss, its
+    advantage negative and its mean ``log pi_sampler - log pi_theta`` over its tokens above ``threshold``."""
+    divergence = masked_mean(sampling_log_probs - log_probs.detach(), mask, dim=-1).unsqueeze(-1)
+    advantages = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
+    # M_i = 0 iff A_i < 0 and 1/|o_i| sum_t log(pi_old(o_t) / pi_theta(o_t)) > delta  (DeepSeek-AI 2025, DeepSeek-V3.2
+    # arXiv:2512.02556 §3.1 eq. 9; checked against TRL f2cd577 trl/trainer/grpo_trainer.py get_off_policy_mask)
+    return (advantages >= 0) | (divergence <= threshold)
+
+
+def mask_off_policy_sequences(
+    out: PolicyLossOutput,
+    advantages: Tensor,
+    log_probs: Tensor,
+    sampling_log_probs: Tensor | None,
+    mask: Tensor | None,
+    threshold: float,
+) -> PolicyLossOutput:
+    """``out`` with the loss of the responses ``off_policy_sequence_mask`` leaves out set to 0 (no gradient), and
+    the fraction of responses left out as ``off_policy_masked_frac``. ``sampling_log_probs`` None: the policy
+    sampled these responses itself (nothing is left out)."""
+    if sampling_log_probs is None:
+        sampling_log_probs = log_probs.detach()
+    keep = off_policy_sequence_mask(advantages, log_probs, sampling_log_probs, mask, threshold)
+    out.loss = out.loss.masked_fill(~keep, 0.0)
+    out.extra_stats["off_policy_masked_frac"] = (~keep).all(dim=-1).to(out.ratio.dtype).mean()
+    return out

@@ -12,6 +12,10 @@ KL Divergence", http://joschu.net/blog/kl-approx.html):
 All three are 0 where p == q. Add ``beta * kl`` to the per-token loss to
 penalise drift from the reference. An estimator of your own subclasses
 ``KLEstimator`` and is named in the config by ``class_path``.
+
+They estimate the KL on tokens sampled from pi_theta itself. Once the policy has moved away from the one
+that sampled (pi_old: a second epoch, a later mini-batch, stale rollouts), ``K3IS`` (``k3_is``) weighs k3
+by the importance ratio pi_theta / pi_old so that the estimate stays unbiased (DeepSeek-V3.2).
 """
 
 from __future__ import annotations
@@ -27,13 +31,20 @@ K3_LOG_RATIO_CLAMP = 20.0
 class KLEstimator:
     """A per-token KL estimate; gradient flows through ``log_probs`` (``ref_log_probs`` is normally detached)."""
 
+    #: True: ``estimate`` reads ``old_log_probs``, the log-probs of the policy that sampled (the update then
+    #: computes them once the policy has moved)
+    needs_old_log_probs: bool = False
+
     def __call__(self, log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
         """``[N, T]`` per-token estimate."""
         raise NotImplementedError
 
-    def estimate(self, log_probs: Tensor, ref_log_probs: Tensor, clamp: float | None = None) -> Tensor:
+    def estimate(
+        self, log_probs: Tensor, ref_log_probs: Tensor, clamp: float | None = None, old_log_probs: Tensor | None = None
+    ) -> Tensor:
         """The estimate, clamped to ``[-clamp, clamp]`` when ``clamp`` is given (``clamp=10`` with ``K3`` is
-        verl's ``low_var_kl``)."""
+        verl's ``low_var_kl``). ``old_log_probs`` (the sampling policy's; None: ``log_probs`` detached) is read
+        only by estimators with ``needs_old_log_probs``."""
         if clamp is not None and clamp <= 0:
             raise ValueError(f"clamp must be > 0 (or None), got {clamp}")
         kl = self(log_probs, ref_log_probs)
@@ -70,7 +81,9 @@ class K3(KLEstimator):
         # k3 = q/p - log(q/p) - 1  (Schulman 2020; GRPO, Shao et al. 2024 DeepSeekMath eq. 4)
         return torch.exp(d) - d - 1.0
 
-    def estimate(self, log_probs: Tensor, ref_log_probs: Tensor, clamp: float | None = None) -> Tensor:
+    def estimate(
+        self, log_probs: Tensor, ref_log_probs: Tensor, clamp: float | None = None, old_log_probs: Tensor | None = None
+    ) -> Tensor:
         if clamp is None:
             return self(log_probs, ref_log_probs)
         if clamp <= 0:
@@ -79,8 +92,29 @@ class K3(KLEstimator):
         return torch.clamp(self(log_probs, ref_log_probs, K3_LOG_RATIO_CLAMP), -clamp, clamp)
 
 
+class K3IS(K3):
+    """k3 weighed by the importance ratio ``r_t = pi_theta / pi_old``: unbiased for KL(pi_theta || pi_ref) on tokens
+    sampled from pi_old, whose expectation ``E_old[r_t k3_t] = E_theta[k3_t]`` is the KL, and whose gradient
+    flows through the ratio too (as TRL's ``use_bias_correction_kl``), so that its expected gradient is
+    grad KL(pi_theta || pi_ref) as well. At the sampling policy (``old_log_probs`` None, or equal) its value is
+    k3's; its gradient ``k3_t grad log pi + grad k3_t`` is not k3's (whose expectation is the gradient of the
+    other direction, KL(pi_ref || pi_theta)). The ratio's log is clamped to [-20, 20] before ``exp``, as the
+    policy losses' is; ``clamp`` bounds k3 before the ratio multiplies it."""
+
+    needs_old_log_probs = True
+
+    def estimate(
+        self, log_probs: Tensor, ref_log_probs: Tensor, clamp: float | None = None, old_log_probs: Tensor | None = None
+    ) -> Tensor:
+        old = log_probs.detach() if old_log_probs is None else old_log_probs.detach()
+        ratio = torch.exp(torch.clamp(log_probs - old, -K3_LOG_RATIO_CLAMP, K3_LOG_RATIO_CLAMP))
+        # KL_t = pi_theta(o_t) / pi_old(o_t) * k3_t  (DeepSeek-AI 2025, DeepSeek-V3.2 §3.1 "Unbiased KL Estimate";
+        # checked against TRL f2cd577 trl/trainer/grpo_trainer.py, use_bias_correction_kl: per_token_kl * coef_1)
+        return ratio * super().estimate(log_probs, ref_log_probs, clamp)
+
+
 #: the names a config may give instead of a class
-KL_ESTIMATORS: dict[str, type[KLEstimator]] = {"k1": K1, "k2": K2, "k3": K3}
+KL_ESTIMATORS: dict[str, type[KLEstimator]] = {"k1": K1, "k2": K2, "k3": K3, "k3_is": K3IS}
 
 
 def kl_estimator(value: KLEstimator | str, option: str = "kl.estimator") -> KLEstimator:

@@ -70,7 +70,8 @@ class KLConfig:
 
     Args:
         coef: weight of the KL penalty; 0 means no reference model at all.
-        estimator: k1 | k2 | k3 (Schulman 2020), or a KLEstimator (class_path and init_args).
+        estimator: k1 | k2 | k3 (Schulman 2020) | k3_is (k3 times pi_theta / pi_old, unbiased off-policy:
+            DeepSeek-V3.2), or a KLEstimator (class_path and init_args).
         mode: loss (coef * KL added to the per-token loss, GRPO) | reward (coef * sum_t KL_t subtracted from each
             response's reward before advantages, PPO-style reward shaping).
         clamp: clamp each token's estimate to [-clamp, clamp] (verl's low_var_kl: 10; null: no clamp).
@@ -106,22 +107,27 @@ class KLConfig:
 
 @dataclass(frozen=True)
 class ImportanceSamplingConfig:
-    """Correction of the sampler/trainer mismatch (`core/importance_sampling.py`; Yao et al. 2025).
+    """Correction of the sampler/trainer mismatch and of off-policy samples (`core/importance_sampling.py`).
 
     Args:
         mode: token_truncate | token_mask | sequence_truncate | sequence_mask, or null (no correction; with
-            rollout_staleness >= 1: token_mask).
+            rollout_staleness >= 1: token_mask). Yao et al. 2025.
         max: the weights' cap C (truncate) or the upper end of the band outside which weights are 0 (mask).
         min: the lower end of that band, or the truncation's floor (null: none).
+        off_policy_mask_threshold: DeepSeek-V3.2's off-policy sequence masking: a response with a negative
+            advantage whose mean log(pi_sampler / pi_theta) over its tokens exceeds this leaves the policy loss
+            (the sampler's log-probs where the policy records them, else the old ones; null: no masking).
     """
 
     mode: str | None = None
     max: float = 2.0
     min: float | None = None
+    off_policy_mask_threshold: float | None = None
 
     OPTION_RANGES: ClassVar[dict[str, Range]] = {
         "max": Range(0, low_open=True),
         "min": Range(0, optional=True),
+        "off_policy_mask_threshold": Range(0, optional=True),
     }
 
     def __post_init__(self) -> None:

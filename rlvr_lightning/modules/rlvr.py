@@ -94,9 +94,9 @@ class RLVRModule(PolicyModule):
             lr_scheduler: a learning-rate scheduler, stepped with every optimizer step (null: none).
             group_size: responses sampled per prompt.
             sampling: how responses are sampled (temperature, max_new_tokens, ...); log-probs use its temperature.
-            loss: the per-token policy loss: pg | ratio | ppo_clip | gspo | cispo | sapo | luspo | vespo (the
-                built-in with its defaults), or a PolicyLoss by class_path and init_args (e.g.
-                rlvr_lightning.core.losses.policy_losses.PPOClip).
+            loss: the per-token policy loss: pg | ratio | ppo_clip | gspo | cispo | sapo | luspo | vespo | clip_cov |
+                kl_cov | high_entropy (the built-in with its defaults), or a PolicyLoss by class_path and init_args
+                (e.g. rlvr_lightning.core.losses.policy_losses.PPOClip).
             aggregation: how token losses become the back-propagated scalar (mode, constant, count_empty_rows).
             kl: the KL penalty to a reference (coef, estimator, mode, clamp, refresh_every, mixup_alpha).
             entropy_coef: weight of the entropy bonus subtracted from the per-token loss.

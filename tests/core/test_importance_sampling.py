@@ -68,3 +68,26 @@ def test_mismatch_stats_by_hand():
     torch.testing.assert_close(stats["is_weight_mean"], d.exp().mean())
     torch.testing.assert_close(stats["is_weight_max"], torch.tensor(math.exp(0.5)))
     torch.testing.assert_close(stats["capped_fraction"], torch.tensor(1 / 3))  # only e^0.5 > 1.5
+
+
+def test_off_policy_sequences_with_a_negative_advantage_and_a_large_divergence_leave_the_loss():
+    from rlvr_lightning.core.importance_sampling import mask_off_policy_sequences
+    from rlvr_lightning.core.losses.policy_losses import PPOClip
+
+    log_probs = torch.tensor([[-1.0, -1.0], [-1.0, -1.0], [-1.0, -1.0]], requires_grad=True)
+    # mean log(pi_sampler / pi_theta): row 0 (0.4 + 0.8) / 2 = 0.6 > 0.5; row 1 0.2; row 2 1.0 but A > 0
+    sampler = torch.tensor([[-0.6, -0.2], [-0.8, -9.0], [0.0, 0.0]])
+    mask = torch.tensor([[True, True], [True, False], [True, True]])
+    advantages = torch.tensor([-1.0, -1.0, 1.0])
+    out = mask_off_policy_sequences(
+        PPOClip()(log_probs, None, advantages, mask), advantages, log_probs, sampler, mask, 0.5
+    )
+    torch.testing.assert_close(out.loss, torch.tensor([[0.0, 0.0], [1.0, 0.0], [-1.0, -1.0]]))
+    out.loss.sum().backward()
+    torch.testing.assert_close(log_probs.grad, torch.tensor([[0.0, 0.0], [1.0, 0.0], [-1.0, -1.0]]))
+    torch.testing.assert_close(out.stats["off_policy_masked_frac"], torch.tensor(1 / 3))
+    # no sampler's log-probs: the policy sampled them itself, nothing leaves
+    out = mask_off_policy_sequences(
+        PPOClip()(log_probs, None, advantages, mask), advantages, log_probs, None, mask, 0.0
+    )
+    assert out.stats["off_policy_masked_frac"] == 0

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from rlvr_lightning.core.kl import K1, K3, KL_ESTIMATORS, KLEstimator, kl_estimator
+from rlvr_lightning.core.kl import K1, K3, K3IS, KL_ESTIMATORS, KLEstimator, kl_estimator
 
 LN2 = math.log(2.0)
 P = torch.tensor([[math.log(0.5)]])  # policy
@@ -91,3 +91,37 @@ def test_log_ratio_clamp_leaves_values_inside_the_range_alone():
     kl.sum().backward()
     assert_close(kl, torch.tensor([[math.exp(2.0) - 3.0]]))
     assert_close(logp.grad, torch.tensor([[1.0 - math.exp(2.0)]]))  # d k3 / d logp = 1 - e^d
+
+
+def test_k3_is_hand_values():
+    # old = ln 0.25: r = 0.5 / 0.25 = 2; k3 = 0.5 + ln 2 - 1; KL_t = 2 k3 = 2 ln 2 - 1
+    logp = P.clone().requires_grad_(True)
+    kl = kl_estimator("k3_is").estimate(logp, Q, old_log_probs=Q)
+    assert_close(kl, torch.tensor([[2 * LN2 - 1.0]]))
+    # d(r k3)/d logp = r k3 + r (1 - exp(d)) = (2 ln 2 - 1) + 2 (1 - 1/2) = 2 ln 2
+    kl.sum().backward()
+    assert_close(logp.grad, torch.tensor([[2 * LN2]]))
+    # at the sampling policy its value is k3's, its gradient k3 + (1 - exp(d)) = ln 2 (k3's own: 1/2)
+    logp.grad = None
+    kl = kl_estimator("k3_is").estimate(logp, Q)
+    assert_close(kl, torch.tensor([[0.5 + LN2 - 1.0]]))
+    kl.sum().backward()
+    assert_close(logp.grad, torch.tensor([[LN2]]))
+    assert K3IS.needs_old_log_probs and not K3.needs_old_log_probs
+
+
+def test_k3_is_is_unbiased_off_policy_where_k3_is_not():
+    """Exact expectation over a 6-token vocabulary of tokens sampled from pi_old != pi_theta: value and gradient of
+    KL(pi_theta || pi_ref) for k3_is (1e-10, float64); k3 alone is off by the sampling mismatch."""
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(4, 6, generator=generator, dtype=torch.float64, requires_grad=True)
+    old = torch.log_softmax(logits.detach() + torch.randn(4, 6, generator=generator), -1)
+    ref = torch.log_softmax(torch.randn(4, 6, generator=generator, dtype=torch.float64), -1)
+    log_p = torch.log_softmax(logits, -1)
+    exact = (log_p.exp() * (log_p - ref)).sum()
+    (exact_grad,) = torch.autograd.grad(exact, logits)
+    for name, unbiased in (("k3_is", True), ("k3", False)):
+        expected = (old.exp() * kl_estimator(name).estimate(torch.log_softmax(logits, -1), ref, None, old)).sum()
+        (grad,) = torch.autograd.grad(expected, logits)
+        assert torch.allclose(expected, exact, rtol=0, atol=1e-10) == unbiased
+        assert torch.allclose(grad, exact_grad, rtol=0, atol=1e-10) == unbiased

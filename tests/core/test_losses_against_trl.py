@@ -169,6 +169,7 @@ def test_rollout_is_matches_trl(name, is_mode, seed):
 def test_gspo_row_mean_before_ratio_matches_areal(seed):
     log_probs, old, sampler, advantages, mask = random_batch(seed)
     loss = GSPO(clip_low=0.05, clip_high=0.05, rollout_is_weight="row_mean", rollout_is_rejection="before_ratio")
+    loss.check("token-mean")  # the configuration the docstring names is one a run accepts
     weights = rollout_is_weights(old, sampler, mask, "token_mask", max_weight=1.1)
     token_advantages = advantages[:, None].expand_as(log_probs)
     expected = areal_gspo_loss(log_probs, old, sampler, token_advantages, 0.05, mask, upper=1.1)

@@ -14,6 +14,7 @@ from rlvr_lightning.core.losses.policy_losses import (
     merged_stats,
     policy_loss,
 )
+from rlvr_lightning.core.losses.token_selection import pick_tokens
 
 LN2 = math.log(2.0)
 
@@ -124,6 +125,15 @@ def test_masked_tokens_are_exactly_zero_even_with_garbage():
     assert _stat(out, "ratio_max") == 1.0  # masked token ignored
 
 
+def _call(kind, log_probs, old, advantages, mask):
+    loss = policy_loss(kind)
+    if loss.selection_reads_entropy:  # the update hands it its pick by entropy
+        entropy = torch.linspace(0.1, 1.0, log_probs.numel()).view_as(log_probs)
+        selected = pick_tokens(loss, log_probs, old, advantages, mask, entropy)
+        return loss(log_probs, old, advantages, mask, selected=selected)
+    return loss(log_probs, old, advantages, mask)
+
+
 @pytest.mark.parametrize("kind", sorted(POLICY_LOSSES))
 def test_a_bool_mask_masks_like_an_int_mask(kind):
     # the update passes a bool mask: a padded token must count neither in the loss, nor in GSPO's sequence ratio,
@@ -131,8 +141,8 @@ def test_a_bool_mask_masks_like_an_int_mask(kind):
     log_probs = torch.tensor([[-1.0, -2.0, -3.0]], requires_grad=True)
     old = log_probs.detach() + torch.tensor([[0.1, -0.2, 5.0]])
     adv = torch.tensor([1.0])
-    as_int = policy_loss(kind)(log_probs, old, adv, torch.tensor([[1, 1, 0]]))
-    as_bool = policy_loss(kind)(log_probs, old, adv, torch.tensor([[True, True, False]]))
+    as_int = _call(kind, log_probs, old, adv, torch.tensor([[1, 1, 0]]))
+    as_bool = _call(kind, log_probs, old, adv, torch.tensor([[True, True, False]]))
     assert as_bool.loss[0, 2].item() == 0.0
     assert_close(as_bool.loss, as_int.loss)
     for key, value in as_int.stats.items():
@@ -227,7 +237,9 @@ def test_cispo_lower_bound_and_negative_advantage():
 
 
 def test_registry_names():
-    assert list(POLICY_LOSSES) == ["pg", "ratio", "ppo_clip", "gspo", "cispo", "sapo", "luspo", "vespo"]
+    assert list(POLICY_LOSSES) == [
+        "pg", "ratio", "ppo_clip", "gspo", "cispo", "sapo", "luspo", "vespo", "clip_cov", "kl_cov", "high_entropy"
+    ]  # fmt: skip
 
 
 def test_shorthands_are_the_built_ins_with_their_defaults():
@@ -268,8 +280,10 @@ def test_hyper_parameters_are_checked_when_built(build, match):
 
 def test_gspo_checks_the_aggregation():
     GSPO().check("seq-mean-token-mean")
-    with pytest.raises(ValueError, match="seq-mean-token-mean"):
-        GSPO().check("token-mean")
+    GSPO().check("token-mean")  # AReaL's aggregation, which the AReaL comparison uses
+    for mode in ("seq-mean-token-sum", "seq-sum-constant"):
+        with pytest.raises(ValueError, match=f"aggregation.mode='{mode}'.*seq-mean-token-mean"):
+            GSPO().check(mode)
     for loss in (PolicyGradient(), ImportanceRatio(), PPOClip(), CISPO()):
         loss.check("token-mean")
 
@@ -290,8 +304,8 @@ def test_no_mask_equals_an_all_ones_mask(kind):
     log_probs = torch.randn(3, 4).clamp(max=-0.1)
     old = log_probs + 0.3 * torch.randn(3, 4)
     advantages = torch.tensor([1.0, -0.5, 2.0])
-    with_mask = policy_loss(kind)(log_probs, old, advantages, torch.ones(3, 4))
-    without = policy_loss(kind)(log_probs, old, advantages, None)
+    with_mask = _call(kind, log_probs, old, advantages, torch.ones(3, 4))
+    without = _call(kind, log_probs, old, advantages, None)
     assert_close(without.loss, with_mask.loss)
     for key, value in with_mask.stats.items():
         assert_close(without.stats[key], value, msg=key)

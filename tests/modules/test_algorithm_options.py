@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from rlvr_lightning.advantages import CenteredAdvantage
+from rlvr_lightning.core.losses.policy_losses import GSPO
 from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.modules import RLVRModule
 from rlvr_lightning.modules.options import (
@@ -149,7 +150,7 @@ def test_reference_mixup_moves_the_reference_by_exactly_alpha(in_tmp_dir):
 @pytest.mark.parametrize(
     "options, message",
     [
-        ({"loss": "gspo", "aggregation": AggregationConfig(mode="token-mean")}, "sequence-level objective"),
+        ({"loss": "gspo", "aggregation": AggregationConfig(mode="seq-mean-token-sum")}, "sequence-level objective"),
         ({"dynamic_sampling": DynamicSamplingConfig(enabled=True), "group_size": 1}, "group_size=1 every group agrees"),
         ({"sampling": SamplingConfig(do_sample=False), "group_size": 4}, "responses of a group would be identical"),
         ({"rollout_staleness": -1}, "rollout_staleness=-1 is not valid"),
@@ -158,6 +159,11 @@ def test_reference_mixup_moves_the_reference_by_exactly_alpha(in_tmp_dir):
 def test_contradictory_options_fail_at_start_up(options, message):
     with pytest.raises(ValueError, match=message):
         RLVRModule(policy(), **options)
+
+
+def test_gspo_builds_with_areals_token_mean():
+    loss = GSPO(rollout_is_weight="row_mean", rollout_is_rejection="before_ratio")
+    RLVRModule(policy(), loss=loss, aggregation=AggregationConfig(mode="token-mean"))
 
 
 @pytest.mark.parametrize(
@@ -169,7 +175,10 @@ def test_contradictory_options_fail_at_start_up(options, message):
             r"kl.mixup_alpha=0.0 is not valid: must be a finite number in \(0, 1\]",
         ),
         (lambda: KLConfig(mode="advantage"), "kl.mode='advantage' is not valid; choose one of \\['loss', 'reward'\\]"),
-        (lambda: KLConfig(estimator="k4"), "kl.estimator='k4' is not valid; choose one of \\['k1', 'k2', 'k3'\\]"),
+        (
+            lambda: KLConfig(estimator="k4"),
+            "kl.estimator='k4' is not valid; choose one of \\['k1', 'k2', 'k3', 'k3_is'\\]",
+        ),
         (lambda: KLConfig(coef=0.0, mode="reward"), "kl.coef=0"),
         (lambda: KLConfig(coef=0.1, mixup_alpha=0.5), "kl.refresh_every is not set"),
         (

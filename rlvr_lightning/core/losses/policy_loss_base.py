@@ -33,6 +33,11 @@ of a training step):
 Losses without a ratio (``pg``) report 0, 0, 1, 1, 1. With an empty mask the
 ratio statistics are 1 and the fractions 0.
 
+A loss that picks tokens by a statistic of the whole mini-batch (``selects_tokens``: the covariance losses of
+``core/losses/covariance_losses.py``, ``HighEntropyTokens``) says how in ``select_tokens``; the update computes the
+pick over every micro-batch of the mini-batch and every data-parallel rank and hands each micro-batch its part
+as ``selected`` (``[N, T]`` bool). Called without it, the loss picks within its own inputs.
+
 With a correction of the sampler/trainer mismatch (``rollout_is``) the update calls
 :meth:`PolicyLoss.with_rollout_is` instead, which multiplies each token's loss by its weight unless the
 loss says otherwise (``GSPO``'s options, ``VESPO``).
@@ -183,6 +188,19 @@ class PolicyLoss:
 
     #: False: the loss never reads old log-probs (the update then skips computing them)
     needs_old_log_probs: bool = True
+    #: True: the loss picks tokens by a statistic of the whole mini-batch (`select_tokens`) and takes the pick
+    #: as ``selected`` in ``__call__`` and ``with_rollout_is``
+    selects_tokens: bool = False
+    #: True: ``select_tokens`` reads the tokens' entropies (the update then computes them)
+    selection_reads_entropy: bool = False
+
+    def select_tokens(
+        self, log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, entropy: Tensor | None, generator
+    ) -> Tensor:
+        """bool ``[M]``: the tokens this loss picks among ``M`` tokens, given flat ``[M]`` detached current and old
+        log-probs, advantages and entropies (None unless ``selection_reads_entropy``) of the real tokens of a whole
+        mini-batch; ``generator`` (a ``torch.Generator`` seeded alike on every rank) draws any random choice."""
+        raise NotImplementedError
 
     def check(self, aggregation: str) -> None:
         """Raise ValueError if this loss cannot be used with the aggregation mode ``aggregation`` (called when
@@ -203,12 +221,17 @@ class PolicyLoss:
         advantages: Tensor,
         mask: Tensor | None,
         weights: Tensor,
+        selected: Tensor | None = None,
     ) -> PolicyLossOutput:
         """The loss corrected by the sampler/trainer importance weights ``weights`` (detached, ``[N, T]`` for the
         token modes of ``core/importance_sampling.py``, ``[N, 1]`` for the sequence modes; 1 where ``mask`` is 0).
+        ``selected``: the tokens picked over the mini-batch (losses that ``selects_tokens`` only).
 
         Here: each token's loss times its weight. A loss that folds the weights in otherwise overrides this."""
-        out = self(log_probs, old_log_probs, advantages, mask)
+        if selected is None:
+            out = self(log_probs, old_log_probs, advantages, mask)
+        else:
+            out = self(log_probs, old_log_probs, advantages, mask, selected=selected)
         # l_t <- w_t l_t  (Yao et al. 2025 TIS; verl rollout_is, TRL vllm_importance_sampling_correction)
         out.loss = out.loss * weights
         return out

@@ -3,13 +3,16 @@
 The contract every loss keeps (inputs, the unaggregated ``[N, T]`` loss, statistics) is
 ``core/losses/policy_loss_base.py``; the sequence-level ratio losses (``GSPO``, ``LUSPO``) are in
 ``core/losses/sequence_losses.py``, the losses that weigh instead of clipping (``SAPO``, ``VESPO``) in
-``core/losses/soft_losses.py``. Every built-in loss can be imported from here.
+``core/losses/soft_losses.py``, the losses that pick tokens over the mini-batch (``ClipCov``, ``KLCov``,
+``HighEntropyTokens``) in ``core/losses/covariance_losses.py`` and ``core/losses/token_selection.py``.
+Every built-in loss can be imported from here.
 """
 
 from __future__ import annotations
 
 import torch
 
+from rlvr_lightning.core.losses.covariance_losses import ClipCov, KLCov
 from rlvr_lightning.core.losses.policy_loss_base import (
     PolicyLoss,
     PolicyLossOutput,
@@ -22,12 +25,16 @@ from rlvr_lightning.core.losses.policy_loss_base import (
 )
 from rlvr_lightning.core.losses.sequence_losses import GSPO, LUSPO
 from rlvr_lightning.core.losses.soft_losses import SAPO, VESPO
+from rlvr_lightning.core.losses.token_selection import HighEntropyTokens
 from rlvr_lightning.core.masked import masked_mean
 from rlvr_lightning.core.shorthands import from_shorthand
 
 __all__ = [
     "CISPO",
     "GSPO",
+    "KLCov",
+    "ClipCov",
+    "HighEntropyTokens",
     "LUSPO",
     "POLICY_LOSSES",
     "SAPO",
@@ -142,6 +149,9 @@ POLICY_LOSSES: dict[str, type[PolicyLoss]] = {
     "sapo": SAPO,
     "luspo": LUSPO,
     "vespo": VESPO,
+    "clip_cov": ClipCov,
+    "kl_cov": KLCov,
+    "high_entropy": HighEntropyTokens,
 }
 
 

@@ -24,6 +24,8 @@ from rlvr_lightning.core.masked import masked_mean
 GSPO_LOG_RATIO_MAX = 10.0
 #: ``rollout_is_weight``: each token's own weight, or its row's mean weight (TRL, AReaL)
 ROLLOUT_IS_WEIGHTS = ("token", "row_mean")
+#: the aggregations GSPO accepts: the paper's, and AReaL's token mean
+GSPO_AGGREGATIONS = ("seq-mean-token-mean", "token-mean")
 #: ``rollout_is_rejection``: tokens the correction rejects leave the loss after the sequence ratio (TRL) or
 #: before it, so that the ratio is over the kept tokens only (AReaL)
 ROLLOUT_IS_REJECTIONS = ("after_ratio", "before_ratio")
@@ -40,7 +42,9 @@ class GSPO(PolicyLoss):
     ``s_i = exp(mean_t (logp - old_logp))`` over the masked tokens of row i, and
     ``s_it = sg[s_i] * exp(logp_t - sg[logp_t])`` which equals ``s_i`` in value.
     With ``advantages`` [N] this is exactly GSPO when the loss is aggregated
-    with "seq-mean-token-mean" (the paper's 1/G sum_i 1/|y_i| sum_t), the only mode it accepts.
+    with "seq-mean-token-mean" (the paper's 1/G sum_i 1/|y_i| sum_t). It also accepts "token-mean", AReaL's
+    aggregation of its sequence-level ratio (each token of the batch weighs the same, so a sequence weighs its
+    length); the modes that weigh sequences otherwise (token sums, a constant divisor) are refused.
 
     With token-level ``rollout_is`` weights ``w_t`` (``core/importance_sampling.py``) the peers differ:
 
@@ -87,10 +91,11 @@ class GSPO(PolicyLoss):
         self.rollout_is_weight, self.rollout_is_rejection = rollout_is_weight, rollout_is_rejection
 
     def check(self, aggregation: str) -> None:
-        if aggregation != "seq-mean-token-mean":
+        if aggregation not in GSPO_AGGREGATIONS:
             raise ValueError(
-                f"GSPO is a sequence-level objective (1/|y_i| per sequence); aggregation.mode={aggregation!r} "
-                "would weight sequences by length. Use aggregation: {mode: seq-mean-token-mean}."
+                f"GSPO is a sequence-level objective; aggregation.mode={aggregation!r} is not one of its aggregations "
+                f"{list(GSPO_AGGREGATIONS)} (seq-mean-token-mean: the paper's 1/|y_i| per sequence; token-mean: "
+                "AReaL's). Use aggregation: {mode: seq-mean-token-mean}."
             )
 
     def __call__(self, log_probs, old_log_probs, advantages, mask):

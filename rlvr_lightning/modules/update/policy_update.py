@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from rlvr_lightning.core.aggregation import aggregate_loss, non_empty_rows
-from rlvr_lightning.core.importance_sampling import mismatch_stats, rollout_is_weights
+from rlvr_lightning.core.importance_sampling import mask_off_policy_sequences, mismatch_stats, rollout_is_weights
 from rlvr_lightning.core.kl import kl_estimator
 from rlvr_lightning.core.losses.distillation import distillation_loss
 from rlvr_lightning.core.losses.policy_losses import PolicyLoss, PolicyLossOutput, merged_stats
@@ -52,6 +52,7 @@ from rlvr_lightning.modules.update.micro_batches import (
     pack_sequences,
     scored_in_order,
 )
+from rlvr_lightning.modules.update.token_selection import SelectionInputs, mini_batch_selection, select_over_mini_batch
 from rlvr_lightning.policies.base import Policy
 from rlvr_lightning.rollout import Rollout
 
@@ -104,6 +105,7 @@ class PolicyUpdate:
         self.loss_constant = float(aggregation.constant or response_length or sampling.max_new_tokens)
         self.kl, self.kl_estimator, self.reference = kl, kl_estimator(kl.estimator), reference
         self.rollout_is, self.update, self.entropy_coef = rollout_is, update, entropy_coef
+        self.masks_off_policy = rollout_is.off_policy_mask_threshold is not None
         self.teacher, self.distillation = teacher, distillation
         self.skipped_updates = 0  # non-finite updates skipped so far
         self.consecutive_skips = 0
@@ -142,9 +144,11 @@ class PolicyUpdate:
 
     def needs_old_log_probs(self, num_rows: int) -> bool:
         """Old log-probs matter only once the policy has moved, i.e. after the first optimizer step (the
-        distillation loss always reads them then)."""
+        distillation loss always reads them then, an importance-weighted KL estimator too)."""
         updates = self.update.epochs * (num_rows // (self.update.mini_batch_size or num_rows))
-        return (self.loss.needs_old_log_probs or self.teacher is not None) and updates > 1
+        kl_reads_them = self.reference is not None and self.kl.mode == "loss" and self.kl_estimator.needs_old_log_probs
+        readers = (self.loss.needs_old_log_probs, self.teacher is not None, kl_reads_them, self.masks_off_policy)
+        return any(readers) and updates > 1
 
     @torch.no_grad()
     def add_old_and_reference_log_probs(self, rollout: Rollout) -> None:
@@ -207,10 +211,14 @@ class PolicyUpdate:
                     num_sequences = non_empty_rows(minibatch.response_mask)
                 micro_losses = []
                 micros = list(self.micro_batches(minibatch))
+                # a token-selecting loss's pick over the whole mini-batch (when it is several micro-batches)
+                selections = mini_batch_selection(self.loss, self.selection_forward, micros, masked)
                 for i, micro in enumerate(micros):
                     mask = micro.response_mask.bool() if masked else None
                     first_update = epoch == 0 and start == 0  # the policy is still the one that sampled
-                    part = self.micro_batch_loss(micro, mask, num_sequences, num_tokens, epoch == 0, first_update)
+                    part = self.micro_batch_loss(
+                        micro, mask, num_sequences, num_tokens, epoch == 0, first_update, selections[i]
+                    )
                     with backward_sync(module, sync=i == len(micros) - 1):
                         module.manual_backward(part.loss)
                     micro_losses.append(part.loss.detach())
@@ -229,14 +237,19 @@ class PolicyUpdate:
         num_tokens: Tensor | int,
         first_epoch: bool,
         first_update: bool = False,
+        selected: Tensor | None = None,
     ) -> MicroBatchLoss:
-        """The micro-batch's share of the mini-batch loss, normalised by the mini-batch's sizes.
-
-        `mask` is the micro-batch's response mask, or None when every token is real."""
+        """The micro-batch's share of the mini-batch loss, normalised by the mini-batch's sizes. `mask`: its response
+        mask (None: every token real); `selected`: a token-selecting loss's pick over the mini-batch (None: here)."""
         # Entropy is logged from the first epoch (the sampling policy) and costs a pass only where it is needed;
         # as a metric only, without autograd.
-        with_entropy = first_epoch or self.entropy_coef != 0
+        with_entropy = first_epoch or self.entropy_coef != 0 or self.loss.selection_reads_entropy
         log_probs, entropy = self.policy_forward(micro, with_entropy, entropy_grad=self.entropy_coef != 0)
+        if self.loss.selects_tokens and selected is None:
+            reads = entropy if self.loss.selection_reads_entropy else None
+            inputs = SelectionInputs(log_probs, micro.old_log_probs, micro.advantages, mask, reads)
+            (selected,) = select_over_mini_batch(self.loss, [inputs])
+        selection = {} if selected is None else {"selected": selected}
         sampler_pair, weights = None, None
         if micro.sampling_log_probs is not None:
             if first_update:
@@ -249,9 +262,16 @@ class PolicyUpdate:
                     trainer, micro.sampling_log_probs, mask, is_options.mode, is_options.max, is_options.min
                 )
         if weights is None:
-            policy_loss = self.loss(log_probs, micro.old_log_probs, micro.advantages, mask)
+            policy_loss = self.loss(log_probs, micro.old_log_probs, micro.advantages, mask, **selection)
         else:  # the loss applies the weights (by default each token's loss times its weight)
-            policy_loss = self.loss.with_rollout_is(log_probs, micro.old_log_probs, micro.advantages, mask, weights)
+            inputs = (log_probs, micro.old_log_probs, micro.advantages, mask, weights)
+            policy_loss = self.loss.with_rollout_is(*inputs, **selection)
+        if self.masks_off_policy:  # the sampler's log-probs, else the old ones, else (on-policy) the current ones
+            sampler = next(
+                lp for lp in (micro.sampling_log_probs, micro.old_log_probs, log_probs.detach()) if lp is not None
+            )
+            threshold = self.rollout_is.off_policy_mask_threshold
+            mask_off_policy_sequences(policy_loss, micro.advantages, log_probs, sampler, mask, threshold)
         token_loss = policy_loss.loss
         teacher_kl = None
         if self.teacher is not None:
@@ -262,7 +282,7 @@ class PolicyUpdate:
             teacher_kl = distilled.reverse_kl if first_epoch else None
         kl = None
         if self.reference is not None and self.kl.mode == "loss":
-            kl = self.kl_estimator.estimate(log_probs, micro.ref_log_probs, clamp=self.kl.clamp)
+            kl = self.token_kl_in_loss(log_probs, micro)
             token_loss = token_loss + self.kl.coef * kl
         if self.entropy_coef != 0:
             token_loss = token_loss - self.entropy_coef * entropy
@@ -283,6 +303,16 @@ class PolicyUpdate:
             sampler_pair,
             teacher_kl,
         )
+
+    def selection_forward(self, micro: Rollout) -> tuple[Tensor, Tensor | None]:
+        """The log-probs (and entropies, if the loss reads them) a token-selecting loss picks from, no autograd."""
+        return PolicyUpdate.policy_forward(self, micro, self.loss.selection_reads_entropy, entropy_grad=False)
+
+    def token_kl_in_loss(self, log_probs: Tensor, micro: Rollout) -> Tensor:
+        """`[n, T]` the KL estimate added to the loss (with the old log-probs where the estimator reads them)."""
+        if self.kl_estimator.needs_old_log_probs:
+            return self.kl_estimator.estimate(log_probs, micro.ref_log_probs, self.kl.clamp, micro.old_log_probs)
+        return self.kl_estimator.estimate(log_probs, micro.ref_log_probs, clamp=self.kl.clamp)
 
     def policy_forward(self, micro: Rollout, with_entropy: bool, entropy_grad: bool) -> tuple[Tensor, Tensor | None]:
         """The trained log-probs (and entropy) of a micro-batch."""

@@ -93,8 +93,9 @@ class ValueUpdate(PolicyUpdate):
         num_tokens: Tensor | int,
         first_epoch: bool,
         first_update: bool = False,
+        selected: Tensor | None = None,
     ) -> MicroBatchLoss:
-        part = super().micro_batch_loss(micro, mask, num_sequences, num_tokens, first_epoch, first_update)
+        part = super().micro_batch_loss(micro, mask, num_sequences, num_tokens, first_epoch, first_update, selected)
         hidden, self._shared_hidden = self._shared_hidden, None
         if hidden is not None and self.warming_up:
             hidden = hidden.detach()  # the policy's trunk stays where it is during the warm-up

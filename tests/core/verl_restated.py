@@ -1,0 +1,88 @@
+"""verl's Clip-Cov and KL-Cov policy losses restated line by line, with ``loss_agg_mode="token-mean"`` on one
+data-parallel rank (``agg_loss``: the masked sum over the micro-batch's real tokens).
+
+Source: verl-project/verl 1dda039b9c6311889a9c9a26040677e1254814f9, verl/trainer/ppo/core_algos.py:
+``compute_policy_loss_clip_cov``, ``compute_policy_loss_kl_cov``, ``agg_loss``; ``masked_mean`` is
+verl/utils/torch_functional.py's.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def verl_masked_mean(values, mask):
+    return (values * mask).sum() / mask.sum()
+
+
+def verl_clip_cov_loss(old_log_prob, log_prob, advantages, response_mask, cliprange_low, cliprange_high,
+                       clip_cov_ratio, clip_cov_lb, clip_cov_ub):  # fmt: skip
+    negative_approx_kl = log_prob - old_log_prob
+    ratio = torch.exp(negative_approx_kl)
+    pg_losses1 = -advantages * ratio
+    corr = torch.ones_like(advantages)
+    pg_losses2 = -advantages * torch.clamp(ratio, 1 - cliprange_low, 1 + cliprange_high)
+    clip_by_origin = (pg_losses2 > pg_losses1) & (response_mask > 0)
+    cov_all = (advantages - verl_masked_mean(advantages, response_mask)) * (
+        log_prob - verl_masked_mean(log_prob.detach(), response_mask)
+    )
+    cov_all[response_mask == 0] = -torch.inf
+    cov_all[clip_by_origin] = -torch.inf
+    clip_num = max(int(clip_cov_ratio * response_mask.sum().item()), 1)
+    top_k_idx = (cov_all < clip_cov_ub) & (cov_all > clip_cov_lb) & (response_mask > 0)
+    top_k_idx = torch.nonzero(top_k_idx)
+    if len(top_k_idx) > 0:
+        perm = torch.randperm(len(top_k_idx))
+        top_k_idx = top_k_idx[perm[: min(clip_num, len(top_k_idx))]]
+    else:
+        top_k_idx = torch.empty((0, 2), device=cov_all.device, dtype=torch.long)
+    corr[top_k_idx[:, 0], top_k_idx[:, 1]] = 0
+    pg_losses = torch.maximum(pg_losses1, pg_losses2) * corr
+    return (pg_losses * response_mask).sum() / response_mask.sum()
+
+
+def verl_kl_cov_loss(old_log_prob, log_prob, advantages, response_mask, kl_cov_ratio, ppo_kl_coef):
+    negative_approx_kl = log_prob - old_log_prob
+    abs_kl = negative_approx_kl.abs()
+    ratio = torch.exp(negative_approx_kl)
+    pg_losses1 = -advantages * ratio
+    pg_losses_kl = -advantages * ratio + ppo_kl_coef * abs_kl
+    pg_losses = pg_losses1
+    all_valid = response_mask > 0
+    all_valid_idx = torch.nonzero(all_valid.reshape(-1), as_tuple=True)[0]
+    all_valid_adv = advantages[all_valid].detach().reshape(-1).cpu()
+    all_valid_logp = log_prob[all_valid].detach().reshape(-1).cpu()
+    k = min(kl_cov_ratio, len(all_valid_adv))
+    if k != 0:
+        cov_lst_all = (all_valid_adv - all_valid_adv.mean()) * (all_valid_logp - all_valid_logp.mean())
+        k_percent_nums = max(1, int(len(cov_lst_all) * kl_cov_ratio))
+        large_cov_idxs = torch.topk(cov_lst_all, k_percent_nums, largest=True).indices
+        if len(large_cov_idxs) != 0:
+            large_cov_idxs = all_valid_idx[large_cov_idxs]
+            rows, cols = large_cov_idxs // advantages.shape[1], large_cov_idxs % advantages.shape[1]
+            pg_losses[rows, cols] = pg_losses_kl[rows, cols]
+    return (pg_losses * response_mask).sum() / response_mask.sum()
+
+
+def verl_grpo_passk(scores, index, epsilon=1e-6, norm_adv_by_std_in_grpo=True):
+    """compute_grpo_passk_outcome_advantage on outcome scores ``[bs]`` (the token-level rewards summed), ``index``
+    the group of each row; returns the ``[bs]`` advantages (verl broadcasts them over the response mask)."""
+    from collections import defaultdict
+
+    advantages = torch.zeros_like(scores)
+    id2scores, id2indices = defaultdict(list), defaultdict(list)
+    with torch.no_grad():
+        for i in range(scores.shape[0]):
+            id2scores[index[i]].append(scores[i])
+            id2indices[index[i]].append(i)
+        for idx in id2scores:
+            rewards = torch.stack(id2scores[idx])
+            topk, topk_idx = torch.topk(rewards, 2)
+            r_max, r_second_max = topk[0], topk[1]
+            i_max = id2indices[idx][topk_idx[0].item()]
+            advantage = r_max - r_second_max
+            if norm_adv_by_std_in_grpo:
+                std = torch.std(rewards)
+                advantage = advantage / (std + epsilon)
+            advantages[i_max] = advantage
+    return advantages
