@@ -137,7 +137,7 @@ def test_commands(capsys):
     assert code == 2 and lines[:3] == [
         "error: 'fitt' is not a command",
         "  did you mean 'fit'?",
-        "  valid: fit, validate, predict",
+        "  valid: fit, validate, predict, eval",
     ]
     code, lines = run(capsys, "test", "--config", SORT)
     assert code == 2 and "rlvr validate --config X --ckpt_path CKPT" in lines[0]
