@@ -162,3 +162,12 @@ def test_a_bad_eval_option_is_named_before_anything_is_built(capsys, monkeypatch
     monkeypatch.setattr(cli_main.RLVRCLI, "instantiate_classes", no_build)
     code, lines = run(capsys, "eval", "--config", SORT, *QUIET, *options)
     assert code == 2 and lines[0] == message and lines[1] == option
+
+
+def test_eval_of_the_last_checkpoint_of_a_run_that_has_none_fails(in_tmp_dir, capsys):
+    code, lines = run(capsys, "eval", "--config", SORT, *QUIET, "--ckpt_path", "last")
+    directory = in_tmp_dir / "runs" / "sort_grpo" / "checkpoints"
+    assert code == 2 and lines[0] == (
+        f"error: --ckpt_path last: {directory} holds no last.ckpt; name the run (--run_name) or the file, or leave "
+        "--ckpt_path out to evaluate the config's weights"
+    )

@@ -19,9 +19,11 @@ from typing import Any
 
 import lightning.pytorch as pl
 
+from rlvr_lightning.callbacks.run_checkpoints import earlier_checkpoints
 from rlvr_lightning.evaluation.report import EvalOptions, EvalRecorder, eval_report
 from rlvr_lightning.modules.options import ValidationConfig
 from rlvr_lightning.modules.policy_module import PolicyModule
+from rlvr_lightning.runtime.checkpoint_files import CheckpointNotFoundError
 
 
 class EvalTrainer(pl.Trainer):
@@ -44,6 +46,13 @@ class EvalTrainer(pl.Trainer):
         """
         if not isinstance(model, PolicyModule):
             raise ValueError(f"rlvr eval evaluates a policy module (RLVRModule, SFTModule, ...), not {type(model)}")
+        if str(ckpt_path) == "last" and not earlier_checkpoints(self.checkpoint_callbacks):
+            # Lightning would warn and evaluate the config's weights
+            directories = ", ".join(sorted({str(cb.dirpath) for cb in self.checkpoint_callbacks if cb.dirpath}))
+            raise CheckpointNotFoundError(
+                f"--ckpt_path last: {directories or 'the run'} holds no last.ckpt; name the run (--run_name) or "
+                "the file, or leave --ckpt_path out to evaluate the config's weights"
+            )
         samples, greedy = eval.decoding(model.validation.group_size, model.validation.greedy)
         model.validation = ValidationConfig(group_size=samples, greedy=greedy)
         if eval.temperature is not None:

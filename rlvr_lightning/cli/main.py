@@ -157,7 +157,8 @@ class RLVRCLI(LightningCLI):
         return {**commands, "eval": commands["validate"]}
 
     def parse_arguments(self, parser, args) -> None:
-        self.argv = list(sys.argv[1:] if args is None else args) if not isinstance(args, dict) else None
+        """Also keeps the command line, which `rlvr eval` reports (None when the arguments are a dict)."""
+        self.argv = list(sys.argv[1:]) if args is None else list(args) if isinstance(args, (list, tuple)) else None
         super().parse_arguments(parser, args)
 
     def eval(self, **kwargs) -> None:
