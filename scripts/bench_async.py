@@ -26,7 +26,6 @@ import csv
 import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -166,31 +165,21 @@ def cmd_steps(args) -> None:
 # ------------------------------------------------------------------ curves
 
 
-def heldout_accuracy(policy, config: Path, num: int) -> tuple[dict[str, float], float]:
-    """Greedy decoding of the recipe's first `num` held-out problems by `policy`: the rate each task reward
-    (the boxed answer, and the last number) calls correct; and the seconds it took."""
+def heldout_accuracy(cli, num: int) -> tuple[dict[str, float], float]:
+    """Greedy decoding of the run's first `num` held-out problems by its trained policy: the rate each task reward
+    of the run (the boxed answer, and the last number) calls correct; and the seconds it took. The task, rewards
+    and sampling options are the ones the run built (`rlvr eval` reports the first task reward's accuracy only)."""
     import dataclasses
 
     import torch
 
-    sys.path.insert(0, str(REPO / "scripts"))
-    from eval_arithmetic import _instantiate
-
     from rlvr_lightning.data.task import collate_examples
-    from rlvr_lightning.generation.sampling_config import SamplingConfig
-    from rlvr_lightning.rewards.base import RewardCallback
 
     started = time.perf_counter()
-    spec = yaml.safe_load(config.read_text())
-    rewards = [
-        cb
-        for cb in (_instantiate(s) for s in spec["trainer"]["callbacks"] if ".rewards." in s["class_path"])
-        if isinstance(cb, RewardCallback)
-    ]
-    rewards = [reward for reward in rewards if reward.kind == "task"]
-    task = _instantiate(spec["data"]["init_args"]["task"])
+    policy, task = cli.model.policy, cli.datamodule.task
+    rewards = [reward for reward in cli.model.reward_callbacks if reward.kind == "task"]
     examples = (task.val_examples() if hasattr(task, "val_examples") else list(task.val_dataset()))[:num]
-    sampling = dataclasses.replace(SamplingConfig(**spec["model"]["init_args"]["sampling"]), do_sample=False)
+    sampling = dataclasses.replace(cli.model.sampling, do_sample=False)
     correct = {reward.name: 0 for reward in rewards}
     with torch.no_grad():
         for start in range(0, len(examples), 50):
@@ -216,7 +205,7 @@ def cmd_curves(args) -> None:
             cli, clock = fit(config)
             wall = time.perf_counter() - started
             rows = step_rows(out, name)
-            heldout, eval_seconds = heldout_accuracy(cli.model.policy, config, args.num)
+            heldout, eval_seconds = heldout_accuracy(cli, args.num)
             last10 = {key: [row[key] for row in rows if key in row][-10:] for key in CURVES}
             result = {
                 "leg": LEGS[staleness],

@@ -38,7 +38,6 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "policies"))  # tiny_lm: the test suite's tiny model + tokenizer builder
 
 MB = 2**20
 LEGS = ("ddp", "fsdp2")
@@ -122,7 +121,7 @@ def _probe_class():
 
 def _policy(args, work: Path) -> dict:
     if args.model == "tiny":
-        from tiny_lm import save_tiny_tokenizer, tiny_llama_config
+        from rlvr_lightning.demos.tiny_lm import save_tiny_tokenizer, tiny_llama_config
 
         tokenizer = save_tiny_tokenizer(work / "tokenizer")
         return {

@@ -6,7 +6,6 @@ from __future__ import annotations
 import functools
 import resource
 import statistics
-import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -14,9 +13,6 @@ from pathlib import Path
 import torch
 
 from rlvr_lightning.runtime.timing import clock  # waits for the device's queued work before reading the time
-
-# tiny_lm: the test suite's tiny model + tokenizer builder
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "policies"))
 
 LR = 1e-5
 SECTIONS = ("generation", "reward", "logprob_forward", "backward", "optimizer")
@@ -117,8 +113,9 @@ class StepTimer:
 
 
 def make_tiny_model(directory: Path, seed: int = 0) -> Path:
-    from tiny_lm import bench_corpus, build_tiny_tokenizer
     from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rlvr_lightning.demos.tiny_lm import bench_corpus, build_tiny_tokenizer
 
     tokenizer = build_tiny_tokenizer(vocab_size=512, corpus=bench_corpus())
     config = AutoConfig.for_model(

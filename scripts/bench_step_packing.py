@@ -50,8 +50,7 @@ class _Module:
 
 def sample_natural_rollout(policy, case: dict, seed: int):
     """One rollout with EOS allowed, its EOS logit raised by `case["eos_bias"]` (uneven, natural lengths)."""
-    from tiny_lm import bias_tokens
-
+    from rlvr_lightning.demos.tiny_lm import bias_tokens
     from rlvr_lightning.rollout import Rollout
 
     sampling = SamplingConfig(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=case["new_tokens"])

@@ -13,24 +13,22 @@ r"""Evaluate a policy on the held-out problems of a recipe's task, and plot a ru
 (`/tmp/run` as in `scripts/train_smollm2_arithmetic.sh /tmp/run`, which logs to RUN_DIR/csv/version_0/ and puts
 the checkpoints, last.ckpt and final.ckpt, in RUN_DIR/csv/checkpoints/.)
 
-`eval` builds the policy, the task and the reward callbacks from the recipe YAML (so prompts,
-answer extraction and format check are the recipe's), optionally loads the policy weights of a
-Lightning checkpoint (a recipe whose policy starts from an earlier stage's checkpoint is evaluated
-untrained without `--ckpt`: pass that stage's checkpoint to evaluate it), and calls `HFPolicy.sample`
-directly on the task's validation examples. It reports `rlvr_lightning.evaluation.metrics.ValidationMetrics`
-(accuracy from the first `kind: task` reward, format rate from the first `kind: format` reward, pass@k
-and majority vote when `--samples` > 1, mean response length) for each decoding mode, plus wall time,
-as JSON.
+`eval` runs `rlvr eval` once per decoding mode on the recipe (so prompts, rewards, answer extraction and
+format check are the recipe's) with the policy weights of a Lightning checkpoint (`--ckpt`) or untrained; a
+recipe whose policy starts from an earlier stage's checkpoint is evaluated from its inner policy (untrained
+without `--ckpt`: pass that stage's checkpoint to evaluate it). It reports `rlvr eval`'s JSON per mode (accuracy
+from the first `kind: task` reward, format rate from the first `kind: format` reward, pass@k and maj@k when
+`--samples` > 1, mean response length; a tool-use recipe's `generation` statistics: `tool_use_rate`,
+`tool_calls/mean`, ...) plus wall time.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
-import importlib
 import json
 import os
-import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -38,128 +36,65 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import torch  # noqa: E402
 import yaml  # noqa: E402
 
 
-def _instantiate(spec):
-    """Objects from `class_path`/`init_args` specs, nested in dicts and lists (e.g. a policy's tools)."""
-    if isinstance(spec, list):
-        return [_instantiate(item) for item in spec]
-    if not (isinstance(spec, dict) and "class_path" in spec):
-        return spec
-    module_name, _, class_name = spec["class_path"].rpartition(".")
-    cls = getattr(importlib.import_module(module_name), class_name)
-    return cls(**{k: _instantiate(v) for k, v in (spec.get("init_args") or {}).items()})
+def policy_spec(config_path: str, no_tools: bool) -> dict:
+    """The recipe's policy, for `--model.init_args.policy`: the inner policy of a recipe whose policy starts
+    from an earlier stage's checkpoint (its weights come from --ckpt, or it is evaluated untrained), without its
+    tools with `no_tools` (the control of a tool-use recipe)."""
+    spec = yaml.safe_load(Path(config_path).read_text())["model"]["init_args"]["policy"]
+    if spec["class_path"].endswith("policy_from_checkpoint"):
+        spec = spec["init_args"]["policy"]
+    if no_tools:
+        spec = {**spec, "init_args": {**spec.get("init_args", {}), "tools": None}}  # null replaces, absent merges
+    return spec
 
 
-def build(config_path: str, ckpt: str | None, no_tools: bool = False):
-    from rlvr_lightning.generation.sampling_config import SamplingConfig
-    from rlvr_lightning.rewards.base import RewardCallback
-
-    config = yaml.safe_load(Path(config_path).read_text())
-    model_args = config["model"]["init_args"]
-    if no_tools:  # the same recipe with the policy's tools taken away (the control of a tool-use recipe)
-        model_args["policy"].get("init_args", {}).pop("tools", None)
-    policy_spec = model_args["policy"]
-    if policy_spec["class_path"].endswith("policy_from_checkpoint"):  # a later stage: its weights come from --ckpt
-        policy_spec = policy_spec["init_args"]["policy"]
-    policy = _instantiate(policy_spec)
-    if ckpt:
-        state = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
-        policy_state = {k.removeprefix("policy."): v for k, v in state.items() if k.startswith("policy.")}
-        missing, unexpected = policy.load_state_dict(policy_state, strict=False)
-        missing = [k for k in missing if not k.startswith("reference")]
-        if missing or unexpected:
-            raise RuntimeError(
-                f"checkpoint does not fit the policy: missing {missing[:5]}, unexpected {unexpected[:5]}"
-            )
-    policy.eval()
-    task = _instantiate(config["data"]["init_args"]["task"])
-    rewards = [
-        cb
-        for cb in (
-            _instantiate(spec) for spec in config["trainer"].get("callbacks", []) if "rewards" in spec["class_path"]
-        )
-        if isinstance(cb, RewardCallback)
+def eval_args(args, mode: str, output: Path, root: str) -> list[str]:
+    """The `rlvr eval` command line of one decoding mode: the first `--num` held-out problems in batches of at most
+    `--batch-size`."""
+    batch = max(size for size in range(1, min(args.batch_size, args.num) + 1) if args.num % size == 0)
+    argv = [
+        "eval", "--config", args.config, "--torch_threads", str(args.threads), "--seed_everything", str(args.seed),
+        "--model.init_args.policy", json.dumps(policy_spec(args.config, args.no_tools)),
+        "--data.init_args.val_batch_size", str(batch), "--trainer.limit_val_batches", str(args.num // batch),
+        "--trainer.logger", "false", "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", root,
+        "--eval.output", str(output),
+    ]  # fmt: skip
+    if args.ckpt:
+        argv += ["--ckpt_path", args.ckpt]
+    if args.max_new_tokens:
+        argv += ["--model.init_args.sampling.max_new_tokens", str(args.max_new_tokens)]
+    if mode == "greedy":
+        return argv + ["--eval.greedy", "true", "--eval.samples", "1"]
+    return argv + [
+        "--eval.greedy",
+        "false",
+        "--eval.samples",
+        str(args.samples),
+        "--eval.temperature",
+        str(args.temperature),
     ]
-    sampling = SamplingConfig(**(model_args.get("sampling") or {}))
-    return policy, task, rewards, sampling
-
-
-def evaluate(policy, examples, rewards, sampling, samples: int, batch_size: int) -> dict[str, float]:
-    from rlvr_lightning.data.task import collate_examples
-    from rlvr_lightning.evaluation.metrics import ValidationMetrics
-    from rlvr_lightning.rollout import TokenSource
-
-    metrics = ValidationMetrics(group_size=samples)
-    task_reward = next((r for r in rewards if r.kind == "task"), None)
-    format_reward = next((r for r in rewards if r.kind == "format"), None)
-    errors = 0
-    tool_rows = tool_calls = tool_errors = tool_users = 0.0
-    for start in range(0, len(examples), batch_size):
-        batch = collate_examples(examples[start : start + batch_size])
-        rollout = policy.sample(batch, samples, sampling)
-        stats = getattr(policy, "last_generation_stats", {})
-        if "tool_calls/mean" in stats:  # multi-turn rollouts: how the tools were used
-            tool_rows += rollout.num_rows
-            tool_calls += stats["tool_calls/mean"] * rollout.num_rows
-            tool_errors += stats["tool_errors"]
-            tool_users += float((rollout.response_source == TokenSource.TOOL).any(-1).sum())
-        correct = answers = format_ok = None
-        if task_reward is not None:
-            scores = task_reward(rollout)
-            correct = task_reward.is_correct(rollout, scores)
-            answers = task_reward.extract_answers(rollout)
-            errors += task_reward.pop_errors()
-        if format_reward is not None:
-            format_ok = format_reward.is_correct(rollout, format_reward(rollout))
-        metrics.update(rollout, correct, answers, format_ok)
-    out = {k: round(float(v), 4) for k, v in metrics.compute().items()}
-    out["reward_errors"] = errors
-    if tool_rows:
-        out["tool_use_rate"] = round(tool_users / tool_rows, 4)  # responses with at least one tool call
-        out["tool_calls_per_response"] = round(tool_calls / tool_rows, 4)
-        out["tool_errors_per_call"] = round(tool_errors / max(tool_calls, 1), 4)
-    return out
 
 
 def cmd_eval(args) -> None:
-    import dataclasses
+    from rlvr_lightning.cli.app import entry_point
 
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
     started = time.perf_counter()
-    policy, task, rewards, sampling = build(args.config, args.ckpt, args.no_tools)
-    if args.max_new_tokens:
-        sampling = dataclasses.replace(sampling, max_new_tokens=args.max_new_tokens)
-    examples = task.val_examples() if hasattr(task, "val_examples") else list(task.val_dataset())
-    examples = examples[: args.num]
-    report: dict = {
-        "config": args.config,
-        "ckpt": args.ckpt,
-        "no_tools": args.no_tools,
-        "problems": len(examples),
-        "max_new_tokens": sampling.max_new_tokens,
-        "samples": args.samples,
-    }
-    modes = {
-        "temperature": dataclasses.replace(sampling, temperature=args.temperature, do_sample=True),
-        "greedy": dataclasses.replace(sampling, do_sample=False),
-    }
-    for mode in args.modes:
-        t0 = time.perf_counter()
-        samples = args.samples if mode == "temperature" else 1
-        result = evaluate(policy, examples, rewards, modes[mode], samples, args.batch_size)
-        result["seconds"] = round(time.perf_counter() - t0, 1)
-        if mode == "temperature":
-            result["temperature"] = args.temperature
-        report[mode] = result
-        print(mode, json.dumps(result), flush=True)
-    for reward in rewards:
-        close = getattr(reward, "close", None)
-        if close:
-            close()
+    report: dict = {"config": args.config, "ckpt": args.ckpt, "no_tools": args.no_tools, "samples": args.samples}
+    with tempfile.TemporaryDirectory() as root:
+        for mode in args.modes:
+            t0 = time.perf_counter()
+            output = Path(root) / f"{mode}.json"
+            status = entry_point(eval_args(args, mode, output, root))
+            if status:
+                raise SystemExit(status)
+            result = json.loads(output.read_text())
+            result["seconds"] = round(time.perf_counter() - t0, 1)
+            report["problems"] = result["prompts"]
+            report[mode] = result
+            print(mode, json.dumps(result), flush=True)
     report["seconds_total"] = round(time.perf_counter() - started, 1)
     print(json.dumps(report, indent=2))
     if args.out:
@@ -254,7 +189,7 @@ def main(argv: list[str] | None = None) -> None:
     ev.add_argument("--temperature", type=float, default=1.0)
     ev.add_argument("--samples", type=int, default=1, help="samples per problem at temperature (pass@k, majority vote)")
     ev.add_argument("--max-new-tokens", type=int, default=None, help="default: the recipe's sampling.max_new_tokens")
-    ev.add_argument("--batch-size", type=int, default=50)
+    ev.add_argument("--batch-size", type=int, default=50, help="at most this many problems per batch")
     ev.add_argument("--threads", type=int, default=1)
     ev.add_argument("--seed", type=int, default=0)
     ev.add_argument("--out", default=None, help="write the JSON report here")
@@ -273,7 +208,6 @@ def main(argv: list[str] | None = None) -> None:
     pl.add_argument("--title", default="GRPO, SmolLM2-135M-Instruct, 2-digit addition, 2-core CPU")
     pl.set_defaults(fn=cmd_plot)
     args = parser.parse_args(argv)
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     args.fn(args)
 
 

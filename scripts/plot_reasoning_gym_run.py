@@ -1,16 +1,18 @@
 """A reasoning-gym run's figure: difficulty level and pass rate per dataset at every curriculum refresh, and the
-training accuracy per dataset; with `--before`/`--after` (metrics.csv of `rlvr validate` runs), a table of the
-held-out accuracy per dataset.
+training accuracy per dataset; with `--before`/`--after` (the JSON reports of `rlvr eval`, or metrics.csv of
+`rlvr validate` runs), a table of the held-out accuracy per dataset.
 
-    python scripts/plot_reasoning_gym_run.py runs/rg_smollm2/lightning_logs/version_0/metrics.csv \
-        --before runs/rg_smollm2_before/lightning_logs/version_0/metrics.csv \
-        --after runs/rg_smollm2_after/lightning_logs/version_0/metrics.csv --plot docs/reasoning_gym_smollm2.png
+    rlvr eval --config configs/reasoning_gym_smollm2.yaml --eval.output runs/rg_before.json
+    rlvr eval --config configs/reasoning_gym_smollm2.yaml --ckpt_path last --eval.output runs/rg_after.json
+    python scripts/plot_reasoning_gym_run.py runs/csv/version_0/metrics.csv \
+        --before runs/rg_before.json --after runs/rg_after.json --plot docs/reasoning_gym_smollm2.png
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import json
 import re
 from collections import defaultdict
 
@@ -36,6 +38,11 @@ def series(table: list[dict[str, str]], pattern: re.Pattern) -> dict[str, list[t
 
 
 def held_out(path: str) -> dict[str, float]:
+    """Each dataset's held-out accuracy: from an `rlvr eval` report (.json) or the last validation of a CSV log."""
+    if path.endswith(".json"):
+        report = json.loads(open(path).read())
+        pattern = re.compile(VAL_ACCURACY.pattern.removeprefix("val/"))
+        return {match.group(1): value for key, value in report.items() if (match := pattern.fullmatch(key))}
     return {name: points[-1][1] for name, points in series(rows(path), VAL_ACCURACY).items()}
 
 
@@ -77,8 +84,10 @@ def plot(table: list[dict[str, str]], out: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("metrics", help="the training run's metrics.csv (CSVLogger)")
-    parser.add_argument("--before", help="metrics.csv of `rlvr validate` before training")
-    parser.add_argument("--after", help="metrics.csv of `rlvr validate` on the trained checkpoint")
+    parser.add_argument(
+        "--before", help="before training: `rlvr eval`'s report (.json) or `rlvr validate`'s metrics.csv"
+    )
+    parser.add_argument("--after", help="the same of the trained checkpoint")
     parser.add_argument("--plot", help="write the figure here (PNG)")
     args = parser.parse_args()
     table = rows(args.metrics)

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Does sampling in bf16 hurt learning? Reward curves of fp32 and bf16 sampling (fp32 master weights and update in
-both) on the tiny-Llama "repeat the named digit" task of `tests/policies/learning_task.py`, over seeds.
+both) on the tiny-Llama "repeat the named digit" task of `rlvr_lightning/demos/named_digit.py`, over seeds.
 
 Both legs run GRPO through `rlvr fit` with `rollout_is: token_truncate` (an fp32 sampler's weights are ~1); the
 bf16 leg samples with `KVCacheGeneration(dtype: bfloat16)`. Legs alternate per seed (fp32, bf16, fp32, ...), one
@@ -15,15 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "policies"))
-from learning_task import fit, fit_config, greedy_accuracy, mean, save_word_tokenizer  # noqa: E402
+from rlvr_lightning.demos.named_digit import fit, fit_config, greedy_accuracy, mean, save_word_tokenizer
 
 LEGS = {
     "fp32": "float32",

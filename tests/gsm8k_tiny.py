@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import lightning.pytorch as pl
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "policies"))
-from tiny_lm import save_tiny_tokenizer, tiny_llama_config  # noqa: E402
-
-from rlvr_lightning.rewards.base import RewardCallback  # noqa: E402
+from rlvr_lightning.demos.tiny_lm import save_tiny_tokenizer, tiny_llama_config
+from rlvr_lightning.rewards.base import RewardCallback
 
 PROBLEMS = [(2, 3), (4, 5), (1, 1), (7, 2), (3, 3), (6, 1)]
 

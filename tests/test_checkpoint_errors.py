@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import errno
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -143,8 +142,7 @@ def test_a_missing_checkpoint_file_is_a_short_error(in_tmp_dir, capsys, command)
 
 
 def test_rlvr_export_misuse_is_a_short_error(in_tmp_dir, capsys):
-    sys.path.insert(0, str(Path(__file__).resolve().parent / "policies"))
-    from tiny_lm import save_tiny_tokenizer, tiny_llama_config
+    from rlvr_lightning.demos.tiny_lm import save_tiny_tokenizer, tiny_llama_config
 
     tokenizer = save_tiny_tokenizer(in_tmp_dir / "tokenizer")
     model = {"class_path": "rlvr_lightning.modules.RLVRModule", "init_args": {"policy": {}}}

@@ -130,7 +130,7 @@ def test_predict_writes_the_checkpoint_completions_and_validate_scores_them(in_t
 def test_there_is_no_test_command():
     from rlvr_lightning.cli.app import RLVRCLI
 
-    assert set(RLVRCLI.subcommands()) == {"fit", "validate", "predict"}
+    assert set(RLVRCLI.subcommands()) == {"fit", "validate", "predict", "eval"}
 
 
 def test_torch_runs_on_one_thread_unless_the_config_says_otherwise(in_tmp_dir):

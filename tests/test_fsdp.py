@@ -24,9 +24,9 @@ import torch
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
 sys.path.insert(0, str(TESTS))
-sys.path.insert(0, str(TESTS / "policies"))
 from fsdp_support import resume_config, write_config  # noqa: E402
-from tiny_lm import save_tiny_tokenizer  # noqa: E402
+
+from rlvr_lightning.demos.tiny_lm import save_tiny_tokenizer  # noqa: E402
 
 CASES = ["rl", "rl_lora", "sft", "ei", "ppo"]
 K, STEPS = 4, 8  # the resumed run is killed at the start of rollout step K (checkpoint of step K just written)

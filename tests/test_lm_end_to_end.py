@@ -9,18 +9,14 @@ skipped unless the model has been fetched (`rlvr-models fetch smollm2-135m-instr
 from __future__ import annotations
 
 import csv
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
 
-sys.path.insert(0, str(Path(__file__).parent / "policies"))
-
-from tiny_lm import build_tiny_tokenizer, tiny_llama_config  # noqa: E402
-
-from rlvr_lightning.cli.app import main  # noqa: E402
+from rlvr_lightning.cli.app import main
+from rlvr_lightning.demos.tiny_lm import build_tiny_tokenizer, tiny_llama_config
 
 ROOT = Path(__file__).resolve().parents[1]
 

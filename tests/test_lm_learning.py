@@ -1,6 +1,6 @@
 """The language-model path learns: `rlvr fit` with `HFPolicy` and our sampling loop on a tiny random Llama.
 
-The task (`tests/policies/learning_task.py`): repeat the digit the prompt names, 4 tokens; a random model
+The task (`rlvr_lightning/demos/named_digit.py`): repeat the digit the prompt names, 4 tokens; a random model
 earns ~0.05. GRPO must take the mean reward from <= 0.2 (first step) to >= 0.8 (last 5 steps) within 60 steps on
 two seeds and answer >= 80% of held-out prompts greedily; PPO, LoRA, asynchronous rollouts and bf16 sampling
 (alone, and asynchronous with LoRA) must gain at
@@ -12,18 +12,14 @@ then does not learn.
 from __future__ import annotations
 
 import dataclasses
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent / "policies"))
-
-from learning_task import fit, fit_config, greedy_accuracy, mean, save_word_tokenizer  # noqa: E402
-
-from rlvr_lightning.core.losses.policy_losses import PPOClip  # noqa: E402
-from rlvr_lightning.policies import hf_scoring  # noqa: E402
+from rlvr_lightning.core.losses.policy_losses import PPOClip
+from rlvr_lightning.demos.named_digit import fit, fit_config, greedy_accuracy, mean, save_word_tokenizer
+from rlvr_lightning.policies import hf_scoring
 
 START, END = 1, 5
 # our loop sampling from a bf16 copy of the fp32 weights

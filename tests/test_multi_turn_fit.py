@@ -13,11 +13,11 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).parent / "policies"))
 
-from scripted_lm import save_tool_tokenizer, script_weights, transitions  # noqa: E402
-from tiny_lm import tiny_llama_config  # noqa: E402
+from scripted_lm import save_tool_tokenizer, script_weights, transitions
 
+from rlvr_lightning.demos.tiny_lm import tiny_llama_config
 from rlvr_lightning.modules.options import AggregationConfig, UpdateConfig
-from rlvr_lightning.rollout import TokenSource  # noqa: E402
+from rlvr_lightning.rollout import TokenSource
 
 EXAMPLES = [{"prompt": "What is 2+3?", "answer": "5"}, {"prompt": "Say ab. What is 2+3?", "answer": "5"}]
 TOOLS = {

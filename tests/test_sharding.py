@@ -12,21 +12,20 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent / "policies"))
 sys.path.insert(0, str(Path(__file__).parent))
-from fsdp_support import PROMPTS, EvenTokenReward, evaluation_as_on_gpus  # noqa: E402
-from tiny_lm import save_tiny_tokenizer, tiny_llama_config  # noqa: E402
+from fsdp_support import PROMPTS, EvenTokenReward, evaluation_as_on_gpus
 
+from rlvr_lightning.demos.tiny_lm import save_tiny_tokenizer, tiny_llama_config
 from rlvr_lightning.modules.options import KLConfig, ValidationConfig, ValueConfig
-from rlvr_lightning.parallel import (  # noqa: E402
+from rlvr_lightning.parallel import (
     FSDP2Strategy,
     ShardingOptions,
     full_state_dict,
     gathered_params,
     transformer_blocks,
 )
-from rlvr_lightning.parallel.fsdp import data_parallel_mesh, network_root  # noqa: E402
-from rlvr_lightning.policies.toy_sort import ToySortPolicy  # noqa: E402
+from rlvr_lightning.parallel.fsdp import data_parallel_mesh, network_root
+from rlvr_lightning.policies.toy_sort import ToySortPolicy
 
 
 @pytest.fixture(scope="module")

@@ -3,19 +3,15 @@ asynchronous: a clock read right after queuing them measures the queuing). CUDA 
 
 from __future__ import annotations
 
-import sys
 import types
-from pathlib import Path
 
 import torch
 
+from rlvr_lightning.demos.tiny_lm import tiny_llama_config
 from rlvr_lightning.generation import loop as generation
 from rlvr_lightning.modules import rlvr as rlvr_module
 from rlvr_lightning.runtime import timing
 from rlvr_lightning.runtime.timing import clock, elapsed_seconds
-
-sys.path.insert(0, str(Path(__file__).parent / "policies"))
-from tiny_lm import tiny_llama_config  # noqa: E402
 
 
 def test_clock_waits_for_this_thread_s_stream_before_reading_the_time(monkeypatch):

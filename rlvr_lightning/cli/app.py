@@ -3,6 +3,7 @@
     rlvr fit --config configs/sort_grpo.yaml
     rlvr fit --config configs/sort_grpo.yaml --print_config
     rlvr validate --config configs/sort_grpo.yaml --ckpt_path runs/sort_grpo/checkpoints/last.ckpt
+    rlvr eval --config configs/sort_grpo.yaml --ckpt_path last --eval.output eval.json   # the same, as JSON
     rlvr predict --config configs/sort_grpo.yaml --ckpt_path last      # completions -> JSONL
 
 The module and data module are chosen with `class_path` (`RLVRModule`, `SFTModule`,
@@ -12,17 +13,19 @@ with `wandb sync`) plus a CSV log flushed every step, under `trainer.default_roo
 A configuration mistake prints a few lines (what, where, the valid choices) and exits with
 status 2; `--debug` or `RLVR_DEBUG=1` shows the full parser message and the traceback.
 
-Subcommands are `LightningCLI.subcommands()` (methods of the Trainer). A command that is not a
-Trainer method is a function `command(argv) -> int` in `EXTRA_COMMANDS`, dispatched before
-LightningCLI parses anything.
+Subcommands are `LightningCLI.subcommands()` (methods of the Trainer; `eval` is `EvalTrainer.eval`, in
+`cli/evaluate.py`). A command that is not a Trainer method is a function `command(argv) -> int` in
+`EXTRA_COMMANDS`, dispatched before LightningCLI parses anything.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import typing
 from collections.abc import Callable
+from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
@@ -40,6 +43,7 @@ from rlvr_lightning.callbacks.predictions import CompletionWriter
 from rlvr_lightning.callbacks.progress import ProgressLines, RewardProgressBar
 from rlvr_lightning.cli import errors as cli_errors
 from rlvr_lightning.cli.errors.run_errors import explain_export_error, explain_run_error
+from rlvr_lightning.cli.evaluate import EvalTrainer
 from rlvr_lightning.runtime.checkpoint_files import check_checkpoint_path
 from rlvr_lightning.runtime.hub import go_offline_if_unreachable
 from rlvr_lightning.runtime.option_domains import Range
@@ -76,17 +80,21 @@ OPTIONS_HELP = (
 DESCRIPTIONS = {
     "fit": "Train the module of the config. ",
     "validate": "Evaluate a checkpoint (--ckpt_path) on the held-out prompts with the validation metrics. ",
+    "eval": "Evaluate a checkpoint (--ckpt_path; without it, the config's weights) on the held-out prompts, greedy "
+    "or sampled (--eval.samples, --eval.greedy, --eval.temperature), and print accuracy, pass@k and maj@k as JSON "
+    "(--eval.output: also to a file). ",
     "predict": "Write completions for the held-out prompts to JSONL (--ckpt_path: the weights to use). ",
 }
 DESCRIPTION = (
-    "Reinforcement learning from verifiable rewards: train (fit), evaluate (validate) and sample (predict) "
+    "Reinforcement learning from verifiable rewards: train (fit), evaluate (validate; eval: as JSON) and sample "
+    "(predict) "
     "the run a YAML config describes; `rlvr export` writes a checkpoint as a Hugging Face directory. "
     "`rlvr fit --help` says how to list the options of the module and the "
     "data module; --debug (or RLVR_DEBUG=1) shows tracebacks of configuration mistakes."
 )
 REMOVED_COMMANDS = {
     "test": "rlvr has no `test`: no task has a test split apart from its held-out prompts; "
-    "`rlvr validate --config X --ckpt_path CKPT` evaluates a checkpoint on them",
+    "`rlvr validate --config X --ckpt_path CKPT` (or `rlvr eval`, which writes JSON) evaluates a checkpoint on them",
 }
 
 
@@ -145,7 +153,29 @@ EXTRA_COMMANDS: dict[str, Callable[[list[str]], int]] = {"export": _export, "ser
 class RLVRCLI(LightningCLI):
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
-        return {name: skip for name, skip in LightningCLI.subcommands().items() if name not in REMOVED_COMMANDS}
+        commands = {name: skip for name, skip in LightningCLI.subcommands().items() if name not in REMOVED_COMMANDS}
+        return {**commands, "eval": commands["validate"]}
+
+    def parse_arguments(self, parser, args) -> None:
+        """Also keeps the command line, which `rlvr eval` reports (None when the arguments are a dict)."""
+        self.argv = list(sys.argv[1:]) if args is None else list(args) if isinstance(args, (list, tuple)) else None
+        super().parse_arguments(parser, args)
+
+    def eval(self, **kwargs) -> None:
+        """`rlvr eval`: `EvalTrainer.eval`'s report with the command that produced it, printed as JSON (and written
+        to --eval.output)."""
+        report = self.trainer.eval(**kwargs)
+        configs = self._get(self.config, "config") or []
+        command = None if self.argv is None else ["rlvr", *self.argv]
+        report.update(config=[str(path) for path in configs], command=command)
+        if not self.trainer.is_global_zero:
+            return
+        text = json.dumps(report, indent=2)
+        print(text)
+        output = kwargs["eval"].output
+        if output:
+            Path(output).parent.mkdir(parents=True, exist_ok=True)
+            Path(output).write_text(text + "\n")
 
     def setup_parser(self, add_subcommands: bool, main_kwargs: dict, subparser_kwargs: dict) -> None:
         super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
@@ -174,6 +204,8 @@ class RLVRCLI(LightningCLI):
         config = self.config.get(str(self.subcommand), self.config) if self.subcommand else self.config
         quiet_third_party()
         cli_errors.check_options_early(config.as_dict(), {"torch_threads": TORCH_THREADS_RANGE})  # before any model
+        if self.subcommand == "eval":
+            cli_errors.check_eval_options(config.as_dict())
         threads = config.get("torch_threads")
         if threads:
             torch.set_num_threads(threads)
@@ -245,6 +277,7 @@ def _cli_kwargs(args: list[str] | None, run: bool, exit_on_error: bool = True) -
         }
     return dict(
         model_class=pl.LightningModule,  # RLVRModule, SFTModule, ExpertIterationModule, ... chosen by class_path
+        trainer_class=EvalTrainer,  # Lightning's Trainer with `eval`
         datamodule_class=pl.LightningDataModule,
         subclass_mode_model=True,
         subclass_mode_data=True,

@@ -96,7 +96,7 @@ class RLVRModule(PolicyModule):
             sampling: how responses are sampled (temperature, max_new_tokens, ...); log-probs use its temperature.
             loss: the per-token policy loss: pg | ratio | ppo_clip | gspo | cispo | sapo | luspo | vespo | clip_cov |
                 kl_cov | high_entropy (the built-in with its defaults), or a PolicyLoss by class_path and init_args
-                (e.g. rlvr_lightning.core.losses.policy_losses.PPOClip).
+                (e.g. rlvr_lightning.core.PPOClip).
             aggregation: how token losses become the back-propagated scalar (mode, constant, count_empty_rows).
             kl: the KL penalty to a reference (coef, estimator, mode, clamp, refresh_every, mixup_alpha).
             entropy_coef: weight of the entropy bonus subtracted from the per-token loss.

@@ -24,7 +24,8 @@ observations included, fits in `sampling.max_new_tokens` (the total token budget
 ("error: ...") and counts in `tool_errors`; it never stops the run. Tools run one after the other in the
 training process; each bounds its own time (the Python tool's sandbox time-out).
 
-Metrics (`train/generation/...`): `tool_calls/mean` (per response), `tool_errors` (per step),
+Metrics (`train/generation/...`): `tool_calls/mean` (per response), `tool_use_rate` (the share of responses with
+at least one call run), `tool_errors` (per step),
 `tool_seconds` (per step), `tool_calls_truncated` (calls not run for lack of turns), and the driver's
 `turns/mean`, `turns/max`.
 """
@@ -120,6 +121,7 @@ class ToolUse(SegmentRule):
         total = lambda key: float(sum(row.notes[key] for row in rows))  # noqa: E731
         return {
             "tool_calls/mean": total("tool_calls") / max(len(rows), 1),
+            "tool_use_rate": sum(row.notes["tool_calls"] > 0 for row in rows) / max(len(rows), 1),
             "tool_errors": total("tool_errors"),
             "tool_seconds": total("tool_seconds"),
             "tool_calls_truncated": total("tool_calls_truncated"),

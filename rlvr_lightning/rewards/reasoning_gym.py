@@ -138,6 +138,8 @@ class ReasoningGymReward(RewardCallback):
                 metrics[f"{prefix}/{self.name}/{dataset}/accuracy"] = correct / rows
         if metrics:
             log_to_loggers(trainer, metrics, trainer.fit_loop.epoch_loop._batches_that_stepped)
+            # for callbacks and `rlvr eval`, which read the validation's metrics there
+            trainer.callback_metrics.update({name: torch.tensor(value) for name, value in metrics.items()})
 
     @staticmethod
     def _datasets(trainer) -> set[str]:

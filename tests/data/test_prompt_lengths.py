@@ -20,8 +20,8 @@ pytest.importorskip("transformers")
 
 @pytest.fixture(scope="module")
 def policy(tmp_path_factory):
+    from rlvr_lightning.demos.tiny_lm import save_tiny_tokenizer, tiny_llama_config
     from rlvr_lightning.policies.hf import HFPolicy
-    from tests.policies.tiny_lm import save_tiny_tokenizer, tiny_llama_config
 
     tokenizer = save_tiny_tokenizer(tmp_path_factory.mktemp("tok"))
     torch.manual_seed(0)

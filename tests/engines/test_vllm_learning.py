@@ -1,12 +1,12 @@
 """The language-model path learns with the vLLM engine sampling: `rlvr fit` on the task of
-`tests/policies/learning_task.py` (repeat the named digit) with `VLLMGeneration`, as `tests/test_lm_learning.py`
+`rlvr_lightning/demos/named_digit.py` (repeat the named digit) with `VLLMGeneration`, as `tests/test_lm_learning.py`
 checks it with our loop. An engine that never receives the trained weights must not learn."""
 
 from __future__ import annotations
 
 import pytest
-from learning_task import fit, fit_config, greedy_accuracy, mean, model_config, save_word_tokenizer
 
+from rlvr_lightning.demos.named_digit import fit, fit_config, greedy_accuracy, mean, model_config, save_word_tokenizer
 from rlvr_lightning.generation.vllm_engine import VLLMGeneration
 
 START, END = 1, 5  # steps averaged at the start (the untrained model's samples) and at the end of a run

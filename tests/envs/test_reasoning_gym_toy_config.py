@@ -42,6 +42,31 @@ def test_the_toy_config_trains_with_per_dataset_metrics_and_the_curriculum(tmp_p
     assert cli.datamodule.state_dict()["task"]["levels"].keys() == set(DATASETS)
 
 
+def test_eval_reports_each_dataset_s_held_out_accuracy(tmp_path, monkeypatch):
+    import json
+
+    monkeypatch.chdir(ROOT)
+    output = tmp_path / "eval.json"
+    main(
+        [
+            "eval",
+            "--config",
+            str(ROOT / "configs" / "reasoning_gym_toy.yaml"),
+            "--trainer.enable_progress_bar=false",
+            "--trainer.logger=false",
+            f"--trainer.default_root_dir={tmp_path}",
+            "--data.init_args.task.init_args.num_val=12",
+            "--trainer.limit_val_batches=3",
+            f"--eval.output={output}",
+        ]
+    )
+    report = json.loads(output.read_text())
+    accuracies = [report[f"reasoning_gym/{name}/accuracy"] for name in DATASETS]
+    assert report["prompts"] == 24 and all(0 <= value <= 1 for value in accuracies)
+    # the recipe's task reward is the reasoning-gym reward: its accuracy is the datasets' accuracies, weighted
+    assert min(accuracies) <= report["accuracy"] <= max(accuracies)
+
+
 def _smollm2_fetched() -> bool:
     from rlvr_lightning.runtime.model_cache import is_fetched
 

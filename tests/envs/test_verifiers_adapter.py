@@ -11,6 +11,7 @@ import torch
 
 from rlvr_lightning.data.task import collate_examples  # noqa: I001
 from rlvr_lightning.data.verifiers_task import VerifiersTask
+from rlvr_lightning.demos.tiny_lm import save_tiny_tokenizer, tiny_llama_config
 from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.multiturn.verifiers_turns import VerifiersTurns
 from rlvr_lightning.rewards.verifiers_rubric import VerifiersRubricReward
@@ -18,7 +19,6 @@ from rlvr_lightning.rollout import Rollout, TokenSource
 from rlvr_lightning.runtime.vf_environments import load_environment, new_state, normalize, run
 from tests.envs import vf_envs  # noqa: F401  (skips the module without verifiers)
 from tests.policies.planned_backend import PlannedBackend
-from tests.policies.tiny_lm import save_tiny_tokenizer, tiny_llama_config
 
 SINGLE, MULTI = "tests.envs.vf_envs:single_turn", "tests.envs.vf_envs:multi_turn"
 

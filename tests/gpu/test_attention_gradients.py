@@ -14,8 +14,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 def padded_scoring_gradients(tmp_path, device: str) -> list[torch.Tensor]:
     """The gradients of the summed log-probs of a left-padded rollout scored over 192 positions, bf16 autocast."""
-    from tiny_lm import save_tiny_tokenizer, tiny_llama_config
-
+    from rlvr_lightning.demos.tiny_lm import save_tiny_tokenizer, tiny_llama_config
     from rlvr_lightning.generation.sampling_config import SamplingConfig
     from rlvr_lightning.policies.hf import HFPolicy
 

@@ -97,9 +97,9 @@ def test_decoding_synchronises_the_host_at_most_once_per_step():
     (transformers' mask checks), as in tests/policies/test_host_syncs.py's CPU count. A generation also
     synchronises a few times outside its loop (on an H100: 3 beside 24 decoding steps), so the count is
     compared between two lengths: each further decoding step adds at most one."""
-    from tiny_lm import tiny_llama_config
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from rlvr_lightning.demos.tiny_lm import tiny_llama_config
     from rlvr_lightning.generation.loop import generate, left_pad
 
     torch.manual_seed(0)
@@ -139,8 +139,7 @@ IMPLEMENTATIONS = ["eager", "sdpa"] + (["flash_attention_2"] if importlib.util.f
 def test_every_attention_kernel_scores_the_same(dtype, tmp_path):
     """One rollout (uneven prompts and responses) scored by the same weights with each kernel, in fp32 and
     under bf16 autocast (bf16-mixed training); flash-attention only under bf16, where it is installed."""
-    from tiny_lm import save_tiny_tokenizer, tiny_llama_config
-
+    from rlvr_lightning.demos.tiny_lm import save_tiny_tokenizer, tiny_llama_config
     from rlvr_lightning.generation.sampling_config import SamplingConfig
     from rlvr_lightning.policies.hf import HFPolicy
 

@@ -12,8 +12,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 def lean_and_plain_results(tmp_path, device: str, dtype: torch.dtype, packed: bool):
     """Log-probs, entropies and gradients of the plain and the lean policy on one sampled rollout."""
-    from tiny_lm import save_tiny_tokenizer, tiny_llama_config
-
+    from rlvr_lightning.demos.tiny_lm import save_tiny_tokenizer, tiny_llama_config
     from rlvr_lightning.generation.sampling_config import SamplingConfig
     from rlvr_lightning.policies.hf import HFPolicy
 

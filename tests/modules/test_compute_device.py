@@ -6,24 +6,20 @@ while the strategy (and every forward) computes on the CPU."""
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import lightning.pytorch as pl
 import pytest
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "policies"))
-from tiny_lm import save_tiny_tokenizer, tiny_llama_config  # noqa: E402
-
+from rlvr_lightning.demos.tiny_lm import save_tiny_tokenizer, tiny_llama_config
 from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.modules.options import UpdateConfig
-from rlvr_lightning.policies.toy_sort import ToySortPolicy  # noqa: E402
-from rlvr_lightning.rewards import RewardCallback  # noqa: E402
+from rlvr_lightning.policies.toy_sort import ToySortPolicy
+from rlvr_lightning.rewards import RewardCallback
 from rlvr_lightning.runtime.devices import (
     compute_device,
-    set_compute_device,  # noqa: E402
+    set_compute_device,
 )
 
 

@@ -144,12 +144,8 @@ def test_a_teacher_with_another_tokenizer_is_refused_when_the_module_is_built():
 
 
 def tiny_lm(directory, vocab_size=320, **options):
-    import sys
-    from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "policies"))
-    from tiny_lm import save_tiny_tokenizer, tiny_llama_config
-
+    from rlvr_lightning.demos.tiny_lm import save_tiny_tokenizer, tiny_llama_config
     from rlvr_lightning.policies.hf import HFPolicy
 
     tokenizer = save_tiny_tokenizer(directory / str(vocab_size), vocab_size=vocab_size)

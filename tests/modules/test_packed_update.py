@@ -71,8 +71,8 @@ class _Module:
 
 @pytest.fixture(scope="module")
 def models(tokenizer_dir):
+    from rlvr_lightning.demos.tiny_lm import tiny_llama_config
     from rlvr_lightning.policies.hf import HFPolicy
-    from tests.policies.tiny_lm import tiny_llama_config
 
     def make(seed):
         torch.manual_seed(seed)
@@ -90,7 +90,7 @@ def models(tokenizer_dir):
 
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory):
-    from tests.policies.tiny_lm import save_tiny_tokenizer
+    from rlvr_lightning.demos.tiny_lm import save_tiny_tokenizer
 
     return save_tiny_tokenizer(tmp_path_factory.mktemp("tok"))
 

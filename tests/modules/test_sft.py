@@ -62,8 +62,7 @@ def test_pair_rollout_rejects_a_response_the_toy_policy_cannot_score():
 
 
 def test_text_pairs_train_on_response_tokens_only(tokenizer_dir):
-    from tiny_lm import tiny_llama_config
-
+    from rlvr_lightning.demos.tiny_lm import tiny_llama_config
     from rlvr_lightning.policies.hf import HFPolicy
 
     torch.manual_seed(0)
@@ -90,8 +89,7 @@ def test_text_pairs_train_on_response_tokens_only(tokenizer_dir):
 
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "policies"))
-    from tiny_lm import save_tiny_tokenizer
+    from rlvr_lightning.demos.tiny_lm import save_tiny_tokenizer
 
     return save_tiny_tokenizer(tmp_path_factory.mktemp("tiny_tokenizer"))
 

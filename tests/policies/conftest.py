@@ -11,7 +11,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).parent))
 
-from tiny_lm import save_tiny_tokenizer, tiny_llama_config  # noqa: E402
+from rlvr_lightning.demos.tiny_lm import save_tiny_tokenizer, tiny_llama_config
 
 
 @pytest.fixture(autouse=True)

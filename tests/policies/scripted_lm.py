@@ -13,7 +13,8 @@ from itertools import pairwise
 from pathlib import Path
 
 import torch
-from tiny_lm import build_tiny_tokenizer
+
+from rlvr_lightning.demos.tiny_lm import build_tiny_tokenizer
 
 TAGS = ["<calculator>", "</calculator>", "<result>", "</result>", "<think>", "</think>"]
 

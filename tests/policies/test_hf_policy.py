@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_lm import EOS, bias_tokens, masked_max_diff, tiny_llama_config
 
+from rlvr_lightning.demos.tiny_lm import EOS, bias_tokens, tiny_llama_config
 from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.policies.hf import AdapterReference, HFPolicy
+from tests.policies.comparisons import masked_max_diff
 
 PROMPTS = ["What is 2+3?", "Hi", "Think step by step, then answer: what is the sum of 7 and 12?"]
 
@@ -330,7 +331,7 @@ def test_prompt_longer_than_context(make_policy):
 
 
 def test_tokenizer_without_pad_token_uses_eos(tmp_path):
-    from tiny_lm import save_tiny_tokenizer
+    from rlvr_lightning.demos.tiny_lm import save_tiny_tokenizer
 
     tokenizer_dir = save_tiny_tokenizer(tmp_path / "nopad", with_pad=False)
     with pytest.warns(UserWarning, match="no pad token"):
@@ -344,7 +345,7 @@ def test_tokenizer_without_pad_token_uses_eos(tmp_path):
 
 
 def test_chat_template_required_for_chat_prompts(tmp_path):
-    from tiny_lm import save_tiny_tokenizer
+    from rlvr_lightning.demos.tiny_lm import save_tiny_tokenizer
 
     tokenizer_dir = save_tiny_tokenizer(tmp_path / "nochat", chat_template=False)
     policy = HFPolicy(config=tiny_llama_config(), tokenizer_name_or_path=str(tokenizer_dir))

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_lm import EOS, bias_tokens, masked_max_diff, tiny_llama_config
 
+from rlvr_lightning.demos.tiny_lm import EOS, bias_tokens, tiny_llama_config
 from rlvr_lightning.generation.sampling_config import SamplingConfig
+from tests.policies.comparisons import masked_max_diff
 
 PROMPTS = ["What is 2+3?", "Hi", "Think step by step, then answer: what is the sum of 7 and 12?"]
 

@@ -8,9 +8,9 @@ import collections
 
 import pytest
 import torch
-from tiny_lm import tiny_llama_config
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from rlvr_lightning.demos.tiny_lm import tiny_llama_config
 from rlvr_lightning.generation import loop as generation
 from rlvr_lightning.generation.loop import generate, left_pad
 from rlvr_lightning.generation.output import StopStringChecker

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 from scripted_lm import script_weights, transitions
-from tiny_lm import tiny_llama_config
 
+from rlvr_lightning.demos.tiny_lm import tiny_llama_config
 from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.multiturn.tool_use import ToolUse
 from rlvr_lightning.rollout import TokenSource

@@ -25,8 +25,8 @@ from sampling_distribution import (
     policy_sample,
     reference_sample,
 )
-from tiny_lm import tiny_llama_config
 
+from rlvr_lightning.demos.tiny_lm import tiny_llama_config
 from rlvr_lightning.generation import kv_cache
 from rlvr_lightning.generation import loop as generation
 

@@ -68,6 +68,12 @@ def test_observation_is_inserted_masked_and_continued_from(tool_tokenizer):
     assert out.stats["rounds"] == 2.0
 
 
+def test_the_tool_use_rate_is_the_share_of_responses_that_called_a_tool(tool_tokenizer):
+    plan = lambda context: "hi<eos>" if "2+3" not in context else calculator_plan(context)  # noqa: E731
+    out, _, _ = run(tool_tokenizer, plan, [ToolUse([Calculator()])], prompts=("What is 2+3?", "Say hi."), n=2)
+    assert out.stats["tool_use_rate"] == 0.5 and out.stats["tool_calls/mean"] == 0.5  # 2 of 4 rows, one call each
+
+
 def test_the_token_budget_counts_and_cuts_observations(tool_tokenizer):
     tok = tool_tokenizer
     call = enc(tok, "<calculator>2+3</calculator>")

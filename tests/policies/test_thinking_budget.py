@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 from scripted_lm import script_weights, transitions
-from tiny_lm import bias_tokens, tiny_llama_config
 
+from rlvr_lightning.demos.tiny_lm import bias_tokens, tiny_llama_config
 from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.multiturn.thinking_budget import ThinkingBudget
 from rlvr_lightning.rollout import TokenSource

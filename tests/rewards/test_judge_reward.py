@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch import nn
 
+from rlvr_lightning.demos.tiny_lm import EOS, bias_tokens, save_tiny_tokenizer, tiny_llama_config
 from rlvr_lightning.policies.base import Policy
 from rlvr_lightning.rewards.judge import GenerativeJudgeReward, parse_score
 from rlvr_lightning.rewards.judge_prompt import (
@@ -14,7 +15,6 @@ from rlvr_lightning.rewards.judge_prompt import (
     special_token_strings,
     template_fields,
 )
-from tests.policies.tiny_lm import EOS, bias_tokens, save_tiny_tokenizer, tiny_llama_config
 from tests.rewards.test_math_reward import ScriptedTextPolicy, make_rollout, run_trainer
 
 YES_NO = {"yes": 1.0, "no": 0.0}

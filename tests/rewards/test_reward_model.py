@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rlvr_lightning.demos.tiny_lm import EOS, save_tiny_tokenizer, tiny_llama_config
 from rlvr_lightning.rewards.reward_model import SequenceClassifierReward
-from tests.policies.tiny_lm import EOS, save_tiny_tokenizer, tiny_llama_config
 from tests.rewards.test_math_reward import make_rollout
 
 RESPONSES = ["The answer is 5.", "ab", "A verifiable reward checks the final answer.", "1 2 3", "stop", "x y"]

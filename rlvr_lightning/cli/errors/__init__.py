@@ -21,12 +21,13 @@ import os
 from argparse import ArgumentError
 
 from rlvr_lightning.cli.errors.build_errors import explain_build_error
-from rlvr_lightning.cli.errors.early_checks import check_options_early
+from rlvr_lightning.cli.errors.early_checks import check_eval_options, check_options_early
 from rlvr_lightning.cli.errors.parse_errors import explain_parse_error
 from rlvr_lightning.cli.errors.problem import ConfigProblem
 
 __all__ = [
     "ConfigProblem",
+    "check_eval_options",
     "check_options_early",
     "debug_requested",
     "explain_build_error",

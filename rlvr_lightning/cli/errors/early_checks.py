@@ -11,6 +11,7 @@ or a torch optimizer (`class_path`) before anything is built:
 * no NaN or infinite number anywhere in those sections.
 
 A value out of its domain raises `EarlyOptionError`, a ValueError that carries the option's full path.
+`check_eval_options` checks `rlvr eval`'s options (`--eval.*`) against each other and the config's validation.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from rlvr_lightning.cli.errors.problem import import_class
+from rlvr_lightning.evaluation.report import EvalOptions
+from rlvr_lightning.modules.options import ValidationConfig
 from rlvr_lightning.runtime.option_domains import NON_NEGATIVE, OptionValueError, Range, is_finite_number
 
 OPTIMIZER_RANGES = {"lr": NON_NEGATIVE, "weight_decay": NON_NEGATIVE, "eps": NON_NEGATIVE, "momentum": NON_NEGATIVE}
@@ -45,6 +48,21 @@ def check_options_early(config: Mapping[str, Any], top_level: Mapping[str, Range
     for key, value in config.items():
         section_class = value.get("class_path") if isinstance(value, dict) else None
         _walk(value, str(key), section_class if isinstance(section_class, str) else None)
+
+
+def check_eval_options(config: Mapping[str, Any]) -> None:
+    """Raise `EarlyOptionError` when `rlvr eval`'s options (the parsed config's `eval`) are out of their domains
+    or contradict each other or the config's `model.init_args.validation`."""
+    validation = ((config.get("model") or {}).get("init_args") or {}).get("validation") or {}
+    fields = {field.name for field in dataclasses.fields(ValidationConfig)}
+    try:
+        default = ValidationConfig(**{name: value for name, value in validation.items() if name in fields})
+        EvalOptions(**(config.get("eval") or {})).decoding(default.group_size, default.greedy)
+    except ValueError as error:
+        head = re.match(r"^((?:eval|validation)\.\w+)=", str(error))
+        option = head.group(1) if head else "eval"
+        option = option if option.startswith("eval") else f"model.init_args.{option}"
+        raise EarlyOptionError(str(error), option) from None
 
 
 def _walk(node: Any, path: str, section_class: str | None) -> None:

@@ -157,5 +157,5 @@ POLICY_LOSSES: dict[str, type[PolicyLoss]] = {
 
 def policy_loss(value: PolicyLoss | str, option: str = "loss") -> PolicyLoss:
     """``value`` itself, or the built-in loss a shorthand names (with its defaults)."""
-    example = "rlvr_lightning.core.losses.policy_losses.PPOClip, or a class of your own"
+    example = "rlvr_lightning.core.PPOClip, or a class of your own"
     return from_shorthand(value, PolicyLoss, POLICY_LOSSES, option, example)

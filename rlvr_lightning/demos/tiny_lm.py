@@ -1,7 +1,12 @@
 """A tiny random Llama and a byte-level BPE tokenizer trained on the spot: nothing is downloaded.
 
-tokenizer_dir = save_tiny_tokenizer(tmp_path / "tok")
-policy = HFPolicy(config=tiny_llama_config(), tokenizer_name_or_path=str(tokenizer_dir))
+    from rlvr_lightning.demos.tiny_lm import save_tiny_tokenizer, tiny_llama_config
+
+    tokenizer_dir = save_tiny_tokenizer(tmp_path / "tok")
+    policy = HFPolicy(config=tiny_llama_config(), tokenizer_name_or_path=str(tokenizer_dir))
+
+`bench_corpus` is a larger synthetic corpus (a ~500-token vocabulary for benchmarks); `bias_tokens` raises the
+logits of chosen tokens (a forward hook), to steer a random model towards them.
 """
 
 from __future__ import annotations
@@ -100,8 +105,3 @@ def bias_tokens(policy, token_ids, bias: float):
         return output
 
     return head.register_forward_hook(hook)
-
-
-def masked_max_diff(a, b, mask) -> float:
-    """The largest absolute difference of two tensors where `mask` is 1."""
-    return ((a - b).abs() * mask).max().item()

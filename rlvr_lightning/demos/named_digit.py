@@ -9,8 +9,9 @@ so every decoding step of the sampler counts, and the batches are left-padded.
     cli, curve = fit(config, tmp_path)        # `rlvr fit` in-process; curve.rewards: the mean reward per step
     greedy_accuracy(cli.model.policy)         # held-out prompts answered in full, greedily (curve.accuracy_at_start)
 
-Used by the learning tests of our sampling loop (`tests/test_lm_learning.py`) and of the vLLM engine
-(`tests/engines/test_vllm_learning.py`).
+`NamedDigitTask`'s validation set is those 50 held-out prompts (the configs of `fit_config` validate on none:
+`limit_val_batches: 0`). The learning tests of the sampling loops and `scripts/sampling_precision_curves.py`
+train on this task.
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 import yaml
-from tiny_lm import tiny_llama_config
 from torch import Tensor
 
 from rlvr_lightning.data.inline_task import InlineTask
+from rlvr_lightning.demos.tiny_lm import tiny_llama_config
 from rlvr_lightning.rewards.base import RewardCallback
 
 PAD, EOS = "<|pad|>", "<|endoftext|>"
@@ -67,11 +68,11 @@ VAL_EXAMPLES = [e for e in examples(400, seed=1) if e not in TRAIN_EXAMPLES][:50
 
 
 class NamedDigitTask(InlineTask):
-    """The training examples as a task, streamed in a seeded order (a config names it, not 200 examples:
-    the CLI's parser copies every value of a config many times)."""
+    """The training examples as a task, streamed in a seeded order, and the held-out ones as its validation set
+    (a config names it, not 250 examples: the CLI's parser copies every value of a config many times)."""
 
     def __init__(self, seed: int = 0) -> None:
-        super().__init__(TRAIN_EXAMPLES, seed=seed)
+        super().__init__(TRAIN_EXAMPLES, val_examples=VAL_EXAMPLES, seed=seed)
 
 
 class NamedDigitReward(RewardCallback):

@@ -1,0 +1,9 @@
+"""Tiny models, tokenizers and a task that tests, scripts and docs share; nothing is downloaded.
+
+* `tiny_lm`: a random 2-layer Llama's config (`tiny_llama_config`) and a byte-level BPE tokenizer trained on the
+  spot (`build_tiny_tokenizer`, `save_tiny_tokenizer`);
+* `named_digit`: "repeat the named digit", a task a tiny Llama learns in a few dozen GRPO steps, its reward, and
+  `rlvr fit` configs that train it.
+
+The top layer: it may use every other one, and nothing in the package imports it.
+"""
