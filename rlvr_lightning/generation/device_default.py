@@ -5,6 +5,9 @@ and its sampled tokens stay those of earlier releases."""
 
 from __future__ import annotations
 
+import torch
+from torch import nn
+
 from rlvr_lightning.generation.loop import KVCacheGeneration
 from rlvr_lightning.generation.output import GenerationOutput
 from rlvr_lightning.generation.sampling_precision import SamplingDtype
@@ -24,8 +27,12 @@ class DeviceDefaultGeneration(KVCacheGeneration):
         super().__init__(dtype)
         self._static = StaticCacheGeneration(dtype)
 
+    @staticmethod
+    def decodes_statically(device: torch.device, model: nn.Module) -> bool:
+        return device.type == "cuda" and static_cache_support(model) is None
+
     def _decode(self, model, prompt_ids, prompt_mask, n, sampling, **kwargs) -> GenerationOutput:
-        if prompt_ids.device.type == "cuda" and static_cache_support(model) is None:
+        if self.decodes_statically(prompt_ids.device, model):
             return self._static._decode(model, prompt_ids, prompt_mask, n, sampling, **kwargs)
         return super()._decode(model, prompt_ids, prompt_mask, n, sampling, **kwargs)
 

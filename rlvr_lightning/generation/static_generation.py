@@ -33,7 +33,13 @@ from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.generation.sampling_precision import SamplingDtype
 from rlvr_lightning.generation.static_cache import WorkspacePool, prefill, static_cache_support
 from rlvr_lightning.generation.static_decode import StepOptions, sample_step
-from rlvr_lightning.generation.step_capture import check_compile_mode, resolve_compile_mode, runnable_step
+from rlvr_lightning.generation.step_capture import (
+    CompileMode,
+    check_compile_mode,
+    resolve_compile_mode,
+    runnable_step,
+)
+from rlvr_lightning.runtime.option_domains import POSITIVE_INT, check_ranges
 from rlvr_lightning.runtime.stage_reports import report_tokens
 from rlvr_lightning.runtime.timing import elapsed_seconds
 
@@ -50,10 +56,11 @@ class StaticCacheGeneration(KVCacheGeneration):
             decoded past the last row's end). 1 reads every step, as the eager loop does.
     """
 
-    def __init__(self, dtype: SamplingDtype = "auto", compile: str = "auto", sync_every: int = 8) -> None:
+    OPTION_RANGES = {"sync_every": POSITIVE_INT}
+
+    def __init__(self, dtype: SamplingDtype = "auto", compile: CompileMode = "auto", sync_every: int = 8) -> None:
+        check_ranges(StaticCacheGeneration.OPTION_RANGES, locals())
         check_compile_mode(compile)
-        if isinstance(sync_every, bool) or not isinstance(sync_every, int) or sync_every < 1:
-            raise ValueError(f"StaticCacheGeneration sync_every={sync_every!r} is not valid; choose an integer >= 1")
         super().__init__(dtype)
         self.compile, self.sync_every = compile, sync_every
         self._workspaces = WorkspacePool()

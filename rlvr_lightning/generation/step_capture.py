@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import Literal
 
 import torch
 from torch import nn
@@ -27,6 +28,7 @@ from rlvr_lightning.generation.static_cache import DecodeWorkspace
 from rlvr_lightning.generation.static_decode import StepOptions, decode_step
 
 COMPILE_MODES = ("auto", "none", "aot_eager", "default", "reduce-overhead", "cuda-graph")
+CompileMode = Literal["auto", "none", "aot_eager", "default", "reduce-overhead", "cuda-graph"]
 # one compiled step per (row bucket, sampling options, model): more than dynamo's default of 8 in a long run
 RECOMPILE_LIMIT = 64
 

@@ -36,3 +36,22 @@ def make_policy(tokenizer_dir):
         return HFPolicy(config=config or tiny_llama_config(), **kwargs)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def tool_tokenizer_dir(tmp_path_factory) -> Path:
+    """The tiny tokenizer with `<think>`, `</think>` and the tool tags as added tokens."""
+    from scripted_lm import save_tool_tokenizer
+
+    return save_tool_tokenizer(tmp_path_factory.mktemp("tool_tokenizer"))
+
+
+@pytest.fixture
+def eager_without_compaction(monkeypatch):
+    """`KVCacheGeneration` keeps finished rows in the batch (`generate(compact=False)`), the random stream static
+    decoding reproduces."""
+    import functools
+
+    from rlvr_lightning.generation import loop
+
+    monkeypatch.setattr(loop, "generate", functools.partial(loop.generate, compact=False))
