@@ -267,7 +267,25 @@ def main(argv: list[str] | None = None) -> int:
     widths = [max(len(row[i]) for row in table) for i in range(len(COLUMNS))]
     for row in table:
         print("  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True)))
+    for line in best_lines(table[1:]):
+        print(line)
     return 0
+
+
+def best_lines(rows: list[list[str]]) -> list[str]:
+    """Per model and batch: the eager loop's ms/step beside the fastest static variant's."""
+    lines = []
+    for key in dict.fromkeys((row[0], row[1]) for row in rows):
+        group = {row[2]: float(row[3]) for row in rows if (row[0], row[1]) == key}
+        others = {name: ms for name, ms in group.items() if name != "eager"}
+        if "eager" in group and others:
+            name = min(others, key=others.get)
+            ratio = group["eager"] / others[name]
+            lines.append(
+                f"# best: {key[0]} {key[1]} rows: eager {group['eager']:.2f} ms/step, {name} {others[name]:.2f}"
+                f" ms/step ({ratio:.2f}x)"
+            )
+    return lines
 
 
 def describe(device: torch.device) -> str:

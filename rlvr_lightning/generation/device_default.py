@@ -29,7 +29,12 @@ class DeviceDefaultGeneration(KVCacheGeneration):
 
     @staticmethod
     def decodes_statically(device: torch.device, model: nn.Module) -> bool:
-        return device.type == "cuda" and static_cache_support(model) is None
+        """On a CUDA device, for a model with full-attention layers only that is not sharded (FSDP2 gathers its
+        weights into new storage for every rollout, which a captured graph would not follow)."""
+        from torch.distributed.fsdp import FSDPModule
+
+        sharded = any(isinstance(module, FSDPModule) for module in model.modules())
+        return device.type == "cuda" and not sharded and static_cache_support(model) is None
 
     def _decode(self, model, prompt_ids, prompt_mask, n, sampling, **kwargs) -> GenerationOutput:
         if self.decodes_statically(prompt_ids.device, model):

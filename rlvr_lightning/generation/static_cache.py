@@ -76,6 +76,10 @@ def prefill(model: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor) -> tuple:
     return returned_cache(out), out.logits[:, -1, :], positions
 
 
+def weight_addresses(model: nn.Module) -> list[int]:
+    return [tensor.data_ptr() for tensor in (*model.parameters(), *model.buffers())]
+
+
 def row_bucket(rows: int) -> int:
     """The workspace's rows for a batch of `rows`: the next power of two, so that a few graphs serve every batch."""
     return 1 << max(rows - 1, 0).bit_length()
@@ -113,6 +117,14 @@ class DecodeWorkspace:
         self.eos = zeros(0)
         self._mark_static()
         self.steps: dict = {}  # the runnable decoding step per (options, compile mode): `step_capture.py`
+        self._weight_addresses = weight_addresses(model)
+
+    def weights_moved(self, model: nn.Module) -> bool:
+        """Whether a parameter or buffer of `model` is stored elsewhere than when the steps were built (a copy
+        refreshed in place, an optimizer step keep their storage; moving the model, replacing a tensor do not)."""
+        now = weight_addresses(model)
+        moved, self._weight_addresses = now != self._weight_addresses, now
+        return moved
 
     def _mark_static(self) -> None:
         """Tell `torch.compile` the buffers keep their addresses: `reduce-overhead` then replays its graph on them

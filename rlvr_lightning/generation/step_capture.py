@@ -50,6 +50,8 @@ def runnable_step(ws: DecodeWorkspace, model: nn.Module, options: StepOptions, m
     """The workspace's decoding step for `options` in `mode`, built once per workspace and kept in it. A
     `cuda-graph` step is captured here, which runs the step on the workspace: load the workspace after this."""
     key = (options, mode)
+    if mode == "cuda-graph" and ws.weights_moved(model):
+        ws.steps.clear()  # a graph holds the addresses of the weights it read: capture again
     if key not in ws.steps:
         step = functools.partial(decode_step, ws, model, options)
         if mode == "none":
@@ -87,6 +89,6 @@ def captured_cuda_graph(step: Callable[[], None], warmup: int = 2) -> Callable[[
             step()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):  # other threads (the update) may run kernels
         step()
     return graph.replay

@@ -5,7 +5,9 @@ uniform at every step), the random stream static decoding reproduces (`generatio
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -14,6 +16,8 @@ from rlvr_lightning.generation.output import GenerationOutput, StopStringChecker
 from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.generation.static_cache import WorkspacePool
 from rlvr_lightning.generation.static_generation import static_generate
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "policies"))  # tiny_lm, also from tests/gpu
 
 PROMPTS = [[5, 6, 7, 8], [9, 10], [11, 12, 13]]  # uneven lengths: left padding
 EOS = [2, 3, 4, 5]  # 1 token in 16: rows end at different steps
@@ -54,8 +58,10 @@ def run_pair(
     mode: str = "none",
     pool: WorkspacePool | None = None,
     seed: int = 1,
+    device: str = "cpu",
 ) -> Pair:
     ids, mask = left_pad(prompts, pad_id=0)
+    ids, mask = ids.to(device), mask.to(device)
     stop = StopStringChecker(list(stop_strings), letters)
     torch.manual_seed(seed)
     with torch.no_grad():
@@ -76,7 +82,7 @@ def run_pair(
             min_new_tokens=sampling.min_new_tokens,
             max_new_tokens_per_prompt=caps,
         )
-    after_eager = torch.rand(4)
+    after_eager = torch.rand(4, device=device)
     torch.manual_seed(seed)
     with torch.no_grad():
         static = static_generate(
@@ -93,7 +99,7 @@ def run_pair(
             pad_token_id=0,
             max_new_tokens_per_prompt=caps,
         )
-    return Pair(eager, static, torch.equal(after_eager, torch.rand(4)))
+    return Pair(eager, static, torch.equal(after_eager, torch.rand(4, device=device)))
 
 
 def assert_same(pair: Pair, log_prob_tolerance: float = 1e-5) -> None:

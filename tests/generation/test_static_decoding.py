@@ -117,3 +117,16 @@ def test_steps_past_the_end_leave_no_trace_in_the_random_stream(llama):
     pair = run_pair(llama, SamplingConfig(max_new_tokens=64), stop_strings=("dd",), sync_every=7)
     assert_same(pair)
     assert pair.static.steps == 39 and pair.static.stats["host_reads"] == 6  # 42 steps decoded
+
+
+def test_a_workspace_notices_weights_stored_elsewhere(llama):
+    """A captured CUDA graph reads the weights at the addresses it was captured with: moved weights (a new
+    tensor, not an in-place update) make `runnable_step` capture again."""
+    pool = WorkspacePool()
+    assert_same(run_pair(llama, SamplingConfig(max_new_tokens=4), pool=pool))
+    ws = next(iter(pool._by_model.values()))[1][16]
+    with torch.no_grad():
+        llama.lm_head.weight.mul_(1.0)  # in place: the same storage
+        assert not ws.weights_moved(llama)
+        llama.lm_head.weight.data = llama.lm_head.weight.data.clone()
+    assert ws.weights_moved(llama) and not ws.weights_moved(llama)
