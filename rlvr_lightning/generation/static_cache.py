@@ -167,9 +167,10 @@ class DecodeWorkspace:
         self.alive[:used] = True
         self.caps.fill_(self.capacity)
         self.caps[:used].copy_(host_to_device(list(caps), self.device, torch.long))
-        if self.eos.shape != eos.shape:  # a new tokenizer's EOS ids: a new static buffer
+        if self.eos.shape != eos.shape:  # a new tokenizer's EOS ids: a new static buffer, and new steps to read it
             self.eos = eos.clone()
             torch._dynamo.mark_static_address(self.eos)
+            self.steps.clear()
         self.eos.copy_(eos)
         self.min_new_tokens.fill_(min_new_tokens)
 
