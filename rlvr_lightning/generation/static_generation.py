@@ -35,6 +35,7 @@ from rlvr_lightning.generation.static_cache import WorkspacePool, prefill, stati
 from rlvr_lightning.generation.static_decode import StepOptions, sample_step
 from rlvr_lightning.generation.step_capture import (
     CompileMode,
+    capture_pending,
     check_compile_mode,
     resolve_compile_mode,
     runnable_step,
@@ -155,7 +156,7 @@ def static_generate(
     with decoding_attention(model):
         first = ws.load(cache, logits, prompt_mask, positions, n)
         ws.start(used, caps, eos, sampling.min_new_tokens)
-        if max_new > 1 and mode == "cuda-graph" and (options, mode) not in ws.steps:
+        if max_new > 1 and capture_pending(ws, model, options, mode):
             runnable_step(ws, model, options, mode)  # captured after warm-up steps on the workspace: load it again
             first = ws.load(cache, logits, prompt_mask, positions, n)
             ws.start(used, caps, eos, sampling.min_new_tokens)

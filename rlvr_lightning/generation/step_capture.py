@@ -46,12 +46,20 @@ def resolve_compile_mode(mode: str, device: torch.device) -> str:
     return mode
 
 
+def capture_pending(ws: DecodeWorkspace, model: nn.Module, options: StepOptions, mode: str) -> bool:
+    """Whether `runnable_step` will capture a CUDA graph, which runs warm-up steps on the workspace (load it again
+    after). A graph holds the addresses of the weights it read: when they moved, the workspace's graphs go."""
+    if mode != "cuda-graph":
+        return False
+    if ws.weights_moved(model):
+        ws.steps.clear()
+    return (options, mode) not in ws.steps
+
+
 def runnable_step(ws: DecodeWorkspace, model: nn.Module, options: StepOptions, mode: str) -> Callable[[], None]:
-    """The workspace's decoding step for `options` in `mode`, built once per workspace and kept in it. A
-    `cuda-graph` step is captured here, which runs the step on the workspace: load the workspace after this."""
+    """The workspace's decoding step for `options` in `mode`, built once per workspace and kept in it (a `cuda-graph`
+    step is captured here: `capture_pending`)."""
     key = (options, mode)
-    if mode == "cuda-graph" and ws.weights_moved(model):
-        ws.steps.clear()  # a graph holds the addresses of the weights it read: capture again
     if key not in ws.steps:
         step = functools.partial(decode_step, ws, model, options)
         if mode == "none":

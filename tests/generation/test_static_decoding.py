@@ -130,3 +130,27 @@ def test_a_workspace_notices_weights_stored_elsewhere(llama):
         assert not ws.weights_moved(llama)
         llama.lm_head.weight.data = llama.lm_head.weight.data.clone()
     assert ws.weights_moved(llama) and not ws.weights_moved(llama)
+
+
+def test_a_graph_capture_runs_on_a_workspace_loaded_again_afterwards(llama, monkeypatch):
+    """`cuda-graph` on a CPU with a stand-in capture that runs the step twice (the warm-up) and returns it: the
+    warm-up steps leave no trace, and moved weights bring a new capture (and a new load)."""
+    from rlvr_lightning.generation import step_capture
+
+    captures = []
+
+    def stand_in(step, warmup=2):
+        captures.append(step)
+        for _ in range(warmup):
+            step()
+        return step
+
+    monkeypatch.setattr(step_capture, "captured_cuda_graph", stand_in)
+    pool, sampling = WorkspacePool(), SamplingConfig(max_new_tokens=16, min_new_tokens=2)
+    for seed in (1, 2):
+        assert_same(run_pair(llama, sampling, stop_strings=("dd",), mode="cuda-graph", pool=pool, seed=seed))
+    assert len(captures) == 1
+    with torch.no_grad():
+        llama.lm_head.weight.data = llama.lm_head.weight.data.clone()
+    assert_same(run_pair(llama, sampling, stop_strings=("dd",), mode="cuda-graph", pool=pool, seed=3))
+    assert len(captures) == 2
