@@ -12,7 +12,8 @@ Variants (`--variants`):
 * `cuda-graph`: the eager static step captured in a `torch.cuda.CUDAGraph`.
 
 Every row decodes `--new-tokens` tokens (EOS is excluded by `min_new_tokens`), so all variants run the same
-steps. Per (model, rows, variant) it prints the decoding time per step (`ms/step`, the prefill left out) and the
+steps. After each variant's first generation, `--repeats` rounds run the variants in turn; per (model, rows,
+variant) it prints, for its median round, the decoding time per step (`ms/step`, the prefill left out) and the
 tokens per second; the bytes a step must read (the weights once, plus the keys and values it attends to: the
 grown cache for `eager`, the whole static cache for the others) over its time, and that as a fraction of the
 device's peak (`of peak`: a large device-to-device copy's rate, measured at the start); the first run's extra
@@ -196,22 +197,39 @@ class Case:
         return weights + slots * per_slot
 
 
-def measure(case: Case, variant: str, reference, peak: float) -> tuple[list[str], object]:
-    """The table's figures for one variant, and its (second) generation."""
-    started = clock(case.device)
-    case.decode(variant)  # compiles, captures, warms up
-    first = clock(case.device) - started
-    out = case.decode(variant)
-    seconds = out.seconds - (out.prefill_seconds or 0.0)
+def measure_case(case: Case, variants: list[str], repeats: int, peak: float) -> list[list[str]]:
+    """Each variant's first generation (compilation, capture, warm-up), then `repeats` rounds that run the
+    variants in turn (machine load falls on all alike); the figures of each variant's median round."""
+    first = {}
+    for variant in variants:
+        started = clock(case.device)
+        case.decode(variant)
+        first[variant] = clock(case.device) - started
+    runs: dict[str, list] = {variant: [] for variant in variants}
+    for _ in range(repeats):
+        for variant in variants:
+            runs[variant].append(case.decode(variant))
+    medians = {name: sorted(outs, key=decode_seconds)[len(outs) // 2] for name, outs in runs.items()}
+    reference = medians.get("eager")
+    return [figures(case, name, out, first[name], reference, peak) for name, out in medians.items()]
+
+
+def decode_seconds(out) -> float:
+    return out.seconds - (out.prefill_seconds or 0.0)
+
+
+def figures(case: Case, variant: str, out, first: float, reference, peak: float) -> list[str]:
+    seconds = decode_seconds(out)
     step_ms = 1000 * seconds / max(out.steps, 1)
     achieved = case.step_bytes(variant, out) / (step_ms / 1000)
     same, diff = "-", "-"
-    if reference is not None:
+    if reference is not None and variant != "eager":
         equal = (out.response_ids == reference.response_ids).all(-1)
         same = f"{int(equal.sum())} of {equal.numel()}"
         if equal.any():
             diff = f"{(out.log_probs - reference.log_probs)[equal].abs().max().item():.1e}"
     return [
+        variant,
         f"{step_ms:.2f}",
         f"{case.rows * out.steps / seconds:.0f}",
         f"{achieved / 1e9:.1f}",
@@ -220,7 +238,7 @@ def measure(case: Case, variant: str, reference, peak: float) -> tuple[list[str]
         case.syncs_per_step(variant),
         same,
         diff,
-    ], out
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -235,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sync-every", type=int, default=8)
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
     parser.add_argument("--threads", type=int, default=1, help="torch threads on a CPU")
+    parser.add_argument("--repeats", type=int, default=None, help="timed rounds (median); default 1 on CUDA, 3 on CPU")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     cuda = device.type == "cuda"
@@ -244,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         ["eager", "static", "compiled", "reduce-overhead", "cuda-graph"] if cuda else ["eager", "static", "aot_eager"]
     )
     args.new_tokens = args.new_tokens or (64 if cuda else 32)
+    args.repeats = args.repeats or (1 if cuda else 3)
     dtype = getattr(torch, args.dtype or ("bfloat16" if cuda else "float32"))
     if not cuda:
         torch.set_num_threads(args.threads)
@@ -251,17 +271,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# {datetime.datetime.now().isoformat(timespec='seconds')}, torch {torch.__version__}, {describe(device)}")
     peak = peak_bandwidth(device)
     print(f"# {dtype}, {args.new_tokens} new tokens, prompts of {args.prompt_tokens // 2}-{args.prompt_tokens} tokens,")
-    print(f"# sync_every {args.sync_every}, peak copy bandwidth {peak / 1e9:.0f} GB/s")
+    print(
+        f"# sync_every {args.sync_every}, median of {args.repeats} round(s), peak copy bandwidth {peak / 1e9:.0f} GB/s"
+    )
     table = [COLUMNS]
     for name in args.models:
         started = time.perf_counter()
         model = build_model(name, dtype, device)
         for rows in args.rows:
-            case, reference = Case(model, rows, args, device), None
-            for variant in args.variants:
-                cells, out = measure(case, variant, reference, peak)
-                table.append([name, str(rows), variant, *cells])
-                reference = out if variant == "eager" else reference
+            case = Case(model, rows, args, device)
+            for cells in measure_case(case, args.variants, args.repeats, peak):
+                table.append([name, str(rows), *cells])
         del model
         print(f"# {name}: {time.perf_counter() - started:.0f} s")
     widths = [max(len(row[i]) for row in table) for i in range(len(COLUMNS))]
