@@ -9,6 +9,12 @@
 #   qwen_offload   the same with CPU offload (configs/gpu/cpu_offload.yaml)
 #   bench     scripts/bench_step.py, ours vs TRL's GRPOTrainer on the GPU (fp32; needs `pip install trl`), the
 #             cases BENCH_CASES (default: smollm2 smollm2_long), BENCH_STEPS measured steps (default 4)
+#   static    tests/gpu/test_static_decoding_cuda.py alone: static decoding in each compile mode samples the eager
+#             loop's tokens, one host sync per 8 steps, the default backend decodes statically on CUDA
+#   decode    scripts/bench_decode.py: ms per decoding step, tokens/s, bandwidth as a fraction of the device's,
+#             compile seconds, host syncs per step and tokens equal to the eager loop for each decoding variant
+#             (eager loop, static cache, inductor + CUDA graphs, a captured CUDA graph) at DECODE_ROWS
+#             (default 64 128) rows on SmolLM2-135M's and Qwen2.5-1.5B's shapes (random weights)
 #   vllm      the vLLM engine tests on CUDA (sleep mode, weight pushes), where vLLM is installed
 # Each part runs under a time limit (PART_LIMIT_S, default 600 s; LIMIT_<part> for one part); logs go to
 # $GPU_CHECK_OUT (runs/gpu_check).
@@ -33,7 +39,7 @@ read -r -a bench_cases <<<"${BENCH_CASES:-smollm2 smollm2_long}"
 mkdir -p "$out"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 WANDB_MODE=disabled PYTHONUNBUFFERED=1
 parts=("$@")
-[ ${#parts[@]} -eq 0 ] && parts=(tests smollm2 qwen_fsdp2 qwen_offload bench vllm)
+[ ${#parts[@]} -eq 0 ] && parts=(tests smollm2 qwen_fsdp2 qwen_offload bench decode vllm)
 rows=()
 
 "$python" - <<'EOF' | tee "$out/environment.txt"
@@ -133,8 +139,12 @@ for part in "${parts[@]}"; do
         fit_recipe qwen_offload 3 offline_qwen2.5_1.5b_random fsdp2 cpu_offload ;;
     bench) run_part bench "grep -E '^trl / ours' $out/bench.log | head -n 2 | tr '\n' ' '" \
         "$python" scripts/bench_step.py --case "${bench_cases[@]}" --device cuda --steps "${BENCH_STEPS:-4}" ;;
+    static) run_part static "grep -E '[0-9]+ (passed|failed)' $out/static.log | tail -n 1" \
+        "$python" -m pytest -q -p no:cacheprovider tests/gpu/test_static_decoding_cuda.py ;;
+    decode) run_part decode "grep -E '^# best' $out/decode.log | sed 's/^# best: //' | tail -n 2 | tr '\n' ' '" \
+        "$python" scripts/bench_decode.py --device cuda --rows ${DECODE_ROWS:-64 128} ;;
     vllm) run_part vllm "grep -E '[0-9]+ (passed|failed)|not installed' $out/vllm.log | tail -n 1" vllm_tests ;;
-    *) echo "unknown part '$part'; the parts: tests smollm2 qwen_fsdp2 qwen_offload bench vllm" >&2; exit 2 ;;
+    *) echo "unknown part '$part'; the parts: tests smollm2 qwen_fsdp2 qwen_offload bench static decode vllm" >&2; exit 2 ;;
     esac
 done
 

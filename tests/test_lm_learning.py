@@ -2,8 +2,8 @@
 
 The task (`rlvr_lightning/demos/named_digit.py`): repeat the digit the prompt names, 4 tokens; a random model
 earns ~0.05. GRPO must take the mean reward from <= 0.2 (first step) to >= 0.8 (last 5 steps) within 60 steps on
-two seeds and answer >= 80% of held-out prompts greedily; PPO, LoRA, asynchronous rollouts and bf16 sampling
-(alone, and asynchronous with LoRA) must gain at
+two seeds and answer >= 80% of held-out prompts greedily; PPO, LoRA, asynchronous rollouts, bf16 sampling
+(alone, and asynchronous with LoRA) and sampling with `StaticCacheGeneration` (its step compiled) must gain at
 least 0.4, far beyond noise (a step averages 16 prompts x 16 responses x 4 positions: a few hundredths), and
 answer half the held-out prompts. The negative tests break the update on purpose and check that the same run
 then does not learn.
@@ -27,6 +27,11 @@ BF16_SAMPLING = {
     "class_path": "rlvr_lightning.generation.KVCacheGeneration",
     "init_args": {"dtype": "bfloat16"},
 }  # steps averaged at the start (the untrained model's samples) and at the end of a run
+# our loop over a static KV cache, its decoding step compiled as one graph (the CUDA default, here on a CPU)
+STATIC = {
+    "class_path": "rlvr_lightning.generation.StaticCacheGeneration",
+    "init_args": {"compile": "aot_eager", "sync_every": 3},
+}
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +57,7 @@ def test_grpo_learns_to_repeat_the_named_digit(tokenizer_dir, tmp_path, seed):
         pytest.param(
             "RLVRModule", {"rollout_is": {"mode": "token_truncate"}}, {"generation": BF16_SAMPLING}, 2e-3, id="bf16"
         ),
+        pytest.param("RLVRModule", {}, {"generation": STATIC}, 2e-3, id="static"),
         pytest.param(
             "RLVRModule",
             {"rollout_staleness": 1},

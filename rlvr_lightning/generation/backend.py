@@ -1,10 +1,12 @@
 """The generation seam of `HFPolicy`: prompt token ids in, sampled responses out.
 
-Two implementations, chosen in YAML under the policy's `generation` option:
+The implementations, chosen in YAML under the policy's `generation` option:
 
-* `KVCacheGeneration` (the default): our own batched loop over the training model
+* `KVCacheGeneration`: our own batched loop over the training model
   (in `rlvr_lightning.generation.loop`): one prefill per distinct prompt, finished rows dropped,
   no second copy of the weights. The CPU default.
+* `StaticCacheGeneration` (`rlvr_lightning.generation.static_generation`): the same sampling over a static
+  KV cache, its decoding step compiled or captured as a CUDA graph. The CUDA default.
 * `VLLMGeneration` (`rlvr_lightning.generation.vllm_engine`): a vLLM engine colocated in the
   training process, fed the policy's weights whenever they changed.
 

@@ -77,14 +77,20 @@ def _sample_categorical(probs: Tensor, generator: torch.Generator | None = None)
     Same distribution as `torch.multinomial(probs, 1)`, whose CPU kernel draws an exponential
     variate per vocabulary entry (~10% of a SmolLM2 decoding step); this draws one number per row.
     """
+    uniform = torch.rand((probs.shape[0], 1), device=probs.device, dtype=probs.dtype, generator=generator)
+    return categorical_from_uniform(probs, uniform, ask_host=host_reads_are_free(probs.device))
+
+
+def categorical_from_uniform(probs: Tensor, uniform: Tensor, ask_host: bool = False) -> Tensor:
+    """The token of each row of `probs [B, V]` whose CDF interval holds `uniform [B, 1]` (in [0, 1)) times the
+    row's total mass."""
     cdf = probs.cumsum(dim=-1)
-    u = torch.rand((probs.shape[0], 1), device=probs.device, dtype=cdf.dtype, generator=generator) * cdf[:, -1:]
-    tokens = torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
+    tokens = torch.searchsorted(cdf, uniform * cdf[:, -1:], right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
     # `u` rounding up to the total mass can land on a zero-probability tail token: take the mode then. Asking
-    # whether a row needs it costs nothing on a CPU and saves a pass over the vocabulary; on an accelerator
-    # the answer would wait for the queued work, so the mode is computed for every row instead.
+    # whether a row needs it (`ask_host`) costs nothing on a CPU and saves a pass over the vocabulary; on an
+    # accelerator the answer would wait for the queued work, so the mode is computed for every row instead.
     valid = probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) > 0
-    if host_reads_are_free(probs.device) and bool(valid.all()):
+    if ask_host and bool(valid.all()):
         return tokens
     return torch.where(valid, tokens, probs.argmax(dim=-1))
 
@@ -216,7 +222,7 @@ def _generate(
         next_position = next_position + 1
     del cache
 
-    out = _response(rows, tokens_out, log_probs_out, steps, pad_token_id)
+    out = response_output(rows, tokens_out, log_probs_out, steps, pad_token_id)
     out.seconds, out.prefill_seconds = elapsed_seconds(start, device), prefill_seconds
     return out
 
@@ -245,7 +251,9 @@ def _decode(model: nn.Module, cache: Any, token: Tensor, attention: Tensor, posi
     return returned_cache(out), out.logits[:, -1, :]
 
 
-def _response(rows: RowEnds, tokens: Tensor, log_probs: Tensor, steps: int, pad_token_id: int) -> GenerationOutput:
+def response_output(
+    rows: RowEnds, tokens: Tensor, log_probs: Tensor, steps: int, pad_token_id: int
+) -> GenerationOutput:
     """The decoded rows cut to their lengths (pad and log-prob 0 after a row's end)."""
     device = tokens.device
     width = min(max(max(rows.lengths), 1), steps) if rows.lengths else 1
@@ -323,7 +331,7 @@ class KVCacheGeneration(GenerationBackend):
     """
 
     def __init__(self, dtype: SamplingDtype = "auto") -> None:
-        check_sampling_dtype("KVCacheGeneration dtype", dtype)
+        check_sampling_dtype(f"{type(self).__name__} dtype", dtype)
         self.dtype = dtype
         self._weights = SamplingWeights()
 
@@ -353,22 +361,34 @@ class KVCacheGeneration(GenerationBackend):
         model.eval()  # no dropout while sampling; gradient checkpointing would also turn the cache off
         try:
             with precision:
-                return generate(
+                return self._decode(
                     model,
                     prompt_ids.to(device),
                     prompt_mask.to(device),
                     n,
-                    max_new_tokens=sampling.max_new_tokens,
+                    sampling,
+                    stop=stop,
                     eos_token_ids=eos_token_ids,
                     pad_token_id=pad_token_id,
-                    temperature=sampling.temperature,
-                    top_k=sampling.top_k,
-                    top_p=sampling.top_p,
-                    stop=stop,
-                    do_sample=sampling.do_sample,
-                    min_new_tokens=sampling.min_new_tokens,
                     max_new_tokens_per_prompt=max_new_tokens,
                     generator=generator,
                 )
         finally:
             model.train(was_training)
+
+    def _decode(self, model, prompt_ids, prompt_mask, n, sampling, **kwargs) -> GenerationOutput:
+        """The decoding of the left-padded distinct prompts by the model to sample from (already cast, in eval mode);
+        `kwargs`: `stop`, `eos_token_ids`, `pad_token_id`, `max_new_tokens_per_prompt`, `generator`."""
+        return generate(
+            model,
+            prompt_ids,
+            prompt_mask,
+            n,
+            max_new_tokens=sampling.max_new_tokens,
+            temperature=sampling.temperature,
+            top_k=sampling.top_k,
+            top_p=sampling.top_p,
+            do_sample=sampling.do_sample,
+            min_new_tokens=sampling.min_new_tokens,
+            **kwargs,
+        )

@@ -17,7 +17,7 @@ Three seams, one file each:
 
 * loading (`hf_loading.py`): model, tokenizer, dropout off, gradient checkpointing, LoRA;
 * generation (`generation/backend.py`): `generation` picks the backend that samples, our KV-cache
-  loop (`KVCacheGeneration`, the default) or a vLLM engine (`VLLMGeneration`). `sample` records
+  loop (by default eager on a CPU, over a static cache on a CUDA device) or a vLLM engine. `sample` records
   the sampling log-probs in `rollout.sampling_log_probs` and `last_generation_stats`;
 * scoring (`hf_scoring.py`): `token_log_probs`, each distinct prompt run once with the responses on
   top of its cache.
@@ -52,6 +52,7 @@ import torch
 from torch import Tensor, nn
 
 from rlvr_lightning.generation.backend import GenerationBackend
+from rlvr_lightning.generation.device_default import DeviceDefaultGeneration
 from rlvr_lightning.generation.loop import KVCacheGeneration, left_pad
 from rlvr_lightning.generation.output import generation_stats
 from rlvr_lightning.generation.sampling_config import SamplingConfig
@@ -126,7 +127,9 @@ class HFPolicy(HFScoring, Policy):
         Args:
             lean_activations: RMSNorm and SwiGLU layers keep fewer activations for the backward pass (fewer
                 bytes per token; same forward values, gradients equal to float rounding).
-            generation: the backend that samples (default `KVCacheGeneration`, our loop; or `VLLMGeneration`).
+            generation: the backend that samples (default `DeviceDefaultGeneration`: our loop, over a static cache
+                with a graph-held step on a CUDA device (`StaticCacheGeneration`), eager elsewhere
+                (`KVCacheGeneration`); or `VLLMGeneration`, `ServerGeneration`).
             tools: tool use in rollouts (`ToolUse`: the tools, call format, turns); None: single-turn.
             thinking_budget: cap on the tokens between `<think>` and `</think>` (`ThinkingBudget`); None: no cap.
             keep_sampling_log_probs: use the log-probs recorded while sampling as the old log-probs when the
@@ -144,7 +147,7 @@ class HFPolicy(HFScoring, Policy):
         self.model_name_or_path = model_name_or_path
         self.prompt_template = prompt_template
         self.system_prompt = system_prompt
-        self.generation = generation or KVCacheGeneration()
+        self.generation = generation or DeviceDefaultGeneration()
         self.keep_sampling_log_probs = keep_sampling_log_probs
         self.min_new_tokens = min_new_tokens
         self.share_prompt_prefix = share_prompt_prefix

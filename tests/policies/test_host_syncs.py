@@ -112,3 +112,52 @@ def test_host_values_reach_a_gpu_without_a_synchronisation(monkeypatch):
     tensor = generation.host_to_device([2, 0, 1], torch.device("cuda", 1), torch.long)
     assert calls == ["pin_memory", ((torch.device("cuda", 1),), {"non_blocking": True})]
     assert tensor.dtype == torch.long and tensor.tolist() == [2, 0, 1]
+
+
+@pytest.mark.parametrize("sync_every", [1, 4, 8])
+def test_static_decoding_reads_the_host_once_per_block_of_steps(counted, monkeypatch, sync_every):
+    """`StaticCacheGeneration`'s loop: one read per `sync_every` decoding steps, the model's decoding forwards
+    included (its 4D mask is never read on the host); only the prefill's forward (transformers' mask check, once
+    per generation) is left out."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rlvr_lightning.generation import static_cache
+    from rlvr_lightning.generation.sampling_config import SamplingConfig
+    from rlvr_lightning.generation.static_generation import static_generate
+
+    counter, _ = counted
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**tiny_llama_config(vocab_size=64))).eval()
+    prefill = static_cache.prefill
+
+    def paused_prefill(*args):
+        counter.paused += 1
+        try:
+            return prefill(*args)
+        finally:
+            counter.paused -= 1
+
+    monkeypatch.setattr(static_cache, "prefill", paused_prefill)
+    monkeypatch.setattr("rlvr_lightning.generation.static_generation.prefill", paused_prefill)
+    ids, mask = left_pad([[5, 6, 7, 8], [9, 10], [11, 12, 13]], pad_id=0)
+    stop = StopStringChecker(["ab"], decode=lambda rows: ["".join("ab"[t % 2] for t in row) for row in rows])
+    torch.manual_seed(1)
+    with counter, torch.no_grad():
+        out = static_generate(
+            model,
+            ids,
+            mask,
+            4,
+            SamplingConfig(max_new_tokens=24, min_new_tokens=2),
+            pool=static_cache.WorkspacePool(),
+            mode="none",
+            sync_every=sync_every,
+            stop=stop,
+            eos_token_ids=[3, 4],
+            pad_token_id=0,
+            max_new_tokens_per_prompt=[24, 9, 17],
+        )
+    lengths = out.response_mask.sum(-1)
+    assert out.stopped_by_string.any() and (lengths < 24).any() and out.steps > 5
+    blocks = -(-out.steps // sync_every)  # the steps decoded, rounded up to whole blocks
+    assert sum(counter.counts.values()) == out.stats["host_reads"] == blocks, dict(counter.counts)

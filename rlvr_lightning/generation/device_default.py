@@ -1,0 +1,45 @@
+"""`DeviceDefaultGeneration`: the backend `HFPolicy` samples with when its config names none, chosen by the device at
+each generation: `StaticCacheGeneration`'s decoding on a CUDA device (where launching a step's ~1,300 kernels
+from Python bounds the eager loop), our eager loop (`KVCacheGeneration`) elsewhere, where it is the faster one
+and its sampled tokens stay those of earlier releases."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from rlvr_lightning.generation.loop import KVCacheGeneration
+from rlvr_lightning.generation.output import GenerationOutput
+from rlvr_lightning.generation.sampling_precision import SamplingDtype
+from rlvr_lightning.generation.static_cache import static_cache_support
+from rlvr_lightning.generation.static_generation import StaticCacheGeneration
+
+
+class DeviceDefaultGeneration(KVCacheGeneration):
+    """Our loop, decoding with a static cache and a graph-held step (`StaticCacheGeneration`, its defaults) when the
+    prompts are on a CUDA device and the model has only full-attention layers, eagerly otherwise.
+
+    Args:
+        dtype: the precision it samples in, as `KVCacheGeneration`'s.
+    """
+
+    def __init__(self, dtype: SamplingDtype = "auto") -> None:
+        super().__init__(dtype)
+        self._static = StaticCacheGeneration(dtype)
+
+    @staticmethod
+    def decodes_statically(device: torch.device, model: nn.Module) -> bool:
+        """On a CUDA device, for a model with full-attention layers only that is not sharded (FSDP2 gathers its
+        weights into new storage for every rollout, which a captured graph would not follow)."""
+        from torch.distributed.fsdp import FSDPModule
+
+        sharded = any(isinstance(module, FSDPModule) for module in model.modules())
+        return device.type == "cuda" and not sharded and static_cache_support(model) is None
+
+    def _decode(self, model, prompt_ids, prompt_mask, n, sampling, **kwargs) -> GenerationOutput:
+        if self.decodes_statically(prompt_ids.device, model):
+            return self._static._decode(model, prompt_ids, prompt_mask, n, sampling, **kwargs)
+        return super()._decode(model, prompt_ids, prompt_mask, n, sampling, **kwargs)
+
+    def sleep(self) -> None:
+        self._static.sleep()

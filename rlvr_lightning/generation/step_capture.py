@@ -1,0 +1,102 @@
+"""How static decoding runs its step (`static_decode.decode_step`): `StaticCacheGeneration(compile=...)`.
+
+* `none`: the step as Python calls it (every operator launched from Python: the reference, and a CPU's fastest).
+* `aot_eager`: `torch.compile(fullgraph=True, backend="aot_eager")`: the step traced as one graph and run by
+  torch's own operators (no code generation; checks on any machine that the step traces without a graph break).
+* `default`: `torch.compile(fullgraph=True)` with inductor (fused kernels, launched from Python).
+* `reduce-overhead`: the same with inductor's CUDA graphs (gpt-fast's `decode_one_token`): one graph launch per
+  step, the workspace's buffers marked as static addresses so nothing is copied in.
+* `cuda-graph`: the eager step captured by `torch.cuda.CUDAGraph` (no compiler): one graph launch per step with
+  the same kernels as `none`.
+* `auto`: `reduce-overhead` on a CUDA device, `none` elsewhere.
+
+Every mode is `fullgraph=True`: a graph break is an error, not a silent slow path. Random draws stay outside the
+step (`StaticCacheGeneration` draws each step's uniforms into the workspace), so no mode needs the generator's
+state inside a graph.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Literal
+
+import torch
+from torch import nn
+
+from rlvr_lightning.generation.static_cache import DecodeWorkspace
+from rlvr_lightning.generation.static_decode import StepOptions, decode_step
+
+COMPILE_MODES = ("auto", "none", "aot_eager", "default", "reduce-overhead", "cuda-graph")
+CompileMode = Literal["auto", "none", "aot_eager", "default", "reduce-overhead", "cuda-graph"]
+# one compiled step per (row bucket, sampling options, model): more than dynamo's default of 8 in a long run
+RECOMPILE_LIMIT = 64
+
+
+def check_compile_mode(value: str) -> None:
+    if value not in COMPILE_MODES:
+        raise ValueError(f"StaticCacheGeneration compile={value!r} is not valid; choose one of {list(COMPILE_MODES)}")
+
+
+def resolve_compile_mode(mode: str, device: torch.device) -> str:
+    if mode == "auto":
+        return "reduce-overhead" if device.type == "cuda" else "none"
+    if mode in ("reduce-overhead", "cuda-graph") and device.type != "cuda":
+        raise ValueError(f"StaticCacheGeneration compile={mode!r} needs a CUDA device; the model is on {device}")
+    return mode
+
+
+def capture_pending(ws: DecodeWorkspace, model: nn.Module, options: StepOptions, mode: str) -> bool:
+    """Whether `runnable_step` will capture a CUDA graph, which runs warm-up steps on the workspace (load it again
+    after). A graph holds the addresses of the weights it read: when they moved, the workspace's graphs go."""
+    if mode != "cuda-graph":
+        return False
+    if ws.weights_moved(model):
+        ws.steps.clear()
+    return (options, mode) not in ws.steps
+
+
+def runnable_step(ws: DecodeWorkspace, model: nn.Module, options: StepOptions, mode: str) -> Callable[[], None]:
+    """The workspace's decoding step for `options` in `mode`, built once per workspace and kept in it (a `cuda-graph`
+    step is captured here: `capture_pending`)."""
+    key = (options, mode)
+    if key not in ws.steps:
+        step = functools.partial(decode_step, ws, model, options)
+        if mode == "none":
+            ws.steps[key] = step
+        elif mode == "cuda-graph":
+            ws.steps[key] = captured_cuda_graph(step)
+        else:
+            ws.steps[key] = compiled(step, mode)
+    return ws.steps[key]
+
+
+def compiled(step: Callable[[], None], mode: str) -> Callable[[], None]:
+    """`torch.compile(step, fullgraph=True, dynamic=False)`: each row bucket is its own static-shape graph."""
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    if mode == "aot_eager":
+        return torch.compile(step, fullgraph=True, dynamic=False, backend="aot_eager")
+    graph = torch.compile(step, fullgraph=True, dynamic=False, mode=None if mode == "default" else mode)
+    if mode != "reduce-overhead":
+        return graph
+
+    def replay() -> None:
+        torch.compiler.cudagraph_mark_step_begin()  # the previous step's graph outputs are no longer read
+        graph()
+
+    return replay
+
+
+def captured_cuda_graph(step: Callable[[], None], warmup: int = 2) -> Callable[[], None]:
+    """`step` recorded in a `torch.cuda.CUDAGraph` after `warmup` runs on a side stream (PyTorch's recipe for
+    capture: lazy initialisations and the allocator's pool settle first); calling the result replays it."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):  # other threads (the update) may run kernels
+        step()
+    return graph.replay

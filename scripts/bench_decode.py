@@ -1,0 +1,325 @@
+#!/usr/bin/env python
+"""Decoding speed of our sampling loop's variants, side by side in one process, on models of real shapes with
+random weights (built from a config: nothing is downloaded).
+
+Variants (`--variants`):
+
+* `eager`: `KVCacheGeneration`'s loop (`generation/loop.py`): the step's operators launched from Python, a cache
+  that grows, one host read per step;
+* `static`: `StaticCacheGeneration` with `compile: none` (static cache and device state, the step eager);
+* `aot_eager`, `compiled`, `reduce-overhead`: the static step under `torch.compile(fullgraph=True)` with the
+  `aot_eager` backend, inductor, inductor with CUDA graphs;
+* `cuda-graph`: the eager static step captured in a `torch.cuda.CUDAGraph`.
+
+Every row decodes `--new-tokens` tokens (EOS is excluded by `min_new_tokens`), so all variants run the same
+steps. After each variant's first generation, `--repeats` rounds run the variants in turn; per (model, rows,
+variant) it prints, for its median round, the decoding time per step (`ms/step`, the prefill left out) and the
+tokens per second; the bytes a step must read (the weights once, plus the keys and values it attends to: the
+grown cache for `eager`, the whole static cache for the others) over its time, and that as a fraction of the
+device's peak (`of peak`: a large device-to-device copy's rate, measured at the start); the first run's extra
+seconds (`compile s`: compilation, capture, warm-up); host synchronisations per step (CUDA's sync debug mode,
+counted on a separate run; `-` on a CPU, where nothing waits); rows whose tokens equal the `eager` variant's for
+the same random stream (n of N) and the largest log-prob difference on them.
+
+    python scripts/bench_decode.py --device cpu                         # tiny shapes, a quick check
+    python scripts/bench_decode.py --device cpu --models smollm2 --rows 8 --new-tokens 16
+    python scripts/bench_decode.py --device cuda        # SmolLM2-135M, Qwen2.5-1.5B; 64, 128 rows; bf16
+    python scripts/bench_decode.py --device cuda --variants eager compiled --models smollm2 --rows 128
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+SHAPES = {  # the models' configs (SmolLM2-135M-Instruct, Qwen2.5-1.5B-Instruct), random weights
+    "smollm2": dict(
+        model_type="llama",
+        hidden_size=576,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        intermediate_size=1536,
+        vocab_size=49152,
+        rope_theta=100000.0,
+        tie_word_embeddings=True,
+        max_position_embeddings=8192,
+    ),
+    "qwen2.5-1.5b": dict(
+        model_type="qwen2",
+        hidden_size=1536,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        intermediate_size=8960,
+        vocab_size=151936,
+        rope_theta=1000000.0,
+        tie_word_embeddings=True,
+        max_position_embeddings=32768,
+    ),
+    "tiny": dict(
+        model_type="llama",
+        hidden_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=256,
+        vocab_size=1024,
+        max_position_embeddings=1024,
+    ),
+}
+STATIC_MODES = {"static": "none", "aot_eager": "aot_eager", "compiled": "default"}
+STATIC_MODES.update({"reduce-overhead": "reduce-overhead", "cuda-graph": "cuda-graph"})
+VARIANTS = ("eager", *STATIC_MODES)
+COLUMNS = (
+    "model",
+    "rows",
+    "variant",
+    "ms/step",
+    "tok/s",
+    "GB/s",
+    "of peak",
+    "compile s",
+    "syncs/step",
+    "same",
+    "max dlp",
+)
+
+
+def build_model(name: str, dtype: torch.dtype, device: torch.device):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    config = AutoConfig.for_model(**SHAPES[name], attn_implementation="sdpa")
+    return AutoModelForCausalLM.from_config(config, dtype=dtype).to(device).eval()
+
+
+def peak_bandwidth(device: torch.device) -> float:
+    """Bytes per second of a large copy on `device` (read + write), the best of a few."""
+    numel = (1 << 28 if device.type == "cuda" else 1 << 25) // 4
+    source, target = torch.empty(numel, device=device), torch.empty(numel, device=device)
+    best = float("inf")
+    for _ in range(5):
+        started = clock(device)
+        target.copy_(source)
+        best = min(best, clock(device) - started)
+    return 2 * source.numel() * source.element_size() / best
+
+
+def clock(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+class Case:
+    """One model at one batch size: its prompts and the decoding of each variant."""
+
+    def __init__(self, model, rows: int, args, device: torch.device) -> None:
+        from rlvr_lightning.generation.loop import left_pad
+
+        self.model, self.rows, self.args, self.device = model, rows, args, device
+        generator = torch.Generator().manual_seed(rows)
+        group = min(args.group, rows)
+        vocab = model.config.vocab_size
+        prompts = []
+        for _ in range(rows // group):  # uneven prompt lengths: left padding
+            length = int(torch.randint(args.prompt_tokens // 2, args.prompt_tokens + 1, (1,), generator=generator))
+            prompts.append(torch.randint(1, vocab, (length,), generator=generator).tolist())
+        ids, mask = left_pad(prompts, pad_id=0)
+        self.ids, self.mask, self.n = ids.to(device), mask.to(device), group
+        self.pools: dict = {}
+
+    def decode(self, variant: str):
+        """One generation (EOS excluded: every row decodes `--new-tokens` tokens) from a fixed random stream."""
+        from rlvr_lightning.generation.loop import generate
+        from rlvr_lightning.generation.output import StopStringChecker
+        from rlvr_lightning.generation.sampling_config import SamplingConfig
+        from rlvr_lightning.generation.static_cache import WorkspacePool
+        from rlvr_lightning.generation.static_generation import static_generate
+
+        new = self.args.new_tokens
+        sampling = SamplingConfig(max_new_tokens=new, min_new_tokens=new, temperature=1.0)
+        torch.manual_seed(1)
+        if self.device.type == "cuda":
+            torch.cuda.manual_seed(1)
+        common = dict(eos_token_ids=[0], pad_token_id=0, stop=StopStringChecker([], lambda rows: []))
+        if variant == "eager":
+            return generate(self.model, self.ids, self.mask, self.n, max_new_tokens=new, min_new_tokens=new, **common)
+        pool = self.pools.setdefault(variant, WorkspacePool())
+        with torch.no_grad():
+            return static_generate(
+                self.model,
+                self.ids,
+                self.mask,
+                self.n,
+                sampling,
+                pool=pool,
+                mode=STATIC_MODES[variant],
+                sync_every=self.args.sync_every,
+                **common,
+            )
+
+    def syncs_per_step(self, variant: str) -> str:
+        if self.device.type != "cuda":
+            return "-"
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode(1)
+            try:
+                out = self.decode(variant)
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+        syncs = sum("called a synchronizing CUDA operation" in str(w.message) for w in caught)
+        return f"{syncs / out.steps:.2f}"
+
+    def step_bytes(self, variant: str, out) -> float:
+        """The weights once and the keys and values a step attends to, on average over the steps."""
+        config, model = self.model.config, self.model
+        weights = sum(p.numel() * p.element_size() for p in model.parameters())
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        per_slot = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * model.dtype.itemsize
+        prompt = self.ids.shape[1]
+        if variant == "eager":
+            slots = self.rows * (prompt + out.steps / 2)
+        else:
+            ws = next(iter(next(iter(self.pools[variant]._by_model.values()))[1].values()))
+            slots = ws.rows * ws.capacity
+        return weights + slots * per_slot
+
+
+def measure_case(case: Case, variants: list[str], repeats: int, peak: float) -> list[list[str]]:
+    """Each variant's first generation (compilation, capture, warm-up), then `repeats` rounds that run the
+    variants in turn (machine load falls on all alike); the figures of each variant's median round."""
+    first = {}
+    for variant in variants:
+        started = clock(case.device)
+        case.decode(variant)
+        first[variant] = clock(case.device) - started
+    runs: dict[str, list] = {variant: [] for variant in variants}
+    for _ in range(repeats):
+        for variant in variants:
+            runs[variant].append(case.decode(variant))
+    medians = {name: sorted(outs, key=decode_seconds)[len(outs) // 2] for name, outs in runs.items()}
+    reference = medians.get("eager")
+    return [figures(case, name, out, first[name], reference, peak) for name, out in medians.items()]
+
+
+def decode_seconds(out) -> float:
+    return out.seconds - (out.prefill_seconds or 0.0)
+
+
+def figures(case: Case, variant: str, out, first: float, reference, peak: float) -> list[str]:
+    seconds = decode_seconds(out)
+    step_ms = 1000 * seconds / max(out.steps, 1)
+    achieved = case.step_bytes(variant, out) / (step_ms / 1000)
+    same, diff = "-", "-"
+    if reference is not None and variant != "eager":
+        equal = (out.response_ids == reference.response_ids).all(-1)
+        same = f"{int(equal.sum())} of {equal.numel()}"
+        if equal.any():
+            diff = f"{(out.log_probs - reference.log_probs)[equal].abs().max().item():.1e}"
+    return [
+        variant,
+        f"{step_ms:.2f}",
+        f"{case.rows * out.steps / seconds:.0f}",
+        f"{achieved / 1e9:.1f}",
+        f"{achieved / peak:.3f}",
+        f"{max(first - out.seconds, 0.0):.1f}",
+        case.syncs_per_step(variant),
+        same,
+        diff,
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--models", nargs="+", choices=list(SHAPES), default=None)
+    parser.add_argument("--rows", nargs="+", type=int, default=None)
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=None)
+    parser.add_argument("--new-tokens", type=int, default=None)
+    parser.add_argument("--prompt-tokens", type=int, default=64)
+    parser.add_argument("--group", type=int, default=8, help="rows per distinct prompt (group sampling)")
+    parser.add_argument("--sync-every", type=int, default=8)
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads on a CPU")
+    parser.add_argument("--repeats", type=int, default=None, help="timed rounds (median); default 1 on CUDA, 3 on CPU")
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    cuda = device.type == "cuda"
+    args.models = args.models or (["smollm2", "qwen2.5-1.5b"] if cuda else ["tiny"])
+    args.rows = args.rows or ([64, 128] if cuda else [8, 16])
+    args.variants = args.variants or (
+        ["eager", "static", "reduce-overhead", "cuda-graph"] if cuda else ["eager", "static", "aot_eager"]
+    )
+    args.new_tokens = args.new_tokens or (64 if cuda else 32)
+    args.repeats = args.repeats or (1 if cuda else 3)
+    dtype = getattr(torch, args.dtype or ("bfloat16" if cuda else "float32"))
+    if not cuda:
+        torch.set_num_threads(args.threads)
+    print(f"# {' '.join(sys.argv)}")
+    print(f"# {datetime.datetime.now().isoformat(timespec='seconds')}, torch {torch.__version__}, {describe(device)}")
+    peak = peak_bandwidth(device)
+    print(f"# {dtype}, {args.new_tokens} new tokens, prompts of {args.prompt_tokens // 2}-{args.prompt_tokens} tokens,")
+    print(
+        f"# sync_every {args.sync_every}, median of {args.repeats} round(s), peak copy bandwidth {peak / 1e9:.0f} GB/s"
+    )
+    table = []
+    print_row(COLUMNS)
+    for name in args.models:
+        started = time.perf_counter()
+        model = build_model(name, dtype, device)
+        for rows in args.rows:
+            case = Case(model, rows, args, device)
+            for cells in measure_case(case, args.variants, args.repeats, peak):
+                table.append([name, str(rows), *cells])
+                print_row(table[-1])  # as it is measured: a part cut short by its time limit keeps its rows
+        del model
+        print(f"# {name}: {time.perf_counter() - started:.0f} s")
+    for line in best_lines(table):
+        print(line)
+    return 0
+
+
+WIDTHS = (12, 4, 15, 8, 7, 6, 7, 9, 10, 10, 7)
+
+
+def print_row(cells) -> None:
+    print("  ".join(cell.rjust(width) for cell, width in zip(cells, WIDTHS, strict=True)), flush=True)
+
+
+def best_lines(rows: list[list[str]]) -> list[str]:
+    """Per model and batch: the eager loop's ms/step beside the fastest static variant's."""
+    lines = []
+    for key in dict.fromkeys((row[0], row[1]) for row in rows):
+        group = {row[2]: float(row[3]) for row in rows if (row[0], row[1]) == key}
+        others = {name: ms for name, ms in group.items() if name != "eager"}
+        if "eager" in group and others:
+            name = min(others, key=others.get)
+            ratio = group["eager"] / others[name]
+            lines.append(
+                f"# best: {key[0]} {key[1]} rows: eager {group['eager']:.2f} ms/step, {name} {others[name]:.2f}"
+                f" ms/step ({ratio:.2f}x)"
+            )
+    return lines
+
+
+def describe(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)}, CUDA {torch.version.cuda}"
+    return f"CPU, {torch.get_num_threads()} thread(s)"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""`StaticCacheGeneration` as a policy's backend: the rollouts of `HFPolicy.sample` (a real tokenizer's stop strings,
+the thinking budget's segments, LoRA, a bf16 sampling copy) equal those of our eager loop kept without compaction;
+its options are checked; `DeviceDefaultGeneration` is the eager loop on a CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny_lm import bias_tokens, tiny_llama_config
+
+from rlvr_lightning.generation import DeviceDefaultGeneration, KVCacheGeneration, StaticCacheGeneration
+from rlvr_lightning.generation.sampling_config import SamplingConfig
+from rlvr_lightning.multiturn.thinking_budget import ThinkingBudget
+from rlvr_lightning.runtime.option_domains import OptionValueError
+
+PROMPTS = {"prompt": ["What is 2+3?", "The quick brown fox", "Say ab."]}
+
+
+def rollouts(make_policy, backends, sampling, seed=1, **kwargs):
+    """One rollout per backend from policies with the same weights and the same random stream."""
+    out = []
+    for backend in backends:
+        policy = make_policy(generation=backend, prompt_template="raw", **kwargs)
+        torch.manual_seed(seed)
+        out.append(policy.sample(PROMPTS, 3, sampling))
+    return out
+
+
+def assert_same_rollout(a, b, log_prob_tolerance: float = 1e-5) -> None:
+    assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.response_mask, b.response_mask)
+    assert torch.equal(a.truncated, b.truncated) and a.response_text == b.response_text
+    assert (a.sampling_log_probs - b.sampling_log_probs).abs().max() <= log_prob_tolerance
+    assert (a.response_source is None) == (b.response_source is None)
+    if a.response_source is not None:
+        assert torch.equal(a.response_source, b.response_source)
+
+
+def test_stop_strings_of_a_real_tokenizer(make_policy, eager_without_compaction):
+    sampling = SamplingConfig(max_new_tokens=20, stop_strings=["e", "fox"], temperature=0.9)
+    eager, static = rollouts(make_policy, [KVCacheGeneration(), StaticCacheGeneration(sync_every=6)], sampling)
+    assert_same_rollout(eager, static)
+    stopped = [text for text in static.response_text if text.endswith(("e", "fox"))]
+    assert stopped and len(stopped) < len(static.response_text)  # some rows stopped, some did not
+
+
+def test_thinking_budget_segments(tool_tokenizer_dir, make_policy, eager_without_compaction):
+    """Round 0 stops at the budget (the model never closes its thinking, nor ends); later rounds continue each row
+    with its own cap (n=1)."""
+    outs = []
+    for backend in (KVCacheGeneration(), StaticCacheGeneration(sync_every=4)):
+        budget = ThinkingBudget(max_thinking_tokens=5, forced_text="\n</think>\n")
+        policy = make_policy(
+            generation=backend,
+            tokenizer_name_or_path=str(tool_tokenizer_dir),
+            prompt_template="{prompt} <think>",
+            thinking_budget=budget,
+        )
+        tok = policy.tokenizer
+        bias_tokens(policy, [tok.eos_token_id, tok.convert_tokens_to_ids("</think>")], float("-inf"))
+        torch.manual_seed(1)
+        outs.append(policy.sample(PROMPTS, 3, SamplingConfig(max_new_tokens=24)))
+    assert (outs[1].response_mask == 0).any()  # the close was forced
+    assert_same_rollout(*outs)
+
+
+def test_lora_policy(make_policy, eager_without_compaction):
+    sampling = SamplingConfig(max_new_tokens=12)
+    eager, static = rollouts(make_policy, [KVCacheGeneration(), StaticCacheGeneration()], sampling, lora_r=4)
+    assert_same_rollout(eager, static)
+
+
+def test_a_bf16_copy_is_refreshed_in_place_for_the_compiled_step(make_policy, eager_without_compaction):
+    """bf16 sampling from fp32 weights: the copy's parameters keep their storage when the weights change, so the
+    compiled step (and a CUDA graph) keeps reading them; it samples as the eager loop's copy before and after."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    eager_policy = make_policy(generation=KVCacheGeneration(dtype="bfloat16"), prompt_template="raw")
+    backend = StaticCacheGeneration(dtype="bfloat16", compile="aot_eager")
+    policy = make_policy(generation=backend, prompt_template="raw")
+    sampling = SamplingConfig(max_new_tokens=10)
+    for update in range(2):
+        outs = []
+        for each in (eager_policy, policy):
+            torch.manual_seed(update)
+            outs.append(each.sample(PROMPTS, 2, sampling))
+        assert_same_rollout(*outs, log_prob_tolerance=1e-2)  # bf16 rounding: the tokens are the same
+        copy = next(iter(backend._weights._copies.values()))[1]
+        pointers = [p.data_ptr() for p in copy.parameters()]
+        with torch.no_grad():
+            for each in (eager_policy, policy):
+                for p in each.parameters():
+                    p.mul_(1.1)  # an update of every weight
+        policy.sample(PROMPTS, 2, SamplingConfig(max_new_tokens=2))  # refreshes the copy
+        assert [p.data_ptr() for p in copy.parameters()] == pointers
+    assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
+    torch._dynamo.reset()
+
+
+def test_the_default_backend_is_the_eager_loop_on_a_cpu(make_policy):
+    default = make_policy(prompt_template="raw")
+    assert isinstance(default.generation, DeviceDefaultGeneration)
+    (eager,) = rollouts(make_policy, [KVCacheGeneration()], SamplingConfig(max_new_tokens=16))
+    torch.manual_seed(1)
+    assert_same_rollout(eager, default.sample(PROMPTS, 3, SamplingConfig(max_new_tokens=16)))  # with compaction
+    assert not default.generation._static._workspaces._by_model
+
+
+def test_the_default_backend_decodes_statically_on_cuda_where_the_model_allows(make_policy):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    model = make_policy().model
+    config = tiny_llama_config(vocab_size=64, model_type="mistral", sliding_window=16)
+    windowed = AutoModelForCausalLM.from_config(AutoConfig.for_model(**config))
+    assert DeviceDefaultGeneration.decodes_statically(cuda, model)
+    assert not DeviceDefaultGeneration.decodes_statically(cpu, model)
+    assert not DeviceDefaultGeneration.decodes_statically(cuda, windowed)
+
+
+def test_bad_options_name_the_option_and_the_choices(make_policy):
+    with pytest.raises(ValueError, match=r"compile='fast' is not valid; choose one of \['auto', 'none', 'aot_eager'"):
+        StaticCacheGeneration(compile="fast")
+    with pytest.raises(OptionValueError, match="sync_every"):
+        StaticCacheGeneration(sync_every=0)
+    with pytest.raises(ValueError, match="StaticCacheGeneration dtype='fp8' is not valid"):
+        StaticCacheGeneration(dtype="fp8")
+    policy = make_policy(generation=StaticCacheGeneration(compile="reduce-overhead"), prompt_template="raw")
+    with pytest.raises(ValueError, match="compile='reduce-overhead' needs a CUDA device; the model is on cpu"):
+        policy.sample(PROMPTS, 1, SamplingConfig(max_new_tokens=4))
+
+
+def test_a_model_with_sliding_window_layers_is_refused_before_decoding(make_policy):
+    config = tiny_llama_config(model_type="mistral", sliding_window=16)
+    policy = make_policy(config=config, generation=StaticCacheGeneration(), prompt_template="raw")
+    with pytest.raises(ValueError, match="StaticCacheGeneration cannot decode this model: MistralForCausalLM has"):
+        policy.sample(PROMPTS, 1, SamplingConfig(max_new_tokens=4))

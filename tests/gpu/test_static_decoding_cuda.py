@@ -1,0 +1,85 @@
+"""Static decoding on a CUDA device (`StaticCacheGeneration`): every way of running its step samples the eager
+loop's tokens for the same random stream (fp32, tiny random Llama), the host synchronises at most once per
+`sync_every` steps, and a policy without a named backend decodes statically. Skipped without a GPU;
+`scripts/gpu_check.sh` runs them (tests/generation holds the CPU versions)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from rlvr_lightning.generation.sampling_config import SamplingConfig
+
+from ..generation.static_pairs import assert_same, run_pair, tiny_model
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (scripts/gpu_check.sh)")
+
+
+@pytest.mark.parametrize("mode", ["none", "default", "reduce-overhead", "cuda-graph"])
+def test_every_mode_samples_the_eager_loops_tokens(mode):
+    model = tiny_model("llama").cuda()
+    sampling = SamplingConfig(max_new_tokens=24, temperature=0.8, min_new_tokens=2)
+    pair = run_pair(model, sampling, caps=[24, 3, 17], stop_strings=("dd",), mode=mode, device="cuda")
+    assert_same(pair, log_prob_tolerance=1e-4)
+    greedy = run_pair(model, SamplingConfig(max_new_tokens=12, do_sample=False), mode=mode, device="cuda")
+    assert_same(greedy, log_prob_tolerance=1e-4)
+
+
+def syncs_and_steps(model, pool, max_new_tokens: int, mode: str) -> tuple[int, int]:
+    """Synchronisations of one static generation (EOS excluded: every row decodes `max_new_tokens`) and its steps."""
+    from rlvr_lightning.generation.loop import left_pad
+    from rlvr_lightning.generation.output import StopStringChecker
+    from rlvr_lightning.generation.static_generation import static_generate
+
+    ids, mask = left_pad([[5, 6, 7, 8], [9, 10], [11, 12, 13]], pad_id=0)
+    sampling = SamplingConfig(max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens)
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode(1)
+        try:
+            out = static_generate(
+                model,
+                ids.cuda(),
+                mask.cuda(),
+                4,
+                sampling,
+                pool=pool,
+                mode=mode,
+                sync_every=8,
+                stop=StopStringChecker([], lambda rows: []),
+                eos_token_ids=[3],
+                pad_token_id=0,
+            )
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    return sum("called a synchronizing CUDA operation" in str(w.message) for w in caught), out.steps
+
+
+@pytest.mark.parametrize("mode", ["none", "reduce-overhead", "cuda-graph"])
+def test_the_host_synchronises_once_per_eight_steps(mode):
+    """A generation also synchronises a few times outside its loop (the prefill's mask check, its clock), the same
+    in both: 32 more steps add 4 reads of the sampled tokens."""
+    from rlvr_lightning.generation.static_cache import WorkspacePool
+
+    model, pool = tiny_model("llama").cuda(), WorkspacePool()
+    syncs_and_steps(model, pool, 48, mode)  # compiles or captures
+    (short, short_steps), (long, long_steps) = (
+        syncs_and_steps(model, pool, 8, mode),
+        syncs_and_steps(model, pool, 40, mode),
+    )
+    assert long_steps - short_steps == 32
+    assert long - short <= 4, (short, long)
+
+
+def test_a_policy_without_a_named_backend_decodes_statically(tmp_path):
+    from tiny_lm import save_tiny_tokenizer, tiny_llama_config
+
+    from rlvr_lightning.policies.hf import HFPolicy
+
+    tokenizer = str(save_tiny_tokenizer(tmp_path / "tok"))
+    torch.manual_seed(0)
+    policy = HFPolicy(config=tiny_llama_config(), tokenizer_name_or_path=tokenizer).to("cuda")
+    rollout = policy.sample({"prompt": ["a", "The quick brown fox"]}, n=4, sampling=SamplingConfig(max_new_tokens=16))
+    assert rollout.response_ids.shape[0] == 8 and policy.generation._static._workspaces._by_model
