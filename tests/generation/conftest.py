@@ -1,16 +1,13 @@
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).parents[1] / "policies"))
-
-from tiny_lm import save_tiny_tokenizer, tiny_llama_config  # noqa: E402, F401
+from rlvr_lightning.demos.tiny_lm import save_tiny_tokenizer, tiny_llama_config  # noqa: F401
 
 
 @pytest.fixture(autouse=True)

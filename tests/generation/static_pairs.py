@@ -5,9 +5,7 @@ uniform at every step), the random stream static decoding reproduces (`generatio
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -17,16 +15,15 @@ from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.generation.static_cache import WorkspacePool
 from rlvr_lightning.generation.static_generation import static_generate
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "policies"))  # tiny_lm, also from tests/gpu
-
 PROMPTS = [[5, 6, 7, 8], [9, 10], [11, 12, 13]]  # uneven lengths: left padding
 EOS = [2, 3, 4, 5]  # 1 token in 16: rows end at different steps
 
 
 def tiny_model(model_type: str = "llama", vocab_size: int = 64, seed: int = 0):
     """A random tiny causal LM (Llama, or Qwen2 with biased q/k/v projections), 2 key/value heads for 4 heads."""
-    from tiny_lm import tiny_llama_config
     from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rlvr_lightning.demos.tiny_lm import tiny_llama_config
 
     torch.manual_seed(seed)
     config = tiny_llama_config(vocab_size=vocab_size)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_lm import bias_tokens, tiny_llama_config
 
+from rlvr_lightning.demos.tiny_lm import bias_tokens, tiny_llama_config
 from rlvr_lightning.generation import DeviceDefaultGeneration, KVCacheGeneration, StaticCacheGeneration
 from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.multiturn.thinking_budget import ThinkingBudget

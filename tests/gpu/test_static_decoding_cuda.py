@@ -74,8 +74,7 @@ def test_the_host_synchronises_once_per_eight_steps(mode):
 
 
 def test_a_policy_without_a_named_backend_decodes_statically(tmp_path):
-    from tiny_lm import save_tiny_tokenizer, tiny_llama_config
-
+    from rlvr_lightning.demos.tiny_lm import save_tiny_tokenizer, tiny_llama_config
     from rlvr_lightning.policies.hf import HFPolicy
 
     tokenizer = str(save_tiny_tokenizer(tmp_path / "tok"))
