@@ -39,8 +39,9 @@ from rlvr_lightning.callbacks.environment import WriteEnvironment
 from rlvr_lightning.callbacks.interrupt import SaveOnInterrupt, TrainingInterrupted
 from rlvr_lightning.callbacks.predictions import CompletionWriter
 from rlvr_lightning.callbacks.progress import ProgressLines, RewardProgressBar
+from rlvr_lightning.callbacks.run_lock import DIRPATH_TIP, RunDirectoryLocked, RunLock, describe, is_global_rank_zero
 from rlvr_lightning.checkpoint_files import check_checkpoint_path
-from rlvr_lightning.cli_errors.run_errors import explain_export_error, explain_run_error
+from rlvr_lightning.cli_errors.run_errors import RunProblem, explain_export_error, explain_run_error
 from rlvr_lightning.hub import go_offline_if_unreachable
 from rlvr_lightning.option_domains import Range
 from rlvr_lightning.process_memory import return_freed_memory_to_the_os
@@ -143,6 +144,14 @@ EXTRA_COMMANDS: dict[str, Callable[[list[str]], int]] = {"export": _export, "ser
 
 
 class RLVRCLI(LightningCLI):
+    def __init__(self, *args, **kwargs) -> None:
+        self._run_locks: dict[str, RunLock] = {}  # checkpoint directory -> its lock, held while `fit` runs
+        try:
+            super().__init__(*args, **kwargs)
+        finally:
+            for lock in self._run_locks.values():
+                lock.release()
+
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
         return {name: skip for name, skip in LightningCLI.subcommands().items() if name not in REMOVED_COMMANDS}
@@ -178,6 +187,11 @@ class RLVRCLI(LightningCLI):
         if threads:
             torch.set_num_threads(threads)
         check_checkpoint_path(config.get("ckpt_path"))  # a missing file fails now, not after the model loads
+        trainer = (config.as_dict() if hasattr(config, "as_dict") else dict(config)).get("trainer") or {}
+        name = run_checkpoints.run_name(config.get("config") or [], config.get("run_name"))
+        directory = run_checkpoints.checkpoint_directory(trainer.get("default_root_dir"), name)
+        enabled = trainer.get("enable_checkpointing") is not False
+        self._lock_run_directories(run_checkpoints.configured_directories(trainer.get("callbacks"), directory, enabled))
         go_offline_if_unreachable(config.as_dict() if hasattr(config, "as_dict") else dict(config))
 
     def instantiate_trainer(self, **kwargs) -> pl.Trainer:
@@ -217,6 +231,8 @@ class RLVRCLI(LightningCLI):
         directory = run_checkpoints.checkpoint_directory(trainer_config.get("default_root_dir"), name)
         enabled = trainer_config.get("enable_checkpointing") is not False
         added = run_checkpoints.place_checkpoints(callbacks, directory, enabled)
+        checkpoints = [cb for cb in [*callbacks, *added] if isinstance(cb, pl.callbacks.ModelCheckpoint)]
+        self._lock_run_directories({str(cb.dirpath): cb.dirpath == directory for cb in checkpoints if cb.dirpath})
         if self.subcommand == "fit" and not config.get("ckpt_path"):
             for last in run_checkpoints.earlier_checkpoints([*callbacks, *added]):
                 rank_zero_info(
@@ -224,6 +240,23 @@ class RLVRCLI(LightningCLI):
                     "(to continue that run instead, add --ckpt_path last)"
                 )
         return added
+
+    def _lock_run_directories(self, directories: dict[str, bool]) -> None:
+        """`fit` on global rank 0: lock each checkpoint directory (`run_lock`), or stop with `RunDirectoryLocked`;
+        `directories`: each with whether the run's name chose it (else a checkpoint callback's `dirpath` did)."""
+        if self.subcommand != "fit" or not is_global_rank_zero():
+            return
+        for directory, by_name in directories.items():
+            if directory in self._run_locks:
+                continue
+            lock = RunLock(directory) if by_name else RunLock(directory, DIRPATH_TIP)
+            dead = lock.acquire()
+            self._run_locks[directory] = lock
+            if dead:
+                rank_zero_info(
+                    f"rlvr: {directory} was locked by {describe(dead)}, which is no longer running: "
+                    "this run takes it over"
+                )
 
     def _parse_ckpt_path(self) -> None:
         """The config rebuilds the run, not the checkpoint's hyper-parameters (they exclude the policy).
@@ -290,6 +323,11 @@ def entry_point(args: list[str] | None = None) -> int:
         cli.__init__(**_cli_kwargs(None if args is None else argv, run=True, exit_on_error=debug))
     except TrainingInterrupted as interrupted:
         return interrupted.code
+    except RunDirectoryLocked as locked:
+        if debug:
+            raise
+        print(RunProblem(str(locked), status=2).render(), file=sys.stderr)
+        return 2
     except Exception as error:
         if debug:
             raise
