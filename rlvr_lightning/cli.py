@@ -41,7 +41,9 @@ from rlvr_lightning.callbacks.predictions import CompletionWriter
 from rlvr_lightning.callbacks.progress import ProgressLines, RewardProgressBar
 from rlvr_lightning.callbacks.run_lock import DIRPATH_TIP, RunDirectoryLocked, RunLock, describe, is_global_rank_zero
 from rlvr_lightning.checkpoint_files import check_checkpoint_path
+from rlvr_lightning.cli_errors.config_files import config_limit_problem
 from rlvr_lightning.cli_errors.run_errors import RunProblem, explain_export_error, explain_run_error
+from rlvr_lightning.config_limits import bound_jsonargparse_yaml
 from rlvr_lightning.hub import go_offline_if_unreachable
 from rlvr_lightning.option_domains import Range
 from rlvr_lightning.process_memory import return_freed_memory_to_the_os
@@ -113,6 +115,7 @@ def parse_counts_as_counts() -> None:
 
 
 parse_counts_as_counts()
+bound_jsonargparse_yaml()  # an alias-heavy or oversized config is refused, not expanded until memory runs out
 
 
 def _export(argv: list[str]) -> int:
@@ -312,6 +315,9 @@ def entry_point(args: list[str] | None = None) -> int:
     debug, argv = cli_errors.debug_requested(argv)
     if args is None:  # LightningCLI warns when given arguments beside sys.argv's: it reads sys.argv itself
         sys.argv[1:] = argv
+    if not debug and (problem := config_limit_problem(argv)) is not None:  # before anything reads the configs
+        print(problem.render(), file=sys.stderr)
+        return 2
     if argv and argv[0] in EXTRA_COMMANDS:
         return EXTRA_COMMANDS[argv[0]](argv[1:])
     if argv and argv[0] in REMOVED_COMMANDS:
