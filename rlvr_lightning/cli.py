@@ -47,7 +47,7 @@ from rlvr_lightning.config_limits import bound_jsonargparse_yaml
 from rlvr_lightning.hub import go_offline_if_unreachable
 from rlvr_lightning.option_domains import Range
 from rlvr_lightning.process_memory import return_freed_memory_to_the_os
-from rlvr_lightning.quiet_console import quiet_third_party
+from rlvr_lightning.quiet_console import quiet_loggers, quiet_third_party
 
 TRAINER_DEFAULTS = {
     "accelerator": "auto",
@@ -222,6 +222,7 @@ class RLVRCLI(LightningCLI):
         if not any(isinstance(cb, ResumeState) for cb in callbacks):  # RNG states in checkpoints, atomic files
             added.append(ResumeState())
         added += self._place_checkpoints(trainer_config, callbacks)
+        quiet_loggers(trainer_config.get("logger"))
         if added:
             kwargs["callbacks"] = [*callbacks, *added]
         return super().instantiate_trainer(**kwargs)
