@@ -40,7 +40,7 @@ from rlvr_lightning.callbacks.interrupt import SaveOnInterrupt, TrainingInterrup
 from rlvr_lightning.callbacks.predictions import CompletionWriter
 from rlvr_lightning.callbacks.progress import ProgressLines, RewardProgressBar
 from rlvr_lightning.callbacks.run_lock import DIRPATH_TIP, RunDirectoryLocked, RunLock, describe, is_global_rank_zero
-from rlvr_lightning.checkpoint_files import check_checkpoint_path
+from rlvr_lightning.checkpoint_files import check_checkpoint_path, is_local
 from rlvr_lightning.cli_errors.config_files import config_limit_problem
 from rlvr_lightning.cli_errors.run_errors import RunProblem, explain_export_error, explain_run_error
 from rlvr_lightning.config_limits import bound_jsonargparse_yaml
@@ -192,7 +192,8 @@ class RLVRCLI(LightningCLI):
         check_checkpoint_path(config.get("ckpt_path"))  # a missing file fails now, not after the model loads
         trainer = (config.as_dict() if hasattr(config, "as_dict") else dict(config)).get("trainer") or {}
         name = run_checkpoints.run_name(config.get("config") or [], config.get("run_name"))
-        directory = run_checkpoints.checkpoint_directory(trainer.get("default_root_dir"), name)
+        root = trainer.get("default_root_dir")
+        directory = run_checkpoints.checkpoint_directory(root, name) if is_local(root or ".") else str(root)
         enabled = trainer.get("enable_checkpointing") is not False
         self._lock_run_directories(run_checkpoints.configured_directories(trainer.get("callbacks"), directory, enabled))
         go_offline_if_unreachable(config.as_dict() if hasattr(config, "as_dict") else dict(config))
@@ -236,7 +237,8 @@ class RLVRCLI(LightningCLI):
         enabled = trainer_config.get("enable_checkpointing") is not False
         added = run_checkpoints.place_checkpoints(callbacks, directory, enabled)
         checkpoints = [cb for cb in [*callbacks, *added] if isinstance(cb, pl.callbacks.ModelCheckpoint)]
-        self._lock_run_directories({str(cb.dirpath): cb.dirpath == directory for cb in checkpoints if cb.dirpath})
+        dirpaths = [str(cb.dirpath) for cb in checkpoints if cb.dirpath and is_local(cb.dirpath)]
+        self._lock_run_directories({dirpath: dirpath == directory for dirpath in dirpaths})
         if self.subcommand == "fit" and not config.get("ckpt_path"):
             for last in run_checkpoints.earlier_checkpoints([*callbacks, *added]):
                 rank_zero_info(

@@ -18,6 +18,7 @@ import lightning.pytorch as pl
 import pytest
 
 from rlvr_lightning.callbacks import run_lock
+from rlvr_lightning.callbacks.run_checkpoints import configured_directories
 from rlvr_lightning.callbacks.run_lock import RunDirectoryLocked, RunLock, is_global_rank_zero, lock_path
 from rlvr_lightning.cli import RLVRCLI, entry_point
 
@@ -223,3 +224,17 @@ def test_under_ddp_global_rank_zero_holds_the_one_lock(tmp_path):
 
 
 DDP = "  strategy: ddp\n  accelerator: cpu\n  devices: 2\n  max_epochs: 1\n"
+
+
+def test_the_directories_a_config_locks():
+    run_directory = "/runs/run/checkpoints"
+
+    def checkpoint(**init_args) -> dict:
+        return {"class_path": "rlvr_lightning.callbacks.RolloutCheckpoint", "init_args": init_args}
+
+    reward = {"class_path": "rlvr_lightning.rewards.SortInclusionOrderingReward"}
+    assert configured_directories([reward], run_directory) == {run_directory: True}  # rlvr adds the checkpoint
+    assert configured_directories([reward, checkpoint()], run_directory) == {run_directory: True}
+    assert configured_directories([checkpoint(dirpath="/mine")], run_directory) == {"/mine": False}
+    assert configured_directories([checkpoint(dirpath="s3://bucket/run")], run_directory) == {}  # remote: no lock
+    assert configured_directories([reward], run_directory, enabled=False) == {}

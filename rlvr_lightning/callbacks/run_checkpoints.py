@@ -22,6 +22,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from rlvr_lightning.callbacks.checkpointing import RolloutCheckpoint
+from rlvr_lightning.checkpoint_files import is_local
 
 DEFAULT_EVERY_N_ROLLOUT_STEPS = 100
 
@@ -80,8 +81,8 @@ def configured_directories(callback_sections: object, directory: str, enabled: b
     sections = callback_sections if isinstance(callback_sections, list) else [callback_sections]
     checkpoints = [s for s in sections if isinstance(s, dict) and _is_model_checkpoint(s.get("class_path"))]
     dirpaths = [(section.get("init_args") or {}).get("dirpath") for section in checkpoints]
-    found = {directory: True} if not checkpoints or None in dirpaths else {}
-    found.update({os.path.realpath(str(dirpath)): False for dirpath in dirpaths if dirpath is not None})
+    found = {directory: True} if (not checkpoints or None in dirpaths) and is_local(directory) else {}
+    found.update({os.path.realpath(str(path)): False for path in dirpaths if path is not None and is_local(path)})
     return found
 
 
