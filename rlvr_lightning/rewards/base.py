@@ -40,7 +40,7 @@ from lightning.pytorch import Callback
 from lightning.pytorch.utilities import rank_zero_only
 from torch import Tensor
 
-from rlvr_lightning.rewards.time_limit import RowTimeout, results_in_time
+from rlvr_lightning.rewards.time_limit import is_row_timeout, results_in_time
 from rlvr_lightning.rollout import Rollout
 
 log = logging.getLogger(__name__)
@@ -150,7 +150,7 @@ class RewardCallback(Callback):
     def row_failed(self, i: int, error: BaseException | str) -> None:
         """Count row `i` as failed; the first failure is kept for the warning (the traceback at DEBUG level)."""
         self.num_errors += 1
-        if isinstance(error, RowTimeout):
+        if is_row_timeout(error):
             self.num_timeouts += 1
             self._first_timeout = self._first_timeout or f"row {i}"
         if self._first_error is None:

@@ -26,8 +26,15 @@ from typing import Any
 MAX_STALL_S = 1.0
 
 
-class RowTimeout(TimeoutError):
-    """A row not scored within the step's limit."""
+def row_timeout(message: str) -> TimeoutError:
+    """A `TimeoutError` for a row not scored within the step's limit, marked as one (`is_row_timeout`)."""
+    error = TimeoutError(message)
+    error.row_timeout = True
+    return error
+
+
+def is_row_timeout(error: object) -> bool:
+    return isinstance(error, TimeoutError) and getattr(error, "row_timeout", False)
 
 
 class RowAbandoned(BaseException):
@@ -39,7 +46,7 @@ def results_in_time(
     function: Callable[[int], Any], num_rows: int, timeout_s: float | None, what: str, threads: int = 1
 ) -> list[tuple[bool, Any]]:
     """`(True, function(i))` or `(False, the exception it raised)` for i = 0..num_rows-1, in order; a row not
-    done `timeout_s` seconds after the start gives `(False, RowTimeout)` (a `TimeoutError`) naming `what` and
+    done `timeout_s` seconds after the start gives `(False, TimeoutError)` (`is_row_timeout`) naming `what` and
     the row. Any `BaseException` but `KeyboardInterrupt` (`SystemExit` included) is handed over, not raised.
     `threads`: the rows scored at the same time (more start when rows stall). `timeout_s=None`: no limit,
     every row in the caller's thread, one after another."""
@@ -97,10 +104,9 @@ class _Workers:
             if isinstance(value, KeyboardInterrupt):
                 raise value
             results[row] = (returned, value)
+        late = "{} row {} was not scored within timeout_s={:g} s of the step"
         return [
-            result
-            if result is not None
-            else (False, RowTimeout(f"{self.what} row {i} was not scored within timeout_s={timeout_s:g} s of the step"))
+            result if result is not None else (False, row_timeout(late.format(self.what, i, timeout_s)))
             for i, result in enumerate(results)
         ]
 
