@@ -62,7 +62,8 @@ def test_a_full_disk_keeps_the_previous_checkpoint_and_names_directory_and_space
     monkeypatch.undo()
     message = str(raised.value)
     assert message.startswith(f"cannot write checkpoint {path}: No space left on device\nin {path.parent}: ")
-    assert "the checkpoint needs about 4.0 MB" in message and " free" in message
+    assert "the checkpoint needs about 4.0 MB" in message
+    assert message.endswith(" free; the previous checkpoint is intact")
     assert io.load_checkpoint(path)["version"] == 1  # intact
     assert [p.name for p in path.parent.iterdir()] == ["last.ckpt"]  # the partial file was removed
 
@@ -103,6 +104,20 @@ def test_rlvr_fit_on_a_full_disk_says_so_in_a_few_lines(in_tmp_dir, monkeypatch,
     assert f"in {directory}: the checkpoint needs about " in error and " free" in error
     assert steps_in(directory / "last.ckpt") == 2
     assert [p.name for p in directory.iterdir()] == ["last.ckpt"]
+
+
+def test_a_full_disk_at_the_first_checkpoint_claims_no_previous_one(in_tmp_dir, monkeypatch, capsys):
+    directory = in_tmp_dir / "ckpt"
+    fill_the_disk(monkeypatch, after_saves=0)
+    assert entry_point(["fit", "--config", str(run_config(in_tmp_dir, directory))]) == 1
+    monkeypatch.undo()
+    error = short_error(capsys)
+    print(error)
+    assert error.startswith(f"error: cannot write checkpoint {directory / 'last.ckpt'}: No space left on device\n")
+    second = error.splitlines()[1]
+    assert second.startswith(f"  in {directory}: the checkpoint needs about ")
+    assert second.endswith(" free; there was no earlier checkpoint of that name")
+    assert list(directory.iterdir()) == []
 
 
 class CountSteps(Callback):

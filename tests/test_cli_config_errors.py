@@ -3,12 +3,17 @@ files, directories told from missing files, option prefixes, missing optional de
 run from the wrong directory; a few lines each, exit status 2, no traceback."""
 
 import importlib.util
+import json
 
 import pytest
+import yaml
 
 from rlvr_lightning.policies import hf_loading
 
 from .cli_runs import QUIET, ROOT, SORT, TINY_LM, run
+from .gsm8k_tiny import write_tiny_gsm8k_override
+
+GSM8K_RECIPE = str(ROOT / "configs" / "gsm8k_qwen2.5_math_1.5b.yaml")
 
 
 def test_a_yaml_syntax_error_names_file_line_and_column(in_tmp_dir, capsys):
@@ -56,6 +61,21 @@ def test_a_jsonl_path_that_is_a_directory_is_told_from_a_missing_file(in_tmp_dir
     code, lines = run(capsys, "fit", "--config", SORT, "--config", "missing.yaml", *QUIET)
     assert code == 2
     assert lines[0] == f"error: path='nope.jsonl' does not exist (looked for {in_tmp_dir / 'nope.jsonl'})"
+
+
+def test_a_bad_data_line_is_named_by_file_and_line_alone(in_tmp_dir, capsys):
+    """Not followed by an option or "valid:" choices (no option is wrong: the data file is)."""
+    override = yaml.safe_load(write_tiny_gsm8k_override(in_tmp_dir, accelerator="cpu").read_text())
+    lines = [json.dumps({"question": f"{a} + 1?", "answer": f"#### {a + 1}"}) for a in range(3)]
+    (in_tmp_dir / "missing_field.jsonl").write_text("\n".join([*lines, json.dumps({"question": "2 + 2?"})]) + "\n")
+    override["data"]["init_args"]["task"]["init_args"] = {"path": "missing_field.jsonl"}
+    (in_tmp_dir / "tiny.yaml").write_text(yaml.safe_dump(override))
+    code, lines = run(capsys, "fit", "--config", GSM8K_RECIPE, "--config", "tiny.yaml")
+    assert code == 2
+    assert lines[-2:] == [
+        "error: missing_field.jsonl:4: missing field 'answer' (the record has question)",
+        "  (run again with --debug (or RLVR_DEBUG=1) for the full message and traceback)",
+    ]
 
 
 def test_a_prefix_of_an_option_is_an_unknown_option(capsys):

@@ -6,11 +6,13 @@ the names of the `--config` files joined by `+` (`grpo`, `gsm8k_qwen2.5_math_1.5
 version or random id (Lightning's default), which differs on every start. A run whose callbacks hold no
 `ModelCheckpoint`, e.g. because a later `--config` replaced the list, gets `default_checkpoint`. Every
 `ModelCheckpoint` overwrites its files instead of writing `last-v1.ckpt` beside `last.ckpt`: the newest
-state of a run is always `last.ckpt`.
+state of a run is always `last.ckpt`. `rlvr fit` locks the directories `configured_directories` finds before
+anything is built (`run_lock`): one run at a time writes them.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 from collections.abc import Sequence
@@ -20,6 +22,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from rlvr_lightning.callbacks.checkpointing import RolloutCheckpoint
+from rlvr_lightning.runtime.checkpoint_files import is_local
 
 DEFAULT_EVERY_N_ROLLOUT_STEPS = 100
 
@@ -66,6 +69,32 @@ def place_checkpoints(callbacks: Sequence[pl.Callback], directory: str, enabled:
     if checkpoints or not enabled:
         return []
     return [default_checkpoint(directory)]
+
+
+def configured_directories(callback_sections: object, directory: str, enabled: bool = True) -> dict[str, bool]:
+    """The checkpoint directories a run will write, read from its config before anything is built, each with
+    whether the run's name chose it: the `dirpath` of each `ModelCheckpoint` section of `callback_sections`
+    (`trainer.callbacks` as dicts; False), and `directory`, the run's (True), when a `ModelCheckpoint` has no
+    `dirpath` or there is none (`place_checkpoints`)."""
+    if not enabled:
+        return {}
+    sections = callback_sections if isinstance(callback_sections, list) else [callback_sections]
+    checkpoints = [s for s in sections if isinstance(s, dict) and _is_model_checkpoint(s.get("class_path"))]
+    dirpaths = [(section.get("init_args") or {}).get("dirpath") for section in checkpoints]
+    found = {directory: True} if (not checkpoints or None in dirpaths) and is_local(directory) else {}
+    found.update({os.path.realpath(str(path)): False for path in dirpaths if path is not None and is_local(path)})
+    return found
+
+
+def _is_model_checkpoint(class_path: object) -> bool:
+    if not isinstance(class_path, str) or "." not in class_path:
+        return False
+    module, _, name = class_path.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except Exception:  # noqa: BLE001 - the parser reports a class that cannot be imported
+        return False
+    return isinstance(cls, type) and issubclass(cls, ModelCheckpoint)
 
 
 def earlier_checkpoints(callbacks: Sequence[pl.Callback]) -> list[str]:

@@ -41,14 +41,17 @@ from rlvr_lightning.callbacks.environment import WriteEnvironment
 from rlvr_lightning.callbacks.interrupt import SaveOnInterrupt, TrainingInterrupted
 from rlvr_lightning.callbacks.predictions import CompletionWriter
 from rlvr_lightning.callbacks.progress import ProgressLines, RewardProgressBar
+from rlvr_lightning.callbacks.run_lock import DIRPATH_TIP, RunDirectoryLocked, RunLock, describe, is_global_rank_zero
 from rlvr_lightning.cli import errors as cli_errors
-from rlvr_lightning.cli.errors.run_errors import explain_export_error, explain_run_error
+from rlvr_lightning.cli.errors.config_files import config_limit_problem
+from rlvr_lightning.cli.errors.run_errors import RunProblem, explain_export_error, explain_run_error
 from rlvr_lightning.cli.evaluate import EvalTrainer
-from rlvr_lightning.runtime.checkpoint_files import check_checkpoint_path
+from rlvr_lightning.runtime.checkpoint_files import check_checkpoint_path, is_local
+from rlvr_lightning.runtime.config_limits import bound_jsonargparse_yaml
 from rlvr_lightning.runtime.hub import go_offline_if_unreachable
 from rlvr_lightning.runtime.option_domains import Range
 from rlvr_lightning.runtime.process_memory import return_freed_memory_to_the_os
-from rlvr_lightning.runtime.quiet_console import quiet_third_party
+from rlvr_lightning.runtime.quiet_console import quiet_loggers, quiet_third_party
 
 TRAINER_DEFAULTS = {
     "accelerator": "auto",
@@ -120,6 +123,7 @@ def parse_counts_as_counts() -> None:
 
 
 parse_counts_as_counts()
+bound_jsonargparse_yaml()  # an alias-heavy or oversized config is refused, not expanded until memory runs out
 
 
 def _export(argv: list[str]) -> int:
@@ -151,6 +155,14 @@ EXTRA_COMMANDS: dict[str, Callable[[list[str]], int]] = {"export": _export, "ser
 
 
 class RLVRCLI(LightningCLI):
+    def __init__(self, *args, **kwargs) -> None:
+        self._run_locks: dict[str, RunLock] = {}  # checkpoint directory -> its lock, held while `fit` runs
+        try:
+            super().__init__(*args, **kwargs)
+        finally:
+            for lock in self._run_locks.values():
+                lock.release()
+
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
         commands = {name: skip for name, skip in LightningCLI.subcommands().items() if name not in REMOVED_COMMANDS}
@@ -210,6 +222,12 @@ class RLVRCLI(LightningCLI):
         if threads:
             torch.set_num_threads(threads)
         check_checkpoint_path(config.get("ckpt_path"))  # a missing file fails now, not after the model loads
+        trainer = (config.as_dict() if hasattr(config, "as_dict") else dict(config)).get("trainer") or {}
+        name = run_checkpoints.run_name(config.get("config") or [], config.get("run_name"))
+        root = trainer.get("default_root_dir")
+        directory = run_checkpoints.checkpoint_directory(root, name) if is_local(root or ".") else str(root)
+        enabled = trainer.get("enable_checkpointing") is not False
+        self._lock_run_directories(run_checkpoints.configured_directories(trainer.get("callbacks"), directory, enabled))
         go_offline_if_unreachable(config.as_dict() if hasattr(config, "as_dict") else dict(config))
 
     def instantiate_trainer(self, **kwargs) -> pl.Trainer:
@@ -237,6 +255,7 @@ class RLVRCLI(LightningCLI):
         if not any(isinstance(cb, ResumeState) for cb in callbacks):  # RNG states in checkpoints, atomic files
             added.append(ResumeState())
         added += self._place_checkpoints(trainer_config, callbacks)
+        quiet_loggers(trainer_config.get("logger"))
         if added:
             kwargs["callbacks"] = [*callbacks, *added]
         return super().instantiate_trainer(**kwargs)
@@ -249,6 +268,9 @@ class RLVRCLI(LightningCLI):
         directory = run_checkpoints.checkpoint_directory(trainer_config.get("default_root_dir"), name)
         enabled = trainer_config.get("enable_checkpointing") is not False
         added = run_checkpoints.place_checkpoints(callbacks, directory, enabled)
+        checkpoints = [cb for cb in [*callbacks, *added] if isinstance(cb, pl.callbacks.ModelCheckpoint)]
+        dirpaths = [str(cb.dirpath) for cb in checkpoints if cb.dirpath and is_local(cb.dirpath)]
+        self._lock_run_directories({dirpath: dirpath == directory for dirpath in dirpaths})
         if self.subcommand == "fit" and not config.get("ckpt_path"):
             for last in run_checkpoints.earlier_checkpoints([*callbacks, *added]):
                 rank_zero_info(
@@ -256,6 +278,23 @@ class RLVRCLI(LightningCLI):
                     "(to continue that run instead, add --ckpt_path last)"
                 )
         return added
+
+    def _lock_run_directories(self, directories: dict[str, bool]) -> None:
+        """`fit` on global rank 0: lock each checkpoint directory (`run_lock`), or stop with `RunDirectoryLocked`;
+        `directories`: each with whether the run's name chose it (else a checkpoint callback's `dirpath` did)."""
+        if self.subcommand != "fit" or not is_global_rank_zero():
+            return
+        for directory, by_name in directories.items():
+            if directory in self._run_locks:
+                continue
+            lock = RunLock(directory) if by_name else RunLock(directory, DIRPATH_TIP)
+            dead = lock.acquire()
+            self._run_locks[directory] = lock
+            if dead:
+                rank_zero_info(
+                    f"rlvr: {directory} was locked by {describe(dead)}, which is no longer running: "
+                    "this run takes it over"
+                )
 
     def _parse_ckpt_path(self) -> None:
         """The config rebuilds the run, not the checkpoint's hyper-parameters (they exclude the policy).
@@ -312,6 +351,9 @@ def entry_point(args: list[str] | None = None) -> int:
     debug, argv = cli_errors.debug_requested(argv)
     if args is None:  # LightningCLI warns when given arguments beside sys.argv's: it reads sys.argv itself
         sys.argv[1:] = argv
+    if not debug and (problem := config_limit_problem(argv)) is not None:  # before anything reads the configs
+        print(problem.render(), file=sys.stderr)
+        return 2
     if argv and argv[0] in EXTRA_COMMANDS:
         return EXTRA_COMMANDS[argv[0]](argv[1:])
     if argv and argv[0] in REMOVED_COMMANDS:
@@ -323,6 +365,11 @@ def entry_point(args: list[str] | None = None) -> int:
         cli.__init__(**_cli_kwargs(None if args is None else argv, run=True, exit_on_error=debug))
     except TrainingInterrupted as interrupted:
         return interrupted.code
+    except RunDirectoryLocked as locked:
+        if debug:
+            raise
+        print(RunProblem(str(locked), status=2).render(), file=sys.stderr)
+        return 2
     except Exception as error:
         if debug:
             raise

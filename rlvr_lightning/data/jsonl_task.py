@@ -18,8 +18,10 @@ Record formats (``format``):
 An example is ``{"prompt": <templated question>, "answer": <ground truth>, "question": ...,
 "solution": <the record's worked solution, if any>}``. A line that is not UTF-8 (a byte-order mark
 on the first line is fine), not a JSON object (or nested too deeply), longer than
-``MAX_LINE_BYTES``, whose prompt is longer than ``max_prompt_chars``, or whose ground truth cannot
-be found fails with an error naming the file and line number. Blank lines are skipped. Prompts
+``MAX_LINE_BYTES``, whose prompt is longer than ``max_prompt_chars``, that lacks a field (the message
+lists the ones it has), whose question or solution is not a string (``{"question": 5}``) or answer neither
+a string nor a number, or whose ground truth cannot be found fails with an error naming the file and line
+number. Blank lines are skipped. Prompts
 longer than the model's context are rejected when a run starts, also by file and line
 (`rlvr_lightning.data.prompt_lengths`).
 """
@@ -64,17 +66,17 @@ def record_to_example(
         raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
     if format == "fields" or question_key is not None or answer_key is not None:
         q_key, a_key = question_key or "question", answer_key or "answer"
-        question, answer, solution = _field(record, q_key), _field(record, a_key), None
-        answer = str(answer).strip()
+        question, answer, solution = _text(record, q_key), _answer(record, a_key), None
     else:
         if format == "auto":
             format = "gsm8k" if "question" in record else "math" if "problem" in record else ""
             if not format:
                 raise RecordError(
-                    f"cannot tell the format: no 'question' (GSM8K) or 'problem' (MATH) field; keys {sorted(record)}"
+                    "cannot tell the format: no 'question' (GSM8K) or 'problem' (MATH) field (the record has "
+                    f"{', '.join(sorted(record)) or 'no field'})"
                 )
         if format == "gsm8k":
-            question, solution = _field(record, "question"), str(_field(record, "answer"))
+            question, solution = _text(record, "question"), _text(record, "answer")
             if "####" not in solution:
                 raise RecordError("GSM8K record: no '#### <number>' in its 'answer' field")
             try:
@@ -82,17 +84,17 @@ def record_to_example(
             except ValueError as error:
                 raise RecordError(f"GSM8K record: {error}") from None
         else:
-            question = _field(record, "problem")
-            solution = record.get("solution")
-            answer = record.get("answer")
-            if answer is None or not str(answer).strip():
+            question = _text(record, "problem")
+            solution = _text(record, "solution") if record.get("solution") is not None else None
+            answer = _answer(record, "answer") if record.get("answer") is not None else ""
+            if not answer:
                 if solution is None:
                     raise RecordError("MATH record: neither an 'answer' nor a 'solution' field")
-                answer = extract_boxed(str(solution))
+                answer = extract_boxed(solution)
                 if not answer:
                     raise RecordError("MATH record: no \\boxed{...} answer in its 'solution' field")
             answer = str(answer).strip()
-    question = str(question).strip()
+    question = question.strip()
     if not question:
         raise RecordError("empty question")
     prompt = apply_template(template, question)
@@ -106,8 +108,31 @@ def record_to_example(
 
 def _field(record: dict, key: str) -> Any:
     if key not in record or record[key] is None:
-        raise RecordError(f"missing field {key!r} (keys: {sorted(record)})")
+        raise RecordError(f"missing field {key!r} (the record has {', '.join(sorted(record)) or 'no field'})")
     return record[key]
+
+
+def _text(record: dict, key: str) -> str:
+    """The field `key`, which must be a string (a number would silently become its digits)."""
+    value = _field(record, key)
+    if not isinstance(value, str):
+        raise RecordError(f"field {key!r} is {_kind(value)}, not a string")
+    return value
+
+
+def _answer(record: dict, key: str) -> str:
+    """The field `key` as a ground-truth answer: a string, or a number written as one (`42`, `0.5`)."""
+    value = _field(record, key)
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise RecordError(f"field {key!r} is {_kind(value)}, not a string or a number")
+    return str(value).strip()
+
+
+def _kind(value: Any) -> str:
+    names = {bool: "a boolean", int: "a number", float: "a number", list: "a list", dict: "an object"}
+    shown = json.dumps(value, default=str)
+    shown = shown if len(shown) <= 40 else shown[:37] + "..."
+    return f"{names.get(type(value), type(value).__name__)} ({shown})"
 
 
 def read_jsonl(

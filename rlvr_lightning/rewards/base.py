@@ -19,8 +19,12 @@ it was raised; the traceback is logged at DEBUG level); later ones are summarise
 `error_summary_every_n_steps` training steps. A reward that fails on every row of its first training
 step stops the run (`RewardFailedEveryRow`): that is a configuration mistake (a `score_row` with the
 wrong signature, a missing metadata key), not bad luck.
-`timeout_s` (default `DEFAULT_ROW_TIMEOUT_S`; null: none) bounds each `score_row` call: a row that takes
-longer fails (`time_limit.py`: the rows run in a worker thread).
+`timeout_s` (default `DEFAULT_ROW_TIMEOUT_S`; null: none) bounds the `score_row` calls of a step: the rows
+run concurrently in worker threads (`concurrent_rows` at a time, more when rows hang; 1 for a `score_row`
+that is not thread-safe), and a row not scored within `timeout_s` of the start fails (`time_limit.py`), so a
+step's scoring takes at most about one limit. Time-outs are counted in `num_timeouts` (logged as
+`reward_errors/timeout`), the first one printed once; a reward that times out on every row of a step stops the
+run (`RewardTimedOutEveryRow`): it never answers in time, which is a configuration mistake too.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from lightning.pytorch import Callback
 from lightning.pytorch.utilities import rank_zero_only
 from torch import Tensor
 
-from rlvr_lightning.rewards.time_limit import results_in_time
+from rlvr_lightning.rewards.time_limit import is_row_timeout, results_in_time
 from rlvr_lightning.rollout import Rollout
 
 log = logging.getLogger(__name__)
@@ -55,6 +59,20 @@ class RewardFailedEveryRow(RuntimeError):
         super().__init__(f"reward {reward.name} failed on all {rows} rows of the first training step; first: {cause}")
 
 
+class RewardTimedOutEveryRow(RewardFailedEveryRow):
+    """A reward's time limit ran out before it scored any row of a step: it never answers in time, the run stops."""
+
+    tip = "raise the reward's timeout_s (null: no limit), or fix what its score_row waits for"
+
+    def __init__(self, reward: RewardCallback, rows: int) -> None:
+        self.reward = reward
+        RuntimeError.__init__(
+            self,
+            f"reward {reward.name} timed out on all {rows} rows of a step: none was scored within its "
+            f"timeout_s={reward.timeout_s:g} s",
+        )
+
+
 def _snake_case(name: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
 
@@ -70,6 +88,7 @@ class RewardCallback(Callback):
     kind: str = "task"
     error_summary_every_n_steps: int = 50
     failure_value: float = 0.0  # the score of a failed row
+    concurrent_rows: int = 8  # `score_row` calls at the same time, in threads (1: a reward that is not thread-safe)
 
     def __init__(
         self,
@@ -83,7 +102,8 @@ class RewardCallback(Callback):
             weight: the reward's weight in the total reward.
             name: its name in the logs (default: the class name in snake case without `Reward`).
             on_error: "zero": a failed row scores `failure_value` and is counted; "raise": it stops the run.
-            timeout_s: seconds one `score_row` call may take (a longer one fails its row); null: no limit.
+            timeout_s: seconds the `score_row` calls of a step may take, run concurrently (a row not scored by
+                then fails); null: no limit, the rows run one after another in the caller's thread.
         """
         if on_error not in ON_ERROR_CHOICES:
             raise ValueError(f"on_error={on_error!r} is not one of {ON_ERROR_CHOICES}")
@@ -94,8 +114,10 @@ class RewardCallback(Callback):
         self.on_error = on_error
         self.timeout_s = timeout_s
         self.num_errors = 0  # rows that failed since the last `pop_errors`
+        self.num_timeouts = 0  # of which: rows not scored within `timeout_s` (`pop_errors` resets both)
         self._first_error: str | None = None  # the first failure of this reward, described in one line
-        self._warned = False
+        self._first_timeout: str | None = None  # the row of its first time-out
+        self._warned = self._warned_timeout = False
         self._failed_since_summary = self._rows_since_summary = self._failed_total = 0
         self._step_rows = self._step_failed = 0  # in the current training step
         self._first_step_checked = False
@@ -105,7 +127,11 @@ class RewardCallback(Callback):
         isolating failures."""
         scores = torch.zeros(rollout.num_rows)
         results = results_in_time(
-            lambda i: self.score_row(rollout, i), rollout.num_rows, self.timeout_s, f"reward {self.name}"
+            lambda i: self.score_row(rollout, i),
+            rollout.num_rows,
+            self.timeout_s,
+            f"reward {self.name}",
+            self.concurrent_rows,
         )
         for i, (returned, value) in enumerate(results):
             try:
@@ -124,6 +150,9 @@ class RewardCallback(Callback):
     def row_failed(self, i: int, error: BaseException | str) -> None:
         """Count row `i` as failed; the first failure is kept for the warning (the traceback at DEBUG level)."""
         self.num_errors += 1
+        if is_row_timeout(error):
+            self.num_timeouts += 1
+            self._first_timeout = self._first_timeout or f"row {i}"
         if self._first_error is None:
             self._first_error = f"row {i}: {error if isinstance(error, str) else describe_error(error)}"
         if isinstance(error, BaseException):
@@ -145,7 +174,7 @@ class RewardCallback(Callback):
     def __call__(self, rollout: Rollout) -> Tensor:
         """`score`, checked: a whole-batch failure (it raised, or returned no `float[N]`) fails every row, and a
         score that is not a finite number fails its row."""
-        errors_before = self.num_errors
+        errors_before, timeouts_before = self.num_errors, self.num_timeouts
         try:
             # a reward computed on the host joins the rollout's device (the GPU's), where the weighted sum is made
             scores = _as_scores(self.score(rollout), rollout.num_rows).to(rollout.response_ids.device)
@@ -159,7 +188,10 @@ class RewardCallback(Callback):
             self.num_errors += rollout.num_rows
             scores = torch.full((rollout.num_rows,), self.failure_value, device=rollout.response_ids.device)
         scores = self._failing_non_finite(scores)
-        self._note_failures(self.num_errors - errors_before, rollout.num_rows)
+        timeouts = self.num_timeouts - timeouts_before if self.timeout_s is not None else 0  # of `timeout_s`
+        self._note_failures(self.num_errors - errors_before, rollout.num_rows, timeouts)
+        if rollout.num_rows and timeouts >= rollout.num_rows:
+            raise RewardTimedOutEveryRow(self, rollout.num_rows)
         return scores
 
     def _failing_non_finite(self, scores: Tensor) -> Tensor:
@@ -174,14 +206,27 @@ class RewardCallback(Callback):
             self.row_failed(i, f"scored {scores[i].item()}, not a finite number")
         return torch.where(finite, scores, torch.full_like(scores, self.failure_value))
 
-    def _note_failures(self, failed: int, rows: int) -> None:
-        """One warning at the first failure; after it, failures accumulate for the periodic summary."""
+    def _note_failures(self, failed: int, rows: int, timeouts: int = 0) -> None:
+        """One warning at the first failure, and one at the first time-out; after them, failures accumulate for
+        the periodic summary."""
         self._rows_since_summary += rows
         self._step_rows += rows
         self._step_failed += max(failed, 0)
         if failed <= 0:
             return
         self._failed_total += failed
+        if timeouts and not self._warned_timeout:
+            self._warned_timeout = True
+            _warn(
+                f"reward {self.name}: {timeouts} of {rows} rows not scored within timeout_s={self.timeout_s:g} s "
+                f"(first: {self._first_timeout}); they score {self.failure_value:g}, counted in reward_errors/timeout "
+                f"and reward_errors/{self.name}. The step's rows are scored concurrently; raise timeout_s (null: no "
+                "limit) if the reward needs longer"
+            )
+            if failed == timeouts and not self._warned:  # that was the first failure's warning too
+                self._warned = True
+                self._rows_since_summary = 0
+                return
         if self._warned:
             self._failed_since_summary += failed
             return
@@ -213,7 +258,8 @@ class RewardCallback(Callback):
             self._failed_since_summary = self._rows_since_summary = 0
 
     def pop_errors(self) -> int:
-        errors, self.num_errors = self.num_errors, 0
+        """The rows that failed since the last call (`num_errors`); resets `num_timeouts` too."""
+        errors, self.num_errors, self.num_timeouts = self.num_errors, 0, 0
         return errors
 
 
@@ -247,4 +293,8 @@ def find_reward_callbacks(callbacks) -> list[RewardCallback]:
     names = [cb.name for cb in rewards]
     if len(set(names)) != len(names):
         raise ValueError(f"reward names must be unique, got {names}; set `name:` on the duplicates")
+    if "timeout" in names:
+        raise ValueError(
+            "a reward cannot be named 'timeout' (reward_errors/timeout counts time-outs); set another name:"
+        )
     return rewards

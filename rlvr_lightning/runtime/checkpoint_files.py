@@ -38,7 +38,7 @@ class CheckpointNotFoundError(FileNotFoundError):
 
 class CheckpointWriteError(OSError):
     """A checkpoint could not be written (disk full, a directory that cannot be written); the previous file with
-    its name is intact and no temporary file is left."""
+    its name, if there was one, is intact and no temporary file is left."""
 
 
 def is_local(path) -> bool:
@@ -91,7 +91,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             if cause is None:
                 raise
             # torch.save reports a failed write as its own RuntimeError, with the OSError only as its context
-            raise CheckpointWriteError(failed_write_message(path, cause, checkpoint_bytes(checkpoint))) from error
+            message = failed_write_message(path, cause, checkpoint_bytes(checkpoint), os.path.exists(path))
+            raise CheckpointWriteError(message) from error
         fsync_directory(directory)
 
     def load_checkpoint(
@@ -188,12 +189,14 @@ def format_bytes(count: int | None) -> str:
     return f"{count} bytes"
 
 
-def failed_write_message(path: str, error: OSError, needed: int) -> str:
-    """Two lines: what failed, then where, how much space the checkpoint needs and how much is free."""
+def failed_write_message(path: str, error: OSError, needed: int, previous: bool = True) -> str:
+    """Two lines: what failed, then where, how much space the checkpoint needs and how much is free, and whether a
+    `previous` checkpoint with that name is left intact (or there was none)."""
     directory = os.path.dirname(path)
     reason = error.strerror or str(error)
     space = f"the checkpoint needs about {format_bytes(needed)}, {format_bytes(free_bytes(directory))} free"
-    return f"cannot write checkpoint {path}: {reason}\nin {directory}: {space}; the previous checkpoint is intact"
+    left = "the previous checkpoint is intact" if previous else "there was no earlier checkpoint of that name"
+    return f"cannot write checkpoint {path}: {reason}\nin {directory}: {space}; {left}"
 
 
 def unwritable_directory_message(directory: str, error: OSError) -> str:

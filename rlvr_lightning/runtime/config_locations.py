@@ -19,7 +19,7 @@ def _yaml_line(path: Path, keys: list[str], value: str | None) -> int | None:
     """1-based line of `keys` (a dotted option path) in a YAML file, or of a scalar equal to `value`."""
     try:
         root = yaml.compose(path.read_text())
-    except (OSError, yaml.YAMLError):
+    except (OSError, yaml.YAMLError, RecursionError):
         return None
     if root is None:
         return None
@@ -46,20 +46,22 @@ def _yaml_line(path: Path, keys: list[str], value: str | None) -> int | None:
     return line
 
 
-def _find_scalar(node: Any, value: str) -> int | None:
-    if isinstance(node, yaml.ScalarNode):
-        return node.start_mark.line + 1 if node.value == value else None
-    children = (
-        node.value
-        if isinstance(node, yaml.SequenceNode)
-        else [v for _, v in node.value]
-        if isinstance(node, yaml.MappingNode)
-        else []
-    )
-    for child in children:
-        found = _find_scalar(child, value)
-        if found is not None:
-            return found
+def _find_scalar(root: Any, value: str) -> int | None:
+    """The line of the first scalar equal to `value`, each node visited once (an alias is its anchor's node)."""
+    seen: set[int] = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.ScalarNode):
+            if node.value == value:
+                return node.start_mark.line + 1
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend(reversed(node.value))
+        elif isinstance(node, yaml.MappingNode):
+            stack.extend(reversed([v for _, v in node.value]))
     return None
 
 

@@ -2,7 +2,8 @@
 
 Every message here was seen on a run of a shipped config, is harmless, and cannot be fixed from this
 package's side; what this package caused is fixed where it is caused instead. docs/troubleshooting.md
-lists the messages that are left. `rlvr` applies it once, before the configured classes are built.
+lists the messages that are left. `rlvr` applies `quiet_third_party` once, before the configured classes are
+built, and `quiet_loggers` to the trainer's loggers.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ IGNORED_WARNINGS: list[tuple[str, type[Warning], str]] = [
     (r"`is_gradient_checkpointing` is deprecated", FutureWarning, r"transformers\.modeling_utils"),
     # the modules override transfer_batch_to_device on purpose (prompt batches are Python objects, not tensors)
     (r"You have overridden `transfer_batch_to_device` in `LightningModule`", UserWarning, r"lightning\.pytorch\."),
+    # a finite task's prompt stream (`PromptStream`) is an IterableDataset with a length, which stays exact with
+    # worker processes: each yields its own batches (j = worker mod num_workers) and no two yield the same
+    (r"Your `IterableDataset` has `__len__` defined", UserWarning, r"lightning\.pytorch\."),
 ]
 # Lightning's advertisements for its cloud packages (litlogger, litmodels), printed at every start
 IGNORED_LOG_PREFIXES = {f"lightning.{part}.utilities.rank_zero": ("💡 Tip: ",) for part in ("fabric", "pytorch")}
@@ -30,6 +34,16 @@ class _DropPrefixes(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not str(record.msg).startswith(self.prefixes)
+
+
+def quiet_loggers(loggers: object) -> None:
+    """Lightning's `WandbLogger` passes `anonymous=None` to `wandb.init` when the option is not set, which W&B
+    answers on every run with `The anonymous setting has no effect and will be removed`: leave the setting out
+    when it is not set (`loggers`: the trainer's `logger` argument, one logger or a list)."""
+    for logger in loggers if isinstance(loggers, (list, tuple)) else [loggers]:
+        init = getattr(logger, "_wandb_init", None)
+        if isinstance(init, dict) and "anonymous" in init and init["anonymous"] is None:
+            del init["anonymous"]
 
 
 def quiet_third_party() -> None:

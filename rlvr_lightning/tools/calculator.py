@@ -11,7 +11,11 @@ Grammar (usual precedence; `^` and `**` bind tighter than a unary sign, and to t
 Numbers are decimals (`12`, `3.5`, `.5`); thousands separators (`1,000`) are accepted when every group
 has three digits. Values are exact fractions: `7/2` gives `3.5`, `1/3` gives `0.333333333333333`
 (15 significant digits). Bounded work: at most `max_chars` characters and `max_depth` nested
-parentheses, integer exponents up to 64 in magnitude, and no intermediate value beyond 10^`max_digits`.
+parentheses or exponents, integer exponents up to 64 in magnitude, and no value (a number written in the
+expression, an intermediate or the result) beyond 10^`max_digits`; a power is refused from the sizes of its
+base and exponent before it is computed. The limits are bounded themselves (`OPTION_RANGES`): the parser
+recurses once per level of nesting (a few frames each), and Python converts at most 4,300 digits to an
+integer.
 """
 
 from __future__ import annotations
@@ -21,18 +25,28 @@ from decimal import Decimal, localcontext
 from fractions import Fraction
 from typing import Any
 
+from rlvr_lightning.runtime.option_domains import Range, check_ranges
 from rlvr_lightning.tools.base import Tool, ToolError
 
 _TOKEN = re.compile(r"\s*(?:(\d{1,3}(?:,\d{3})+(?:\.\d*)?|\d+\.?\d*|\.\d+)|(\*\*|[-+*/%^()x×÷]))")
 _MAX_EXPONENT = 64
+MAX_DEPTH = 100  # 5 frames a level: 500 of Python's 1,000, the rest left to the caller
+MAX_DIGITS = 1000
+_LOG2_10 = 3.3219280948873626
 
 
 class Calculator(Tool):
     default_name = "calculator"
+    OPTION_RANGES = {
+        "max_chars": Range(1, integer=True),
+        "max_depth": Range(1, MAX_DEPTH, integer=True),
+        "max_digits": Range(1, MAX_DIGITS, integer=True),
+    }
 
     def __init__(
         self, name: str | None = None, max_chars: int = 200, max_depth: int = 32, max_digits: int = 100
     ) -> None:
+        check_ranges(Calculator.OPTION_RANGES, locals())
         super().__init__(name)
         self.max_chars = max_chars
         self.max_depth = max_depth
@@ -47,10 +61,13 @@ class Calculator(Tool):
             raise ToolError("empty expression")
         if len(text) > self.max_chars:
             raise ToolError(f"expression longer than {self.max_chars} characters")
-        return _Parser(_tokens(text), self.max_depth, self.max_digits).parse()
+        try:
+            return _Parser(_tokens(text, self.max_digits), self.max_depth, self.max_digits).parse()
+        except RecursionError:  # the caller's own stack was already deep
+            raise ToolError("the expression is nested too deeply") from None
 
 
-def _tokens(text: str) -> list[str | Fraction]:
+def _tokens(text: str, max_digits: int) -> list[str | Fraction]:
     tokens: list[str | Fraction] = []
     position = 0
     while position < len(text):
@@ -60,9 +77,18 @@ def _tokens(text: str) -> list[str | Fraction]:
                 break
             raise ToolError(f"cannot read {text[position : position + 10]!r} at character {position}")
         number, operator = match.groups()
-        tokens.append(Fraction(number.replace(",", "")) if number is not None else operator)
+        tokens.append(_number(number, max_digits) if number is not None else operator)
         position = match.end()
     return tokens
+
+
+def _number(literal: str, max_digits: int) -> Fraction:
+    """A decimal literal as a fraction; one with more than `max_digits` significant digits in its whole part or
+    its decimals is too large (beyond 10^max_digits, or a denominator that is) and is never converted."""
+    whole, _, decimals = literal.replace(",", "").partition(".")
+    if len(whole.lstrip("0")) > max_digits or len(decimals.rstrip("0")) > max_digits:
+        raise ToolError("a value is too large")
+    return Fraction(f"{whole or '0'}.{decimals.rstrip('0') or '0'}")
 
 
 class _Parser:
@@ -71,6 +97,7 @@ class _Parser:
     def __init__(self, tokens: list[str | Fraction], max_depth: int, max_digits: int) -> None:
         self.tokens, self.position, self.depth = tokens, 0, 0
         self.max_depth, self.limit = max_depth, Fraction(10) ** max_digits
+        self.limit_bits = max_digits * _LOG2_10
 
     def parse(self) -> Fraction:
         value = self.expression()
@@ -116,36 +143,47 @@ class _Parser:
         return value
 
     def unary(self) -> Fraction:
-        if self.peek() in ("+", "-"):
-            return -self.unary() if self.take() == "-" else self.unary()
-        return self.power()
+        negative = False
+        while self.peek() in ("+", "-"):  # a loop, not a recursion: "------1" costs no stack
+            negative ^= self.take() == "-"
+        value = self.power()
+        return -value if negative else value
 
     def power(self) -> Fraction:
         base = self.atom()
         if self.peek() not in ("^", "**"):
             return base
         self.take()
+        self.enter("exponents")
         exponent = self.unary()
+        self.depth -= 1
         if exponent.denominator != 1 or abs(exponent) > _MAX_EXPONENT:
             raise ToolError(f"exponents must be integers of at most {_MAX_EXPONENT} in magnitude")
         if base == 0 and exponent < 0:
             raise ToolError("division by zero")
+        bits = max(abs(base.numerator).bit_length(), base.denominator.bit_length()) - 1  # <= log2 of the larger
+        if bits * abs(int(exponent)) > self.limit_bits:  # refused before the power is computed
+            raise ToolError("a value is too large")
         return self.checked(base ** int(exponent))
 
     def atom(self) -> Fraction:
         token = self.take()
         if isinstance(token, Fraction):
-            return token
+            return self.checked(token)
         if token != "(":
             raise ToolError(f"unexpected {token!s}")
-        self.depth += 1
-        if self.depth > self.max_depth:
-            raise ToolError(f"more than {self.max_depth} nested parentheses")
+        self.enter("parentheses")
         value = self.expression()
         if self.take() != ")":
             raise ToolError("a parenthesis is not closed")
         self.depth -= 1
         return value
+
+    def enter(self, what: str) -> None:
+        """One level deeper (parentheses and exponents share the count): each costs a few stack frames."""
+        self.depth += 1
+        if self.depth > self.max_depth:
+            raise ToolError(f"more than {self.max_depth} nested {what}")
 
 
 def format_number(value: Fraction) -> str:

@@ -78,6 +78,34 @@ def test_malformed_line_names_file_and_line(tmp_path, bad_line, message):
         read_jsonl(path)
 
 
+def test_a_missing_field_names_the_fields_the_record_has(tmp_path):
+    path = write(tmp_path / "missing_field.jsonl", GSM8K * 2, extra_lines=['{"question": "x"}'])
+    with pytest.raises(ValueError) as raised:
+        read_jsonl(path)
+    assert str(raised.value) == f"{path}:5: missing field 'answer' (the record has question)"
+
+
+@pytest.mark.parametrize(
+    "record, message",
+    [
+        ({"question": 5, "answer": "#### 5"}, "field 'question' is a number (5), not a string"),
+        ({"question": ["x"], "answer": "#### 5"}, """field 'question' is a list (["x"]), not a string"""),
+        ({"problem": {"x": 1}, "solution": "\\boxed{1}"}, """field 'problem' is an object ({"x": 1}), not a string"""),
+        ({"question": "x", "answer": 72}, "field 'answer' is a number (72), not a string"),  # GSM8K: '#### 72'
+        ({"problem": "x", "answer": True}, "field 'answer' is a boolean (true), not a string or a number"),
+    ],
+)
+def test_a_field_of_the_wrong_type_is_refused_not_turned_into_text(tmp_path, record, message):
+    path = write(tmp_path / "data.jsonl", [record])
+    with pytest.raises(ValueError) as raised:
+        read_jsonl(path)
+    assert str(raised.value) == f"{path}:1: {message}"
+
+
+def test_a_numeric_answer_is_read_as_its_text(tmp_path):
+    assert read_jsonl(write(tmp_path / "m.jsonl", [{"problem": "1+1?", "answer": 2}]))[0]["answer"] == "2"
+
+
 def test_missing_and_empty_files(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         read_jsonl(tmp_path / "nope.jsonl")

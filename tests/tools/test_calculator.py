@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
+import sys
 from fractions import Fraction
 
 import pytest
 
 from rlvr_lightning.tools import Calculator, ToolError
-from rlvr_lightning.tools.calculator import format_number
+from rlvr_lightning.tools.calculator import MAX_DEPTH, format_number
 
 
 @pytest.mark.parametrize(
@@ -67,3 +69,44 @@ def test_format_number():
     assert format_number(Fraction(-5, 1)) == "-5"
     assert format_number(Fraction(1, 8)) == "0.125"
     assert format_number(Fraction(1, 10**7)) == "0.0000001"  # fixed point, no exponent
+
+
+def test_no_value_beyond_max_digits_even_one_written_in_the_expression():
+    with pytest.raises(ToolError, match="too large"):
+        Calculator().run("9" * 151)  # max_digits=100: no value beyond 10^100
+    with pytest.raises(ToolError, match="too large"):
+        Calculator().run("0." + "0" * 120 + "1")  # its denominator is
+    assert Calculator().run("9" * 100) == "9" * 100
+    assert Calculator().run("1.5" + "0" * 150) == "1.5"  # trailing zeros are not digits of the value
+
+
+def test_raised_limits_stay_bounded_without_recursion_errors():
+    calculator = Calculator(max_chars=100_000, max_depth=MAX_DEPTH, max_digits=100)
+    for expression, message in [
+        ("(" * 2000 + "1" + ")" * 2000, "more than 100 nested parentheses"),
+        ("2^" * 3000 + "2", "more than 100 nested exponents"),
+        ("(10^50)^3", "too large"),  # refused from the sizes of base and exponent, before it is computed
+        ("9" * 5000, "too large"),  # never converted (Python refuses integers of over 4,300 digits)
+    ]:
+        with pytest.raises(ToolError, match=message):
+            calculator.run(expression)
+    assert calculator.run("-" * 50_000 + "1") == "1"  # signs are read in a loop
+    assert calculator.run("(" * 100 + "1" + ")" * 100) == "1"
+    assert calculator.run("(10^50)^2") == "1" + "0" * 100  # exactly 10^100: allowed
+
+    def deep(frames: int) -> str:  # a caller whose own stack is nearly full
+        return deep(frames - 1) if frames else calculator.run("(" * 100 + "1" + ")" * 100)
+
+    with pytest.raises(ToolError, match="nested too deeply"):
+        deep(sys.getrecursionlimit() - 300)
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "valid"),
+    [("max_depth", 10_000, "[1, 100]"), ("max_digits", 5000, "[1, 1000]"), ("max_chars", 0, ">= 1")],
+)
+def test_limits_beyond_what_the_parser_can_bound_are_refused(option, value, valid):
+    with pytest.raises(ValueError) as refused:
+        Calculator(**{option: value})
+    expected = rf"{option}={value} is not valid: must be an integer (in )?{re.escape(valid)}"
+    assert re.fullmatch(expected, str(refused.value))

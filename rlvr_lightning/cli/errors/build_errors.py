@@ -91,6 +91,8 @@ def explain_build_error(error: BaseException, argv: list[str], config: Any, duri
     where = locate(option, argv) if option else None
     if option is None and section is not None and obj is not None:
         option = section or None
+    if _names_a_data_line(text):  # a bad line of a data file: the message says where, no option is wrong
+        return ConfigProblem(text.splitlines()[0])
     choices, suggestion = choices_in(text)
     tip = help_tip(section, class_path)
     if isinstance(root, OSError):  # a missing file: where a relative path was looked for
@@ -111,6 +113,12 @@ def _group_option(config: Any, group: str, name: str) -> tuple[str | None, str |
         if isinstance(class_path, str) and name in group_fields(class_path, group):
             return f"{section}.init_args.{group}.{name}", class_path
     return None, None
+
+
+def _names_a_data_line(text: str) -> bool:
+    """Whether `text` starts with `file:line: ` of an existing file (a data reader's message about one line)."""
+    match = re.match(r"^(\S[^\n]*?):(\d+): ", text)
+    return match is not None and os.path.isfile(match.group(1))
 
 
 def _in_setup_hook(error: BaseException) -> bool:

@@ -13,6 +13,7 @@ from pathlib import Path
 import yaml
 
 from rlvr_lightning.cli.errors.problem import ConfigProblem
+from rlvr_lightning.runtime.config_limits import ConfigTooLarge, check_config_file, check_config_text
 
 CONFIG_FLAGS = ("--config", "-c")
 
@@ -39,6 +40,26 @@ def config_file_problem(argv: list[str]) -> ConfigProblem | None:
     return None
 
 
+def config_limit_problem(argv: list[str]) -> ConfigProblem | None:
+    """The first `--config` of `argv` (a file, or a config given as a string) over a bound of
+    `rlvr_lightning.runtime.config_limits` (size, alias expansion), described; checked before anything else reads it."""
+    for value in config_files(argv):
+        try:
+            is_file = Path(value).is_file()
+        except OSError:  # a name too long for a path: a config given as a string
+            is_file = False
+        try:
+            if is_file:
+                check_config_file(value)
+            else:
+                check_config_text(value, "the --config string")
+        except ConfigTooLarge as error:
+            return ConfigProblem(str(error))
+        except OSError:
+            continue  # the parser says what is wrong with the file
+    return None
+
+
 def _file_problem(file: str) -> ConfigProblem | None:
     path = Path(file)
     if path.is_dir():
@@ -53,6 +74,8 @@ def _file_problem(file: str) -> ConfigProblem | None:
         return ConfigProblem(f"config file {file!r} cannot be read: {error.strerror}")
     try:
         data = yaml.safe_load(text)
+    except RecursionError:
+        return ConfigProblem(f"config file {file!r} is nested too deeply to be read")
     except yaml.MarkedYAMLError as error:
         return _syntax_problem(file, text, error)
     except yaml.YAMLError as error:
