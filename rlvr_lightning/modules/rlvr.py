@@ -130,18 +130,9 @@ class RLVRModule(PolicyModule):
         check_distillation(teacher, distillation)
         self.teacher = None if teacher is None else Teacher(teacher, policy)  # off the module tree: not checkpointed
         self.policy_update = PolicyUpdate(
-            policy,
-            self.loss,
-            aggregation,
-            kl,
-            self.reference,
-            rollout_is,
-            update,
-            entropy_coef,
-            self.sampling,
-            teacher=self.teacher,
-            distillation=distillation,
-        )
+            policy, self.loss, aggregation, kl, self.reference, rollout_is, update, entropy_coef, self.sampling,
+            teacher=self.teacher, distillation=distillation,
+        )  # fmt: skip
         self.loss_constant = self.policy_update.loss_constant  # seq-sum-constant's divisor
         self.advantage_estimator: AdvantageCallback | None = None
         self._topup_batches = None

@@ -118,31 +118,8 @@ def explain_parse_error(message: str, argv: list[str], parser: Any = None) -> Co
             closest(name, choices),
             help_tip(keys[0] if len(keys) == 1 and len(classes) == 1 else None, class_path),
         )
-    if m := re.search(r"module '([\w.]+)' has no attribute '(\w+)'", text):
-        module, name = m.groups()
-        choices = _module_members(module)
-        wrong = f"{module}.{name}"
-        suggestion = closest(name, choices)
-        return ConfigProblem(
-            f"class_path {wrong!r}: {module} has no {name!r}",
-            option,
-            locate(None, argv, wrong),
-            choices,
-            f"{module}.{suggestion}" if suggestion else None,
-        )
-    if m := re.search(r"No module named '([\w.]+)'", text):
-        missing = m.group(1)
-        wrong = class_path or missing
-        parent, _, name = missing.rpartition(".")
-        choices = _module_members(parent) if parent else []
-        suggestion = closest(name, choices)
-        return ConfigProblem(
-            f"class_path {wrong!r}: no module {missing!r}",
-            option,
-            locate(None, argv, wrong),
-            choices,
-            wrong.replace(missing, f"{parent}.{suggestion}", 1) if suggestion else None,
-        )
+    if (problem := _class_path_problem(text, option, class_path, argv)) is not None:
+        return problem
     if m := re.search(r"Expected a <class '([\w.]+)'>\. Got value: (.*)$", text):
         name = option.rpartition(".")[2] if option else "the value"
         return ConfigProblem(
@@ -170,6 +147,36 @@ def explain_parse_error(message: str, argv: list[str], parser: Any = None) -> Co
             str(missing.parent / suggestion) if suggestion else None,
         )
     return ConfigProblem(text, option, locate(option, argv) if option else None, *choices_in(text))
+
+
+def _class_path_problem(text: str, option: str | None, class_path: str | None, argv: list[str]) -> ConfigProblem | None:
+    """A class_path that names no class: the module's members and the closest one; None for other messages."""
+    if m := re.search(r"module '([\w.]+)' has no attribute '(\w+)'", text):
+        module, name = m.groups()
+        choices = _module_members(module)
+        wrong = f"{module}.{name}"
+        suggestion = closest(name, choices)
+        return ConfigProblem(
+            f"class_path {wrong!r}: {module} has no {name!r}",
+            option,
+            locate(None, argv, wrong),
+            choices,
+            f"{module}.{suggestion}" if suggestion else None,
+        )
+    if m := re.search(r"No module named '([\w.]+)'", text):
+        missing = m.group(1)
+        wrong = class_path or missing
+        parent, _, name = missing.rpartition(".")
+        choices = _module_members(parent) if parent else []
+        suggestion = closest(name, choices)
+        return ConfigProblem(
+            f"class_path {wrong!r}: no module {missing!r}",
+            option,
+            locate(None, argv, wrong),
+            choices,
+            wrong.replace(missing, f"{parent}.{suggestion}", 1) if suggestion else None,
+        )
+    return None
 
 
 def _unknown_key(key: str, argv: list[str], parser: Any) -> ConfigProblem:
