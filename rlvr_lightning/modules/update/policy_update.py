@@ -349,6 +349,8 @@ class PolicyUpdate:
         if self.update.max_grad_norm is not None:
             self.clip_gradients(module, optimizer)
         optimizer.step()
+        # autocast (bf16-mixed) keeps its casts of the weights until training_step's context exits: drop them
+        torch.clear_autocast_cache()
         optimizer.zero_grad(set_to_none=True)
         if scheduler is not None:
             scheduler.step()
