@@ -1,7 +1,8 @@
-"""Several optimizer steps run inside one `training_step`, i.e. inside one `bf16-mixed` autocast context, and
-autocast keeps its casts of the weights until that context exits (on the CPU too: torch 2.13 caches them). Every
-forward of the update must read the weights of the latest optimizer step: plain and lean activations, packed
-micro-batches, LoRA, PPO's critic, and the bf16 sampling copy of the decode path. The detector
+"""Several optimizer steps run inside one `training_step`, i.e. inside one `bf16-mixed` autocast context. An
+autocast context opened with its cache (torch's default; on the CPU too in torch 2.13, Lightning's `FSDPPrecision`,
+Fabric) keeps its casts of the weights until it exits; Lightning's `MixedPrecision` opens it without. Either way
+every forward of the update must read the weights of the latest optimizer step: plain and lean activations, packed
+micro-batches, LoRA, PPO's critic, a Lightning fit, and the bf16 sampling copy of the decode path. The detector
 (tests/modules/autocast_detector.py) is shown to catch a deliberately stale path."""
 
 from __future__ import annotations
@@ -188,3 +189,46 @@ def test_the_detector_catches_a_sampling_copy_left_stale(tokenizer_dir, monkeypa
     recorder, fresh = _sampling_copy_path(tokenizer_dir)
     assert recorder.moved_calls() == [1]
     assert recorder.stale_calls(fresh) == [1]
+
+
+def _fit_bf16_mixed(monkeypatch, autocast_cache: bool) -> Recorder:
+    """`RLVRModule` fit for one rollout step under Lightning's `bf16-mixed` on the CPU: two mini-batches.
+    Lightning's `MixedPrecision` opens autocast without the cache; `autocast_cache`: with it, as Lightning's
+    `FSDPPrecision` (and Fabric) open it."""
+    from lightning.pytorch.plugins.precision import MixedPrecision
+
+    from rlvr_lightning.advantages import AdvantageCallback
+    from rlvr_lightning.modules import RLVRModule
+    from rlvr_lightning.policies.toy_sort import ToySortPolicy
+    from rlvr_lightning.rewards import SortInclusionOrderingReward
+    from tests.modules.test_rlvr_module import fit
+
+    class RandomAdvantage(AdvantageCallback):  # a gradient even where a group's rewards are all equal
+        def compute(self, rollout):
+            return torch.randn(rollout.num_rows)
+
+    if autocast_cache:
+        cached = lambda self: torch.autocast(self.device, dtype=torch.bfloat16)  # noqa: E731
+        monkeypatch.setattr(MixedPrecision, "autocast_context_manager", cached)
+    torch.manual_seed(0)
+    # an output layer of its own (an nn.Linear, whose weight autocast casts and caches; the tied one is a view)
+    policy = ToySortPolicy(vocab_size=5, prompt_length=3, embedding_dim=4, tie_embeddings=False)
+    recorder = Recorder(policy.token_log_probs, [policy])
+    monkeypatch.setattr(policy, "token_log_probs", recorder)
+    adam = lambda parameters: torch.optim.Adam(parameters, lr=0.05)  # noqa: E731 (moves weights beyond bf16's step)
+    module = RLVRModule(policy, adam, group_size=4, update=UpdateConfig(mini_batch_size=8))
+    fit(module, [SortInclusionOrderingReward(), RandomAdvantage()], steps=1, batch_size=4, precision="bf16-mixed")
+    return recorder
+
+
+@pytest.mark.parametrize("autocast_cache", [False, True], ids=["lightning_autocast", "cached_autocast"])
+def test_lightning_bf16_mixed_training_step_reads_the_new_weights(in_tmp_dir, monkeypatch, autocast_cache):
+    recorder = _fit_bf16_mixed(monkeypatch, autocast_cache)
+    assert recorder.moved_calls()
+    assert recorder.stale_calls() == []
+
+
+def test_the_detector_catches_a_stale_lightning_step(in_tmp_dir, monkeypatch):
+    with autocast_cache_never_cleared():
+        recorder = _fit_bf16_mixed(monkeypatch, autocast_cache=True)
+    assert recorder.stale_calls()
