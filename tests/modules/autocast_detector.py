@@ -39,7 +39,7 @@ class Recorder:
     def moved_calls(self) -> list[int]:
         """The calls that saw other weights than the first call did (after an optimizer step)."""
         first = self.calls[0].weights
-        return [i for i, c in enumerate(self.calls) if any(not torch.equal(a, b) for a, b in zip(c.weights, first))]
+        return [i for i, c in enumerate(self.calls) if not all(map(torch.equal, c.weights, first))]
 
     def stale_calls(self, replay: Callable | None = None) -> list[int]:
         """The calls whose output is not what `replay` (default: the wrapped fn under a cache-free bf16 autocast)
