@@ -27,8 +27,8 @@ class Call:
 class Recorder:
     """Wraps `fn`; every call records its (first) output and a copy of the `modules`' parameters."""
 
-    def __init__(self, fn: Callable, modules: Iterable[nn.Module]) -> None:
-        self.fn, self.modules, self.calls = fn, list(modules), []
+    def __init__(self, fn: Callable, modules: Iterable[nn.Module], device_type: str = "cpu") -> None:
+        self.fn, self.modules, self.device_type, self.calls = fn, list(modules), device_type, []
 
     def __call__(self, *args, **kwargs):
         out = self.fn(*args, **kwargs)
@@ -60,7 +60,7 @@ class Recorder:
         return stale
 
     def replay_under_autocast(self, *args, **kwargs):
-        with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
+        with torch.autocast(self.device_type, dtype=torch.bfloat16, cache_enabled=False):
             return self.fn(*args, **kwargs)
 
 

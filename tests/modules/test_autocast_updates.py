@@ -58,14 +58,14 @@ class _Module:
         loss.backward()
 
 
-def _policy(tokenizer_dir, **kwargs):
+def _policy(tokenizer_dir, device="cpu", **kwargs):
     from rlvr_lightning.demos.tiny_lm import tiny_llama_config
     from rlvr_lightning.policies.hf import HFPolicy
 
     torch.manual_seed(0)
     return HFPolicy(
         config=tiny_llama_config(), tokenizer_name_or_path=str(tokenizer_dir), share_prompt_prefix=False, **kwargs
-    )
+    ).to(device)
 
 
 def _rollout(policy):
@@ -75,7 +75,7 @@ def _rollout(policy):
     mask = rollout.response_mask
     rollout.values = torch.randn(mask.shape, generator=g) * mask
     rollout.returns = torch.randn(mask.shape, generator=g) * mask
-    return rollout
+    return rollout.to(policy.device)
 
 
 def _update(policy, update, critic=None, head=None):
@@ -97,24 +97,24 @@ def _update(policy, update, critic=None, head=None):
 
 def _train_under_autocast(update, parameters, rollout):
     """One rollout step's update as `training_step` runs it under `bf16-mixed`: one autocast context."""
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast(rollout.response_ids.device.type, dtype=torch.bfloat16):
         update.add_old_and_reference_log_probs(rollout)
         update.run(rollout, _Module(parameters))
 
 
-def _policy_path(tokenizer_dir, monkeypatch, update_config, **policy_kwargs) -> Recorder:
-    policy = _policy(tokenizer_dir, **policy_kwargs)
-    recorder = Recorder(policy.token_log_probs, [policy])
+def _policy_path(tokenizer_dir, monkeypatch, device, update_config, **policy_kwargs) -> Recorder:
+    policy = _policy(tokenizer_dir, device, **policy_kwargs)
+    recorder = Recorder(policy.token_log_probs, [policy], device)
     monkeypatch.setattr(policy, "token_log_probs", recorder)
     _train_under_autocast(_update(policy, update_config), list(policy.parameters()), _rollout(policy))
     return recorder
 
 
-def _critic_path(tokenizer_dir, monkeypatch) -> Recorder:
-    policy = _policy(tokenizer_dir)
-    critic, head = trainable_copy(policy), ValueHead(policy.hidden_size)
+def _critic_path(tokenizer_dir, monkeypatch, device) -> Recorder:
+    policy = _policy(tokenizer_dir, device)
+    critic, head = trainable_copy(policy), ValueHead(policy.hidden_size).to(device)
     update = _update(policy, PADDED, critic, head)
-    recorder = Recorder(update.values, [critic, head])
+    recorder = Recorder(update.values, [critic, head], device)
     monkeypatch.setattr(update, "values", recorder)
     parameters = [*policy.parameters(), *critic.parameters(), *head.parameters()]
     _train_under_autocast(update, parameters, _rollout(policy))
@@ -129,26 +129,27 @@ POLICY_PATHS = {
 }
 
 
-def _run_path(path, tokenizer_dir, monkeypatch) -> Recorder:
+def run_path(path, tokenizer_dir, monkeypatch, device="cpu") -> Recorder:
+    """Two mini-batches of one update of `path` under bf16 autocast on `device`, its forwards recorded."""
     if path == "critic":
-        return _critic_path(tokenizer_dir, monkeypatch)
+        return _critic_path(tokenizer_dir, monkeypatch, device)
     if path == "lora":
         pytest.importorskip("peft")
-    return _policy_path(tokenizer_dir, monkeypatch, **POLICY_PATHS[path])
+    return _policy_path(tokenizer_dir, monkeypatch, device, **POLICY_PATHS[path])
 
 
 @pytest.mark.parametrize("path", [*POLICY_PATHS, "critic"])
 def test_forwards_after_an_optimizer_step_read_the_new_weights(path, tokenizer_dir, monkeypatch):
-    recorder = _run_path(path, tokenizer_dir, monkeypatch)
+    recorder = run_path(path, tokenizer_dir, monkeypatch)
     assert recorder.moved_calls(), "no forward ran after an optimizer step: the test would prove nothing"
     assert recorder.stale_calls() == []
 
 
-@pytest.mark.parametrize("path", ["plain", "lean", "critic"])
+@pytest.mark.parametrize("path", [*POLICY_PATHS, "critic"])
 def test_the_detector_catches_a_stale_path(path, tokenizer_dir, monkeypatch):
     # the same run with the autocast cache never cleared: the second mini-batch reads the first one's casts
     with autocast_cache_never_cleared():
-        recorder = _run_path(path, tokenizer_dir, monkeypatch)
+        recorder = run_path(path, tokenizer_dir, monkeypatch)
     stale = recorder.stale_calls()
     assert stale, "the detector missed a stale path: the test above could not fail"
     assert set(stale) <= set(recorder.moved_calls())  # (a row with an empty response has no log-probs to differ)
