@@ -210,6 +210,9 @@ class ExpertIterationModule(PolicyModule):
                         optimizer, gradient_clip_val=self.update.max_grad_norm, gradient_clip_algorithm="norm"
                     )
                 optimizer.step()
+                # an autocast opened with its cache (torch's default, Lightning's FSDPPrecision) keeps its casts of the
+                # weights until it exits, after training_step: drop them, the next forward must cast the stepped weights
+                torch.clear_autocast_cache()
                 optimizer.zero_grad(set_to_none=True)
                 if scheduler is not None:
                     scheduler.step()

@@ -333,3 +333,4 @@ class RLVRModule(PolicyModule):
             return
         if self.rollout_step > 0 and self.rollout_step % self.kl.refresh_every == 0:
             self.policy.update_reference(self.reference, alpha=self.kl.mixup_alpha)
+            torch.clear_autocast_cache()  # no cast of the old reference weights may outlive the refresh
