@@ -46,6 +46,11 @@ def test_an_alias_bomb_config_file_is_refused_at_once_naming_the_file(in_tmp_dir
     code, lines = run(capsys, "fit", "--config", SORT, "--config", BOMB)  # a config given as a string
     assert code == 2
     assert lines[0].startswith("error: the --config string has aliases (*name) that expand it by ")
+    code, lines = run(capsys, "fit", "--config", SORT, "--model.init_args.sampling", BOMB)  # any other value
+    assert code == 2
+    assert lines[0].startswith("error: the value of --model.init_args.sampling has aliases (*name) that expand ")
+    with pytest.raises(ConfigTooLarge, match="config file 'laughs.yaml' has aliases"):  # the library's entry
+        main(["fit", "--config", "laughs.yaml"])
 
 
 @pytest.mark.timeout(60)

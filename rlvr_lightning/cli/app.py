@@ -47,7 +47,7 @@ from rlvr_lightning.cli.errors.config_files import config_limit_problem
 from rlvr_lightning.cli.errors.run_errors import RunProblem, explain_export_error, explain_run_error
 from rlvr_lightning.cli.evaluate import EvalTrainer
 from rlvr_lightning.runtime.checkpoint_files import check_checkpoint_path, is_local
-from rlvr_lightning.runtime.config_limits import bound_jsonargparse_yaml
+from rlvr_lightning.runtime.config_limits import ConfigTooLarge, bound_jsonargparse_yaml
 from rlvr_lightning.runtime.hub import go_offline_if_unreachable
 from rlvr_lightning.runtime.option_domains import Range
 from rlvr_lightning.runtime.process_memory import return_freed_memory_to_the_os
@@ -335,6 +335,8 @@ def main(args: list[str] | None = None, run: bool = True) -> RLVRCLI:
     Errors propagate as exceptions (a parser error exits with status 2, as jsonargparse does);
     `entry_point` is the console script, which prints configuration mistakes briefly."""
     argv = sys.argv[1:] if args is None else args
+    if (problem := config_limit_problem(argv)) is not None:  # before anything reads the configs
+        raise ConfigTooLarge(problem.what)
     if argv and argv[0] == "export":
         from rlvr_lightning.cli import export
 

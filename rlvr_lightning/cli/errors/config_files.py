@@ -41,9 +41,10 @@ def config_file_problem(argv: list[str]) -> ConfigProblem | None:
 
 
 def config_limit_problem(argv: list[str]) -> ConfigProblem | None:
-    """The first `--config` of `argv` (a file, or a config given as a string) over a bound of
-    `rlvr_lightning.runtime.config_limits` (size, alias expansion), described; checked before anything else reads it."""
-    for value in config_files(argv):
+    """The first `--config` of `argv` (a file, or a config given as a string), or value of another option, over a
+    bound of `rlvr_lightning.runtime.config_limits` (size, alias expansion), described; checked before anything reads it."""
+    configs = config_files(argv)
+    for value in configs:
         try:
             is_file = Path(value).is_file()
         except OSError:  # a name too long for a path: a config given as a string
@@ -57,6 +58,15 @@ def config_limit_problem(argv: list[str]) -> ConfigProblem | None:
             return ConfigProblem(str(error))
         except OSError:
             continue  # the parser says what is wrong with the file
+    for i, arg in enumerate(argv):  # every other value is read as YAML too
+        name, eq, value = arg.partition("=")
+        if not eq:
+            name, value = (argv[i - 1] if i else ""), arg
+        if name.startswith("-") and name not in CONFIG_FLAGS and "*" in value:
+            try:
+                check_config_text(value, f"the value of {name}")
+            except ConfigTooLarge as error:
+                return ConfigProblem(str(error))
     return None
 
 
