@@ -42,7 +42,8 @@ def config_file_problem(argv: list[str]) -> ConfigProblem | None:
 
 def config_limit_problem(argv: list[str]) -> ConfigProblem | None:
     """The first `--config` of `argv` (a file, or a config given as a string), or value of another option, over a
-    bound of `rlvr_lightning.runtime.config_limits` (size, alias expansion), described; checked before anything reads it."""
+    bound of `rlvr_lightning.runtime.config_limits` (size, alias expansion), described; checked before anything
+    reads it."""
     configs = config_files(argv)
     for value in configs:
         try:
