@@ -29,18 +29,16 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import NamedTuple
 
 import lightning.pytorch as pl
 import torch
 from torch import Tensor
 
 from rlvr_lightning.core.aggregation import aggregate_loss, non_empty_rows
-from rlvr_lightning.core.importance_sampling import mask_off_policy_sequences, mismatch_stats, rollout_is_weights
+from rlvr_lightning.core.importance_sampling import mask_off_policy_sequences, rollout_is_weights
 from rlvr_lightning.core.kl import kl_estimator
 from rlvr_lightning.core.losses.distillation import distillation_loss
-from rlvr_lightning.core.losses.policy_losses import PolicyLoss, PolicyLossOutput, merged_stats
-from rlvr_lightning.core.masked import join_masked, masked_mean
+from rlvr_lightning.core.losses.policy_losses import PolicyLoss
 from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.modules.distillation import DistillationConfig, Teacher
 from rlvr_lightning.modules.options import AggregationConfig, ImportanceSamplingConfig, KLConfig, UpdateConfig
@@ -53,20 +51,11 @@ from rlvr_lightning.modules.update.micro_batches import (
     scored_in_order,
 )
 from rlvr_lightning.modules.update.token_selection import SelectionInputs, mini_batch_selection, select_over_mini_batch
+from rlvr_lightning.modules.update.update_metrics import MicroBatchLoss, update_metrics
 from rlvr_lightning.policies.base import Policy
 from rlvr_lightning.rollout import Rollout
 
 log = logging.getLogger(__name__)
-
-
-class MicroBatchLoss(NamedTuple):
-    loss: Tensor  # the scalar that is back-propagated
-    policy_loss: PolicyLossOutput
-    mask: Tensor | None  # bool [n, T], None: every token counts
-    kl: Tensor | None  # detached per-token KL, when it is in the loss
-    entropy: Tensor | None  # detached per-token entropy, first epoch only
-    sampler_pair: tuple[Tensor, Tensor] | None  # (trainer, sampler) log-probs at the sampling weights, first update
-    teacher_kl: Tensor | None = None  # detached per-token reverse KL to the teacher at the sampling policy, first epoch
 
 
 class PolicyUpdate:
@@ -375,27 +364,3 @@ class PolicyUpdate:
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.skipped_updates = state.get("skipped_updates", 0)
         self.consecutive_skips = state.get("consecutive_skips", 0)
-
-
-@torch.no_grad()
-def update_metrics(
-    parts: list[MicroBatchLoss], losses: list[float], grad_norms: list[float], rollout_is_max: float
-) -> dict[str, Tensor | float]:
-    """The step's update statistics, each computed once over all of its micro-batches (token-weighted);
-    `rollout_is_max` is the importance weights' cap the mismatch statistics count against."""
-    metrics = {f"train/{key}": value for key, value in merged_stats([part.policy_loss for part in parts]).items()}
-    for name in ("kl", "entropy", "teacher_kl"):
-        with_values = [part for part in parts if getattr(part, name) is not None]
-        if with_values:
-            values, mask = join_masked([getattr(part, name) for part in with_values], [p.mask for p in with_values])
-            metrics[f"train/{name}"] = masked_mean(values, mask)
-    with_sampler = [part for part in parts if part.sampler_pair is not None]
-    if with_sampler:
-        masks = [part.mask for part in with_sampler]
-        trainer, mask = join_masked([part.sampler_pair[0] for part in with_sampler], masks)
-        sampler, _ = join_masked([part.sampler_pair[1] for part in with_sampler], masks)
-        stats = mismatch_stats(trainer, sampler, mask, rollout_is_max)
-        metrics.update({f"train/mismatch/{key}": value for key, value in stats.items()})
-    metrics["train/loss"] = sum(losses) / len(losses)
-    metrics["train/grad_norm"] = sum(grad_norms) / len(grad_norms)
-    return metrics

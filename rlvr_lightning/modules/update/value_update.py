@@ -23,7 +23,8 @@ from rlvr_lightning.core.masked import join_masked, masked_mean
 from rlvr_lightning.modules.options import ValueConfig
 from rlvr_lightning.modules.update.gradients import total_norm
 from rlvr_lightning.modules.update.micro_batches import pack_sequences
-from rlvr_lightning.modules.update.policy_update import MicroBatchLoss, PolicyUpdate
+from rlvr_lightning.modules.update.policy_update import PolicyUpdate
+from rlvr_lightning.modules.update.update_metrics import MicroBatchLoss
 from rlvr_lightning.modules.value_model import ValueHead
 from rlvr_lightning.policies.base import Policy
 from rlvr_lightning.rollout import Rollout

@@ -1,0 +1,47 @@
+"""What a micro-batch's loss carries besides the scalar (`MicroBatchLoss`), and the step's update statistics
+computed once from all of them (`update_metrics`)."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from rlvr_lightning.core.importance_sampling import mismatch_stats
+from rlvr_lightning.core.losses.policy_losses import PolicyLossOutput, merged_stats
+from rlvr_lightning.core.masked import join_masked, masked_mean
+
+
+class MicroBatchLoss(NamedTuple):
+    loss: Tensor  # the scalar that is back-propagated
+    policy_loss: PolicyLossOutput
+    mask: Tensor | None  # bool [n, T], None: every token counts
+    kl: Tensor | None  # detached per-token KL, when it is in the loss
+    entropy: Tensor | None  # detached per-token entropy, first epoch only
+    sampler_pair: tuple[Tensor, Tensor] | None  # (trainer, sampler) log-probs at the sampling weights, first update
+    teacher_kl: Tensor | None = None  # detached per-token reverse KL to the teacher at the sampling policy, first epoch
+
+
+@torch.no_grad()
+def update_metrics(
+    parts: list[MicroBatchLoss], losses: list[float], grad_norms: list[float], rollout_is_max: float
+) -> dict[str, Tensor | float]:
+    """The step's update statistics, each computed once over all of its micro-batches (token-weighted);
+    `rollout_is_max` is the importance weights' cap the mismatch statistics count against."""
+    metrics = {f"train/{key}": value for key, value in merged_stats([part.policy_loss for part in parts]).items()}
+    for name in ("kl", "entropy", "teacher_kl"):
+        with_values = [part for part in parts if getattr(part, name) is not None]
+        if with_values:
+            values, mask = join_masked([getattr(part, name) for part in with_values], [p.mask for p in with_values])
+            metrics[f"train/{name}"] = masked_mean(values, mask)
+    with_sampler = [part for part in parts if part.sampler_pair is not None]
+    if with_sampler:
+        masks = [part.mask for part in with_sampler]
+        trainer, mask = join_masked([part.sampler_pair[0] for part in with_sampler], masks)
+        sampler, _ = join_masked([part.sampler_pair[1] for part in with_sampler], masks)
+        stats = mismatch_stats(trainer, sampler, mask, rollout_is_max)
+        metrics.update({f"train/mismatch/{key}": value for key, value in stats.items()})
+    metrics["train/loss"] = sum(losses) / len(losses)
+    metrics["train/grad_norm"] = sum(grad_norms) / len(grad_norms)
+    return metrics
