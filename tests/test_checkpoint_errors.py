@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,12 @@ import torch
 from lightning.pytorch import Callback
 
 from rlvr_lightning.cli.app import entry_point
-from rlvr_lightning.runtime.checkpoint_files import AtomicCheckpointIO, CheckpointWriteError
+from rlvr_lightning.runtime.checkpoint_files import (
+    AtomicCheckpointIO,
+    CheckpointWriteError,
+    check_writable_directory,
+    remove_partial_checkpoints,
+)
 from tests.test_run_checkpoints import TINY, steps_in
 
 PAYLOAD = 1_000_000  # floats: a 4 MB checkpoint
@@ -73,6 +79,20 @@ def test_a_directory_that_cannot_be_created_is_named_with_the_reason(tmp_path):
     blocker.write_text("not a directory")
     with pytest.raises(CheckpointWriteError, match=f"cannot write checkpoints to {blocker}/ckpt: {blocker} is a file"):
         AtomicCheckpointIO().save_checkpoint({"version": 1}, blocker / "ckpt" / "last.ckpt")
+
+
+def test_the_write_check_survives_rank_zero_sweeping_partial_checkpoints_meanwhile(tmp_path, monkeypatch):
+    """Ranks check the checkpoint directory at once, while rank 0 removes partial files left by killed writes."""
+    real_close = os.close
+
+    def close_then_sweep(fd):
+        real_close(fd)
+        remove_partial_checkpoints(tmp_path)  # what rank 0 does between another rank's create and unlink
+
+    monkeypatch.setattr(os, "close", close_then_sweep)
+    check_writable_directory(tmp_path)
+    monkeypatch.undo()
+    assert list(tmp_path.iterdir()) == []
 
 
 def run_config(tmp_path: Path, dirpath: Path) -> Path:

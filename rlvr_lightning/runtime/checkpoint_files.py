@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import uuid
@@ -213,11 +214,13 @@ def unwritable_directory_message(directory: str, error: OSError) -> str:
 def check_writable_directory(directory: str | Path) -> None:
     """Create `directory` and a file in it (removed at once), or raise `CheckpointWriteError` saying why not."""
     directory = os.path.abspath(str(directory))
-    probe = os.path.join(directory, f".write_check.{uuid.uuid4().hex}{PARTIAL_SUFFIX}")
+    # Not named like a partial checkpoint: rank 0 sweeps those away while the other ranks run this check.
+    probe = os.path.join(directory, f".write_check.{uuid.uuid4().hex}")
     try:
         os.makedirs(directory, exist_ok=True)
         os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
-        os.unlink(probe)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(probe)
     except OSError as error:
         raise CheckpointWriteError(unwritable_directory_message(directory, error)) from error
 
