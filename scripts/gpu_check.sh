@@ -103,7 +103,7 @@ fit_recipe() {  # name, steps, overlays... : the GSM8K recipe with a CSV logger 
     shift 2
     local overlays=()
     for overlay in "$@"; do overlays+=(--config "configs/gpu/$overlay.yaml"); done
-    "$python" -m rlvr_lightning.cli.app fit --config configs/gsm8k_qwen2.5_math_1.5b.yaml "${overlays[@]}" \
+    "$python" -m rlvr_lightning.cli fit --config configs/gsm8k_qwen2.5_math_1.5b.yaml "${overlays[@]}" \
         --run_name "gpu_check_$name" --trainer.default_root_dir "$out/$name" \
         --trainer.logger "{class_path: lightning.pytorch.loggers.CSVLogger, init_args: {save_dir: $out/$name}}" \
         --trainer.limit_train_batches "$n" --trainer.limit_val_batches 0 \

@@ -43,9 +43,9 @@ for ((i = 1; i <= $#; i++)); do
 done
 if grep -q "checkpoints/warmup/warmup.ckpt" "$CONFIG" && [ ! -f checkpoints/warmup/warmup.ckpt ]; then
   logging csv_warmup
-  "$PYTHON" -m rlvr_lightning.cli.app fit --config "$REPO/configs/smollm2_arithmetic_warmup.yaml" \
+  "$PYTHON" -m rlvr_lightning.cli fit --config "$REPO/configs/smollm2_arithmetic_warmup.yaml" \
     --config "$RUN_DIR/logging_csv_warmup.yaml" \
     --data.init_args.train_file "$REPO/configs/data/arithmetic_format_warmup.jsonl" "${seed[@]}"
 fi
 logging csv
-exec "$PYTHON" -m rlvr_lightning.cli.app fit --config "$CONFIG" --config "$RUN_DIR/logging_csv.yaml" "$@"
+exec "$PYTHON" -m rlvr_lightning.cli fit --config "$CONFIG" --config "$RUN_DIR/logging_csv.yaml" "$@"

@@ -6,6 +6,7 @@ the file that defines them, so moving a file inside a package never breaks a use
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import re
 from pathlib import Path
 
@@ -45,3 +46,38 @@ def test_class_path_resolves_from_a_package_face(class_path: str):
         f"{class_path} ({where}) names a file; name it from its package, e.g. {module_name.rpartition('.')[0]}.{name}"
     )
     assert name in getattr(module, "__all__", ()), f"{class_path} ({where}): {module_name}.__all__ lacks {name}"
+
+
+RUN_MODULE = re.compile(r"""-m["',\s]+(rlvr_lightning[\w.]*)""")
+
+
+def named_run_modules() -> dict[str, list[str]]:
+    """Each `python -m rlvr_lightning...` the scripts, docs and README run, with where it is."""
+    files = [*REPO.glob("scripts/*"), *REPO.glob("docs/**/*.md"), *REPO.glob("configs/**/*.yaml"), REPO / "README.md"]
+    found: dict[str, list[str]] = {}
+    for path in files:
+        if path.is_file() and path.suffix in {".sh", ".py", ".md", ".yaml"}:
+            for number, line in enumerate(path.read_text().splitlines(), 1):
+                for match in RUN_MODULE.finditer(line):
+                    found.setdefault(match.group(1), []).append(f"{path.relative_to(REPO)}:{number}")
+    return found
+
+
+RUN_MODULES = named_run_modules()
+
+
+def test_the_scripts_and_docs_run_modules():
+    assert {"rlvr_lightning.cli", "rlvr_lightning.serving.serve"} <= set(RUN_MODULES), sorted(RUN_MODULES)
+
+
+@pytest.mark.parametrize("module", sorted(RUN_MODULES))
+def test_every_module_run_with_python_m_does_something(module: str):
+    """`python -m X` runs X's `__main__.py` (a package) or X under `if __name__ == "__main__"` (a module);
+    anything else exits 0 having done nothing."""
+    spec = importlib.util.find_spec(module)
+    where = ", ".join(RUN_MODULES[module][:3])
+    assert spec is not None, f"{module} (run in {where}) does not exist"
+    if spec.submodule_search_locations:  # a package
+        assert importlib.util.find_spec(f"{module}.__main__") is not None, f"{module} has no __main__ ({where})"
+    else:
+        assert '__name__ == "__main__"' in Path(spec.origin).read_text(), f"{module} runs nothing ({where})"
