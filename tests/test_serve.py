@@ -1,7 +1,14 @@
-"""`rlvr serve`: the vLLM server command it replaces itself with (vLLM itself runs in tests/engines)."""
+"""`rlvr serve`: the vLLM server command it runs, and how it stops it (vLLM itself runs in tests/engines)."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
 import pytest
 import yaml
 
@@ -9,12 +16,12 @@ from rlvr_lightning.cli.app import entry_point
 from rlvr_lightning.serving import serve
 
 
-def test_rlvr_serve_execs_vllms_server_with_the_worker_extension(tmp_path, monkeypatch):
+def test_rlvr_serve_runs_vllms_server_with_the_worker_extension(tmp_path, monkeypatch):
     config = tmp_path / "run.yaml"
     policy = {"class_path": "HFPolicy", "init_args": {"model_name_or_path": str(tmp_path)}}
     config.write_text(yaml.safe_dump({"model": {"init_args": {"policy": policy}}}))
     calls = []
-    monkeypatch.setattr(serve.os, "execve", lambda path, argv, env: calls.append((path, argv, env)))
+    monkeypatch.setattr(serve, "run_until_stopped", lambda argv, env, stop: calls.append((argv[0], argv, env)))
     entry_point(["serve", "--config", str(config), "--port", "8011", "--", "--max-model-len", "512"])
     ((path, argv, env),) = calls
     assert argv[0] == path and argv[1:5] == [
@@ -40,7 +47,7 @@ def test_a_config_without_a_model_path_says_what_to_pass(tmp_path):
 
 def test_max_lora_rank_serves_an_adapter_the_trainer_can_register(tmp_path, monkeypatch, capsys):
     calls = []
-    monkeypatch.setattr(serve.os, "execve", lambda path, argv, env: calls.append((path, argv, env)))
+    monkeypatch.setattr(serve, "run_until_stopped", lambda argv, env, stop: calls.append((argv[0], argv, env)))
     serve.main(["--model", str(tmp_path), "--max-lora-rank", "8"])
     ((_, argv, env),) = calls
     assert "--enable-lora --max-lora-rank 8 --max-loras 1" in " ".join(argv)
@@ -48,3 +55,57 @@ def test_max_lora_rank_serves_an_adapter_the_trainer_can_register(tmp_path, monk
     with pytest.raises(SystemExit):
         serve.main(["--model", str(tmp_path), "--max-lora-rank", "4"])  # not a rank vLLM accepts
     assert "argument --max-lora-rank: invalid choice: 4 (choose from 1, 8, 16" in capsys.readouterr().err
+
+
+# A stand-in for vLLM's server: a child process below it, and Ctrl-C handled as `handling` says.
+SERVER = """
+import signal, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+print(child.pid, flush=True)
+if "{handling}" == "ignore":  # vLLM's HTTP server waiting for a request handler that never returns
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+else:
+    signal.signal(signal.SIGINT, lambda *_: (child.kill(), sys.exit(3)))
+time.sleep(600)
+"""
+
+
+def _stopped(handling: str, stop_timeout_s: float, signals: int = 1) -> tuple[int, float, int]:
+    """Run the stand-in under `run_until_stopped` in a thread of a child Python; send it `signals` SIGINTs."""
+    script = textwrap.dedent(f"""
+        import sys
+        from rlvr_lightning.serving.serve import run_until_stopped
+        server = [sys.executable, "-c", {SERVER.format(handling=handling)!r}]
+        sys.exit(run_until_stopped(server, None, {stop_timeout_s}))
+    """)
+    supervisor = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    grandchild = int(supervisor.stdout.readline())
+    started = time.monotonic()
+    for _ in range(signals):
+        supervisor.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+    supervisor.wait(timeout=60)
+    seconds = time.monotonic() - started
+    deadline = time.monotonic() + 10
+    while psutil.pid_exists(grandchild) and psutil.Process(grandchild).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, "the server's child was left running"
+        time.sleep(0.1)
+    return supervisor.returncode, seconds, supervisor.stderr.read()
+
+
+def test_a_server_that_stops_on_ctrl_c_returns_its_exit_code_at_once():
+    code, seconds, stderr = _stopped("exit", stop_timeout_s=30)
+    assert code == 3 and seconds < 10 and "killing" not in stderr
+
+
+def test_a_server_that_does_not_stop_is_killed_with_its_children_after_the_stop_timeout():
+    code, seconds, stderr = _stopped("ignore", stop_timeout_s=2)
+    assert code == 128 + signal.SIGKILL and 2 <= seconds < 15
+    assert "rlvr serve: vLLM did not stop; killing its processes (2 s after the signal)" in stderr
+
+
+def test_a_second_ctrl_c_kills_the_server_at_once():
+    code, seconds, stderr = _stopped("ignore", stop_timeout_s=300, signals=2)
+    assert code == 128 + signal.SIGKILL and seconds < 15 and "(a second signal)" in stderr

@@ -13,8 +13,10 @@ options the trainer relies on, so the two can be swapped:
 
 `VLLM_SERVER_DEV_MODE=1` opens the `/collective_rpc` endpoint the weight pushes use (bind it to a trusted
 network only: it runs the worker extension's methods). `--weights dummy` (the default) starts from random
-weights: the trainer pushes its own before the first rollout. The command replaces this process (`exec`), so
-Ctrl-C or SIGTERM reach vLLM itself, which stops its engine process with it.
+weights: the trainer pushes its own before the first rollout. vLLM runs as a child process in this one's process
+group: Ctrl-C or SIGTERM reach it, and it stops its engine process with it. Where vLLM has not exited
+`--stop-timeout` seconds later (its HTTP server waits for request handlers that await an engine already gone),
+or at a second Ctrl-C, its processes are killed.
 
 `--max-lora-rank R` serves a LoRA adapter of rank up to R beside the model (`--enable-lora --max-loras 1`, and
 `VLLM_ALLOW_RUNTIME_LORA_UPDATING=1` so that the trainer can register it): a LoRA policy then pushes its
@@ -25,7 +27,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 WORKER_EXTENSION = "rlvr_lightning.serving.server_worker.WeightReceiver"
@@ -79,7 +84,15 @@ def main(argv: list[str]) -> int:
         choices=VLLM_LORA_RANKS,
         help="serve a LoRA adapter of rank up to this: a LoRA policy pushes its adapter alone",
     )
+    parser.add_argument(
+        "--stop-timeout",
+        type=float,
+        default=30.0,
+        help="seconds vLLM may take to stop after Ctrl-C or SIGTERM before its processes are killed",
+    )
     args = parser.parse_args(argv)
+    if not args.stop_timeout > 0:
+        parser.error(f"argument --stop-timeout: must be > 0, got {args.stop_timeout:g}")
     from rlvr_lightning.runtime.model_cache import resolve_model_path
 
     model = resolve_model_path(args.model or model_from_config(args.config))
@@ -88,8 +101,51 @@ def main(argv: list[str]) -> int:
     env = dict(os.environ, VLLM_SERVER_DEV_MODE="1")
     if args.max_lora_rank:
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"
-    os.execve(command[0], command, env)
-    return 0  # not reached
+    return run_until_stopped(command, env, args.stop_timeout)
+
+
+def run_until_stopped(command: list[str], env: dict[str, str], stop_timeout_s: float) -> int:
+    """Run `command` to its end; after SIGINT or SIGTERM (passed on to it), kill it and its descendants if it has
+    not exited within `stop_timeout_s`, or at a second signal. Returns its exit code (128 + N: killed by signal N)."""
+    process = subprocess.Popen(command, env=env)
+    signals: list[int] = []
+
+    def pass_on(signum: int, frame) -> None:
+        signals.append(signum)
+        if len(signals) == 1:
+            process.send_signal(signum)
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, pass_on)
+    deadline = None
+    while process.poll() is None:
+        if signals and deadline is None:
+            deadline = time.monotonic() + stop_timeout_s
+        if deadline is not None and (len(signals) > 1 or time.monotonic() > deadline):
+            reason = "a second signal" if len(signals) > 1 else f"{stop_timeout_s:g} s after the signal"
+            print(f"rlvr serve: vLLM did not stop; killing its processes ({reason})", file=sys.stderr, flush=True)
+            kill_tree(process.pid)
+        try:
+            process.wait(timeout=0.2)
+        except subprocess.TimeoutExpired:
+            pass
+    return 128 - process.returncode if process.returncode < 0 else process.returncode
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL `pid` and every process below it (vLLM's engine and workers)."""
+    import psutil  # a dependency of vLLM, which `rlvr serve` runs
+
+    try:
+        root = psutil.Process(pid)
+        processes = [*root.children(recursive=True), root]
+    except psutil.NoSuchProcess:
+        return
+    for process in processes:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
 
 
 if __name__ == "__main__":  # `python -m rlvr_lightning.serving.serve ...`: `rlvr serve` without importing Lightning

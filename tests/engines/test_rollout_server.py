@@ -123,7 +123,11 @@ def killed_run(server, tool_tokenizer_dir, tmp_path_factory):
     """A run of 50 steps (a subprocess) whose server is stopped with Ctrl-C once a step is checkpointed."""
     server.ensure_running()
     directory = tmp_path_factory.mktemp("killed_run")
-    config = _server_config(directory, tool_tokenizer_dir, "killed", 50, server.address, request_timeout_s=20)
+    # a request or a weight push the stopping server never answers fails within 20 s: Ctrl-C can land mid-push, and
+    # vLLM's server then waits for that connection (`rlvr serve` kills it if it has not stopped 30 s after the signal)
+    config = _server_config(
+        directory, tool_tokenizer_dir, "killed", 50, server.address, request_timeout_s=20, sync_timeout_s=20
+    )
     values = yaml.safe_load(config.read_text())
     values["trainer"]["callbacks"][2]["init_args"]["save_last"] = True  # what --ckpt_path last resumes
     config.write_text(yaml.safe_dump(values, sort_keys=False))
