@@ -12,8 +12,10 @@
 The figures, their commands, metrics and bands are the registry in scripts/learning_figures.py. Every
 seed of every figure runs in fresh processes (its command(s), in an empty directory
 `--workdir/FIGURE/seed_SEED`), with one torch thread (OMP_NUM_THREADS=1, MKL_NUM_THREADS=1; `rlvr`
-pins torch's intra-op threads to 1 too), so no run can inherit another's RNG state. Each metric is
-read from the run's CSV/JSON output and checked against its band; a table (figure, metric, seed,
+pins torch's intra-op threads to 1 too), so no run can inherit another's RNG state, and with torch's and MKL's
+CPU kernels pinned to AVX2 as `tests/golden` pins them (`PINNED_CPU_KERNELS`), so that a seed gives the same
+trajectory on every x86-64 machine with AVX2; `--native_kernels` lets torch pick (AVX-512 where the CPU has it).
+Each metric is read from the run's CSV/JSON output and checked against its band; a table (figure, metric, seed,
 value, band, PASS/FAIL) is printed, and the exit status is 1 when anything failed.
 
 For each figure `--figures_dir/FIGURE.json` (default docs/figures/) records the values per seed, mean,
@@ -46,6 +48,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import learning_figures  # noqa: E402
 from compare_report import mean_std  # noqa: E402
 from learning_figures import Figure  # noqa: E402
+
+from rlvr_lightning.runtime.run_environment import PINNED_CPU_KERNELS  # noqa: E402
 
 ONE_THREAD = {
     "OMP_NUM_THREADS": "1",
@@ -96,16 +100,18 @@ def shown(figure: Figure) -> list[str]:
     return lines
 
 
-def child_environment(repo: Path) -> dict[str, str]:
-    """The environment variables of every run: one thread; `repo`'s code first on the path."""
+def child_environment(repo: Path, native_kernels: bool = False) -> dict[str, str]:
+    """The environment variables of every run: one thread, the CPU kernels pinned (unless `native_kernels`);
+    `repo`'s code first on the path."""
     return {
         **os.environ,
         **ONE_THREAD,
+        **({} if native_kernels else PINNED_CPU_KERNELS),
         "PYTHONPATH": os.pathsep.join([str(repo), *filter(None, [os.environ.get("PYTHONPATH")])]),
     }
 
 
-def runs_environment(repo: Path) -> dict:
+def runs_environment(repo: Path, native_kernels: bool = False) -> dict:
     """`environment_record()` as the runs see it: computed in a child process with their variables (threads)."""
     script = (
         "import json, sys; from rlvr_lightning.runtime.run_environment import environment_record; "
@@ -113,7 +119,7 @@ def runs_environment(repo: Path) -> dict:
     )
     done = subprocess.run(
         [sys.executable, "-c", script, str(repo)],
-        env=child_environment(repo),
+        env=child_environment(repo, native_kernels),
         capture_output=True,
         text=True,
         check=True,
@@ -121,7 +127,9 @@ def runs_environment(repo: Path) -> dict:
     return json.loads(done.stdout)
 
 
-def run_seed(figure: Figure, seed: int, workdir: Path, repo: Path, environment: dict) -> SeedRun:
+def run_seed(
+    figure: Figure, seed: int, workdir: Path, repo: Path, environment: dict, native_kernels: bool = False
+) -> SeedRun:
     """One seed of a figure: its commands in order, each a fresh process, in an emptied run directory."""
     run_dir = (workdir / figure.name / f"seed_{seed}").resolve()
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -132,7 +140,7 @@ def run_seed(figure: Figure, seed: int, workdir: Path, repo: Path, environment: 
     started = time.perf_counter()
     for index, command in enumerate(figure.commands):
         argv = [render(a, repo, run_dir, seed) for a in command.argv]
-        env = {**child_environment(repo), **{k: render(v, repo, run_dir, seed) for k, v in command.env}}
+        env = {**child_environment(repo, native_kernels), **{k: render(v, repo, run_dir, seed) for k, v in command.env}}
         log = run_dir / f"command_{index}.log"
         with log.open("w") as handle:
             done = subprocess.run(
@@ -267,6 +275,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--jobs", type=int, default=1, help="seed runs at a time (each on one thread; default %(default)s)"
     )
+    parser.add_argument(
+        "--native_kernels",
+        action="store_true",
+        help="let torch and MKL pick their CPU kernels (default: pinned to AVX2, as the records were made)",
+    )
     parser.add_argument("--workdir", type=Path, default=REPO / "runs" / "learning_suite")
     parser.add_argument(
         "--figures_dir", type=Path, default=REPO / "docs" / "figures", help="where FIGURE.json (and .png) go"
@@ -283,7 +296,7 @@ def main(argv: list[str] | None = None, figures: tuple[Figure, ...] | None = Non
     if args.list:
         list_figures(selected)
         return 0
-    environment = None if args.no_run else runs_environment(repo)
+    environment = None if args.no_run else runs_environment(repo, args.native_kernels)
     jobs = [(figure, seed) for figure in selected for seed in (args.seeds or figure.seeds)]
     started, cpu_started = time.perf_counter(), children_cpu_s()
 
@@ -292,7 +305,7 @@ def main(argv: list[str] | None = None, figures: tuple[Figure, ...] | None = Non
         if args.no_run:
             run = SeedRun(figure.name, seed, (args.workdir / figure.name / f"seed_{seed}").resolve())
         else:
-            run = run_seed(figure, seed, args.workdir, repo, environment)
+            run = run_seed(figure, seed, args.workdir, repo, environment, args.native_kernels)
         run = read_values(figure, run)
         print(
             f"  {figure.name} seed {seed}: "

@@ -49,7 +49,7 @@ os.makedirs(run_dir + "/csv/version_0", exist_ok=True)
 with open(run_dir + "/csv/version_0/metrics.csv", "w") as f:
     f.write("step,time/step_s,val/accuracy\\n0,30.0,\\n0,,0.1\\n1,30.0,\\n1,,%s\\n" % accuracy)
 process = {"pid": os.getpid(), "omp": os.environ.get("OMP_NUM_THREADS"), "mkl": os.environ.get("MKL_NUM_THREADS"),
-           "cwd": os.getcwd()}
+           "cwd": os.getcwd(), "aten": os.environ.get("ATEN_CPU_CAPABILITY"), "cbwr": os.environ.get("MKL_CBWR")}
 json.dump(process, open(run_dir + "/process.json", "w"))
 """
 
@@ -86,6 +86,7 @@ def test_every_seed_runs_in_its_own_one_thread_process_and_is_checked_against_th
     processes = [json.loads((tmp_path / "runs" / "fake" / f"seed_{s}" / "process.json").read_text()) for s in (0, 1, 2)]
     assert len({p["pid"] for p in processes} | {os.getpid()}) == 4
     assert all(p["omp"] == "1" and p["mkl"] == "1" for p in processes)
+    assert all(p["aten"] == "avx2" and p["cbwr"] == "COMPATIBLE" for p in processes)  # the kernels tests/golden pins
     assert processes[0]["cwd"] == str((tmp_path / "runs" / "fake" / "seed_0").resolve())  # cwd="run_dir"
 
     record = json.loads((tmp_path / "docs" / "fake.json").read_text())
@@ -99,6 +100,7 @@ def test_every_seed_runs_in_its_own_one_thread_process_and_is_checked_against_th
     assert record["date"].count("-") == 2
     environment = record["environment"]
     assert environment["threads"] == {"torch": 1, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    assert environment["kernels"]["ATEN_CPU_CAPABILITY"] == "avx2" and environment["torch"]["cpu_capability"] == "AVX2"
     assert {"python", "torch", "packages", "machine", "git", "date"} <= set(environment)
     assert (tmp_path / "docs" / "fake.png").stat().st_size > 0
 
@@ -226,3 +228,9 @@ def test_curves_over_seeds_by_hand(tmp_path):
     grid, mean, std = curves.over_minutes([([0.0, 2.0], [0.0, 1.0]), ([0.0, 1.0], [1.0, 1.0])])
     assert grid[0] == 0.0 and grid[-1] == 1.0  # ends where the shorter seed ends
     assert mean[-1] == pytest.approx(0.75) and std[-1] == pytest.approx(math.sqrt(0.125))
+
+
+def test_native_kernels_leave_the_choice_to_torch(suite, monkeypatch):
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    assert suite.child_environment(REPO)["ATEN_CPU_CAPABILITY"] == "avx2"
+    assert "ATEN_CPU_CAPABILITY" not in suite.child_environment(REPO, native_kernels=True)

@@ -15,9 +15,13 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_the_record_names_software_threads_machine_commit_and_date(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("MKL_CBWR", "COMPATIBLE")
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
     record = environment_record()
     json.dumps(record)  # JSON-able as it is
-    assert set(record) == {"date", "python", "torch", "packages", "threads", "machine", "git"}
+    assert set(record) == {"date", "python", "torch", "packages", "threads", "kernels", "machine", "git"}
+    assert record["kernels"] == {"ATEN_CPU_CAPABILITY": None, "MKL_CBWR": "COMPATIBLE", "ONEDNN_MAX_CPU_ISA": None}
     assert record["torch"]["version"] == torch.__version__
     assert record["torch"]["build"] == (
         "cpu" if torch.version.cuda is None else f"cuda {torch.version.cuda}"

@@ -18,6 +18,13 @@ from pathlib import Path
 
 import torch
 
+# Read when torch and MKL load, so set in the environment of a fresh process: ATen's vectorised kernels pinned to
+# AVX2 (the same instructions on Intel and AMD), MKL's BLAS to its COMPATIBLE branch (conditional numerical
+# reproducibility: MKL_CBWR=AVX2 holds on Intel CPUs only, an AMD CPU then takes its own branch), oneDNN capped.
+# Kernels of another instruction set round the last bits differently, which a few rollout steps turn into another
+# trajectory; pinned, every x86-64 machine with AVX2 computes the same numbers.
+PINNED_CPU_KERNELS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+
 # distribution name (as pip knows it) -> key in the record
 PACKAGES = {
     "transformers": "transformers",
@@ -111,6 +118,7 @@ def environment_record(repo: str | Path | None = None) -> dict:
             "torch": torch.get_num_threads(),
             **{name: os.environ.get(name) for name in THREAD_VARIABLES},
         },
+        "kernels": {name: os.environ.get(name) for name in PINNED_CPU_KERNELS},  # None: the CPU's own
         "machine": {
             "platform": platform.platform(),
             "cpu": cpu_model(),

@@ -25,19 +25,16 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlvr_lightning.runtime.run_environment import PINNED_CPU_KERNELS
+
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = ROOT / "configs" / "recipes"
 STEPS = 20  # rollout steps (SFT: optimizer steps; expert iteration: rounds, see EI_ROUNDS)
 VAL_EVERY = 10
 EI_ROUNDS = 4  # an expert-iteration round samples 8 responses to 512 prompts and fine-tunes 2 epochs on them
 SFT_PAIRS = 200  # SFT: 200 pairs / 32 a batch = 7 steps an epoch, 3 epochs
-# Read when torch and MKL load, so set in the environment of a fresh process: ATen's vectorised kernels pinned to
-# AVX2 (the same instructions on Intel and AMD), MKL's BLAS to its COMPATIBLE branch (conditional numerical
-# reproducibility: MKL_CBWR=AVX2 holds on Intel CPUs only, an AMD CPU then takes its own branch), oneDNN capped.
 PINNED = {
-    "ATEN_CPU_CAPABILITY": "avx2",
-    "MKL_CBWR": "COMPATIBLE",
-    "ONEDNN_MAX_CPU_ISA": "AVX2",
+    **PINNED_CPU_KERNELS,  # the same numbers on every x86-64 machine with AVX2
     "OMP_NUM_THREADS": "1",
     "MKL_NUM_THREADS": "1",
     "PYTHONHASHSEED": "0",
