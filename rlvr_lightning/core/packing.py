@@ -6,6 +6,9 @@ one packed sequence.
         rows [p p r r | p r]: each row's prompt, then its response without the last token (which no
         position has to predict from), positions restarting at 0 per row; the positions whose outputs
         score the response tokens are `score_index`.
+    document_causal_blocks(document_ids, block_size)
+        the block-sparse form of "attend within the row, causally" (FlexAttention's `BlockMask` tiles),
+        computed per tile, never as an S x S mask.
 
 Pure torch and Python, no model: `policies/packing.py` runs the model over the layout.
 """
@@ -81,6 +84,7 @@ class PackedLayout(NamedTuple):
     score_columns: Tensor  # long[K]: its column in `response_ids`
     cu_seqlens: Tensor  # int32[n + 1]: row boundaries (flash-attention's varlen form)
     max_length: int  # the longest row in positions
+    document_ids: Tensor  # long[S]: the row of each position
 
 
 def packed_layout(prompt_lengths: Tensor, response_lengths: Tensor) -> PackedLayout:
@@ -104,7 +108,43 @@ def packed_layout(prompt_lengths: Tensor, response_lengths: Tensor) -> PackedLay
     score_index = starts[score_rows] + prompt_lengths[score_rows] - 1 + score_columns
     cu_seqlens = torch.cat([ends.new_zeros(1), ends]).to(torch.int32)
     max_length = int(sizes.max()) if sizes.numel() else 0
-    return PackedLayout(starts, position_ids, score_index, score_rows, score_columns, cu_seqlens, max_length)
+    return PackedLayout(
+        starts, position_ids, score_index, score_rows, score_columns, cu_seqlens, max_length, row_of_position
+    )
+
+
+class DocumentBlocks(NamedTuple):
+    """Which `block_size x block_size` tiles of the packed attention matrix are computed (FlexAttention's form)."""
+
+    num_partial: Tensor  # int32[Bq]: per query tile, how many key tiles the mask function decides within
+    partial: Tensor  # int32[Bq, Bk]: their indices first, ascending (the rest is filler)
+    num_full: Tensor  # int32[Bq]: per query tile, how many key tiles are wholly allowed
+    full: Tensor  # int32[Bq, Bk]
+
+
+def document_causal_blocks(document_ids: Tensor, block_size: int) -> DocumentBlocks:
+    """The tiles of the mask "query q sees key k iff both lie in the same row and k <= q" over `S` positions
+    whose row ids `document_ids` `long[S]` never decrease: a tile is skipped when no pair in it is allowed, full
+    when every pair is, partial otherwise. Computed from each tile's first and last row ids, O((S / block)^2)
+    (the document masking of the FlexAttention paper, Dong et al. 2024, section 3.3)."""
+    total = document_ids.numel()
+    count = -(-total // block_size)
+    device = document_ids.device
+    starts = torch.arange(count, device=device) * block_size
+    ends = (starts + block_size).clamp(max=total) - 1
+    first, last = document_ids[starts], document_ids[ends]
+    q, k = torch.arange(count, device=device)[:, None], torch.arange(count, device=device)[None, :]
+    # rows are contiguous: the tiles share a row iff their row-id intervals overlap; k-tile < q-tile is causal
+    some = (k <= q) & (first[None, :] <= last[:, None]) & (first[:, None] <= last[None, :])
+    whole = (ends - starts + 1 == block_size) & (first == last)  # one row throughout, no ragged end
+    full = (k < q) & whole[:, None] & whole[None, :] & (first[:, None] == first[None, :])
+    return DocumentBlocks(*_listed(some & ~full), *_listed(full))
+
+
+def _listed(tiles: Tensor) -> tuple[Tensor, Tensor]:
+    """Per row of `bool[Bq, Bk]`: the count of True tiles, and their column indices first in ascending order."""
+    order = torch.argsort((~tiles).to(torch.int8), dim=1, stable=True)
+    return tiles.sum(1).to(torch.int32), order.to(torch.int32)
 
 
 def block_causal_mask(position_ids: Tensor, dtype: torch.dtype) -> Tensor:

@@ -13,6 +13,7 @@ packed sequence instead (`policies/packing.py`), unless prefix sharing costs few
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from typing import Any, NamedTuple
 
@@ -27,6 +28,12 @@ from rlvr_lightning.core.log_probs import (
 )
 from rlvr_lightning.generation.kv_cache import cache_argument, returned_cache
 from rlvr_lightning.generation.loop import position_ids_from_mask
+from rlvr_lightning.policies.flex_packing import (
+    FLEX_IMPLEMENTATION,
+    attention_implementation,
+    register_flex_attention,
+    use_flex,
+)
 from rlvr_lightning.policies.packing import PackedOutput, layout_and_ids, packed_cost, packed_inputs
 from rlvr_lightning.rollout import Rollout
 
@@ -80,6 +87,8 @@ class HFScoring:
     decoder_only_hidden_states: bool = True
     #: score the rows of a call as one padding-free packed sequence (`update.micro_batch_tokens` turns it on)
     packed_sequences: bool = False
+    #: the attention kernel of packed scoring: auto, flex or model (`policies/flex_packing.py`)
+    packed_attention: str = "auto"
     #: `lean_activations`: a Llama-family output layer is applied by `linear_token_log_probs` (no logit-sized
     #: temporaries in the backward)
     lean_activations: bool = False
@@ -189,15 +198,25 @@ class HFScoring:
         `rollout` (rows and columns in `PackedOutput`), from one padding-free forward."""
         layout, ids = layout_and_ids(rollout)
         dtype = next(self.base_model.parameters()).dtype
-        inputs = packed_inputs(self.base_model, self.hf_config, layout, ids, dtype)
+        flex = self.packed_attention_kernel(ids.device) == FLEX_IMPLEMENTATION
+        inputs = packed_inputs(self.base_model, self.hf_config, layout, ids, dtype, flex)
         index = layout.score_index
         keep_indices = with_logits and self._logits_to_keep_supported()
-        out = self._run(with_logits, with_hidden, keep=index if keep_indices else 0, **inputs)
+        with attention_implementation(self.hf_config, FLEX_IMPLEMENTATION) if flex else contextlib.nullcontext():
+            out = self._run(with_logits, with_hidden, keep=index if keep_indices else 0, **inputs)
         logits = None
         if with_logits:
             logits = out.logits[0] if keep_indices else out.logits[0, index]
         hidden = None if out.hidden is None else out.hidden[0, index]
         return PackedOutput(logits, hidden, layout.score_rows, layout.score_columns)
+
+    def packed_attention_kernel(self, device: torch.device) -> str:
+        """The attention implementation packed scoring runs on `device` (`packed_attention`)."""
+        checkpointing = self.gradient_checkpointing
+        if use_flex(self.packed_attention, self.base_model, self.hf_config, device, checkpointing):
+            register_flex_attention()
+            return FLEX_IMPLEMENTATION
+        return str(self.hf_config._attn_implementation)
 
     def _packing_pays(self, rollout: Rollout) -> bool:
         """Packed scoring, unless prefix sharing runs fewer positions (each distinct prompt once, the responses

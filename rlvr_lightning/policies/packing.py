@@ -8,7 +8,9 @@ restarting at 0; attention stays within a row:
   (`masking_utils.find_packed_sequence_indices`);
 * a model class whose module does not use them (remote code) gets an explicit `[1, 1, S, S]` mask;
 * flash attention gets the row boundaries as transformers' varlen kwargs too (`cu_seq_lens_q/k`,
-  `max_length_q/k`), as its `DataCollatorWithFlattening` passes them.
+  `max_length_q/k`), as its `DataCollatorWithFlattening` passes them;
+* FlexAttention (`packed_attention`, `policies/flex_packing.py`) gets a `BlockMask` built from the rows'
+  boundaries: no `S x S` mask at all.
 
 Outputs are kept only where they score a response token (`logits_to_keep` takes those positions), so no
 padding and no prompt position reaches the LM head or the log-softmax.
@@ -23,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from rlvr_lightning.core.packing import PackedLayout, block_causal_mask, packed_layout
+from rlvr_lightning.policies.flex_packing import document_block_mask
 from rlvr_lightning.rollout import Rollout
 
 
@@ -76,15 +79,19 @@ def builds_packed_mask(model: nn.Module) -> bool:
     return getattr(module, "create_causal_mask", None) is masking_utils.create_causal_mask
 
 
-def packed_inputs(model: nn.Module, config: Any, layout: PackedLayout, ids: Tensor, dtype: torch.dtype) -> dict:
-    """The forward's keyword arguments for one packed sequence (batch of 1)."""
+def packed_inputs(
+    model: nn.Module, config: Any, layout: PackedLayout, ids: Tensor, dtype: torch.dtype, flex: bool = False
+) -> dict:
+    """The forward's keyword arguments for one packed sequence (batch of 1); `flex`: for FlexAttention."""
     inputs: dict[str, Any] = {
         "input_ids": ids.unsqueeze(0),
         "position_ids": layout.position_ids.unsqueeze(0),
         "use_cache": False,
     }
     implementation = str(getattr(config, "_attn_implementation", None) or "")
-    if "flash" in implementation:
+    if flex:
+        inputs["attention_mask"] = document_block_mask(layout.document_ids)
+    elif "flash" in implementation:
         cu_seqlens = layout.cu_seqlens.to(ids.device)
         inputs.update(
             cu_seq_lens_q=cu_seqlens,
