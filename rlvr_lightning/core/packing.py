@@ -87,19 +87,22 @@ class PackedLayout(NamedTuple):
     document_ids: Tensor  # long[S]: the row of each position
 
 
-def packed_layout(prompt_lengths: Tensor, response_lengths: Tensor) -> PackedLayout:
+def packed_layout(prompt_lengths: Tensor | list[int], response_lengths: Tensor | list[int]) -> PackedLayout:
     """The layout of rows with `prompt_lengths[i]` prompt tokens and `response_lengths[i]` response tokens to
-    score (`long[n]` each). Row i takes `prompt_lengths[i] + max(response_lengths[i] - 1, 0)` positions; the
-    output at its position `prompt_lengths[i] - 1 + j` scores its response token j."""
-    prompt_lengths, response_lengths = prompt_lengths.long(), response_lengths.long()
-    sizes = prompt_lengths + (response_lengths - 1).clamp(min=0)
+    score (lists, or `long[n]` tensors read to the host; the layout is built on the CPU). Row i takes
+    `prompt_lengths[i] + max(response_lengths[i] - 1, 0)` positions; the output at its position
+    `prompt_lengths[i] - 1 + j` scores its response token j."""
+    if isinstance(prompt_lengths, Tensor):
+        prompt_lengths, response_lengths = prompt_lengths.tolist(), response_lengths.tolist()
+    host_sizes = [p + max(r - 1, 0) for p, r in zip(prompt_lengths, response_lengths, strict=True)]
+    total, num_scored, max_length = sum(host_sizes), sum(response_lengths), max(host_sizes, default=0)
+    prompt_lengths, response_lengths = torch.tensor(prompt_lengths).long(), torch.tensor(response_lengths).long()
+    sizes = torch.tensor(host_sizes).long()
     ends = sizes.cumsum(0)
     starts = ends - sizes
-    total = int(ends[-1]) if sizes.numel() else 0
     device = sizes.device
     row_of_position = torch.repeat_interleave(torch.arange(sizes.numel(), device=device), sizes, output_size=total)
     position_ids = torch.arange(total, device=device) - starts[row_of_position]
-    num_scored = int(response_lengths.sum())
     score_rows = torch.repeat_interleave(
         torch.arange(sizes.numel(), device=device), response_lengths, output_size=num_scored
     )
@@ -107,7 +110,6 @@ def packed_layout(prompt_lengths: Tensor, response_lengths: Tensor) -> PackedLay
     score_columns = torch.arange(num_scored, device=device) - score_starts[score_rows]
     score_index = starts[score_rows] + prompt_lengths[score_rows] - 1 + score_columns
     cu_seqlens = torch.cat([ends.new_zeros(1), ends]).to(torch.int32)
-    max_length = int(sizes.max()) if sizes.numel() else 0
     return PackedLayout(
         starts, position_ids, score_index, score_rows, score_columns, cu_seqlens, max_length, row_of_position
     )

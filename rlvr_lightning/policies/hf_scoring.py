@@ -34,7 +34,7 @@ from rlvr_lightning.policies.flex_packing import (
     register_flex_attention,
     use_flex,
 )
-from rlvr_lightning.policies.packing import PackedOutput, layout_and_ids, packed_cost, packed_inputs
+from rlvr_lightning.policies.packing import PackedOutput, layout_and_ids, packed_cost, packed_inputs, row_lengths
 from rlvr_lightning.rollout import Rollout
 
 #: causal LMs whose logits are their decoder's last hidden states through a plain linear head
@@ -220,20 +220,18 @@ class HFScoring:
 
     def _packing_pays(self, rollout: Rollout) -> bool:
         """Packed scoring, unless prefix sharing runs fewer positions (each distinct prompt once, the responses
-        padded to the longest)."""
+        padded to the longest); decided from the rows' `row_lengths`, without reading the device again."""
         if not self.packed_sequences:
             return False
         if not (self.share_prompt_prefix and self._prefix_sharing_supported()):
             return True
-        prompt_mask = rollout.prompt_mask.bool()
-        used = prompt_mask.any(0).nonzero()
-        width = prompt_mask.shape[1] - int(used[0]) if used.numel() else 0
-        distinct = torch.unique(torch.cat([rollout.prompt_ids, rollout.prompt_mask], dim=1), dim=0).shape[0]
+        lengths = row_lengths(rollout)
+        distinct = len(set(zip(lengths.prompt_hash, lengths.prompt, strict=True)))
         if distinct * 4 > rollout.num_rows * 3:  # prefix sharing would fall back to the joint forward
             return True
-        scored = rollout.response_mask.bool().any(0).nonzero()
-        responses = int(scored[-1]) if scored.numel() else 0  # t - 1 response positions per row
-        return packed_cost(rollout) <= distinct * width + rollout.num_rows * responses
+        width = max(lengths.prompt, default=0)  # the left-padded prompts' used columns
+        responses = max(max(lengths.scored, default=0) - 1, 0)  # t - 1 response positions per row
+        return packed_cost(lengths) <= distinct * width + rollout.num_rows * responses
 
     def _forward_response_logits(self, rollout: Rollout) -> tuple[Tensor, int]:
         """Logits `[N, t, V]` of the positions predicting `response_ids[:, :t]` (t = last masked column + 1)."""
