@@ -64,6 +64,8 @@ def flex_refusal(model: nn.Module, config: Any, checkpointing: bool) -> str | No
         return "the model has sliding-window (or other non-full) attention layers"
     if getattr(text, "attn_logit_softcapping", None):
         return "the model soft-caps its attention logits"
+    if any(getattr(module, "sinks", None) is not None for module in model.modules()):
+        return "the model's attention has sinks"
     return None
 
 

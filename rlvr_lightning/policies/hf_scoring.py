@@ -211,9 +211,15 @@ class HFScoring:
         return PackedOutput(logits, hidden, layout.score_rows, layout.score_columns)
 
     def packed_attention_kernel(self, device: torch.device) -> str:
-        """The attention implementation packed scoring runs on `device` (`packed_attention`)."""
-        checkpointing = self.gradient_checkpointing
-        if use_flex(self.packed_attention, self.base_model, self.hf_config, device, checkpointing):
+        """The attention implementation packed scoring runs on `device` (`packed_attention`; decided once per
+        setting: the check looks through the model's modules)."""
+        key = (self.packed_attention, device.type, self.gradient_checkpointing)
+        decided = self.__dict__.setdefault("_packed_kernels", {})
+        if key not in decided:
+            decided[key] = use_flex(
+                self.packed_attention, self.base_model, self.hf_config, device, self.gradient_checkpointing
+            )
+        if decided[key]:
             register_flex_attention()
             return FLEX_IMPLEMENTATION
         return str(self.hf_config._attn_implementation)
