@@ -2,7 +2,8 @@
 # One command that checks the GPU paths on a CUDA machine and prints one summary table:
 #   tests     the GPU tests (tests/gpu: the GSM8K recipe with each GPU setting, background rollouts on a
 #             side stream, resume after Ctrl-C, host syncs per decoding step, attention kernels, lean
-#             activations in fp32 and bf16 autocast), in TEST_WORKERS processes (default 4) with pytest-xdist
+#             activations in fp32 and bf16 autocast, packed scoring through FlexAttention), in TEST_WORKERS
+#             processes (default 4) with pytest-xdist
 #   smollm2   10 steps of the GSM8K recipe with SmolLM2 (configs/gpu/offline_smollm2.yaml)
 #   qwen_fsdp2     steps of the recipe at Qwen2.5-1.5B's size (random weights) sharded by FSDP2 over
 #                  every GPU (NCCL; one GPU is a world of one)

@@ -3,7 +3,8 @@ built from their boundaries (`core/packing.py: document_causal_blocks`), never b
 
 `HFPolicy(packed_attention=...)` picks the kernel of packed scoring:
 
-* `"auto"` (default): FlexAttention on a CUDA device where the model allows it (below), else `"model"`;
+* `"auto"` (default): FlexAttention on a CUDA device where the model allows it (below) and its own
+  implementation is sdpa or eager (which would build a dense mask), else `"model"`;
 * `"flex"`: FlexAttention (an error where the model does not allow it);
 * `"model"`: the model's own `attn_implementation` (sdpa, eager: transformers' block-diagonal mask from the
   restarting position ids; flash attention: its varlen kwargs).
@@ -73,6 +74,8 @@ def use_flex(choice: str, model: nn.Module, config: Any, device: torch.device, c
     """Whether packed scoring runs through FlexAttention under `packed_attention=choice`."""
     if choice == "model" or (choice == "auto" and device.type != "cuda"):
         return False
+    if choice == "auto" and config._attn_implementation not in ("sdpa", "eager"):
+        return False  # flash attention's varlen kernel needs no mask either
     refusal = flex_refusal(model, config, checkpointing)
     if refusal is None:
         return True

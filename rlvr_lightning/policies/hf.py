@@ -136,7 +136,8 @@ class HFPolicy(HFScoring, Policy):
             thinking_budget: cap on the tokens between `<think>` and `</think>` (`ThinkingBudget`); None: no cap.
             packed_attention: the attention kernel of packed scoring (`update.micro_batch_tokens`): "flex"
                 (FlexAttention with a block mask from the rows' boundaries), "model" (`attn_implementation` with
-                transformers' packed mask), "auto" (flex on a CUDA device where the model allows it, else model).
+                transformers' packed mask), "auto" (flex on a CUDA device where the model allows it and its
+                `attn_implementation` is sdpa or eager, else model).
             keep_sampling_log_probs: use the log-probs recorded while sampling as the old log-probs when the
                 trainer needs them (saves a forward pass). None: when the backend says they are exact (an fp32
                 vLLM engine without top-k/top-p); our loop's are equal only to float precision, so by default

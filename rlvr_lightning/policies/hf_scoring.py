@@ -213,12 +213,11 @@ class HFScoring:
     def packed_attention_kernel(self, device: torch.device) -> str:
         """The attention implementation packed scoring runs on `device` (`packed_attention`; decided once per
         setting: the check looks through the model's modules)."""
-        key = (self.packed_attention, device.type, self.gradient_checkpointing)
+        choice, checkpointing = self.packed_attention, self.gradient_checkpointing
+        key = (choice, device.type, checkpointing, self.hf_config._attn_implementation)
         decided = self.__dict__.setdefault("_packed_kernels", {})
         if key not in decided:
-            decided[key] = use_flex(
-                self.packed_attention, self.base_model, self.hf_config, device, self.gradient_checkpointing
-            )
+            decided[key] = use_flex(choice, self.base_model, self.hf_config, device, checkpointing)
         if decided[key]:
             register_flex_attention()
             return FLEX_IMPLEMENTATION

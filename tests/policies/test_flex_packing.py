@@ -70,6 +70,10 @@ def test_the_kernel_follows_the_option(make_policy):
     assert policy.packed_attention_kernel(cuda) == flex_packing.FLEX_IMPLEMENTATION
     policy.packed_attention = "model"
     assert policy.packed_attention_kernel(cuda) == "sdpa"
+    policy.packed_attention = "auto"
+    policy.hf_config._attn_implementation = "flash_attention_2"  # its varlen kernel needs no mask either
+    assert policy.packed_attention_kernel(cuda) == "flash_attention_2"
+    policy.hf_config._attn_implementation = "sdpa"
     policy.packed_attention, policy.gradient_checkpointing = "auto", True
     assert policy.packed_attention_kernel(cuda) == "sdpa"  # the backward's recomputation would not see flex
     policy.packed_attention = "flex"
