@@ -54,7 +54,9 @@ def flex_refusal(model: nn.Module, config: Any, checkpointing: bool) -> str | No
 
     if not flex_available():
         return "this torch has no FlexAttention"
-    if checkpointing:  # the backward recomputes the layers after the implementation is switched back
+    # the backward would recompute the layers after the implementation is switched back
+    wrapped = any("CheckpointWrapper" in type(module).__name__ for module in model.modules())  # e.g. under FSDP
+    if checkpointing or getattr(model, "is_gradient_checkpointing", False) or wrapped:
         return "gradient checkpointing is on"
     if not builds_packed_mask(model):
         return f"{type(model).__name__} does not build its masks with transformers' masking utilities"
@@ -118,6 +120,15 @@ def _compiled_flex_attention():
     return torch.compile(flex_attention)
 
 
+def _flex_kernel():
+    """The compiled kernel; inside a model that is itself being compiled, the plain function (compiled with it)."""
+    if torch.compiler.is_compiling():
+        from torch.nn.attention.flex_attention import flex_attention
+
+        return flex_attention
+    return _compiled_flex_attention()
+
+
 def packed_flex_attention(
     module: nn.Module,
     query: Tensor,
@@ -141,8 +152,7 @@ def packed_flex_attention(
         raise ValueError(f"{FLEX_IMPLEMENTATION}: attention dropout, soft-capping and sinks are not supported")
     gqa = query.shape[1] != key.shape[1]
     if query.device.type == "cuda":
-        kernel = _compiled_flex_attention()
-        out = kernel(query, key, value, block_mask=attention_mask, scale=scaling, enable_gqa=gqa)
+        out = _flex_kernel()(query, key, value, block_mask=attention_mask, scale=scaling, enable_gqa=gqa)
     else:
         allowed = expanded_block_mask(attention_mask)
         out = F.scaled_dot_product_attention(query, key, value, allowed, scale=scaling, enable_gqa=gqa)

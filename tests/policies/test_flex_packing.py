@@ -79,6 +79,9 @@ def test_the_kernel_follows_the_option(make_policy):
     policy.packed_attention = "flex"
     with pytest.raises(ValueError, match="packed_attention='flex': gradient checkpointing is on; valid here"):
         policy.packed_attention_kernel(cpu)
+    other = make_policy(packed_attention="auto")
+    other.base_model.gradient_checkpointing_enable()  # turned on outside the policy's own option
+    assert other.packed_attention_kernel(cuda) == "sdpa"
 
 
 def test_a_bad_value_names_the_option_and_the_choices(make_policy, monkeypatch):
