@@ -123,14 +123,15 @@ class Rollout:
         self._prompt_runs = (self.group_index, runs)
         return runs
 
-    def select(self, rows: Tensor | slice) -> Rollout:
-        """The rows `rows` of every per-row field (mini-/micro-batching, dynamic sampling).
+    def select(self, rows: Tensor | slice, host_rows: list[int] | None = None) -> Rollout:
+        """The rows `rows` of every per-row field (mini-/micro-batching, dynamic sampling); `host_rows`: the same
+        indices as a list, when the caller has them (else they are read from `rows`: a host synchronisation).
 
         A selection that is not whole groups keeps `group_size` but `num_groups` then means nothing.
         """
         if isinstance(rows, slice):
             rows = torch.arange(self.num_rows)[rows]
-        index_list = rows.tolist()
+        index_list = rows.tolist() if host_rows is None else host_rows
         values: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)

@@ -2,7 +2,8 @@
 # One command that checks the GPU paths on a CUDA machine and prints one summary table:
 #   tests     the GPU tests (tests/gpu: the GSM8K recipe with each GPU setting, background rollouts on a
 #             side stream, resume after Ctrl-C, host syncs per decoding step, attention kernels, lean
-#             activations in fp32 and bf16 autocast), in TEST_WORKERS processes (default 4) with pytest-xdist
+#             activations in fp32 and bf16 autocast, packed scoring through FlexAttention), in TEST_WORKERS
+#             processes (default 4) with pytest-xdist
 #   smollm2   10 steps of the GSM8K recipe with SmolLM2 (configs/gpu/offline_smollm2.yaml)
 #   qwen_fsdp2     steps of the recipe at Qwen2.5-1.5B's size (random weights) sharded by FSDP2 over
 #                  every GPU (NCCL; one GPU is a world of one)
@@ -15,6 +16,9 @@
 #             compile seconds, host syncs per step and tokens equal to the eager loop for each decoding variant
 #             (eager loop, static cache, inductor + CUDA graphs, a captured CUDA graph) at DECODE_ROWS
 #             (default 64 128) rows on SmolLM2-135M's and Qwen2.5-1.5B's shapes (random weights)
+#   score     scripts/bench_score.py: forward and backward ms of one scoring micro-batch (32 rows, uneven lengths),
+#             padded vs packed with the model's SDPA vs packed through FlexAttention, the kernel that ran, fp32 and
+#             bf16 autocast, at SmolLM2-135M's shape (random weights)
 #   vllm      the vLLM engine tests on CUDA (sleep mode, weight pushes), where vLLM is installed
 # Each part runs under a time limit (PART_LIMIT_S, default 600 s; LIMIT_<part> for one part); logs go to
 # $GPU_CHECK_OUT (runs/gpu_check).
@@ -39,7 +43,7 @@ read -r -a bench_cases <<<"${BENCH_CASES:-smollm2 smollm2_long}"
 mkdir -p "$out"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 WANDB_MODE=disabled PYTHONUNBUFFERED=1
 parts=("$@")
-[ ${#parts[@]} -eq 0 ] && parts=(tests smollm2 qwen_fsdp2 qwen_offload bench decode vllm)
+[ ${#parts[@]} -eq 0 ] && parts=(tests smollm2 qwen_fsdp2 qwen_offload bench decode score vllm)
 rows=()
 
 "$python" - <<'EOF' | tee "$out/environment.txt"
@@ -143,8 +147,10 @@ for part in "${parts[@]}"; do
         "$python" -m pytest -q -p no:cacheprovider tests/gpu/test_static_decoding_cuda.py ;;
     decode) run_part decode "grep -E '^# best' $out/decode.log | sed 's/^# best: //' | tail -n 2 | tr '\n' ' '" \
         "$python" scripts/bench_decode.py --device cuda --rows ${DECODE_ROWS:-64 128} ;;
+    score) run_part score "grep -E '^# (fp32|bf16) forward' $out/score.log | sed 's/^# //' | tr '\n' ' '" \
+        "$python" scripts/bench_score.py --device cuda ;;
     vllm) run_part vllm "grep -E '[0-9]+ (passed|failed)|not installed' $out/vllm.log | tail -n 1" vllm_tests ;;
-    *) echo "unknown part '$part'; the parts: tests smollm2 qwen_fsdp2 qwen_offload bench static decode vllm" >&2; exit 2 ;;
+    *) echo "unknown part '$part'; the parts: tests smollm2 qwen_fsdp2 qwen_offload bench static decode score vllm" >&2; exit 2 ;;
     esac
 done
 

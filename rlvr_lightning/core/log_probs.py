@@ -68,33 +68,47 @@ def _entropy(logits: Tensor, log_z: Tensor) -> Tensor:
     return log_z - (probs * logits).nansum(dim=-1)
 
 
-# rows of [rows, V] logits a chunked backward handles at once (its temporaries are a few of these)
-_BACKWARD_CHUNK_ELEMENTS = 1 << 22
+#: bytes the backward's per-chunk temporaries may take: the `[rows, V]` float32 logit gradient, and its copy in
+#: the forward's GEMM dtype when that is lower (bf16 under autocast)
+BACKWARD_CHUNK_BYTES = 1 << 30
+
+
+def backward_chunk_rows(vocab: int, gemm_dtype: torch.dtype, chunk_bytes: int) -> int:
+    """Rows of `[rows, vocab]` logits whose backward temporaries fit `chunk_bytes` (at least one row)."""
+    per_row = vocab * (4 + (gemm_dtype.itemsize if gemm_dtype != torch.float32 else 0))
+    return max(1, chunk_bytes // max(1, per_row))
 
 
 class _LinearLogProbs(torch.autograd.Function):
     """`token_log_probs_from_logits(F.linear(hidden, weight, bias), ids, temperature)` for `[N, H]` hidden states,
-    with the same forward values; the backward runs over row chunks of the kept logits, so that the `[N, V]`
-    softmax and logit gradients are never whole (they are, under autograd: two to three logit-sized temporaries
-    on top of the logits, at the peak of the update)."""
+    with the same forward values; the backward runs over row chunks of the kept logits sized by
+    `BACKWARD_CHUNK_BYTES`, so that the `[N, V]` softmax and logit gradients are never whole (they are, under
+    autograd: two to three logit-sized temporaries on top of the logits, at the peak of the update). Its GEMMs run
+    in the forward's GEMM dtype: under autocast the autocast dtype (as autograd's would), else the weight's."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, token_ids, temperature):
-        logits = _scaled(F.linear(hidden, weight, bias), temperature)
+    def forward(ctx, hidden, weight, bias, token_ids, temperature, chunk_bytes):
+        raw = F.linear(hidden, weight, bias)  # under autocast: in its dtype
+        logits = _scaled(raw, temperature)
         log_z = torch.logsumexp(logits, dim=-1)
         chosen = torch.gather(logits, dim=-1, index=token_ids.long().unsqueeze(-1)).squeeze(-1)
         ctx.save_for_backward(hidden, weight, logits, log_z, token_ids)
-        ctx.temperature, ctx.has_bias = temperature, bias is not None
+        ctx.temperature, ctx.has_bias, ctx.gemm_dtype, ctx.chunk_bytes = (
+            temperature, bias is not None, raw.dtype, chunk_bytes
+        )  # fmt: skip
         ctx.mark_non_differentiable(logits, log_z)
         return chosen - log_z, logits, log_z
 
     @staticmethod
     def backward(ctx, grad, _logits, _log_z):
         hidden, weight, logits, log_z, token_ids = ctx.saved_tensors
+        lowered = ctx.gemm_dtype != weight.dtype or ctx.gemm_dtype != hidden.dtype
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         grad_weight = torch.zeros_like(weight, dtype=torch.float32) if ctx.needs_input_grad[1] else None
         grad_bias = logits.new_zeros(logits.shape[-1]) if ctx.has_bias and ctx.needs_input_grad[2] else None
-        rows = max(1, _BACKWARD_CHUNK_ELEMENTS // max(1, logits.shape[-1]))
+        rows = backward_chunk_rows(logits.shape[-1], ctx.gemm_dtype if lowered else torch.float32, ctx.chunk_bytes)
+        if lowered:  # autocast's casts, once per backward
+            weight_gemm, hidden_gemm = weight.to(ctx.gemm_dtype), hidden.to(ctx.gemm_dtype)
         for start in range(0, logits.shape[0], rows):
             part = slice(start, start + rows)
             # d(l_y - logsumexp l)/dl = onehot(y) - softmax(l), scaled by 1/temperature
@@ -102,29 +116,37 @@ class _LinearLogProbs(torch.autograd.Function):
             grad_logits.scatter_add_(-1, token_ids[part].long().unsqueeze(-1), grad[part].unsqueeze(-1))
             if ctx.temperature != 1.0:
                 grad_logits.div_(ctx.temperature)
-            grad_logits = grad_logits.to(weight.dtype)
+            grad_logits = grad_logits.to(ctx.gemm_dtype if lowered else weight.dtype)
+            if grad_bias is not None:
+                grad_bias += grad_logits.float().sum(0)
+            if lowered:
+                if grad_hidden is not None:
+                    grad_hidden[part] = grad_logits @ weight_gemm
+                if grad_weight is not None:
+                    grad_weight += grad_logits.t().mm(hidden_gemm[part])
+                continue
             if grad_hidden is not None:
                 grad_hidden[part] = grad_logits @ weight
             if grad_weight is not None:
                 grad_weight.addmm_(grad_logits.t().float(), hidden[part].float())
-            if grad_bias is not None:
-                grad_bias += grad_logits.float().sum(0)
         grad_weight = None if grad_weight is None else grad_weight.to(weight.dtype)
         grad_bias = None if grad_bias is None else grad_bias.to(weight.dtype)
-        return grad_hidden, grad_weight, grad_bias, None, None
+        return grad_hidden, grad_weight, grad_bias, None, None, None
 
 
 def linear_token_log_probs(
     hidden: Tensor, weight: Tensor, bias: Tensor | None, token_ids: Tensor, temperature: float = 1.0,
-    with_entropy: bool = False,
+    with_entropy: bool = False, chunk_bytes: int | None = None,
 ) -> tuple[Tensor, Tensor | None]:  # fmt: skip
     """Log-probs `[...]` of `token_ids` under the output layer `(weight, bias)` applied to `hidden` `[..., H]` at
     `temperature`, and the detached entropy of each position if asked: the values of
     `token_log_probs_and_entropy(F.linear(hidden, weight, bias), ...)`, with a backward that keeps only the
-    logits (no logit-sized softmax or gradient temporaries)."""
+    logits (no logit-sized softmax or gradient temporaries; its temporaries take at most `chunk_bytes`, by
+    default `BACKWARD_CHUNK_BYTES`)."""
     shape = token_ids.shape
+    chunk_bytes = BACKWARD_CHUNK_BYTES if chunk_bytes is None else chunk_bytes
     log_probs, logits, log_z = _LinearLogProbs.apply(
-        hidden.reshape(-1, hidden.shape[-1]), weight, bias, token_ids.reshape(-1), temperature
+        hidden.reshape(-1, hidden.shape[-1]), weight, bias, token_ids.reshape(-1), temperature, chunk_bytes
     )
     entropy = None
     if with_entropy:

@@ -6,6 +6,9 @@ one packed sequence.
         rows [p p r r | p r]: each row's prompt, then its response without the last token (which no
         position has to predict from), positions restarting at 0 per row; the positions whose outputs
         score the response tokens are `score_index`.
+    document_causal_blocks(document_ids, block_size)
+        the block-sparse form of "attend within the row, causally" (FlexAttention's `BlockMask` tiles),
+        computed per tile, never as an S x S mask.
 
 Pure torch and Python, no model: `policies/packing.py` runs the model over the layout.
 """
@@ -81,21 +84,25 @@ class PackedLayout(NamedTuple):
     score_columns: Tensor  # long[K]: its column in `response_ids`
     cu_seqlens: Tensor  # int32[n + 1]: row boundaries (flash-attention's varlen form)
     max_length: int  # the longest row in positions
+    document_ids: Tensor  # long[S]: the row of each position
 
 
-def packed_layout(prompt_lengths: Tensor, response_lengths: Tensor) -> PackedLayout:
+def packed_layout(prompt_lengths: Tensor | list[int], response_lengths: Tensor | list[int]) -> PackedLayout:
     """The layout of rows with `prompt_lengths[i]` prompt tokens and `response_lengths[i]` response tokens to
-    score (`long[n]` each). Row i takes `prompt_lengths[i] + max(response_lengths[i] - 1, 0)` positions; the
-    output at its position `prompt_lengths[i] - 1 + j` scores its response token j."""
-    prompt_lengths, response_lengths = prompt_lengths.long(), response_lengths.long()
-    sizes = prompt_lengths + (response_lengths - 1).clamp(min=0)
+    score (lists, or `long[n]` tensors read to the host; the layout is built on the CPU). Row i takes
+    `prompt_lengths[i] + max(response_lengths[i] - 1, 0)` positions; the output at its position
+    `prompt_lengths[i] - 1 + j` scores its response token j."""
+    if isinstance(prompt_lengths, Tensor):
+        prompt_lengths, response_lengths = prompt_lengths.tolist(), response_lengths.tolist()
+    host_sizes = [p + max(r - 1, 0) for p, r in zip(prompt_lengths, response_lengths, strict=True)]
+    total, num_scored, max_length = sum(host_sizes), sum(response_lengths), max(host_sizes, default=0)
+    prompt_lengths, response_lengths = torch.tensor(prompt_lengths).long(), torch.tensor(response_lengths).long()
+    sizes = torch.tensor(host_sizes).long()
     ends = sizes.cumsum(0)
     starts = ends - sizes
-    total = int(ends[-1]) if sizes.numel() else 0
     device = sizes.device
     row_of_position = torch.repeat_interleave(torch.arange(sizes.numel(), device=device), sizes, output_size=total)
     position_ids = torch.arange(total, device=device) - starts[row_of_position]
-    num_scored = int(response_lengths.sum())
     score_rows = torch.repeat_interleave(
         torch.arange(sizes.numel(), device=device), response_lengths, output_size=num_scored
     )
@@ -103,8 +110,43 @@ def packed_layout(prompt_lengths: Tensor, response_lengths: Tensor) -> PackedLay
     score_columns = torch.arange(num_scored, device=device) - score_starts[score_rows]
     score_index = starts[score_rows] + prompt_lengths[score_rows] - 1 + score_columns
     cu_seqlens = torch.cat([ends.new_zeros(1), ends]).to(torch.int32)
-    max_length = int(sizes.max()) if sizes.numel() else 0
-    return PackedLayout(starts, position_ids, score_index, score_rows, score_columns, cu_seqlens, max_length)
+    return PackedLayout(
+        starts, position_ids, score_index, score_rows, score_columns, cu_seqlens, max_length, row_of_position
+    )
+
+
+class DocumentBlocks(NamedTuple):
+    """Which `block_size x block_size` tiles of the packed attention matrix are computed (FlexAttention's form)."""
+
+    num_partial: Tensor  # int32[Bq]: per query tile, how many key tiles the mask function decides within
+    partial: Tensor  # int32[Bq, Bk]: their indices first, ascending (the rest is filler)
+    num_full: Tensor  # int32[Bq]: per query tile, how many key tiles are wholly allowed
+    full: Tensor  # int32[Bq, Bk]
+
+
+def document_causal_blocks(document_ids: Tensor, block_size: int) -> DocumentBlocks:
+    """The tiles of the mask "query q sees key k iff both lie in the same row and k <= q" over `S` positions
+    whose row ids `document_ids` `long[S]` never decrease: a tile is skipped when no pair in it is allowed, full
+    when every pair is, partial otherwise. Computed from each tile's first and last row ids, O((S / block)^2)
+    (the document masking of the FlexAttention paper, Dong et al. 2024, section 3.3)."""
+    total = document_ids.numel()
+    count = -(-total // block_size)
+    device = document_ids.device
+    starts = torch.arange(count, device=device) * block_size
+    ends = (starts + block_size).clamp(max=total) - 1
+    first, last = document_ids[starts], document_ids[ends]
+    q, k = torch.arange(count, device=device)[:, None], torch.arange(count, device=device)[None, :]
+    # rows are contiguous: the tiles share a row iff their row-id intervals overlap; k-tile < q-tile is causal
+    some = (k <= q) & (first[None, :] <= last[:, None]) & (first[:, None] <= last[None, :])
+    whole = (ends - starts + 1 == block_size) & (first == last)  # one row throughout, no ragged end
+    full = (k < q) & whole[:, None] & whole[None, :] & (first[:, None] == first[None, :])
+    return DocumentBlocks(*_listed(some & ~full), *_listed(full))
+
+
+def _listed(tiles: Tensor) -> tuple[Tensor, Tensor]:
+    """Per row of `bool[Bq, Bk]`: the count of True tiles, and their column indices first in ascending order."""
+    order = torch.argsort((~tiles).to(torch.int8), dim=1, stable=True)
+    return tiles.sum(1).to(torch.int32), order.to(torch.int32)
 
 
 def block_causal_mask(position_ids: Tensor, dtype: torch.dtype) -> Tensor:

@@ -61,6 +61,7 @@ from rlvr_lightning.multiturn.thinking_budget import ThinkingBudget
 from rlvr_lightning.multiturn.tool_use import ToolUse
 from rlvr_lightning.policies import hf_loading, prompt_encoding
 from rlvr_lightning.policies.base import Policy, PromptBatch
+from rlvr_lightning.policies.flex_packing import check_packed_attention
 from rlvr_lightning.policies.hf_scoring import HFScoring
 from rlvr_lightning.policies.lean_layers import apply_lean_layers
 from rlvr_lightning.policies.lora_reference import (
@@ -122,6 +123,7 @@ class HFPolicy(HFScoring, Policy):
         trust_remote_code: bool = False,
         tools: ToolUse | None = None,
         thinking_budget: ThinkingBudget | None = None,
+        packed_attention: Literal["auto", "flex", "model"] = "auto",
     ) -> None:
         """
         Args:
@@ -132,6 +134,10 @@ class HFPolicy(HFScoring, Policy):
                 (`KVCacheGeneration`); or `VLLMGeneration`, `ServerGeneration`).
             tools: tool use in rollouts (`ToolUse`: the tools, call format, turns); None: single-turn.
             thinking_budget: cap on the tokens between `<think>` and `</think>` (`ThinkingBudget`); None: no cap.
+            packed_attention: the attention kernel of packed scoring (`update.micro_batch_tokens`): "flex"
+                (FlexAttention with a block mask from the rows' boundaries), "model" (`attn_implementation` with
+                transformers' packed mask), "auto" (flex on a CUDA device where the model allows it and its
+                `attn_implementation` is sdpa or eager, else model).
             keep_sampling_log_probs: use the log-probs recorded while sampling as the old log-probs when the
                 trainer needs them (saves a forward pass). None: when the backend says they are exact (an fp32
                 vLLM engine without top-k/top-p); our loop's are equal only to float precision, so by default
@@ -142,6 +148,7 @@ class HFPolicy(HFScoring, Policy):
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
         prompt_encoding.check_prompt_template(prompt_template, system_prompt)
+        check_packed_attention(packed_attention)
         if lora_r > 0 and not hf_loading.peft_installed():  # before the model loads
             raise ImportError(hf_loading.PEFT_MISSING)
         self.model_name_or_path = model_name_or_path
@@ -151,6 +158,7 @@ class HFPolicy(HFScoring, Policy):
         self.keep_sampling_log_probs = keep_sampling_log_probs
         self.min_new_tokens = min_new_tokens
         self.share_prompt_prefix = share_prompt_prefix
+        self.packed_attention = packed_attention
         self.segment_rules = [rule for rule in (thinking_budget, tools) if rule is not None]
         self.gradient_checkpointing = gradient_checkpointing
         self.lora_r = lora_r

@@ -13,6 +13,7 @@ packed sequence instead (`policies/packing.py`), unless prefix sharing costs few
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from typing import Any, NamedTuple
 
@@ -27,7 +28,13 @@ from rlvr_lightning.core.log_probs import (
 )
 from rlvr_lightning.generation.kv_cache import cache_argument, returned_cache
 from rlvr_lightning.generation.loop import position_ids_from_mask
-from rlvr_lightning.policies.packing import PackedOutput, layout_and_ids, packed_cost, packed_inputs
+from rlvr_lightning.policies.flex_packing import (
+    FLEX_IMPLEMENTATION,
+    attention_implementation,
+    register_flex_attention,
+    use_flex,
+)
+from rlvr_lightning.policies.packing import PackedOutput, layout_and_ids, packed_cost, packed_inputs, row_lengths
 from rlvr_lightning.rollout import Rollout
 
 #: causal LMs whose logits are their decoder's last hidden states through a plain linear head
@@ -80,6 +87,8 @@ class HFScoring:
     decoder_only_hidden_states: bool = True
     #: score the rows of a call as one padding-free packed sequence (`update.micro_batch_tokens` turns it on)
     packed_sequences: bool = False
+    #: the attention kernel of packed scoring: auto, flex or model (`policies/flex_packing.py`)
+    packed_attention: str = "auto"
     #: `lean_activations`: a Llama-family output layer is applied by `linear_token_log_probs` (no logit-sized
     #: temporaries in the backward)
     lean_activations: bool = False
@@ -189,32 +198,45 @@ class HFScoring:
         `rollout` (rows and columns in `PackedOutput`), from one padding-free forward."""
         layout, ids = layout_and_ids(rollout)
         dtype = next(self.base_model.parameters()).dtype
-        inputs = packed_inputs(self.base_model, self.hf_config, layout, ids, dtype)
+        flex = self.packed_attention_kernel(ids.device) == FLEX_IMPLEMENTATION
+        inputs = packed_inputs(self.base_model, self.hf_config, layout, ids, dtype, flex)
         index = layout.score_index
         keep_indices = with_logits and self._logits_to_keep_supported()
-        out = self._run(with_logits, with_hidden, keep=index if keep_indices else 0, **inputs)
+        with attention_implementation(self.hf_config, FLEX_IMPLEMENTATION) if flex else contextlib.nullcontext():
+            out = self._run(with_logits, with_hidden, keep=index if keep_indices else 0, **inputs)
         logits = None
         if with_logits:
             logits = out.logits[0] if keep_indices else out.logits[0, index]
         hidden = None if out.hidden is None else out.hidden[0, index]
         return PackedOutput(logits, hidden, layout.score_rows, layout.score_columns)
 
+    def packed_attention_kernel(self, device: torch.device) -> str:
+        """The attention implementation packed scoring runs on `device` (`packed_attention`; decided once per
+        setting: the check looks through the model's modules)."""
+        choice, checkpointing = self.packed_attention, self.gradient_checkpointing
+        key = (choice, device.type, checkpointing, self.hf_config._attn_implementation)
+        decided = self.__dict__.setdefault("_packed_kernels", {})
+        if key not in decided:
+            decided[key] = use_flex(choice, self.base_model, self.hf_config, device, checkpointing)
+        if decided[key]:
+            register_flex_attention()
+            return FLEX_IMPLEMENTATION
+        return str(self.hf_config._attn_implementation)
+
     def _packing_pays(self, rollout: Rollout) -> bool:
         """Packed scoring, unless prefix sharing runs fewer positions (each distinct prompt once, the responses
-        padded to the longest)."""
+        padded to the longest); decided from the rows' `row_lengths`, without reading the device again."""
         if not self.packed_sequences:
             return False
         if not (self.share_prompt_prefix and self._prefix_sharing_supported()):
             return True
-        prompt_mask = rollout.prompt_mask.bool()
-        used = prompt_mask.any(0).nonzero()
-        width = prompt_mask.shape[1] - int(used[0]) if used.numel() else 0
-        distinct = torch.unique(torch.cat([rollout.prompt_ids, rollout.prompt_mask], dim=1), dim=0).shape[0]
+        lengths = row_lengths(rollout)
+        distinct = len(set(zip(lengths.prompt_hash, lengths.prompt, strict=True)))
         if distinct * 4 > rollout.num_rows * 3:  # prefix sharing would fall back to the joint forward
             return True
-        scored = rollout.response_mask.bool().any(0).nonzero()
-        responses = int(scored[-1]) if scored.numel() else 0  # t - 1 response positions per row
-        return packed_cost(rollout) <= distinct * width + rollout.num_rows * responses
+        width = max(lengths.prompt, default=0)  # the left-padded prompts' used columns
+        responses = max(max(lengths.scored, default=0) - 1, 0)  # t - 1 response positions per row
+        return packed_cost(lengths) <= distinct * width + rollout.num_rows * responses
 
     def _forward_response_logits(self, rollout: Rollout) -> tuple[Tensor, int]:
         """Logits `[N, t, V]` of the positions predicting `response_ids[:, :t]` (t = last masked column + 1)."""

@@ -6,9 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from rlvr_lightning.core import log_probs as lp
 from rlvr_lightning.core.log_probs import (
+    backward_chunk_rows,
     linear_token_log_probs,
     token_log_probs_and_entropy,
     token_log_probs_from_logits,
@@ -26,7 +28,7 @@ def _inputs(bias: bool, dtype=torch.float32):
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 @pytest.mark.parametrize("bias", [False, True])
 def test_values_entropy_and_gradients_equal_the_logits_path(temperature, bias, monkeypatch):
-    monkeypatch.setattr(lp, "_BACKWARD_CHUNK_ELEMENTS", 4 * 11)  # chunks of 4 rows: 15 rows in 4 chunks
+    monkeypatch.setattr(lp, "BACKWARD_CHUNK_BYTES", 4 * 11 * 4)  # chunks of 4 float32 rows: 15 rows in 4 chunks
     hidden, weight, b, ids = _inputs(bias)
     weights = torch.randn(3, 5)
     expected, expected_entropy = token_log_probs_and_entropy(
@@ -66,3 +68,69 @@ def test_a_hand_computed_example():
     torch.testing.assert_close(weight.grad, torch.tensor([[-0.25], [0.25]]))
     torch.testing.assert_close(hidden.grad, torch.tensor([[0.25 * torch.log(torch.tensor(3.0)).item()]]))
     assert token_log_probs_from_logits(F.linear(hidden, weight), torch.tensor([1])).item() == log_prob.item()
+
+
+class _Ops(TorchDispatchMode):
+    """The operators run inside the block, with their tensor arguments' dtypes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, list[torch.dtype]]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        dtypes = [a.dtype for a in args if isinstance(a, torch.Tensor)]
+        self.calls.append((func.__name__.split(".")[0], dtypes))
+        return func(*args, **(kwargs or {}))
+
+    def count(self, name: str) -> int:
+        return sum(op == name for op, _ in self.calls)
+
+
+def test_chunk_rows_follow_the_byte_budget():
+    # float32 gradient rows of V * 4 bytes; under bf16 GEMMs each row also has its V * 2-byte copy
+    assert backward_chunk_rows(11, torch.float32, 4 * 11 * 4) == 4
+    assert backward_chunk_rows(11, torch.float32, 4 * 11 * 4 - 1) == 3
+    assert backward_chunk_rows(11, torch.bfloat16, 4 * 11 * 6) == 4
+    assert backward_chunk_rows(49152, torch.float32, 1 << 30) == 5461
+    assert backward_chunk_rows(11, torch.float32, 1) == 1  # at least one row
+
+
+@pytest.mark.parametrize(("rows", "chunks"), [(1, 15), (4, 4), (15, 1), (100, 1)])
+def test_byte_budget_chunks_equal_the_unchunked_backward(rows, chunks):
+    hidden, weight, b, ids = _inputs(bias=True)
+    weights = torch.randn(3, 5)
+    whole, _ = linear_token_log_probs(hidden, weight, b, ids, 0.7, chunk_bytes=1 << 40)
+    (whole * weights).sum().backward()
+    expected = [t.grad.clone() for t in (hidden, weight, b)]
+    for t in (hidden, weight, b):
+        t.grad = None
+    got, _ = linear_token_log_probs(hidden, weight, b, ids, 0.7, chunk_bytes=rows * 11 * 4)
+    assert torch.equal(got, whole)
+    ops = _Ops()
+    with ops:
+        (got * weights).sum().backward()
+    assert ops.count("scatter_add_") == chunks  # one logit-gradient chunk each
+    for t, want in zip((hidden, weight, b), expected, strict=True):
+        torch.testing.assert_close(t.grad, want, atol=1e-6, rtol=0)
+
+
+def test_under_autocast_the_backward_gemms_run_in_its_dtype():
+    """As autograd's would under autocast: bf16 GEMMs, float32 gradients for float32 parameters; close to autograd
+    through the bf16 linear layer."""
+    hidden, weight, b, ids = _inputs(bias=False)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = token_log_probs_from_logits(F.linear(hidden, weight), ids, 0.7)
+    expected.sum().backward()
+    expected_grads = [hidden.grad.clone(), weight.grad.clone()]
+    hidden.grad = weight.grad = None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got, _ = linear_token_log_probs(hidden, weight, None, ids, 0.7, chunk_bytes=4 * 11 * 6)
+    torch.testing.assert_close(got, expected)
+    ops = _Ops()
+    with ops:
+        got.sum().backward()
+    gemms = [dtypes for op, dtypes in ops.calls if op in ("mm", "addmm")]
+    assert len(gemms) == 8 and all(dtypes == [torch.bfloat16] * 2 for dtypes in gemms)  # 4 chunks x 2 GEMMs
+    assert hidden.grad.dtype == weight.grad.dtype == torch.float32
+    for tensor, want in zip((hidden, weight), expected_grads, strict=True):
+        torch.testing.assert_close(tensor.grad, want, atol=2e-2, rtol=2e-2)

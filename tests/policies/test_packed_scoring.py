@@ -114,11 +114,12 @@ def _gpu_implementations() -> list[str]:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("implementation", _gpu_implementations())
 def test_packed_scoring_matches_padded_on_a_gpu(make_policy, implementation):
-    """On a GPU (fp32; flash attention in bf16 where installed, which only the packed path can use unpadded)."""
+    """On a GPU with the model's own kernel (fp32; flash attention in bf16 where installed, which only the packed path
+    can use unpadded); FlexAttention's: tests/gpu/test_flex_packing_cuda.py."""
     from rlvr_lightning.runtime.devices import set_compute_device
 
     dtype = torch.bfloat16 if implementation == "flash_attention_2" else torch.float32
-    policy = make_policy(share_prompt_prefix=False, attn_implementation=implementation)
+    policy = make_policy(share_prompt_prefix=False, attn_implementation=implementation, packed_attention="model")
     policy.to(device="cuda", dtype=dtype)
     set_compute_device(policy, torch.device("cuda"))
     rollout = uneven_rollout(policy.hf_config.vocab_size)

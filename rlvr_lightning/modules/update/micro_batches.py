@@ -8,8 +8,9 @@ import torch
 from torch import Tensor
 
 from rlvr_lightning.core.packing import fewest_parts, partition_by_tokens
+from rlvr_lightning.generation.loop import host_to_device
 from rlvr_lightning.modules.options import UpdateConfig
-from rlvr_lightning.policies.packing import row_tokens
+from rlvr_lightning.policies.packing import remember_row_lengths, remembered_row_lengths, row_tokens
 from rlvr_lightning.rollout import Rollout
 
 
@@ -26,11 +27,12 @@ def check_token_budget(budget: int, response_tokens: int) -> None:
         )
 
 
-def micro_batch_rows(rollout: Rollout, update: UpdateConfig) -> list[Tensor] | list[slice]:
-    """The rows of each micro-batch of `rollout`: slices of `update.micro_batch_size` rows, or with
+def micro_batch_parts(rollout: Rollout, update: UpdateConfig) -> list[list[int]] | list[slice]:
+    """The rows of each micro-batch of `rollout`, on the host: slices of `update.micro_batch_size` rows, or with
     `update.micro_batch_tokens` index groups of at most that many tokens, balanced by length; as many groups on
     every data-parallel rank (the most any rank needs: each pass is collective under FSDP, and every rank must
-    step as often; verl's `rearrange_micro_batches` agrees on the count likewise)."""
+    step as often; verl's `rearrange_micro_batches` agrees on the count likewise). The token counts are the
+    rollout's `row_lengths`: one host read, remembered for the packed scoring of every micro-batch."""
     budget = update.micro_batch_tokens
     if budget is None:
         size = update.micro_batch_size or update.mini_batch_size or rollout.num_rows
@@ -42,34 +44,56 @@ def micro_batch_rows(rollout: Rollout, update: UpdateConfig) -> list[Tensor] | l
             f"update.micro_batch_tokens={budget} is smaller than the longest row of this step ({longest} tokens, "
             f"prompt + response); valid: an integer >= {longest} (prompt + max_new_tokens fits every row), or null"
         )
+    count = most_across_ranks(fewest_parts(lengths, budget), rollout.response_ids.device)
+    return partition_by_tokens(lengths, budget, count)
+
+
+def micro_batch_rows(rollout: Rollout, update: UpdateConfig) -> list[Tensor] | list[slice]:
+    """`micro_batch_parts` as slices or index tensors on the rollout's device."""
     device = rollout.response_ids.device
-    count = most_across_ranks(fewest_parts(lengths, budget), device)
-    return [torch.tensor(rows, device=device, dtype=torch.long) for rows in partition_by_tokens(lengths, budget, count)]
+    return [part if isinstance(part, slice) else _on(part, device) for part in micro_batch_parts(rollout, update)]
 
 
-def is_whole(rows: list[Tensor] | list[slice], num_rows: int) -> bool:
+def is_whole(rows: list[list[int]] | list[slice], num_rows: int) -> bool:
     """Whether the micro-batches are the rollout itself (one, in order)."""
     return len(rows) == 1 and (isinstance(rows[0], slice) or len(rows[0]) == num_rows)
 
 
+def select_part(rollout: Rollout, part: list[int] | slice) -> Rollout:
+    """The micro-batch of `rollout`'s rows `part`, its `row_lengths` known without a read where the rollout's are."""
+    if isinstance(part, slice):
+        return rollout.select(part)
+    micro = rollout.select(_on(part, rollout.response_ids.device), host_rows=part)
+    lengths = remembered_row_lengths(rollout)
+    if lengths is not None:
+        remember_row_lengths(micro, lengths.subset(part))
+    return micro
+
+
 def micro_batches(rollout: Rollout, update: UpdateConfig):
-    """The micro-batches of `rollout` (`micro_batch_rows`), the rollout itself when it is one."""
-    rows = micro_batch_rows(rollout, update)
-    if is_whole(rows, rollout.num_rows):
+    """The micro-batches of `rollout` (`micro_batch_parts`), the rollout itself when it is one."""
+    parts = micro_batch_parts(rollout, update)
+    if is_whole(parts, rollout.num_rows):
         yield rollout
         return
-    for selection in rows:
-        yield rollout.select(selection)
+    for part in parts:
+        yield select_part(rollout, part)
 
 
-def scored_in_order(rollout: Rollout, rows: list[Tensor] | list[slice], score) -> Tensor:
-    """`score(micro_batch)` (`[n, ...]`) for every row of `rollout`, put back in the rollout's order."""
-    if is_whole(rows, rollout.num_rows):
+def scored_in_order(rollout: Rollout, parts: list[list[int]] | list[slice], score) -> Tensor:
+    """`score(micro_batch)` (`[n, ...]`) for every row of `rollout` (`parts`: `micro_batch_parts`), put back in the
+    rollout's order."""
+    if is_whole(parts, rollout.num_rows):
         return score(rollout)
-    parts = torch.cat([score(rollout.select(selection)) for selection in rows])
-    if isinstance(rows[0], slice):
-        return parts
-    return torch.empty_like(parts).index_copy_(0, torch.cat(rows), parts)
+    scored = torch.cat([score(select_part(rollout, part)) for part in parts])
+    if isinstance(parts[0], slice):
+        return scored
+    order = _on([row for part in parts for row in part], scored.device)
+    return torch.empty_like(scored).index_copy_(0, order, scored)
+
+
+def _on(rows: list[int], device: torch.device) -> Tensor:
+    return host_to_device(rows, device, torch.long)
 
 
 def pack_sequences(*policies) -> None:

@@ -45,6 +45,7 @@ from rlvr_lightning.modules.options import AggregationConfig, ImportanceSampling
 from rlvr_lightning.modules.update.gradients import backward_sync, non_finite_gradients, policy_gradient_norm
 from rlvr_lightning.modules.update.micro_batches import (
     check_token_budget,
+    micro_batch_parts,
     micro_batch_rows,
     micro_batches,
     pack_sequences,
@@ -127,7 +128,7 @@ class PolicyUpdate:
 
     def by_micro_batch(self, rollout: Rollout, score) -> Tensor:
         """`score(micro_batch)` (`[n, ...]` per micro-batch) for every row of `rollout`, in its order."""
-        return scored_in_order(rollout, self.micro_batch_rows(rollout), score)
+        return scored_in_order(rollout, micro_batch_parts(rollout, self.update), score)
 
     # ------------------------------------------------------------------ inputs
 

@@ -1,0 +1,111 @@
+"""Packed scoring through FlexAttention (`HFPolicy(packed_attention="flex")`, `policies/flex_packing.py`) gives the
+padded forward's log-probs and parameter gradients, grouped key/value heads included; tiles small enough here that
+the block mask has skipped, full and partial tiles (on a CPU the tiles are expanded into a mask: the reference of
+what the GPU kernel computes)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlvr_lightning.demos.tiny_lm import tiny_llama_config
+from rlvr_lightning.policies import flex_packing
+from tests.packed_rows import uneven_rollout
+
+
+def _log_probs_and_grads(policy, rollout, packed: bool):
+    policy.packed_sequences = packed
+    policy.model.zero_grad()
+    log_probs, _ = policy.token_log_probs(rollout, 0.7)
+    (log_probs.sum() / rollout.response_mask.sum()).backward()
+    return log_probs.detach(), [p.grad.clone() for p in policy.model.parameters() if p.grad is not None]
+
+
+@pytest.fixture
+def counted_flex(monkeypatch):
+    calls = []
+    kernel = flex_packing.packed_flex_attention
+
+    def counting(module, query, key, value, attention_mask, **kwargs):
+        calls.append((query.shape[1], key.shape[1]))
+        return kernel(module, query, key, value, attention_mask, **kwargs)
+
+    monkeypatch.setattr(flex_packing, "packed_flex_attention", counting)
+    flex_packing.register_flex_attention.cache_clear()
+    yield calls
+    flex_packing.register_flex_attention.cache_clear()
+    flex_packing.register_flex_attention()  # the real function again
+
+
+@pytest.mark.parametrize(
+    "heads",
+    [
+        {"num_attention_heads": 4, "num_key_value_heads": 4},
+        {"num_attention_heads": 4, "num_key_value_heads": 2},
+        {"hidden_size": 72, "num_attention_heads": 9, "num_key_value_heads": 3},  # SmolLM2's 9:3, not a power of 2
+    ],
+)
+@pytest.mark.parametrize("block_size", [8, 128])
+def test_flex_packed_scoring_matches_padded(make_policy, monkeypatch, counted_flex, heads, block_size):
+    monkeypatch.setattr(flex_packing, "BLOCK_SIZE", block_size)
+    policy = make_policy(config=tiny_llama_config(**heads), share_prompt_prefix=False, packed_attention="flex")
+    rollout = uneven_rollout(policy.hf_config.vocab_size, seed=3)
+    flex_values, flex_grads = _log_probs_and_grads(policy, rollout, packed=True)
+    layers = policy.hf_config.num_hidden_layers
+    query_heads, kv_heads = heads["num_attention_heads"], heads["num_key_value_heads"]
+    assert counted_flex == [(query_heads, kv_heads)] * layers  # FlexAttention ran, K/V heads not repeated
+    assert policy.hf_config._attn_implementation == "sdpa"  # switched back after the forward
+    padded_values, padded_grads = _log_probs_and_grads(policy, rollout, packed=False)
+    assert len(counted_flex) == layers
+    torch.testing.assert_close(flex_values, padded_values, atol=1e-5, rtol=0)
+    assert len(flex_grads) == len(padded_grads)
+    for a, b in zip(flex_grads, padded_grads, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+
+
+def test_the_kernel_follows_the_option(make_policy):
+    policy = make_policy(packed_attention="auto")
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert policy.packed_attention_kernel(cpu) == "sdpa"  # today's path on a CPU
+    assert policy.packed_attention_kernel(cuda) == flex_packing.FLEX_IMPLEMENTATION
+    policy.packed_attention = "model"
+    assert policy.packed_attention_kernel(cuda) == "sdpa"
+    policy.packed_attention = "auto"
+    policy.hf_config._attn_implementation = "flash_attention_2"  # its varlen kernel needs no mask either
+    assert policy.packed_attention_kernel(cuda) == "flash_attention_2"
+    policy.hf_config._attn_implementation = "sdpa"
+    policy.packed_attention, policy.gradient_checkpointing = "auto", True
+    assert policy.packed_attention_kernel(cuda) == "sdpa"  # the backward's recomputation would not see flex
+    policy.packed_attention = "flex"
+    with pytest.raises(ValueError, match="packed_attention='flex': gradient checkpointing is on; valid here"):
+        policy.packed_attention_kernel(cpu)
+    other = make_policy(packed_attention="auto")
+    other.base_model.gradient_checkpointing_enable()  # turned on outside the policy's own option
+    assert other.packed_attention_kernel(cuda) == "sdpa"
+
+
+def test_a_bad_value_names_the_option_and_the_choices(make_policy, monkeypatch):
+    loaded = []
+    monkeypatch.setattr("rlvr_lightning.policies.hf_loading.model_from_config", lambda *a: loaded.append(a))
+    with pytest.raises(ValueError, match=r"packed_attention='flash' is not valid; valid: auto, flex, model"):
+        make_policy(packed_attention="flash")
+    assert not loaded  # before any model is built
+
+
+def test_torch_flex_attention_reads_the_block_mask_as_the_reference_does():
+    """torch's own (eager) FlexAttention with our block mask gives the reference's values (forward only: it has no
+    CPU backward)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    doc = torch.repeat_interleave(torch.arange(4), torch.tensor([7, 2, 11, 5]))
+    block_mask = flex_packing.document_block_mask(doc, block_size=128)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, h, doc.numel(), 8, generator=g) for h in (4, 2, 2))
+    with torch.no_grad():
+        expected = torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, flex_packing.expanded_block_mask(block_mask), enable_gqa=True
+        )
+        torch.testing.assert_close(flex_attention(q, k, v, block_mask=block_mask, enable_gqa=True), expected)
+    index = torch.arange(doc.numel())
+    dense = (doc[:, None] == doc[None, :]) & (index[None, :] <= index[:, None])
+    assert torch.equal(flex_packing.expanded_block_mask(flex_packing.document_block_mask(doc, 4)), dense)
