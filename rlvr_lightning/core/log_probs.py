@@ -68,9 +68,12 @@ def _entropy(logits: Tensor, log_z: Tensor) -> Tensor:
     return log_z - (probs * logits).nansum(dim=-1)
 
 
-#: bytes the backward's per-chunk temporaries may take: the `[rows, V]` float32 logit gradient, and its copy in
-#: the forward's GEMM dtype when that is lower (bf16 under autocast)
+#: bytes the backward's per-chunk temporaries may take on a GPU: the `[rows, V]` float32 logit gradient, and its
+#: copy in the forward's GEMM dtype when that is lower (bf16 under autocast); each chunk rewrites the whole
+#: `[V, H]` weight gradient, so on a GPU few large chunks pay
 BACKWARD_CHUNK_BYTES = 1 << 30
+#: on a CPU: 16 MiB (2^22 float32 logits), where memory is the scarcer resource and larger chunks gain nothing
+CPU_BACKWARD_CHUNK_BYTES = 1 << 24
 
 
 def backward_chunk_rows(vocab: int, gemm_dtype: torch.dtype, chunk_bytes: int) -> int:
@@ -142,9 +145,10 @@ def linear_token_log_probs(
     `temperature`, and the detached entropy of each position if asked: the values of
     `token_log_probs_and_entropy(F.linear(hidden, weight, bias), ...)`, with a backward that keeps only the
     logits (no logit-sized softmax or gradient temporaries; its temporaries take at most `chunk_bytes`, by
-    default `BACKWARD_CHUNK_BYTES`)."""
+    default `CPU_BACKWARD_CHUNK_BYTES` on a CPU, `BACKWARD_CHUNK_BYTES` elsewhere)."""
     shape = token_ids.shape
-    chunk_bytes = BACKWARD_CHUNK_BYTES if chunk_bytes is None else chunk_bytes
+    if chunk_bytes is None:
+        chunk_bytes = CPU_BACKWARD_CHUNK_BYTES if hidden.device.type == "cpu" else BACKWARD_CHUNK_BYTES
     log_probs, logits, log_z = _LinearLogProbs.apply(
         hidden.reshape(-1, hidden.shape[-1]), weight, bias, token_ids.reshape(-1), temperature, chunk_bytes
     )

@@ -28,7 +28,7 @@ def _inputs(bias: bool, dtype=torch.float32):
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 @pytest.mark.parametrize("bias", [False, True])
 def test_values_entropy_and_gradients_equal_the_logits_path(temperature, bias, monkeypatch):
-    monkeypatch.setattr(lp, "BACKWARD_CHUNK_BYTES", 4 * 11 * 4)  # chunks of 4 float32 rows: 15 rows in 4 chunks
+    monkeypatch.setattr(lp, "CPU_BACKWARD_CHUNK_BYTES", 4 * 11 * 4)  # chunks of 4 float32 rows: 15 rows in 4 chunks
     hidden, weight, b, ids = _inputs(bias)
     weights = torch.randn(3, 5)
     expected, expected_entropy = token_log_probs_and_entropy(
@@ -134,3 +134,10 @@ def test_under_autocast_the_backward_gemms_run_in_its_dtype():
     assert hidden.grad.dtype == weight.grad.dtype == torch.float32
     for tensor, want in zip((hidden, weight), expected_grads, strict=True):
         torch.testing.assert_close(tensor.grad, want, atol=2e-2, rtol=2e-2)
+
+
+def test_the_cpu_default_keeps_chunks_of_2_to_the_22_float32_logits():
+    """The CPU's chunks (and so its sums, to the bit) are the ones the CPU trajectories were recorded with."""
+    for vocab in (10, 49152, 151936):
+        rows = lp.backward_chunk_rows(vocab, torch.float32, lp.CPU_BACKWARD_CHUNK_BYTES)
+        assert rows == max(1, (1 << 22) // vocab)
