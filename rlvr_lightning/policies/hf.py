@@ -46,7 +46,7 @@ import functools
 import os
 import warnings
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -72,7 +72,8 @@ from rlvr_lightning.policies.lora_reference import (
 from rlvr_lightning.rollout import Rollout
 from rlvr_lightning.runtime.devices import compute_device
 from rlvr_lightning.runtime.model_cache import resolve_model_path
-from rlvr_lightning.runtime.option_domains import NON_NEGATIVE_INT, Range, check_ranges
+from rlvr_lightning.runtime.option_declarations import Option, check_options, documented_options
+from rlvr_lightning.runtime.option_domains import NON_NEGATIVE_INT, OneOf, Range
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -87,60 +88,100 @@ def warn_renormalised_log_probs(backend: str) -> None:
     )
 
 
+@documented_options
 class HFPolicy(HFScoring, Policy):
-    """A Hugging Face causal LM policy (see the module docstring for the options)."""
-
-    #: the domains of the numeric options (checked here and, by `rlvr`, before anything is built)
-    OPTION_RANGES = {
-        "lora_r": NON_NEGATIVE_INT,  # 0: no LoRA
-        "lora_alpha": Range(0, low_open=True),
-        "lora_dropout": Range(0, 1, high_open=True),
-        "min_new_tokens": NON_NEGATIVE_INT,
-    }
+    """A Hugging Face causal LM policy (see the module docstring)."""
 
     def __init__(
         self,
-        model_name_or_path: str | None = None,
-        gguf_file: str | None = None,
-        config: dict[str, Any] | str | None = None,
-        tokenizer_name_or_path: str | None = None,
-        dtype: Literal["float32", "bfloat16", "float16"] = "float32",
-        attn_implementation: str | None = "sdpa",
-        gradient_checkpointing: bool = False,
-        lean_activations: bool = True,
-        lora_r: int = 0,
-        lora_alpha: float = 16.0,
-        lora_dropout: float = 0.0,
-        lora_target_modules: list[str] | str | None = "all-linear",
-        prompt_template: str = "chat",
-        system_prompt: str | None = None,
-        generation: GenerationBackend | None = None,
-        keep_sampling_log_probs: bool | None = None,
-        min_new_tokens: int = 0,
-        disable_dropout: bool = True,
-        share_prompt_prefix: bool = True,
-        trust_remote_code: bool = False,
-        tools: ToolUse | None = None,
-        thinking_budget: ThinkingBudget | None = None,
+        model_name_or_path: Annotated[
+            str | None,
+            Option("a local directory, hub id or `rlvr-models` alias of the model (null: gguf_file or config)."),
+        ] = None,
+        gguf_file: Annotated[
+            str | None, Option("a GGUF file to load the model from (`policies/hf_loading.py`).")
+        ] = None,
+        config: Annotated[
+            dict[str, Any] | str | None,
+            Option("a transformers config (mapping or path): a model of that shape with random weights."),
+        ] = None,
+        tokenizer_name_or_path: Annotated[
+            str | None, Option("the tokenizer's directory or hub id (null: the model's).")
+        ] = None,
+        dtype: Annotated[
+            Literal["float32", "bfloat16", "float16"], Option("the dtype of the weights.", OneOf(tuple(DTYPES)))
+        ] = "float32",
+        attn_implementation: Annotated[
+            str | None, Option("transformers' attention implementation (null: transformers' default).")
+        ] = "sdpa",
+        gradient_checkpointing: Annotated[
+            bool, Option("recompute activations in the backward pass instead of keeping them.")
+        ] = False,
+        lean_activations: Annotated[
+            bool,
+            Option(
+                "RMSNorm and SwiGLU layers keep fewer activations for the backward pass (fewer bytes per token; "
+                "same forward values, gradients equal to float rounding)."
+            ),
+        ] = True,
+        lora_r: Annotated[int, Option("the LoRA rank (0: no LoRA, the full model trains).", NON_NEGATIVE_INT)] = 0,
+        lora_alpha: Annotated[
+            float, Option("LoRA's scale numerator (scale alpha / r).", Range(0, low_open=True))
+        ] = 16.0,
+        lora_dropout: Annotated[
+            float, Option("dropout on the LoRA adapter's input.", Range(0, 1, high_open=True))
+        ] = 0.0,
+        lora_target_modules: Annotated[
+            list[str] | str | None, Option("the modules LoRA adapts (peft's target_modules; all-linear: every linear).")
+        ] = "all-linear",
+        prompt_template: Annotated[
+            str,
+            Option(
+                "chat (the tokenizer's chat template) | raw (the prompt as is) | a template with {prompt} "
+                "(and {system})."
+            ),
+        ] = "chat",
+        system_prompt: Annotated[
+            str | None, Option("a system message put before each chat prompt (null: none).")
+        ] = None,
+        generation: Annotated[
+            GenerationBackend | None,
+            Option(
+                "the backend that samples (default `DeviceDefaultGeneration`: our loop, over a static cache with a "
+                "graph-held step on a CUDA device (`StaticCacheGeneration`), eager elsewhere (`KVCacheGeneration`); "
+                "or `VLLMGeneration`, `ServerGeneration`)."
+            ),
+        ] = None,
+        keep_sampling_log_probs: Annotated[
+            bool | None,
+            Option(
+                "use the log-probs recorded while sampling as the old log-probs when the trainer needs them (saves a "
+                "forward pass). null: when the backend says they are exact (an fp32 vLLM engine without "
+                "top-k/top-p); our loop's are equal only to float precision, so by default the trainer recomputes "
+                "them."
+            ),
+        ] = None,
+        min_new_tokens: Annotated[
+            int, Option("EOS is not sampled before this many tokens (also sampling.min_new_tokens).", NON_NEGATIVE_INT)
+        ] = 0,
+        disable_dropout: Annotated[
+            bool, Option("switch dropout off, so that sampling and scoring see the same network (TRL).")
+        ] = True,
+        share_prompt_prefix: Annotated[
+            bool, Option("score each distinct prompt once, with its responses on top of its cache.")
+        ] = True,
+        trust_remote_code: Annotated[bool, Option("let transformers run the model repository's code.")] = False,
+        tools: Annotated[
+            ToolUse | None,
+            Option("tool use in rollouts (`ToolUse`: the tools, call format, turns); null: single-turn."),
+        ] = None,
+        thinking_budget: Annotated[
+            ThinkingBudget | None,
+            Option("cap on the tokens between `<think>` and `</think>` (`ThinkingBudget`); null: no cap."),
+        ] = None,
     ) -> None:
-        """
-        Args:
-            lean_activations: RMSNorm and SwiGLU layers keep fewer activations for the backward pass (fewer
-                bytes per token; same forward values, gradients equal to float rounding).
-            generation: the backend that samples (default `DeviceDefaultGeneration`: our loop, over a static cache
-                with a graph-held step on a CUDA device (`StaticCacheGeneration`), eager elsewhere
-                (`KVCacheGeneration`); or `VLLMGeneration`, `ServerGeneration`).
-            tools: tool use in rollouts (`ToolUse`: the tools, call format, turns); None: single-turn.
-            thinking_budget: cap on the tokens between `<think>` and `</think>` (`ThinkingBudget`); None: no cap.
-            keep_sampling_log_probs: use the log-probs recorded while sampling as the old log-probs when the
-                trainer needs them (saves a forward pass). None: when the backend says they are exact (an fp32
-                vLLM engine without top-k/top-p); our loop's are equal only to float precision, so by default
-                the trainer recomputes them.
-        """
-        check_ranges(HFPolicy.OPTION_RANGES, locals())
+        check_options(HFPolicy, locals())
         super().__init__()
-        if dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
         prompt_encoding.check_prompt_template(prompt_template, system_prompt)
         if lora_r > 0 and not hf_loading.peft_installed():  # before the model loads
             raise ImportError(hf_loading.PEFT_MISSING)
