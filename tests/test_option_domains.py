@@ -1,5 +1,6 @@
 """Every numeric option has a domain, checked before any work: `check_range` and the domains the classes declare
-beside their options (in Python), and `rlvr`'s check of the parsed config before any class is built (a few lines, exit status 2)."""
+beside their options (in Python), and `rlvr`'s check of the parsed config before any class is built (a few
+lines, exit status 2)."""
 
 import math
 
