@@ -1,7 +1,5 @@
-"""`HFPolicy`: a transformers causal language model as a `Policy`.
-
-The model comes from a local directory, hub id or alias (`model_name_or_path`), a GGUF file
-(`gguf_file`) or a config with random weights (`config`); see `policies/hf_loading.py`.
+"""`HFPolicy`: a transformers causal language model as a `Policy` (its options: `rlvr fit --model.policy.help
+HFPolicy`); the model comes from `model_name_or_path`, `gguf_file` or `config` (`policies/hf_loading.py`).
 
 Prompts (`batch["prompt"]` items) are rendered by `prompt_template`:
 
