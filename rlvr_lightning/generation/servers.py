@@ -62,7 +62,7 @@ TRANSPORTS = ("auto", "file", "nccl")
 class ServerGeneration(EngineGeneration):
     def __init__(
         self,
-        servers: list[str],
+        servers: Annotated[list[str], Option('the rollout servers, "host:port" each (`rlvr serve` started them).')],
         request_timeout_s: Annotated[
             float, Option("the longest a generation request may take.", Range(0, low_open=True))
         ] = 600.0,
@@ -76,28 +76,32 @@ class ServerGeneration(EngineGeneration):
                 Range(0, low_open=True),
             ),
         ] = 600.0,
-        weight_transport: Literal["auto", "file", "nccl"] = "auto",
-        weight_dir: str | None = None,
-        nccl_host: str = "127.0.0.1",
+        weight_transport: Annotated[
+            Literal["auto", "file", "nccl"],
+            Option('"auto": NCCL when the trainer is on a GPU, else "file" (a safetensors file in `weight_dir`).'),
+        ] = "auto",
+        weight_dir: Annotated[
+            str | None,
+            Option('where "file" writes the weights; the servers must read the same path (default /dev/shm).'),
+        ] = None,
+        nccl_host: Annotated[
+            str, Option("the trainer's address the servers' workers connect to for NCCL (\"nccl\" only).")
+        ] = "127.0.0.1",
         nccl_port: Annotated[
             int, Option("the port of that group's rendezvous.", Range(1, 65535, integer=True))
         ] = 51216,
         max_concurrent_requests: Annotated[
             int, Option("requests in flight at once, over all servers.", Range(1, integer=True))
         ] = 64,
-        lora_sync: Literal["merged", "adapter", "auto"] = "merged",
+        lora_sync: Annotated[
+            Literal["merged", "adapter", "auto"],
+            Option(
+                'what a LoRA policy pushes: "merged" (the merged weights), "adapter" (the adapter '
+                "alone, to servers started with `--max-lora-rank`; they then decode with LoRA kernels, "
+                'slower), "auto" (the adapter where the servers serve it).'
+            ),
+        ] = "merged",
     ) -> None:
-        """
-        Args:
-            servers: the rollout servers, "host:port" each (`rlvr serve` started them).
-            weight_transport: "auto": NCCL when the trainer is on a GPU, else "file" (a safetensors file in
-                `weight_dir`).
-            weight_dir: where "file" writes the weights; the servers must read the same path (default /dev/shm).
-            nccl_host: the trainer's address the servers' workers connect to for NCCL ("nccl" only).
-            lora_sync: what a LoRA policy pushes: "merged" (the merged weights), "adapter" (the adapter alone, to
-                servers started with `--max-lora-rank`; they then decode with LoRA kernels, slower), "auto" (the
-                adapter where the servers serve it).
-        """
         super().__init__("ServerGeneration", lora_sync)  # checks lora_sync
         check_options(ServerGeneration, locals())
         if not servers:

@@ -49,19 +49,24 @@ from rlvr_lightning.runtime.timing import elapsed_seconds
 
 @documented_options
 class StaticCacheGeneration(KVCacheGeneration):
-    """Our loop over a static KV cache, its step run eagerly, compiled or as a CUDA graph; the default on CUDA.
-
-    Args:
-        dtype: the precision it samples in, as `KVCacheGeneration`'s (a bf16 copy of fp32 weights is refreshed in
-            place, so a captured graph keeps reading the current weights).
-        compile: how the step runs (`generation/step_capture.py`): "auto" (the default: "reduce-overhead" on a
-            CUDA device, "none" elsewhere), "none", "aot_eager", "default", "reduce-overhead", "cuda-graph".
-    """
+    """Our loop over a static KV cache, its step run eagerly, compiled or as a CUDA graph; the default on CUDA."""
 
     def __init__(
         self,
-        dtype: SamplingDtype = "auto",
-        compile: CompileMode = "auto",
+        dtype: Annotated[
+            SamplingDtype,
+            Option(
+                "the precision it samples in, as `KVCacheGeneration`'s (a bf16 copy of fp32 weights is refreshed "
+                "in place, so a captured graph keeps reading the current weights)."
+            ),
+        ] = "auto",
+        compile: Annotated[
+            CompileMode,
+            Option(
+                'how the step runs (`generation/step_capture.py`): "auto" (the default: "reduce-overhead" on a '
+                'CUDA device, "none" elsewhere), "none", "aot_eager", "default", "reduce-overhead", "cuda-graph".'
+            ),
+        ] = "auto",
         sync_every: Annotated[
             int,
             Option(

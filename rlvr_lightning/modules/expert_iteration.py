@@ -47,11 +47,18 @@ log = logging.getLogger(__name__)
 class ExpertIterationModule(PolicyModule):
     def __init__(
         self,
-        policy: Policy,
-        optimizer: OptimizerCallable = torch.optim.Adam,
-        lr_scheduler: LRSchedulerCallable | None = None,
+        policy: Annotated[Policy, Option("the model being trained (ToySortPolicy, HFPolicy, ...).")],
+        optimizer: Annotated[
+            OptimizerCallable, Option("the optimizer's class and options (class_path, init_args); default Adam.")
+        ] = torch.optim.Adam,
+        lr_scheduler: Annotated[
+            LRSchedulerCallable | None,
+            Option("a learning-rate scheduler, stepped with every optimizer step (null: none)."),
+        ] = None,
         group_size: Annotated[int, Option("responses sampled per prompt in each round.", POSITIVE_INT)] = 8,
-        sampling: SamplingConfig | None = None,
+        sampling: Annotated[
+            SamplingConfig | None, Option("how responses are sampled (temperature, max_new_tokens, ...).")
+        ] = None,
         reward_threshold: Annotated[
             float | None,
             Option(
@@ -68,24 +75,26 @@ class ExpertIterationModule(PolicyModule):
                 Range(1, integer=True, optional=True),
             ),
         ] = None,
-        update: UpdateConfig = UpdateConfig(epochs=2),
-        aggregation: AggregationConfig = AggregationConfig(mode="token-mean", count_empty_rows=False),
-        validation: ValidationConfig = ValidationConfig(),
+        update: Annotated[
+            UpdateConfig,
+            Option(
+                "the fine-tuning of a round: epochs (passes over the kept responses), mini_batch_size and "
+                "micro_batch_size (rows per optimizer step / backward pass; null: all kept rows / the whole"
+                " mini-batch) or micro_batch_tokens (packed micro-batches of at most that many tokens), "
+                "max_grad_norm (null: no clipping)."
+            ),
+        ] = UpdateConfig(epochs=2),
+        aggregation: Annotated[
+            AggregationConfig,
+            Option(
+                "how response-token losses become the mini-batch loss (mode as in SFTModule; responses "
+                "without a token never count: count_empty_rows must stay false)."
+            ),
+        ] = AggregationConfig(mode="token-mean", count_empty_rows=False),
+        validation: Annotated[
+            ValidationConfig, Option("responses per validation prompt and greedy decoding (group_size, greedy).")
+        ] = ValidationConfig(),
     ) -> None:
-        """
-        Args:
-            policy: the model being trained (ToySortPolicy, HFPolicy, ...).
-            optimizer: the optimizer's class and options (class_path, init_args); default Adam.
-            lr_scheduler: a learning-rate scheduler, stepped with every optimizer step (null: none).
-            sampling: how responses are sampled (temperature, max_new_tokens, ...).
-            update: the fine-tuning of a round: epochs (passes over the kept responses), mini_batch_size and
-                micro_batch_size (rows per optimizer step / backward pass; null: all kept rows / the whole
-                mini-batch) or micro_batch_tokens (packed micro-batches of at most that many tokens),
-                max_grad_norm (null: no clipping).
-            aggregation: how response-token losses become the mini-batch loss (mode as in SFTModule; responses
-                without a token never count: count_empty_rows must stay false).
-            validation: responses per validation prompt and greedy decoding (group_size, greedy).
-        """
         check_options(ExpertIterationModule, locals())
         super().__init__(policy, optimizer, lr_scheduler, sampling, validation)
         self.save_hyperparameters(ignore=["policy", "optimizer", "lr_scheduler", "sampling"])
