@@ -4,10 +4,12 @@ list of `host:port`.
     policy:
       class_path: rlvr_lightning.policies.hf.HFPolicy
       init_args:
-        model_name_or_path: smollm2-135m-instruct
+        model:
+          name_or_path: smollm2-135m-instruct
         generation:
-          class_path: rlvr_lightning.policies.ServerGeneration
-          init_args: {servers: [node1:8000, node2:8000]}
+          backend:
+            class_path: rlvr_lightning.policies.ServerGeneration
+            init_args: {servers: [node1:8000, node2:8000]}
 
 Requests go to vLLM's OpenAI completions endpoint, one per prompt (its `n` responses), spread over the servers
 in turn and sent at once: token ids in (`prompt` as a list of ids), token ids and the chosen tokens'

@@ -3,10 +3,12 @@
     policy:
       class_path: rlvr_lightning.policies.hf.HFPolicy
       init_args:
-        model_name_or_path: smollm2-135m-instruct
+        model:
+          name_or_path: smollm2-135m-instruct
         generation:
-          class_path: rlvr_lightning.policies.VLLMGeneration
-          init_args: {dtype: auto, gpu_memory_utilization: 0.3}
+          backend:
+            class_path: rlvr_lightning.policies.VLLMGeneration
+            init_args: {dtype: auto, gpu_memory_utilization: 0.3}
 
 As TRL's colocate mode: the engine is created on the first `sample` (inside the training process,
 `VLLM_ENABLE_V1_MULTIPROCESSING=0`; under DDP or FSDP with vLLM's `external_launcher`, each rank its
