@@ -210,7 +210,7 @@ def case_config(case: str, strategy: str, out: str, tokenizer_dir: str) -> dict:
         update = config["model"]["init_args"]["update"]
         update.update(micro_batch_size=None, micro_batch_tokens=64)
         # packed forwards under DDP too (prefix sharing would score these groups of 4 with fewer positions)
-        config["model"]["init_args"]["policy"]["init_args"]["share_prompt_prefix"] = False
+        config["model"]["init_args"]["policy"]["init_args"]["generation"] = {"share_prompt_prefix": False}
         for callback in config["trainer"]["callbacks"]:
             if "name" in callback.get("init_args", {}):
                 callback["init_args"]["name"] = f"{case}-{strategy}"
