@@ -33,6 +33,8 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 import torch  # noqa: E402
 
+from rlvr_lightning.policies.hf_options import GenerationOptions, HFModelOptions, LoRAOptions
+
 REPO = Path(__file__).resolve().parents[1]
 PROMPTS = ["What is 12 + 30?", "Name three colours.", "Sort: 3 1 2", "Say hello."]
 
@@ -81,7 +83,11 @@ def make_leg(name: str, model: str, rank: int, servers: dict[str, str]):
     else:
         backend = ServerGeneration(servers=[servers[mode]], lora_sync=mode)
     torch.manual_seed(0)
-    return HFPolicy(model_name_or_path=model, lora_r=rank, lora_alpha=2 * rank, generation=backend)
+    return HFPolicy(
+        model=HFModelOptions(name_or_path=model),
+        lora=LoRAOptions(r=rank, alpha=2 * rank),
+        generation=GenerationOptions(backend=backend),
+    )
 
 
 def move_adapter(policy, generator: torch.Generator) -> None:

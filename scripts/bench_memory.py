@@ -33,6 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from rlvr_lightning.policies.hf_options import HFModelOptions
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -126,11 +128,11 @@ def _policy(args, work: Path) -> dict:
         tokenizer = save_tiny_tokenizer(work / "tokenizer")
         return {
             "config": tiny_llama_config(hidden_size=256, intermediate_size=512, num_hidden_layers=4),
-            "tokenizer_name_or_path": str(tokenizer),
+            "tokenizer": str(tokenizer),
         }
     if args.model == "qwen2.5-1.5b-random":
-        return {"config": QWEN25_15B, "tokenizer_name_or_path": "smollm2-135m-instruct"}
-    return {"model_name_or_path": args.model}
+        return {"config": QWEN25_15B, "tokenizer": "smollm2-135m-instruct"}
+    return {"name_or_path": args.model}
 
 
 def worker(args) -> None:
@@ -144,7 +146,11 @@ def worker(args) -> None:
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     pl.seed_everything(0)
-    policy = HFPolicy(**json.loads(args.policy), dtype="float32", gradient_checkpointing=args.gradient_checkpointing)
+    policy = HFPolicy(
+        model=HFModelOptions(
+            dtype="float32", gradient_checkpointing=args.gradient_checkpointing, **json.loads(args.policy)
+        ),
+    )
     words = " ".join(f"w{i}" for i in range(args.tokens))  # ~tokens response tokens
     pairs = out / f"pairs{os.environ['RANK']}.jsonl"  # the same pairs, one file per rank (no rank waits for another)
     pairs.write_text("".join(json.dumps({"prompt": f"Say {i}", "response": words}) + "\n" for i in range(64)))
@@ -218,7 +224,7 @@ def run_leg(args, leg: str, policy: dict, work: Path) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--model", default="smollm2-135m-instruct", help="tiny, qwen2.5-1.5b-random, or an HFPolicy model_name_or_path"
+        "--model", default="smollm2-135m-instruct", help="tiny, qwen2.5-1.5b-random, or an HFPolicy model.name_or_path"
     )
     parser.add_argument("--world_size", type=int, default=2)
     parser.add_argument("--steps", type=int, default=2)

@@ -38,6 +38,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from rlvr_lightning.core.losses.policy_losses import PPOClip  # noqa: E402
 from rlvr_lightning.modules.options import AggregationConfig, UpdateConfig, ValueConfig  # noqa: E402
+from rlvr_lightning.policies.hf_options import GenerationOptions, HFModelOptions
 from rlvr_lightning.runtime.timing import clock  # noqa: E402  (waits for the device's queued work before reading the time)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,7 +92,8 @@ def run_leg(leg: str, steps: int, seed: int, threads: int) -> dict:
 
     pl.seed_everything(seed, verbose=False)
     policy = HFPolicy(
-        model_name_or_path=str(model_dir("smollm2-135m-instruct")), dtype="float32", min_new_tokens=NEW_TOKENS
+        model=HFModelOptions(name_or_path=str(model_dir("smollm2-135m-instruct")), dtype="float32"),
+        generation=GenerationOptions(min_new_tokens=NEW_TOKENS),
     )
     options = dict(
         optimizer=functools.partial(torch.optim.AdamW, lr=LR, weight_decay=0.0, fused=True),

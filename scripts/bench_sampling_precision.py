@@ -39,6 +39,8 @@ import torch  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_step_cases  # noqa: E402
 
+from rlvr_lightning.policies.hf_options import GenerationOptions, HFModelOptions, PromptOptions
+
 LEGS = ("fp32", "bf16_copy", "bf16_autocast")
 
 
@@ -76,12 +78,16 @@ def main(argv: list[str] | None = None) -> int:
 
     model_dir = Path(args.model_dir) if args.model_dir else bench_step_cases.smollm2_dir()
     if (model_dir / "model.safetensors").exists():
-        source = {"model_name_or_path": str(model_dir)}
+        source = {"name_or_path": str(model_dir)}
     else:  # same shapes and speed, random weights (a machine without the checkpoint)
         torch.manual_seed(0)
         config = json.loads((model_dir / "config.json").read_text())
-        source = {"config": config, "tokenizer_name_or_path": str(model_dir)}
-    policy = HFPolicy(**source, prompt_template="chat", dtype="float32", min_new_tokens=args.new_tokens)
+        source = {"config": config, "tokenizer": str(model_dir)}
+    policy = HFPolicy(
+        prompt=PromptOptions(template="chat"),
+        model=HFModelOptions(dtype="float32", **source),
+        generation=GenerationOptions(min_new_tokens=args.new_tokens),
+    )
     policy = policy.to(args.device)
     prompts = (bench_step_cases.SMOL_PROMPTS if args.prompts == 2 else bench_step_cases.SMOL_PROMPTS_8)[: args.prompts]
     batch = {"prompt": prompts, "metadata": [{}] * len(prompts)}

@@ -40,6 +40,7 @@ import torch  # noqa: E402
 
 from rlvr_lightning.demos.tiny_lm import save_tiny_tokenizer, tiny_llama_config  # noqa: E402
 from rlvr_lightning.policies.hf import HFPolicy  # noqa: E402
+from rlvr_lightning.policies.hf_options import GenerationOptions, HFModelOptions  # noqa: E402
 from rlvr_lightning.rollout import Rollout  # noqa: E402
 from rlvr_lightning.runtime.devices import set_compute_device  # noqa: E402
 
@@ -145,7 +146,10 @@ def main(argv: list[str] | None = None) -> int:
     config = TINY if args.tiny else SMOLLM2
     torch.manual_seed(0)
     tokenizer = save_tiny_tokenizer(Path(tempfile.mkdtemp()) / "tokenizer")
-    policy = HFPolicy(config=config, tokenizer_name_or_path=str(tokenizer), share_prompt_prefix=False)
+    policy = HFPolicy(
+        model=HFModelOptions(config=config, tokenizer=str(tokenizer)),
+        generation=GenerationOptions(share_prompt_prefix=False),
+    )
     policy.to(device)
     set_compute_device(policy, device)
     kernels: list[str] = []

@@ -32,7 +32,7 @@ around its generation and update). `peak_MB` is each leg process's peak resident
 
 Legs: `ours` (our KV-cache loop, in a process set up as `rlvr` sets up its own: freed memory returned to the
 OS, `runtime/process_memory.py`), `heap` (ours with glibc's default allocator settings), `plain` (ours with
-`lean_activations: false`: transformers' own RMSNorm and SwiGLU forwards, which keep more activations for the
+`model.lean_activations: false`: transformers' own RMSNorm and SwiGLU forwards, which keep more activations for the
 backward), `vllm` (the same module with `VLLMGeneration`, an engine in the leg's process, weights pushed after
 every update; needs vLLM: scripts/vllm_cpu_env.sh), `trl`. Run the
 vllm leg with `--vllm-python` from the main environment rather than the whole script inside .venv-vllm:
@@ -87,6 +87,8 @@ from bench_step_cases import (  # noqa: E402
 )
 from bench_step_trl import run_trl  # noqa: E402
 
+from rlvr_lightning.policies.hf_options import GenerationOptions, HFModelOptions, PromptOptions
+
 LEGS = ("ours", "heap", "plain", "vllm", "trl")
 
 
@@ -136,13 +138,11 @@ def run_ours(
 
         generation = VLLMGeneration(dtype=sampling_dtype, kv_cache_memory_gib=1.0, max_model_len=512)
     policy = HFPolicy(
-        generation=generation,
-        model_name_or_path=str(model_dir),
-        prompt_template=case["template"],
-        dtype="float32",
-        attn_implementation="sdpa",
-        min_new_tokens=new_tokens,
-        lean_activations=lean_activations,
+        generation=GenerationOptions(backend=generation, min_new_tokens=new_tokens),
+        model=HFModelOptions(
+            name_or_path=str(model_dir), dtype="float32", attn_implementation="sdpa", lean_activations=lean_activations
+        ),
+        prompt=PromptOptions(template=case["template"]),
     )
     module = RLVRModule(
         policy,

@@ -25,6 +25,7 @@ from rlvr_lightning.core.losses.policy_losses import PPOClip
 from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.modules.options import AggregationConfig, ImportanceSamplingConfig, KLConfig, UpdateConfig
 from rlvr_lightning.modules.update.policy_update import PolicyUpdate
+from rlvr_lightning.policies.hf_options import HFModelOptions, PromptOptions
 
 
 class _Module:
@@ -108,7 +109,8 @@ def run_natural(model_dir, case: dict, rounds: int, seed: int, lr: float) -> dic
     from rlvr_lightning.policies.hf import HFPolicy
 
     policy = HFPolicy(
-        model_name_or_path=str(model_dir), prompt_template=case["template"], dtype="float32", attn_implementation="sdpa"
+        model=HFModelOptions(name_or_path=str(model_dir), dtype="float32", attn_implementation="sdpa"),
+        prompt=PromptOptions(template=case["template"]),
     )
     rollout, sampling = sample_natural_rollout(policy, case, seed)
     reference = policy.create_reference()

@@ -28,6 +28,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
 
+from rlvr_lightning.policies.hf_options import HFModelOptions, PromptOptions
+
 PROMPTS = ["What is 12 + 7?", "What is 9 + 6?"]
 
 
@@ -60,7 +62,9 @@ def main() -> None:
     from rlvr_lightning.policies.hf import HFPolicy
 
     torch.manual_seed(0)
-    policy = HFPolicy(args.model, dtype="float32", prompt_template="chat")
+    policy = HFPolicy(
+        model=HFModelOptions(name_or_path=args.model, dtype="float32"), prompt=PromptOptions(template="chat")
+    )
     sampling = SamplingConfig(max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens)
     torch.set_num_threads(1)
     proxy_step(policy, sampling)  # warm-up

@@ -61,10 +61,12 @@ def warm_up(out: Path) -> None:
 
         from rlvr_lightning.modules.policy_checkpoint import policy_from_checkpoint
         from rlvr_lightning.policies.hf import HFPolicy
+        from rlvr_lightning.policies.hf_options import HFModelOptions, LoRAOptions, PromptOptions
 
         spec = yaml.safe_load((ROOT / "configs" / "smollm2_arithmetic.yaml").read_text())
         policy_args = spec["model"]["init_args"]["policy"]["init_args"]["policy"]["init_args"]
-        policy = policy_from_checkpoint(HFPolicy(**policy_args), str(ckpt))
+        groups = {"model": HFModelOptions, "lora": LoRAOptions, "prompt": PromptOptions}  # the recipe's groups
+        policy = policy_from_checkpoint(HFPolicy(**{k: groups[k](**v) for k, v in policy_args.items()}), str(ckpt))
         policy.model.save_pretrained(str(adapter))
 
 

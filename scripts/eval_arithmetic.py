@@ -47,7 +47,9 @@ def policy_spec(config_path: str, no_tools: bool) -> dict:
     if spec["class_path"].endswith("policy_from_checkpoint"):
         spec = spec["init_args"]["policy"]
     if no_tools:
-        spec = {**spec, "init_args": {**spec.get("init_args", {}), "tools": None}}  # null replaces, absent merges
+        init_args = spec.get("init_args", {})
+        generation = {**(init_args.get("generation") or {}), "tools": None}  # null replaces, absent merges
+        spec = {**spec, "init_args": {**init_args, "generation": generation}}
     return spec
 
 

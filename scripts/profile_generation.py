@@ -27,6 +27,8 @@ import torch  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_step_cases  # noqa: E402
 
+from rlvr_lightning.policies.hf_options import GenerationOptions, HFModelOptions, PromptOptions
+
 GROUPS = {  # operator name -> group (vLLM's CPU kernels included)
     "matmul (weights)": ("aten::mm", "aten::addmm", "aten::bmm", "aten::linear", "onednn_mm", "gemm"),
     "attention": ("scaled_dot_product", "flash_attention", "attention", "paged"),
@@ -72,12 +74,11 @@ def main() -> None:
 
         generation = VLLMGeneration(dtype="float32", kv_cache_memory_gib=1.0, max_model_len=512)
     policy = HFPolicy(
-        model_name_or_path=str(bench_step_cases.smollm2_dir()),
-        prompt_template="chat",
-        dtype="float32",
-        attn_implementation="sdpa",
-        min_new_tokens=args.new_tokens,
-        generation=generation,
+        model=HFModelOptions(
+            name_or_path=str(bench_step_cases.smollm2_dir()), dtype="float32", attn_implementation="sdpa"
+        ),
+        prompt=PromptOptions(template="chat"),
+        generation=GenerationOptions(min_new_tokens=args.new_tokens, backend=generation),
     )
     prompts = (bench_step_cases.SMOL_PROMPTS if args.prompts == 2 else bench_step_cases.SMOL_PROMPTS_8)[: args.prompts]
     batch = {"prompt": prompts, "metadata": [{}] * len(prompts)}

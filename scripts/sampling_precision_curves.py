@@ -48,7 +48,7 @@ def run(tokenizer_dir: Path, seed: int, dtype: str, steps: int, directory: Path)
         seed,
         steps=steps,
         module={"rollout_is": {"mode": "token_truncate"}},
-        policy={"generation": generation},
+        policy={"generation": {"backend": generation}},
     )
     config["trainer"]["callbacks"].append({"class_path": f"{__name__}.MismatchLog"})
     cli, curve = fit(config, directory)

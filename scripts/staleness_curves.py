@@ -48,7 +48,7 @@ def leg_config(base: Path, out: Path, name: str, staleness: int, seed: int, step
     if staleness:
         module["rollout_is"] = {"mode": "token_mask"}
     if generation is not None:
-        module["policy"]["init_args"]["generation"] = generation
+        module["policy"]["init_args"].setdefault("generation", {})["backend"] = generation
     trainer = config["trainer"]
     trainer["callbacks"] = [cb for cb in trainer["callbacks"] if not cb["class_path"].endswith("Checkpoint")]
     trainer.update(

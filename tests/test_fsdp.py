@@ -27,6 +27,7 @@ sys.path.insert(0, str(TESTS))
 from fsdp_support import resume_config, write_config  # noqa: E402
 
 from rlvr_lightning.demos.tiny_lm import save_tiny_tokenizer  # noqa: E402
+from rlvr_lightning.policies.hf_options import HFModelOptions, LoRAOptions  # noqa: E402
 
 CASES = ["rl", "rl_lora", "sft", "ei", "ppo"]
 K, STEPS = 4, 8  # the resumed run is killed at the start of rollout step K (checkpoint of step K just written)
@@ -289,7 +290,7 @@ def _trained_policy(tokenizer_dir: str, state: dict, **options):
 
     from rlvr_lightning.policies.hf import HFPolicy
 
-    policy = HFPolicy(config=TINY_LLAMA, tokenizer_name_or_path=tokenizer_dir, **options)
+    policy = HFPolicy(model=HFModelOptions(config=TINY_LLAMA, tokenizer=tokenizer_dir), **options)
     policy.load_state_dict({k.removeprefix("policy."): v for k, v in state.items() if k.startswith("policy.")})
     return policy.eval()
 
@@ -312,7 +313,7 @@ def test_export_gives_a_hugging_face_directory_with_the_same_log_probs(resumed, 
             torch.load(pairs / "lora_ckpt-fsdp2_full_ckpt.pt"),
         )
         assert ckpt.is_file()
-        trained = _trained_policy(tokenizer_dir, run["state"], lora_r=4, lora_alpha=8.0)
+        trained = _trained_policy(tokenizer_dir, run["state"], lora=LoRAOptions(r=4, alpha=8.0))
         assert any("lora_B" in k and v.abs().max() > 0 for k, v in run["state"].items())  # the adapter trained
     output = tmp_path / "hf"
     main(["export", "--config", str(config), "--ckpt_path", str(ckpt), "--output_dir", str(output)])
@@ -382,7 +383,7 @@ def test_a_later_stage_starts_from_a_sharded_checkpoint(resumed, tokenizer_dir):
     from rlvr_lightning.modules.sft import policy_from_checkpoint
     from rlvr_lightning.policies.hf import HFPolicy
 
-    policy = HFPolicy(config=TINY_LLAMA, tokenizer_name_or_path=tokenizer_dir)
+    policy = HFPolicy(model=HFModelOptions(config=TINY_LLAMA, tokenizer=tokenizer_dir))
     policy_from_checkpoint(policy, str(resumed / "ckpt_full" / "last.ckpt"))
     final = torch.load(resumed / "full.pt")["state"]
     for name, value in policy.state_dict().items():

@@ -40,18 +40,18 @@ def test_overlay_parses_on_the_recipe(overlay, capsys):
     if overlay.stem.startswith("offline_"):  # weights and data that exist offline
         assert task["class_path"] == "rlvr_lightning.data.JSONLTask" and task["init_args"]["template"] == "r1_zero"
         if "smollm2" in overlay.stem:
-            assert policy["model_name_or_path"] == "smollm2-135m-instruct"
+            assert policy["model"]["name_or_path"] == "smollm2-135m-instruct"
         else:
-            assert policy["model_name_or_path"] is None and policy["config"]["num_hidden_layers"] == 28
+            assert policy["model"]["name_or_path"] is None and policy["model"]["config"]["num_hidden_layers"] == 28
     elif overlay.stem == "rollout_servers":  # generation only: the recipe's strategy and precision stay
-        assert policy["generation"]["class_path"] == "rlvr_lightning.generation.ServerGeneration"
-        assert policy["generation"]["init_args"]["servers"] == ["localhost:8000"]
+        assert policy["generation"]["backend"]["class_path"] == "rlvr_lightning.generation.ServerGeneration"
+        assert policy["generation"]["backend"]["init_args"]["servers"] == ["localhost:8000"]
     else:
         assert strategy["class_path"] == "rlvr_lightning.parallel.FSDP2Strategy"
         assert strategy["init_args"]["param_dtype"] == "bfloat16"
         assert strategy["init_args"]["cpu_offload"] is (overlay.stem == "cpu_offload")
     # fp32 master weights everywhere: bf16 compute comes from autocast or from FSDP2's param_dtype
-    assert policy["dtype"] == "float32"
+    assert policy["model"]["dtype"] == "float32"
     recipe_precision = overlay.stem.startswith("offline_") or overlay.stem == "rollout_servers"
     assert config["trainer"]["precision"] == ("bf16-mixed" if recipe_precision else "32-true")
     comment = "".join(line for line in overlay.read_text().splitlines(keepends=True) if line.startswith("#"))
@@ -67,8 +67,8 @@ SETTINGS = {  # the GPU settings of docs/scaling.md, as command-line overrides o
     "recipe (fp32 weights, bf16-mixed, gradient checkpointing, sdpa)": [],
     "32-true": ["--trainer.precision=32-true"],
     "eager attention, no checkpointing": [
-        "--model.init_args.policy.init_args.attn_implementation=eager",
-        "--model.init_args.policy.init_args.gradient_checkpointing=false",
+        "--model.init_args.policy.init_args.model.attn_implementation=eager",
+        "--model.init_args.policy.init_args.model.gradient_checkpointing=false",
     ],
 }
 
@@ -105,7 +105,7 @@ def test_recipe_runs_on_cpu_with_each_setting(setting, tiny_override, in_tmp_dir
 
 
 @pytest.mark.parametrize(
-    "override", ["--model.init_args.policy.init_args.dtype=bfloat16", "--trainer.precision=bf16-true"]
+    "override", ["--model.init_args.policy.init_args.model.dtype=bfloat16", "--trainer.precision=bf16-true"]
 )
 def test_recipe_refuses_to_train_bf16_weights_in_place(override, tiny_override, in_tmp_dir, capsys):
     status = entry_point(["fit", "--config", str(RECIPE), "--config", str(tiny_override), override])

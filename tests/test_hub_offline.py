@@ -25,7 +25,7 @@ model:
   init_args:
     policy:
       class_path: rlvr_lightning.policies.HFPolicy
-      init_args: {model_name_or_path: no-such-org/no-such-model}
+      init_args: {model: {name_or_path: no-such-org/no-such-model}}
 data:
   class_path: rlvr_lightning.data.RLVRDataModule
   init_args:
@@ -41,16 +41,14 @@ def test_hub_ids_are_the_remote_names_of_models_tokenizers_and_datasets(tmp_path
     config = {
         "model": {
             "init_args": {
-                "policy": {
-                    "init_args": {"model_name_or_path": "Qwen/Qwen2.5-Math-1.5B", "tokenizer_name_or_path": str(local)}
-                }
+                "policy": {"init_args": {"model": {"name_or_path": "Qwen/Qwen2.5-Math-1.5B", "tokenizer": str(local)}}}
             }
         },
         "data": {"init_args": {"task": {"init_args": {"dataset": "openai/gsm8k"}}}},
         "trainer": {"callbacks": [{"init_args": {"dirpath": "runs/x"}}]},  # a path, not a model: not looked at
     }
     assert hub.hub_ids(config) == ["Qwen/Qwen2.5-Math-1.5B", "openai/gsm8k"]
-    assert hub.hub_ids({"model": {"init_args": {"model_name_or_path": "smollm2-135m-instruct"}}}) == []  # an alias
+    assert hub.hub_ids({"model": {"init_args": {"model": {"name_or_path": "smollm2-135m-instruct"}}}}) == []  # an alias
 
 
 def test_unreachable_hub_switches_to_offline_mode(monkeypatch, capsys):
@@ -59,10 +57,10 @@ def test_unreachable_hub_switches_to_offline_mode(monkeypatch, capsys):
     monkeypatch.setenv("HF_ENDPOINT", CLOSED)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     assert not hub.go_offline_if_unreachable(
-        {"model_name_or_path": "smollm2-135m-instruct"}
+        {"model": {"name_or_path": "smollm2-135m-instruct"}}
     )  # nothing remote: no probe
     assert os.environ.get("HF_HUB_OFFLINE") is None
-    assert hub.go_offline_if_unreachable({"model_name_or_path": "no-such-org/no-such-model"})
+    assert hub.go_offline_if_unreachable({"model": {"name_or_path": "no-such-org/no-such-model"}})
     assert os.environ["HF_HUB_OFFLINE"] == "1" and huggingface_hub.constants.HF_HUB_OFFLINE is True
     assert "does not answer: using the local cache only for no-such-org/no-such-model" in capsys.readouterr().out
 

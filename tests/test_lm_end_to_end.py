@@ -125,7 +125,7 @@ def _train_rows(rows: list[dict[str, str]]) -> list[dict[str, str]]:
 
 def test_grpo_steps_on_a_saved_tiny_llama(tiny_model_dir, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    config = _config(tmp_path, {"model_name_or_path": str(tiny_model_dir), "prompt_template": "chat"})
+    config = _config(tmp_path, {"model": {"name_or_path": str(tiny_model_dir)}, "prompt": {"template": "chat"}})
     initial = {k: v.clone() for k, v in _state(tiny_model_dir).items()}
 
     cli = main(["fit", "--config", str(config)])
@@ -168,10 +168,9 @@ def test_grpo_from_a_config_with_reference_minibatches_and_sampling_log_probs(to
     (old log-probs reused from sampling), micro-batching and a stop string."""
     monkeypatch.chdir(tmp_path)
     policy = {
-        "config": tiny_llama_config(),
-        "tokenizer_name_or_path": str(tokenizer_dir_e2e),
-        "prompt_template": "{prompt}\nAnswer:",
-        "keep_sampling_log_probs": True,
+        "model": {"config": tiny_llama_config(), "tokenizer": str(tokenizer_dir_e2e)},
+        "prompt": {"template": "{prompt}\nAnswer:"},
+        "generation": {"keep_sampling_log_probs": True},
     }
     module = {
         "update": {"epochs": 2, "mini_batch_size": 4, "micro_batch_size": 2},
@@ -200,7 +199,7 @@ def tokenizer_dir_e2e(tmp_path_factory) -> Path:
 def test_missing_model_path_fails_before_training(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     missing = tmp_path / "no_such_model"
-    config = _config(tmp_path, {"model_name_or_path": str(missing)})
+    config = _config(tmp_path, {"model": {"name_or_path": str(missing)}})
     # jsonargparse reports the policy's FileNotFoundError inside its own ValueError
     with pytest.raises((FileNotFoundError, ValueError), match=r"Model path '[^']*no_such_model' does not exist"):
         main(["fit", "--config", str(config)])
@@ -209,9 +208,8 @@ def test_missing_model_path_fails_before_training(tmp_path, monkeypatch):
 def test_prompt_longer_than_the_context_names_the_prompt(tokenizer_dir_e2e, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     policy = {
-        "config": tiny_llama_config(max_position_embeddings=24),
-        "tokenizer_name_or_path": str(tokenizer_dir_e2e),
-        "prompt_template": "raw",
+        "model": {"config": tiny_llama_config(max_position_embeddings=24), "tokenizer": str(tokenizer_dir_e2e)},
+        "prompt": {"template": "raw"},
     }
     task = {
         "examples": [{"prompt": "short"}, {"prompt": "The quick brown fox jumps over the lazy dog. " * 4}],

@@ -52,16 +52,20 @@ def test_grpo_learns_to_repeat_the_named_digit(tokenizer_dir, tmp_path, seed):
     "module_class, module, policy, lr",
     [
         pytest.param("PPOModule", {"value": {"model": "separate"}}, {}, 2e-3, id="ppo"),
-        pytest.param("RLVRModule", {}, {"lora_r": 8}, 5e-3, id="lora"),
+        pytest.param("RLVRModule", {}, {"lora": {"r": 8}}, 5e-3, id="lora"),
         pytest.param("RLVRModule", {"rollout_staleness": 1}, {}, 2e-3, id="async"),
         pytest.param(
-            "RLVRModule", {"rollout_is": {"mode": "token_truncate"}}, {"generation": BF16_SAMPLING}, 2e-3, id="bf16"
+            "RLVRModule",
+            {"rollout_is": {"mode": "token_truncate"}},
+            {"generation": {"backend": BF16_SAMPLING}},
+            2e-3,
+            id="bf16",
         ),
-        pytest.param("RLVRModule", {}, {"generation": STATIC}, 2e-3, id="static"),
+        pytest.param("RLVRModule", {}, {"generation": {"backend": STATIC}}, 2e-3, id="static"),
         pytest.param(
             "RLVRModule",
             {"rollout_staleness": 1},
-            {"lora_r": 8, "generation": BF16_SAMPLING},
+            {"lora": {"r": 8}, "generation": {"backend": BF16_SAMPLING}},
             5e-3,
             id="bf16_async_lora",
         ),
@@ -73,7 +77,7 @@ def test_variants_learn(tokenizer_dir, tmp_path, module_class, module, policy, l
     start, end = mean(curve.rewards[:START]), mean(curve.rewards[-END:])
     assert start <= 0.2 and end >= start + 0.4, curve.rewards
     assert curve.accuracy_at_start <= 0.1 and greedy_accuracy(cli.model.policy) >= 0.5
-    if policy.get("lora_r"):
+    if policy.get("lora", {}).get("r"):
         assert all(not p.requires_grad for n, p in cli.model.policy.named_parameters() if "lora_" not in n)
 
 

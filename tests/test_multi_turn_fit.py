@@ -17,6 +17,7 @@ from scripted_lm import save_tool_tokenizer, script_weights, transitions
 
 from rlvr_lightning.demos.tiny_lm import tiny_llama_config
 from rlvr_lightning.modules.options import AggregationConfig, UpdateConfig
+from rlvr_lightning.policies.hf_options import GenerationOptions, HFModelOptions, PromptOptions
 from rlvr_lightning.rollout import TokenSource
 
 EXAMPLES = [{"prompt": "What is 2+3?", "answer": "5"}, {"prompt": "Say ab. What is 2+3?", "answer": "5"}]
@@ -36,7 +37,9 @@ def scripted_policy(tokenizer_dir, **kwargs):
 
     torch.manual_seed(0)
     policy = HFPolicy(
-        config=tiny_llama_config(), tokenizer_name_or_path=str(tokenizer_dir), prompt_template="raw", **kwargs
+        model=HFModelOptions(config=tiny_llama_config(), tokenizer=str(tokenizer_dir)),
+        prompt=PromptOptions(template="raw"),
+        **kwargs,
     )
     tok = policy.tokenizer
     last = tok("?", add_special_tokens=False)["input_ids"][-1]
@@ -74,7 +77,11 @@ def test_rlvr_fit_with_a_calculator_from_yaml(tmp_path, monkeypatch):
             "init_args": {
                 "policy": {
                     "class_path": "rlvr_lightning.policies.HFPolicy",
-                    "init_args": {"model_name_or_path": str(model_dir), "prompt_template": "raw", "tools": TOOLS},
+                    "init_args": {
+                        "model": {"name_or_path": str(model_dir)},
+                        "prompt": {"template": "raw"},
+                        "generation": {"tools": TOOLS},
+                    },
                 },
                 "optimizer": {"class_path": "torch.optim.AdamW", "init_args": {"lr": 1.0e-3}},
                 "group_size": 4,
@@ -118,7 +125,7 @@ def final_parameters(tokenizer_dir, micro_batch_size):
     from rlvr_lightning.rewards.text import ContainsReward
     from rlvr_lightning.tools import Calculator
 
-    policy = scripted_policy(tokenizer_dir, tools=ToolUse([Calculator()]))
+    policy = scripted_policy(tokenizer_dir, generation=GenerationOptions(tools=ToolUse([Calculator()])))
     module = RLVRModule(
         policy,
         group_size=4,

@@ -1,5 +1,6 @@
-"""Every numeric option has a domain, checked before any work: `check_range` and the classes' `OPTION_RANGES`
-(in Python), and `rlvr`'s check of the parsed config before any class is built (a few lines, exit status 2)."""
+"""Every numeric option has a domain, checked before any work: `check_range` and the domains the classes declare
+beside their options (in Python), and `rlvr`'s check of the parsed config before any class is built (a few
+lines, exit status 2)."""
 
 import math
 
@@ -83,7 +84,7 @@ def no_model_loading(monkeypatch):
         ("model.init_args.sampling.max_new_tokens", "0", "an integer >= 1"),
         ("model.init_args.kl.coef", "-0.1", "a finite number >= 0"),
         ("model.init_args.loss.init_args.clip_low", ".nan", "a finite number"),
-        ("model.init_args.policy.init_args.lora_dropout", "1.0", "a finite number in [0, 1)"),
+        ("model.init_args.policy.init_args.lora.dropout", "1.0", "a finite number in [0, 1)"),
         ("data.init_args.batch_size", "0", "an integer >= 1"),
         ("data.init_args.task.init_args.length", "-2", "an integer >= 1"),
         ("torch_threads", "0", "an integer >= 1 (or null)"),
@@ -118,12 +119,12 @@ def test_an_absurd_model_size_is_refused_from_an_estimate_before_allocation(caps
 
     monkeypatch.setattr("transformers.AutoModelForCausalLM.from_config", allocate)
     for size in ("num_hidden_layers=1000000", "hidden_size=10000000"):
-        option = f"model.init_args.policy.init_args.config.{size}"
+        option = f"model.init_args.policy.init_args.model.config.{size}"
         code, lines = run(capsys, "fit", "--config", TINY_LM, f"--{option}", *QUIET)
         assert code == 2 and len(lines) <= 5
-        assert lines[0].startswith("error: config: the model it describes has about "), lines
+        assert lines[0].startswith("error: model.config: the model it describes has about "), lines
         assert "GiB of memory is available" in lines[0]
-        assert lines[1] == f"  at model.init_args.policy.init_args.config (command line: --{option})"
+        assert lines[1] == f"  at model.init_args.policy.init_args.model.config (command line: --{option})"
     with pytest.raises(ModelTooLargeError, match="embedding_dim: ToySortPolicy"):
         ToySortPolicy(embedding_dim=10**7)
 

@@ -18,7 +18,7 @@ from rlvr_lightning.serving import serve
 
 def test_rlvr_serve_runs_vllms_server_with_the_worker_extension(tmp_path, monkeypatch):
     config = tmp_path / "run.yaml"
-    policy = {"class_path": "HFPolicy", "init_args": {"model_name_or_path": str(tmp_path)}}
+    policy = {"class_path": "HFPolicy", "init_args": {"model": {"name_or_path": str(tmp_path)}}}
     config.write_text(yaml.safe_dump({"model": {"init_args": {"policy": policy}}}))
     calls = []
     monkeypatch.setattr(serve, "run_until_stopped", lambda argv, env, stop: calls.append((argv[0], argv, env)))
@@ -41,7 +41,7 @@ def test_rlvr_serve_runs_vllms_server_with_the_worker_extension(tmp_path, monkey
 def test_a_config_without_a_model_path_says_what_to_pass(tmp_path):
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump({"model": {"init_args": {}}}))
-    with pytest.raises(SystemExit, match="names no model.init_args.policy.init_args.model_name_or_path; pass --model"):
+    with pytest.raises(SystemExit, match="names no model.init_args.policy.init_args.model.name_or_path; pass --model"):
         serve.main(["--config", str(config)])
 
 

@@ -25,6 +25,7 @@ from rlvr_lightning.parallel import (
     transformer_blocks,
 )
 from rlvr_lightning.parallel.fsdp import data_parallel_mesh, network_root
+from rlvr_lightning.policies.hf_options import HFModelOptions, LoRAOptions
 from rlvr_lightning.policies.toy_sort import ToySortPolicy
 
 
@@ -35,13 +36,13 @@ def hf_policy(tmp_path_factory):
     def make(**options):
         torch.manual_seed(0)
         tokenizer = save_tiny_tokenizer(tmp_path_factory.mktemp("tokenizer"))
-        return HFPolicy(config=tiny_llama_config(), tokenizer_name_or_path=str(tokenizer), **options)
+        return HFPolicy(model=HFModelOptions(config=tiny_llama_config(), tokenizer=str(tokenizer)), **options)
 
     return make
 
 
 def test_transformer_blocks_are_the_decoder_layers(hf_policy):
-    for policy in (hf_policy(), hf_policy(lora_r=2)):
+    for policy in (hf_policy(), hf_policy(lora=LoRAOptions(r=2))):
         blocks = transformer_blocks(policy)
         assert [type(b).__name__ for b in blocks] == ["LlamaDecoderLayer", "LlamaDecoderLayer"]
         assert network_root(policy) is policy.model  # the module HFPolicy calls holds every weight
@@ -158,7 +159,7 @@ def test_lora_with_a_refreshed_reference_is_refused_before_sharding(hf_policy):
         def __getitem__(self, name):
             return self
 
-    policy = hf_policy(lora_r=2)
+    policy = hf_policy(lora=LoRAOptions(r=2))
     module = SimpleNamespace(
         device_mesh=Mesh(),
         trainer=SimpleNamespace(strategy=None),

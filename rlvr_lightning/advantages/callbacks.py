@@ -7,6 +7,8 @@ configured). A new estimator is one subclass overriding `compute`.
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import torch
 from lightning.pytorch import Callback
 from torch import Tensor
@@ -15,7 +17,8 @@ from rlvr_lightning.core import advantage_estimators as estimators
 from rlvr_lightning.core.pass_at_k import PASS_AT_K_BASELINES, pass_at_k_advantages
 from rlvr_lightning.rewards.base import RewardCallback
 from rlvr_lightning.rollout import Rollout
-from rlvr_lightning.runtime.option_domains import NON_NEGATIVE, PROBABILITY, check_ranges
+from rlvr_lightning.runtime.option_declarations import Option, check_options, documented_options
+from rlvr_lightning.runtime.option_domains import NON_NEGATIVE, PROBABILITY
 
 
 class AdvantageCallback(Callback):
@@ -51,15 +54,19 @@ class CenteredAdvantage(AdvantageCallback):
         return estimators.centered_advantages(rollout.reward, rollout.group_size)
 
 
+@documented_options
 class GroupNormalizedAdvantage(AdvantageCallback):
     """A = (r - mean(group)) / (std + eps): GRPO. `std_scope="batch"` scales by the batch std instead."""
 
     min_group_size = 2
 
-    OPTION_RANGES = {"eps": NON_NEGATIVE}
-
-    def __init__(self, eps: float = 1e-6, unbiased_std: bool = True, std_scope: str = "group") -> None:
-        check_ranges(GroupNormalizedAdvantage.OPTION_RANGES, locals())
+    def __init__(
+        self,
+        eps: Annotated[float, Option("added to the std.", NON_NEGATIVE)] = 1e-6,
+        unbiased_std: bool = True,
+        std_scope: str = "group",
+    ) -> None:
+        check_options(GroupNormalizedAdvantage, locals())
         self.eps = eps
         self.unbiased_std = unbiased_std
         self.std_scope = std_scope
@@ -71,6 +78,7 @@ class GroupNormalizedAdvantage(AdvantageCallback):
         )
 
 
+@documented_options
 class NormalizeThenSumAdvantage(AdvantageCallback):
     """GDPO: each reward normalised within its group, then the weighted sum normalised over the batch.
 
@@ -81,15 +89,16 @@ class NormalizeThenSumAdvantage(AdvantageCallback):
     Args:
         weights: each reward's weight by its name (``rollout.rewards``; a reward left out weighs 0); null: the
             reward callbacks' own weights, those of the total reward.
-        eps: added to every std (TRL: 1e-4).
     """
 
     min_group_size = 2
 
-    OPTION_RANGES = {"eps": NON_NEGATIVE}
-
-    def __init__(self, weights: dict[str, float] | None = None, eps: float = 1e-4) -> None:
-        check_ranges(NormalizeThenSumAdvantage.OPTION_RANGES, locals())
+    def __init__(
+        self,
+        weights: dict[str, float] | None = None,
+        eps: Annotated[float, Option("added to every std (TRL: 1e-4).", NON_NEGATIVE)] = 1e-4,
+    ) -> None:
+        check_options(NormalizeThenSumAdvantage, locals())
         self.weights, self.eps = weights, eps
         self.reward_weights: dict[str, float] = {}
 
@@ -120,6 +129,7 @@ class NormalizeThenSumAdvantage(AdvantageCallback):
         return estimators.normalize_then_sum_advantages(rewards, weights, rollout.group_size, eps=self.eps)
 
 
+@documented_options
 class PassAtKAdvantage(AdvantageCallback):
     """Pass@k training: each response is credited with its share of its group's best-of-``k`` reward
     (`core/pass_at_k.py` ``pass_at_k_advantages``), so a group is rewarded for solving the prompt once in ``k``
@@ -130,19 +140,21 @@ class PassAtKAdvantage(AdvantageCallback):
             the group size).
         baseline: ``mean`` (Chen et al. 2025's analytical pass@k advantage) or ``leave_one_out`` (what a response
             adds to a draw; with ``k`` = the group size, verl's ``grpo_passk``).
-        eps: added to the std.
     """
 
     min_group_size = 2
 
-    OPTION_RANGES = {"eps": NON_NEGATIVE}
-
-    def __init__(self, k: int | None = 4, baseline: str = "mean", eps: float = 1e-6) -> None:
+    def __init__(
+        self,
+        k: int | None = 4,
+        baseline: str = "mean",
+        eps: Annotated[float, Option("added to the std.", NON_NEGATIVE)] = 1e-6,
+    ) -> None:
         if baseline not in PASS_AT_K_BASELINES:
             raise ValueError(f"baseline={baseline!r} is not valid; choose one of {list(PASS_AT_K_BASELINES)}")
         if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
             raise ValueError(f"k={k!r} is not valid; choose an integer >= 1 (or null: the group size)")
-        check_ranges(PassAtKAdvantage.OPTION_RANGES, locals())
+        check_options(PassAtKAdvantage, locals())
         self.k, self.baseline, self.eps = k, baseline, eps
 
     def check_group_size(self, group_size: int) -> None:
@@ -173,6 +185,7 @@ class RLOOAdvantage(AdvantageCallback):
 WHITEN_SCOPES = ("response", "token")
 
 
+@documented_options
 class BatchWhitenedAdvantage(AdvantageCallback):
     """A = (r - mean(batch)) / (std(batch) + eps): REINFORCE++.
 
@@ -181,18 +194,27 @@ class BatchWhitenedAdvantage(AdvantageCallback):
     per token. The default whitens one reward per response (each response weighs the same).
     """
 
-    OPTION_RANGES = {"eps": NON_NEGATIVE, "gamma": PROBABILITY}
-
-    def __init__(self, eps: float = 1e-8, whiten: str = "response", gamma: float = 1.0) -> None:
+    def __init__(
+        self,
+        eps: Annotated[
+            float,
+            Option(
+                'added to the std (``whiten="response"``) or, as in verl, to the variance (``"token"``).', NON_NEGATIVE
+            ),
+        ] = 1e-8,
+        whiten: str = "response",
+        gamma: Annotated[
+            float,
+            Option('discount of the returns over the response\'s tokens (needs ``whiten="token"``).', PROBABILITY),
+        ] = 1.0,
+    ) -> None:
         """
         Args:
-            eps: added to the std (``whiten="response"``) or, as in verl, to the variance (``"token"``).
             whiten: ``response`` (ours) or ``token`` (verl's ``compute_reinforce_plus_plus_outcome_advantage``).
-            gamma: discount of the returns over the response's tokens (needs ``whiten="token"``).
         """
         if whiten not in WHITEN_SCOPES:
             raise ValueError(f"whiten={whiten!r} is not valid; choose one of {WHITEN_SCOPES}")
-        check_ranges(BatchWhitenedAdvantage.OPTION_RANGES, locals())
+        check_options(BatchWhitenedAdvantage, locals())
         if gamma != 1.0 and whiten != "token":
             raise ValueError(f"gamma={gamma} discounts per-token returns: it needs whiten='token'")
         self.eps = eps

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from typing import Annotated
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback, RichProgressBar
@@ -23,7 +24,8 @@ from rich.progress import ProgressColumn
 from rich.text import Text
 
 from rlvr_lightning.runtime import stage_reports
-from rlvr_lightning.runtime.option_domains import NON_NEGATIVE, check_ranges
+from rlvr_lightning.runtime.option_declarations import Option, check_options, documented_options
+from rlvr_lightning.runtime.option_domains import NON_NEGATIVE
 
 METRICS_MAX_AGE_S = 1.0  # slow steps update the metrics column after every batch
 LOG_NAMES = ("lightning", "lightning.pytorch", "lightning.fabric", "")  # loggers Lightning prints through
@@ -171,13 +173,15 @@ class RewardProgressBar(RichProgressBar):
                     handler.setStream(sys.stderr)
 
 
+@documented_options
 class ProgressLines(Callback):
     """Prints what a long step is doing every `every_s` seconds (for runs without a progress bar)."""
 
-    OPTION_RANGES = {"every_s": NON_NEGATIVE}  # 0: a line at every report
-
-    def __init__(self, every_s: float = 60.0) -> None:
-        check_ranges(ProgressLines.OPTION_RANGES, locals())
+    def __init__(
+        self,
+        every_s: Annotated[float, Option("seconds between lines (0: a line at every report).", NON_NEGATIVE)] = 60.0,
+    ) -> None:
+        check_options(ProgressLines, locals())
         self.every_s = every_s
         self.status = StepStatus()
         self._next_line = 0.0

@@ -19,13 +19,14 @@ before its advantages are computed) to keep a reference to the latest training r
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import Annotated, Any
 
 import lightning.pytorch as pl
 from lightning.pytorch import Callback
 
 from rlvr_lightning.rollout import Rollout
-from rlvr_lightning.runtime.option_domains import NON_NEGATIVE_INT, POSITIVE_INT, check_ranges
+from rlvr_lightning.runtime.option_declarations import Option, check_options, documented_options
+from rlvr_lightning.runtime.option_domains import NON_NEGATIVE_INT, POSITIVE_INT
 
 
 def _shorten(text: str | None, max_chars: int) -> str:
@@ -64,36 +65,29 @@ def rollout_rows(rollout: Rollout, rows: list[int], max_chars: int = 1000) -> tu
     return columns, data
 
 
+@documented_options
 class RolloutTableLogger(Callback):
     """Logs `num_rows` rows of the training rollout every `every_n_steps` rollout steps (W&B table or console)."""
 
-    #: the domains of the numeric options (checked here and, by `rlvr`, before anything is built)
-    OPTION_RANGES = {
-        "every_n_steps": POSITIVE_INT,
-        "num_rows": POSITIVE_INT,
-        "max_chars": POSITIVE_INT,
-        "console_rows": NON_NEGATIVE_INT,
-    }
-
     def __init__(
         self,
-        every_n_steps: int = 10,
-        num_rows: int = 8,
-        max_chars: int = 1000,
+        every_n_steps: Annotated[
+            int, Option("log on rollout steps n, 2n, ... (and the first step).", POSITIVE_INT)
+        ] = 10,
+        num_rows: Annotated[int, Option("rows per W&B table.", POSITIVE_INT)] = 8,
+        max_chars: Annotated[
+            int, Option("prompts and completions longer than this are shortened in the middle.", POSITIVE_INT)
+        ] = 1000,
         console: bool | None = None,
-        console_rows: int = 4,
+        console_rows: Annotated[int, Option("rows printed to the console.", NON_NEGATIVE_INT)] = 4,
         key: str = "rollouts",
     ) -> None:
         """
         Args:
-            every_n_steps: log on rollout steps n, 2n, ... (and the first step).
-            num_rows: rows per W&B table.
-            max_chars: prompts and completions longer than this are shortened in the middle.
             console: print to the console; None prints only when no W&B logger is attached.
-            console_rows: rows printed to the console.
             key: W&B table key.
         """
-        check_ranges(RolloutTableLogger.OPTION_RANGES, locals())
+        check_options(RolloutTableLogger, locals())
         self.every_n_steps = every_n_steps
         self.num_rows = num_rows
         self.max_chars = max_chars

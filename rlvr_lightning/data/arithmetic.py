@@ -18,13 +18,15 @@ from __future__ import annotations
 import random
 import zlib
 from fractions import Fraction
+from typing import Annotated
 
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from rlvr_lightning.data.sort_task import ListDataset
 from rlvr_lightning.data.task import Example, Task
 from rlvr_lightning.data.templates import apply_template, resolve_template
-from rlvr_lightning.runtime.option_domains import NON_NEGATIVE_INT, POSITIVE_INT, Range, check_ranges
+from rlvr_lightning.runtime.option_declarations import Option, check_options, documented_options
+from rlvr_lightning.runtime.option_domains import NON_NEGATIVE_INT, POSITIVE_INT, Range
 
 OPERATORS = ("+", "-", "*", "/")
 MAX_DRAWS = 100_000
@@ -47,48 +49,49 @@ def evaluate(operands: list[int], operators: list[str]) -> Fraction:
     return sum((s * t for s, t in zip(signs, terms, strict=True)), Fraction(0))
 
 
+@documented_options
 class ArithmeticTask(Task):
-    #: the domains of the numeric options (checked here and, by `rlvr`, before anything is built)
-    OPTION_RANGES = {
-        "digits": POSITIVE_INT,
-        "num_operands": Range(2, integer=True),
-        "min_digits": Range(1, integer=True, optional=True),
-        "num_val": NON_NEGATIVE_INT,
-        "num_train": Range(1, integer=True, optional=True),
-        "holdout_every": Range(2, integer=True),  # one expression in this many is held out: 1 would hold out all
-    }
-
     def __init__(
         self,
-        digits: int = 2,
+        digits: Annotated[int, Option("digits of each operand (``2``: 10..99; ``1``: 0..9).", POSITIVE_INT)] = 2,
         operators: list[str] | str = "+",
-        num_operands: int = 2,
-        min_digits: int | None = None,
+        num_operands: Annotated[int, Option("operands per expression (>= 2).", Range(2, integer=True))] = 2,
+        min_digits: Annotated[
+            int | None,
+            Option(
+                "if set, each operand has between `min_digits` and `digits` digits.",
+                Range(1, integer=True, optional=True),
+            ),
+        ] = None,
         allow_negative: bool = True,
         question_format: str = "What is {expression}?",
         template: str = "chat_boxed",
-        num_val: int = 200,
-        num_train: int | None = None,
-        holdout_every: int = 10,
+        num_val: Annotated[
+            int, Option("held-out validation problems (distinct expressions); 0 for none.", NON_NEGATIVE_INT)
+        ] = 200,
+        num_train: Annotated[
+            int | None,
+            Option(
+                "None streams fresh problems forever; an int fixes a training pool of that size.",
+                Range(1, integer=True, optional=True),
+            ),
+        ] = None,
+        holdout_every: Annotated[
+            int, Option("one expression in this many (by hash) is reserved for validation.", Range(2, integer=True))
+        ] = 10,
         seed: int = 0,
     ) -> None:
         """
         Args:
-            digits: digits of each operand (``2``: 10..99; ``1``: 0..9).
             operators: the operators to draw from, any of ``+ - * /`` (a list or a string like ``"+-"``).
-            num_operands: operands per expression (>= 2).
-            min_digits: if set, each operand has between `min_digits` and `digits` digits.
             allow_negative: if False, problems with a negative answer are redrawn.
             question_format: the question, with ``{expression}`` replaced.
             template: how the question becomes the prompt (see `rlvr_lightning.data.templates`).
-            num_val: held-out validation problems (distinct expressions); 0 for none.
-            num_train: None streams fresh problems forever; an int fixes a training pool of that size.
-            holdout_every: one expression in this many (by hash) is reserved for validation.
         """
         ops = list(operators)
         if not ops or any(op not in OPERATORS for op in ops):
             raise ValueError(f"operators must be a non-empty selection of {OPERATORS}, got {operators!r}")
-        check_ranges(ArithmeticTask.OPTION_RANGES, locals())
+        check_options(ArithmeticTask, locals())
         if min_digits is not None and not 1 <= min_digits <= digits:
             raise ValueError(f"min_digits must be in [1, digits={digits}], got {min_digits}")
         if "{expression}" not in question_format:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import Annotated, Any
 
 import lightning.pytorch as pl
 import torch
@@ -43,38 +43,38 @@ from rlvr_lightning.data.prompt_streams import (
     example_source,
 )
 from rlvr_lightning.data.task import Example, Task, collate_examples
-from rlvr_lightning.runtime.option_domains import NON_NEGATIVE_INT, POSITIVE_INT, Range, check_ranges
+from rlvr_lightning.runtime.option_declarations import Option, check_options, documented_options
+from rlvr_lightning.runtime.option_domains import NON_NEGATIVE_INT, POSITIVE_INT, Range
 
 log = logging.getLogger(__name__)
 
 STATE_VERSION = 1
 
 
+@documented_options
 class RLVRDataModule(pl.LightningDataModule):
-    #: the domains of the numeric options (checked here and, by `rlvr`, before anything is built)
-    OPTION_RANGES = {
-        "batch_size": POSITIVE_INT,
-        "val_batch_size": Range(1, integer=True, optional=True),
-        "num_workers": NON_NEGATIVE_INT,
-    }
-
     def __init__(
         self,
         task: Task,
-        batch_size: int = 16,
-        val_batch_size: int | None = None,
-        num_workers: int = 0,
+        batch_size: Annotated[
+            int, Option("prompts per rank and step; each is sampled `group_size` times by the module.", POSITIVE_INT)
+        ] = 16,
+        val_batch_size: Annotated[
+            int | None, Option("rows per validation batch (null: batch_size).", Range(1, integer=True, optional=True))
+        ] = None,
+        num_workers: Annotated[
+            int, Option("DataLoader worker processes (0: load in the main process).", NON_NEGATIVE_INT)
+        ] = 0,
         difficulty_filter: DifficultyFilter | None = None,
         seed: int | None = None,
     ):
         """
         Args:
-            batch_size: prompts per rank and step; each is sampled `group_size` times by the module.
             difficulty_filter: best-of-n curriculum (see `DifficultyFilter`); None trains on every prompt.
             seed: shuffles finite datasets and the kept prompts; default the run's `seed_everything` seed.
         """
         super().__init__()
-        check_ranges(RLVRDataModule.OPTION_RANGES, locals())
+        check_options(RLVRDataModule, locals())
         self.task = task
         self.batch_size = batch_size
         self.val_batch_size = val_batch_size or batch_size

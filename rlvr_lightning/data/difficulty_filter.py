@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 from torch import Tensor
@@ -31,7 +31,8 @@ from torch import Tensor
 from rlvr_lightning.data.task import Example, collate_examples
 from rlvr_lightning.parallel.fsdp import gathered_params
 from rlvr_lightning.runtime.distributed import all_gather
-from rlvr_lightning.runtime.option_domains import POSITIVE_INT, PROBABILITY, Range, check_ranges
+from rlvr_lightning.runtime.option_declarations import Option, check_options, documented_options
+from rlvr_lightning.runtime.option_domains import POSITIVE_INT, PROBABILITY, Range
 
 log = logging.getLogger(__name__)
 
@@ -39,53 +40,55 @@ MODES = ("window", "fail_all")
 TOO_FEW_CHOICES = ("fallback", "error")
 
 
+@documented_options
 class DifficultyFilter:
-    #: the domains of the numeric options (checked here and, by `rlvr`, before anything is built)
-    OPTION_RANGES = {
-        "n": POSITIVE_INT,
-        "low": PROBABILITY,
-        "high": PROBABILITY,
-        "pass_threshold": Range(optional=True),
-        "pass_reward_max": Range(optional=True),
-        "batch_size": POSITIVE_INT,
-        "max_candidates": Range(1, integer=True, optional=True),
-        "refresh_every_n_epochs": POSITIVE_INT,
-        "min_kept": Range(1, integer=True, optional=True),
-    }
-
     def __init__(
         self,
-        n: int = 8,
+        n: Annotated[
+            int, Option("responses sampled per candidate prompt to estimate its pass rate.", POSITIVE_INT)
+        ] = 8,
         mode: str = "window",
-        low: float = 0.0,
-        high: float = 1.0,
-        pass_threshold: float | None = None,
+        low: Annotated[float, Option("the window's lower bound (exclusive).", PROBABILITY)] = 0.0,
+        high: Annotated[float, Option("the window's upper bound (exclusive).", PROBABILITY)] = 1.0,
+        pass_threshold: Annotated[
+            float | None, Option("a response passes when its weighted total reward is >= this.", Range(optional=True))
+        ] = None,
         pass_reward: str | None = None,
-        pass_reward_max: float | None = None,
-        batch_size: int = 64,
-        max_candidates: int | None = 1024,
-        refresh_every_n_epochs: int = 1,
-        min_kept: int | None = None,
+        pass_reward_max: Annotated[
+            float | None,
+            Option(
+                "the pass mark of `pass_reward` (default: the callback's `max_score` attribute).", Range(optional=True)
+            ),
+        ] = None,
+        batch_size: Annotated[int, Option("prompts per sampling call of the estimation.", POSITIVE_INT)] = 64,
+        max_candidates: Annotated[
+            int | None,
+            Option(
+                "candidate prompts scored per refresh (None: the whole pool of a finite task).",
+                Range(1, integer=True, optional=True),
+            ),
+        ] = 1024,
+        refresh_every_n_epochs: Annotated[
+            int, Option("re-estimate every this many epochs (Lightning reloads the train dataloader).", POSITIVE_INT)
+        ] = 1,
+        min_kept: Annotated[
+            int | None,
+            Option(
+                "fewest kept prompts to train on; default one global batch (batch_size x world size).",
+                Range(1, integer=True, optional=True),
+            ),
+        ] = None,
         too_few: str = "fallback",
     ) -> None:
         """
         Args:
-            n: responses sampled per candidate prompt to estimate its pass rate.
             mode: "window" (keep low < pass rate < high) or "fail_all" (keep prompts failed n times out of n).
-            low: the window's lower bound (exclusive).
-            high: the window's upper bound (exclusive).
-            pass_threshold: a response passes when its weighted total reward is >= this.
             pass_reward: a response passes when reward `pass_reward` (a reward callback's name) is >=
                 `pass_reward_max`.
-            pass_reward_max: the pass mark of `pass_reward` (default: the callback's `max_score` attribute).
-            batch_size: prompts per sampling call of the estimation.
-            max_candidates: candidate prompts scored per refresh (None: the whole pool of a finite task).
-            refresh_every_n_epochs: re-estimate every this many epochs (Lightning reloads the train dataloader).
-            min_kept: fewest kept prompts to train on; default one global batch (batch_size x world size).
             too_few: when fewer survive, "fallback" (train on the unfiltered pool until the next refresh, and
                 warn) or "error".
         """
-        check_ranges(DifficultyFilter.OPTION_RANGES, locals(), prefix="difficulty_filter.")
+        check_options(DifficultyFilter, locals(), prefix="difficulty_filter.")
         if mode not in MODES:
             raise ValueError(f"difficulty_filter.mode={mode!r} is not valid; choose one of {list(MODES)}")
         if too_few not in TOO_FEW_CHOICES:

@@ -13,7 +13,7 @@ its local cache (set ``HF_DATASETS_OFFLINE=1``).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from torch.utils.data import Dataset
 
@@ -21,7 +21,8 @@ from rlvr_lightning.data.jsonl_task import FORMATS, RecordError, record_to_examp
 from rlvr_lightning.data.sort_task import ListDataset
 from rlvr_lightning.data.task import Example, Task
 from rlvr_lightning.data.templates import resolve_template
-from rlvr_lightning.runtime.option_domains import Range, check_ranges
+from rlvr_lightning.runtime.option_declarations import Option, check_options, documented_options
+from rlvr_lightning.runtime.option_domains import Range
 
 
 def examples_from_dataset(
@@ -55,18 +56,20 @@ def _import_datasets():
     return datasets
 
 
+@documented_options
 class HFDatasetTask(Task):
-    #: the domains of the numeric options (checked here and, by `rlvr`, before anything is built)
-    OPTION_RANGES = {"num_val": Range(0, integer=True, optional=True), "limit": Range(1, integer=True, optional=True)}
-
     def __init__(
         self,
         dataset: str,
         config_name: str | None = None,
         split: str = "train",
         val_split: str | None = "test",
-        num_val: int | None = None,
-        limit: int | None = None,
+        num_val: Annotated[
+            int | None, Option("at most this many validation records.", Range(0, integer=True, optional=True))
+        ] = None,
+        limit: Annotated[
+            int | None, Option("at most this many training records.", Range(1, integer=True, optional=True))
+        ] = None,
         format: str = "auto",
         template: str = "chat_boxed",
         question_key: str | None = None,
@@ -80,8 +83,6 @@ class HFDatasetTask(Task):
             config_name: the dataset's configuration (``main`` for GSM8K).
             split: the training split.
             val_split: the validation split (None: no validation).
-            num_val: at most this many validation records.
-            limit: at most this many training records.
             format: as in `JSONLTask`.
             template: as in `JSONLTask`.
             question_key: as in `JSONLTask`.
@@ -89,7 +90,7 @@ class HFDatasetTask(Task):
             revision: passed to `datasets.load_dataset`.
             data_files: passed to `datasets.load_dataset`.
         """
-        check_ranges(HFDatasetTask.OPTION_RANGES, locals())
+        check_options(HFDatasetTask, locals())
         if format not in FORMATS:
             raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
         resolve_template(template)

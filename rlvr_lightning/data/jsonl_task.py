@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from torch.utils.data import Dataset
 
@@ -40,7 +40,8 @@ from rlvr_lightning.data.task import Example, Task
 from rlvr_lightning.data.templates import apply_template, resolve_template
 from rlvr_lightning.grading.answers import extract_boxed, extract_gsm8k
 from rlvr_lightning.runtime.config_locations import check_input_file
-from rlvr_lightning.runtime.option_domains import Range, check_ranges
+from rlvr_lightning.runtime.option_declarations import Option, check_options, documented_options
+from rlvr_lightning.runtime.option_domains import Range
 
 FORMATS = ("auto", "gsm8k", "math", "fields")
 MAX_LINE_BYTES = 16 * 2**20  # a longer line is rejected before it is parsed
@@ -192,42 +193,47 @@ def _records(path: Path):
                 raise ValueError(f"{path}:{line_number}: JSON nested too deeply to parse") from None
 
 
+@documented_options
 class JSONLTask(Task):
-    #: the domains of the numeric options (checked here and, by `rlvr`, before anything is built)
-    OPTION_RANGES = {
-        "num_val": Range(0, integer=True, optional=True),
-        "limit": Range(1, integer=True, optional=True),
-        "max_prompt_chars": Range(1, integer=True, optional=True),
-    }
-
     def __init__(
         self,
         path: str,
         val_path: str | None = None,
-        num_val: int | None = None,
+        num_val: Annotated[
+            int | None,
+            Option(
+                "validation examples: with `val_path`, the first `num_val` of it (None: all); without, a "
+                "seeded random `num_val` of the training file (None or 0: no validation).",
+                Range(0, integer=True, optional=True),
+            ),
+        ] = None,
         format: str = "auto",
         template: str = "chat_boxed",
         question_key: str | None = None,
         answer_key: str | None = None,
-        limit: int | None = None,
+        limit: Annotated[
+            int | None, Option("read at most this many training records.", Range(1, integer=True, optional=True))
+        ] = None,
         seed: int = 0,
-        max_prompt_chars: int | None = DEFAULT_MAX_PROMPT_CHARS,
+        max_prompt_chars: Annotated[
+            int | None,
+            Option(
+                "a longer prompt fails at load time, naming its file and line (None: no limit; prompts "
+                "longer than the model's context fail when the run starts, see `prompt_lengths`).",
+                Range(1, integer=True, optional=True),
+            ),
+        ] = DEFAULT_MAX_PROMPT_CHARS,
     ) -> None:
         """
         Args:
             path: training JSONL file.
             val_path: validation JSONL file; None holds out `num_val` random training records instead.
-            num_val: validation examples: with `val_path`, the first `num_val` of it (None: all);
-                without, a seeded random `num_val` of the training file (None or 0: no validation).
             format: ``auto``, ``gsm8k``, ``math`` or ``fields`` (see the module docstring).
             template: how the question becomes the prompt (see `rlvr_lightning.data.templates`).
             question_key: the question's field name for ``format: fields``.
             answer_key: the answer's field name for ``format: fields``.
-            limit: read at most this many training records.
-            max_prompt_chars: a longer prompt fails at load time, naming its file and line (None: no limit;
-                prompts longer than the model's context fail when the run starts, see `prompt_lengths`).
         """
-        check_ranges(JSONLTask.OPTION_RANGES, locals())
+        check_options(JSONLTask, locals())
         check_input_file(path, "path")  # here, not when the data module first reads it (after the model loaded)
         if val_path is not None:
             check_input_file(val_path, "val_path")

@@ -23,14 +23,15 @@ import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import lightning.pytorch as pl
 from torch.utils.data import DataLoader
 
 from rlvr_lightning.data.task import ListDataset, Task, collate_examples
 from rlvr_lightning.runtime.config_locations import check_input_file
-from rlvr_lightning.runtime.option_domains import NON_NEGATIVE_INT, POSITIVE_INT, Range, check_ranges
+from rlvr_lightning.runtime.option_declarations import Option, check_options, documented_options
+from rlvr_lightning.runtime.option_domains import NON_NEGATIVE_INT, POSITIVE_INT, Range
 
 Example = dict[str, Any]
 
@@ -106,22 +107,20 @@ def collate_pairs(examples: list[Example]) -> dict[str, list[Any]]:
     }
 
 
+@documented_options
 class SFTDataModule(pl.LightningDataModule):
-    #: the domains of the numeric options (checked here and, by `rlvr`, before anything is built)
-    OPTION_RANGES = {
-        "batch_size": POSITIVE_INT,
-        "val_batch_size": Range(1, integer=True, optional=True),
-        "num_workers": NON_NEGATIVE_INT,
-    }
-
     def __init__(
         self,
         train_file: str,
         val_file: str | None = None,
         val_task: Task | None = None,
-        batch_size: int = 32,
-        val_batch_size: int | None = None,
-        num_workers: int = 0,
+        batch_size: Annotated[int, Option("pairs per optimizer step.", POSITIVE_INT)] = 32,
+        val_batch_size: Annotated[
+            int | None, Option("rows per validation batch (null: batch_size).", Range(1, integer=True, optional=True))
+        ] = None,
+        num_workers: Annotated[
+            int, Option("DataLoader worker processes (0: load in the main process).", NON_NEGATIVE_INT)
+        ] = 0,
         prompt_key: str = "prompt",
         response_key: str = "response",
     ) -> None:
@@ -130,12 +129,11 @@ class SFTDataModule(pl.LightningDataModule):
             train_file: JSONL of training pairs (shuffled every epoch).
             val_file: JSONL of validation pairs (validation loss; accuracy too when rewards are configured).
             val_task: a `Task` whose `val_dataset()` prompts are sampled and scored instead (accuracy only).
-            batch_size: pairs per optimizer step.
             prompt_key: the JSON key of the prompt.
             response_key: the JSON key of the response.
         """
         super().__init__()
-        check_ranges(SFTDataModule.OPTION_RANGES, locals())
+        check_options(SFTDataModule, locals())
         if val_file is not None and val_task is not None:
             raise ValueError("give either val_file (pairs) or val_task (held-out prompts), not both")
         for option, file in (("train_file", train_file), ("val_file", val_file)):

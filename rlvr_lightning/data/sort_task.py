@@ -10,36 +10,41 @@ ending in token 0, a validation set unlike anything trained on.)
 from __future__ import annotations
 
 import random
+from typing import Annotated
 
 import torch
 from torch import Tensor
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from rlvr_lightning.data.task import Example, ListDataset, Task
-from rlvr_lightning.runtime.option_domains import NON_NEGATIVE_INT, POSITIVE_INT, Range, check_ranges
+from rlvr_lightning.runtime.option_declarations import Option, check_options, documented_options
+from rlvr_lightning.runtime.option_domains import NON_NEGATIVE_INT, POSITIVE_INT, Range
 
 
+@documented_options
 class SortTask(Task):
-    #: the domains of the numeric options (checked here and, by `rlvr`, before anything is built)
-    OPTION_RANGES = {
-        "vocab_size": Range(2, integer=True),
-        "length": POSITIVE_INT,
-        "num_val": NON_NEGATIVE_INT,
-        "num_train": Range(1, integer=True, optional=True),
-        "holdout_every": Range(2, integer=True),  # one prompt in this many is held out: 1 would hold out all
-    }
-
     def __init__(
         self,
-        vocab_size: int = 10,
-        length: int = 4,
-        num_val: int = 256,
-        num_train: int | None = None,
-        holdout_every: int = 10,
+        vocab_size: Annotated[int, Option("tokens are drawn from range(vocab_size).", Range(2, integer=True))] = 10,
+        length: Annotated[int, Option("tokens per prompt.", POSITIVE_INT)] = 4,
+        num_val: Annotated[int, Option("validation prompts.", NON_NEGATIVE_INT)] = 256,
+        num_train: Annotated[
+            int | None,
+            Option(
+                "null streams fresh prompts forever; an int fixes a training pool of that size.",
+                Range(1, integer=True, optional=True),
+            ),
+        ] = None,
+        holdout_every: Annotated[
+            int,
+            Option(
+                "one prompt in this many (by hash) is held out for validation (1 would hold out all).",
+                Range(2, integer=True),
+            ),
+        ] = 10,
         seed: int = 0,
     ) -> None:
-        """`num_train=None` streams fresh prompts forever; an int fixes a training pool of that size."""
-        check_ranges(SortTask.OPTION_RANGES, locals())
+        check_options(SortTask, locals())
         self.vocab_size = vocab_size
         self.length = length
         self.num_val = num_val

@@ -4,7 +4,7 @@ A task applies its `template` to each question; the policy then renders the prom
 `prompt_template`. The two must agree:
 
 =================  ==================================================  =========================
-task `template`    the example's prompt                                `HFPolicy.prompt_template`
+task `template`    the example's prompt                                HFPolicy `prompt.template`
 =================  ==================================================  =========================
 ``"chat_boxed"``   the question plus an instruction to box the answer  ``chat`` (the model's chat template)
 ``"r1_zero"``      the full R1-Zero text, ending in ``Assistant: <think>``  ``raw``
@@ -41,7 +41,7 @@ TEMPLATES: dict[str, str] = {
     "question": "{question}",
 }
 
-#: the `HFPolicy.prompt_template` each named template is meant for
+#: the HFPolicy `prompt.template` each named template is meant for
 POLICY_PROMPT_TEMPLATE: dict[str, str] = {"chat_boxed": "chat", "r1_zero": "raw", "plain": "raw", "question": "chat"}
 
 

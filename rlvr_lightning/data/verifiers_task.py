@@ -6,7 +6,7 @@
 
 The environment (`rlvr_lightning.runtime.vf_environments.load_environment`) formats its dataset as verifiers does (its
 system prompt, few-shot examples): each row's `prompt` is a list of chat messages, which `HFPolicy` renders
-with its chat template (`prompt_template: chat`). An example is ``{"prompt": <messages>, "answer": ...,
+with its chat template (`prompt.template: chat`). An example is ``{"prompt": <messages>, "answer": ...,
 "vf_input": <the row>}``; `VerifiersRubricReward` scores with the environment's rubric and `VerifiersTurns`
 plays its multi-turn protocol. Validation uses the environment's eval dataset when it has one, else the last
 `num_val` rows of its dataset, which training then leaves out.

@@ -125,8 +125,9 @@ def fit_config(
     batch_size: int = 16,
 ) -> dict[str, Any]:
     """An `rlvr fit` config: GRPO (16 prompts a step, 16 responses each, one update per step) on the task."""
-    policy_args = {"config": model_config(), "tokenizer_name_or_path": str(tokenizer_dir), "prompt_template": "raw"}
-    policy_args.update(policy or {})
+    policy_args = {"model": {"config": model_config(), "tokenizer": str(tokenizer_dir)}, "prompt": {"template": "raw"}}
+    for group, options in (policy or {}).items():  # each option group merged, key by key
+        policy_args[group] = {**policy_args.get(group, {}), **options}
     module_args = {
         "policy": {"class_path": "rlvr_lightning.policies.HFPolicy", "init_args": policy_args},
         "optimizer": {"class_path": "torch.optim.Adam", "init_args": {"lr": lr}},

@@ -3,7 +3,7 @@
     from rlvr_lightning.demos.tiny_lm import save_tiny_tokenizer, tiny_llama_config
 
     tokenizer_dir = save_tiny_tokenizer(tmp_path / "tok")
-    policy = HFPolicy(config=tiny_llama_config(), tokenizer_name_or_path=str(tokenizer_dir))
+    policy = HFPolicy(HFModelOptions(config=tiny_llama_config(), tokenizer=str(tokenizer_dir)))
 
 `bench_corpus` is a larger synthetic corpus (a ~500-token vocabulary for benchmarks); `bias_tokens` raises the
 logits of chosen tokens (a forward hook), to steer a random model towards them.

@@ -14,38 +14,43 @@ from __future__ import annotations
 import datetime
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Annotated, Any
 
 import lightning.pytorch as pl
 import torch
 
 from rlvr_lightning.runtime.distributed import reduce_across_ranks
-from rlvr_lightning.runtime.option_domains import Range, check_ranges
+from rlvr_lightning.runtime.option_declarations import Option, check_options, documented_options
+from rlvr_lightning.runtime.option_domains import Range
 
 
+@documented_options
 @dataclass(frozen=True)
 class EvalOptions:
-    """How `rlvr eval` answers the held-out prompts; null: as the config's validation does.
+    """How `rlvr eval` answers the held-out prompts; null: as the config's validation does."""
 
-    Args:
-        samples: responses per prompt; pass@k and maj@k are reported with k = samples (null: validation.group_size).
-        greedy: decode greedily, one response per prompt (null: validation.greedy, sampled when samples > 1).
-        temperature: the temperature of sampled decoding (null: the config's sampling.temperature).
-        output: also write the report (JSON) to this file (null: print it only).
-    """
-
-    samples: int | None = None
-    greedy: bool | None = None
-    temperature: float | None = None
-    output: str | None = None
-
-    OPTION_RANGES: ClassVar[dict[str, Range]] = {
-        "samples": Range(1, integer=True, optional=True),
-        "temperature": Range(0, low_open=True, optional=True),
-    }
+    samples: Annotated[
+        int | None,
+        Option(
+            "responses per prompt; pass@k and maj@k are reported with k = samples (null: validation.group_size).",
+            Range(1, integer=True, optional=True),
+        ),
+    ] = None
+    greedy: Annotated[
+        bool | None,
+        Option("decode greedily, one response per prompt (null: validation.greedy, sampled when samples > 1)."),
+    ] = None
+    temperature: Annotated[
+        float | None,
+        Option(
+            "the temperature of sampled decoding (null: the config's sampling.temperature).",
+            Range(0, low_open=True, optional=True),
+        ),
+    ] = None
+    output: Annotated[str | None, Option("also write the report (JSON) to this file (null: print it only).")] = None
 
     def __post_init__(self) -> None:
-        check_ranges(self.OPTION_RANGES, vars(self), prefix="eval.")
+        check_options(EvalOptions, vars(self), "eval.")
 
     def decoding(self, group_size: int, greedy: bool) -> tuple[int, bool]:
         """(samples, greedy) given the config's `validation.group_size` and `validation.greedy`; a ValueError

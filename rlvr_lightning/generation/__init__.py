@@ -1,7 +1,7 @@
 """Generation backends: how a policy's responses are sampled. `KVCacheGeneration` (our decoding loop),
 `StaticCacheGeneration` (the same loop over a static KV cache, its step compiled or a CUDA graph),
 `VLLMGeneration` (a colocated vLLM engine) and `ServerGeneration` (vLLM rollout servers) implement
-`GenerationBackend`; a recipe names one under `model.init_args.policy.init_args.generation`. Without one,
+`GenerationBackend`; a recipe names one under `model.init_args.policy.init_args.generation.backend`. Without one,
 `DeviceDefaultGeneration` decodes statically on a CUDA device and with our eager loop elsewhere."""
 
 from rlvr_lightning.generation.backend import GenerationBackend

@@ -3,42 +3,40 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Annotated
 
-from rlvr_lightning.runtime.option_domains import NON_NEGATIVE_INT, POSITIVE_INT, Range, check_ranges
+from rlvr_lightning.runtime.option_declarations import Option, check_options, documented_options
+from rlvr_lightning.runtime.option_domains import NON_NEGATIVE_INT, POSITIVE_INT, Range
 
 
+@documented_options
 @dataclass
 class SamplingConfig:
-    """How responses are sampled. Log-probs are computed at the same temperature.
+    """How responses are sampled. Log-probs are computed at the same temperature."""
 
-    Args:
-        temperature: the sampling temperature (> 0); the trainer's log-probs use the same one.
-        do_sample: false: greedy decoding (evaluation).
-        top_p: nucleus sampling's probability mass (1: off).
-        top_k: sample among the k most likely tokens (0: off).
-        max_new_tokens: the most tokens a response may have.
-        min_new_tokens: EOS is not sampled before this many tokens (equal-length benchmarks).
-        stop_strings: a response ends after any of these strings.
-    """
-
-    temperature: float = 1.0
-    do_sample: bool = True
-    top_p: float = 1.0
-    top_k: int = 0
-    max_new_tokens: int = 256
-    min_new_tokens: int = 0
-    stop_strings: list[str] = field(default_factory=list)
-
-    OPTION_RANGES: ClassVar[dict[str, Range]] = {
-        "temperature": Range(0, low_open=True),
-        "top_p": Range(0, 1, low_open=True),
-        "top_k": NON_NEGATIVE_INT,
-        "max_new_tokens": POSITIVE_INT,
-        "min_new_tokens": NON_NEGATIVE_INT,
-    }
+    temperature: Annotated[
+        float,
+        Option("the sampling temperature (> 0); the trainer's log-probs use the same one.", Range(0, low_open=True)),
+    ] = 1.0
+    do_sample: Annotated[bool, Option("false: greedy decoding (evaluation).")] = True
+    top_p: Annotated[float, Option("nucleus sampling's probability mass (1: off).", Range(0, 1, low_open=True))] = 1.0
+    top_k: Annotated[int, Option("sample among the k most likely tokens (0: off).", NON_NEGATIVE_INT)] = 0
+    max_new_tokens: Annotated[int, Option("the most tokens a response may have.", POSITIVE_INT)] = 256
+    min_new_tokens: Annotated[
+        int, Option("EOS is not sampled before this many tokens (equal-length benchmarks).", NON_NEGATIVE_INT)
+    ] = 0
+    stop_strings: Annotated[list[str], Option("a response ends after any of these strings.")] = field(
+        default_factory=list
+    )
 
     def __post_init__(self) -> None:
-        check_ranges(self.OPTION_RANGES, vars(self), prefix="sampling.")
+        check_options(SamplingConfig, vars(self), "sampling.")
         if not 0 <= self.min_new_tokens <= self.max_new_tokens:
             raise ValueError(f"sampling.min_new_tokens must be in [0, max_new_tokens], got {self.min_new_tokens}")
+
+    def check_group_size(self, group_size: int) -> None:
+        if not self.do_sample and group_size > 1:
+            raise ValueError(
+                f"sampling.do_sample=false decodes greedily: the {group_size} responses of a group would be "
+                "identical and every group-relative advantage 0. Sample (do_sample: true) or use group_size: 1."
+            )

@@ -4,10 +4,12 @@ list of `host:port`.
     policy:
       class_path: rlvr_lightning.policies.hf.HFPolicy
       init_args:
-        model_name_or_path: smollm2-135m-instruct
+        model:
+          name_or_path: smollm2-135m-instruct
         generation:
-          class_path: rlvr_lightning.policies.ServerGeneration
-          init_args: {servers: [node1:8000, node2:8000]}
+          backend:
+            class_path: rlvr_lightning.policies.ServerGeneration
+            init_args: {servers: [node1:8000, node2:8000]}
 
 Requests go to vLLM's OpenAI completions endpoint, one per prompt (its `n` responses), spread over the servers
 in turn and sent at once: token ids in (`prompt` as a list of ids), token ids and the chosen tokens'
@@ -41,14 +43,15 @@ import tempfile
 import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import torch
 from torch import nn
 
 from rlvr_lightning.generation.compute_dtype import compute_dtype
 from rlvr_lightning.generation.engine_backend import Completion, EngineGeneration
-from rlvr_lightning.runtime.option_domains import Range, check_ranges
+from rlvr_lightning.runtime.option_declarations import Option, check_options, documented_options
+from rlvr_lightning.runtime.option_domains import Range
 from rlvr_lightning.serving.client import RolloutServerClient, RolloutServerError
 from rlvr_lightning.serving.lora_sync import ADAPTER_NAME
 from rlvr_lightning.serving.vllm_weights import count_optimizer_steps
@@ -57,46 +60,52 @@ from rlvr_lightning.serving.weight_broadcast import FileWeights, push_adapter, t
 TRANSPORTS = ("auto", "file", "nccl")
 
 
+@documented_options
 class ServerGeneration(EngineGeneration):
-    OPTION_RANGES = {
-        "request_timeout_s": Range(0, low_open=True),
-        "sync_timeout_s": Range(0, low_open=True),
-        "startup_timeout_s": Range(0, low_open=True),
-        "max_concurrent_requests": Range(1, integer=True),
-        "nccl_port": Range(1, 65535, integer=True),
-    }
-
     def __init__(
         self,
-        servers: list[str],
-        request_timeout_s: float = 600.0,
-        sync_timeout_s: float = 300.0,
-        startup_timeout_s: float = 600.0,
-        weight_transport: Literal["auto", "file", "nccl"] = "auto",
-        weight_dir: str | None = None,
-        nccl_host: str = "127.0.0.1",
-        nccl_port: int = 51216,
-        max_concurrent_requests: int = 64,
-        lora_sync: Literal["merged", "adapter", "auto"] = "merged",
+        servers: Annotated[list[str], Option('the rollout servers, "host:port" each (`rlvr serve` started them).')],
+        request_timeout_s: Annotated[
+            float, Option("the longest a generation request may take.", Range(0, low_open=True))
+        ] = 600.0,
+        sync_timeout_s: Annotated[
+            float, Option("the longest a weight push to all servers may take.", Range(0, low_open=True))
+        ] = 300.0,
+        startup_timeout_s: Annotated[
+            float,
+            Option(
+                "the longest to wait for every server to answer at the first use (they may be loading).",
+                Range(0, low_open=True),
+            ),
+        ] = 600.0,
+        weight_transport: Annotated[
+            Literal["auto", "file", "nccl"],
+            Option('"auto": NCCL when the trainer is on a GPU, else "file" (a safetensors file in `weight_dir`).'),
+        ] = "auto",
+        weight_dir: Annotated[
+            str | None,
+            Option('where "file" writes the weights; the servers must read the same path (default /dev/shm).'),
+        ] = None,
+        nccl_host: Annotated[
+            str, Option("the trainer's address the servers' workers connect to for NCCL (\"nccl\" only).")
+        ] = "127.0.0.1",
+        nccl_port: Annotated[
+            int, Option("the port of that group's rendezvous.", Range(1, 65535, integer=True))
+        ] = 51216,
+        max_concurrent_requests: Annotated[
+            int, Option("requests in flight at once, over all servers.", Range(1, integer=True))
+        ] = 64,
+        lora_sync: Annotated[
+            Literal["merged", "adapter", "auto"],
+            Option(
+                'what a LoRA policy pushes: "merged" (the merged weights), "adapter" (the adapter '
+                "alone, to servers started with `--max-lora-rank`; they then decode with LoRA kernels, "
+                'slower), "auto" (the adapter where the servers serve it).'
+            ),
+        ] = "merged",
     ) -> None:
-        """
-        Args:
-            servers: the rollout servers, "host:port" each (`rlvr serve` started them).
-            request_timeout_s: the longest a generation request may take.
-            sync_timeout_s: the longest a weight push to all servers may take.
-            startup_timeout_s: the longest to wait for every server to answer at the first use (they may be loading).
-            weight_transport: "auto": NCCL when the trainer is on a GPU, else "file" (a safetensors file in
-                `weight_dir`).
-            weight_dir: where "file" writes the weights; the servers must read the same path (default /dev/shm).
-            nccl_host: the trainer's address the servers' workers connect to for NCCL ("nccl" only).
-            nccl_port: the port of that group's rendezvous.
-            max_concurrent_requests: requests in flight at once, over all servers.
-            lora_sync: what a LoRA policy pushes: "merged" (the merged weights), "adapter" (the adapter alone, to
-                servers started with `--max-lora-rank`; they then decode with LoRA kernels, slower), "auto" (the
-                adapter where the servers serve it).
-        """
         super().__init__("ServerGeneration", lora_sync)  # checks lora_sync
-        check_ranges(ServerGeneration.OPTION_RANGES, locals())
+        check_options(ServerGeneration, locals())
         if not servers:
             raise ValueError(
                 "ServerGeneration servers=[] is empty; give at least one host:port (e.g. [localhost:8000])"

@@ -21,6 +21,7 @@ state after the last step is restored, so the steps decoded past the end leave n
 from __future__ import annotations
 
 import time
+from typing import Annotated
 
 import torch
 from torch import Tensor, nn
@@ -40,27 +41,42 @@ from rlvr_lightning.generation.step_capture import (
     resolve_compile_mode,
     runnable_step,
 )
-from rlvr_lightning.runtime.option_domains import POSITIVE_INT, check_ranges
+from rlvr_lightning.runtime.option_declarations import Option, check_options, documented_options
+from rlvr_lightning.runtime.option_domains import POSITIVE_INT
 from rlvr_lightning.runtime.stage_reports import report_tokens
 from rlvr_lightning.runtime.timing import elapsed_seconds
 
 
+@documented_options
 class StaticCacheGeneration(KVCacheGeneration):
-    """Our loop over a static KV cache, its step run eagerly, compiled or as a CUDA graph; the default on CUDA.
+    """Our loop over a static KV cache, its step run eagerly, compiled or as a CUDA graph; the default on CUDA."""
 
-    Args:
-        dtype: the precision it samples in, as `KVCacheGeneration`'s (a bf16 copy of fp32 weights is refreshed in
-            place, so a captured graph keeps reading the current weights).
-        compile: how the step runs (`generation/step_capture.py`): "auto" (the default: "reduce-overhead" on a
-            CUDA device, "none" elsewhere), "none", "aot_eager", "default", "reduce-overhead", "cuda-graph".
-        sync_every: the host reads the sampled tokens every this many steps (at most `sync_every - 1` steps are
-            decoded past the last row's end). 1 reads every step, as the eager loop does.
-    """
-
-    OPTION_RANGES = {"sync_every": POSITIVE_INT}
-
-    def __init__(self, dtype: SamplingDtype = "auto", compile: CompileMode = "auto", sync_every: int = 8) -> None:
-        check_ranges(StaticCacheGeneration.OPTION_RANGES, locals())
+    def __init__(
+        self,
+        dtype: Annotated[
+            SamplingDtype,
+            Option(
+                "the precision it samples in, as `KVCacheGeneration`'s (a bf16 copy of fp32 weights is refreshed "
+                "in place, so a captured graph keeps reading the current weights)."
+            ),
+        ] = "auto",
+        compile: Annotated[
+            CompileMode,
+            Option(
+                'how the step runs (`generation/step_capture.py`): "auto" (the default: "reduce-overhead" on a '
+                'CUDA device, "none" elsewhere), "none", "aot_eager", "default", "reduce-overhead", "cuda-graph".'
+            ),
+        ] = "auto",
+        sync_every: Annotated[
+            int,
+            Option(
+                "the host reads the sampled tokens every this many steps (at most `sync_every - 1` steps are "
+                "decoded past the last row's end). 1 reads every step, as the eager loop does.",
+                POSITIVE_INT,
+            ),
+        ] = 8,
+    ) -> None:
+        check_options(StaticCacheGeneration, locals())
         check_compile_mode(compile)
         super().__init__(dtype)
         self.compile, self.sync_every = compile, sync_every

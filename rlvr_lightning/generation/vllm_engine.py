@@ -3,10 +3,12 @@
     policy:
       class_path: rlvr_lightning.policies.hf.HFPolicy
       init_args:
-        model_name_or_path: smollm2-135m-instruct
+        model:
+          name_or_path: smollm2-135m-instruct
         generation:
-          class_path: rlvr_lightning.policies.VLLMGeneration
-          init_args: {dtype: auto, gpu_memory_utilization: 0.3}
+          backend:
+            class_path: rlvr_lightning.policies.VLLMGeneration
+            init_args: {dtype: auto, gpu_memory_utilization: 0.3}
 
 As TRL's colocate mode: the engine is created on the first `sample` (inside the training process,
 `VLLM_ENABLE_V1_MULTIPROCESSING=0`; under DDP or FSDP with vLLM's `external_launcher`, each rank its
@@ -44,7 +46,7 @@ import tempfile
 import threading
 import time
 import warnings
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
 import torch
@@ -52,7 +54,8 @@ from torch import nn
 
 from rlvr_lightning.generation.compute_dtype import compute_dtype
 from rlvr_lightning.generation.engine_backend import Completion, EngineGeneration
-from rlvr_lightning.runtime.option_domains import Range, check_ranges
+from rlvr_lightning.runtime.option_declarations import Option, check_options, documented_options
+from rlvr_lightning.runtime.option_domains import Range
 from rlvr_lightning.serving.lora_sync import engine_lora_unsupported, lora_request
 from rlvr_lightning.serving.vllm_weights import count_optimizer_steps
 
@@ -75,22 +78,35 @@ def vllm_installed() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
+@documented_options
 class VLLMGeneration(EngineGeneration):
-    #: the domains of the numeric options (checked here and, by `rlvr`, before anything is built)
-    OPTION_RANGES = {
-        "gpu_memory_utilization": Range(0, 1, low_open=True),
-        "kv_cache_memory_gib": Range(0, low_open=True, optional=True),
-        "max_model_len": Range(1, integer=True, optional=True),
-        "max_num_seqs": Range(1, integer=True, optional=True),
-    }
-
     def __init__(
         self,
         dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto",
-        gpu_memory_utilization: float = 0.3,
-        kv_cache_memory_gib: float | None = None,
-        max_model_len: int | None = None,
-        max_num_seqs: int | None = None,
+        gpu_memory_utilization: Annotated[
+            float,
+            Option(
+                "the share of GPU memory vLLM may take (weights + KV cache), leaving the rest to training.",
+                Range(0, 1, low_open=True),
+            ),
+        ] = 0.3,
+        kv_cache_memory_gib: Annotated[
+            float | None,
+            Option(
+                "a fixed KV cache size instead (the default on a CPU: 1 GiB).", Range(0, low_open=True, optional=True)
+            ),
+        ] = None,
+        max_model_len: Annotated[
+            int | None,
+            Option(
+                "prompt + response tokens per sequence (default: the model's context).",
+                Range(1, integer=True, optional=True),
+            ),
+        ] = None,
+        max_num_seqs: Annotated[
+            int | None,
+            Option("sequences decoded at once (vLLM's default when None).", Range(1, integer=True, optional=True)),
+        ] = None,
         enforce_eager: bool | None = None,
         sleep_level: Literal[0, 1, 2] = 0,
         seed: int = 0,
@@ -101,11 +117,6 @@ class VLLMGeneration(EngineGeneration):
         Args:
             dtype: the engine's weights and activations; "auto": the trainer's compute dtype (FSDP2's
                 `param_dtype`, autocast's dtype under `bf16-mixed`, else the policy's weights').
-            gpu_memory_utilization: the share of GPU memory vLLM may take (weights + KV cache), leaving the
-                rest to training.
-            kv_cache_memory_gib: a fixed KV cache size instead (the default on a CPU: 1 GiB).
-            max_model_len: prompt + response tokens per sequence (default: the model's context).
-            max_num_seqs: sequences decoded at once (vLLM's default when None).
             enforce_eager: no CUDA graphs / compilation (default: True on a CPU, False on GPU).
             sleep_level: 0 off; 1 release the KV cache between rollouts; 2 also the weights (re-pushed on wake).
             seed: the engine's seed (plus the rank); sampling itself uses per-request seeds from torch's RNG.
@@ -118,7 +129,7 @@ class VLLMGeneration(EngineGeneration):
             raise ValueError(f"VLLMGeneration dtype={dtype!r} is not valid; choose one of {list(ENGINE_DTYPES)}")
         if sleep_level not in (0, 1, 2):
             raise ValueError(f"VLLMGeneration sleep_level must be 0, 1 or 2, got {sleep_level!r}")
-        check_ranges(VLLMGeneration.OPTION_RANGES, locals())
+        check_options(VLLMGeneration, locals())
         if not vllm_installed():  # before the policy loads its model, not at the first rollout
             raise ImportError(VLLM_MISSING)
         self.dtype = dtype

@@ -26,6 +26,7 @@ sharded (resharded after every forward).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
 
 import torch
 from torch import Tensor
@@ -34,22 +35,21 @@ from rlvr_lightning.parallel.fsdp import data_parallel_mesh, shard_policy, shard
 from rlvr_lightning.policies.base import Policy
 from rlvr_lightning.rollout import Rollout
 from rlvr_lightning.runtime.devices import set_compute_device
+from rlvr_lightning.runtime.option_declarations import Option, documented_options
 
 # facts of a policy without a tokenizer (ToySortPolicy) that fix what its token ids mean
 TOKEN_FACTS = ("vocab_size", "eos_token", "prompt_length", "response_length")
 
 
+@documented_options
 @dataclass(frozen=True)
 class DistillationConfig:
-    """How the distillation loss is mixed with the reward objective (used only with a `teacher`).
+    """How the distillation loss is mixed with the reward objective (used only with a `teacher`)."""
 
-    Args:
-        coef: weight of the distillation loss.
-        rl_coef: weight of the policy loss on the rewards' advantages (0: distillation alone).
-    """
-
-    coef: float = 1.0
-    rl_coef: float = 1.0
+    coef: Annotated[float, Option("weight of the distillation loss (> 0).")] = 1.0
+    rl_coef: Annotated[
+        float, Option("weight of the policy loss on the rewards' advantages (0: distillation alone).")
+    ] = 1.0
 
     def __post_init__(self) -> None:
         for name in ("coef", "rl_coef"):

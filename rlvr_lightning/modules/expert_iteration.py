@@ -19,6 +19,7 @@ RLVRModule's (the same `val/accuracy`). Lightning's `global_step` counts optimiz
 from __future__ import annotations
 
 import logging
+from typing import Annotated
 
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
@@ -35,53 +36,66 @@ from rlvr_lightning.parallel.fsdp import gathered_params
 from rlvr_lightning.policies.base import Policy, PromptBatch
 from rlvr_lightning.rollout import Rollout
 from rlvr_lightning.runtime.distributed import all_gather
-from rlvr_lightning.runtime.option_domains import POSITIVE_INT, Range, check_ranges
+from rlvr_lightning.runtime.option_declarations import Option, check_options, documented_options
+from rlvr_lightning.runtime.option_domains import POSITIVE_INT, Range
 from rlvr_lightning.runtime.timing import clock
 
 log = logging.getLogger(__name__)
 
 
+@documented_options
 class ExpertIterationModule(PolicyModule):
-    #: the domains of the numeric options (checked here and, by `rlvr`, before anything is built)
-    OPTION_RANGES = {
-        "group_size": POSITIVE_INT,
-        "reward_threshold": Range(optional=True),
-        "max_per_prompt": Range(1, integer=True, optional=True),
-    }
-
     def __init__(
         self,
-        policy: Policy,
-        optimizer: OptimizerCallable = torch.optim.Adam,
-        lr_scheduler: LRSchedulerCallable | None = None,
-        group_size: int = 8,
-        sampling: SamplingConfig | None = None,
-        reward_threshold: float | None = None,
-        max_per_prompt: int | None = None,
-        update: UpdateConfig = UpdateConfig(epochs=2),
-        aggregation: AggregationConfig = AggregationConfig(mode="token-mean", count_empty_rows=False),
-        validation: ValidationConfig = ValidationConfig(),
+        policy: Annotated[Policy, Option("the model being trained (ToySortPolicy, HFPolicy, ...).")],
+        optimizer: Annotated[
+            OptimizerCallable, Option("the optimizer's class and options (class_path, init_args); default Adam.")
+        ] = torch.optim.Adam,
+        lr_scheduler: Annotated[
+            LRSchedulerCallable | None,
+            Option("a learning-rate scheduler, stepped with every optimizer step (null: none)."),
+        ] = None,
+        group_size: Annotated[int, Option("responses sampled per prompt in each round.", POSITIVE_INT)] = 8,
+        sampling: Annotated[
+            SamplingConfig | None, Option("how responses are sampled (temperature, max_new_tokens, ...).")
+        ] = None,
+        reward_threshold: Annotated[
+            float | None,
+            Option(
+                "keep responses whose weighted total reward is >= this; null keeps the ones the task "
+                "reward's `is_correct` accepts (exact sort, verified answer, ...).",
+                Range(optional=True),
+            ),
+        ] = None,
+        max_per_prompt: Annotated[
+            int | None,
+            Option(
+                "keep at most this many passing responses per prompt (null: all of them), so easy prompts "
+                "do not crowd out hard ones.",
+                Range(1, integer=True, optional=True),
+            ),
+        ] = None,
+        update: Annotated[
+            UpdateConfig,
+            Option(
+                "the fine-tuning of a round: epochs (passes over the kept responses), mini_batch_size and "
+                "micro_batch_size (rows per optimizer step / backward pass; null: all kept rows / the whole"
+                " mini-batch) or micro_batch_tokens (packed micro-batches of at most that many tokens), "
+                "max_grad_norm (null: no clipping)."
+            ),
+        ] = UpdateConfig(epochs=2),
+        aggregation: Annotated[
+            AggregationConfig,
+            Option(
+                "how response-token losses become the mini-batch loss (mode as in SFTModule; responses "
+                "without a token never count: count_empty_rows must stay false)."
+            ),
+        ] = AggregationConfig(mode="token-mean", count_empty_rows=False),
+        validation: Annotated[
+            ValidationConfig, Option("responses per validation prompt and greedy decoding (group_size, greedy).")
+        ] = ValidationConfig(),
     ) -> None:
-        """
-        Args:
-            policy: the model being trained (ToySortPolicy, HFPolicy, ...).
-            optimizer: the optimizer's class and options (class_path, init_args); default Adam.
-            lr_scheduler: a learning-rate scheduler, stepped with every optimizer step (null: none).
-            group_size: responses sampled per prompt in each round.
-            sampling: how responses are sampled (temperature, max_new_tokens, ...).
-            reward_threshold: keep responses whose weighted total reward is >= this; null keeps the ones the
-                task reward's `is_correct` accepts (exact sort, verified answer, ...).
-            max_per_prompt: keep at most this many passing responses per prompt (null: all of them), so easy
-                prompts do not crowd out hard ones.
-            update: the fine-tuning of a round: epochs (passes over the kept responses), mini_batch_size and
-                micro_batch_size (rows per optimizer step / backward pass; null: all kept rows / the whole
-                mini-batch) or micro_batch_tokens (packed micro-batches of at most that many tokens),
-                max_grad_norm (null: no clipping).
-            aggregation: how response-token losses become the mini-batch loss (mode as in SFTModule; responses
-                without a token never count: count_empty_rows must stay false).
-            validation: responses per validation prompt and greedy decoding (group_size, greedy).
-        """
-        check_ranges(ExpertIterationModule.OPTION_RANGES, locals())
+        check_options(ExpertIterationModule, locals())
         super().__init__(policy, optimizer, lr_scheduler, sampling, validation)
         self.save_hyperparameters(ignore=["policy", "optimizer", "lr_scheduler", "sampling"])
         plain_hyperparameters(self)

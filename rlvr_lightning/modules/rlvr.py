@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from typing import Annotated
 
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
@@ -45,7 +46,7 @@ from rlvr_lightning.modules.options import (
     KLConfig,
     UpdateConfig,
     ValidationConfig,
-    check_rl_options,
+    check_rollout_staleness,
     plain_hyperparameters,
 )
 from rlvr_lightning.modules.policy_module import PolicyModule
@@ -55,72 +56,108 @@ from rlvr_lightning.modules.update.policy_update import PolicyUpdate
 from rlvr_lightning.parallel.fsdp import gathered_params
 from rlvr_lightning.policies.base import Policy, PromptBatch
 from rlvr_lightning.rollout import Rollout
-from rlvr_lightning.runtime.option_domains import NON_NEGATIVE, POSITIVE_INT, check_ranges
+from rlvr_lightning.runtime.option_declarations import Option, check_options, documented_options
+from rlvr_lightning.runtime.option_domains import NON_NEGATIVE, POSITIVE_INT
 from rlvr_lightning.runtime.stage_reports import report_stage
 from rlvr_lightning.runtime.timing import clock
 
 log = logging.getLogger(__name__)
 
 
+@documented_options
 class RLVRModule(PolicyModule):
     #: arguments that are models or factories, not hyperparameters (the checkpoint holds them)
     MODEL_ARGUMENTS: tuple[str, ...] = ("policy", "optimizer", "lr_scheduler", "teacher")
-    #: the domains of the numeric options (checked here and, by `rlvr`, before anything is built)
-    OPTION_RANGES = {"group_size": POSITIVE_INT, "entropy_coef": NON_NEGATIVE}
 
     def __init__(
         self,
-        policy: Policy,
-        optimizer: OptimizerCallable = torch.optim.Adam,
-        lr_scheduler: LRSchedulerCallable | None = None,
-        group_size: int = 8,
-        sampling: SamplingConfig | None = None,
-        loss: PolicyLoss | str = "ppo_clip",
-        aggregation: AggregationConfig = AggregationConfig(),
-        kl: KLConfig = KLConfig(),
-        entropy_coef: float = 0.0,
-        rollout_is: ImportanceSamplingConfig = ImportanceSamplingConfig(),
-        rollout_staleness: int = 0,
-        dynamic_sampling: DynamicSamplingConfig = DynamicSamplingConfig(),
-        update: UpdateConfig = UpdateConfig(),
-        validation: ValidationConfig = ValidationConfig(),
-        teacher: Policy | None = None,
-        distillation: DistillationConfig = DistillationConfig(),
+        policy: Annotated[Policy, Option("the model being trained (ToySortPolicy, HFPolicy, ...).")],
+        optimizer: Annotated[
+            OptimizerCallable, Option("the optimizer's class and options (class_path, init_args); default Adam.")
+        ] = torch.optim.Adam,
+        lr_scheduler: Annotated[
+            LRSchedulerCallable | None,
+            Option("a learning-rate scheduler, stepped with every optimizer step (null: none)."),
+        ] = None,
+        group_size: Annotated[int, Option("responses sampled per prompt.", POSITIVE_INT)] = 8,
+        sampling: Annotated[
+            SamplingConfig | None,
+            Option("how responses are sampled (temperature, max_new_tokens, ...); log-probs use its temperature."),
+        ] = None,
+        loss: Annotated[
+            PolicyLoss | str,
+            Option(
+                "the per-token policy loss: pg | ratio | ppo_clip | gspo | cispo | sapo | luspo | vespo | clip_cov | "
+                "kl_cov | high_entropy (the built-in with its defaults), or a PolicyLoss by class_path and "
+                "init_args (e.g. rlvr_lightning.core.PPOClip)."
+            ),
+        ] = "ppo_clip",
+        aggregation: Annotated[
+            AggregationConfig,
+            Option("how token losses become the back-propagated scalar (mode, constant, count_empty_rows)."),
+        ] = AggregationConfig(),
+        kl: Annotated[
+            KLConfig,
+            Option("the KL penalty to a reference (coef, estimator, mode, clamp, refresh_every, mixup_alpha)."),
+        ] = KLConfig(),
+        entropy_coef: Annotated[
+            float, Option("weight of the entropy bonus subtracted from the per-token loss.", NON_NEGATIVE)
+        ] = 0.0,
+        rollout_is: Annotated[
+            ImportanceSamplingConfig,
+            Option(
+                "importance-sampling correction of the sampler/trainer mismatch (mode, max, min); the mismatch "
+                "itself is logged (train/mismatch/*) whenever the policy records sampling log-probs."
+            ),
+        ] = ImportanceSamplingConfig(),
+        rollout_staleness: Annotated[
+            int,
+            Option(
+                "K >= 0. 0: each step samples, then trains; K >= 1: the next rollout is sampled in a background "
+                "thread while this one trains, and trained on K updates later (AReaL's decoupled PPO; "
+                "rollout_is.mode null: token_mask)."
+            ),
+        ] = 0,
+        dynamic_sampling: Annotated[
+            DynamicSamplingConfig, Option("DAPO's dynamic sampling (enabled, max_rounds).")
+        ] = DynamicSamplingConfig(),
+        update: Annotated[
+            UpdateConfig,
+            Option(
+                "the inner update (epochs, mini_batch_size, micro_batch_size, micro_batch_tokens, max_grad_norm, "
+                "max_consecutive_skips)."
+            ),
+        ] = UpdateConfig(),
+        validation: Annotated[
+            ValidationConfig,
+            Option("responses per validation prompt and greedy decoding (group_size, greedy)."),
+        ] = ValidationConfig(),
+        teacher: Annotated[
+            Policy | None,
+            Option(
+                "on-policy distillation's frozen teacher, a policy with the student's tokenizer that scores the "
+                "sampled tokens (not trained, not checkpointed; null: no distillation)."
+            ),
+        ] = None,
+        distillation: Annotated[
+            DistillationConfig,
+            Option(
+                "with a teacher, the weights of the distillation loss and of the policy loss (coef, rl_coef; "
+                "rl_coef 0: distillation alone)."
+            ),
+        ] = DistillationConfig(),
     ) -> None:
-        """
-        Args:
-            policy: the model being trained (ToySortPolicy, HFPolicy, ...).
-            optimizer: the optimizer's class and options (class_path, init_args); default Adam.
-            lr_scheduler: a learning-rate scheduler, stepped with every optimizer step (null: none).
-            group_size: responses sampled per prompt.
-            sampling: how responses are sampled (temperature, max_new_tokens, ...); log-probs use its temperature.
-            loss: the per-token policy loss: pg | ratio | ppo_clip | gspo | cispo | sapo | luspo | vespo | clip_cov |
-                kl_cov | high_entropy (the built-in with its defaults), or a PolicyLoss by class_path and init_args
-                (e.g. rlvr_lightning.core.PPOClip).
-            aggregation: how token losses become the back-propagated scalar (mode, constant, count_empty_rows).
-            kl: the KL penalty to a reference (coef, estimator, mode, clamp, refresh_every, mixup_alpha).
-            entropy_coef: weight of the entropy bonus subtracted from the per-token loss.
-            rollout_is: importance-sampling correction of the sampler/trainer mismatch (mode, max, min); the
-                mismatch itself is logged (train/mismatch/*) whenever the policy records sampling log-probs.
-            rollout_staleness: K >= 0. 0: each step samples, then trains; K >= 1: the next rollout is sampled in a
-                background thread while this one trains, and trained on K updates later (AReaL's decoupled PPO;
-                rollout_is.mode null: token_mask).
-            dynamic_sampling: DAPO's dynamic sampling (enabled, max_rounds).
-            update: the inner update (epochs, mini_batch_size, micro_batch_size, max_grad_norm,
-                max_consecutive_skips).
-            validation: responses per validation prompt and greedy decoding (group_size, greedy).
-            teacher: on-policy distillation's frozen teacher, a policy with the student's tokenizer that scores
-                the sampled tokens (not trained, not checkpointed; null: no distillation).
-            distillation: with a teacher, the weights of the distillation loss and of the policy loss (coef,
-                rl_coef; rl_coef 0: distillation alone).
-        """
-        check_ranges(RLVRModule.OPTION_RANGES, locals())
+        check_options(RLVRModule, locals())
+        check_rollout_staleness(rollout_staleness)
         super().__init__(policy, optimizer, lr_scheduler, sampling, validation)
         self.save_hyperparameters(ignore=list(self.MODEL_ARGUMENTS))
         plain_hyperparameters(self)
         self.automatic_optimization = False
         self.loss = policy_loss(loss)
-        check_rl_options(group_size, self.sampling, self.loss, aggregation, rollout_staleness, dynamic_sampling, update)
+        self.sampling.check_group_size(group_size)
+        dynamic_sampling.check_group_size(group_size)
+        self.loss.check(aggregation.mode)
+        update.warn_stale_epochs(self.loss)
         self.group_size, self.rollout_staleness = group_size, rollout_staleness
         self.aggregation, self.kl, self.dynamic_sampling, self.update = aggregation, kl, dynamic_sampling, update
         if rollout_staleness and rollout_is.mode is None:

@@ -59,7 +59,7 @@ class SFTModule(PolicyModule):
             sampling: how validation prompts are sampled when the run has rewards.
             validation: responses per validation prompt and greedy decoding (group_size, greedy).
             save_pretrained_dir: when training ends, also write the policy there with `policy.save_pretrained`
-                (Hugging Face policies: the next stage loads it as `model_name_or_path`).
+                (Hugging Face policies: the next stage loads it as `model.name_or_path`).
 
         Gradient clipping and accumulation are the Trainer's (`trainer.gradient_clip_val`, ...).
         """

@@ -37,13 +37,13 @@ def check_training_precision(module) -> None:
         fix = "train with trainer.precision: bf16-mixed over fp32 weights"
     else:
         cause = (
-            f"the policy's weights are loaded in {dtype} (its dtype option) and "
+            f"the policy's weights are loaded in {dtype} (its model.dtype option) and "
             f"trainer.precision={precision!r} keeps them so"
         )
-        fix = "load the policy with dtype: float32 and train with trainer.precision: bf16-mixed"
+        fix = "load the policy with model.dtype: float32 and train with trainer.precision: bf16-mixed"
     raise ValueError(
         f"{cause}: the optimizer would update {dtype} weights in place ({names}), and an update smaller than "
         f"1/256 of a weight is rounded away (at lr 1e-6 almost none moves). Keep fp32 master weights: {fix}, or "
-        "shard with FSDP2Strategy(param_dtype: bfloat16) over fp32 weights; or train a LoRA adapter (lora_r > 0), "
+        "shard with FSDP2Strategy(param_dtype: bfloat16) over fp32 weights; or train a LoRA adapter (lora.r > 0), "
         "whose weights stay fp32 over a bf16 base"
     )

@@ -3,9 +3,10 @@
     policy:
       class_path: rlvr_lightning.policies.hf.HFPolicy
       init_args:
-        thinking_budget:
-          class_path: rlvr_lightning.multiturn.thinking_budget.ThinkingBudget
-          init_args: {max_thinking_tokens: 512}
+        generation:
+          thinking_budget:
+            class_path: rlvr_lightning.multiturn.thinking_budget.ThinkingBudget
+            init_args: {max_thinking_tokens: 512}
 
 Thinking is open from the end of a prompt whose last tag is an unclosed `<think>` (the R1-Zero template),
 or from the segment in which the model writes `<think>` itself (Qwen3's chat template). When the model has

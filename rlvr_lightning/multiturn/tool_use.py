@@ -3,16 +3,17 @@
     policy:
       class_path: rlvr_lightning.policies.hf.HFPolicy
       init_args:
-        tools:
-          class_path: rlvr_lightning.multiturn.tool_use.ToolUse
-          init_args:
-            tools:
-              - class_path: rlvr_lightning.tools.Calculator
-              - class_path: rlvr_lightning.tools.PythonTool
-                init_args: {timeout_s: 5.0}
-            call_format: {class_path: rlvr_lightning.tools.TagCalls}   # <calculator>2+3</calculator>
-            max_turns: 4
-            max_observation_tokens: 128
+        generation:
+          tools:
+            class_path: rlvr_lightning.multiturn.tool_use.ToolUse
+            init_args:
+              tools:
+                - class_path: rlvr_lightning.tools.Calculator
+                - class_path: rlvr_lightning.tools.PythonTool
+                  init_args: {timeout_s: 5.0}
+              call_format: {class_path: rlvr_lightning.tools.TagCalls}   # <calculator>2+3</calculator>
+              max_turns: 4
+              max_observation_tokens: 128
 
 Generation pauses at the call format's stop strings; when the text of the current turn (since the last
 observation) ends with a complete call, the tool runs and its observation is appended to the response

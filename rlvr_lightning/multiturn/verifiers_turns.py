@@ -3,10 +3,12 @@
     policy:
       class_path: rlvr_lightning.policies.hf.HFPolicy
       init_args:
-        prompt_template: chat
-        tools:    # any segment rule goes here
-          class_path: rlvr_lightning.multiturn.verifiers_turns.VerifiersTurns
-          init_args: {environment: my_env_package}
+        prompt:
+          template: chat
+        generation:
+          tools:    # any segment rule goes here
+            class_path: rlvr_lightning.multiturn.verifiers_turns.VerifiersTurns
+            init_args: {environment: my_env_package}
 
 Each assistant turn is sampled by our generation backend and ends at the model's end-of-turn token (EOS). The
 rule then does what `vf.MultiTurnEnv.rollout` does between two model calls: it appends the turn to the

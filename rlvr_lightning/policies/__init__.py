@@ -14,15 +14,20 @@ from rlvr_lightning.generation import (
 )
 from rlvr_lightning.policies.base import Policy, PromptBatch
 from rlvr_lightning.policies.hf import HFPolicy
+from rlvr_lightning.policies.hf_options import GenerationOptions, HFModelOptions, LoRAOptions, PromptOptions
 from rlvr_lightning.policies.sort_teacher import SortTeacher
 from rlvr_lightning.policies.toy_sort import ToySortPolicy
 
 __all__ = [
     "GenerationBackend",
+    "GenerationOptions",
+    "HFModelOptions",
     "HFPolicy",
     "KVCacheGeneration",
+    "LoRAOptions",
     "Policy",
     "PromptBatch",
+    "PromptOptions",
     "SamplingConfig",
     "ServerGeneration",
     "SortTeacher",

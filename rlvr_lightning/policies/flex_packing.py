@@ -1,7 +1,7 @@
 """Packed scoring through FlexAttention: the rows of a packed sequence attend within themselves by a `BlockMask`
 built from their boundaries (`core/packing.py: document_causal_blocks`), never by a dense `S x S` mask.
 
-`HFPolicy(packed_attention=...)` picks the kernel of packed scoring:
+`HFPolicy(model=HFModelOptions(packed_attention=...))` picks the kernel of packed scoring:
 
 * `"auto"` (default): FlexAttention on a CUDA device where the model allows it (below) and its own
   implementation is sdpa or eager (which would build a dense mask), else `"model"`;
@@ -40,12 +40,6 @@ PACKED_ATTENTION = ("auto", "flex", "model")
 FLEX_IMPLEMENTATION = "rlvr_packed_flex"
 #: FlexAttention's tile (torch's `_DEFAULT_SPARSE_BLOCK_SIZE`)
 BLOCK_SIZE = 128
-
-
-def check_packed_attention(value: Any) -> None:
-    """A clear error for a value of `packed_attention` that is not one of `PACKED_ATTENTION`."""
-    if value not in PACKED_ATTENTION:
-        raise ValueError(f"HFPolicy packed_attention={value!r} is not valid; valid: {', '.join(PACKED_ATTENTION)}")
 
 
 def flex_refusal(model: nn.Module, config: Any, checkpointing: bool) -> str | None:

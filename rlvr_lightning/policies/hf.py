@@ -1,12 +1,11 @@
-"""`HFPolicy`: a transformers causal language model as a `Policy`.
+"""`HFPolicy`: a transformers causal language model as a `Policy` (its options: `rlvr fit --model.policy.help
+HFPolicy`, grouped in `policies/hf_options.py`); the model comes from `model.name_or_path`, `model.gguf_file`
+or `model.config` (`policies/hf_loading.py`).
 
-The model comes from a local directory, hub id or alias (`model_name_or_path`), a GGUF file
-(`gguf_file`) or a config with random weights (`config`); see `policies/hf_loading.py`.
-
-Prompts (`batch["prompt"]` items) are rendered by `prompt_template`:
+Prompts (`batch["prompt"]` items) are rendered by `prompt.template`:
 
 * `"chat"`: the tokenizer's chat template, with the generation prompt appended. A prompt is a user
-  message (str) or a list of `{"role", "content"}` messages; `system_prompt`, if set, is prepended
+  message (str) or a list of `{"role", "content"}` messages; `prompt.system_prompt`, if set, is prepended
   unless the messages already start with a system message;
 * `"raw"`: the prompt string as is (the tokenizer adds its special tokens, e.g. BOS);
 * any other string: a template in which `{prompt}` (and `{system}`, if present) are replaced.
@@ -16,24 +15,24 @@ A prompt may also be a list of token ids, used as is (`policies/prompt_encoding.
 Three seams, one file each:
 
 * loading (`hf_loading.py`): model, tokenizer, dropout off, gradient checkpointing, LoRA;
-* generation (`generation/backend.py`): `generation` picks the backend that samples, our KV-cache
+* generation (`generation/backend.py`): `generation.backend` picks the backend that samples, our KV-cache
   loop (by default eager on a CPU, over a static cache on a CUDA device) or a vLLM engine. `sample` records
   the sampling log-probs in `rollout.sampling_log_probs` and `last_generation_stats`;
 * scoring (`hf_scoring.py`): `token_log_probs`, each distinct prompt run once with the responses on
   top of its cache.
 
-Multi-turn responses: `tools` (`multiturn/tool_use.py`: the policy calls tools mid-response, observations
-are appended) and `thinking_budget` (`multiturn/thinking_budget.py`: a forced `</think>` after so many
+Multi-turn responses: `generation.tools` (`multiturn/tool_use.py`: the policy calls tools mid-response, observations
+are appended) and `generation.thinking_budget` (`multiturn/thinking_budget.py`: a forced `</think>` after so many
 thinking tokens) generate in segments above the backend (`multiturn/segmented_generation.py`); inserted
 tokens have `response_mask` 0 and are recorded in `rollout.response_source`.
 
-Dropout is switched off (`disable_dropout`, as in TRL) so that sampling and scoring see the same
+Dropout is switched off (`model.disable_dropout`, as in TRL) so that sampling and scoring see the same
 network, and the model is put in train mode (transformers only checkpoints activations in train mode).
-`lean_activations` (on by default) gives Llama-family RMSNorm and SwiGLU layers forwards that keep fewer
+`model.lean_activations` (on by default) gives Llama-family RMSNorm and SwiGLU layers forwards that keep fewer
 tensors for the backward pass, recomputing cheap ones (`policies/lean_layers.py`), and applies the output
 layer with `linear_token_log_probs`, whose backward has no logit-sized temporaries (same forward values).
 
-With LoRA (`lora_r > 0`) the base weights are frozen and the KL reference is the base model with the
+With LoRA (`lora.r > 0`) the base weights are frozen and the KL reference is the base model with the
 adapter disabled: `create_reference` returns a parameter-free marker and no second copy is made
 (`policies/lora_reference.py`).
 """
@@ -46,22 +45,19 @@ import functools
 import os
 import warnings
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Annotated, Any
 
 import torch
 from torch import Tensor, nn
 
-from rlvr_lightning.generation.backend import GenerationBackend
 from rlvr_lightning.generation.device_default import DeviceDefaultGeneration
 from rlvr_lightning.generation.loop import KVCacheGeneration, left_pad
 from rlvr_lightning.generation.output import generation_stats
 from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.multiturn.segmented_generation import decode_responses, generate_segments
-from rlvr_lightning.multiturn.thinking_budget import ThinkingBudget
-from rlvr_lightning.multiturn.tool_use import ToolUse
 from rlvr_lightning.policies import hf_loading, prompt_encoding
 from rlvr_lightning.policies.base import Policy, PromptBatch
-from rlvr_lightning.policies.flex_packing import check_packed_attention
+from rlvr_lightning.policies.hf_options import DTYPES, GenerationOptions, HFModelOptions, LoRAOptions, PromptOptions
 from rlvr_lightning.policies.hf_scoring import HFScoring
 from rlvr_lightning.policies.lean_layers import apply_lean_layers
 from rlvr_lightning.policies.lora_reference import (
@@ -73,9 +69,7 @@ from rlvr_lightning.policies.lora_reference import (
 from rlvr_lightning.rollout import Rollout
 from rlvr_lightning.runtime.devices import compute_device
 from rlvr_lightning.runtime.model_cache import resolve_model_path
-from rlvr_lightning.runtime.option_domains import NON_NEGATIVE_INT, Range, check_ranges
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from rlvr_lightning.runtime.option_declarations import Option, documented_options
 
 
 @functools.cache
@@ -88,97 +82,62 @@ def warn_renormalised_log_probs(backend: str) -> None:
     )
 
 
+@documented_options
 class HFPolicy(HFScoring, Policy):
-    """A Hugging Face causal LM policy (see the module docstring for the options)."""
-
-    #: the domains of the numeric options (checked here and, by `rlvr`, before anything is built)
-    OPTION_RANGES = {
-        "lora_r": NON_NEGATIVE_INT,  # 0: no LoRA
-        "lora_alpha": Range(0, low_open=True),
-        "lora_dropout": Range(0, 1, high_open=True),
-        "min_new_tokens": NON_NEGATIVE_INT,
-    }
+    """A Hugging Face causal LM policy (see the module docstring)."""
 
     def __init__(
         self,
-        model_name_or_path: str | None = None,
-        gguf_file: str | None = None,
-        config: dict[str, Any] | str | None = None,
-        tokenizer_name_or_path: str | None = None,
-        dtype: Literal["float32", "bfloat16", "float16"] = "float32",
-        attn_implementation: str | None = "sdpa",
-        gradient_checkpointing: bool = False,
-        lean_activations: bool = True,
-        lora_r: int = 0,
-        lora_alpha: float = 16.0,
-        lora_dropout: float = 0.0,
-        lora_target_modules: list[str] | str | None = "all-linear",
-        prompt_template: str = "chat",
-        system_prompt: str | None = None,
-        generation: GenerationBackend | None = None,
-        keep_sampling_log_probs: bool | None = None,
-        min_new_tokens: int = 0,
-        disable_dropout: bool = True,
-        share_prompt_prefix: bool = True,
-        trust_remote_code: bool = False,
-        tools: ToolUse | None = None,
-        thinking_budget: ThinkingBudget | None = None,
-        packed_attention: Literal["auto", "flex", "model"] = "auto",
+        model: Annotated[HFModelOptions, Option("the model, its tokenizer and dtype (name_or_path, config, ...).")] = (
+            HFModelOptions()
+        ),
+        lora: Annotated[LoRAOptions, Option("a LoRA adapter (r, alpha, dropout, target_modules; r 0: none).")] = (
+            LoRAOptions()
+        ),
+        prompt: Annotated[PromptOptions, Option("how prompts become text (template, system_prompt).")] = (
+            PromptOptions()
+        ),
+        generation: Annotated[
+            GenerationOptions,
+            Option(
+                "how responses are generated (backend, keep_sampling_log_probs, min_new_tokens, "
+                "share_prompt_prefix, tools, thinking_budget)."
+            ),
+        ] = GenerationOptions(),
     ) -> None:
-        """
-        Args:
-            lean_activations: RMSNorm and SwiGLU layers keep fewer activations for the backward pass (fewer
-                bytes per token; same forward values, gradients equal to float rounding).
-            generation: the backend that samples (default `DeviceDefaultGeneration`: our loop, over a static cache
-                with a graph-held step on a CUDA device (`StaticCacheGeneration`), eager elsewhere
-                (`KVCacheGeneration`); or `VLLMGeneration`, `ServerGeneration`).
-            tools: tool use in rollouts (`ToolUse`: the tools, call format, turns); None: single-turn.
-            thinking_budget: cap on the tokens between `<think>` and `</think>` (`ThinkingBudget`); None: no cap.
-            packed_attention: the attention kernel of packed scoring (`update.micro_batch_tokens`): "flex"
-                (FlexAttention with a block mask from the rows' boundaries), "model" (`attn_implementation` with
-                transformers' packed mask), "auto" (flex on a CUDA device where the model allows it and its
-                `attn_implementation` is sdpa or eager, else model).
-            keep_sampling_log_probs: use the log-probs recorded while sampling as the old log-probs when the
-                trainer needs them (saves a forward pass). None: when the backend says they are exact (an fp32
-                vLLM engine without top-k/top-p); our loop's are equal only to float precision, so by default
-                the trainer recomputes them.
-        """
-        check_ranges(HFPolicy.OPTION_RANGES, locals())
         super().__init__()
-        if dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
-        prompt_encoding.check_prompt_template(prompt_template, system_prompt)
-        check_packed_attention(packed_attention)
-        if lora_r > 0 and not hf_loading.peft_installed():  # before the model loads
+        if lora.r > 0 and not hf_loading.peft_installed():  # before the model loads
             raise ImportError(hf_loading.PEFT_MISSING)
-        self.model_name_or_path = model_name_or_path
-        self.prompt_template = prompt_template
-        self.system_prompt = system_prompt
-        self.generation = generation or DeviceDefaultGeneration()
-        self.keep_sampling_log_probs = keep_sampling_log_probs
-        self.min_new_tokens = min_new_tokens
-        self.share_prompt_prefix = share_prompt_prefix
-        self.packed_attention = packed_attention
-        self.segment_rules = [rule for rule in (thinking_budget, tools) if rule is not None]
-        self.gradient_checkpointing = gradient_checkpointing
-        self.lora_r = lora_r
-        self.torch_dtype = DTYPES[dtype]
+        self.model_name_or_path = model.name_or_path
+        self.prompt_template = prompt.template
+        self.system_prompt = prompt.system_prompt
+        self.generation = generation.backend or DeviceDefaultGeneration()
+        self.keep_sampling_log_probs = generation.keep_sampling_log_probs
+        self.min_new_tokens = generation.min_new_tokens
+        self.share_prompt_prefix = generation.share_prompt_prefix
+        self.packed_attention = model.packed_attention
+        self.segment_rules = [rule for rule in (generation.thinking_budget, generation.tools) if rule is not None]
+        self.gradient_checkpointing = model.gradient_checkpointing
+        self.lora_r = lora.r
+        self.torch_dtype = DTYPES[model.dtype]
         self.last_generation_stats: dict[str, float] = {}
 
-        model_source, gguf_name = hf_loading.model_source(model_name_or_path, gguf_file, config)
-        self.tokenizer = _load_tokenizer(tokenizer_name_or_path, model_source, gguf_name, trust_remote_code)
-        model_kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code, "dtype": self.torch_dtype}
-        if attn_implementation is not None:
-            model_kwargs["attn_implementation"] = attn_implementation
-        if config is not None:
-            model = hf_loading.model_from_config(config, self.tokenizer, model_kwargs)
+        model_source, gguf_name = hf_loading.model_source(model.name_or_path, model.gguf_file, model.config)
+        self.tokenizer = _load_tokenizer(model.tokenizer, model_source, gguf_name, model.trust_remote_code)
+        model_kwargs: dict[str, Any] = {"trust_remote_code": model.trust_remote_code, "dtype": self.torch_dtype}
+        if model.attn_implementation is not None:
+            model_kwargs["attn_implementation"] = model.attn_implementation
+        if model.config is not None:
+            network = hf_loading.model_from_config(model.config, self.tokenizer, model_kwargs)
         else:
-            model = hf_loading.load_model(model_source, gguf_name, model_kwargs)
-        _prepare_for_training(model, disable_dropout, gradient_checkpointing, lean_activations)
-        self.lean_activations = lean_activations  # also the output layer's (`hf_scoring.py`)
-        if lora_r > 0:
-            model, self._lora_config = hf_loading.add_lora(model, lora_r, lora_alpha, lora_dropout, lora_target_modules)
-        self.model = model
+            network = hf_loading.load_model(model_source, gguf_name, model_kwargs)
+        _prepare_for_training(network, model.disable_dropout, model.gradient_checkpointing, model.lean_activations)
+        self.lean_activations = model.lean_activations  # also the output layer's (`hf_scoring.py`)
+        if lora.r > 0:
+            network, self._lora_config = hf_loading.add_lora(
+                network, lora.r, lora.alpha, lora.dropout, lora.target_modules
+            )
+        self.model = network
 
         self.pad_token_id = int(self.tokenizer.pad_token_id)
         self.eos_token_ids = hf_loading.eos_token_ids(self.tokenizer, self.base_model)
@@ -348,7 +307,7 @@ def _load_tokenizer(
     if tokenizer_name_or_path is not None:
         return hf_loading.load_tokenizer(resolve_model_path(tokenizer_name_or_path), None, trust_remote_code)
     if model_source is None:
-        raise ValueError("HFPolicy(config=...) needs tokenizer_name_or_path (or model_name_or_path) for the tokenizer")
+        raise ValueError("HFPolicy(model.config=...) needs model.tokenizer (or model.name_or_path) for the tokenizer")
     return hf_loading.load_tokenizer(model_source, gguf_name, trust_remote_code)
 
 

@@ -32,7 +32,7 @@ def model_source(
     """The directory (or hub id) to load from and the GGUF file name in it, if any."""
     if config is not None:
         if gguf_file is not None:
-            raise ValueError("HFPolicy: give either config= (random weights) or gguf_file=, not both")
+            raise ValueError("HFPolicy: give either model.config (random weights) or model.gguf_file, not both")
         return (resolve_model_path(model_name_or_path) if model_name_or_path else None), None
     if gguf_file is not None:
         if model_name_or_path is None:
@@ -46,7 +46,7 @@ def model_source(
             raise FileNotFoundError(f"GGUF file {gguf_file!r} does not exist in {directory} ({path.resolve()})")
         return directory, gguf_file
     if model_name_or_path is None:
-        raise ValueError("HFPolicy needs model_name_or_path, gguf_file or config")
+        raise ValueError("HFPolicy needs model.name_or_path, model.gguf_file or model.config")
     return resolve_model_path(model_name_or_path), None
 
 
@@ -133,7 +133,7 @@ def model_from_config(config: dict[str, Any] | str, tokenizer: Any, kwargs: dict
     else:
         values = dict(config)
         if "model_type" not in values:
-            raise ValueError("HFPolicy(config={...}) needs a 'model_type' (e.g. 'llama')")
+            raise ValueError("HFPolicy(model.config={...}) needs a 'model_type' (e.g. 'llama')")
         values.setdefault("vocab_size", len(tokenizer))
         for name in ("pad_token_id", "eos_token_id", "bos_token_id"):
             token_id = getattr(tokenizer, name, None)
@@ -146,7 +146,7 @@ def model_from_config(config: dict[str, Any] | str, tokenizer: Any, kwargs: dict
     num_parameters = transformer_parameters(hf_config)
     if num_parameters is not None:  # before anything is allocated
         dtype = kwargs.get("dtype")
-        check_fits_in_memory("config", "the model it describes", num_parameters, getattr(dtype, "itemsize", 4))
+        check_fits_in_memory("model.config", "the model it describes", num_parameters, getattr(dtype, "itemsize", 4))
     return AutoModelForCausalLM.from_config(hf_config, **kwargs)
 
 
@@ -172,7 +172,7 @@ def enable_gradient_checkpointing(model: nn.Module) -> None:
 
 
 PEFT_MISSING = (
-    "LoRA (lora_r > 0) needs the peft package, which is not installed: pip install 'rlvr-lightning[hf]' "
+    "LoRA (lora.r > 0) needs the peft package, which is not installed: pip install 'rlvr-lightning[hf]' "
     "(or: pip install peft)"
 )
 

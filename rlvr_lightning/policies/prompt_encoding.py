@@ -1,5 +1,5 @@
-"""Prompts to token ids for `HFPolicy`: `prompt_template` renders a prompt as text (the options are
-described in `policies/hf.py`), the tokenizer encodes it; a prompt given as token ids is used as is."""
+"""Prompts to token ids for `HFPolicy`: `prompt.template` renders a prompt as text (the options are
+described in `policies/hf_options.py`), the tokenizer encodes it; a prompt given as token ids is used as is."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from typing import Any
 def check_prompt_template(prompt_template: str, system_prompt: str | None) -> None:
     """Raise ValueError unless the template is known and has a place for `system_prompt`, if one is set."""
     if prompt_template not in ("chat", "raw") and "{prompt}" not in prompt_template:
-        raise ValueError(f"prompt_template must be 'chat', 'raw' or contain '{{prompt}}', got {prompt_template!r}")
+        raise ValueError(f"prompt.template must be 'chat', 'raw' or contain '{{prompt}}', got {prompt_template!r}")
     if system_prompt is not None and (
         prompt_template == "raw" or (prompt_template != "chat" and "{system}" not in prompt_template)
     ):
-        raise ValueError("system_prompt needs prompt_template='chat' or a template containing '{system}'")
+        raise ValueError("prompt.system_prompt needs prompt.template='chat' or a template containing '{system}'")
 
 
 def render_prompt(tokenizer: Any, prompt: Any, prompt_template: str, system_prompt: str | None) -> str:
@@ -30,12 +30,12 @@ def render_prompt(tokenizer: Any, prompt: Any, prompt_template: str, system_prom
             messages.insert(0, {"role": "system", "content": system_prompt})
         if getattr(tokenizer, "chat_template", None) is None:
             raise ValueError(
-                "prompt_template='chat' but the tokenizer has no chat template; "
-                "use prompt_template='raw' or a template string containing '{prompt}'"
+                "prompt.template='chat' but the tokenizer has no chat template; "
+                "use prompt.template='raw' or a template string containing '{prompt}'"
             )
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     if not isinstance(prompt, str):
-        raise TypeError(f"prompt_template={prompt_template!r} needs string prompts, got {type(prompt).__name__}")
+        raise TypeError(f"prompt.template={prompt_template!r} needs string prompts, got {type(prompt).__name__}")
     if prompt_template == "raw":
         return prompt
     text = prompt_template.replace("{prompt}", prompt)

@@ -18,6 +18,7 @@ language model's EOS is), which makes response lengths vary: the length-bias dia
 from __future__ import annotations
 
 import math
+from typing import Annotated
 
 import torch
 from torch import Tensor, nn
@@ -28,34 +29,30 @@ from rlvr_lightning.policies.base import Policy, PromptBatch
 from rlvr_lightning.policies.memory_estimate import check_fits_in_memory
 from rlvr_lightning.rollout import Rollout
 from rlvr_lightning.runtime.devices import compute_device
-from rlvr_lightning.runtime.option_domains import POSITIVE_INT, Range, check_ranges
+from rlvr_lightning.runtime.option_declarations import Option, check_options, documented_options
+from rlvr_lightning.runtime.option_domains import POSITIVE_INT, Range
 
 ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU, "tanh": nn.Tanh}
 
 
+@documented_options
 class ToySortPolicy(Policy):
-    #: the domains of the numeric options (checked here and, by `rlvr`, before anything is built)
-    OPTION_RANGES = {
-        "vocab_size": Range(2, integer=True),
-        "prompt_length": POSITIVE_INT,
-        "response_length": Range(1, integer=True, optional=True),
-        "embedding_dim": POSITIVE_INT,
-    }
-
     def __init__(
         self,
-        vocab_size: int = 10,
-        prompt_length: int = 4,
-        response_length: int | None = None,
-        embedding_dim: int = 10,
+        vocab_size: Annotated[int, Option("tokens in the vocabulary.", Range(2, integer=True))] = 10,
+        prompt_length: Annotated[int, Option("tokens per prompt.", POSITIVE_INT)] = 4,
+        response_length: Annotated[
+            int | None, Option("tokens per response (null: prompt_length).", Range(1, integer=True, optional=True))
+        ] = None,
+        embedding_dim: Annotated[int, Option("the width of the embedding.", POSITIVE_INT)] = 10,
         tie_embeddings: bool = True,
         activation: str | None = None,
         eos_token: int | None = None,
     ) -> None:
-        """`response_length` defaults to `prompt_length`; `tie_embeddings` reuses the embedding as output
+        """`tie_embeddings` reuses the embedding as output
         projection (as the lecture does); `activation` is one of `ACTIVATIONS` or None (the lecture's model);
         `eos_token`: a token id that ends a response (None: every response is `response_length` tokens)."""
-        check_ranges(ToySortPolicy.OPTION_RANGES, locals())
+        check_options(ToySortPolicy, locals())
         response_length = response_length or prompt_length
         matrices, vectors = (prompt_length + response_length) * embedding_dim**2, vocab_size * embedding_dim
         check_fits_in_memory(

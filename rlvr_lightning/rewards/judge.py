@@ -6,7 +6,7 @@
           init_args:
             judge:                                   # its own model: never the trained policy
               class_path: rlvr_lightning.policies.hf.HFPolicy
-              init_args: {model_name_or_path: smollm2-135m-instruct, prompt_template: chat}
+              init_args: {model: {name_or_path: smollm2-135m-instruct}, prompt: {template: chat}}
             template: "Is this review positive or negative? Answer with one word.\\n\\nReview: {response}"
             labels: {positive: 1.0, negative: 0.0}   # or a number: pattern, min_score, max_score
             batch_size: 8

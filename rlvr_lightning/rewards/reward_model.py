@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from rlvr_lightning.policies import hf_loading
-from rlvr_lightning.policies.hf import DTYPES
+from rlvr_lightning.policies.hf_options import DTYPES
 from rlvr_lightning.rewards.judge_prompt import JudgePrompt
 from rlvr_lightning.rewards.model_reward import ModelReward
 from rlvr_lightning.rollout import Rollout

@@ -2,10 +2,11 @@
 
 Offline, `huggingface_hub` retries every request five times with back-off (about a minute and 170
 lines of tracebacks) before the policy can say that the model is missing. Before anything is
-built, the `rlvr` command looks for hub ids among the config's `model_name_or_path`,
-`tokenizer_name_or_path` and `dataset` values; if there is one and the hub does not answer within
-`PROBE_TIMEOUT_S`, it switches `huggingface_hub` to offline mode: a model in the local cache
-still loads, a missing one fails at once with the policy's message.
+built, the `rlvr` command looks for hub ids among the config's `name_or_path` and `tokenizer`
+(`HFPolicy`'s `model` options), `model_name_or_path`, `tokenizer_name_or_path` (reward models) and
+`dataset` values; if there is one and the hub does not answer within `PROBE_TIMEOUT_S`, it switches
+`huggingface_hub` to offline mode: a model in the local cache still loads, a missing one fails at once
+with the policy's message.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-HUB_KEYS = ("model_name_or_path", "tokenizer_name_or_path", "dataset")
+HUB_KEYS = ("name_or_path", "tokenizer", "model_name_or_path", "tokenizer_name_or_path", "dataset")
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 PROBE_TIMEOUT_S = 5.0
 OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE")

@@ -8,7 +8,7 @@ tokenizer) under the cache:
     $RLVR_CACHE/models/<alias>          when RLVR_CACHE is set
     ~/.cache/rlvr_lightning/models/<alias>  otherwise
 
-An alias given as `model_name_or_path` to `HFPolicy` resolves to that directory.
+An alias given as `model.name_or_path` to `HFPolicy` resolves to that directory.
 
     rlvr-models list
     rlvr-models fetch smollm2-135m-instruct [--dtype float32|bfloat16] [--force]

@@ -3,16 +3,16 @@
     check_range("group_size", 0, low=1, integer=True)
     ValueError: group_size=0 is not valid: must be an integer >= 1
 
-A class declares the domains of its numeric options once, in a class attribute `OPTION_RANGES` (option name ->
-`Range`), and checks them first thing in `__init__` with `check_ranges`; `rlvr` checks the same table on the
-parsed config before any class is built (`cli/errors/early_checks.py`), so a bad value stops a run before a
-model loads. A float must be finite: NaN or infinity is never a valid option value.
+A class declares each option's domain beside the option, `Annotated[int, Option(help, POSITIVE_INT)]`
+(`runtime/option_declarations.py`), and checks it first thing in `__init__`; `rlvr` checks the same
+declarations on the parsed config before any class is built (`cli/errors/early_checks.py`), so a bad value stops
+a run before a model loads. A float must be finite: NaN or infinity is never a valid option value. `OneOf` is the
+domain of an option that names one of a few choices.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,9 +20,9 @@ from typing import Any
 class OptionValueError(ValueError):
     """A value outside its option's domain: the message starts with `option=value`."""
 
-    def __init__(self, option: str, value: Any, must_be: str) -> None:
+    def __init__(self, option: str, value: Any, must_be: str, message: str | None = None) -> None:
         self.option, self.value = option, value
-        super().__init__(f"{option}={value!r} is not valid: must be {must_be}")
+        super().__init__(message or f"{option}={value!r} is not valid: must be {must_be}")
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,25 @@ class Range:
             raise OptionValueError(option, value, self.describe())
 
 
+@dataclass(frozen=True)
+class OneOf:
+    """One of `choices` (`optional`: or None)."""
+
+    choices: tuple[Any, ...]
+    optional: bool = False
+
+    def describe(self) -> str:
+        return f"one of {list(self.choices)}" + (" (or null)" if self.optional else "")
+
+    def contains(self, value: Any) -> bool:
+        return (value is None and self.optional) or (value is not None and value in self.choices)
+
+    def check(self, option: str, value: Any) -> None:
+        if not self.contains(value):
+            message = f"{option}={value!r} is not valid; choose one of {list(self.choices)}"
+            raise OptionValueError(option, value, self.describe(), message)
+
+
 def check_range(
     option: str,
     value: Any,
@@ -81,14 +100,6 @@ def check_range(
     """Raise `OptionValueError` (a ValueError naming the option, the value and the valid range) unless `value`
     lies in the `Range` these arguments describe."""
     Range(low, high, low_open, high_open, integer, optional).check(option, value)
-
-
-def check_ranges(ranges: Mapping[str, Range], values: Mapping[str, Any], prefix: str = "") -> None:
-    """Check every option of `ranges` that `values` has (e.g. a class's `OPTION_RANGES` against `locals()`);
-    the error names the option as `prefix + name`."""
-    for name, domain in ranges.items():
-        if name in values:
-            domain.check(prefix + name, values[name])
 
 
 def is_finite_number(value: Any) -> bool:

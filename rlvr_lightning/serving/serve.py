@@ -3,7 +3,7 @@
     rlvr serve --config configs/X.yaml --port 8000 [--host 0.0.0.0] [-- any other `vllm serve` option]
     rlvr serve --model smollm2-135m-instruct --port 8000
 
-The model is the policy's (`model.init_args.policy.init_args.model_name_or_path` of the config) or `--model`
+The model is the policy's (`model.init_args.policy.init_args.model.name_or_path` of the config) or `--model`
 (a directory, a hub name, or an `rlvr-models` alias). It is the documented `vllm serve` command with the
 options the trainer relies on, so the two can be swapped:
 
@@ -57,10 +57,10 @@ def model_from_config(path: str) -> str:
 
     config = yaml.safe_load(Path(path).read_text()) or {}
     try:
-        return str(config["model"]["init_args"]["policy"]["init_args"]["model_name_or_path"])
+        return str(config["model"]["init_args"]["policy"]["init_args"]["model"]["name_or_path"])
     except (KeyError, TypeError):
         raise SystemExit(
-            f"error: {path} names no model.init_args.policy.init_args.model_name_or_path; pass --model MODEL"
+            f"error: {path} names no model.init_args.policy.init_args.model.name_or_path; pass --model MODEL"
         ) from None
 
 

@@ -13,7 +13,7 @@ has three digits. Values are exact fractions: `7/2` gives `3.5`, `1/3` gives `0.
 (15 significant digits). Bounded work: at most `max_chars` characters and `max_depth` nested
 parentheses or exponents, integer exponents up to 64 in magnitude, and no value (a number written in the
 expression, an intermediate or the result) beyond 10^`max_digits`; a power is refused from the sizes of its
-base and exponent before it is computed. The limits are bounded themselves (`OPTION_RANGES`): the parser
+base and exponent before it is computed. The limits are bounded themselves (their declared domains): the parser
 recurses once per level of nesting (a few frames each), and Python converts at most 4,300 digits to an
 integer.
 """
@@ -23,9 +23,10 @@ from __future__ import annotations
 import re
 from decimal import Decimal, localcontext
 from fractions import Fraction
-from typing import Any
+from typing import Annotated, Any
 
-from rlvr_lightning.runtime.option_domains import Range, check_ranges
+from rlvr_lightning.runtime.option_declarations import Option, check_options, documented_options
+from rlvr_lightning.runtime.option_domains import Range
 from rlvr_lightning.tools.base import Tool, ToolError
 
 _TOKEN = re.compile(r"\s*(?:(\d{1,3}(?:,\d{3})+(?:\.\d*)?|\d+\.?\d*|\.\d+)|(\*\*|[-+*/%^()x×÷]))")
@@ -35,18 +36,20 @@ MAX_DIGITS = 1000
 _LOG2_10 = 3.3219280948873626
 
 
+@documented_options
 class Calculator(Tool):
     default_name = "calculator"
-    OPTION_RANGES = {
-        "max_chars": Range(1, integer=True),
-        "max_depth": Range(1, MAX_DEPTH, integer=True),
-        "max_digits": Range(1, MAX_DIGITS, integer=True),
-    }
 
     def __init__(
-        self, name: str | None = None, max_chars: int = 200, max_depth: int = 32, max_digits: int = 100
+        self,
+        name: str | None = None,
+        max_chars: Annotated[int, Option("the longest expression, in characters.", Range(1, integer=True))] = 200,
+        max_depth: Annotated[
+            int, Option("the deepest nesting of parentheses or exponents.", Range(1, MAX_DEPTH, integer=True))
+        ] = 32,
+        max_digits: Annotated[int, Option("no value beyond 10^max_digits.", Range(1, MAX_DIGITS, integer=True))] = 100,
     ) -> None:
-        check_ranges(Calculator.OPTION_RANGES, locals())
+        check_options(Calculator, locals())
         super().__init__(name)
         self.max_chars = max_chars
         self.max_depth = max_depth

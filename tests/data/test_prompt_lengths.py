@@ -13,6 +13,7 @@ from rlvr_lightning.data.jsonl_task import JSONLTask
 from rlvr_lightning.data.prompt_lengths import check_prompt_lengths
 from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.modules import RLVRModule
+from rlvr_lightning.policies.hf_options import HFModelOptions
 from rlvr_lightning.rewards.format import BoxedFormatReward
 
 pytest.importorskip("transformers")
@@ -25,7 +26,9 @@ def policy(tmp_path_factory):
 
     tokenizer = save_tiny_tokenizer(tmp_path_factory.mktemp("tok"))
     torch.manual_seed(0)
-    return HFPolicy(config=tiny_llama_config(max_position_embeddings=256), tokenizer_name_or_path=str(tokenizer))
+    return HFPolicy(
+        model=HFModelOptions(config=tiny_llama_config(max_position_embeddings=256), tokenizer=str(tokenizer))
+    )
 
 
 def write(path, questions):

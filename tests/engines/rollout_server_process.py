@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+from rlvr_lightning.policies.hf_options import HFModelOptions
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -25,7 +27,7 @@ def served_model(directory: Path, tokenizer_dir: Path, config: dict) -> Path:
     trainer pushes its own) with the trainer's tokenizer."""
     from rlvr_lightning.policies.hf import HFPolicy
 
-    policy = HFPolicy(config=config, tokenizer_name_or_path=str(tokenizer_dir))
+    policy = HFPolicy(model=HFModelOptions(config=config, tokenizer=str(tokenizer_dir)))
     policy.base_model.config.architectures = ["LlamaForCausalLM"]
     policy.base_model.config.save_pretrained(directory)
     policy.tokenizer.save_pretrained(directory)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from rlvr_lightning.policies import SamplingConfig, VLLMGeneration
+from rlvr_lightning.policies.hf_options import GenerationOptions, LoRAOptions
 from rlvr_lightning.serving.lora_sync import adapter_tensors, tensor_bytes
 from rlvr_lightning.serving.vllm_weights import named_weights
 
@@ -36,7 +37,7 @@ def _max_log_prob_gap(policy) -> float:
 
 
 def test_the_engine_samples_under_the_pushed_adapter_with_the_trainers_log_probs(make_policy):
-    policy = make_policy(lora_r=4, generation=engine(lora_sync="adapter"))
+    policy = make_policy(lora=LoRAOptions(r=4), generation=GenerationOptions(backend=engine(lora_sync="adapter")))
     backend = policy.generation
     _train_adapter(policy, seed=1)
     assert _max_log_prob_gap(policy) <= 1e-4
@@ -54,8 +55,8 @@ def test_the_engine_samples_under_the_pushed_adapter_with_the_trainers_log_probs
 
 
 def test_adapter_and_merged_pushes_sample_the_same_tokens(make_policy):
-    adapter = make_policy(lora_r=4, generation=engine(lora_sync="adapter"))
-    merged = make_policy(lora_r=4, generation=engine(lora_sync="merged"))
+    adapter = make_policy(lora=LoRAOptions(r=4), generation=GenerationOptions(backend=engine(lora_sync="adapter")))
+    merged = make_policy(lora=LoRAOptions(r=4), generation=GenerationOptions(backend=engine(lora_sync="merged")))
     _train_adapter(adapter, seed=3)
     merged.load_state_dict(adapter.state_dict())
     generator = torch.Generator().manual_seed(0)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from rlvr_lightning.policies import SamplingConfig, ServerGeneration
+from rlvr_lightning.policies.hf_options import GenerationOptions, LoRAOptions
 from rlvr_lightning.serving.lora_sync import adapter_tensors, tensor_bytes
 from rlvr_lightning.serving.vllm_weights import named_weights
 
@@ -25,12 +26,13 @@ def lora_server(tmp_path_factory, tokenizer_dir):
     server.stop()
 
 
-def _served(make_policy, address, **kwargs):
-    return make_policy(generation=ServerGeneration(servers=[address], **kwargs.pop("generation", {})), **kwargs)
+def _served(make_policy, address, server_options=None, **kwargs):
+    backend = ServerGeneration(servers=[address], **(server_options or {}))
+    return make_policy(generation=GenerationOptions(backend=backend), **kwargs)
 
 
 def test_the_server_samples_under_the_pushed_adapter_with_the_trainers_log_probs(make_policy, lora_server):
-    policy = _served(make_policy, lora_server, lora_r=4, generation={"lora_sync": "adapter"})
+    policy = _served(make_policy, lora_server, lora=LoRAOptions(r=4), server_options={"lora_sync": "adapter"})
     backend = policy.generation
     _train_adapter(policy, seed=1)
     assert _max_log_prob_gap(policy) <= 1e-4
@@ -48,7 +50,7 @@ def test_the_server_samples_under_the_pushed_adapter_with_the_trainers_log_probs
 
 
 def test_an_adapter_the_server_cannot_hold_falls_back_to_the_merged_weights(make_policy, lora_server):
-    policy = _served(make_policy, lora_server, lora_r=16, generation={"lora_sync": "adapter"})
+    policy = _served(make_policy, lora_server, lora=LoRAOptions(r=16), server_options={"lora_sync": "adapter"})
     _train_adapter(policy, seed=3)
     with pytest.warns(UserWarning, match=r"lora_sync=adapter: rollout server .* up to rank 8, not 16") as caught:
         assert _max_log_prob_gap(policy) <= 1e-4

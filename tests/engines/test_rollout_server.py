@@ -22,6 +22,8 @@ import torch
 import yaml
 from scripted_lm import save_tool_tokenizer, script_weights
 
+from rlvr_lightning.policies.hf_options import GenerationOptions, HFModelOptions, PromptOptions
+
 from .conftest import engine_config
 from .rollout_server_process import REPO, RolloutServer, served_model
 from .test_vllm_fit import _config, _train_rows
@@ -47,7 +49,7 @@ def _server_config(tmp_path, tokenizer_dir, name, steps, address, **init_args):
     path = _config(tmp_path, tokenizer_dir, name, steps=steps)
     config = yaml.safe_load(path.read_text())
     module = config["model"]["init_args"]
-    module["policy"]["init_args"]["generation"] = {
+    module["policy"]["init_args"].setdefault("generation", {})["backend"] = {
         "class_path": "rlvr_lightning.generation.ServerGeneration",
         "init_args": {"servers": [address], **init_args},
     }
@@ -235,11 +237,9 @@ def test_tool_rollouts_through_the_server_equal_the_colocated_engine(server, too
     for generation in (VLLMGeneration(kv_cache_memory_gib=0.0625, dtype="float32"), ServerGeneration([server.address])):
         torch.manual_seed(0)
         policy = HFPolicy(
-            config=engine_config(),
-            tokenizer_name_or_path=str(tool_tokenizer_dir),
-            generation=generation,
-            prompt_template="raw",
-            tools=ToolUse([Calculator()]),
+            model=HFModelOptions(config=engine_config(), tokenizer=str(tool_tokenizer_dir)),
+            generation=GenerationOptions(backend=generation, tools=ToolUse([Calculator()])),
+            prompt=PromptOptions(template="raw"),
         )
         script_weights(policy, _calculator_script(policy.tokenizer), strength=8.0)
         torch.manual_seed(1)

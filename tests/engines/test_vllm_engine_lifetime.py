@@ -6,6 +6,7 @@ model (where it would take the new engine's state with it: "pipeline model paral
 from __future__ import annotations
 
 from rlvr_lightning.policies import SamplingConfig, VLLMGeneration
+from rlvr_lightning.policies.hf_options import GenerationOptions
 
 GREEDY = SamplingConfig(do_sample=False, max_new_tokens=4)
 BATCH = {"prompt": ["What is 2+3?"]}
@@ -21,7 +22,9 @@ def test_a_dead_engine_is_finalised_before_the_next_one_starts(make_policy, monk
     import vllm
 
     _import_vllm()
-    first = make_policy(generation=VLLMGeneration(dtype="float32", kv_cache_memory_gib=0.0625))
+    first = make_policy(
+        generation=GenerationOptions(backend=VLLMGeneration(dtype="float32", kv_cache_memory_gib=0.0625))
+    )
     first.sample(BATCH, 1, GREEDY)
     finalizer = first.generation._llm.llm_engine.engine_core._finalizer  # runs the engine's shutdown
     first.holder = [first]  # a cycle through objects vLLM froze at engine start: only the collector frees it
@@ -35,7 +38,9 @@ def test_a_dead_engine_is_finalised_before_the_next_one_starts(make_policy, monk
         return engine_class(*args, **kwargs)
 
     monkeypatch.setattr(vllm, "LLM", recording)
-    second = make_policy(generation=VLLMGeneration(dtype="float32", kv_cache_memory_gib=0.0625))
+    second = make_policy(
+        generation=GenerationOptions(backend=VLLMGeneration(dtype="float32", kv_cache_memory_gib=0.0625))
+    )
     expected = second.sample(BATCH, 1, GREEDY).response_ids  # starts the second engine
     assert pending_at_start == [False]
     assert (second.sample(BATCH, 1, GREEDY).response_ids == expected).all()

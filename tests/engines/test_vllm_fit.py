@@ -55,10 +55,9 @@ def _config(tmp_path: Path, tokenizer_dir: Path, name: str, steps: int, **traine
                 "policy": {
                     "class_path": "rlvr_lightning.policies.HFPolicy",
                     "init_args": {
-                        "config": engine_config(),
-                        "tokenizer_name_or_path": str(tokenizer_dir),
-                        "prompt_template": "raw",
-                        "generation": ENGINE,
+                        "model": {"config": engine_config(), "tokenizer": str(tokenizer_dir)},
+                        "prompt": {"template": "raw"},
+                        "generation": {"backend": ENGINE},
                     },
                 },
                 "optimizer": {"class_path": "torch.optim.AdamW", "init_args": {"lr": 1.0e-3}},

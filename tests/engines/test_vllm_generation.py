@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from rlvr_lightning.policies import KVCacheGeneration, SamplingConfig, VLLMGeneration
+from rlvr_lightning.policies.hf_options import GenerationOptions, LoRAOptions
 from rlvr_lightning.serving.vllm_weights import named_weights
 
 PROMPTS = ["What is 2+3?", "The quick brown", "Say ab.", "Numbers: 0 1 2"]
@@ -37,7 +38,7 @@ def _responses(rollout) -> list[list[int]]:
 def _same_policy_two_backends(make_policy, **kwargs):
     """Two policies with identical weights: one samples with vLLM, the other with our loop."""
     ours = make_policy(**kwargs)
-    theirs = make_policy(generation=engine(), **kwargs)
+    theirs = make_policy(generation=GenerationOptions(backend=engine()), **kwargs)
     theirs.load_state_dict(ours.state_dict())
     return ours, theirs
 
@@ -62,7 +63,7 @@ def test_greedy_equals_our_loop_after_each_weight_push(make_policy):
 
 
 def test_a_fused_optimizer_step_triggers_a_push(make_policy):
-    policy = make_policy(generation=engine())
+    policy = make_policy(generation=GenerationOptions(backend=engine()))
     batch = {"prompt": PROMPTS[:2]}
     policy.sample(batch, 1, GREEDY)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-2, fused=True)  # fused: no version-counter bump
@@ -87,13 +88,13 @@ def test_engine_log_probs_match_the_trainer(make_policy):
 
 
 def test_filtered_sampling_or_a_bf16_engine_is_not_exact(make_policy):
-    policy = make_policy(generation=engine())
+    policy = make_policy(generation=GenerationOptions(backend=engine()))
     with pytest.warns(UserWarning, match="renormalised over the kept tokens"):
         filtered = policy.sample({"prompt": PROMPTS[:1]}, 2, SamplingConfig(top_p=0.9, max_new_tokens=4))
     assert not policy.sampling_log_probs_exact  # the engine's log-probs are of the filtered distribution
     # vLLM renormalises its processed log-probs over the kept tokens: they are not recorded for importance sampling
     assert filtered.sampling_log_probs is None
-    bf16 = make_policy(generation=engine(dtype="bfloat16"))
+    bf16 = make_policy(generation=GenerationOptions(backend=engine(dtype="bfloat16")))
     bf16.sample({"prompt": PROMPTS[:1]}, 2, SamplingConfig(max_new_tokens=4))
     assert not bf16.sampling_log_probs_exact
 
@@ -120,13 +121,13 @@ def test_eos_and_stop_strings_end_rows_as_our_loop_does(make_policy):
 
 
 def test_lora_policy_pushes_merged_weights_and_keeps_its_base(make_policy):
-    policy = make_policy(lora_r=4, generation=engine())
+    policy = make_policy(lora=LoRAOptions(r=4), generation=GenerationOptions(backend=engine()))
     with torch.no_grad():  # a trained-looking adapter (peft starts with B = 0, a no-op)
         for name, param in policy.model.named_parameters():
             if "lora_B" in name:
                 param.normal_(0, 0.5)
     base_before = {k: v.clone() for k, v in policy.base_model.state_dict().items() if "lora_" not in k}
-    ours = make_policy(lora_r=4)
+    ours = make_policy(lora=LoRAOptions(r=4))
     ours.load_state_dict(policy.state_dict())
     batch = {"prompt": PROMPTS}
     assert _responses(policy.sample(batch, 1, GREEDY)) == _responses(ours.sample(batch, 1, GREEDY))
@@ -138,7 +139,7 @@ def test_lora_policy_pushes_merged_weights_and_keeps_its_base(make_policy):
 
 
 def test_engine_start_leaves_the_training_process_as_it_was(make_policy):
-    policy = make_policy(generation=engine(seed=123))
+    policy = make_policy(generation=GenerationOptions(backend=engine(seed=123)))
     torch.manual_seed(7)
     random.seed(7)
     np.random.seed(7)
@@ -156,7 +157,7 @@ def test_engine_start_leaves_the_training_process_as_it_was(make_policy):
 
 
 def test_sampling_follows_the_global_seed(make_policy):
-    policy = make_policy(generation=engine())
+    policy = make_policy(generation=GenerationOptions(backend=engine()))
     sampling = SamplingConfig(temperature=1.0, max_new_tokens=8)
     torch.manual_seed(3)
     first = _responses(policy.sample({"prompt": PROMPTS}, 4, sampling))
@@ -169,7 +170,7 @@ def test_sampling_follows_the_global_seed(make_policy):
 def test_sleep_mode_is_a_no_op_with_a_warning_on_cpu(make_policy):
     if torch.cuda.is_available():
         pytest.skip("CPU behaviour")
-    policy = make_policy(generation=engine(sleep_level=1))
+    policy = make_policy(generation=GenerationOptions(backend=engine(sleep_level=1)))
     with pytest.warns(UserWarning, match="no sleep mode"):
         rollout = policy.sample({"prompt": PROMPTS[:1]}, 2, SamplingConfig(max_new_tokens=4))
     assert rollout.num_rows == 2 and not policy.generation._asleep

@@ -20,7 +20,10 @@ def tokenizer_dir(tmp_path_factory):
 
 def _engine_config(tokenizer_dir, seed: int, steps: int) -> dict:
     # head size 32: the smallest vLLM's CPU attention supports
-    policy = {"config": model_config(hidden_size=128, intermediate_size=256), "generation": ENGINE}
+    policy = {
+        "model": {"config": model_config(hidden_size=128, intermediate_size=256)},
+        "generation": {"backend": ENGINE},
+    }
     return fit_config(tokenizer_dir, seed, steps=steps, policy=policy)
 
 

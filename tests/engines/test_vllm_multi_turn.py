@@ -3,6 +3,8 @@ generated above the backend, so the engine gives what our loop gives on the same
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from scripted_lm import save_tool_tokenizer, script_weights, transitions
@@ -10,6 +12,7 @@ from scripted_lm import save_tool_tokenizer, script_weights, transitions
 from rlvr_lightning.multiturn.thinking_budget import ThinkingBudget
 from rlvr_lightning.multiturn.tool_use import ToolUse
 from rlvr_lightning.policies import SamplingConfig, VLLMGeneration
+from rlvr_lightning.policies.hf_options import GenerationOptions, HFModelOptions, PromptOptions
 from rlvr_lightning.rollout import TokenSource
 from rlvr_lightning.tools import Calculator
 
@@ -23,7 +26,7 @@ def tool_tokenizer_dir(tmp_path_factory):
     return save_tool_tokenizer(tmp_path_factory.mktemp("tool_tokenizer"))
 
 
-def _pair(tokenizer_dir, script, **kwargs):
+def _pair(tokenizer_dir, script, generation_options=GenerationOptions(), **kwargs):
     """Two policies with the same scripted weights: our loop, and a vLLM engine."""
     from rlvr_lightning.policies.hf import HFPolicy
 
@@ -31,7 +34,9 @@ def _pair(tokenizer_dir, script, **kwargs):
     for generation in (None, VLLMGeneration(kv_cache_memory_gib=0.0625, dtype="float32")):
         torch.manual_seed(0)
         policy = HFPolicy(
-            config=engine_config(), tokenizer_name_or_path=str(tokenizer_dir), generation=generation, **kwargs
+            model=HFModelOptions(config=engine_config(), tokenizer=str(tokenizer_dir)),
+            generation=dataclasses.replace(generation_options, backend=generation),
+            **kwargs,
         )
         script_weights(policy, script(policy.tokenizer), strength=8.0)
         policies.append(policy)
@@ -46,7 +51,12 @@ def _calculator_script(tok):
 
 
 def test_tool_rollouts_equal_our_loop(tool_tokenizer_dir):
-    ours, theirs = _pair(tool_tokenizer_dir, _calculator_script, prompt_template="raw", tools=ToolUse([Calculator()]))
+    ours, theirs = _pair(
+        tool_tokenizer_dir,
+        _calculator_script,
+        prompt=PromptOptions(template="raw"),
+        generation_options=GenerationOptions(tools=ToolUse([Calculator()])),
+    )
     greedy = SamplingConfig(do_sample=False, max_new_tokens=32)
     expected = ours.sample({"prompt": PROMPTS}, 1, greedy)  # vLLM samples greedily only with n = 1
     got = theirs.sample({"prompt": PROMPTS}, 1, greedy)
@@ -77,7 +87,10 @@ def _never_closes(tok):
 
 def test_the_thinking_budget_forces_the_close_in_the_engine(tool_tokenizer_dir):
     ours, theirs = _pair(
-        tool_tokenizer_dir, _never_closes, prompt_template="{prompt} <think>", thinking_budget=ThinkingBudget(5)
+        tool_tokenizer_dir,
+        _never_closes,
+        prompt=PromptOptions(template="{prompt} <think>"),
+        generation_options=GenerationOptions(thinking_budget=ThinkingBudget(5)),
     )
     greedy = SamplingConfig(do_sample=False, max_new_tokens=40)
     expected = ours.sample({"prompt": PROMPTS}, 1, greedy)
@@ -92,7 +105,12 @@ def test_the_thinking_budget_forces_the_close_in_the_engine(tool_tokenizer_dir):
 
 
 def test_sampled_groups_carry_the_engines_log_probs_on_the_mixed_sequence(tool_tokenizer_dir):
-    _, policy = _pair(tool_tokenizer_dir, _calculator_script, prompt_template="raw", tools=ToolUse([Calculator()]))
+    _, policy = _pair(
+        tool_tokenizer_dir,
+        _calculator_script,
+        prompt=PromptOptions(template="raw"),
+        generation_options=GenerationOptions(tools=ToolUse([Calculator()])),
+    )
     torch.manual_seed(0)
     rollout = policy.sample({"prompt": PROMPTS}, 4, SamplingConfig(temperature=0.5, max_new_tokens=32))
     observed = rollout.response_source == TokenSource.TOOL
@@ -106,7 +124,9 @@ def test_sampled_groups_carry_the_engines_log_probs_on_the_mixed_sequence(tool_t
 
 
 def test_the_engine_caps_each_prompt_on_its_own(make_policy):
-    policy = make_policy(generation=VLLMGeneration(kv_cache_memory_gib=0.0625, dtype="float32"))
+    policy = make_policy(
+        generation=GenerationOptions(backend=VLLMGeneration(kv_cache_memory_gib=0.0625, dtype="float32"))
+    )
     ids, _ = policy.encode_prompts(["ab", "The quick brown fox"])
     out = policy.generation.generate(
         policy.model, policy.tokenizer, ids, 2, SamplingConfig(max_new_tokens=6),

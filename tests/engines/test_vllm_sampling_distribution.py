@@ -12,6 +12,7 @@ import torch
 from sampling_distribution import compare, peak_distribution, policy_sample
 
 from rlvr_lightning.policies import VLLMGeneration
+from rlvr_lightning.policies.hf_options import HFModelOptions, PromptOptions
 
 SAMPLES = 10_000
 MAX_NEW_TOKENS = 8
@@ -29,7 +30,9 @@ def policies(tokenizer_dir):
     def make(**kwargs):
         torch.manual_seed(3)
         policy = HFPolicy(
-            config=engine_config(), tokenizer_name_or_path=str(tokenizer_dir), prompt_template="raw", **kwargs
+            model=HFModelOptions(config=engine_config(), tokenizer=str(tokenizer_dir)),
+            prompt=PromptOptions(template="raw"),
+            **kwargs,
         )
         peak_distribution(policy.model, policy.eos_token_ids[0])
         return policy

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from rlvr_lightning.policies import SamplingConfig, VLLMGeneration
+from rlvr_lightning.policies.hf_options import GenerationOptions, HFModelOptions
 from rlvr_lightning.runtime.model_cache import is_fetched
 
 SMOLLM2 = "smollm2-135m-instruct"
@@ -18,10 +19,12 @@ pytestmark = pytest.mark.skipif(not is_fetched(SMOLLM2), reason=f"{SMOLLM2} not 
 def test_smollm2_greedy_and_log_probs_equal_the_trainers_after_a_push():
     from rlvr_lightning.policies.hf import HFPolicy
 
-    ours = HFPolicy(model_name_or_path=SMOLLM2)
+    ours = HFPolicy(model=HFModelOptions(name_or_path=SMOLLM2))
     engine = HFPolicy(
-        model_name_or_path=SMOLLM2,
-        generation=VLLMGeneration(dtype="float32", kv_cache_memory_gib=0.25, max_model_len=512),
+        model=HFModelOptions(name_or_path=SMOLLM2),
+        generation=GenerationOptions(
+            backend=VLLMGeneration(dtype="float32", kv_cache_memory_gib=0.25, max_model_len=512)
+        ),
     )
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():  # an "update" the engine only sees through the push

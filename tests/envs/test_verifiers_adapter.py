@@ -14,6 +14,7 @@ from rlvr_lightning.data.verifiers_task import VerifiersTask
 from rlvr_lightning.demos.tiny_lm import save_tiny_tokenizer, tiny_llama_config
 from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.multiturn.verifiers_turns import VerifiersTurns
+from rlvr_lightning.policies.hf_options import GenerationOptions, HFModelOptions, PromptOptions
 from rlvr_lightning.rewards.verifiers_rubric import VerifiersRubricReward
 from rlvr_lightning.rollout import Rollout, TokenSource
 from rlvr_lightning.runtime.vf_environments import load_environment, new_state, normalize, run
@@ -95,11 +96,11 @@ def multi_turn_policy(tokenizer, plan, max_turns=3):
 
     torch.manual_seed(0)
     return HFPolicy(
-        config=tiny_llama_config(),
-        tokenizer_name_or_path=tokenizer.name_or_path,
-        prompt_template="chat",
-        tools=VerifiersTurns(MULTI, {"max_turns": max_turns}),
-        generation=PlannedBackend(tokenizer, plan),
+        model=HFModelOptions(config=tiny_llama_config(), tokenizer=tokenizer.name_or_path),
+        prompt=PromptOptions(template="chat"),
+        generation=GenerationOptions(
+            tools=VerifiersTurns(MULTI, {"max_turns": max_turns}), backend=PlannedBackend(tokenizer, plan)
+        ),
     )
 
 

@@ -11,6 +11,7 @@ from rlvr_lightning.demos.tiny_lm import bias_tokens, tiny_llama_config
 from rlvr_lightning.generation import DeviceDefaultGeneration, KVCacheGeneration, StaticCacheGeneration
 from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.multiturn.thinking_budget import ThinkingBudget
+from rlvr_lightning.policies.hf_options import GenerationOptions, HFModelOptions, LoRAOptions, PromptOptions
 from rlvr_lightning.runtime.option_domains import OptionValueError
 
 PROMPTS = {"prompt": ["What is 2+3?", "The quick brown fox", "Say ab."]}
@@ -20,7 +21,9 @@ def rollouts(make_policy, backends, sampling, seed=1, **kwargs):
     """One rollout per backend from policies with the same weights and the same random stream."""
     out = []
     for backend in backends:
-        policy = make_policy(generation=backend, prompt_template="raw", **kwargs)
+        policy = make_policy(
+            generation=GenerationOptions(backend=backend), prompt=PromptOptions(template="raw"), **kwargs
+        )
         torch.manual_seed(seed)
         out.append(policy.sample(PROMPTS, 3, sampling))
     return out
@@ -50,10 +53,9 @@ def test_thinking_budget_segments(tool_tokenizer_dir, make_policy, eager_without
     for backend in (KVCacheGeneration(), StaticCacheGeneration(sync_every=4)):
         budget = ThinkingBudget(max_thinking_tokens=5, forced_text="\n</think>\n")
         policy = make_policy(
-            generation=backend,
-            tokenizer_name_or_path=str(tool_tokenizer_dir),
-            prompt_template="{prompt} <think>",
-            thinking_budget=budget,
+            generation=GenerationOptions(backend=backend, thinking_budget=budget),
+            model=HFModelOptions(tokenizer=str(tool_tokenizer_dir)),
+            prompt=PromptOptions(template="{prompt} <think>"),
         )
         tok = policy.tokenizer
         bias_tokens(policy, [tok.eos_token_id, tok.convert_tokens_to_ids("</think>")], float("-inf"))
@@ -65,7 +67,9 @@ def test_thinking_budget_segments(tool_tokenizer_dir, make_policy, eager_without
 
 def test_lora_policy(make_policy, eager_without_compaction):
     sampling = SamplingConfig(max_new_tokens=12)
-    eager, static = rollouts(make_policy, [KVCacheGeneration(), StaticCacheGeneration()], sampling, lora_r=4)
+    eager, static = rollouts(
+        make_policy, [KVCacheGeneration(), StaticCacheGeneration()], sampling, lora=LoRAOptions(r=4)
+    )
     assert_same_rollout(eager, static)
 
 
@@ -76,9 +80,11 @@ def test_a_bf16_copy_is_refreshed_in_place_for_the_compiled_step(make_policy, ea
 
     torch._dynamo.reset()
     counters.clear()
-    eager_policy = make_policy(generation=KVCacheGeneration(dtype="bfloat16"), prompt_template="raw")
+    eager_policy = make_policy(
+        generation=GenerationOptions(backend=KVCacheGeneration(dtype="bfloat16")), prompt=PromptOptions(template="raw")
+    )
     backend = StaticCacheGeneration(dtype="bfloat16", compile="aot_eager")
-    policy = make_policy(generation=backend, prompt_template="raw")
+    policy = make_policy(generation=GenerationOptions(backend=backend), prompt=PromptOptions(template="raw"))
     sampling = SamplingConfig(max_new_tokens=10)
     for update in range(2):
         outs = []
@@ -99,7 +105,7 @@ def test_a_bf16_copy_is_refreshed_in_place_for_the_compiled_step(make_policy, ea
 
 
 def test_the_default_backend_is_the_eager_loop_on_a_cpu(make_policy):
-    default = make_policy(prompt_template="raw")
+    default = make_policy(prompt=PromptOptions(template="raw"))
     assert isinstance(default.generation, DeviceDefaultGeneration)
     (eager,) = rollouts(make_policy, [KVCacheGeneration()], SamplingConfig(max_new_tokens=16))
     torch.manual_seed(1)
@@ -126,13 +132,20 @@ def test_bad_options_name_the_option_and_the_choices(make_policy):
         StaticCacheGeneration(sync_every=0)
     with pytest.raises(ValueError, match="StaticCacheGeneration dtype='fp8' is not valid"):
         StaticCacheGeneration(dtype="fp8")
-    policy = make_policy(generation=StaticCacheGeneration(compile="reduce-overhead"), prompt_template="raw")
+    policy = make_policy(
+        generation=GenerationOptions(backend=StaticCacheGeneration(compile="reduce-overhead")),
+        prompt=PromptOptions(template="raw"),
+    )
     with pytest.raises(ValueError, match="compile='reduce-overhead' needs a CUDA device; the model is on cpu"):
         policy.sample(PROMPTS, 1, SamplingConfig(max_new_tokens=4))
 
 
 def test_a_model_with_sliding_window_layers_is_refused_before_decoding(make_policy):
     config = tiny_llama_config(model_type="mistral", sliding_window=16)
-    policy = make_policy(config=config, generation=StaticCacheGeneration(), prompt_template="raw")
+    policy = make_policy(
+        model=HFModelOptions(config=config),
+        generation=GenerationOptions(backend=StaticCacheGeneration()),
+        prompt=PromptOptions(template="raw"),
+    )
     with pytest.raises(ValueError, match="StaticCacheGeneration cannot decode this model: MistralForCausalLM has"):
         policy.sample(PROMPTS, 1, SamplingConfig(max_new_tokens=4))

@@ -9,6 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rlvr_lightning.policies.hf_options import HFModelOptions
+
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (scripts/gpu_check.sh)")
 
 
@@ -20,9 +22,11 @@ def padded_scoring_gradients(tmp_path, device: str) -> list[torch.Tensor]:
 
     torch.manual_seed(0)
     policy = HFPolicy(
-        config=tiny_llama_config(max_position_embeddings=512),
-        tokenizer_name_or_path=str(save_tiny_tokenizer(tmp_path / "tok")),
-        attn_implementation="sdpa",
+        model=HFModelOptions(
+            config=tiny_llama_config(max_position_embeddings=512),
+            tokenizer=str(save_tiny_tokenizer(tmp_path / "tok")),
+            attn_implementation="sdpa",
+        )
     ).to(device)
     prompts = ["a", "The quick brown fox jumps over the lazy dog. " * 3 + "What is 2+3? The answer"]
     sampling = SamplingConfig(max_new_tokens=160, min_new_tokens=160)

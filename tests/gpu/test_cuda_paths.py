@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from rlvr_lightning.cli.app import entry_point, main
+from rlvr_lightning.policies.hf_options import HFModelOptions
 
 from ..gsm8k_tiny import WeightsAtStart, write_tiny_gsm8k_override
 
@@ -25,8 +26,8 @@ SETTINGS = {  # docs/scaling.md's GPU settings as overrides of the recipe
     "bf16-mixed, checkpointing, sdpa": [],
     "32-true": ["--trainer.precision=32-true"],
     "eager, no checkpointing": [
-        "--model.init_args.policy.init_args.attn_implementation=eager",
-        "--model.init_args.policy.init_args.gradient_checkpointing=false",
+        "--model.init_args.policy.init_args.model.attn_implementation=eager",
+        "--model.init_args.policy.init_args.model.gradient_checkpointing=false",
     ],
 }
 
@@ -149,7 +150,9 @@ def test_every_attention_kernel_scores_the_same(dtype, tmp_path):
         if name == "flash_attention_2" and dtype == torch.float32:
             continue
         torch.manual_seed(0)
-        policy = HFPolicy(config=tiny_llama_config(), tokenizer_name_or_path=tokenizer, attn_implementation=name)
+        policy = HFPolicy(
+            model=HFModelOptions(config=tiny_llama_config(), tokenizer=tokenizer, attn_implementation=name)
+        )
         policy = policy.to("cuda").eval()
         if rollout is None:
             prompts = ["a", "The quick brown fox jumps over", "What is 2+3? The answer"]

@@ -20,13 +20,17 @@ RESPONSES = [300, 20, 150, 64, 1, 0]  # a row spanning several tiles, short rows
 def policy(tmp_path_factory):
     from rlvr_lightning.demos.tiny_lm import save_tiny_tokenizer, tiny_llama_config
     from rlvr_lightning.policies.hf import HFPolicy
+    from rlvr_lightning.policies.hf_options import GenerationOptions, HFModelOptions
     from rlvr_lightning.runtime.devices import set_compute_device
 
     tokenizer = str(save_tiny_tokenizer(tmp_path_factory.mktemp("tok")))
     heads = dict(hidden_size=72, num_attention_heads=9, num_key_value_heads=3)
     config = tiny_llama_config(**heads, max_position_embeddings=1024)
     torch.manual_seed(0)
-    policy = HFPolicy(config=config, tokenizer_name_or_path=tokenizer, share_prompt_prefix=False).cuda()
+    policy = HFPolicy(
+        model=HFModelOptions(config=config, tokenizer=tokenizer),
+        generation=GenerationOptions(share_prompt_prefix=False),
+    ).cuda()
     set_compute_device(policy, torch.device("cuda"))
     assert policy.packed_attention == "auto"
     assert policy.packed_attention_kernel(torch.device("cuda")) == "rlvr_packed_flex"

@@ -7,6 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rlvr_lightning.policies.hf_options import HFModelOptions
+
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (scripts/gpu_check.sh)")
 
 
@@ -20,7 +22,7 @@ def lean_and_plain_results(tmp_path, device: str, dtype: torch.dtype, packed: bo
     policies = []
     for lean in (False, True):
         torch.manual_seed(0)
-        policy = HFPolicy(config=tiny_llama_config(), tokenizer_name_or_path=tokenizer, lean_activations=lean)
+        policy = HFPolicy(model=HFModelOptions(config=tiny_llama_config(), tokenizer=tokenizer, lean_activations=lean))
         policies.append(policy.to(device))
     assert policies[1]._output_layer(entropy_gradient=False) is not None
     torch.manual_seed(0)

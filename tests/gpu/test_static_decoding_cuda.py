@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from rlvr_lightning.generation.sampling_config import SamplingConfig
+from rlvr_lightning.policies.hf_options import HFModelOptions
 
 from ..generation.static_pairs import assert_same, run_pair, tiny_model
 
@@ -79,6 +80,6 @@ def test_a_policy_without_a_named_backend_decodes_statically(tmp_path):
 
     tokenizer = str(save_tiny_tokenizer(tmp_path / "tok"))
     torch.manual_seed(0)
-    policy = HFPolicy(config=tiny_llama_config(), tokenizer_name_or_path=tokenizer).to("cuda")
+    policy = HFPolicy(model=HFModelOptions(config=tiny_llama_config(), tokenizer=tokenizer)).to("cuda")
     rollout = policy.sample({"prompt": ["a", "The quick brown fox"]}, n=4, sampling=SamplingConfig(max_new_tokens=16))
     assert rollout.response_ids.shape[0] == 8 and policy.generation._static._workspaces._by_model

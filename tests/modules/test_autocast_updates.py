@@ -7,6 +7,8 @@ micro-batches, LoRA, PPO's critic, a Lightning fit, and the bf16 sampling copy o
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -24,6 +26,7 @@ from rlvr_lightning.modules.options import (
 from rlvr_lightning.modules.update.policy_update import PolicyUpdate
 from rlvr_lightning.modules.update.value_update import ValueUpdate
 from rlvr_lightning.modules.value_model import ValueHead, trainable_copy
+from rlvr_lightning.policies.hf_options import GenerationOptions, HFModelOptions, LoRAOptions
 from tests.modules.autocast_detector import Recorder, autocast_cache_never_cleared
 from tests.packed_rows import RESPONSE_LENGTHS, uneven_rollout
 
@@ -58,13 +61,15 @@ class _Module:
         loss.backward()
 
 
-def _policy(tokenizer_dir, device="cpu", **kwargs):
+def _policy(tokenizer_dir, device="cpu", model=HFModelOptions(), **kwargs):
     from rlvr_lightning.demos.tiny_lm import tiny_llama_config
     from rlvr_lightning.policies.hf import HFPolicy
 
     torch.manual_seed(0)
     return HFPolicy(
-        config=tiny_llama_config(), tokenizer_name_or_path=str(tokenizer_dir), share_prompt_prefix=False, **kwargs
+        model=dataclasses.replace(model, config=tiny_llama_config(), tokenizer=str(tokenizer_dir)),
+        generation=GenerationOptions(share_prompt_prefix=False),
+        **kwargs,
     ).to(device)
 
 
@@ -122,10 +127,10 @@ def _critic_path(tokenizer_dir, monkeypatch, device) -> Recorder:
 
 
 POLICY_PATHS = {
-    "plain": dict(update_config=PADDED, lean_activations=False),
-    "lean": dict(update_config=PADDED, lean_activations=True),
+    "plain": dict(update_config=PADDED, model=HFModelOptions(lean_activations=False)),
+    "lean": dict(update_config=PADDED, model=HFModelOptions(lean_activations=True)),
     "packed": dict(update_config=PACKED),
-    "lora": dict(update_config=PADDED, lora_r=4),
+    "lora": dict(update_config=PADDED, lora=LoRAOptions(r=4)),
 }
 
 

@@ -15,6 +15,7 @@ from torch import nn
 from rlvr_lightning.demos.tiny_lm import save_tiny_tokenizer, tiny_llama_config
 from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.modules.options import UpdateConfig
+from rlvr_lightning.policies.hf_options import HFModelOptions
 from rlvr_lightning.policies.toy_sort import ToySortPolicy
 from rlvr_lightning.rewards import RewardCallback
 from rlvr_lightning.runtime.devices import (
@@ -67,7 +68,7 @@ def test_a_training_step_samples_and_scores_on_the_root_device(tokenizer_dir):
     from rlvr_lightning.policies.hf import HFPolicy
 
     pl.seed_everything(0)
-    policy = HFPolicy(config=tiny_llama_config(), tokenizer_name_or_path=tokenizer_dir)
+    policy = HFPolicy(model=HFModelOptions(config=tiny_llama_config(), tokenizer=tokenizer_dir))
     module = RLVRModule(
         policy, group_size=2, sampling=SamplingConfig(max_new_tokens=4), update=UpdateConfig(micro_batch_size=2)
     )
@@ -87,7 +88,7 @@ def test_a_fine_tuning_step_builds_its_batch_on_the_root_device(tokenizer_dir, t
 
     pairs = tmp_path / "pairs.jsonl"
     pairs.write_text("".join(json.dumps({"prompt": p, "response": p[::-1]}) + "\n" for p in ("2+3?", "quick brown")))
-    policy = HFPolicy(config=tiny_llama_config(), tokenizer_name_or_path=tokenizer_dir)
+    policy = HFPolicy(model=HFModelOptions(config=tiny_llama_config(), tokenizer=tokenizer_dir))
     trainer = _trainer()
     trainer.fit(SFTModule(policy), SFTDataModule(train_file=str(pairs), batch_size=2))
     assert trainer.global_step == 1

@@ -14,6 +14,7 @@ from rlvr_lightning.modules import RLVRModule
 from rlvr_lightning.modules.distillation import DistillationConfig, Teacher
 from rlvr_lightning.modules.options import AggregationConfig, ImportanceSamplingConfig, KLConfig, UpdateConfig
 from rlvr_lightning.modules.update.policy_update import PolicyUpdate
+from rlvr_lightning.policies.hf_options import HFModelOptions, LoRAOptions
 from rlvr_lightning.policies.sort_teacher import SortTeacher
 from rlvr_lightning.policies.toy_sort import ToySortPolicy
 from rlvr_lightning.rewards import SortInclusionOrderingReward
@@ -149,12 +150,12 @@ def tiny_lm(directory, vocab_size=320, **options):
     from rlvr_lightning.policies.hf import HFPolicy
 
     tokenizer = save_tiny_tokenizer(directory / str(vocab_size), vocab_size=vocab_size)
-    return HFPolicy(config=tiny_llama_config(), tokenizer_name_or_path=str(tokenizer), **options)
+    return HFPolicy(model=HFModelOptions(config=tiny_llama_config(), tokenizer=str(tokenizer)), **options)
 
 
 def test_a_lora_student_distils_from_a_separate_frozen_language_model(tmp_path):
     torch.manual_seed(0)
-    policy, teacher = tiny_lm(tmp_path, lora_r=2), tiny_lm(tmp_path)
+    policy, teacher = tiny_lm(tmp_path, lora=LoRAOptions(r=2)), tiny_lm(tmp_path)
     teacher_before = copy.deepcopy(teacher.state_dict())
     update = update_of(policy, teacher, rl_coef=0.0)
     rollout = policy.sample({"prompt": ["What is 2+3?", "Think step by step."]}, 2, SamplingConfig(max_new_tokens=5))
@@ -235,7 +236,8 @@ def test_the_smollm2_distillation_config_takes_the_teacher_path_and_its_teacher_
     assert teacher["checkpoint_path"] == "t.ckpt" and model["distillation"] == {"coef": 1.0, "rl_coef": 0.0}
     grpo = yaml.safe_load((configs / "smollm2_arithmetic.yaml").read_text())["model"]["init_args"]["policy"]
     expected = grpo["init_args"]["policy"]["init_args"]
-    assert {key: teacher["policy"]["init_args"][key] for key in expected} == expected
+    shown = teacher["policy"]["init_args"]
+    assert {group: {key: shown[group][key] for key in expected[group]} for group in expected} == expected
     assert entry_point(["fit", "--config", config]) == 2  # no teacher path
     assert capsys.readouterr().err.splitlines()[0] == "error: the following arguments are required: checkpoint_path"
 

@@ -20,6 +20,7 @@ from rlvr_lightning.modules.options import AggregationConfig, ImportanceSampling
 from rlvr_lightning.modules.update.policy_update import PolicyUpdate
 from rlvr_lightning.modules.update.value_update import ValueUpdate
 from rlvr_lightning.modules.value_model import ValueHead, trainable_copy
+from rlvr_lightning.policies.hf_options import GenerationOptions, HFModelOptions
 from tests.packed_rows import RESPONSE_LENGTHS, uneven_rollout
 
 # every built-in loss class, found in its module: a new one is tested without being listed here
@@ -77,7 +78,8 @@ def models(tokenizer_dir):
     def make(seed):
         torch.manual_seed(seed)
         return HFPolicy(
-            config=tiny_llama_config(), tokenizer_name_or_path=str(tokenizer_dir), share_prompt_prefix=False
+            model=HFModelOptions(config=tiny_llama_config(), tokenizer=str(tokenizer_dir)),
+            generation=GenerationOptions(share_prompt_prefix=False),
         )
 
     policy, teacher = make(0), make(1)

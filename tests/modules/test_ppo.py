@@ -15,6 +15,7 @@ from rlvr_lightning.data import RLVRDataModule, SortTask
 from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.modules import PPOModule
 from rlvr_lightning.modules.options import GAEConfig, KLConfig, UpdateConfig, ValueConfig
+from rlvr_lightning.policies.hf_options import HFModelOptions, PromptOptions
 from rlvr_lightning.policies.toy_sort import ToySortPolicy
 from rlvr_lightning.rewards import RewardCallback, SortAndStopReward, SortInclusionOrderingReward
 
@@ -269,17 +270,19 @@ def test_ppo_on_a_tiny_language_model(value_model):
 
     torch.manual_seed(0)
     policy = HFPolicy(
-        config={
-            "model_type": "llama",
-            "hidden_size": 32,
-            "intermediate_size": 64,
-            "num_hidden_layers": 1,
-            "num_attention_heads": 2,
-            "num_key_value_heads": 1,
-            "max_position_embeddings": 32,
-        },
-        tokenizer_name_or_path=str(ROOT / "configs" / "length_bias" / "digits_tokenizer"),
-        prompt_template="raw",
+        model=HFModelOptions(
+            config={
+                "model_type": "llama",
+                "hidden_size": 32,
+                "intermediate_size": 64,
+                "num_hidden_layers": 1,
+                "num_attention_heads": 2,
+                "num_key_value_heads": 1,
+                "max_position_embeddings": 32,
+            },
+            tokenizer=str(ROOT / "configs" / "length_bias" / "digits_tokenizer"),
+        ),
+        prompt=PromptOptions(template="raw"),
     )
     module = PPOModule(
         policy, group_size=4, sampling=SamplingConfig(max_new_tokens=6), value=ValueConfig(model=value_model, lr=0.01)

@@ -14,6 +14,7 @@ from rlvr_lightning.modules import RLVRModule
 from rlvr_lightning.modules.options import AggregationConfig, KLConfig
 from rlvr_lightning.modules.pair_rollouts import pair_rollout, response_nll
 from rlvr_lightning.modules.sft import SFTModule, policy_from_checkpoint
+from rlvr_lightning.policies.hf_options import HFModelOptions, PromptOptions
 from rlvr_lightning.policies.toy_sort import ToySortPolicy
 from rlvr_lightning.rewards import SortInclusionOrderingReward
 
@@ -66,7 +67,10 @@ def test_text_pairs_train_on_response_tokens_only(tokenizer_dir):
     from rlvr_lightning.policies.hf import HFPolicy
 
     torch.manual_seed(0)
-    policy = HFPolicy(config=tiny_llama_config(), tokenizer_name_or_path=str(tokenizer_dir), prompt_template="raw")
+    policy = HFPolicy(
+        model=HFModelOptions(config=tiny_llama_config(), tokenizer=str(tokenizer_dir)),
+        prompt=PromptOptions(template="raw"),
+    )
     prompts, responses = ["What is 2+3?", "Numbers: 0 1 2"], [" The answer is 5.", " 3 4"]
     rollout = pair_rollout(policy, prompts, responses)
     tokenizer, eos = policy.tokenizer, policy.eos_token_ids[0]

@@ -23,8 +23,8 @@ def toy_policy(dtype=torch.float32):
 def test_bf16_weights_without_fp32_masters_are_refused(in_tmp_dir):
     with pytest.raises(
         ValueError,
-        match=r"loaded in torch.bfloat16 \(its dtype option\) and trainer.precision='32-true'.*"
-        r"load the policy with dtype: float32 and train with trainer.precision: bf16-mixed",
+        match=r"loaded in torch.bfloat16 \(its model.dtype option\) and trainer.precision='32-true'.*"
+        r"load the policy with model.dtype: float32 and train with trainer.precision: bf16-mixed",
     ):
         fit(RLVRModule(toy_policy(torch.bfloat16), group_size=4), [SortInclusionOrderingReward()], steps=1)
 

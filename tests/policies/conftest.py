@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).parent))
 
 from rlvr_lightning.demos.tiny_lm import save_tiny_tokenizer, tiny_llama_config
+from rlvr_lightning.policies.hf_options import HFModelOptions
 
 
 @pytest.fixture(autouse=True)
@@ -32,10 +34,11 @@ def tokenizer_dir(tmp_path_factory) -> Path:
 def make_policy(tokenizer_dir):
     from rlvr_lightning.policies.hf import HFPolicy
 
-    def make(seed: int = 0, config: dict | None = None, **kwargs) -> HFPolicy:
+    def make(seed: int = 0, model: HFModelOptions = HFModelOptions(), **groups) -> HFPolicy:
+        """The tiny Llama (unless `model.config` says otherwise) with the tiny tokenizer."""
         torch.manual_seed(seed)
-        kwargs.setdefault("tokenizer_name_or_path", str(tokenizer_dir))
-        return HFPolicy(config=config or tiny_llama_config(), **kwargs)
+        config, tokenizer = model.config or tiny_llama_config(), model.tokenizer or str(tokenizer_dir)
+        return HFPolicy(model=dataclasses.replace(model, config=config, tokenizer=tokenizer), **groups)
 
     return make
 

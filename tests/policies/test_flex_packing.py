@@ -1,4 +1,4 @@
-"""Packed scoring through FlexAttention (`HFPolicy(packed_attention="flex")`, `policies/flex_packing.py`) gives the
+"""Packed scoring through FlexAttention (`model.packed_attention: flex`, `policies/flex_packing.py`) gives the
 padded forward's log-probs and parameter gradients, grouped key/value heads included; tiles small enough here that
 the block mask has skipped, full and partial tiles (on a CPU the tiles are expanded into a mask: the reference of
 what the GPU kernel computes)."""
@@ -10,6 +10,7 @@ import torch
 
 from rlvr_lightning.demos.tiny_lm import tiny_llama_config
 from rlvr_lightning.policies import flex_packing
+from rlvr_lightning.policies.hf_options import GenerationOptions, HFModelOptions
 from tests.packed_rows import uneven_rollout
 
 
@@ -48,7 +49,10 @@ def counted_flex(monkeypatch):
 @pytest.mark.parametrize("block_size", [8, 128])
 def test_flex_packed_scoring_matches_padded(make_policy, monkeypatch, counted_flex, heads, block_size):
     monkeypatch.setattr(flex_packing, "BLOCK_SIZE", block_size)
-    policy = make_policy(config=tiny_llama_config(**heads), share_prompt_prefix=False, packed_attention="flex")
+    policy = make_policy(
+        model=HFModelOptions(config=tiny_llama_config(**heads), packed_attention="flex"),
+        generation=GenerationOptions(share_prompt_prefix=False),
+    )
     rollout = uneven_rollout(policy.hf_config.vocab_size, seed=3)
     flex_values, flex_grads = _log_probs_and_grads(policy, rollout, packed=True)
     layers = policy.hf_config.num_hidden_layers
@@ -64,7 +68,7 @@ def test_flex_packed_scoring_matches_padded(make_policy, monkeypatch, counted_fl
 
 
 def test_the_kernel_follows_the_option(make_policy):
-    policy = make_policy(packed_attention="auto")
+    policy = make_policy(model=HFModelOptions(packed_attention="auto"))
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert policy.packed_attention_kernel(cpu) == "sdpa"  # today's path on a CPU
     assert policy.packed_attention_kernel(cuda) == flex_packing.FLEX_IMPLEMENTATION
@@ -79,7 +83,7 @@ def test_the_kernel_follows_the_option(make_policy):
     policy.packed_attention = "flex"
     with pytest.raises(ValueError, match="packed_attention='flex': gradient checkpointing is on; valid here"):
         policy.packed_attention_kernel(cpu)
-    other = make_policy(packed_attention="auto")
+    other = make_policy(model=HFModelOptions(packed_attention="auto"))
     other.base_model.gradient_checkpointing_enable()  # turned on outside the policy's own option
     assert other.packed_attention_kernel(cuda) == "sdpa"
 
@@ -87,8 +91,10 @@ def test_the_kernel_follows_the_option(make_policy):
 def test_a_bad_value_names_the_option_and_the_choices(make_policy, monkeypatch):
     loaded = []
     monkeypatch.setattr("rlvr_lightning.policies.hf_loading.model_from_config", lambda *a: loaded.append(a))
-    with pytest.raises(ValueError, match=r"packed_attention='flash' is not valid; valid: auto, flex, model"):
-        make_policy(packed_attention="flash")
+    with pytest.raises(
+        ValueError, match=r"model.packed_attention='flash' is not valid; choose one of \['auto', 'flex', 'model'\]"
+    ):
+        make_policy(model=HFModelOptions(packed_attention="flash"))
     assert not loaded  # before any model is built
 
 

@@ -9,6 +9,7 @@ import torch
 from rlvr_lightning.demos.tiny_lm import EOS, bias_tokens, tiny_llama_config
 from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.policies.hf import AdapterReference, HFPolicy
+from rlvr_lightning.policies.hf_options import GenerationOptions, HFModelOptions, LoRAOptions, PromptOptions
 from tests.policies.comparisons import masked_max_diff
 
 PROMPTS = ["What is 2+3?", "Hi", "Think step by step, then answer: what is the sum of 7 and 12?"]
@@ -18,7 +19,7 @@ PROMPTS = ["What is 2+3?", "Hi", "Think step by step, then answer: what is the s
 
 
 def test_padding_invariance_of_log_probs(make_policy):
-    policy = make_policy(prompt_template="raw")
+    policy = make_policy(prompt=PromptOptions(template="raw"))
     policy.eval()
     prompts = ["a", "The quick brown fox jumps over", "What is 2+3? The answer"]
     rollout = policy.sample({"prompt": prompts}, n=2, sampling=SamplingConfig(max_new_tokens=10))
@@ -58,7 +59,7 @@ def test_padding_invariance_of_log_probs(make_policy):
 
 def test_sampled_log_probs_match_recomputed(make_policy):
     assert not make_policy().sampling_log_probs_exact  # our loop's: equal to float precision, recomputed by default
-    policy = make_policy(keep_sampling_log_probs=True)
+    policy = make_policy(generation=GenerationOptions(keep_sampling_log_probs=True))
     assert policy.sampling_log_probs_exact
     policy.eval()
     sampling = SamplingConfig(temperature=0.7, top_k=50, top_p=0.9, max_new_tokens=12)
@@ -74,7 +75,7 @@ def test_sampled_log_probs_match_recomputed(make_policy):
 @pytest.mark.parametrize("lora", [False, True])
 def test_shared_prompt_prefix_matches_the_joint_forward_with_gradients(make_policy, lora):
     """Each distinct prompt once + responses on its cache == one forward over prompt+response rows."""
-    policy = make_policy(**({"lora_r": 4} if lora else {}))
+    policy = make_policy(**({"lora": LoRAOptions(r=4)} if lora else {}))
     eos = policy.eos_token_ids[0]
     handle = bias_tokens(policy, [eos], 3.0)  # some rows end early: pads inside the responses
     torch.manual_seed(0)
@@ -144,7 +145,10 @@ def test_lora_reference_is_the_base_model_with_adapter_disabled(make_policy, tmp
     with torch.no_grad():
         base_log_probs, _ = base.token_log_probs(rollout)
 
-    policy = HFPolicy(str(tmp_path / "base"), lora_r=4, lora_alpha=8, lora_target_modules=["q_proj", "v_proj"])
+    policy = HFPolicy(
+        model=HFModelOptions(name_or_path=str(tmp_path / "base")),
+        lora=LoRAOptions(r=4, alpha=8, target_modules=["q_proj", "v_proj"]),
+    )
     trainable = [name for name, p in policy.named_parameters() if p.requires_grad]
     assert trainable and all("lora_" in name for name in trainable)
     reference = policy.create_reference()
@@ -184,7 +188,10 @@ def test_lora_reference_is_the_base_model_with_adapter_disabled(make_policy, tmp
 
 def test_lora_export_merges_the_trained_adapter_not_the_reference(make_policy, tmp_path):
     make_policy(seed=3).save_pretrained(tmp_path / "base")
-    policy = HFPolicy(str(tmp_path / "base"), lora_r=4, lora_alpha=8, lora_target_modules=["q_proj", "v_proj"])
+    policy = HFPolicy(
+        model=HFModelOptions(name_or_path=str(tmp_path / "base")),
+        lora=LoRAOptions(r=4, alpha=8, target_modules=["q_proj", "v_proj"]),
+    )
     reference = policy.create_reference()
     policy.update_reference(reference)  # a "reference" adapter at the zero init
     with torch.no_grad():
@@ -196,7 +203,7 @@ def test_lora_export_merges_the_trained_adapter_not_the_reference(make_policy, t
     with torch.no_grad():
         adapted, _ = policy.token_log_probs(rollout)
     policy.save_pretrained(tmp_path / "merged")
-    merged = HFPolicy(str(tmp_path / "merged"))
+    merged = HFPolicy(model=HFModelOptions(name_or_path=str(tmp_path / "merged")))
     merged.eval()
     with torch.no_grad():
         exported, _ = merged.token_log_probs(rollout)
@@ -226,30 +233,32 @@ def test_full_reference_copy(make_policy):
 
 
 def test_prompt_templates(make_policy):
-    chat = make_policy(system_prompt="Be brief.")
+    chat = make_policy(prompt=PromptOptions(system_prompt="Be brief."))
     assert chat.render_prompt("Hi") == "<|system|>Be brief.<|endoftext|><|user|>Hi<|endoftext|><|assistant|>"
     messages = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
     assert chat.render_prompt(messages) == "<|system|>S<|endoftext|><|user|>U<|endoftext|><|assistant|>"
-    raw = make_policy(prompt_template="raw")
+    raw = make_policy(prompt=PromptOptions(template="raw"))
     assert raw.render_prompt("Hi {x}") == "Hi {x}"
-    formatted = make_policy(prompt_template="Q: {prompt}\nA:")
+    formatted = make_policy(prompt=PromptOptions(template="Q: {prompt}\nA:"))
     assert formatted.render_prompt("2+3?") == "Q: 2+3?\nA:"
     rollout = formatted.sample({"prompt": ["2+3?", [5, 6, 7]]}, n=1, sampling=SamplingConfig(max_new_tokens=2))
     assert rollout.prompt_text[0] == "Q: 2+3?\nA:"
     assert rollout.prompt_ids[1, -3:].tolist() == [5, 6, 7]
     with pytest.raises(ValueError, match="system_prompt"):
-        make_policy(prompt_template="raw", system_prompt="x")
-    with pytest.raises(ValueError, match="prompt_template"):
-        make_policy(prompt_template="no placeholder")
+        make_policy(prompt=PromptOptions(template="raw", system_prompt="x"))
+    with pytest.raises(ValueError, match="prompt.template"):
+        make_policy(prompt=PromptOptions(template="no placeholder"))
 
 
 def test_load_from_local_directory(make_policy, tmp_path):
     policy = make_policy(seed=5)
     policy.save_pretrained(tmp_path / "model")
-    loaded = HFPolicy(str(tmp_path / "model"), dtype="float32", attn_implementation="eager")
+    loaded = HFPolicy(
+        model=HFModelOptions(name_or_path=str(tmp_path / "model"), dtype="float32", attn_implementation="eager")
+    )
     for (name, a), (_, b) in zip(policy.named_parameters(), loaded.named_parameters(), strict=True):
         assert torch.equal(a, b), name
-    bf16 = HFPolicy(str(tmp_path / "model"), dtype="bfloat16")
+    bf16 = HFPolicy(model=HFModelOptions(name_or_path=str(tmp_path / "model"), dtype="bfloat16"))
     assert next(bf16.parameters()).dtype == torch.bfloat16
     rollout = bf16.sample({"prompt": PROMPTS[:1]}, n=2, sampling=SamplingConfig(max_new_tokens=4))
     log_probs, _ = bf16.token_log_probs(rollout)
@@ -267,12 +276,15 @@ def test_built_from_yaml_with_jsonargparse(tokenizer_dir):
 policy:
   class_path: rlvr_lightning.policies.HFPolicy
   init_args:
-    config: {{model_type: llama, hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1,
-              num_attention_heads: 2, max_position_embeddings: 128}}
-    tokenizer_name_or_path: {tokenizer_dir}
-    lora_r: 2
-    lora_target_modules: [q_proj]
-    prompt_template: "Q: {{prompt}} A:"
+    model:
+      config: {{model_type: llama, hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1,
+                num_attention_heads: 2, max_position_embeddings: 128}}
+      tokenizer: {tokenizer_dir}
+    lora:
+      r: 2
+      target_modules: [q_proj]
+    prompt:
+      template: "Q: {{prompt}} A:"
 """
     cfg = parser.parse_string(yaml)
     instantiate = getattr(parser, "instantiate", None) or parser.instantiate_classes
@@ -287,19 +299,19 @@ policy:
 def test_missing_model_path_names_it(tmp_path):
     missing = tmp_path / "no_such_model"
     with pytest.raises(FileNotFoundError, match="no_such_model"):
-        HFPolicy(str(missing))
+        HFPolicy(model=HFModelOptions(name_or_path=str(missing)))
 
 
 def test_unfetched_alias_names_the_fetch_command(tmp_path, monkeypatch):
     monkeypatch.setenv("RLVR_CACHE", str(tmp_path))
     with pytest.raises(FileNotFoundError, match="rlvr-models fetch smollm2-135m-instruct"):
-        HFPolicy("smollm2-135m-instruct")
+        HFPolicy(model=HFModelOptions(name_or_path="smollm2-135m-instruct"))
 
 
 def test_unknown_bare_name_mentions_aliases(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(FileNotFoundError, match="not a known model alias") as info:
-        HFPolicy("smollm2-135m-instruckt")
+        HFPolicy(model=HFModelOptions(name_or_path="smollm2-135m-instruckt"))
     assert "smollm2-135m-instruckt" in str(info.value)
 
 
@@ -316,13 +328,15 @@ def test_gguf_with_unsupported_architecture(tmp_path):
     writer.write_tensors_to_file()
     writer.close()
     with pytest.raises(ValueError, match="architecture 'frobnicator'.*cannot load"):
-        HFPolicy(gguf_file=str(path))
+        HFPolicy(model=HFModelOptions(gguf_file=str(path)))
     with pytest.raises(FileNotFoundError, match="nope.gguf"):
-        HFPolicy(gguf_file=str(tmp_path / "nope.gguf"))
+        HFPolicy(model=HFModelOptions(gguf_file=str(tmp_path / "nope.gguf")))
 
 
 def test_prompt_longer_than_context(make_policy):
-    policy = make_policy(config=tiny_llama_config(max_position_embeddings=40), prompt_template="raw")
+    policy = make_policy(
+        model=HFModelOptions(config=tiny_llama_config(max_position_embeddings=40)), prompt=PromptOptions(template="raw")
+    )
     long_prompt = "The quick brown fox jumps over the lazy dog. " * 4
     n_tokens = len(policy.tokenizer(long_prompt)["input_ids"])
     with pytest.raises(ValueError, match=rf"prompt 1 of the batch is {n_tokens} tokens long") as info:
@@ -335,7 +349,7 @@ def test_tokenizer_without_pad_token_uses_eos(tmp_path):
 
     tokenizer_dir = save_tiny_tokenizer(tmp_path / "nopad", with_pad=False)
     with pytest.warns(UserWarning, match="no pad token"):
-        policy = HFPolicy(config=tiny_llama_config(), tokenizer_name_or_path=str(tokenizer_dir))
+        policy = HFPolicy(model=HFModelOptions(config=tiny_llama_config(), tokenizer=str(tokenizer_dir)))
     eos = policy.tokenizer.convert_tokens_to_ids(EOS)
     assert policy.pad_token_id == eos == policy.tokenizer.pad_token_id
     rollout = policy.sample({"prompt": PROMPTS}, n=2, sampling=SamplingConfig(max_new_tokens=5))
@@ -348,6 +362,6 @@ def test_chat_template_required_for_chat_prompts(tmp_path):
     from rlvr_lightning.demos.tiny_lm import save_tiny_tokenizer
 
     tokenizer_dir = save_tiny_tokenizer(tmp_path / "nochat", chat_template=False)
-    policy = HFPolicy(config=tiny_llama_config(), tokenizer_name_or_path=str(tokenizer_dir))
+    policy = HFPolicy(model=HFModelOptions(config=tiny_llama_config(), tokenizer=str(tokenizer_dir)))
     with pytest.raises(ValueError, match="no chat template"):
         policy.sample({"prompt": ["Hi"]}, n=1, sampling=SamplingConfig(max_new_tokens=2))

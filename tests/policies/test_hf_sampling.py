@@ -8,6 +8,7 @@ import torch
 
 from rlvr_lightning.demos.tiny_lm import EOS, bias_tokens, tiny_llama_config
 from rlvr_lightning.generation.sampling_config import SamplingConfig
+from rlvr_lightning.policies.hf_options import GenerationOptions, HFModelOptions, LoRAOptions, PromptOptions
 from tests.policies.comparisons import masked_max_diff
 
 PROMPTS = ["What is 2+3?", "Hi", "Think step by step, then answer: what is the sum of 7 and 12?"]
@@ -132,7 +133,7 @@ def test_greedy_decoding_when_do_sample_is_false(make_policy):
 
 
 def test_min_new_tokens_suppresses_eos(make_policy):
-    policy = make_policy(min_new_tokens=5)
+    policy = make_policy(generation=GenerationOptions(min_new_tokens=5))
     handle = bias_tokens(policy, policy.eos_token_ids, 1e4)  # EOS whenever it is allowed
     rollout = policy.sample({"prompt": PROMPTS}, n=2, sampling=SamplingConfig(max_new_tokens=9))
     handle.remove()
@@ -141,14 +142,14 @@ def test_min_new_tokens_suppresses_eos(make_policy):
     assert not torch.isin(rollout.response_ids[:, :5], torch.tensor(policy.eos_token_ids)).any()
     assert rollout.response_mask.eq(1).all() and not rollout.truncated.any()
     with pytest.raises(ValueError, match="min_new_tokens=-1 is not valid: must be an integer >= 0"):
-        make_policy(min_new_tokens=-1)
+        make_policy(generation=GenerationOptions(min_new_tokens=-1))
 
 
 def test_model_is_in_train_mode_without_dropout(make_policy):
-    policy = make_policy(config=tiny_llama_config(attention_dropout=0.5))
+    policy = make_policy(model=HFModelOptions(config=tiny_llama_config(attention_dropout=0.5)))
     assert policy.model.training
     assert all(m.attention_dropout == 0.0 for m in policy.model.modules() if hasattr(m, "attention_dropout"))
-    kept = make_policy(config=tiny_llama_config(attention_dropout=0.5), disable_dropout=False)
+    kept = make_policy(model=HFModelOptions(config=tiny_llama_config(attention_dropout=0.5), disable_dropout=False))
     assert any(m.attention_dropout == 0.5 for m in kept.model.modules() if hasattr(m, "attention_dropout"))
 
 
@@ -199,7 +200,7 @@ def test_generation_stats(make_policy):
 
 
 def test_sampling_restores_training_mode(make_policy):
-    policy = make_policy(gradient_checkpointing=True, lora_r=2)
+    policy = make_policy(model=HFModelOptions(gradient_checkpointing=True), lora=LoRAOptions(r=2))
     policy.train()
     rollout = policy.sample({"prompt": PROMPTS[:2]}, n=2, sampling=SamplingConfig(max_new_tokens=5))
     assert policy.training and policy.model.training
@@ -215,7 +216,7 @@ def test_finished_rows_dropped_or_padded_keep_log_probs_exact(make_policy, compa
     from rlvr_lightning.generation.loop import generate, left_pad
     from rlvr_lightning.rollout import Rollout
 
-    policy = make_policy(prompt_template="raw")
+    policy = make_policy(prompt=PromptOptions(template="raw"))
     policy.eval()
     handle = bias_tokens(policy, policy.eos_token_ids, 4.0)
     ids, _ = policy.encode_prompts(["a", "The quick brown fox", "What is 2+3?"])

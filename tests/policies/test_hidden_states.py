@@ -6,6 +6,7 @@ import torch
 from torch.testing import assert_close
 
 from rlvr_lightning.generation.sampling_config import SamplingConfig
+from rlvr_lightning.policies.hf_options import GenerationOptions
 from rlvr_lightning.policies.toy_sort import ToySortPolicy
 
 PROMPTS = ["What is 2+3?", "The quick brown fox jumps over the lazy dog.", "ab"]
@@ -45,7 +46,7 @@ def test_toy_eos_ends_the_response():
 
 @pytest.mark.parametrize("share_prompt_prefix", [True, False])
 def test_hf_hidden_states_are_what_the_lm_head_reads(make_policy, share_prompt_prefix):
-    policy = make_policy(share_prompt_prefix=share_prompt_prefix)
+    policy = make_policy(generation=GenerationOptions(share_prompt_prefix=share_prompt_prefix))
     torch.manual_seed(0)
     rollout = policy.sample({"prompt": PROMPTS}, n=4, sampling=SamplingConfig(max_new_tokens=6))
     log_probs, entropy, hidden = policy.token_log_probs_and_hidden(rollout, temperature=0.7, with_entropy=True)
@@ -62,7 +63,10 @@ def test_hf_hidden_states_are_what_the_lm_head_reads(make_policy, share_prompt_p
 
 
 def test_hf_prompt_sharing_does_not_change_the_hidden_states(make_policy):
-    shared, joint = make_policy(share_prompt_prefix=True), make_policy(share_prompt_prefix=False)
+    shared, joint = (
+        make_policy(generation=GenerationOptions(share_prompt_prefix=True)),
+        make_policy(generation=GenerationOptions(share_prompt_prefix=False)),
+    )
     torch.manual_seed(0)
     rollout = shared.sample({"prompt": PROMPTS}, n=4, sampling=SamplingConfig(max_new_tokens=5))
     assert_close(shared.response_hidden_states(rollout), joint.response_hidden_states(rollout), atol=1e-5, rtol=1e-5)
@@ -78,7 +82,7 @@ def test_hf_prompt_sharing_does_not_change_the_hidden_states(make_policy):
 def test_hf_hidden_states_through_the_whole_model(make_policy, share_prompt_prefix):
     """A sharded model gathers the parameters outside its blocks in its own forward: `response_hidden_states` then
     runs the whole model (`decoder_only_hidden_states` off), with the same hidden states."""
-    policy = make_policy(share_prompt_prefix=share_prompt_prefix)
+    policy = make_policy(generation=GenerationOptions(share_prompt_prefix=share_prompt_prefix))
     torch.manual_seed(0)
     rollout = policy.sample({"prompt": PROMPTS}, n=2, sampling=SamplingConfig(max_new_tokens=5))
     calls = []

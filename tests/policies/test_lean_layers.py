@@ -10,6 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
+from rlvr_lightning.policies.hf_options import HFModelOptions
 from rlvr_lightning.policies.lean_layers import RMSNormFunction, SiluMulFunction, apply_lean_layers
 
 
@@ -89,7 +90,10 @@ def test_a_lean_policy_scores_as_the_plain_one(make_policy, packed):
     (prefix-shared and packed scoring) give the plain policy's log-probs, entropies and gradients."""
     from rlvr_lightning.policies import SamplingConfig
 
-    plain, lean = make_policy(lean_activations=False), make_policy(lean_activations=True)
+    plain, lean = (
+        make_policy(model=HFModelOptions(lean_activations=False)),
+        make_policy(model=HFModelOptions(lean_activations=True)),
+    )
     assert lean._output_layer(entropy_gradient=False) is not None and plain._output_layer(False) is None
     torch.manual_seed(0)
     rollout = plain.sample({"prompt": ["ab", "ba c"]}, n=3, sampling=SamplingConfig(max_new_tokens=6))

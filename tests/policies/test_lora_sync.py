@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from rlvr_lightning.policies import ServerGeneration, VLLMGeneration
+from rlvr_lightning.policies.hf_options import LoRAOptions
 from rlvr_lightning.serving.lora_sync import (
     WeightPush,
     adapter_tensors,
@@ -22,7 +23,7 @@ from rlvr_lightning.serving.vllm_weights import named_weights
 
 @pytest.fixture
 def lora_policy(make_policy):
-    return make_policy(lora_r=4)
+    return make_policy(lora=LoRAOptions(r=4))
 
 
 def test_adapter_tensors_carry_pefts_saved_names_and_leave_the_reference_adapter_out(lora_policy):

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from rlvr_lightning.generation.sampling_config import SamplingConfig
+from rlvr_lightning.policies.hf_options import HFModelOptions
 from rlvr_lightning.runtime import model_cache
 
 ALIAS = "smollm2-135m-instruct"
@@ -70,7 +71,7 @@ def test_fetch_downloads_extracts_converts_and_caches(tmp_path, monkeypatch, cap
 def test_smollm2_answers_a_sum():
     from rlvr_lightning.policies.hf import HFPolicy
 
-    policy = HFPolicy(ALIAS)
+    policy = HFPolicy(model=HFModelOptions(name_or_path=ALIAS))
     assert policy.eos_token_ids == [policy.tokenizer.convert_tokens_to_ids("<|im_end|>")]
     torch.manual_seed(0)
     rollout = policy.sample(

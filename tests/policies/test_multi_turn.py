@@ -10,6 +10,7 @@ from scripted_lm import script_weights, transitions
 from rlvr_lightning.demos.tiny_lm import tiny_llama_config
 from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.multiturn.tool_use import ToolUse
+from rlvr_lightning.policies.hf_options import GenerationOptions, HFModelOptions, LoRAOptions, PromptOptions
 from rlvr_lightning.rollout import TokenSource
 from rlvr_lightning.tools import Calculator
 
@@ -22,9 +23,11 @@ def tool_policy(tokenizer_dir, seed=0, **kwargs):
     from rlvr_lightning.policies.hf import HFPolicy
 
     torch.manual_seed(seed)
-    kwargs.setdefault("tools", ToolUse([Calculator()]))
+    kwargs.setdefault("generation", GenerationOptions(tools=ToolUse([Calculator()])))
     policy = HFPolicy(
-        config=tiny_llama_config(), tokenizer_name_or_path=str(tokenizer_dir), prompt_template="raw", **kwargs
+        model=HFModelOptions(config=tiny_llama_config(), tokenizer=str(tokenizer_dir)),
+        prompt=PromptOptions(template="raw"),
+        **kwargs,
     )
     tok = policy.tokenizer
     last = tok("?", add_special_tokens=False)["input_ids"][-1]
@@ -112,7 +115,7 @@ def test_log_probs_on_the_mixed_sequence_equal_a_plain_forward(tool_tokenizer_di
 
 @pytest.mark.parametrize("lora", [False, True])
 def test_prefix_sharing_stays_exact_on_mixed_responses(tool_tokenizer_dir, lora):
-    policy = tool_policy(tool_tokenizer_dir, **({"lora_r": 4} if lora else {}))
+    policy = tool_policy(tool_tokenizer_dir, **({"lora": LoRAOptions(r=4)} if lora else {}))
     torch.manual_seed(0)
     rollout = policy.sample({"prompt": PROMPTS}, 4, SamplingConfig(temperature=0.7, max_new_tokens=24))
     assert (rollout.response_mask == 0).logical_and(rollout.response_source != TokenSource.PAD).any()
@@ -160,7 +163,7 @@ def test_our_loop_caps_each_prompt_on_its_own(tool_tokenizer_dir):
     """The backend hook segmented generation needs: rows continue with different budgets left."""
     from rlvr_lightning.generation.loop import KVCacheGeneration
 
-    policy = tool_policy(tool_tokenizer_dir, tools=None)
+    policy = tool_policy(tool_tokenizer_dir, generation=GenerationOptions())
     ids, _ = policy.encode_prompts(["ab", "The quick brown fox"])
     out = KVCacheGeneration().generate(
         policy.model, policy.tokenizer, ids, 2, SamplingConfig(max_new_tokens=6, min_new_tokens=1),

@@ -10,6 +10,7 @@ import torch
 from rlvr_lightning.modules.options import UpdateConfig
 from rlvr_lightning.modules.update.micro_batches import micro_batches, scored_in_order
 from rlvr_lightning.policies import flex_packing
+from rlvr_lightning.policies.hf_options import HFModelOptions
 from tests.packed_rows import uneven_rollout
 from tests.policies.test_host_syncs import HostSyncCounter
 
@@ -62,7 +63,9 @@ def _pause_forwards(policy, counter, monkeypatch):
 
 @pytest.mark.parametrize("attention", ["flex", "model"])
 def test_a_mini_batch_of_packed_micro_batches_reads_the_host_once(make_policy, counter, monkeypatch, attention):
-    policy = make_policy(packed_attention=attention)  # prefix sharing on: packing is weighed against it, per part
+    policy = make_policy(
+        model=HFModelOptions(packed_attention=attention)
+    )  # prefix sharing on: packing is weighed against it, per part
     policy.packed_sequences = True
     if attention == "model":
         _pause_forwards(policy, counter, monkeypatch)
@@ -78,7 +81,7 @@ def test_a_mini_batch_of_packed_micro_batches_reads_the_host_once(make_policy, c
 
 def test_scoring_by_micro_batch_reads_the_host_once(make_policy, counter):
     """The no-grad passes (old, reference log-probs) put the micro-batches' scores back in the rollout's order."""
-    policy = make_policy(packed_attention="flex")
+    policy = make_policy(model=HFModelOptions(packed_attention="flex"))
     policy.packed_sequences = True
     rollout = uneven_rollout(policy.hf_config.vocab_size)
     from rlvr_lightning.modules.update.micro_batches import micro_batch_parts

@@ -9,6 +9,7 @@ import torch
 
 from rlvr_lightning.core.packing import block_causal_mask, packed_layout, partition_by_tokens
 from rlvr_lightning.policies import packing
+from rlvr_lightning.policies.hf_options import GenerationOptions, HFModelOptions, LoRAOptions
 from tests.packed_rows import PROMPT_LENGTHS, RESPONSE_LENGTHS, uneven_rollout
 
 
@@ -34,7 +35,7 @@ def _assert_same(a, b, tol=1e-5):
 
 @pytest.mark.parametrize("share_prompt_prefix", [False, True])
 def test_packed_scoring_matches_padded(make_policy, share_prompt_prefix):
-    policy = make_policy(share_prompt_prefix=share_prompt_prefix)
+    policy = make_policy(generation=GenerationOptions(share_prompt_prefix=share_prompt_prefix))
     rollout = uneven_rollout(policy.hf_config.vocab_size)
     calls = []
     handle = policy.model.register_forward_pre_hook(
@@ -50,9 +51,11 @@ def test_packed_scoring_matches_padded(make_policy, share_prompt_prefix):
     assert bool((packed[0][3] == 0).all())  # the empty response
 
 
-@pytest.mark.parametrize("options", [{"lora_r": 4, "lora_alpha": 8.0}, {"gradient_checkpointing": True}])
+@pytest.mark.parametrize(
+    "options", [{"lora": LoRAOptions(r=4, alpha=8.0)}, {"model": HFModelOptions(gradient_checkpointing=True)}]
+)
 def test_packed_scoring_matches_padded_with_lora_or_checkpointing(make_policy, options):
-    policy = make_policy(share_prompt_prefix=False, **options)
+    policy = make_policy(generation=GenerationOptions(share_prompt_prefix=False), **options)
     policy.train()
     rollout = uneven_rollout(policy.hf_config.vocab_size, seed=2)
     _assert_same(_scores(policy, rollout, packed=True), _scores(policy, rollout, packed=False))
@@ -60,7 +63,7 @@ def test_packed_scoring_matches_padded_with_lora_or_checkpointing(make_policy, o
 
 def test_explicit_block_mask_matches_padded(make_policy, monkeypatch):
     """A model whose mask is not built by transformers' masking utilities gets the explicit block-diagonal mask."""
-    policy = make_policy(share_prompt_prefix=False)
+    policy = make_policy(generation=GenerationOptions(share_prompt_prefix=False))
     rollout = uneven_rollout(policy.hf_config.vocab_size, seed=1)
     padded = _scores(policy, rollout, packed=False)
     monkeypatch.setattr(packing, "builds_packed_mask", lambda model: False)
@@ -69,7 +72,7 @@ def test_explicit_block_mask_matches_padded(make_policy, monkeypatch):
 
 def test_packing_gives_way_to_prefix_sharing_when_that_runs_fewer_positions(make_policy):
     """Eight rows sharing one long prompt with short responses: prefix sharing (the prompt once) is cheaper."""
-    policy = make_policy(share_prompt_prefix=True)
+    policy = make_policy(generation=GenerationOptions(share_prompt_prefix=True))
     shared = uneven_rollout(policy.hf_config.vocab_size, prompt_lengths=[9] * 8, response_lengths=[2, 3] * 4)
     shared.prompt_ids[:] = shared.prompt_ids[0]
     policy.packed_sequences = True
@@ -119,7 +122,10 @@ def test_packed_scoring_matches_padded_on_a_gpu(make_policy, implementation):
     from rlvr_lightning.runtime.devices import set_compute_device
 
     dtype = torch.bfloat16 if implementation == "flash_attention_2" else torch.float32
-    policy = make_policy(share_prompt_prefix=False, attn_implementation=implementation, packed_attention="model")
+    policy = make_policy(
+        generation=GenerationOptions(share_prompt_prefix=False),
+        model=HFModelOptions(attn_implementation=implementation, packed_attention="model"),
+    )
     policy.to(device="cuda", dtype=dtype)
     set_compute_device(policy, torch.device("cuda"))
     rollout = uneven_rollout(policy.hf_config.vocab_size)

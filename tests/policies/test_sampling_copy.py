@@ -9,6 +9,7 @@ import torch
 from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.modules.async_rollouts import copy_weights
 from rlvr_lightning.multiturn.thinking_budget import ThinkingBudget
+from rlvr_lightning.policies.hf_options import GenerationOptions, LoRAOptions, PromptOptions
 from rlvr_lightning.policies.toy_sort import ToySortPolicy
 
 PROMPTS = {"prompt": ["What is 2+3?", "The quick brown"], "metadata": [{}, {}]}
@@ -29,10 +30,13 @@ def test_sampling_draws_from_the_given_generator_only(kind, make_policy):
         torch.manual_seed(0)
         policy, batch = ToySortPolicy(vocab_size=5, prompt_length=3), {"prompt": [[1, 2, 3], [4, 0, 2]]}
     elif kind == "hf":
-        policy, batch = make_policy(prompt_template="raw"), PROMPTS
+        policy, batch = make_policy(prompt=PromptOptions(template="raw")), PROMPTS
     else:  # generated in segments (tools, thinking budget): the generator reaches every round
         policy, batch = (
-            make_policy(prompt_template="raw", thinking_budget=ThinkingBudget(max_thinking_tokens=2)),
+            make_policy(
+                prompt=PromptOptions(template="raw"),
+                generation=GenerationOptions(thinking_budget=ThinkingBudget(max_thinking_tokens=2)),
+            ),
             PROMPTS,
         )
     first, second, global_untouched = _draws(policy, batch, seed=7)
@@ -49,7 +53,7 @@ def test_sampling_draws_from_the_given_generator_only(kind, make_policy):
 
 @pytest.mark.parametrize("lora", [False, True])
 def test_the_sampling_copy_shares_frozen_weights_and_takes_the_trained_ones(make_policy, lora):
-    policy = make_policy(prompt_template="raw", **({"lora_r": 4} if lora else {}))
+    policy = make_policy(prompt=PromptOptions(template="raw"), **{"lora": LoRAOptions(r=4)} if lora else {})
     copy = policy.sampling_copy()
     assert copy is not policy and copy.tokenizer is policy.tokenizer and copy.generation is policy.generation
     live = dict(policy.named_parameters())

@@ -29,6 +29,7 @@ from sampling_distribution import (
 from rlvr_lightning.demos.tiny_lm import tiny_llama_config
 from rlvr_lightning.generation import kv_cache
 from rlvr_lightning.generation import loop as generation
+from rlvr_lightning.policies.hf_options import HFModelOptions, PromptOptions
 
 SAMPLES = 10_000
 MAX_NEW_TOKENS = 8
@@ -42,7 +43,10 @@ def setup(tokenizer_dir):
     from rlvr_lightning.policies.hf import HFPolicy
 
     torch.manual_seed(3)
-    policy = HFPolicy(config=tiny_llama_config(), tokenizer_name_or_path=str(tokenizer_dir), prompt_template="raw")
+    policy = HFPolicy(
+        model=HFModelOptions(config=tiny_llama_config(), tokenizer=str(tokenizer_dir)),
+        prompt=PromptOptions(template="raw"),
+    )
     peak_distribution(policy.model, policy.eos_token_ids[0])
     prompt = policy.tokenizer(PROMPT)["input_ids"]
     others = [policy.tokenizer(text)["input_ids"] for text in LONGER_PROMPTS]

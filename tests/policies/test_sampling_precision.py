@@ -11,13 +11,18 @@ import torch
 
 from rlvr_lightning.generation.loop import KVCacheGeneration, sample_next_token
 from rlvr_lightning.generation.sampling_config import SamplingConfig
+from rlvr_lightning.policies.hf_options import GenerationOptions, LoRAOptions, PromptOptions
 
 PROMPTS = {"prompt": ["What is 2+3?", "The quick brown"], "metadata": [{}, {}]}
 SAMPLING = SamplingConfig(max_new_tokens=6, min_new_tokens=6)
 
 
 def bf16_policy(make_policy, **kwargs):
-    return make_policy(prompt_template="raw", generation=KVCacheGeneration(dtype="bfloat16"), **kwargs)
+    return make_policy(
+        prompt=PromptOptions(template="raw"),
+        generation=GenerationOptions(backend=KVCacheGeneration(dtype="bfloat16")),
+        **kwargs,
+    )
 
 
 def record_head_dtypes(policy) -> list[torch.dtype]:
@@ -38,7 +43,7 @@ def test_a_bad_sampling_dtype_is_refused_with_the_choices(value):
 
 @pytest.mark.parametrize("lora", [False, True])
 def test_bf16_sampling_runs_a_bf16_pass_and_leaves_the_fp32_weights_alone(make_policy, lora):
-    policy = bf16_policy(make_policy, **({"lora_r": 4} if lora else {}))
+    policy = bf16_policy(make_policy, **({"lora": LoRAOptions(r=4)} if lora else {}))
     before = {name: p.detach().clone() for name, p in policy.named_parameters()}
     seen = record_head_dtypes(policy)
     torch.manual_seed(0)
@@ -57,7 +62,9 @@ def test_bf16_sampling_runs_a_bf16_pass_and_leaves_the_fp32_weights_alone(make_p
 
 
 def test_float32_sampling_of_fp32_weights_uses_the_model_itself(make_policy):
-    policy = make_policy(prompt_template="raw", generation=KVCacheGeneration(dtype="float32"))
+    policy = make_policy(
+        prompt=PromptOptions(template="raw"), generation=GenerationOptions(backend=KVCacheGeneration(dtype="float32"))
+    )
     seen = record_head_dtypes(policy)
     torch.manual_seed(0)
     rollout = policy.sample(PROMPTS, 3, SAMPLING)
@@ -67,7 +74,7 @@ def test_float32_sampling_of_fp32_weights_uses_the_model_itself(make_policy):
 
 
 def test_auto_samples_in_the_autocast_dtype_without_a_copy(make_policy):
-    policy = make_policy(prompt_template="raw")  # KVCacheGeneration(dtype="auto")
+    policy = make_policy(prompt=PromptOptions(template="raw"))  # KVCacheGeneration(dtype="auto")
     seen = record_head_dtypes(policy)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         policy.sample(PROMPTS, 2, SAMPLING)
@@ -79,7 +86,7 @@ def test_auto_samples_in_the_autocast_dtype_without_a_copy(make_policy):
 
 @pytest.mark.parametrize("how", ["optimizer", "in_place", "lora_optimizer"])
 def test_the_bf16_copy_is_refreshed_after_the_weights_change(make_policy, how):
-    policy = bf16_policy(make_policy, **({"lora_r": 4} if how == "lora_optimizer" else {}))
+    policy = bf16_policy(make_policy, **({"lora": LoRAOptions(r=4)} if how == "lora_optimizer" else {}))
     torch.manual_seed(0)
     rollout = policy.sample(PROMPTS, 4, SAMPLING)  # builds the copy
     if how == "in_place":
@@ -104,7 +111,7 @@ def test_the_bf16_copy_is_refreshed_after_the_weights_change(make_policy, how):
 def test_a_sampling_copy_samples_in_bf16_from_its_own_weights(make_policy):
     from rlvr_lightning.modules.async_rollouts import copy_weights
 
-    policy = bf16_policy(make_policy, lora_r=4)
+    policy = bf16_policy(make_policy, lora=LoRAOptions(r=4))
     copy = policy.sampling_copy()
     with torch.no_grad():
         for p in policy.parameters():
@@ -158,9 +165,11 @@ class RenormalisingBackend(KVCacheGeneration):
 def test_renormalised_log_probs_are_not_recorded_for_importance_sampling(make_policy):
     from rlvr_lightning.policies import hf
 
-    policy = make_policy(prompt_template="raw", generation=RenormalisingBackend())
+    policy = make_policy(
+        prompt=PromptOptions(template="raw"), generation=GenerationOptions(backend=RenormalisingBackend())
+    )
     hf.warn_renormalised_log_probs.cache_clear()
     with pytest.warns(UserWarning, match="renormalised over the kept tokens, so the rollouts record no sampling"):
         rollout = policy.sample(PROMPTS, 2, SAMPLING)
     assert rollout.sampling_log_probs is None  # no mismatch metrics and no rollout_is weights from them
-    assert make_policy(prompt_template="raw").sample(PROMPTS, 2, SAMPLING).sampling_log_probs is not None
+    assert make_policy(prompt=PromptOptions(template="raw")).sample(PROMPTS, 2, SAMPLING).sampling_log_probs is not None

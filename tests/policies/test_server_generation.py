@@ -11,6 +11,7 @@ import torch
 
 from rlvr_lightning.cli.errors.run_errors import explain_run_error
 from rlvr_lightning.policies import SamplingConfig, ServerGeneration
+from rlvr_lightning.policies.hf_options import GenerationOptions, PromptOptions
 from rlvr_lightning.serving.client import RolloutServerError
 
 SAMPLING = SamplingConfig(max_new_tokens=3, temperature=0.7)
@@ -153,7 +154,7 @@ def test_filtered_sampling_records_no_sampling_log_probs_and_warns(servers, make
     from rlvr_lightning.policies import hf
 
     backend = ServerGeneration([servers[0].address])
-    policy = make_policy(prompt_template="raw", generation=backend)
+    policy = make_policy(prompt=PromptOptions(template="raw"), generation=GenerationOptions(backend=backend))
     hf.warn_renormalised_log_probs.cache_clear()
     filtered = SamplingConfig(max_new_tokens=3, top_p=0.9)
     with pytest.warns(UserWarning, match="renormalised over the kept tokens, so the rollouts record no sampling"):

@@ -9,6 +9,7 @@ from scripted_lm import script_weights, transitions
 from rlvr_lightning.demos.tiny_lm import bias_tokens, tiny_llama_config
 from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.multiturn.thinking_budget import ThinkingBudget
+from rlvr_lightning.policies.hf_options import GenerationOptions, HFModelOptions, PromptOptions
 from rlvr_lightning.rollout import TokenSource
 
 FORCED = "\nConsidering the limited time, I answer now.\n</think>\n\n"
@@ -19,10 +20,9 @@ def thinking_policy(tokenizer_dir, budget=6, **kwargs):
 
     torch.manual_seed(0)
     return HFPolicy(
-        config=tiny_llama_config(),
-        tokenizer_name_or_path=str(tokenizer_dir),
-        prompt_template="{prompt} <think>",  # R1-Zero style: the prompt opens the thinking
-        thinking_budget=ThinkingBudget(max_thinking_tokens=budget, forced_text=FORCED),
+        model=HFModelOptions(config=tiny_llama_config(), tokenizer=str(tokenizer_dir)),
+        prompt=PromptOptions(template="{prompt} <think>"),  # R1-Zero style: the prompt opens the thinking
+        generation=GenerationOptions(thinking_budget=ThinkingBudget(max_thinking_tokens=budget, forced_text=FORCED)),
         **kwargs,
     )
 
@@ -62,7 +62,8 @@ def test_without_a_budget_the_same_model_thinks_to_the_end(tool_tokenizer_dir):
 
     torch.manual_seed(0)
     policy = HFPolicy(
-        config=tiny_llama_config(), tokenizer_name_or_path=str(tool_tokenizer_dir), prompt_template="{prompt} <think>"
+        model=HFModelOptions(config=tiny_llama_config(), tokenizer=str(tool_tokenizer_dir)),
+        prompt=PromptOptions(template="{prompt} <think>"),
     )
     tok = policy.tokenizer
     bias_tokens(policy, [tok.eos_token_id, tok.convert_tokens_to_ids("</think>")], float("-inf"))
@@ -76,10 +77,9 @@ def test_a_model_that_opens_thinking_itself_is_capped_from_there(tool_tokenizer_
 
     torch.manual_seed(0)
     policy = HFPolicy(
-        config=tiny_llama_config(),
-        tokenizer_name_or_path=str(tool_tokenizer_dir),
-        prompt_template="raw",
-        thinking_budget=ThinkingBudget(max_thinking_tokens=4),
+        model=HFModelOptions(config=tiny_llama_config(), tokenizer=str(tool_tokenizer_dir)),
+        prompt=PromptOptions(template="raw"),
+        generation=GenerationOptions(thinking_budget=ThinkingBudget(max_thinking_tokens=4)),
     )
     tok = policy.tokenizer
     question = tok("What is 2+3?", add_special_tokens=False)["input_ids"]

@@ -13,6 +13,7 @@ import torch
 
 from rlvr_lightning.generation.compute_dtype import compute_dtype
 from rlvr_lightning.policies import SamplingConfig, VLLMGeneration
+from rlvr_lightning.policies.hf_options import GenerationOptions, HFModelOptions
 
 SAMPLING = SamplingConfig(max_new_tokens=2)
 
@@ -84,7 +85,7 @@ def step(policy):
 
 
 def test_bf16_mixed_pushes_bf16_tensors_one_at_a_time_and_its_log_probs_are_not_exact(make_policy, fake_vllm):
-    policy = make_policy(generation=VLLMGeneration(dtype="auto"))
+    policy = make_policy(generation=GenerationOptions(backend=VLLMGeneration(dtype="auto")))
     assert {p.dtype for p in policy.parameters()} == {torch.float32}  # fp32 master weights
     with torch.autocast("cpu", dtype=torch.bfloat16):  # what Lightning's bf16-mixed enters around each step
         rollout = policy.sample({"prompt": ["a b", "c"]}, 2, SAMPLING)
@@ -98,7 +99,7 @@ def test_bf16_mixed_pushes_bf16_tensors_one_at_a_time_and_its_log_probs_are_not_
 
 
 def test_an_fp32_run_pushes_fp32_and_its_unfiltered_log_probs_are_exact(make_policy, fake_vllm):
-    policy = make_policy(generation=VLLMGeneration(dtype="auto"))
+    policy = make_policy(generation=GenerationOptions(backend=VLLMGeneration(dtype="auto")))
     policy.sample({"prompt": ["a b"]}, 2, SAMPLING)
     assert fake_vllm[0].kwargs["dtype"] == "float32" and {dtype for _, dtype, _, _ in fake_vllm[0].pushed} == {
         torch.float32
@@ -108,7 +109,9 @@ def test_an_fp32_run_pushes_fp32_and_its_unfiltered_log_probs_are_exact(make_pol
 
 
 def test_bf16_weights_give_a_bf16_engine(make_policy, fake_vllm):
-    policy = make_policy(dtype="bfloat16", generation=VLLMGeneration(dtype="auto"))  # as bf16-true converts them
+    policy = make_policy(
+        model=HFModelOptions(dtype="bfloat16"), generation=GenerationOptions(backend=VLLMGeneration(dtype="auto"))
+    )  # as bf16-true converts them
     policy.sample({"prompt": ["a b"]}, 1, SAMPLING)
     assert fake_vllm[0].kwargs["dtype"] == "bfloat16" and not policy.sampling_log_probs_exact
 
@@ -116,7 +119,7 @@ def test_bf16_weights_give_a_bf16_engine(make_policy, fake_vllm):
 @pytest.mark.parametrize("level", [1, 2])
 def test_waking_up_takes_the_weights_then_the_push_then_the_kv_cache(make_policy, fake_vllm, monkeypatch, level):
     fake_gpu(monkeypatch)
-    policy = make_policy(generation=VLLMGeneration(dtype="float32", sleep_level=level))
+    policy = make_policy(generation=GenerationOptions(backend=VLLMGeneration(dtype="float32", sleep_level=level)))
     policy.sample({"prompt": ["a b"]}, 1, SAMPLING)
     engine = fake_vllm[0]
     assert engine.calls == ["reload_weights", "reset_prefix_cache", "generate", f"sleep({level})"]

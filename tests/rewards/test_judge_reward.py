@@ -8,6 +8,7 @@ from torch import nn
 
 from rlvr_lightning.demos.tiny_lm import EOS, bias_tokens, save_tiny_tokenizer, tiny_llama_config
 from rlvr_lightning.policies.base import Policy
+from rlvr_lightning.policies.hf_options import HFModelOptions, PromptOptions
 from rlvr_lightning.rewards.judge import GenerativeJudgeReward, parse_score
 from rlvr_lightning.rewards.judge_prompt import (
     JudgePrompt,
@@ -152,7 +153,10 @@ def tiny_judge(tokenizer_dir, seed=0):
     from rlvr_lightning.policies.hf import HFPolicy
 
     torch.manual_seed(seed)
-    return HFPolicy(config=tiny_llama_config(), tokenizer_name_or_path=str(tokenizer_dir), prompt_template="chat")
+    return HFPolicy(
+        model=HFModelOptions(config=tiny_llama_config(), tokenizer=str(tokenizer_dir)),
+        prompt=PromptOptions(template="chat"),
+    )
 
 
 def test_tiny_hf_judge_forced_to_answer_seven(tokenizer_dir):

@@ -4,7 +4,8 @@ jsonargparse builds the innermost classes first: a module's policy (which loads 
 whose `group_size` is 0. `check_options_early` checks every section of the config that names a class of ours
 or a torch optimizer (`class_path`) before anything is built:
 
-* the class's `OPTION_RANGES` (`rlvr_lightning.runtime.option_domains`) against the section's `init_args`;
+* the domains the class declares beside its options (`Annotated[int, Option(help, domain)]`,
+  `rlvr_lightning.runtime.option_declarations`) against the section's `init_args`;
 * its option groups (frozen dataclasses: `update: {epochs: 0}`), built from their values, so they check
   themselves;
 * a torch optimizer's `lr`, `weight_decay`, `eps` and `momentum`: finite and >= 0;
@@ -25,7 +26,8 @@ from typing import Any
 from rlvr_lightning.cli.errors.problem import import_class
 from rlvr_lightning.evaluation.report import EvalOptions
 from rlvr_lightning.modules.options import ValidationConfig
-from rlvr_lightning.runtime.option_domains import NON_NEGATIVE, OptionValueError, Range, is_finite_number
+from rlvr_lightning.runtime.option_declarations import declared_domains
+from rlvr_lightning.runtime.option_domains import NON_NEGATIVE, OneOf, OptionValueError, Range, is_finite_number
 
 OPTIMIZER_RANGES = {"lr": NON_NEGATIVE, "weight_decay": NON_NEGATIVE, "eps": NON_NEGATIVE, "momentum": NON_NEGATIVE}
 CHECKED_MODULES = ("rlvr_lightning.", "torch.optim.")
@@ -88,7 +90,7 @@ def _check_section(class_path: str, init_args: Mapping[str, Any], path: str, sec
     if dataclasses.is_dataclass(cls):
         _build_group(cls, init_args, base, section_class, "")
         return
-    ranges = dict(getattr(cls, "OPTION_RANGES", {}))
+    ranges = declared_domains(cls)
     if _is_optimizer(cls):
         ranges = {**OPTIMIZER_RANGES, **ranges}
     for name, value in init_args.items():
@@ -99,7 +101,7 @@ def _check_section(class_path: str, init_args: Mapping[str, Any], path: str, sec
             _build_group(group, value, f"{base}.{name}", section_class, f"{name}.")
 
 
-def _check(domain: Range | None, name: str, value: Any, option: str, section_class: str | None) -> None:
+def _check(domain: Range | OneOf | None, name: str, value: Any, option: str, section_class: str | None) -> None:
     try:
         if domain is not None:
             domain.check(name, value)
@@ -114,7 +116,7 @@ def _build_group(group: type, values: Mapping[str, Any], path: str, section_clas
     checks itself; its error names the field it starts with (`update.epochs=0 ...`). `label`: the group's name
     and a dot, as messages name its fields."""
     fields = {field.name for field in dataclasses.fields(group)}
-    ranges = getattr(group, "OPTION_RANGES", {})
+    ranges = declared_domains(group)
     for name, value in values.items():
         _check(ranges.get(name), label + name, value, f"{path}.{name}", section_class)
     try:
