@@ -106,6 +106,7 @@ class HFPolicy(HFScoring, Policy):
         ] = GenerationOptions(),
     ) -> None:
         super().__init__()
+        _check_groups(model=model, lora=lora, prompt=prompt, generation=generation)
         if lora.r > 0 and not hf_loading.peft_installed():  # before the model loads
             raise ImportError(hf_loading.PEFT_MISSING)
         self.model_name_or_path = model.name_or_path
@@ -298,6 +299,19 @@ def _row_metadata(metadata: list[dict], n: int, row_info: list[dict] | None) -> 
     for row, info in zip(rows, row_info or [], strict=False):
         row.update(info)
     return rows
+
+
+GROUPS = {"model": HFModelOptions, "lora": LoRAOptions, "prompt": PromptOptions, "generation": GenerationOptions}
+
+
+def _check_groups(**groups: Any) -> None:
+    """A clear error for a group given as something else (in Python, e.g. a backend as `generation`)."""
+    for name, value in groups.items():
+        if not isinstance(value, GROUPS[name]):
+            raise TypeError(
+                f"HFPolicy {name}= takes a {GROUPS[name].__name__}, got {type(value).__name__}: "
+                f"e.g. HFPolicy(generation=GenerationOptions(backend=VLLMGeneration()), lora=LoRAOptions(r=16))"
+            )
 
 
 def _load_tokenizer(

@@ -12,7 +12,7 @@ import torch
 from sampling_distribution import compare, peak_distribution, policy_sample
 
 from rlvr_lightning.policies import VLLMGeneration
-from rlvr_lightning.policies.hf_options import HFModelOptions, PromptOptions
+from rlvr_lightning.policies.hf_options import GenerationOptions, HFModelOptions, PromptOptions
 
 SAMPLES = 10_000
 MAX_NEW_TOKENS = 8
@@ -38,7 +38,7 @@ def policies(tokenizer_dir):
         return policy
 
     ours = make()
-    engine = make(generation=VLLMGeneration(dtype="float32", kv_cache_memory_gib=0.25))
+    engine = make(generation=GenerationOptions(backend=VLLMGeneration(dtype="float32", kv_cache_memory_gib=0.25)))
     assert all(torch.equal(a, b) for a, b in zip(ours.state_dict().values(), engine.state_dict().values(), strict=True))
     tokenizer = ours.tokenizer
     prompts = {

@@ -365,3 +365,12 @@ def test_chat_template_required_for_chat_prompts(tmp_path):
     policy = HFPolicy(model=HFModelOptions(config=tiny_llama_config(), tokenizer=str(tokenizer_dir)))
     with pytest.raises(ValueError, match="no chat template"):
         policy.sample({"prompt": ["Hi"]}, n=1, sampling=SamplingConfig(max_new_tokens=2))
+
+
+def test_a_backend_given_as_the_generation_group_is_a_clear_error(make_policy):
+    from rlvr_lightning.generation import KVCacheGeneration
+
+    with pytest.raises(
+        TypeError, match=r"HFPolicy generation= takes a GenerationOptions, got KVCacheGeneration: e\.g\."
+    ):
+        make_policy(generation=KVCacheGeneration())
