@@ -107,16 +107,19 @@ def main(argv: list[str]) -> int:
 def run_until_stopped(command: list[str], env: dict[str, str], stop_timeout_s: float) -> int:
     """Run `command` to its end; after SIGINT or SIGTERM (passed on to it), kill it and its descendants if it has
     not exited within `stop_timeout_s`, or at a second signal. Returns its exit code (128 + N: killed by signal N)."""
-    process = subprocess.Popen(command, env=env)
     signals: list[int] = []
+    process: subprocess.Popen | None = None
 
     def pass_on(signum: int, frame) -> None:
         signals.append(signum)
-        if len(signals) == 1:
+        if len(signals) == 1 and process is not None:
             process.send_signal(signum)
 
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, pass_on)
+    process = subprocess.Popen(command, env=env)
+    if signals:  # one that came while it started
+        process.send_signal(signals[0])
     deadline = None
     while process.poll() is None:
         if signals and deadline is None:
