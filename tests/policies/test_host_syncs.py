@@ -38,6 +38,29 @@ class HostSyncCounter(TorchDispatchMode):
                 self.counts[f"{name} with a boolean mask"] += 1
         return func(*args, **(kwargs or {}))
 
+    def count_tolist(self, monkeypatch) -> None:
+        """Count `Tensor.tolist` too (a read of the device this mode does not see as an operator)."""
+        tolist = torch.Tensor.tolist
+
+        def counting_tolist(tensor):
+            if not self.paused:
+                self.counts["tolist"] += 1
+            return tolist(tensor)
+
+        monkeypatch.setattr(torch.Tensor, "tolist", counting_tolist)
+
+    def uncounted(self, function):
+        """`function`, with nothing counted while it runs."""
+
+        def paused(*args, **kwargs):
+            self.paused += 1
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self.paused -= 1
+
+        return paused
+
 
 @pytest.fixture
 def counted(monkeypatch):
@@ -45,27 +68,11 @@ def counted(monkeypatch):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     counter = HostSyncCounter()
-    tolist = torch.Tensor.tolist
-
-    def counting_tolist(self):
-        if not counter.paused:
-            counter.counts["tolist"] += 1
-        return tolist(self)
-
-    monkeypatch.setattr(torch.Tensor, "tolist", counting_tolist)
+    counter.count_tolist(monkeypatch)
     monkeypatch.setattr(generation, "host_reads_are_free", lambda device: False, raising=False)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**tiny_llama_config(vocab_size=64))).eval()
-    forward = model.forward
-
-    def paused_forward(*args, **kwargs):
-        counter.paused += 1
-        try:
-            return forward(*args, **kwargs)
-        finally:
-            counter.paused -= 1
-
-    monkeypatch.setattr(model, "forward", paused_forward)
+    monkeypatch.setattr(model, "forward", counter.uncounted(model.forward))
     return counter, model
 
 
@@ -128,15 +135,7 @@ def test_static_decoding_reads_the_host_once_per_block_of_steps(counted, monkeyp
     counter, _ = counted
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**tiny_llama_config(vocab_size=64))).eval()
-    prefill = static_cache.prefill
-
-    def paused_prefill(*args):
-        counter.paused += 1
-        try:
-            return prefill(*args)
-        finally:
-            counter.paused -= 1
-
+    paused_prefill = counter.uncounted(static_cache.prefill)
     monkeypatch.setattr(static_cache, "prefill", paused_prefill)
     monkeypatch.setattr("rlvr_lightning.generation.static_generation.prefill", paused_prefill)
     ids, mask = left_pad([[5, 6, 7, 8], [9, 10], [11, 12, 13]], pad_id=0)

@@ -22,24 +22,8 @@ def counter(monkeypatch):
     """Counts `tolist` too; FlexAttention's CPU stand-in (an expanded mask for SDPA, not what a GPU runs) is not
     counted, nor, on the model's own kernel, its forward (transformers' packed-mask check reads one value)."""
     counter = HostSyncCounter()
-    tolist = torch.Tensor.tolist
-
-    def counting_tolist(self):
-        if not counter.paused:
-            counter.counts["tolist"] += 1
-        return tolist(self)
-
-    monkeypatch.setattr(torch.Tensor, "tolist", counting_tolist)
-    kernel = flex_packing.packed_flex_attention
-
-    def paused_kernel(*args, **kwargs):
-        counter.paused += 1
-        try:
-            return kernel(*args, **kwargs)
-        finally:
-            counter.paused -= 1
-
-    monkeypatch.setattr(flex_packing, "packed_flex_attention", paused_kernel)
+    counter.count_tolist(monkeypatch)
+    monkeypatch.setattr(flex_packing, "packed_flex_attention", counter.uncounted(flex_packing.packed_flex_attention))
     flex_packing.register_flex_attention.cache_clear()
     yield counter
     flex_packing.register_flex_attention.cache_clear()
@@ -49,16 +33,7 @@ def counter(monkeypatch):
 def _pause_forwards(policy, counter, monkeypatch):
     """The model's and its decoder's forwards (the lean output layer runs the decoder alone) are not counted."""
     for module in (policy.model, policy.base_model.get_decoder()):
-        forward = module.forward
-
-        def paused(*args, _forward=forward, **kwargs):
-            counter.paused += 1
-            try:
-                return _forward(*args, **kwargs)
-            finally:
-                counter.paused -= 1
-
-        monkeypatch.setattr(module, "forward", paused)
+        monkeypatch.setattr(module, "forward", counter.uncounted(module.forward))
 
 
 @pytest.mark.parametrize("attention", ["flex", "model"])
