@@ -42,31 +42,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-SHAPES = {  # the models' configs (SmolLM2-135M-Instruct, Qwen2.5-1.5B-Instruct), random weights
-    "smollm2": dict(
-        model_type="llama",
-        hidden_size=576,
-        num_hidden_layers=30,
-        num_attention_heads=9,
-        num_key_value_heads=3,
-        intermediate_size=1536,
-        vocab_size=49152,
-        rope_theta=100000.0,
-        tie_word_embeddings=True,
-        max_position_embeddings=8192,
-    ),
-    "qwen2.5-1.5b": dict(
-        model_type="qwen2",
-        hidden_size=1536,
-        num_hidden_layers=28,
-        num_attention_heads=12,
-        num_key_value_heads=2,
-        intermediate_size=8960,
-        vocab_size=151936,
-        rope_theta=1000000.0,
-        tie_word_embeddings=True,
-        max_position_embeddings=32768,
-    ),
+from rlvr_lightning.demos.model_shapes import QWEN2_5_1_5B, SMOLLM2_135M  # noqa: E402
+
+SHAPES = {  # the models' configs, random weights
+    "smollm2": SMOLLM2_135M,
+    "qwen2.5-1.5b": QWEN2_5_1_5B,
     "tiny": dict(
         model_type="llama",
         hidden_size=128,

@@ -33,6 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from rlvr_lightning.demos.model_shapes import QWEN2_5_1_5B
 from rlvr_lightning.policies.hf_options import HFModelOptions
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -43,21 +44,6 @@ ROOT = Path(__file__).resolve().parents[1]
 
 MB = 2**20
 LEGS = ("ddp", "fsdp2")
-# Qwen2.5-1.5B's shape (its config.json), random weights; the tokenizer is SmolLM2's (vocab 49k <= 151k)
-QWEN25_15B = {
-    "model_type": "qwen2",
-    "hidden_size": 1536,
-    "intermediate_size": 8960,
-    "num_hidden_layers": 28,
-    "num_attention_heads": 12,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 32768,
-    "vocab_size": 151936,
-    "rope_theta": 1000000.0,
-    "rms_norm_eps": 1e-6,
-    "tie_word_embeddings": True,
-    "use_sliding_window": False,
-}
 
 
 def _nbytes(tensor) -> int:
@@ -131,7 +117,8 @@ def _policy(args, work: Path) -> dict:
             "tokenizer": str(tokenizer),
         }
     if args.model == "qwen2.5-1.5b-random":
-        return {"config": QWEN25_15B, "tokenizer": "smollm2-135m-instruct"}
+        # Qwen2.5-1.5B's shape, random weights; the tokenizer is SmolLM2's (vocab 49k <= 151k)
+        return {"config": QWEN2_5_1_5B, "tokenizer": "smollm2-135m-instruct"}
     return {"name_or_path": args.model}
 
 

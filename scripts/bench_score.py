@@ -38,24 +38,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from rlvr_lightning.demos.model_shapes import SMOLLM2_135M  # noqa: E402
 from rlvr_lightning.demos.tiny_lm import save_tiny_tokenizer, tiny_llama_config  # noqa: E402
 from rlvr_lightning.policies.hf import HFPolicy  # noqa: E402
 from rlvr_lightning.policies.hf_options import GenerationOptions, HFModelOptions  # noqa: E402
 from rlvr_lightning.rollout import Rollout  # noqa: E402
 from rlvr_lightning.runtime.devices import set_compute_device  # noqa: E402
 
-SMOLLM2 = dict(  # SmolLM2-135M-Instruct's config, random weights
-    model_type="llama",
-    hidden_size=576,
-    num_hidden_layers=30,
-    num_attention_heads=9,
-    num_key_value_heads=3,
-    intermediate_size=1536,
-    vocab_size=49152,
-    rope_theta=100000.0,
-    tie_word_embeddings=True,
-    max_position_embeddings=8192,
-)
 TINY = tiny_llama_config(hidden_size=72, num_attention_heads=9, num_key_value_heads=3, vocab_size=320)
 VARIANTS = {  # name: (packed_sequences, packed_attention)
     "padded": (False, "model"),
@@ -143,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     rows = args.rows or (4 if args.tiny else 32)
     prompt, response = args.prompt or (12 if args.tiny else 256), args.response or (20 if args.tiny else 512)
-    config = TINY if args.tiny else SMOLLM2
+    config = TINY if args.tiny else SMOLLM2_135M
     torch.manual_seed(0)
     tokenizer = save_tiny_tokenizer(Path(tempfile.mkdtemp()) / "tokenizer")
     policy = HFPolicy(
