@@ -72,79 +72,42 @@ class RLVRModule(PolicyModule):
     def __init__(
         self,
         policy: Annotated[Policy, Option("the model being trained (ToySortPolicy, HFPolicy, ...).")],
-        optimizer: Annotated[
-            OptimizerCallable, Option("the optimizer's class and options (class_path, init_args); default Adam.")
-        ] = torch.optim.Adam,
-        lr_scheduler: Annotated[
-            LRSchedulerCallable | None,
-            Option("a learning-rate scheduler, stepped with every optimizer step (null: none)."),
-        ] = None,
+        optimizer: Annotated[OptimizerCallable, Option("the optimizer (class_path, init_args); default Adam.")] = (
+            torch.optim.Adam
+        ),
+        lr_scheduler: Annotated[LRSchedulerCallable | None, Option("stepped at every optimizer step.")] = None,
         group_size: Annotated[int, Option("responses sampled per prompt.", POSITIVE_INT)] = 8,
-        sampling: Annotated[
-            SamplingConfig | None,
-            Option("how responses are sampled (temperature, max_new_tokens, ...); log-probs use its temperature."),
-        ] = None,
+        sampling: Annotated[SamplingConfig | None, Option("how responses are sampled; log-probs use it too.")] = None,
         loss: Annotated[
             PolicyLoss | str,
             Option(
                 "the per-token policy loss: pg | ratio | ppo_clip | gspo | cispo | sapo | luspo | vespo | clip_cov | "
-                "kl_cov | high_entropy (the built-in with its defaults), or a PolicyLoss by class_path and "
-                "init_args (e.g. rlvr_lightning.core.PPOClip)."
+                "kl_cov | high_entropy, or a PolicyLoss by class_path (e.g. rlvr_lightning.core.PPOClip)."
             ),
         ] = "ppo_clip",
-        aggregation: Annotated[
-            AggregationConfig,
-            Option("how token losses become the back-propagated scalar (mode, constant, count_empty_rows)."),
-        ] = AggregationConfig(),
-        kl: Annotated[
-            KLConfig,
-            Option("the KL penalty to a reference (coef, estimator, mode, clamp, refresh_every, mixup_alpha)."),
-        ] = KLConfig(),
-        entropy_coef: Annotated[
-            float, Option("weight of the entropy bonus subtracted from the per-token loss.", NON_NEGATIVE)
-        ] = 0.0,
+        aggregation: Annotated[AggregationConfig, Option("token losses to the scalar.")] = AggregationConfig(),
+        kl: Annotated[KLConfig, Option("the KL penalty to a reference.")] = KLConfig(),
+        entropy_coef: Annotated[float, Option("weight of the entropy bonus.", NON_NEGATIVE)] = 0.0,
         rollout_is: Annotated[
-            ImportanceSamplingConfig,
-            Option(
-                "importance-sampling correction of the sampler/trainer mismatch (mode, max, min); the mismatch "
-                "itself is logged (train/mismatch/*) whenever the policy records sampling log-probs."
-            ),
+            ImportanceSamplingConfig, Option("importance-sampling correction of the sampler/trainer mismatch.")
         ] = ImportanceSamplingConfig(),
         rollout_staleness: Annotated[
             int,
             Option(
-                "K >= 0. 0: each step samples, then trains; K >= 1: the next rollout is sampled in a background "
-                "thread while this one trains, and trained on K updates later (AReaL's decoupled PPO; "
-                "rollout_is.mode null: token_mask)."
+                "0: each step samples, then trains; K >= 1: the next rollout is sampled in the background and "
+                "trained on K updates later (AReaL's decoupled PPO; rollout_is.mode null: token_mask)."
             ),
         ] = 0,
-        dynamic_sampling: Annotated[
-            DynamicSamplingConfig, Option("DAPO's dynamic sampling (enabled, max_rounds).")
-        ] = DynamicSamplingConfig(),
-        update: Annotated[
-            UpdateConfig,
-            Option(
-                "the inner update (epochs, mini_batch_size, micro_batch_size, micro_batch_tokens, max_grad_norm, "
-                "max_consecutive_skips)."
-            ),
-        ] = UpdateConfig(),
-        validation: Annotated[
-            ValidationConfig,
-            Option("responses per validation prompt and greedy decoding (group_size, greedy)."),
-        ] = ValidationConfig(),
+        dynamic_sampling: Annotated[DynamicSamplingConfig, Option("DAPO's dynamic sampling.")] = (
+            DynamicSamplingConfig()
+        ),
+        update: Annotated[UpdateConfig, Option("the inner update (epochs, mini- and micro-batches).")] = UpdateConfig(),
+        validation: Annotated[ValidationConfig, Option("how validation samples.")] = ValidationConfig(),
         teacher: Annotated[
-            Policy | None,
-            Option(
-                "on-policy distillation's frozen teacher, a policy with the student's tokenizer that scores the "
-                "sampled tokens (not trained, not checkpointed; null: no distillation)."
-            ),
+            Policy | None, Option("on-policy distillation's frozen teacher (same tokenizer; null: none).")
         ] = None,
         distillation: Annotated[
-            DistillationConfig,
-            Option(
-                "with a teacher, the weights of the distillation loss and of the policy loss (coef, rl_coef; "
-                "rl_coef 0: distillation alone)."
-            ),
+            DistillationConfig, Option("with a teacher: the distillation and policy losses' weights.")
         ] = DistillationConfig(),
     ) -> None:
         check_options(RLVRModule, locals())
