@@ -76,7 +76,7 @@ def use_flex(choice: str, model: nn.Module, config: Any, device: torch.device, c
     if refusal is None:
         return True
     if choice == "flex":
-        raise ValueError(f"HFPolicy packed_attention='flex': {refusal}; valid here: auto, model")
+        raise ValueError(f"HFPolicy model.packed_attention='flex': {refusal}; valid here: auto, model")
     return False
 
 
