@@ -285,6 +285,40 @@ def curriculum_figure(name: str, bench_args: tuple[str, ...], no_filter: Band, f
     )
 
 
+REASONING_GYM_DATASETS = ("basic_arithmetic", "leg_counting", "letter_counting")
+# (held-out greedy accuracy before, after 40 steps, after minus before) per dataset, every seed
+REASONING_GYM_BANDS: dict[str, tuple[Band, Band, Band]] = {
+    "basic_arithmetic": (Band(0.0, 1.0), Band(0.0, 1.0), Band(-1.0, 1.0)),
+    "leg_counting": (Band(0.0, 1.0), Band(0.0, 1.0), Band(-1.0, 1.0)),
+    "letter_counting": (Band(0.0, 1.0), Band(0.0, 1.0), Band(-1.0, 1.0)),
+}
+
+
+def reasoning_gym_figure() -> Figure:
+    """configs/reasoning_gym_smollm2.yaml: held-out accuracy per dataset before (`rlvr validate` of the untrained
+    model) and after the recipe's 40 rollout steps (its last validation), and the curriculum's levels."""
+    config = "configs/reasoning_gym_smollm2.yaml"
+    metrics = []
+    for dataset in REASONING_GYM_DATASETS:
+        column = f"val/reasoning_gym/{dataset}/accuracy"
+        before, after = csv_final("before/version_0/metrics.csv", column), csv_final(CSV_LOG, column)
+        bands = REASONING_GYM_BANDS[dataset]
+        metrics += [
+            Metric(f"{dataset}_before", before, bands[0], f"{column} of `rlvr validate` before training", percent=True),
+            Metric(f"{dataset}_after", after, bands[1], f"last {column} of {CSV_LOG} (step 40)", percent=True),
+            Metric(f"{dataset}_gain", difference(after, before), bands[2], "after minus before, same seed", percent=True),
+        ]
+    return Figure(
+        "reasoning_gym_smollm2",
+        "docs/environments.md: SmolLM2 on three reasoning-gym datasets",
+        (rlvr_fit(config, subcommand="validate", log_name="before"), rlvr_fit(config)),
+        tuple(metrics),
+        curves=tuple(
+            Curve(f"{dataset} level", CSV_LOG, f"curriculum/{dataset}/level") for dataset in REASONING_GYM_DATASETS
+        ),
+    )
+
+
 def language_model_figures() -> list[Figure]:
     train = ("bash", "{repo}/scripts/train_smollm2_arithmetic.sh", "{run_dir}", "--seed_everything", "{seed}")
     calculator = "{repo}/configs/smollm2_calculator.yaml"
@@ -340,6 +374,7 @@ def language_model_figures() -> list[Figure]:
             ),
             curves=(Curve("train accuracy (T = 1)", CSV_LOG, "train/rewards/math_accuracy"),),
         ),
+        reasoning_gym_figure(),
         Figure(
             "async_curves",
             "docs/benchmarks.md: Asynchronous rollouts",
