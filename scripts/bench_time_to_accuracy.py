@@ -16,14 +16,20 @@ of TRL's training seconds.
     python scripts/bench_time_to_accuracy.py distill --out runs/tta --teacher_seed 0 --seeds 0
     python scripts/bench_time_to_accuracy.py distill_report --out runs/tta --plot docs/figures/distill_smollm2.png
 
-`distill` takes our leg's final checkpoint of `--teacher_seed` as the teacher and runs on-policy distillation
-alone and mixed with GRPO (configs/smollm2_distill.yaml) from the same warm-up, evaluated the same way;
-`distill_report` compares them with our GRPO leg by step and by training time.
+`distill` takes our leg's final checkpoint of `--teacher_seed` (or the checkpoint `--teacher`) as the teacher and
+runs on-policy distillation alone and mixed with GRPO (configs/smollm2_distill.yaml) from the same warm-up,
+evaluated the same way; `distill_report` compares them with our GRPO leg by step and by training time.
+
+`--legs` picks other legs (`ours ours_bf16`: bf16 sampling against fp32), and `--sequential` runs them one after
+the other without pinning them to a core (as `scripts/learning_suite.py` runs its seeds). Commands on the same
+`--out` wait for each other (a file lock), so several may share one teacher's directory.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import json
 import os
 import statistics
@@ -74,25 +80,36 @@ def done(path: Path, steps: int) -> bool:
     return path.exists() and json.loads(path.read_text())["points"][-1]["step"] >= steps
 
 
+@contextlib.contextmanager
+def holding(out: Path):
+    """The directory's lock: commands on the same `--out` (a shared teacher) run one at a time."""
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / ".lock").open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
 def run_legs(args, legs: tuple[str, ...], extra: list[str] = ()) -> None:
     """Each seed's legs side by side, one per core (the first leg's core alternates with the seed); with
     `--one_core`, one after the other on core 0 (decoding reads memory: two legs side by side slow each other
-    down, 2-3x on a 2-core machine)."""
+    down, 2-3x on a 2-core machine); with `--sequential`, one after the other, not pinned."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "scripts")}
+    one_core, sequential = getattr(args, "one_core", False), getattr(args, "sequential", False)
     for seed in args.seeds:
         running = []
         for core, leg in enumerate(legs if seed % 2 == 0 else legs[::-1]):
-            core = 0 if getattr(args, "one_core", False) else core
+            core = 0 if one_core else core
             if done(args.out / f"{leg}_s{seed}.json", args.steps):
                 continue
+            pin = [] if sequential else ["taskset", "-c", str(core)]
             command = [
-                "taskset", "-c", str(core), sys.executable, str(ROOT / "scripts" / "time_to_accuracy_legs.py"), leg,
+                *pin, sys.executable, str(ROOT / "scripts" / "time_to_accuracy_legs.py"), leg,
                 "--out", str(args.out), "--seed", str(seed), "--steps", str(args.steps),
                 "--eval_every", str(args.eval_every), "--num_eval", str(args.num_eval), *extra,
             ]  # fmt: skip
             log = open(args.out / f"{leg}_s{seed}.log", "w")
             running.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT))
-            if getattr(args, "one_core", False) and running[-1].wait() != 0:
+            if (one_core or sequential) and running[-1].wait() != 0:
                 raise SystemExit(f"a leg failed: {' '.join(command)} (see its log in {args.out})")
         for process in running:
             if process.wait() != 0:
@@ -100,17 +117,19 @@ def run_legs(args, legs: tuple[str, ...], extra: list[str] = ()) -> None:
 
 
 def cmd_run(args) -> None:
-    args.out.mkdir(parents=True, exist_ok=True)
-    warm_up(args.out)
-    run_legs(args, LEGS)
+    with holding(args.out):
+        warm_up(args.out)
+        run_legs(args, tuple(args.legs))
     cmd_report(args)
 
 
 def cmd_distill(args) -> None:
-    teacher = args.out / f"ours_s{args.teacher_seed}" / "checkpoints" / "final.ckpt"
+    teacher = args.teacher or args.out / f"ours_s{args.teacher_seed}" / "checkpoints" / "final.ckpt"
     if not teacher.exists():
         raise SystemExit(f"no teacher: {teacher} is written by `run --seeds {args.teacher_seed}` (our leg)")
-    run_legs(args, DISTILL_LEGS, ["--teacher", str(teacher)])
+    with holding(args.out):
+        warm_up(args.out)
+        run_legs(args, tuple(args.legs), ["--teacher", str(teacher)])
     report_distill(args)
 
 
@@ -131,7 +150,7 @@ def time_to_accuracy(ours: dict, trl: dict, clock: str = "train_seconds") -> tup
 
 
 def cmd_report(args) -> None:
-    runs = {key: run for key, run in load(args.out).items() if key[0] in LEGS}
+    runs = {key: run for key, run in load(args.out).items() if key[0] in (*LEGS, "ours_bf16")}
     print("| leg | seed | step 0 | final step | final accuracy | training min | median step s |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for (leg, seed), run in sorted(runs.items()):
@@ -207,12 +226,15 @@ def main(argv: list[str] | None = None) -> None:
     sub = parser.add_subparsers(required=True)
     run = sub.add_parser("run", help="warm-up once, then both legs of each seed side by side")
     run.add_argument("--seeds", type=int, nargs="+", default=[0])
+    run.add_argument("--legs", nargs="+", choices=("ours", "trl", "ours_bf16"), default=list(LEGS))
     run.set_defaults(fn=cmd_run)
     report = sub.add_parser("report", help="the table (and plot) of the finished legs")
     report.set_defaults(fn=cmd_report)
     distill = sub.add_parser("distill", help="distillation and distillation + GRPO from our leg's final checkpoint")
     distill.add_argument("--teacher_seed", type=int, default=0, help="the teacher: `run`'s our leg of this seed")
+    distill.add_argument("--teacher", type=Path, default=None, help="the teacher's checkpoint instead")
     distill.add_argument("--seeds", type=int, nargs="+", default=[0])
+    distill.add_argument("--legs", nargs="+", choices=DISTILL_LEGS, default=list(DISTILL_LEGS))
     distill.set_defaults(fn=cmd_distill)
     distill_report = sub.add_parser("distill_report", help="the table (and plot) of the distillation legs")
     distill_report.add_argument("--legs", nargs="+", choices=list(NAMES), default=None, help="these legs instead")
@@ -220,6 +242,7 @@ def main(argv: list[str] | None = None) -> None:
     for command in (run, distill):
         command.add_argument("--steps", type=int, default=100, help="rollout steps of each leg")
         command.add_argument("--one_core", action="store_true", help="the legs one after the other on core 0")
+        command.add_argument("--sequential", action="store_true", help="the legs one after the other, not pinned")
         command.add_argument("--eval_every", type=int, default=10)
         command.add_argument("--num_eval", type=int, default=100, help="held-out problems decoded greedily")
     for command in (run, report, distill, distill_report):

@@ -138,9 +138,7 @@ def difference(
 CSV_LOG = "csv/version_0/metrics.csv"
 
 
-def rlvr_fit(
-    config: str, *extra: str, cwd: str = "run_dir", log_name: str = "csv", subcommand: str = "fit"
-) -> Command:
+def rlvr_fit(config: str, *extra: str, cwd: str = "run_dir", log_name: str = "csv", subcommand: str = "fit") -> Command:
     """`rlvr fit --config CONFIG --seed_everything SEED` (or another subcommand: `validate`) on one thread, logging to
     a CSV file in the run directory only (no W&B, no progress bar): `{run_dir}/LOG_NAME/version_0/metrics.csv`."""
     init_args = f'{{"save_dir": "{{run_dir}}", "name": "{log_name}", "version": 0}}'

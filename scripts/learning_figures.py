@@ -14,6 +14,8 @@ Paths that metrics read are relative to `{run_dir}` and may name `{seed}`.
 
 from __future__ import annotations
 
+import json
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -306,7 +308,9 @@ def reasoning_gym_figure() -> Figure:
         metrics += [
             Metric(f"{dataset}_before", before, bands[0], f"{column} of `rlvr validate` before training", percent=True),
             Metric(f"{dataset}_after", after, bands[1], f"last {column} of {CSV_LOG} (step 40)", percent=True),
-            Metric(f"{dataset}_gain", difference(after, before), bands[2], "after minus before, same seed", percent=True),
+            Metric(
+                f"{dataset}_gain", difference(after, before), bands[2], "after minus before, same seed", percent=True
+            ),
         ]
     return Figure(
         "reasoning_gym_smollm2",
@@ -317,6 +321,103 @@ def reasoning_gym_figure() -> Figure:
             Curve(f"{dataset} level", CSV_LOG, f"curriculum/{dataset}/level") for dataset in REASONING_GYM_DATASETS
         ),
     )
+
+
+def leg_accuracy(leg: str, point: int = -1) -> Callable[[Path, int], float]:
+    """Held-out greedy accuracy of a `bench_time_to_accuracy.py` leg at one of its evaluations (0: step 0;
+    -1: the last)."""
+    return json_value(f"{leg}_s{{seed}}.json", "points", str(point), "accuracy")
+
+
+def trl_time_fraction(run_dir: Path, seed: int) -> float:
+    """The training time ours needed to first reach TRL's final accuracy, over TRL's (NaN: never reached)."""
+    from bench_time_to_accuracy import time_to_accuracy
+
+    legs = [json.loads((run_dir / f"{leg}_s{seed}.json").read_text()) for leg in ("ours", "trl")]
+    return math.nan if (fraction := time_to_accuracy(*legs)[1]) is None else fraction
+
+
+def time_to_accuracy_figures() -> list[Figure]:
+    """The SmolLM2 arithmetic recipe's legs of scripts/bench_time_to_accuracy.py (the same warm-up, evaluator and
+    held-out problems): ours against TRL, bf16 sampling against fp32, and on-policy distillation against GRPO."""
+    bench = ("{python}", "{repo}/scripts/bench_time_to_accuracy.py")
+
+    def legs(*argv: str) -> Command:
+        return Command((*bench, *argv, "--seeds", "{seed}", "--sequential", "--out", "{run_dir}"))
+
+    teacher = "{run_dir}/../teacher"  # one for every seed: GRPO seed 0, the recipe's 100 steps
+    return [
+        Figure(
+            "time_to_accuracy",
+            "docs/benchmarks.md: Time to accuracy against TRL",
+            (legs("run", "--steps", "40", "--legs", "ours", "trl"),),
+            (
+                Metric("ours_final", leg_accuracy("ours"), Band(0.60), "ours at step 40 (ours_s{seed}.json)", True),
+                Metric("trl_final", leg_accuracy("trl"), Band(0.60), "TRL at step 40 (trl_s{seed}.json)", True),
+                Metric(
+                    "time_fraction",
+                    trl_time_fraction,
+                    Band(hi=0.5),
+                    "training time ours needed to reach TRL's final accuracy / TRL's training time",
+                ),
+            ),
+        ),
+        Figure(
+            "bf16_sampling_smollm2",
+            "docs/benchmarks.md: Learning with bf16 sampling",
+            (legs("run", "--steps", "40", "--legs", "ours", "ours_bf16"),),
+            (
+                Metric("fp32_final", leg_accuracy("ours"), Band(0.55), "fp32 sampling at step 40", True),
+                Metric("bf16_final", leg_accuracy("ours_bf16"), Band(0.55), "bf16 sampling at step 40", True),
+                Metric(
+                    "bf16_minus_fp32",
+                    difference(leg_accuracy("ours_bf16"), leg_accuracy("ours")),
+                    Band(-0.15, 0.15),
+                    "bf16 minus fp32 at step 40, same seed (100 problems: a standard error of ~7 points)",
+                    True,
+                ),
+            ),
+        ),
+        Figure(
+            "distill_smollm2",
+            "docs/benchmarks.md: On-policy distillation on SmolLM2",
+            (
+                Command(
+                    (
+                        *bench,
+                        "run",
+                        "--seeds",
+                        "0",
+                        "--steps",
+                        "100",
+                        "--legs",
+                        "ours",
+                        "--sequential",
+                        "--out",
+                        teacher,
+                    )
+                ),
+                legs("run", "--steps", "30", "--legs", "ours"),
+                legs("distill", "--steps", "30", "--teacher", teacher + "/ours_s0/checkpoints/final.ckpt"),
+            ),
+            (
+                *(
+                    Metric(
+                        f"{leg}_step{10 * point}", leg_accuracy(leg, point), band, f"{name} at step {10 * point}", True
+                    )
+                    for leg, name in (("ours", "GRPO"), ("distill", "distillation"), ("mixed", "distillation + GRPO"))
+                    for point, band in ((1, Band(0.40)), (3, Band(0.55)))
+                ),
+                Metric(
+                    "distill_lead_step10",
+                    difference(leg_accuracy("distill", 1), leg_accuracy("ours", 1)),
+                    Band(-0.10),
+                    "distillation minus GRPO at step 10, same seed",
+                    True,
+                ),
+            ),
+        ),
+    ]
 
 
 def language_model_figures() -> list[Figure]:
@@ -375,6 +476,7 @@ def language_model_figures() -> list[Figure]:
             curves=(Curve("train accuracy (T = 1)", CSV_LOG, "train/rewards/math_accuracy"),),
         ),
         reasoning_gym_figure(),
+        *time_to_accuracy_figures(),
         Figure(
             "async_curves",
             "docs/benchmarks.md: Asynchronous rollouts",

@@ -234,3 +234,71 @@ def test_native_kernels_leave_the_choice_to_torch(suite, monkeypatch):
     monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
     assert suite.child_environment(REPO)["ATEN_CPU_CAPABILITY"] == "avx2"
     assert "ATEN_CPU_CAPABILITY" not in suite.child_environment(REPO, native_kernels=True)
+
+
+# A stand-in of scripts/bench_time_to_accuracy.py: each leg's held-out accuracy at steps 0, 10, ... (its JSON), and
+# the teacher's checkpoint where `run --legs ours` writes it.
+FAKE_BENCH = """import json, os, sys
+args = sys.argv[1:]
+value = lambda flag: args[args.index(flag) + 1]
+out, steps, seed = value("--out"), int(value("--steps")), int(value("--seeds"))
+assert "--sequential" in args, args
+if args[0] == "distill":
+    assert os.path.isfile(value("--teacher")), value("--teacher")
+    legs = ["distill", "mixed"]
+else:
+    after = args[args.index("--legs") + 1 :]
+    legs = after[: next(i for i, a in enumerate(after + ["--"]) if a.startswith("--"))]
+final = {"ours": 0.70, "trl": 0.68, "ours_bf16": 0.66, "distill": 0.68, "mixed": 0.66}
+minutes = {"ours": 1.0, "trl": 3.0, "ours_bf16": 1.5, "distill": 1.2, "mixed": 1.2}
+os.makedirs(out, exist_ok=True)
+for leg in legs:
+    accuracy = lambda s: round(0.38 + (final[leg] - 0.38 - 0.01 * seed) * s / steps, 4)
+    marks = range(0, steps + 1, 10)
+    points = [{"step": s, "train_seconds": 6 * minutes[leg] * s, "accuracy": accuracy(s)} for s in marks]
+    json.dump({"points": points, "step_seconds": [6.0] * steps}, open(f"{out}/{leg}_s{seed}.json", "w"))
+    if leg == "ours":
+        os.makedirs(f"{out}/ours_s{seed}/checkpoints", exist_ok=True)
+        open(f"{out}/ours_s{seed}/checkpoints/final.ckpt", "w").write("teacher")
+"""
+
+
+def test_the_time_to_accuracy_entries_read_their_legs(suite, figures, tmp_path, capsys):
+    repo = tmp_path / "repo"
+    (repo / "scripts").mkdir(parents=True)
+    (repo / "scripts" / "bench_time_to_accuracy.py").write_text(FAKE_BENCH)
+    workdir, docs = str(tmp_path / "runs"), str(tmp_path / "docs")
+    names = ["time_to_accuracy", "bf16_sampling_smollm2", "distill_smollm2"]
+    assert suite.main(["--only", *names, "--workdir", workdir, "--figures_dir", docs], repo=repo) == 0
+    records = {name: json.loads((tmp_path / "docs" / f"{name}.json").read_text()) for name in names}
+    values = {name: {m: v["values"]["0"] for m, v in record["metrics"].items()} for name, record in records.items()}
+    # ours reaches TRL's final 68% (seed 0) at step 40 only (70% there; 59.75% at step 30): 4 of TRL's 12 minutes
+    assert values["time_to_accuracy"]["time_fraction"] == pytest.approx(4 / 12)
+    assert values["time_to_accuracy"]["trl_final"] == pytest.approx(0.68)
+    assert values["bf16_sampling_smollm2"]["bf16_minus_fp32"] == pytest.approx(0.66 - 0.70)
+    # distillation at step 10 of 30: 0.38 + 0.30 / 3; GRPO: 0.38 + 0.32 / 3
+    assert values["distill_smollm2"]["distill_lead_step10"] == pytest.approx(-0.02 / 3, abs=1e-4)
+    assert values["distill_smollm2"]["distill_step30"] == pytest.approx(0.68)
+    teacher = tmp_path / "runs" / "distill_smollm2" / "teacher" / "ours_s0.json"
+    assert json.loads(teacher.read_text())["points"][-1]["step"] == 100  # one teacher, the recipe's 100 steps
+    capsys.readouterr()
+
+
+def test_the_reasoning_gym_entry_reads_validation_before_and_after(suite, figures, tmp_path, capsys):
+    workdir = tmp_path / "runs"
+    columns = [f"val/reasoning_gym/{d}/accuracy" for d in figures.REASONING_GYM_DATASETS]
+    for seed in (0, 1, 2):
+        run_dir = workdir / "reasoning_gym_smollm2" / f"seed_{seed}"
+        for log, rows in (("before", [[0.4, 0.0, 0.25]]), ("csv", [[0.5, 0.0, 0.2], [0.6 - 0.01 * seed, 0.02, 0.25]])):
+            (run_dir / log / "version_0").mkdir(parents=True)
+            lines = ["step,curriculum/basic_arithmetic/level," + ",".join(columns)]
+            lines += [f"{4 * i},{i}," + ",".join(map(str, row)) for i, row in enumerate(rows)]
+            (run_dir / log / "version_0" / "metrics.csv").write_text("\n".join(lines) + "\n")
+    argv = ["--only", "reasoning_gym_smollm2", "--no_run", "--workdir", str(workdir), "--figures_dir", str(tmp_path)]
+    suite.main(argv)
+    record = json.loads((tmp_path / "reasoning_gym_smollm2.json").read_text())
+    values = {metric: v["values"] for metric, v in record["metrics"].items()}
+    assert values["basic_arithmetic_gain"]["2"] == pytest.approx(0.18)
+    assert values["letter_counting_after"]["1"] == pytest.approx(0.25)
+    assert values["leg_counting_before"]["0"] == 0.0
+    capsys.readouterr()
