@@ -1,0 +1,244 @@
+"""The registry's language-model figures (SmolLM2 on a CPU, 20-60 minutes per seed): the arithmetic and calculator
+recipes, asynchronous rollouts, reasoning-gym with its curriculum, and the legs of
+`scripts/bench_time_to_accuracy.py` (against TRL, bf16 sampling, on-policy distillation). `scripts/learning_figures.py`
+lists them with the toy figures.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+from learning_figure_parts import (
+    CSV_LOG,
+    Band,
+    Command,
+    Curve,
+    Figure,
+    Metric,
+    csv_final,
+    difference,
+    json_value,
+    rlvr_fit,
+)
+
+# Bands of the language-model figures, one place to change them.
+ARITHMETIC_MIN_VAL_ACCURACY = 0.70  # smollm2_arithmetic: final greedy val/accuracy (50 held-out problems), every seed
+# smollm2_calculator: greedy accuracy on 100 held-out problems after training, every seed
+CALCULATOR_MIN_GREEDY_ACCURACY = 0.60
+ASYNC_MIN_HELDOUT_ACCURACY = 0.50  # async_curves: held-out greedy last-number accuracy of both legs, every seed
+
+
+REASONING_GYM_DATASETS = ("basic_arithmetic", "leg_counting", "letter_counting")
+# (held-out greedy accuracy before, after 40 steps, after minus before) per dataset, every seed
+REASONING_GYM_BANDS: dict[str, tuple[Band, Band, Band]] = {
+    "basic_arithmetic": (Band(0.0, 1.0), Band(0.0, 1.0), Band(-1.0, 1.0)),
+    "leg_counting": (Band(0.0, 1.0), Band(0.0, 1.0), Band(-1.0, 1.0)),
+    "letter_counting": (Band(0.0, 1.0), Band(0.0, 1.0), Band(-1.0, 1.0)),
+}
+
+
+def reasoning_gym_figure() -> Figure:
+    """configs/reasoning_gym_smollm2.yaml: held-out accuracy per dataset before (`rlvr validate` of the untrained
+    model) and after the recipe's 40 rollout steps (its last validation), and the curriculum's levels."""
+    config = "configs/reasoning_gym_smollm2.yaml"
+    metrics = []
+    for dataset in REASONING_GYM_DATASETS:
+        column = f"val/reasoning_gym/{dataset}/accuracy"
+        before, after = csv_final("before/version_0/metrics.csv", column), csv_final(CSV_LOG, column)
+        bands = REASONING_GYM_BANDS[dataset]
+        metrics += [
+            Metric(f"{dataset}_before", before, bands[0], f"{column} of `rlvr validate` before training", percent=True),
+            Metric(f"{dataset}_after", after, bands[1], f"last {column} of {CSV_LOG} (step 40)", percent=True),
+            Metric(
+                f"{dataset}_gain", difference(after, before), bands[2], "after minus before, same seed", percent=True
+            ),
+        ]
+    return Figure(
+        "reasoning_gym_smollm2",
+        "docs/environments.md: SmolLM2 on three reasoning-gym datasets",
+        (rlvr_fit(config, subcommand="validate", log_name="before"), rlvr_fit(config)),
+        tuple(metrics),
+        curves=tuple(
+            Curve(f"{dataset} level", CSV_LOG, f"curriculum/{dataset}/level") for dataset in REASONING_GYM_DATASETS
+        ),
+    )
+
+
+def leg_accuracy(leg: str, point: int = -1) -> Callable[[Path, int], float]:
+    """Held-out greedy accuracy of a `bench_time_to_accuracy.py` leg at one of its evaluations (0: step 0;
+    -1: the last)."""
+    return json_value(f"{leg}_s{{seed}}.json", "points", str(point), "accuracy")
+
+
+def trl_time_fraction(run_dir: Path, seed: int) -> float:
+    """The training time ours needed to first reach TRL's final accuracy, over TRL's (NaN: never reached)."""
+    from bench_time_to_accuracy import time_to_accuracy
+
+    legs = [json.loads((run_dir / f"{leg}_s{seed}.json").read_text()) for leg in ("ours", "trl")]
+    return math.nan if (fraction := time_to_accuracy(*legs)[1]) is None else fraction
+
+
+def time_to_accuracy_figures() -> list[Figure]:
+    """The SmolLM2 arithmetic recipe's legs of scripts/bench_time_to_accuracy.py (the same warm-up, evaluator and
+    held-out problems): ours against TRL, bf16 sampling against fp32, and on-policy distillation against GRPO."""
+    bench = ("{python}", "{repo}/scripts/bench_time_to_accuracy.py")
+
+    def legs(*argv: str) -> Command:
+        return Command((*bench, *argv, "--seeds", "{seed}", "--sequential", "--out", "{run_dir}"))
+
+    teacher = "{run_dir}/../teacher"  # one for every seed: GRPO seed 0, the recipe's 100 steps
+    return [
+        Figure(
+            "time_to_accuracy",
+            "docs/benchmarks.md: Time to accuracy against TRL",
+            (legs("run", "--steps", "40", "--legs", "ours", "trl"),),
+            (
+                Metric("ours_final", leg_accuracy("ours"), Band(0.60), "ours at step 40 (ours_s{seed}.json)", True),
+                Metric("trl_final", leg_accuracy("trl"), Band(0.60), "TRL at step 40 (trl_s{seed}.json)", True),
+                Metric(
+                    "time_fraction",
+                    trl_time_fraction,
+                    Band(hi=0.5),
+                    "training time ours needed to reach TRL's final accuracy / TRL's training time",
+                ),
+            ),
+        ),
+        Figure(
+            "bf16_sampling_smollm2",
+            "docs/benchmarks.md: Learning with bf16 sampling",
+            (legs("run", "--steps", "40", "--legs", "ours", "ours_bf16"),),
+            (
+                Metric("fp32_final", leg_accuracy("ours"), Band(0.55), "fp32 sampling at step 40", True),
+                Metric("bf16_final", leg_accuracy("ours_bf16"), Band(0.55), "bf16 sampling at step 40", True),
+                Metric(
+                    "bf16_minus_fp32",
+                    difference(leg_accuracy("ours_bf16"), leg_accuracy("ours")),
+                    Band(-0.15, 0.15),
+                    "bf16 minus fp32 at step 40, same seed (100 problems: a standard error of ~7 points)",
+                    True,
+                ),
+            ),
+        ),
+        Figure(
+            "distill_smollm2",
+            "docs/benchmarks.md: On-policy distillation on SmolLM2",
+            (
+                Command(
+                    (
+                        *bench,
+                        "run",
+                        "--seeds",
+                        "0",
+                        "--steps",
+                        "100",
+                        "--legs",
+                        "ours",
+                        "--sequential",
+                        "--out",
+                        teacher,
+                    )
+                ),
+                legs("run", "--steps", "30", "--legs", "ours"),
+                legs("distill", "--steps", "30", "--teacher", teacher + "/ours_s0/checkpoints/final.ckpt"),
+            ),
+            (
+                *(
+                    Metric(
+                        f"{leg}_step{10 * point}", leg_accuracy(leg, point), band, f"{name} at step {10 * point}", True
+                    )
+                    for leg, name in (("ours", "GRPO"), ("distill", "distillation"), ("mixed", "distillation + GRPO"))
+                    for point, band in ((1, Band(0.40)), (3, Band(0.55)))
+                ),
+                Metric(
+                    "distill_lead_step10",
+                    difference(leg_accuracy("distill", 1), leg_accuracy("ours", 1)),
+                    Band(-0.10),
+                    "distillation minus GRPO at step 10, same seed",
+                    True,
+                ),
+            ),
+        ),
+    ]
+
+
+def language_model_figures() -> list[Figure]:
+    train = ("bash", "{repo}/scripts/train_smollm2_arithmetic.sh", "{run_dir}", "--seed_everything", "{seed}")
+    calculator = "{repo}/configs/smollm2_calculator.yaml"
+    interpreter = (("PYTHON", "{python}"),)  # the script runs $PYTHON (default: python on the PATH)
+    return [
+        Figure(
+            "smollm2_arithmetic",
+            "docs/benchmarks.md: SmolLM2 learns 2-digit addition",
+            (Command(train, cwd="repo", env=interpreter),),
+            (
+                Metric(
+                    "final_val_accuracy",
+                    csv_final(CSV_LOG, "val/accuracy"),
+                    Band(ARITHMETIC_MIN_VAL_ACCURACY),
+                    f"last val/accuracy (greedy, held-out) of {CSV_LOG}",
+                    percent=True,
+                ),
+            ),
+            curves=(Curve("smollm2_arithmetic", CSV_LOG),),
+        ),
+        Figure(
+            "smollm2_calculator",
+            "docs/benchmarks.md: SmolLM2 learns to use the calculator",
+            (
+                Command(train, cwd="repo", env=(*interpreter, ("CONFIG", calculator))),
+                Command(
+                    (
+                        "{python}",
+                        "{repo}/scripts/eval_arithmetic.py",
+                        "eval",
+                        "--config",
+                        calculator,
+                        "--num",
+                        "100",
+                        "--modes",
+                        "greedy",
+                        "--ckpt",
+                        "{run_dir}/csv/checkpoints/final.ckpt",
+                        "--out",
+                        "{run_dir}/eval_after.json",
+                    ),
+                    cwd="repo",
+                ),
+            ),
+            (
+                Metric(
+                    "greedy_accuracy",
+                    json_value("eval_after.json", "greedy", "accuracy"),
+                    Band(CALCULATOR_MIN_GREEDY_ACCURACY),
+                    "greedy accuracy on 100 held-out problems after training (scripts/eval_arithmetic.py eval)",
+                    percent=True,
+                ),
+            ),
+            curves=(Curve("train accuracy (T = 1)", CSV_LOG, "train/rewards/math_accuracy"),),
+        ),
+        reasoning_gym_figure(),
+        *time_to_accuracy_figures(),
+        Figure(
+            "async_curves",
+            "docs/benchmarks.md: Asynchronous rollouts",
+            (
+                Command(
+                    ("{python}", "{repo}/scripts/bench_async.py", "curves", "--seeds", "{seed}", "--out", "{run_dir}"),
+                    cwd="repo",
+                ),
+            ),
+            tuple(
+                Metric(
+                    f"{leg}_heldout_last_number",
+                    json_value(f"{leg}_seed{{seed}}.json", "heldout_greedy/last_number_accuracy"),
+                    Band(ASYNC_MIN_HELDOUT_ACCURACY),
+                    "held-out greedy last-number accuracy after the budget",
+                    percent=True,
+                )
+                for leg in ("staleness0", "staleness1")
+            ),
+        ),
+    ]
