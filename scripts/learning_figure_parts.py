@@ -78,6 +78,7 @@ class Figure:
     seeds: tuple[int, ...] = (0, 1, 2)
     quick: bool = False
     curves: tuple[Curve, ...] = field(default_factory=tuple)
+    ylabel: str = ""  # what the curves show, when they are not one column's
 
 
 # ------------------------------------------------------------------ reading one run's output

@@ -83,7 +83,7 @@ def plot_figure(figure, runs, path: Path) -> None:
     if not drawn:
         plt.close(figure_)
         return
-    column = figure.curves[0].column
+    column = figure.ylabel or figure.curves[0].column
     for axis, xlabel in ((by_step, "rollout step"), (by_minute, "minutes of training steps (sum of time/step_s)")):
         axis.set_xlabel(xlabel)
         axis.set_ylabel(column)
