@@ -168,9 +168,64 @@ def time_to_accuracy_figures() -> list[Figure]:
     ]
 
 
+def calculator_figure(train: tuple[str, ...], interpreter: tuple[tuple[str, str], ...]) -> Figure:
+    """configs/smollm2_calculator.yaml: greedy accuracy on 100 held-out problems after its 28 steps, with the
+    calculator at the recipe's 40 tokens and at 64, and without the calculator."""
+    calculator = "{repo}/configs/smollm2_calculator.yaml"
+
+    def evaluation(out: str, *extra: str) -> Command:
+        argv = ("{python}", "{repo}/scripts/eval_arithmetic.py", "eval", "--config", calculator, "--num", "100")
+        ckpt = "{run_dir}/csv/checkpoints/final.ckpt"
+        return Command((*argv, "--modes", "greedy", "--ckpt", ckpt, "--out", "{run_dir}/" + out, *extra), cwd="repo")
+
+    def greedy(out: str, *keys: str) -> Callable[[Path, int], float]:
+        return json_value(out, "greedy", *keys)
+
+    return Figure(
+        "smollm2_calculator",
+        "docs/benchmarks.md: SmolLM2 learns to use the calculator",
+        (
+            Command(train, cwd="repo", env=(*interpreter, ("CONFIG", calculator))),
+            evaluation("eval_after.json"),
+            evaluation("eval_after_64_tokens.json", "--max-new-tokens", "64"),
+            evaluation("eval_after_no_tools.json", "--no-tools"),
+        ),
+        (
+            Metric(
+                "greedy_accuracy",
+                greedy("eval_after.json", "accuracy"),
+                Band(CALCULATOR_MIN_GREEDY_ACCURACY),
+                "greedy accuracy on 100 held-out problems after training (scripts/eval_arithmetic.py eval)",
+                percent=True,
+            ),
+            Metric(
+                "tool_use_rate",
+                greedy("eval_after.json", "generation", "tool_use_rate"),
+                Band(0.90),
+                "greedy responses that call the calculator",
+                percent=True,
+            ),
+            Metric(
+                "greedy_accuracy_64_tokens",
+                greedy("eval_after_64_tokens.json", "accuracy"),
+                Band(0.85),
+                "the same with 64 new tokens (the misses at 40 are answers cut before the box closes)",
+                percent=True,
+            ),
+            Metric(
+                "greedy_accuracy_no_tools",
+                greedy("eval_after_no_tools.json", "accuracy"),
+                Band(hi=0.05),
+                "the same without the calculator (--no-tools): the products are not learned by heart",
+                percent=True,
+            ),
+        ),
+        curves=(Curve("train accuracy (T = 1)", CSV_LOG, "train/rewards/math_accuracy"),),
+    )
+
+
 def language_model_figures() -> list[Figure]:
     train = ("bash", "{repo}/scripts/train_smollm2_arithmetic.sh", "{run_dir}", "--seed_everything", "{seed}")
-    calculator = "{repo}/configs/smollm2_calculator.yaml"
     interpreter = (("PYTHON", "{python}"),)  # the script runs $PYTHON (default: python on the PATH)
     return [
         Figure(
@@ -188,41 +243,7 @@ def language_model_figures() -> list[Figure]:
             ),
             curves=(Curve("smollm2_arithmetic", CSV_LOG),),
         ),
-        Figure(
-            "smollm2_calculator",
-            "docs/benchmarks.md: SmolLM2 learns to use the calculator",
-            (
-                Command(train, cwd="repo", env=(*interpreter, ("CONFIG", calculator))),
-                Command(
-                    (
-                        "{python}",
-                        "{repo}/scripts/eval_arithmetic.py",
-                        "eval",
-                        "--config",
-                        calculator,
-                        "--num",
-                        "100",
-                        "--modes",
-                        "greedy",
-                        "--ckpt",
-                        "{run_dir}/csv/checkpoints/final.ckpt",
-                        "--out",
-                        "{run_dir}/eval_after.json",
-                    ),
-                    cwd="repo",
-                ),
-            ),
-            (
-                Metric(
-                    "greedy_accuracy",
-                    json_value("eval_after.json", "greedy", "accuracy"),
-                    Band(CALCULATOR_MIN_GREEDY_ACCURACY),
-                    "greedy accuracy on 100 held-out problems after training (scripts/eval_arithmetic.py eval)",
-                    percent=True,
-                ),
-            ),
-            curves=(Curve("train accuracy (T = 1)", CSV_LOG, "train/rewards/math_accuracy"),),
-        ),
+        calculator_figure(train, interpreter),
         reasoning_gym_figure(),
         *time_to_accuracy_figures(),
         Figure(

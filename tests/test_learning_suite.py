@@ -179,7 +179,13 @@ args = sys.argv[1:]
 config, ckpt, out = (args[args.index(flag) + 1] for flag in ("--config", "--ckpt", "--out"))
 trained, seed = open(ckpt).read().split()
 assert trained == config and args[0] == "eval" and args[args.index("--num") + 1] == "100", args
-json.dump({"greedy": {"accuracy": {"0": 0.7, "1": 0.61, "2": 0.55}[seed]}}, open(out, "w"))
+accuracy = {"0": 0.7, "1": 0.61, "2": 0.55}[seed]
+if "--no-tools" in args:
+    accuracy = 0.0
+elif "--max-new-tokens" in args:
+    assert args[args.index("--max-new-tokens") + 1] == "64", args
+    accuracy = 1.0
+json.dump({"greedy": {"accuracy": accuracy, "generation": {"tool_use_rate": 1.0}}}, open(out, "w"))
 """
 
 
@@ -207,6 +213,8 @@ def test_the_language_model_entries_run_their_scripts_and_read_what_they_leave(s
         ("smollm2_calculator", "0", "70.0%", "PASS"),
         ("smollm2_calculator", "1", "61.0%", "PASS"),
         ("smollm2_calculator", "2", "55.0%", "FAIL"),
+        # tool use, 64 tokens, without the calculator
+        *(("smollm2_calculator", seed, value, "PASS") for value in ("100.0%", "100.0%", "0.0%") for seed in "012"),
     ]
     assert (tmp_path / "docs" / "smollm2_arithmetic.png").is_file() and (
         tmp_path / "docs" / "smollm2_calculator.png"
