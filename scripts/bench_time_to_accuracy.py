@@ -149,6 +149,11 @@ def time_to_accuracy(ours: dict, trl: dict, clock: str = "train_seconds") -> tup
     return target, (reached[0] / trl["points"][-1][clock]) if reached else None
 
 
+def median_step(run: dict) -> str:
+    """The median seconds of a leg's steps; "-" for a leg still at its first evaluation."""
+    return f"{statistics.median(run['step_seconds']):.2f}" if run["step_seconds"] else "-"
+
+
 def cmd_report(args) -> None:
     runs = {key: run for key, run in load(args.out).items() if key[0] in (*LEGS, "ours_bf16")}
     print("| leg | seed | step 0 | final step | final accuracy | training min | median step s |")
@@ -157,10 +162,10 @@ def cmd_report(args) -> None:
         first, last = run["points"][0], run["points"][-1]
         print(
             f"| {leg} | {seed} | {first['accuracy']:.0%} | {last['step']} | {last['accuracy']:.0%} "
-            f"| {last['train_seconds'] / 60:.1f} | {statistics.median(run['step_seconds']):.2f} |"
+            f"| {last['train_seconds'] / 60:.1f} | {median_step(run)} |"
         )
     for seed in sorted({seed for _, seed in runs}):
-        if ("ours", seed) in runs and ("trl", seed) in runs:
+        if all(runs.get((leg, seed), {}).get("step_seconds") for leg in LEGS):
             target, fraction = time_to_accuracy(runs[("ours", seed)], runs[("trl", seed)])
             steps = [statistics.median(runs[(leg, seed)]["step_seconds"]) for leg in LEGS]
             print(
@@ -187,7 +192,7 @@ def report_distill(args) -> None:
         at = {p["step"]: p["accuracy"] for p in run["points"]}
         cells = " | ".join(f"{at[m]:.0%}" if m in at else "-" for m in marks)
         minutes = run["points"][-1]["train_seconds"] / 60
-        print(f"| {NAMES[leg]} | {seed} | {cells} | {minutes:.1f} | {statistics.median(run['step_seconds']):.2f} |")
+        print(f"| {NAMES[leg]} | {seed} | {cells} | {minutes:.1f} | {median_step(run)} |")
     if args.plot:
         plot(runs, args.plot, by_step=True)
 

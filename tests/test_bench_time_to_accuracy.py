@@ -1,0 +1,49 @@
+"""scripts/bench_time_to_accuracy.py's reports, on legs written by hand (no model is run)."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_time_to_accuracy.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_time_to_accuracy", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def write_leg(out: Path, leg: str, seed: int, accuracy: list[float], step_s: float) -> None:
+    points = [
+        {"step": 10 * i, "train_seconds": 10 * i * step_s, "train_cpu_seconds": 10 * i * step_s, "accuracy": a}
+        for i, a in enumerate(accuracy)
+    ]
+    run = {"points": points, "step_seconds": [step_s] * (10 * (len(accuracy) - 1))}
+    (out / f"{leg}_s{seed}.json").write_text(json.dumps(run))
+
+
+def test_time_to_accuracy_by_hand_and_a_leg_still_at_its_first_evaluation(bench, tmp_path, capsys):
+    write_leg(tmp_path, "ours", 0, [0.38, 0.50, 0.70], 20.0)  # reaches TRL's 0.70 at step 20: 400 s
+    write_leg(tmp_path, "trl", 0, [0.38, 0.60, 0.70], 60.0)  # 20 steps of 60 s: 1200 s
+    write_leg(tmp_path, "ours", 1, [0.38], 20.0)  # a seed whose legs have only their step-0 evaluation
+    write_leg(tmp_path, "trl", 1, [0.38], 60.0)
+    bench.main(["report", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "seed 0: TRL's final accuracy 70%; ours reached it after 0.33x TRL's training time" in out  # 400 / 1200
+    assert "step time TRL / ours 3.00x" in out
+    assert "| ours | 1 | 38% | 0 | 38% | 0.0 | - |" in out
+    assert "seed 1:" not in out
+
+
+def test_the_step_table_marks_steps_a_leg_has_not_reached(bench, tmp_path, capsys):
+    write_leg(tmp_path, "ours", 2, [0.38, 0.55, 0.61], 20.0)
+    write_leg(tmp_path, "ours_bf16", 2, [0.38], 25.0)
+    bench.main(["distill_report", "--legs", "ours", "ours_bf16", "--out", str(tmp_path)])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "| leg | seed | step 0 | step 10 | step 20 | training min | median step s |"
+    assert "| rlvr_lightning GRPO | 2 | 38% | 55% | 61% | 6.7 | 20.00 |" in lines  # 20 steps x 20 s = 6.7 min
+    assert "| rlvr_lightning GRPO, bf16 sampling | 2 | 38% | - | - | 0.0 | - |" in lines
