@@ -116,8 +116,9 @@ def time_to_accuracy_figures() -> list[Figure]:
             "docs/benchmarks.md: Learning with bf16 sampling",
             (legs("run", "--steps", "40", "--legs", "ours", "ours_bf16"),),
             (
-                Metric("fp32_final", leg_accuracy("ours"), Band(0.55), "fp32 sampling at step 40", True),
-                Metric("bf16_final", leg_accuracy("ours_bf16"), Band(0.55), "bf16 sampling at step 40", True),
+                # seeds 0-2, 2026-11-28: fp32 69/72/73%, bf16 67/65/76%, bf16 - fp32 -2/-7/+3 points
+                Metric("fp32_final", leg_accuracy("ours"), Band(0.60), "fp32 sampling at step 40", True),
+                Metric("bf16_final", leg_accuracy("ours_bf16"), Band(0.60), "bf16 sampling at step 40", True),
                 Metric(
                     "bf16_minus_fp32",
                     difference(leg_accuracy("ours_bf16"), leg_accuracy("ours")),
