@@ -141,8 +141,9 @@ CSV_LOG = "csv/version_0/metrics.csv"
 
 def rlvr_fit(config: str, *extra: str, cwd: str = "run_dir", log_name: str = "csv", subcommand: str = "fit") -> Command:
     """`rlvr fit --config CONFIG --seed_everything SEED` (or another subcommand: `validate`) on one thread, logging to
-    a CSV file in the run directory only (no W&B, no progress bar): `{run_dir}/LOG_NAME/version_0/metrics.csv`."""
-    init_args = f'{{"save_dir": "{{run_dir}}", "name": "{log_name}", "version": 0}}'
+    a CSV file in the run directory only (no W&B, no progress bar): `{run_dir}/LOG_NAME/version_0/metrics.csv`,
+    flushed as the run goes (`flush_logs_every_n_steps: 10`) so that a long run can be followed."""
+    init_args = f'{{"save_dir": "{{run_dir}}", "name": "{log_name}", "version": 0, "flush_logs_every_n_steps": 10}}'
     logger = f'{{"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {init_args}}}'
     return Command(
         (
