@@ -14,7 +14,7 @@ time-to-accuracy: the training seconds at which ours first reaches TRL's final h
 of TRL's training seconds.
 
     python scripts/bench_time_to_accuracy.py distill --out runs/tta --teacher_seed 0 --seeds 0
-    python scripts/bench_time_to_accuracy.py distill_report --out runs/tta --plot docs/figures/distill_smollm2.png
+    python scripts/bench_time_to_accuracy.py distill_report --out runs/tta --plot runs/tta/distill.png
 
 `distill` takes our leg's final checkpoint of `--teacher_seed` (or the checkpoint `--teacher`) as the teacher and
 runs on-policy distillation alone and mixed with GRPO (configs/smollm2_distill.yaml) from the same warm-up,
