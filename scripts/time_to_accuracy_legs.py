@@ -112,7 +112,7 @@ class HeldOutClock:
         model.train(was_training)
         accuracy = right / len(self.problems)
         point = {"step": step, "train_seconds": self.trained, "train_cpu_seconds": self.trained_cpu}
-        self.points.append({**point, "accuracy": accuracy})
+        self.points.append({**point, "accuracy": accuracy, "problems": len(self.problems)})
         print(
             f"step {step}: held-out accuracy {accuracy:.3f} after {self.trained:.0f} s of training "
             f"(evaluation {time.perf_counter() - started:.0f} s)",
