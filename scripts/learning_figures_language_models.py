@@ -113,15 +113,17 @@ def time_to_accuracy_figures() -> list[Figure]:
             "docs/benchmarks.md: Time to accuracy against TRL",
             (legs("run", "--steps", "40", "--legs", "ours", "trl"),),
             (
-                Metric("ours_final", leg_accuracy("ours"), Band(0.60), "ours at step 40 (ours_s{seed}.json)", True),
-                Metric("trl_final", leg_accuracy("trl"), Band(0.60), "TRL at step 40 (trl_s{seed}.json)", True),
+                # seeds 0-2, 2026-11-29: ours 69/72/73%, TRL 70/69/72% at step 40; ours reached TRL's final accuracy
+                # less one standard error after 0.22/0.24/0.34x TRL's training time; steps 3.29/3.29/3.15x faster
+                Metric("ours_final", leg_accuracy("ours"), Band(0.64), "ours at step 40 (ours_s{seed}.json)", True),
+                Metric("trl_final", leg_accuracy("trl"), Band(0.64), "TRL at step 40 (trl_s{seed}.json)", True),
                 Metric(
                     "time_fraction",
                     trl_time_fraction,
                     Band(hi=0.5),
                     "training time ours needed to reach TRL's final accuracy less one standard error / TRL's",
                 ),
-                Metric("step_speedup", step_speedup, Band(2.0), "TRL's median step time / ours"),
+                Metric("step_speedup", step_speedup, Band(2.5), "TRL's median step time / ours"),
             ),
         ),
         Figure(
