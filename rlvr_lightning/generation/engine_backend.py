@@ -39,6 +39,28 @@ class Completion(NamedTuple):
     stopped_by_string: bool  # ended by one of the sampling's stop strings
 
 
+# vLLM's finish reasons of a response it completed. "abort" (a server stopping, a cancelled request) and "error" end
+# one cut short, and a rollout made of it would be trained on as if the policy had ended it there.
+COMPLETE_FINISH_REASONS = ("stop", "length")
+
+
+def completion(
+    token_ids: list[int],
+    log_probs: list[float],
+    finish_reason: str | None,
+    stop_reason: int | str | None,
+    source: str,
+    error: type[Exception] = RuntimeError,
+) -> Completion:
+    """A response as `source` (the engine, in an error's words) returned it; `error` where it was cut short."""
+    if finish_reason not in COMPLETE_FINISH_REASONS:
+        raise error(
+            f"{source}: a response ended with finish_reason {finish_reason!r}, not 'stop' or 'length' (cut short: "
+            "the engine stopped or failed); the step's rollouts are not trained on"
+        )
+    return Completion(list(token_ids), list(log_probs), finish_reason == "length", isinstance(stop_reason, str))
+
+
 class EngineGeneration(GenerationBackend):
     """Base of the backends that sample from a vLLM engine's own copy of the weights."""
 

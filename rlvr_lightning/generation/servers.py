@@ -49,7 +49,7 @@ import torch
 from torch import nn
 
 from rlvr_lightning.generation.compute_dtype import compute_dtype
-from rlvr_lightning.generation.engine_backend import Completion, EngineGeneration
+from rlvr_lightning.generation.engine_backend import Completion, EngineGeneration, completion
 from rlvr_lightning.runtime.option_declarations import Option, check_options, documented_options
 from rlvr_lightning.runtime.option_domains import Range
 from rlvr_lightning.serving.client import RolloutServerClient, RolloutServerError
@@ -169,8 +169,9 @@ class ServerGeneration(EngineGeneration):
         for choice in choices:
             tokens = list(choice["token_ids"])
             log_probs = (choice.get("logprobs") or {}).get("token_logprobs") or [0.0] * len(tokens)
-            by_string = isinstance(choice.get("stop_reason"), str)
-            completions.append(Completion(tokens, list(log_probs), choice.get("finish_reason") == "length", by_string))
+            ended = choice.get("finish_reason"), choice.get("stop_reason")
+            source = f"rollout server {client.address}"
+            completions.append(completion(tokens, log_probs, *ended, source, RolloutServerError))
         return completions
 
     def push_weights(self, model: nn.Module, tokenizer: Any) -> float:

@@ -53,7 +53,7 @@ import torch
 from torch import nn
 
 from rlvr_lightning.generation.compute_dtype import compute_dtype
-from rlvr_lightning.generation.engine_backend import Completion, EngineGeneration
+from rlvr_lightning.generation.engine_backend import EngineGeneration, completion
 from rlvr_lightning.runtime.option_declarations import Option, check_options, documented_options
 from rlvr_lightning.runtime.option_domains import Range
 from rlvr_lightning.serving.lora_sync import engine_lora_unsupported, lora_request
@@ -165,11 +165,12 @@ class VLLMGeneration(EngineGeneration):
             )
         return [
             [
-                Completion(
-                    list(c.token_ids),
+                completion(
+                    c.token_ids,
                     [step[token].logprob for step, token in zip(c.logprobs, c.token_ids, strict=True)],
-                    c.finish_reason == "length",
-                    isinstance(c.stop_reason, str),
+                    c.finish_reason,
+                    c.stop_reason,
+                    "vLLM engine",
                 )
                 for c in sorted(output.outputs, key=lambda c: c.index)
             ]

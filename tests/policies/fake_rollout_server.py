@@ -25,6 +25,7 @@ class FakeRolloutServer:
         self.loaded_names: list[list[str]] = []
         self.loaded: list[dict[str, Any]] = []  # each load's tensors
         self.sync_delay = 0.0  # seconds a weight load takes
+        self.finish_reason = "length"  # of every response; vLLM's "abort": cut short by a stopping server
         self.prefix_resets = 0
         fake = self
 
@@ -69,7 +70,7 @@ class FakeRolloutServer:
             "index": index,
             "token_ids": tokens,
             "logprobs": {"token_logprobs": [-0.5] * len(tokens)},
-            "finish_reason": "length",
+            "finish_reason": self.finish_reason,
             "stop_reason": None,
         }
 

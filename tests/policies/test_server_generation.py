@@ -112,6 +112,32 @@ def test_a_server_that_dies_mid_run_is_named(servers):
         _generate(backend, model, [[1], [2]])
 
 
+def test_a_response_cut_short_by_a_stopping_server_fails_the_step(servers):
+    # vLLM answers the requests in flight when its server stops with what they had so far, finish_reason "abort":
+    # trained on, those would be rollouts the policy never ended (a resumed run would leave the uninterrupted one)
+    backend = ServerGeneration([servers[0].address])
+    servers[0].finish_reason = "abort"
+    with pytest.raises(RolloutServerError) as error:
+        _generate(backend, _model(), [[1]])
+    assert str(error.value).startswith(
+        f"rollout server {servers[0].address}: a response ended with finish_reason 'abort', not 'stop' or 'length'"
+    )
+    servers[0].finish_reason = "stop"  # the end token or a stop string: complete
+    out = _generate(backend, _model(), [[1]])
+    assert not out.truncated.any()
+
+
+def test_the_colocated_engine_refuses_a_response_cut_short_too():
+    from rlvr_lightning.generation.engine_backend import completion
+
+    done = completion([5, 6], [-0.5, -0.5], "stop", "</answer>", "vLLM engine")
+    assert done.stopped_by_string and not done.truncated
+    assert completion([5], [-0.5], "length", None, "vLLM engine").truncated
+    for reason in ("abort", "error", None):
+        with pytest.raises(RuntimeError, match=f"vLLM engine: a response ended with finish_reason {reason!r}"):
+            completion([5], [-0.5], reason, None, "vLLM engine")
+
+
 def test_a_weight_sync_over_its_time_limit_fails_within_it(servers):
     backend = ServerGeneration([s.address for s in servers], sync_timeout_s=0.5)
     servers[0].sync_delay = 3.0
