@@ -31,7 +31,8 @@ sharded model's weights, and waits for rank 0's push to complete (or fail: the e
 before it samples, so the servers load each update once and no rank samples from stale weights.
 
 Faults never hang: each server must answer `/health` within `startup_timeout_s` at the first use, each
-generation request within `request_timeout_s`, each weight push within `sync_timeout_s`; otherwise a
+generation request within `request_timeout_s`, each weight push within `sync_timeout_s`. Otherwise, or when a
+response comes back cut short (a stopping server answers with vLLM's finish_reason "abort"), a
 `RolloutServerError` names the server and what did not complete, and the run stops (its last checkpoint is
 intact; `--ckpt_path last` resumes).
 """
