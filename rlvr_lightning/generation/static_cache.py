@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from rlvr_lightning.generation.kv_cache import cache_argument, returned_cache
 
 CAPACITY_STEP = 64  # cache slots are allocated in multiples of this (prompts of other lengths reuse a workspace)
+DEVICE_COUNTER_RELEASE = "5.4"  # the first transformers whose `StaticLayer` counts its length in a device tensor
 
 
 def text_config(model: nn.Module):
@@ -38,7 +39,7 @@ def text_config(model: nn.Module):
 def static_cache_support(model: nn.Module) -> str | None:
     """Why `model` cannot decode with a static cache, or None: a transformers model whose every layer is full
     attention (sliding-window and linear-attention layers keep other slots) and that takes custom attention
-    functions and full-graph compilation."""
+    functions and full-graph compilation, on a transformers whose static cache counts its length on the device."""
     from transformers.cache_utils import StaticCache, StaticLayer
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -53,6 +54,13 @@ def static_cache_support(model: nn.Module) -> str | None:
         return f"transformers builds no static cache for {name}: {error}"
     if not layers or any(type(layer) is not StaticLayer for layer in layers):
         return f"{name} has layers other than full attention (sliding window, linear attention)"
+    if not isinstance(getattr(layers[0], "cumulative_length", None), torch.Tensor):
+        import transformers
+
+        return (
+            f"transformers {transformers.__version__} keeps its static cache's length on the host, which a captured "
+            f"step cannot advance (transformers >= {DEVICE_COUNTER_RELEASE} keeps it on the device)"
+        )
     return None
 
 

@@ -149,3 +149,25 @@ def test_a_model_with_sliding_window_layers_is_refused_before_decoding(make_poli
     )
     with pytest.raises(ValueError, match="StaticCacheGeneration cannot decode this model: MistralForCausalLM has"):
         policy.sample(PROMPTS, 1, SamplingConfig(max_new_tokens=4))
+
+
+def test_a_transformers_without_a_device_length_counter_decodes_eagerly(make_policy, monkeypatch):
+    """transformers < 5.4 counts a `StaticLayer`'s length on the host (no `cumulative_length` tensor): the default
+    backend keeps the eager loop on CUDA, and `StaticCacheGeneration` refuses with the reason before decoding."""
+    from transformers.cache_utils import StaticLayer
+
+    original = StaticLayer.__init__
+
+    def host_counting_init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        del self.cumulative_length
+
+    model = make_policy().model
+    assert DeviceDefaultGeneration.decodes_statically(torch.device("cuda", 0), model)
+    monkeypatch.setattr(StaticLayer, "__init__", host_counting_init)
+    assert not DeviceDefaultGeneration.decodes_statically(torch.device("cuda", 0), model)
+    policy = make_policy(
+        generation=GenerationOptions(backend=StaticCacheGeneration()), prompt=PromptOptions(template="raw")
+    )
+    with pytest.raises(ValueError, match=r"keeps its static cache's length on the host.*transformers >= 5\.4"):
+        policy.sample(PROMPTS, 1, SamplingConfig(max_new_tokens=4))
