@@ -20,7 +20,9 @@ state after the last step is restored, so the steps decoded past the end leave n
 
 from __future__ import annotations
 
+import functools
 import time
+import warnings
 from typing import Annotated
 
 import torch
@@ -64,7 +66,8 @@ class StaticCacheGeneration(KVCacheGeneration):
             CompileMode,
             Option(
                 'how the step runs (`generation/step_capture.py`): "auto" (the default: "reduce-overhead" on a '
-                'CUDA device, "none" elsewhere), "none", "aot_eager", "default", "reduce-overhead", "cuda-graph".'
+                'CUDA device, "none" elsewhere; where the compiler fails, a warning and "none"), "none", '
+                '"aot_eager", "default", "reduce-overhead", "cuda-graph".'
             ),
         ] = "auto",
         sync_every: Annotated[
@@ -81,6 +84,7 @@ class StaticCacheGeneration(KVCacheGeneration):
         super().__init__(dtype)
         self.compile, self.sync_every = compile, sync_every
         self._workspaces = WorkspacePool()
+        self._compile_failed: str | None = None  # "none" once `compile="auto"`'s compiler failed on this machine
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_workspaces": WorkspacePool()}  # buffers and graphs never travel (deepcopy)
@@ -93,18 +97,28 @@ class StaticCacheGeneration(KVCacheGeneration):
         reason = static_cache_support(model)
         if reason is not None:
             raise ValueError(f"StaticCacheGeneration cannot decode this model: {reason}; use KVCacheGeneration")
+        mode = self._compile_failed or resolve_compile_mode(self.compile, prompt_ids.device)
+        run = functools.partial(
+            static_generate, model, prompt_ids, prompt_mask, n, sampling, pool=self._workspaces, **kwargs
+        )
+        random = RandomStream(kwargs.get("generator"), prompt_ids.device).generator
+        before = random.get_state()
         with torch.no_grad():
-            return static_generate(
-                model,
-                prompt_ids,
-                prompt_mask,
-                n,
-                sampling,
-                pool=self._workspaces,
-                mode=resolve_compile_mode(self.compile, prompt_ids.device),
-                sync_every=self.sync_every,
-                **kwargs,
-            )
+            try:
+                return run(mode=mode, sync_every=self.sync_every)
+            except torch._dynamo.exc.TorchDynamoException as error:
+                if self.compile != "auto" or mode == "none":
+                    raise
+                # the default's compiler failed on this machine: decode the step eagerly from now on
+                warnings.warn(
+                    f"StaticCacheGeneration: compiling the decoding step ({mode!r}) failed, so it runs eagerly from "
+                    f"now on (slower on a GPU); `compile: none` chooses that without trying. The error: "
+                    f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}",
+                    stacklevel=2,
+                )
+                self._compile_failed = "none"
+                random.set_state(before)  # the eager attempt samples what the compiled one would have
+                return run(mode="none", sync_every=self.sync_every)
 
 
 class RandomStream:

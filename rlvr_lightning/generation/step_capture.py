@@ -8,7 +8,8 @@
   step, the workspace's buffers marked as static addresses so nothing is copied in.
 * `cuda-graph`: the eager step captured by `torch.cuda.CUDAGraph` (no compiler): one graph launch per step with
   the same kernels as `none`.
-* `auto`: `reduce-overhead` on a CUDA device, `none` elsewhere.
+* `auto`: `reduce-overhead` on a CUDA device, `none` elsewhere; where the compiler fails (no working Triton, an
+  operator inductor cannot lower), `StaticCacheGeneration` warns and runs the step as `none` from then on.
 
 Every mode is `fullgraph=True`: a graph break is an error, not a silent slow path. Random draws stay outside the
 step (`StaticCacheGeneration` draws each step's uniforms into the workspace), so no mode needs the generator's

@@ -38,3 +38,39 @@ def test_greedy_decoding_compiles_its_own_graph(compile_counts):
     pair = run_pair(tiny_model("qwen2"), SamplingConfig(max_new_tokens=12, do_sample=False), mode="aot_eager")
     assert_same(pair)
     assert compile_counts["stats"]["unique_graphs"] == 1 and not compile_counts["graph_break"]
+
+
+def test_the_default_decodes_eagerly_after_its_compiler_failed(make_policy, monkeypatch, compile_counts):
+    """`compile="auto"` whose compiler fails warns, samples what the eager step samples from the same random state,
+    and does not try again; a compile mode named in the config raises the compiler's error."""
+    from rlvr_lightning.generation import StaticCacheGeneration, static_generation, step_capture
+    from rlvr_lightning.policies.hf_options import GenerationOptions, PromptOptions
+
+    calls = []
+
+    def failing_backend(graph, example_inputs):
+        calls.append(graph)
+        raise RuntimeError("no working compiler here")
+
+    def failing_compile(step, mode):
+        return torch.compile(step, fullgraph=True, dynamic=False, backend=failing_backend)
+
+    monkeypatch.setattr(static_generation, "resolve_compile_mode", lambda mode, device: mode.replace("auto", "default"))
+    monkeypatch.setattr(step_capture, "compiled", failing_compile)
+    prompts, sampling = {"prompt": ["What is 2+3?", "Say ab."]}, SamplingConfig(max_new_tokens=12, temperature=0.9)
+
+    def sample(backend):
+        policy = make_policy(generation=GenerationOptions(backend=backend), prompt=PromptOptions(template="raw"))
+        torch.manual_seed(3)
+        return policy, policy.sample(prompts, 2, sampling)
+
+    _, eager = sample(StaticCacheGeneration(compile="none"))
+    with pytest.warns(UserWarning, match=r"compiling the decoding step \('default'\) failed, so it runs eagerly"):
+        policy, fell_back = sample(StaticCacheGeneration())
+    assert torch.equal(fell_back.response_ids, eager.response_ids) and fell_back.response_text == eager.response_text
+    assert torch.equal(fell_back.sampling_log_probs, eager.sampling_log_probs)
+    assert len(calls) == 1
+    policy.sample(prompts, 2, sampling)
+    assert len(calls) == 1  # decoded eagerly, without compiling again
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match="no working compiler here"):
+        sample(StaticCacheGeneration(compile="default"))
