@@ -4,7 +4,8 @@ built from their boundaries (`core/packing.py: document_causal_blocks`), never b
 `HFPolicy(model=HFModelOptions(packed_attention=...))` picks the kernel of packed scoring:
 
 * `"auto"` (default): FlexAttention on a CUDA device where the model allows it (below) and its own
-  implementation is sdpa or eager (which would build a dense mask), else `"model"`;
+  implementation is sdpa or eager (which would build a dense mask), else `"model"`; where FlexAttention fails to
+  compile (no working Triton), a warning with the error and `"model"` from then on;
 * `"flex"`: FlexAttention (an error where the model does not allow it);
 * `"model"`: the model's own `attn_implementation` (sdpa, eager: transformers' block-diagonal mask from the
   restarting position ids; flash attention: its varlen kwargs).
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -78,6 +80,18 @@ def use_flex(choice: str, model: nn.Module, config: Any, device: torch.device, c
     if choice == "flex":
         raise ValueError(f"HFPolicy model.packed_attention='flex': {refusal}; valid here: auto, model")
     return False
+
+
+def flex_compile_failed(policy: Any, device: torch.device, error: Exception) -> None:
+    """`packed_attention="auto"` whose FlexAttention kernel failed to compile on this machine: warn with the error
+    and score packed rows with the model's own kernel from now on (the failed forward is run again with it)."""
+    warnings.warn(
+        f"HFPolicy: compiling FlexAttention for packed scoring failed, so packed rows use the model's own attention "
+        f"({policy.hf_config._attn_implementation}) from now on; `model.packed_attention: model` chooses that "
+        f"without trying. The error: {type(error).__name__}: {(str(error).splitlines() or [''])[0]}",
+        stacklevel=3,
+    )
+    policy.__dict__.setdefault("_packed_kernels", {})[policy._packed_kernel_key(device)] = False
 
 
 @functools.cache

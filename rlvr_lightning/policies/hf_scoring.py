@@ -31,6 +31,7 @@ from rlvr_lightning.generation.loop import position_ids_from_mask
 from rlvr_lightning.policies.flex_packing import (
     FLEX_IMPLEMENTATION,
     attention_implementation,
+    flex_compile_failed,
     register_flex_attention,
     use_flex,
 )
@@ -198,12 +199,22 @@ class HFScoring:
         `rollout` (rows and columns in `PackedOutput`), from one padding-free forward."""
         layout, ids = layout_and_ids(rollout)
         dtype = next(self.base_model.parameters()).dtype
-        flex = self.packed_attention_kernel(ids.device) == FLEX_IMPLEMENTATION
-        inputs = packed_inputs(self.base_model, self.hf_config, layout, ids, dtype, flex)
         index = layout.score_index
         keep_indices = with_logits and self._logits_to_keep_supported()
-        with attention_implementation(self.hf_config, FLEX_IMPLEMENTATION) if flex else contextlib.nullcontext():
-            out = self._run(with_logits, with_hidden, keep=index if keep_indices else 0, **inputs)
+
+        def forward(flex: bool):
+            inputs = packed_inputs(self.base_model, self.hf_config, layout, ids, dtype, flex)
+            with attention_implementation(self.hf_config, FLEX_IMPLEMENTATION) if flex else contextlib.nullcontext():
+                return self._run(with_logits, with_hidden, keep=index if keep_indices else 0, **inputs)
+
+        flex = self.packed_attention_kernel(ids.device) == FLEX_IMPLEMENTATION
+        try:
+            out = forward(flex)
+        except torch._dynamo.exc.TorchDynamoException as error:
+            if not (flex and self.packed_attention == "auto"):
+                raise
+            flex_compile_failed(self, ids.device, error)
+            out = forward(False)
         logits = None
         if with_logits:
             logits = out.logits[0] if keep_indices else out.logits[0, index]
@@ -213,15 +224,19 @@ class HFScoring:
     def packed_attention_kernel(self, device: torch.device) -> str:
         """The attention implementation packed scoring runs on `device` (`packed_attention`; decided once per
         setting: the check looks through the model's modules)."""
-        choice, checkpointing = self.packed_attention, self.gradient_checkpointing
-        key = (choice, device.type, checkpointing, self.hf_config._attn_implementation)
+        key = self._packed_kernel_key(device)
         decided = self.__dict__.setdefault("_packed_kernels", {})
         if key not in decided:
-            decided[key] = use_flex(choice, self.base_model, self.hf_config, device, checkpointing)
+            decided[key] = use_flex(
+                self.packed_attention, self.base_model, self.hf_config, device, self.gradient_checkpointing
+            )
         if decided[key]:
             register_flex_attention()
             return FLEX_IMPLEMENTATION
         return str(self.hf_config._attn_implementation)
+
+    def _packed_kernel_key(self, device: torch.device) -> tuple:
+        return (self.packed_attention, device.type, self.gradient_checkpointing, self.hf_config._attn_implementation)
 
     def _packing_pays(self, rollout: Rollout) -> bool:
         """Packed scoring, unless prefix sharing runs fewer positions (each distinct prompt once, the responses

@@ -115,3 +115,34 @@ def test_torch_flex_attention_reads_the_block_mask_as_the_reference_does():
     index = torch.arange(doc.numel())
     dense = (doc[:, None] == doc[None, :]) & (index[None, :] <= index[:, None])
     assert torch.equal(flex_packing.expanded_block_mask(flex_packing.document_block_mask(doc, 4)), dense)
+
+
+def test_auto_scores_with_the_models_kernel_after_flex_failed_to_compile(make_policy, monkeypatch, counted_flex):
+    """`packed_attention: auto` whose FlexAttention fails to compile warns, gives the model kernel's log-probs and
+    gradients for that forward and does not try again; `flex` named in the config raises the compiler's error."""
+    from rlvr_lightning.policies import hf_scoring
+
+    class CompileFailure(torch._dynamo.exc.TorchDynamoException):  # what dynamo and inductor raise derive from it
+        pass
+
+    def compile_failure(*args, **kwargs):
+        raise CompileFailure("no working Triton here")
+
+    monkeypatch.setattr(hf_scoring, "use_flex", lambda choice, *args: choice != "model")  # as on a CUDA device
+    monkeypatch.setattr(flex_packing, "expanded_block_mask", compile_failure)
+    kwargs = {"generation": GenerationOptions(share_prompt_prefix=False)}
+    policy = make_policy(model=HFModelOptions(packed_attention="auto"), **kwargs)
+    rollout = uneven_rollout(policy.hf_config.vocab_size, seed=3)
+    with pytest.warns(UserWarning, match="compiling FlexAttention for packed scoring failed.*no working Triton"):
+        values, grads = _log_probs_and_grads(policy, rollout, packed=True)
+    assert len(counted_flex) == 1  # the first layer's attempt
+    reference = make_policy(model=HFModelOptions(packed_attention="model"), **kwargs)
+    expected, expected_grads = _log_probs_and_grads(reference, rollout, packed=True)
+    torch.testing.assert_close(values, expected, atol=0, rtol=0)
+    for a, b in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+    _log_probs_and_grads(policy, rollout, packed=True)
+    assert len(counted_flex) == 1 and policy.packed_attention_kernel(rollout.prompt_ids.device) == "sdpa"
+    named = make_policy(model=HFModelOptions(packed_attention="flex"), **kwargs)
+    with pytest.raises(CompileFailure, match="no working Triton here"):
+        _log_probs_and_grads(named, rollout, packed=True)
