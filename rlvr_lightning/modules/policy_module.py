@@ -6,7 +6,7 @@
     scoring and correctness                                  score, correctness (modules/scoring.py)
     the sampled validation loop and predictions              validation_step, predict_step
     where the modules compute, FSDP2                         configure_model (parallel/fsdp.py)
-    fp32 master weights                                      on_fit_start (modules/training_precision.py)
+    fp32 master weights; bf16 clipping of fused optimizers   on_fit_start, clip_gradients (training_precision.py)
     no cuDNN attention while fitting on a GPU                on_fit_start, teardown (modules/attention_kernels.py)
 
 Validation samples `validation.group_size` (greedy or sampled) responses per held-out prompt: mean reward
@@ -28,7 +28,7 @@ from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.modules import scoring
 from rlvr_lightning.modules.attention_kernels import restore_cudnn_attention, turn_off_cudnn_attention
 from rlvr_lightning.modules.options import ValidationConfig
-from rlvr_lightning.modules.training_precision import check_training_precision
+from rlvr_lightning.modules.training_precision import check_training_precision, clipping_without_a_scaler
 from rlvr_lightning.parallel.fsdp import data_parallel_mesh, gathered_params, shard_for_training
 from rlvr_lightning.policies.base import Policy, PromptBatch
 from rlvr_lightning.rewards.base import RewardCallback, find_reward_callbacks
@@ -76,6 +76,11 @@ class PolicyModule(pl.LightningModule):
 
     def setup(self, stage: str) -> None:
         self.reward_callbacks = find_reward_callbacks(self.trainer.callbacks)
+
+    def clip_gradients(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        """Lightning's, which under bf16-mixed also clips for a fused optimizer (`clipping_without_a_scaler`)."""
+        with clipping_without_a_scaler(self.trainer.precision_plugin):
+            super().clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def configure_model(self) -> None:
         """Record where the modules compute; shard the policy (and reference) under FSDP2 (`parallel/fsdp.py`)."""

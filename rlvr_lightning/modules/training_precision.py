@@ -1,5 +1,5 @@
 """Refuse training precisions that lose the update: weights the optimizer steps in bf16/fp16, and fp16's loss
-scaling under manual optimisation.
+scaling under manual optimisation; clip a fused optimizer's gradients under bf16-mixed, which Lightning refuses.
 
 bf16 keeps 8 significant bits: an update smaller than about 1/256 of a weight rounds away. AdamW's update is
 about `lr` per weight, so at RL learning rates (1e-6) almost no bf16 weight moves; mixed-precision training
@@ -9,6 +9,10 @@ fp32 shards; LoRA adapters are fp32 over a bf16 base (peft's default).
 """
 
 from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator
 
 import torch
 
@@ -47,3 +51,20 @@ def check_training_precision(module) -> None:
         "shard with FSDP2Strategy(param_dtype: bfloat16) over fp32 weights; or train a LoRA adapter (lora.r > 0), "
         "whose weights stay fp32 over a bf16 base"
     )
+
+
+@contextlib.contextmanager
+def clipping_without_a_scaler(plugin) -> Iterator[None]:
+    """Within the block, a Lightning `MixedPrecision` plugin without a loss scaler (bf16) clips gradients as the
+    plain `Precision` does. Lightning refuses to clip for a fused optimizer under every `MixedPrecision`, because a
+    fused step unscales fp16's scaled gradients itself; bf16 scales nothing, so there is nothing to refuse."""
+    from lightning.pytorch.plugins.precision import MixedPrecision, Precision
+
+    if not isinstance(plugin, MixedPrecision) or plugin.scaler is not None:
+        yield
+        return
+    plugin.clip_gradients = functools.partial(Precision.clip_gradients, plugin)  # shadows the class's method
+    try:
+        yield
+    finally:
+        del plugin.clip_gradients

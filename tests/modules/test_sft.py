@@ -221,3 +221,21 @@ def test_jsonl_lines_can_be_text_for_language_models(tmp_path):
     path = tmp_path / "chat.jsonl"
     path.write_text(json.dumps({"prompt": [{"role": "user", "content": "hi"}], "response": "hello"}) + "\n")
     assert read_jsonl(path)[0]["prompt"][0]["content"] == "hi"
+
+
+def test_a_fused_optimizer_is_clipped_under_bf16_mixed(tmp_path):
+    """Lightning's automatic optimisation with `trainer.gradient_clip_val` refuses a fused optimizer under every
+    mixed precision; under bf16-mixed SFT clips it as the same optimizer unfused."""
+    train = write_jsonl(sort_pairs(16), tmp_path / "train.jsonl")
+
+    def trained(fused: bool, clip: float | None = 1e-3) -> list[torch.Tensor]:
+        pl.seed_everything(0)
+        module = SFTModule(toy(), optimizer=lambda params: torch.optim.SGD(params, lr=0.5, fused=fused))
+        fit = trainer(steps=2, precision="bf16-mixed", gradient_clip_val=clip, limit_val_batches=0)
+        fit.fit(module, SFTDataModule(train_file=str(train), batch_size=8))
+        return [p.detach().clone() for p in module.policy.parameters()]
+
+    clipped = trained(fused=True)
+    for a, b in zip(clipped, trained(fused=False), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
+    assert any((a - b).abs().max() > 1e-3 for a, b in zip(clipped, trained(True, clip=None), strict=True))

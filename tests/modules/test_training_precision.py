@@ -73,3 +73,28 @@ def test_frozen_bf16_weights_and_automatic_fp16_scaling_pass():
     check_training_precision(stub([("adapter", adapter)], "16-mixed", automatic=True))  # Lightning scales and unscales
     with pytest.raises(ValueError, match=r"\(base\)"):
         check_training_precision(stub([("base", frozen.requires_grad_(True))], "bf16-mixed"))
+
+
+def test_a_fused_optimizer_is_clipped_under_bf16_mixed(in_tmp_dir):
+    """Lightning refuses to clip for a fused optimizer under every mixed precision (fp16's loss scaler unscales
+    inside a fused step); bf16 scales nothing, so the update clips it as the same optimizer unfused."""
+    import functools
+
+    from rlvr_lightning.advantages import CenteredAdvantage
+    from rlvr_lightning.modules.options import UpdateConfig
+
+    def trained(fused: bool, max_grad_norm: float | None) -> list[torch.Tensor]:
+        module = RLVRModule(
+            toy_policy(),
+            group_size=4,
+            optimizer=functools.partial(torch.optim.SGD, lr=0.5, fused=fused),
+            update=UpdateConfig(max_grad_norm=max_grad_norm),
+        )
+        fit(module, [SortInclusionOrderingReward(), CenteredAdvantage()], steps=2, precision="bf16-mixed")
+        return [p.detach().clone() for p in module.policy.parameters()]
+
+    clipped = trained(fused=True, max_grad_norm=1e-3)
+    for a, b in zip(clipped, trained(fused=False, max_grad_norm=1e-3), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
+    unclipped = trained(fused=True, max_grad_norm=None)
+    assert any((a - b).abs().max() > 1e-3 for a, b in zip(clipped, unclipped, strict=True))
