@@ -21,6 +21,7 @@ than the wall times.
     python scripts/bench_step.py --case tiny --steps 10
     python scripts/bench_step.py --case smollm2 --steps 4   # needs `rlvr-models fetch smollm2-135m-instruct`
     python scripts/bench_step.py --case smollm2 smollm2_long --device cuda   # both legs on a GPU (fp32)
+    python scripts/bench_step.py --case smollm2 smollm2_long --device cuda --gpu-precision   # each side's bf16
     python scripts/bench_step.py --case natural --steps 7  # uneven lengths: padded vs packed micro-batches
     python scripts/bench_step.py --case smollm2 smollm2_long --legs ours vllm trl --rounds 2 \
         --vllm-python .venv-vllm/bin/python
@@ -28,7 +29,12 @@ than the wall times.
 Precision: both sides keep fp32 weights, gradients and AdamW states. By default both also sample in fp32;
 `--sampling-dtype bfloat16` has our legs sample in bf16 (our loop from a bf16 copy of the weights refreshed after
 each update, the engine with `dtype: bfloat16`), `--trl-bf16` runs TRL with `GRPOConfig(bf16=True)` (autocast
-around its generation and update). `peak_MB` is each leg process's peak resident memory (ru_maxrss).
+around its generation and update), `--precision bf16-mixed` runs our Trainer under bf16 autocast.
+`--gpu-precision` is what each side picks on a GPU: ours `bf16-mixed` sampling in the dtype it computes in (`auto`:
+bf16), TRL `bf16=True`. `peak_MB` is each leg process's peak resident memory (ru_maxrss).
+
+Our legs sample with the backend an `HFPolicy` uses when none is named (`--generation default`: static decoding
+on a CUDA device, our eager loop on a CPU); `eager` and `static` name one.
 
 Legs: `ours` (our KV-cache loop, in a process set up as `rlvr` sets up its own: freed memory returned to the
 OS, `runtime/process_memory.py`), `heap` (ours with glibc's default allocator settings), `plain` (ours with
@@ -104,13 +110,15 @@ def run_ours(
     sampling_dtype: str = "float32",
     lean_activations: bool = True,
     device: str = "cpu",
+    generation_name: str = "default",
+    precision: str = "32-true",
 ) -> StepTimer:
     import lightning.pytorch as pl
 
     from rlvr_lightning.advantages import GroupNormalizedAdvantage
     from rlvr_lightning.data.datamodule import RLVRDataModule
     from rlvr_lightning.data.inline_task import InlineTask
-    from rlvr_lightning.generation.loop import KVCacheGeneration
+    from rlvr_lightning.generation import DeviceDefaultGeneration, KVCacheGeneration, StaticCacheGeneration
     from rlvr_lightning.generation.sampling_config import SamplingConfig
     from rlvr_lightning.modules.rlvr import RLVRModule
     from rlvr_lightning.policies.hf import HFPolicy
@@ -132,7 +140,8 @@ def run_ours(
     pl.seed_everything(seed, verbose=False)
     new_tokens = case["new_tokens"]
     # fp32 master weights and update; the sampler computes in `sampling_dtype` (bf16: a cast copy of the weights)
-    generation = KVCacheGeneration(dtype=sampling_dtype)
+    backends = {"default": DeviceDefaultGeneration, "eager": KVCacheGeneration, "static": StaticCacheGeneration}
+    generation = backends[generation_name](dtype=sampling_dtype)
     if engine:
         from rlvr_lightning.policies import VLLMGeneration
 
@@ -165,6 +174,7 @@ def run_ours(
     trainer = pl.Trainer(
         accelerator="gpu" if device == "cuda" else "cpu",
         devices=1,
+        precision=precision,
         max_epochs=1,
         limit_train_batches=steps,
         limit_val_batches=0,
@@ -232,6 +242,10 @@ def run_leg(leg: str, case: str, model_dir: Path, args, steps: int, tmp: Path) -
         args.device,
         "--sampling-dtype",
         args.sampling_dtype,
+        "--precision",
+        args.precision,
+        "--generation",
+        args.generation,
         *(["--trl-bf16"] if args.trl_bf16 else []),
     ]
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
@@ -246,13 +260,22 @@ def worker(args) -> int:
             timer = run_trl(model_dir, case, args.steps, args.seed, tmp, bf16=args.trl_bf16, device=args.device)
     else:
         engine = args.worker == "vllm"
-        precision = {"sampling_dtype": args.sampling_dtype, "device": args.device}
+        precision = {"sampling_dtype": args.sampling_dtype, "device": args.device, "precision": args.precision}
         lean = args.worker != "plain"
         if args.worker != "heap":
             from rlvr_lightning.runtime.process_memory import return_freed_memory_to_the_os
 
             return_freed_memory_to_the_os()
-        timer = run_ours(model_dir, case, args.steps, args.seed, engine=engine, lean_activations=lean, **precision)
+        timer = run_ours(
+            model_dir,
+            case,
+            args.steps,
+            args.seed,
+            engine,
+            lean_activations=lean,
+            generation_name=args.generation,
+            **precision,
+        )
     Path(args.json).write_text(json.dumps(timer.steps))
     return 0
 
@@ -283,16 +306,21 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--sampling-dtype",
-        choices=["float32", "bfloat16"],
+        choices=["float32", "bfloat16", "auto"],
         default="float32",
-        help="our legs' sampling precision (KVCacheGeneration / VLLMGeneration dtype); weights and update stay fp32",
+        help="our legs' sampling precision (the backend's dtype; auto: the dtype it computes in); weights stay fp32",
     )
+    parser.add_argument("--precision", choices=["32-true", "bf16-mixed"], default="32-true", help="our Trainer's")
+    parser.add_argument("--generation", choices=["default", "eager", "static"], default="default", help="our backend")
+    parser.add_argument("--gpu-precision", action="store_true", help="bf16-mixed, sampling auto, --trl-bf16")
     parser.add_argument(
         "--trl-bf16", action="store_true", help="TRL's leg with GRPOConfig(bf16=True) (autocast) instead of fp32"
     )
     parser.add_argument("--worker", choices=LEGS, default=None, help=argparse.SUPPRESS)  # one leg (run_leg)
     parser.add_argument("--model-dir", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.gpu_precision:
+        args.precision, args.sampling_dtype, args.trl_bf16 = "bf16-mixed", "auto", True
     CASES["tiny"]["prompts"] = TINY_PROMPTS[args.tiny_prompts]
 
     torch.set_num_threads(args.threads)
@@ -337,28 +365,12 @@ def main(argv: list[str] | None = None) -> int:
                 "median seconds per step"
             )
             print(
-                f"precision: ours fp32 weights and update, sampling {args.sampling_dtype}; "
-                f"TRL {'bf16 autocast (GRPOConfig bf16=True)' if args.trl_bf16 else 'fp32'}; "
+                f"precision: ours fp32 weights, trainer {args.precision}, sampling {args.sampling_dtype} with the "
+                f"{args.generation} backend; TRL {'bf16 autocast (bf16=True)' if args.trl_bf16 else 'fp32'}; "
                 "peak_MB: the leg process's peak resident memory"
             )
-            print(
-                f"{'':<6} "
-                + " ".join(
-                    f"{k:>9}"
-                    for k in [
-                        "step",
-                        "generate",
-                        "reward",
-                        "lp_fwd",
-                        "backward",
-                        "optim",
-                        "other",
-                        "cpu",
-                        "gen_cpu",
-                        "peak_MB",
-                    ]
-                )
-            )
+            columns = "step generate reward lp_fwd backward optim other cpu gen_cpu peak_MB".split()
+            print(f"{'':<6} " + " ".join(f"{k:>9}" for k in columns))
             for label, m in summary.items():
                 print(fmt_row(label, m))
             ratios = {}

@@ -8,8 +8,9 @@
 #   qwen_fsdp2     steps of the recipe at Qwen2.5-1.5B's size (random weights) sharded by FSDP2 over
 #                  every GPU (NCCL; one GPU is a world of one)
 #   qwen_offload   the same with CPU offload (configs/gpu/cpu_offload.yaml)
-#   bench     scripts/bench_step.py, ours vs TRL's GRPOTrainer on the GPU (fp32; needs `pip install trl`), the
-#             cases BENCH_CASES (default: smollm2 smollm2_long), BENCH_STEPS measured steps (default 4)
+#   bench     scripts/bench_step.py, ours (the backend an HFPolicy picks on CUDA: static decoding) vs TRL's
+#             GRPOTrainer on the GPU (needs TRL), the cases BENCH_CASES (default: smollm2 smollm2_long), BENCH_STEPS
+#             measured steps (default 4), in each of BENCH_PRECISIONS (default: fp32 gpu; gpu: each side's bf16)
 #   static    tests/gpu/test_static_decoding_cuda.py alone: static decoding in each compile mode samples the eager
 #             loop's tokens, one host sync per 8 steps, the default backend decodes statically on CUDA
 #   decode    scripts/bench_decode.py: ms per decoding step, tokens/s, bandwidth as a fraction of the device's,
@@ -29,18 +30,30 @@
 #
 # SmolLM2 comes from `rlvr-models fetch smollm2-135m-instruct`; where the cache holds its config and tokenizer
 # but no weights, random weights of its shape are used (steps and memory are those of the real model).
+# On a machine without network, scripts/gpu_bundle.sh gathers beforehand into .gpu (GPU_BUNDLE) the wheels of the
+# packages its image lacks (installed first, without dependencies, ahead of the image's own), SmolLM2's config and
+# tokenizer (RLVR_CACHE's default then) and GSM8K (GSM8K_DIR's default then).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${GPU_CHECK_OUT:-runs/gpu_check}"
 limit="${PART_LIMIT_S:-600}"
 steps="${STEPS:-10}"
 new_tokens="${MAX_NEW_TOKENS:-256}"
+bundle="${GPU_BUNDLE:-.gpu}"
 gsm8k="${GSM8K_DIR:-../shared/data/gsm8k}"
+[ -z "${GSM8K_DIR:-}" ] && [ -f "$bundle/gsm8k/train.jsonl" ] && gsm8k="$bundle/gsm8k"
+[ -z "${RLVR_CACHE:-}" ] && [ -d "$bundle/cache/models" ] && export RLVR_CACHE="$(cd "$bundle/cache" && pwd)"
 python="${PYTHON:-python3}"
 workers=()  # pytest-xdist's workers for the tests part, where it is installed
 "$python" -c "import xdist" 2>/dev/null && [ "${TEST_WORKERS:-4}" -gt 1 ] && workers=(-n "${TEST_WORKERS:-4}")
-read -r -a bench_cases <<<"${BENCH_CASES:-smollm2 smollm2_long}"
 mkdir -p "$out"
+wheels="$bundle/wheels"
+if compgen -G "$wheels/*.whl" >/dev/null; then
+    site="${TMPDIR:-/tmp}/rlvr_gpu_site"
+    "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" \
+        "$wheels"/*.whl || { echo "could not install the wheels in $wheels" >&2; exit 1; }
+    export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 WANDB_MODE=disabled PYTHONUNBUFFERED=1
 parts=("$@")
 [ ${#parts[@]} -eq 0 ] && parts=(tests smollm2 qwen_fsdp2 qwen_offload bench decode score vllm)
@@ -52,11 +65,14 @@ print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.device
 for i in range(torch.cuda.device_count()):
     p = torch.cuda.get_device_properties(i)
     print(f"  cuda:{i} {p.name}, {p.total_memory / 2**30:.0f} GiB, bf16 {torch.cuda.is_bf16_supported()}")
-for name in ("lightning", "transformers", "flash_attn", "vllm", "trl"):
+from importlib.metadata import version
+for name in ("lightning", "transformers", "jsonargparse", "math_verify", "flash_attn", "vllm", "trl", "datasets",
+             "pyarrow"):
     try:
-        print(f"{name} {__import__(name).__version__}")
-    except ImportError:
-        print(f"{name} not installed")
+        __import__(name)
+        print(f"{name} {version(name.replace('_', '-'))}")
+    except Exception as error:  # noqa: BLE001 - a package that fails to import is reported, not fatal
+        print(f"{name} not importable ({type(error).__name__}: {error})")
 EOF
 
 # SmolLM2 with random weights where only its config and tokenizer are in the cache
@@ -124,13 +140,23 @@ fit_figure() {  # step time and sampling speed of a fit_recipe run
         train/generation/tokens_per_second) tok/s"
 }
 
+bench_precisions() {  # bench_step.py in fp32, then with each side's GPU precision
+    local precision
+    for precision in ${BENCH_PRECISIONS:-fp32 gpu}; do
+        echo "## precision $precision"
+        # shellcheck disable=SC2046,SC2086 - the cases are words; the flag is there or not
+        "$python" scripts/bench_step.py --case ${BENCH_CASES:-smollm2 smollm2_long} --device cuda \
+            --steps "${BENCH_STEPS:-4}" $([ "$precision" = gpu ] && echo --gpu-precision) || return
+    done
+}
+
 vllm_tests() {
     "$python" -c "import vllm" 2>/dev/null || { echo "vLLM is not installed"; return 77; }
     "$python" -m pytest -q tests/engines
 }
 
 export out steps new_tokens gsm8k python
-export -f fit_recipe vllm_tests
+export -f fit_recipe bench_precisions vllm_tests
 
 for part in "${parts[@]}"; do
     case "$part" in
@@ -141,8 +167,8 @@ for part in "${parts[@]}"; do
         fit_recipe qwen_fsdp2 "$((steps / 2))" offline_qwen2.5_1.5b_random fsdp2 ;;
     qwen_offload) run_part qwen_offload "fit_figure qwen_offload" \
         fit_recipe qwen_offload 3 offline_qwen2.5_1.5b_random fsdp2 cpu_offload ;;
-    bench) run_part bench "grep -E '^trl / ours' $out/bench.log | head -n 2 | tr '\n' ' '" \
-        "$python" scripts/bench_step.py --case "${bench_cases[@]}" --device cuda --steps "${BENCH_STEPS:-4}" ;;
+    bench) run_part bench "awk '/^## precision/{p=\$3} /^== /{c=\$2} /^trl \\/ ours/{printf \"%s %s trl/ours %s; \", p, c, \$6}' $out/bench.log" \
+        bench_precisions ;;
     static) run_part static "grep -E '[0-9]+ (passed|failed)' $out/static.log | tail -n 1" \
         "$python" -m pytest -q -p no:cacheprovider tests/gpu/test_static_decoding_cuda.py ;;
     decode) run_part decode "grep -E '^# best' $out/decode.log | sed 's/^# best: //' | tail -n 2 | tr '\n' ' '" \
