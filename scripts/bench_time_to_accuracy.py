@@ -129,6 +129,8 @@ def cmd_run(args) -> None:
 def cmd_distill(args) -> None:
     teacher = args.teacher or args.out / f"ours_s{args.teacher_seed}" / "checkpoints" / "final.ckpt"
     if not teacher.exists():
+        if args.teacher:
+            raise SystemExit(f"no teacher: --teacher {teacher} does not exist")
         raise SystemExit(f"no teacher: {teacher} is written by `run --seeds {args.teacher_seed}` (our leg)")
     with holding(args.out):
         warm_up(args.out)

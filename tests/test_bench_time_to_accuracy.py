@@ -66,3 +66,10 @@ def test_the_target_within_one_standard_error_of_trl_final_accuracy(bench, tmp_p
     runs[("trl", 0)]["points"][-1]["problems"] = 400  # a quarter of the standard error: 0.70 - 0.0229
     assert bench.time_to_accuracy(runs[("ours", 0)], runs[("trl", 0)], within=1.0)[0] == pytest.approx(0.6771, 1e-4)
     assert bench.time_to_accuracy(runs[("ours", 0)], runs[("trl", 0)], within=1.0)[1] == pytest.approx(400 / 1200)
+
+
+def test_a_missing_teacher_is_named_by_the_option_that_gave_it(bench, tmp_path):
+    with pytest.raises(SystemExit, match=r"--teacher .*nowhere.ckpt does not exist"):
+        bench.main(["distill", "--out", str(tmp_path), "--teacher", str(tmp_path / "nowhere.ckpt")])
+    with pytest.raises(SystemExit, match=r"ours_s3/checkpoints/final.ckpt is written by `run --seeds 3`"):
+        bench.main(["distill", "--out", str(tmp_path), "--teacher_seed", "3"])
