@@ -9,7 +9,10 @@ is downloaded), for each way of running the rows:
 * `packed-flex`: one packed sequence through FlexAttention with a block mask from the rows' boundaries
   (`packed_attention: flex`; on a CPU its reference stand-in, an expanded mask for SDPA).
 
-Each in float32 and under bf16 autocast (`--dtypes`). The rows have uneven prompt and response lengths (uniform
+Each in float32 and under bf16 autocast (`--dtypes`), with lean activations (the default: `lean_activations`'s
+RMSNorm and SwiGLU forwards and the output layer through `linear_token_log_probs`) and, with `--plain` (the
+default on CUDA), also without them (transformers' own layers and a full logits tensor: `-plain` variants, the
+same weights). The rows have uneven prompt and response lengths (uniform
 in [half, full] of `--prompt` and [quarter, full] of `--response`), distinct prompts, and prefix sharing is off,
 so the three differ only in how attention and padding are handled. After `--warmup` untimed passes (FlexAttention
 compiles then), `--repeats` rounds run the variants in turn; per (dtype, variant) it prints the median forward and
@@ -19,6 +22,7 @@ the largest log-prob difference from `padded`; then each variant's forward + bac
 
     python scripts/bench_score.py --device cpu --tiny                   # a quick check of the script
     python scripts/bench_score.py --device cuda                         # 32 rows, prompts <= 256, responses <= 512
+    python scripts/bench_score.py --device cpu --tiny --plain           # lean against plain activations
     python scripts/bench_score.py --device cuda --rows 64 --dtypes bf16
 """
 
@@ -96,9 +100,11 @@ class Clock:
         return (time.perf_counter() - started) * 1e3
 
 
-def one_pass(policy, rollout, variant: str, autocast: torch.dtype | None, clock: Clock, kernels: list) -> dict:
+def one_pass(policies, rollout, variant: str, autocast: torch.dtype | None, clock: Clock, kernels: list) -> dict:
     """Forward and backward of one micro-batch; their ms, the kernel that ran, the peak memory and the log-probs."""
-    policy.packed_sequences, policy.packed_attention = VARIANTS[variant]
+    name, plain = variant.removesuffix("-plain"), variant.endswith("-plain")
+    policy = policies[plain]
+    policy.packed_sequences, policy.packed_attention = VARIANTS[name]
     policy.model.zero_grad(set_to_none=True)
     device = rollout.response_ids.device
     if device.type == "cuda":
@@ -128,22 +134,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--plain", action=argparse.BooleanOptionalAction, default=None, help="default: on CUDA")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
+    plain = device.type == "cuda" if args.plain is None else args.plain
     rows = args.rows or (4 if args.tiny else 32)
     prompt, response = args.prompt or (12 if args.tiny else 256), args.response or (20 if args.tiny else 512)
     config = TINY if args.tiny else SMOLLM2_135M
-    torch.manual_seed(0)
     tokenizer = save_tiny_tokenizer(Path(tempfile.mkdtemp()) / "tokenizer")
-    policy = HFPolicy(
-        model=HFModelOptions(config=config, tokenizer=str(tokenizer)),
-        generation=GenerationOptions(share_prompt_prefix=False),
-    )
-    policy.to(device)
-    set_compute_device(policy, device)
     kernels: list[str] = []
-    attention = policy.base_model.get_decoder().layers[0].self_attn
-    attention.register_forward_pre_hook(lambda module, args: kernels.append(module.config._attn_implementation))
+    policies = {}
+    for lean in (True, False) if plain else (True,):
+        torch.manual_seed(0)  # the same weights
+        policy = HFPolicy(
+            model=HFModelOptions(config=config, tokenizer=str(tokenizer), lean_activations=lean),
+            generation=GenerationOptions(share_prompt_prefix=False),
+        )
+        policy.to(device)
+        set_compute_device(policy, device)
+        attention = policy.base_model.get_decoder().layers[0].self_attn
+        attention.register_forward_pre_hook(lambda module, args: kernels.append(module.config._attn_implementation))
+        policies[not lean] = policy
+    variants = [*args.variants, *(f"{v}-plain" for v in args.variants if plain)]
     rollout = uneven_rollout(rows, prompt, response, policy.hf_config.vocab_size, device)
     tokens = int(rollout.prompt_mask.sum() + rollout.response_mask.sum())
     print(
@@ -155,30 +167,30 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     for dtype in args.dtypes:
         autocast = torch.bfloat16 if dtype == "bf16" else None
-        for variant in args.variants:
+        for variant in variants:
             started = time.perf_counter()
             for _ in range(args.warmup):
-                one_pass(policy, rollout, variant, autocast, clock, kernels)
+                one_pass(policies, rollout, variant, autocast, clock, kernels)
             print(f"# {dtype} {variant}: warm-up {time.perf_counter() - started:.1f} s", flush=True)
-        passes = {variant: [] for variant in args.variants}
+        passes = {variant: [] for variant in variants}
         for _ in range(args.repeats):
-            for variant in args.variants:
-                passes[variant].append(one_pass(policy, rollout, variant, autocast, clock, kernels))
+            for variant in variants:
+                passes[variant].append(one_pass(policies, rollout, variant, autocast, clock, kernels))
         for variant, runs in passes.items():
             results[dtype, variant] = runs
-    print(f"{'dtype':5} {'variant':13} {'forward ms':>10} {'backward ms':>11} {'peak MiB':>9} {'max |dlp|':>9}  kernel")
+    print(f"{'dtype':5} {'variant':19} {'forward ms':>10} {'backward ms':>11} {'peak MiB':>9} {'max |dlp|':>9}  kernel")
     for (dtype, variant), runs in results.items():
         forward = statistics.median(r["forward"] for r in runs)
         backward = statistics.median(r["backward"] for r in runs)
         peak = "-" if runs[0]["peak"] is None else f"{max(r['peak'] for r in runs) / 2**20:.0f}"
         reference = results.get((dtype, "padded"))
         diff = "-" if reference is None else f"{(runs[0]['log_probs'] - reference[0]['log_probs']).abs().max():.1e}"
-        print(f"{dtype:5} {variant:13} {forward:10.2f} {backward:11.2f} {peak:>9} {diff:>9}  {runs[0]['kernel']}")
+        print(f"{dtype:5} {variant:19} {forward:10.2f} {backward:11.2f} {peak:>9} {diff:>9}  {runs[0]['kernel']}")
     for dtype in args.dtypes:
         if (dtype, "packed-flex") not in results:
             continue
-        total = {v: statistics.median(r["forward"] + r["backward"] for r in results[dtype, v]) for v in args.variants}
-        ratios = ", ".join(f"{v} {total[v] / total['packed-flex']:.2f}x" for v in args.variants if v != "packed-flex")
+        total = {v: statistics.median(r["forward"] + r["backward"] for r in results[dtype, v]) for v in variants}
+        ratios = ", ".join(f"{v} {total[v] / total['packed-flex']:.2f}x" for v in variants if v != "packed-flex")
         print(f"# {dtype} forward + backward over packed-flex's: {ratios}")
     return 0
 
