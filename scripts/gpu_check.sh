@@ -10,7 +10,8 @@
 #   qwen_offload   the same with CPU offload (configs/gpu/cpu_offload.yaml)
 #   bench     scripts/bench_step.py, ours (the backend an HFPolicy picks on CUDA: static decoding) vs TRL's
 #             GRPOTrainer on the GPU (needs TRL), the cases BENCH_CASES (default: smollm2 smollm2_long), BENCH_STEPS
-#             measured steps (default 4), in each of BENCH_PRECISIONS (default: fp32 gpu; gpu: each side's bf16)
+#             measured steps (default 4), in each of BENCH_PRECISIONS (default: fp32 gpu; gpu: each side's bf16),
+#             the legs BENCH_LEGS (default: ours trl; plain: ours without lean activations)
 #   static    tests/gpu/test_static_decoding_cuda.py alone: static decoding in each compile mode samples the eager
 #             loop's tokens, one host sync per 8 steps, the default backend decodes statically on CUDA
 #   decode    scripts/bench_decode.py: ms per decoding step, tokens/s, bandwidth as a fraction of the device's,
@@ -146,7 +147,8 @@ bench_precisions() {  # bench_step.py in fp32, then with each side's GPU precisi
         echo "## precision $precision"
         # shellcheck disable=SC2046,SC2086 - the cases are words; the flag is there or not
         "$python" scripts/bench_step.py --case ${BENCH_CASES:-smollm2 smollm2_long} --device cuda \
-            --steps "${BENCH_STEPS:-4}" $([ "$precision" = gpu ] && echo --gpu-precision) || return
+            --steps "${BENCH_STEPS:-4}" --legs ${BENCH_LEGS:-ours trl} $([ "$precision" = gpu ] && echo --gpu-precision) \
+            || return
     done
 }
 
