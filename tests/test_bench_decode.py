@@ -5,6 +5,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -17,6 +19,10 @@ def load_bench():
 
 
 def test_the_table_has_every_variant_and_their_tokens_equal_the_eager_loops(capsys):
+    from tests.generation.static_pairs import static_decoding_unsupported
+
+    if static_decoding_unsupported():
+        pytest.skip(static_decoding_unsupported())
     bench = load_bench()
     args = ["--device", "cpu", "--rows", "4", "--new-tokens", "6", "--prompt-tokens", "8", "--group", "2"]
     assert bench.main([*args, "--variants", "eager", "static", "--sync-every", "4"]) == 0

@@ -109,3 +109,14 @@ def assert_same(pair: Pair, log_prob_tolerance: float = 1e-5) -> None:
     assert eager.steps == static.steps
     assert (eager.log_probs - static.log_probs).abs().max().item() <= log_prob_tolerance
     assert pair.same_stream_after
+
+
+def static_decoding_unsupported() -> str | None:
+    """Why this transformers cannot decode statically (older than 5.4: `StaticCacheGeneration` refuses), or None."""
+    from transformers.cache_utils import StaticLayer
+
+    if isinstance(getattr(StaticLayer(max_cache_len=8), "cumulative_length", None), torch.Tensor):
+        return None
+    import transformers
+
+    return f"static decoding needs transformers >= 5.4 (found {transformers.__version__})"

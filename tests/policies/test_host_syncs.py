@@ -123,6 +123,10 @@ def test_host_values_reach_a_gpu_without_a_synchronisation(monkeypatch):
 
 @pytest.mark.parametrize("sync_every", [1, 4, 8])
 def test_static_decoding_reads_the_host_once_per_block_of_steps(counted, monkeypatch, sync_every):
+    from tests.generation.static_pairs import static_decoding_unsupported
+
+    if static_decoding_unsupported():
+        pytest.skip(static_decoding_unsupported())
     """`StaticCacheGeneration`'s loop: one read per `sync_every` decoding steps, the model's decoding forwards
     included (its 4D mask is never read on the host); only the prefill's forward (transformers' mask check, once
     per generation) is left out."""
