@@ -34,6 +34,7 @@ from rlvr_lightning.generation.sampling_precision import (
     check_sampling_dtype,
     resolve_sampling_dtype,
 )
+from rlvr_lightning.generation.stop_strings import stop_string_end_filter
 from rlvr_lightning.runtime.devices import compute_device
 from rlvr_lightning.runtime.stage_reports import report_tokens
 from rlvr_lightning.runtime.timing import elapsed_seconds
@@ -355,7 +356,9 @@ class KVCacheGeneration(GenerationBackend):
         model = sampler
         prompt_ids, prompt_mask = left_pad(prompt_token_ids, pad_token_id)
         stop = StopStringChecker(
-            sampling.stop_strings, lambda rows: tokenizer.batch_decode(rows, skip_special_tokens=True)
+            sampling.stop_strings,
+            lambda rows: tokenizer.batch_decode(rows, skip_special_tokens=True),
+            stop_string_end_filter(tokenizer, sampling.stop_strings),
         )
         was_training = model.training
         model.eval()  # no dropout while sampling; gradient checkpointing would also turn the cache off

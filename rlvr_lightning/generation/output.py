@@ -11,9 +11,16 @@ from torch import Tensor
 class StopStringChecker:
     """Does the decoded tail of a row's response contain one of the stop strings?"""
 
-    def __init__(self, stop_strings: Sequence[str], decode: Callable[[list[list[int]]], list[str]]):
+    def __init__(
+        self,
+        stop_strings: Sequence[str],
+        decode: Callable[[list[list[int]]], list[str]],
+        may_end: Callable[[int], bool] | None = None,
+    ):
         self.stop_strings = [s for s in stop_strings if s]
         self.decode = decode
+        # False for a token that cannot complete a stop string: its row is not decoded (`stop_strings.py`)
+        self.may_end = may_end or (lambda token_id: True)
         longest = max((len(s) for s in self.stop_strings), default=0)
         # a character needs at most 4 byte-level tokens; +2 covers a merge at the boundary
         self.window = 4 * longest + 2

@@ -41,7 +41,7 @@ class RowEnds:
             if sampled[i] in self.eos_ids:
                 ended.append(i)
                 self.finished[row] = True
-            elif stop:
+            elif stop and stop.may_end(sampled[i]):
                 candidates.append(i)
         if candidates:
             lo = max(0, step + 1 - stop.window)
