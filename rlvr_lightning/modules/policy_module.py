@@ -79,7 +79,7 @@ class PolicyModule(pl.LightningModule):
 
     def clip_gradients(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
         """Lightning's, which under bf16-mixed also clips for a fused optimizer (`clipping_without_a_scaler`)."""
-        with clipping_without_a_scaler(self.trainer.precision_plugin):
+        with clipping_without_a_scaler(getattr(self._trainer, "precision_plugin", None)):  # None: under Fabric
             super().clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def configure_model(self) -> None:
