@@ -7,14 +7,17 @@ is downloaded), for each way of running the rows:
 * `packed-model`: one packed sequence, the model's own kernel (`packed_attention: model`; SDPA with
   transformers' block-diagonal mask from the restarting position ids);
 * `packed-flex`: one packed sequence through FlexAttention with a block mask from the rows' boundaries
-  (`packed_attention: flex`; on a CPU its reference stand-in, an expanded mask for SDPA).
+  (`packed_attention: flex`; on a CPU its reference stand-in, an expanded mask for SDPA);
+* `shared`: the rows padded, each distinct prompt run once and its rows' responses on top of its key/value cache
+  (`share_prompt_prefix`, the default for grouped rollouts).
 
 Each in float32 and under bf16 autocast (`--dtypes`), with lean activations (the default: `lean_activations`'s
 RMSNorm and SwiGLU forwards and the output layer through `linear_token_log_probs`) and, with `--plain` (the
 default on CUDA), also without them (transformers' own layers and a full logits tensor: `-plain` variants, the
-same weights). The rows have uneven prompt and response lengths (uniform
-in [half, full] of `--prompt` and [quarter, full] of `--response`), distinct prompts, and prefix sharing is off,
-so the three differ only in how attention and padding are handled. After `--warmup` untimed passes (FlexAttention
+same weights). The rows come in groups of `--group` that share
+their prompt (a GRPO rollout), with uneven prompt and response lengths (uniform in [half, full] of `--prompt` and
+[quarter, full] of `--response`); prefix sharing is off but in `shared`, so the others differ only in how
+attention and padding are handled. After `--warmup` untimed passes (FlexAttention
 compiles then), `--repeats` rounds run the variants in turn; per (dtype, variant) it prints the median forward and
 backward ms (CUDA events; a host clock on a CPU), the attention implementation that ran (read from the model's
 config inside its first attention layer), the peak memory of the pass over the memory before it (CUDA only) and
@@ -50,30 +53,39 @@ from rlvr_lightning.rollout import Rollout  # noqa: E402
 from rlvr_lightning.runtime.devices import set_compute_device  # noqa: E402
 
 TINY = tiny_llama_config(hidden_size=72, num_attention_heads=9, num_key_value_heads=3, vocab_size=320)
-VARIANTS = {  # name: (packed_sequences, packed_attention)
-    "padded": (False, "model"),
-    "packed-model": (True, "model"),
-    "packed-flex": (True, "flex"),
+VARIANTS = {  # name: (packed_sequences, packed_attention, share_prompt_prefix)
+    "padded": (False, "model", False),
+    "packed-model": (True, "model", False),
+    "packed-flex": (True, "flex", False),
+    "shared": (False, "model", True),
 }
 
 
-def uneven_rollout(rows: int, prompt: int, response: int, vocab: int, device: torch.device, seed: int = 0):
-    """Left-padded distinct prompts of [prompt / 2, prompt] tokens, responses of [response / 4, response]."""
+def uneven_rollout(
+    rows: int, prompt: int, response: int, vocab: int, device: torch.device, group: int = 1, seed: int = 0
+):
+    """Groups of `group` rows sharing a left-padded prompt of [prompt / 2, prompt] tokens, responses of
+    [response / 4, response]."""
     g = torch.Generator().manual_seed(seed)
-    prompt_lengths = torch.randint(max(1, prompt // 2), prompt + 1, (rows,), generator=g)
+    groups = -(-rows // group)
+    prompt_lengths = torch.randint(max(1, prompt // 2), prompt + 1, (groups,), generator=g)
     response_lengths = torch.randint(max(1, response // 4), response + 1, (rows,), generator=g)
     columns_p, columns_r = torch.arange(prompt), torch.arange(response)
     prompt_mask = (columns_p >= prompt - prompt_lengths[:, None]).long()
     response_mask = (columns_r < response_lengths[:, None]).float()
-    prompt_ids = torch.randint(10, vocab, (rows, prompt), generator=g) * prompt_mask
+    prompt_ids = torch.randint(10, vocab, (groups, prompt), generator=g) * prompt_mask
+    prompt_ids, prompt_mask = (
+        prompt_ids.repeat_interleave(group, 0)[:rows],
+        prompt_mask.repeat_interleave(group, 0)[:rows],
+    )
     response_ids = torch.randint(10, vocab, (rows, response), generator=g) * response_mask.long()
     return Rollout(
         prompt_ids=prompt_ids.to(device),
         prompt_mask=prompt_mask.to(device),
         response_ids=response_ids.to(device),
         response_mask=response_mask.to(device),
-        group_index=torch.arange(rows, device=device),
-        group_size=1,
+        group_index=torch.arange(rows, device=device) // group,
+        group_size=group,
         truncated=torch.zeros(rows, dtype=torch.bool, device=device),
     )
 
@@ -104,7 +116,7 @@ def one_pass(policies, rollout, variant: str, autocast: torch.dtype | None, cloc
     """Forward and backward of one micro-batch; their ms, the kernel that ran, the peak memory and the log-probs."""
     name, plain = variant.removesuffix("-plain"), variant.endswith("-plain")
     policy = policies[plain]
-    policy.packed_sequences, policy.packed_attention = VARIANTS[name]
+    policy.packed_sequences, policy.packed_attention, policy.share_prompt_prefix = VARIANTS[name]
     policy.model.zero_grad(set_to_none=True)
     device = rollout.response_ids.device
     if device.type == "cuda":
@@ -130,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=None, help="rows of the micro-batch (default 32; tiny 4)")
     parser.add_argument("--prompt", type=int, default=None, help="longest prompt (default 256; tiny 12)")
     parser.add_argument("--response", type=int, default=None, help="longest response (default 512; tiny 20)")
+    parser.add_argument("--group", type=int, default=None, help="rows per prompt (default 8; tiny 2)")
     parser.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--warmup", type=int, default=2)
@@ -156,12 +169,13 @@ def main(argv: list[str] | None = None) -> int:
         attention.register_forward_pre_hook(lambda module, args: kernels.append(module.config._attn_implementation))
         policies[not lean] = policy
     variants = [*args.variants, *(f"{v}-plain" for v in args.variants if plain)]
-    rollout = uneven_rollout(rows, prompt, response, policy.hf_config.vocab_size, device)
+    group = args.group or (2 if args.tiny else 8)
+    rollout = uneven_rollout(rows, prompt, response, policy.hf_config.vocab_size, device, group)
     tokens = int(rollout.prompt_mask.sum() + rollout.response_mask.sum())
     print(
         f"# {datetime.date.today()} {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'CPU'}, "
         f"torch {torch.__version__}; {'tiny' if args.tiny else 'SmolLM2-135M'} shape, random weights; {rows} rows, "
-        f"{tokens} real tokens, padded to {rows} x {prompt + response}"
+        f"{tokens} real tokens, padded to {rows} x {prompt + response}, groups of {group}"
     )
     clock = Clock(device)
     results = {}

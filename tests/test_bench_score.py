@@ -1,5 +1,5 @@
 """scripts/bench_score.py runs on a CPU (tiny shapes) and prints one row per dtype and variant: the kernel that
-ran, and packed log-probs equal to the padded ones."""
+ran, and packed and prefix-shared log-probs equal to the padded ones."""
 
 import importlib.util
 import sys
@@ -23,8 +23,18 @@ def test_the_table_has_every_variant_with_its_kernel(capsys):
     header = next(i for i, line in enumerate(lines) if line.split()[:2] == ["dtype", "variant"])
     rows = [line.split() for line in lines[header + 1 :] if not line.startswith("#")]
     assert [row[:2] for row in rows] == [[d, v] for d in ("fp32", "bf16") for v in bench.VARIANTS]
-    assert [row[-1] for row in rows] == ["sdpa", "sdpa", "rlvr_packed_flex"] * 2
+    assert [row[-1] for row in rows] == ["sdpa", "sdpa", "rlvr_packed_flex", "sdpa"] * 2
     assert all(float(row[2]) > 0 and float(row[3]) > 0 for row in rows)  # forward, backward ms
-    assert all(float(row[5]) <= 1e-5 for row in rows[:3])  # fp32: packed log-probs equal the padded ones
-    assert all(float(row[5]) <= 2e-2 for row in rows[3:])  # bf16 autocast
+    assert all(float(row[5]) <= 1e-5 for row in rows[:4])  # fp32: packed and shared log-probs equal padded ones
+    assert all(float(row[5]) <= 2e-2 for row in rows[4:])  # bf16 autocast
     assert lines[-1].startswith("# bf16 forward + backward over packed-flex's: padded ")
+
+
+def test_plain_activations_score_as_the_lean_ones(capsys):
+    bench = load_bench()
+    argv = ["--device", "cpu", "--tiny", "--warmup", "0", "--repeats", "1", "--plain", "--dtypes", "fp32"]
+    assert bench.main([*argv, "--variants", "padded", "packed-flex"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = {line.split()[1]: line.split() for line in lines if line.startswith("fp32 ")}
+    assert list(rows) == ["padded", "packed-flex", "padded-plain", "packed-flex-plain"]
+    assert all(float(row[5]) <= 1e-5 for row in rows.values())  # the same weights, the same log-probs
