@@ -54,14 +54,23 @@ def static_cache_support(model: nn.Module) -> str | None:
         return f"transformers builds no static cache for {name}: {error}"
     if not layers or any(type(layer) is not StaticLayer for layer in layers):
         return f"{name} has layers other than full attention (sliding window, linear attention)"
-    if not isinstance(getattr(layers[0], "cumulative_length", None), torch.Tensor):
-        import transformers
+    return static_length_on_host(layers[0])
 
-        return (
-            f"transformers {transformers.__version__} keeps its static cache's length on the host, which a captured "
-            f"step cannot advance (transformers >= {DEVICE_COUNTER_RELEASE} keeps it on the device)"
-        )
-    return None
+
+def static_length_on_host(layer=None) -> str | None:
+    """Why this transformers' static cache cannot be advanced by a captured step (its `StaticLayer` counts its
+    length on the host: releases before `DEVICE_COUNTER_RELEASE`), or None."""
+    from transformers.cache_utils import StaticLayer
+
+    layer = layer if layer is not None else StaticLayer(max_cache_len=CAPACITY_STEP)
+    if isinstance(getattr(layer, "cumulative_length", None), torch.Tensor):
+        return None
+    import transformers
+
+    return (
+        f"transformers {transformers.__version__} keeps its static cache's length on the host, which a captured "
+        f"step cannot advance (transformers >= {DEVICE_COUNTER_RELEASE} keeps it on the device)"
+    )
 
 
 def prefill(model: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor) -> tuple:

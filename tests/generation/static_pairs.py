@@ -112,11 +112,7 @@ def assert_same(pair: Pair, log_prob_tolerance: float = 1e-5) -> None:
 
 
 def static_decoding_unsupported() -> str | None:
-    """Why this transformers cannot decode statically (older than 5.4: `StaticCacheGeneration` refuses), or None."""
-    from transformers.cache_utils import StaticLayer
+    """Why this transformers cannot decode statically (`StaticCacheGeneration` refuses), or None."""
+    from rlvr_lightning.generation.static_cache import static_length_on_host
 
-    if isinstance(getattr(StaticLayer(max_cache_len=8), "cumulative_length", None), torch.Tensor):
-        return None
-    import transformers
-
-    return f"static decoding needs transformers >= 5.4 (found {transformers.__version__})"
+    return static_length_on_host()
