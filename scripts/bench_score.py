@@ -14,18 +14,22 @@ is downloaded), for each way of running the rows:
 Each in float32 and under bf16 autocast (`--dtypes`), with lean activations (the default: `lean_activations`'s
 RMSNorm and SwiGLU forwards and the output layer through `linear_token_log_probs`) and, with `--plain` (the
 default on CUDA), also without them (transformers' own layers and a full logits tensor: `-plain` variants, the
-same weights). The rows come in groups of `--group` that share
+same weights), and with `--compiled` (the default on CUDA) through inductor-compiled decoder layers
+(`compile_layers: default`, `-compiled` variants; `shared` passes a cache and runs them as written, so it has none).
+The rows come in groups of `--group` that share
 their prompt (a GRPO rollout), with uneven prompt and response lengths (uniform in [half, full] of `--prompt` and
 [quarter, full] of `--response`); prefix sharing is off but in `shared`, so the others differ only in how
 attention and padding are handled. After `--warmup` untimed passes (FlexAttention
 compiles then), `--repeats` rounds run the variants in turn; per (dtype, variant) it prints the median forward and
 backward ms (CUDA events; a host clock on a CPU), the attention implementation that ran (read from the model's
-config inside its first attention layer), the peak memory of the pass over the memory before it (CUDA only) and
+config as its decoder starts), the peak memory of the pass over the memory before it (CUDA only) and
 the largest log-prob difference from `padded`; then each variant's forward + backward time over `packed-flex`'s.
 
     python scripts/bench_score.py --device cpu --tiny                   # a quick check of the script
     python scripts/bench_score.py --device cuda                         # 32 rows, prompts <= 256, responses <= 512
     python scripts/bench_score.py --device cpu --tiny --plain           # lean against plain activations
+    python scripts/bench_score.py --device cpu --compiled --variants padded --dtypes fp32 --rows 8 --prompt 64 \
+        --response 192                                                  # compiled layers on a CPU
     python scripts/bench_score.py --device cuda --rows 64 --dtypes bf16
 """
 
@@ -114,8 +118,11 @@ class Clock:
 
 def one_pass(policies, rollout, variant: str, autocast: torch.dtype | None, clock: Clock, kernels: list) -> dict:
     """Forward and backward of one micro-batch; their ms, the kernel that ran, the peak memory and the log-probs."""
-    name, plain = variant.removesuffix("-plain"), variant.endswith("-plain")
-    policy = policies[plain]
+    name, kind = variant, ""
+    for suffix in ("-plain", "-compiled"):
+        if variant.endswith(suffix):
+            name, kind = variant.removesuffix(suffix), suffix[1:]
+    policy = policies[kind]
     policy.packed_sequences, policy.packed_attention, policy.share_prompt_prefix = VARIANTS[name]
     policy.model.zero_grad(set_to_none=True)
     device = rollout.response_ids.device
@@ -148,27 +155,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--plain", action=argparse.BooleanOptionalAction, default=None, help="default: on CUDA")
+    parser.add_argument("--compiled", action=argparse.BooleanOptionalAction, default=None, help="default: on CUDA")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     plain = device.type == "cuda" if args.plain is None else args.plain
+    compiled = device.type == "cuda" if args.compiled is None else args.compiled
     rows = args.rows or (4 if args.tiny else 32)
     prompt, response = args.prompt or (12 if args.tiny else 256), args.response or (20 if args.tiny else 512)
     config = TINY if args.tiny else SMOLLM2_135M
     tokenizer = save_tiny_tokenizer(Path(tempfile.mkdtemp()) / "tokenizer")
     kernels: list[str] = []
     policies = {}
-    for lean in (True, False) if plain else (True,):
+    kinds = {"": ("none", True), "plain": ("none", False), "compiled": ("default", True)}  # compile_layers, lean
+    for kind, (compile_layers, lean) in kinds.items():
+        if (kind == "plain" and not plain) or (kind == "compiled" and not compiled):
+            continue
         torch.manual_seed(0)  # the same weights
-        policy = HFPolicy(
-            model=HFModelOptions(config=config, tokenizer=str(tokenizer), lean_activations=lean),
-            generation=GenerationOptions(share_prompt_prefix=False),
+        options = HFModelOptions(
+            config=config, tokenizer=str(tokenizer), lean_activations=lean, compile_layers=compile_layers
         )
+        policy = HFPolicy(model=options, generation=GenerationOptions(share_prompt_prefix=False))
         policy.to(device)
         set_compute_device(policy, device)
-        attention = policy.base_model.get_decoder().layers[0].self_attn
-        attention.register_forward_pre_hook(lambda module, args: kernels.append(module.config._attn_implementation))
-        policies[not lean] = policy
-    variants = [*args.variants, *(f"{v}-plain" for v in args.variants if plain)]
+        decoder = policy.base_model.get_decoder()  # outside the compiled layers, which run no Python hooks
+        decoder.register_forward_pre_hook(lambda module, args: kernels.append(module.config._attn_implementation))
+        policies[kind] = policy
+    variants = [*args.variants, *(f"{v}-{kind}" for kind in policies if kind for v in args.variants)]
+    variants = [v for v in variants if v != "shared-compiled"]  # shared passes a cache: its layers run as written
     group = args.group or (2 if args.tiny else 8)
     rollout = uneven_rollout(rows, prompt, response, policy.hf_config.vocab_size, device, group)
     tokens = int(rollout.prompt_mask.sum() + rollout.response_mask.sum())
@@ -192,14 +205,14 @@ def main(argv: list[str] | None = None) -> int:
                 passes[variant].append(one_pass(policies, rollout, variant, autocast, clock, kernels))
         for variant, runs in passes.items():
             results[dtype, variant] = runs
-    print(f"{'dtype':5} {'variant':19} {'forward ms':>10} {'backward ms':>11} {'peak MiB':>9} {'max |dlp|':>9}  kernel")
+    print(f"{'dtype':5} {'variant':22} {'forward ms':>10} {'backward ms':>11} {'peak MiB':>9} {'max |dlp|':>9}  kernel")
     for (dtype, variant), runs in results.items():
         forward = statistics.median(r["forward"] for r in runs)
         backward = statistics.median(r["backward"] for r in runs)
         peak = "-" if runs[0]["peak"] is None else f"{max(r['peak'] for r in runs) / 2**20:.0f}"
         reference = results.get((dtype, "padded"))
         diff = "-" if reference is None else f"{(runs[0]['log_probs'] - reference[0]['log_probs']).abs().max():.1e}"
-        print(f"{dtype:5} {variant:19} {forward:10.2f} {backward:11.2f} {peak:>9} {diff:>9}  {runs[0]['kernel']}")
+        print(f"{dtype:5} {variant:22} {forward:10.2f} {backward:11.2f} {peak:>9} {diff:>9}  {runs[0]['kernel']}")
     for dtype in args.dtypes:
         if (dtype, "packed-flex") not in results:
             continue

@@ -39,12 +39,13 @@ on a CUDA device, our eager loop on a CPU); `eager` and `static` name one.
 Legs: `ours` (our KV-cache loop, in a process set up as `rlvr` sets up its own: freed memory returned to the
 OS, `runtime/process_memory.py`), `heap` (ours with glibc's default allocator settings), `plain` (ours with
 `model.lean_activations: false`: transformers' own RMSNorm and SwiGLU forwards, which keep more activations for the
-backward), `vllm` (the same module with `VLLMGeneration`, an engine in the leg's process, weights pushed after
-every update; needs vLLM: scripts/vllm_cpu_env.sh), `trl`. Run the
-vllm leg with `--vllm-python` from the main environment rather than the whole script inside .venv-vllm:
-vllm-cpu pins transformers < 5.20, whose SDPA path copies the grouped-query keys and values at every
-decoding step (measured: our loop samples 1.55x slower there, 27.7 s against 17.8 s of CPU for
-SmolLM2, 8 prompts x 8 x 64 tokens), which would handicap our loop and TRL against the engine. With several
+backward), `compiled` (ours with `model.compile_layers: default` and `generation.share_prompt_prefix: false`: the
+scoring forwards pass no cache and run through inductor-compiled decoder layers), `vllm` (the same module with
+`VLLMGeneration`, an engine in the leg's process, weights pushed after every update; needs vLLM:
+scripts/vllm_cpu_env.sh), `trl`. Run the vllm leg with `--vllm-python` from the main environment rather than the
+whole script inside .venv-vllm: vllm-cpu pins transformers < 5.20, whose SDPA path copies the grouped-query keys
+and values at every decoding step (measured: our loop samples 1.55x slower there, 27.7 s against 17.8 s of CPU
+for SmolLM2, 8 prompts x 8 x 64 tokens), which would handicap our loop and TRL against the engine. With several
 rounds the legs are interleaved (ours, vllm, trl, ours, ...) so that a busy machine slows them alike.
 Each leg runs in a fresh process (no memory, allocator state or engine carries over).
 
@@ -95,7 +96,7 @@ from bench_step_trl import run_trl  # noqa: E402
 
 from rlvr_lightning.policies.hf_options import GenerationOptions, HFModelOptions, PromptOptions
 
-LEGS = ("ours", "heap", "plain", "vllm", "trl")
+LEGS = ("ours", "heap", "plain", "compiled", "vllm", "trl")
 
 
 # ----------------------------------------------------------------------------- ours
@@ -112,6 +113,7 @@ def run_ours(
     device: str = "cpu",
     generation_name: str = "default",
     precision: str = "32-true",
+    compile_layers: str = "none",
 ) -> StepTimer:
     import lightning.pytorch as pl
 
@@ -146,11 +148,11 @@ def run_ours(
         from rlvr_lightning.policies import VLLMGeneration
 
         generation = VLLMGeneration(dtype=sampling_dtype, kv_cache_memory_gib=1.0, max_model_len=512)
+    compiled = compile_layers != "none"
     policy = HFPolicy(
-        generation=GenerationOptions(backend=generation, min_new_tokens=new_tokens),
-        model=HFModelOptions(
-            name_or_path=str(model_dir), dtype="float32", attn_implementation="sdpa", lean_activations=lean_activations
-        ),
+        # compiled layers run where no cache is passed: forwards without prefix sharing
+        generation=GenerationOptions(generation, min_new_tokens=new_tokens, share_prompt_prefix=not compiled),
+        model=HFModelOptions(str(model_dir), lean_activations=lean_activations, compile_layers=compile_layers),
         prompt=PromptOptions(template=case["template"]),
     )
     module = RLVRModule(
@@ -274,6 +276,7 @@ def worker(args) -> int:
             engine,
             lean_activations=lean,
             generation_name=args.generation,
+            compile_layers="default" if args.worker == "compiled" else "none",
             **precision,
         )
     Path(args.json).write_text(json.dumps(timer.steps))
@@ -374,7 +377,8 @@ def main(argv: list[str] | None = None) -> int:
             for label, m in summary.items():
                 print(fmt_row(label, m))
             ratios = {}
-            for a, b in (("ours", "trl"), ("vllm", "trl"), ("ours", "vllm"), ("ours", "plain"), ("ours", "heap")):
+            pairs = [("ours", "trl"), ("vllm", "trl"), ("ours", "vllm"), ("ours", "plain"), ("ours", "heap")]
+            for a, b in [*pairs, ("compiled", "trl"), ("ours", "compiled")]:
                 if a in summary and b in summary:
                     keys = ("step", "cpu", "generation", "generation_cpu", "peak_rss_mb")
                     ratio = {k: summary[b][k] / summary[a][k] for k in keys}

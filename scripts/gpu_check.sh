@@ -19,8 +19,9 @@
 #             (eager loop, static cache, inductor + CUDA graphs, a captured CUDA graph) at DECODE_ROWS
 #             (default 64 128) rows on SmolLM2-135M's and Qwen2.5-1.5B's shapes (random weights)
 #   score     scripts/bench_score.py: forward and backward ms of one scoring micro-batch (32 rows, uneven lengths),
-#             padded vs packed with the model's SDPA vs packed through FlexAttention, the kernel that ran, fp32 and
-#             bf16 autocast, at SmolLM2-135M's shape (random weights)
+#             padded vs packed with the model's SDPA vs packed through FlexAttention vs prefix-shared, the kernel
+#             that ran, fp32 and bf16 autocast, lean and plain activations, at SmolLM2-135M's shape (random
+#             weights); then in bf16 padded and packed through inductor-compiled decoder layers (compile_layers)
 #   vllm      the vLLM engine tests on CUDA (sleep mode, weight pushes), where vLLM is installed
 # Each part runs under a time limit (PART_LIMIT_S, default 600 s; LIMIT_<part> for one part); logs go to
 # $GPU_CHECK_OUT (runs/gpu_check).
@@ -141,6 +142,11 @@ fit_figure() {  # step time and sampling speed of a fit_recipe run
         train/generation/tokens_per_second) tok/s"
 }
 
+score_variants() {  # bench_score.py as the layers are written, then (inductor compiles a while) compiled
+    "$python" scripts/bench_score.py --device cuda --no-compiled || return
+    "$python" scripts/bench_score.py --device cuda --compiled --no-plain --variants padded packed-flex --dtypes bf16
+}
+
 bench_precisions() {  # bench_step.py in fp32, then with each side's GPU precision
     local precision
     for precision in ${BENCH_PRECISIONS:-fp32 gpu}; do
@@ -158,7 +164,7 @@ vllm_tests() {
 }
 
 export out steps new_tokens gsm8k python
-export -f fit_recipe bench_precisions vllm_tests
+export -f fit_recipe bench_precisions score_variants vllm_tests
 
 for part in "${parts[@]}"; do
     case "$part" in
@@ -176,7 +182,7 @@ for part in "${parts[@]}"; do
     decode) run_part decode "grep -E '^# best' $out/decode.log | sed 's/^# best: //' | tail -n 2 | tr '\n' ' '" \
         "$python" scripts/bench_decode.py --device cuda --rows ${DECODE_ROWS:-64 128} ;;
     score) run_part score "grep -E '^# (fp32|bf16) forward' $out/score.log | sed 's/^# //' | tr '\n' ' '" \
-        "$python" scripts/bench_score.py --device cuda ;;
+        score_variants ;;
     vllm) run_part vllm "grep -E '[0-9]+ (passed|failed)|not installed' $out/vllm.log | tail -n 1" vllm_tests ;;
     *) echo "unknown part '$part'; the parts: tests smollm2 qwen_fsdp2 qwen_offload bench static decode score vllm" >&2; exit 2 ;;
     esac

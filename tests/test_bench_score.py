@@ -38,3 +38,13 @@ def test_plain_activations_score_as_the_lean_ones(capsys):
     rows = {line.split()[1]: line.split() for line in lines if line.startswith("fp32 ")}
     assert list(rows) == ["padded", "packed-flex", "padded-plain", "packed-flex-plain"]
     assert all(float(row[5]) <= 1e-5 for row in rows.values())  # the same weights, the same log-probs
+
+
+def test_compiled_layers_score_as_the_layers_as_written(capsys):
+    bench = load_bench()
+    argv = ["--device", "cpu", "--tiny", "--warmup", "1", "--repeats", "1", "--compiled", "--dtypes", "fp32"]
+    assert bench.main([*argv, "--variants", "padded", "shared"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = {line.split()[1]: line.split() for line in lines if line.startswith("fp32 ")}
+    assert list(rows) == ["padded", "shared", "padded-compiled"]  # shared passes a cache: no compiled variant
+    assert all(float(row[5]) <= 1e-5 for row in rows.values())

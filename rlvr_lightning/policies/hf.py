@@ -31,6 +31,8 @@ network, and the model is put in train mode (transformers only checkpoints activ
 `model.lean_activations` (on by default) gives Llama-family RMSNorm and SwiGLU layers forwards that keep fewer
 tensors for the backward pass, recomputing cheap ones (`policies/lean_layers.py`), and applies the output
 layer with `linear_token_log_probs`, whose backward has no logit-sized temporaries (same forward values).
+`model.compile_layers` runs the decoder layers of scoring's forwards through `torch.compile`
+(`policies/compiled_layers.py`).
 
 With LoRA (`lora.r > 0`) the base weights are frozen and the KL reference is the base model with the
 adapter disabled: `create_reference` returns a parameter-free marker and no second copy is made
@@ -57,6 +59,7 @@ from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.multiturn.segmented_generation import decode_responses, generate_segments
 from rlvr_lightning.policies import hf_loading, prompt_encoding
 from rlvr_lightning.policies.base import Policy, PromptBatch
+from rlvr_lightning.policies.compiled_layers import compile_decoder_layers
 from rlvr_lightning.policies.hf_options import DTYPES, GenerationOptions, HFModelOptions, LoRAOptions, PromptOptions
 from rlvr_lightning.policies.hf_scoring import HFScoring
 from rlvr_lightning.policies.lean_layers import apply_lean_layers
@@ -132,7 +135,10 @@ class HFPolicy(HFScoring, Policy):
             network = hf_loading.model_from_config(model.config, self.tokenizer, model_kwargs)
         else:
             network = hf_loading.load_model(model_source, gguf_name, model_kwargs)
-        _prepare_for_training(network, model.disable_dropout, model.gradient_checkpointing, model.lean_activations)
+        # compiled layers keep transformers' norms and MLPs: a lean forward per module would be a graph per layer
+        lean_layers = model.lean_activations and model.compile_layers == "none"
+        _prepare_for_training(network, model.disable_dropout, model.gradient_checkpointing, lean_layers)
+        compile_decoder_layers(network, model.compile_layers)
         self.lean_activations = model.lean_activations  # also the output layer's (`hf_scoring.py`)
         if lora.r > 0:
             network, self._lora_config = hf_loading.add_lora(

@@ -24,6 +24,7 @@ from rlvr_lightning.generation.backend import GenerationBackend
 from rlvr_lightning.multiturn.thinking_budget import ThinkingBudget
 from rlvr_lightning.multiturn.tool_use import ToolUse
 from rlvr_lightning.policies import prompt_encoding
+from rlvr_lightning.policies.compiled_layers import COMPILE_LAYERS
 from rlvr_lightning.policies.flex_packing import PACKED_ATTENTION
 from rlvr_lightning.runtime.option_declarations import Option, check_options, documented_options
 from rlvr_lightning.runtime.option_domains import NON_NEGATIVE_INT, OneOf, Range
@@ -75,6 +76,17 @@ class HFModelOptions:
             OneOf(PACKED_ATTENTION),
         ),
     ] = "auto"
+    compile_layers: Annotated[
+        Literal["none", "default", "aot_eager"],
+        Option(
+            "run the decoder layers of the forwards without a key/value cache (scoring without prefix sharing, "
+            "packed micro-batches) through torch.compile: default (inductor), aot_eager (traced, run by torch's "
+            "operators), none. Compiled layers run transformers' norms and MLPs (the "
+            "compiler picks what their backward keeps); lean_activations then applies to the output layer alone "
+            "(`policies/compiled_layers.py`).",
+            OneOf(COMPILE_LAYERS),
+        ),
+    ] = "none"
 
     def __post_init__(self) -> None:
         check_options(HFModelOptions, vars(self), "model.")

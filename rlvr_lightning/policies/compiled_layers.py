@@ -1,0 +1,82 @@
+"""Scoring through compiled decoder layers: `HFPolicy(model=HFModelOptions(compile_layers=...))`.
+
+`torch.compile` fuses a decoder layer's small operators (RMSNorm, rotary embeddings, SwiGLU, the residual adds)
+into fewer kernels, in the forward and in the backward. That pays where a layer is bound by kernel launches and
+memory traffic (a small model on a GPU), not where its matrix products dominate (a CPU: SmolLM2-135M's forward
+and backward at 8 x 256 tokens are no faster compiled, `scripts/bench_score.py --compiled`), so it is an option:
+
+* `none` (default): the layers run as transformers wrote them;
+* `default`: each layer's forward through `torch.compile` (inductor);
+* `aot_eager`: traced by the compiler but run by torch's own operators (checks on any machine that the layers
+  trace; no faster).
+
+One compiled function serves every layer of a class: the compiler treats a layer's parameters as inputs
+(`inline_inbuilt_nn_modules`), so the 30 layers of SmolLM2 share one graph per input shape and mask kind, and
+sequence lengths become dynamic after the first change. Only forwards without a key/value cache run compiled:
+scoring's joint and packed forwards. Sampling and prefix-shared scoring pass a cache, whose per-layer index would
+specialise a graph per layer, so those run the layer as written (a compiled decoding step traces through it
+as before).
+
+Lean activations' per-module forwards (`lean_layers.py`) are not given to compiled layers: the compiler guards a
+module's own forward by its identity, which would compile one graph per layer; inductor's partitioner recomputes
+cheap pointwise results in the backward by itself. The output layer's lean log-probs stay.
+
+The compiled forward is installed per layer as `functools.partial(_layer_forward, layer, mode)`, like lean
+activations' forwards: a deep copy (the KL reference) gets a partial bound to its own layers, and the compiled
+function itself is looked up per class, never stored on a layer.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+#: the values of `HFModelOptions.compile_layers`
+COMPILE_LAYERS = ("none", "default", "aot_eager")
+# one graph per (input shapes static or dynamic, mask kind, grad mode, autocast, attention kernel): more than
+# dynamo's default of 8 across a run's scoring calls
+RECOMPILE_LIMIT = 64
+
+
+@functools.cache
+def compiled_forward(forward: Callable[..., Any], mode: str) -> Callable[..., Any]:
+    """`forward` (a decoder layer class's) through `torch.compile` in `mode`, one per (function, mode)."""
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    backend = "aot_eager" if mode == "aot_eager" else "inductor"
+    return torch.compile(forward, backend=backend)
+
+
+def _layer_forward(layer: nn.Module, mode: str, *args: Any, **kwargs: Any) -> Any:
+    forward = type(layer).forward
+    if kwargs.get("past_key_values") is None and not kwargs.get("use_cache"):
+        forward = compiled_forward(forward, mode)
+    return forward(layer, *args, **kwargs)
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The decoder layers of a transformers causal LM (its decoder's `layers`), [] where it has none."""
+    get_decoder = getattr(model, "get_decoder", None)
+    decoder = get_decoder() if callable(get_decoder) else None
+    layers = getattr(decoder, "layers", None)
+    return list(layers) if isinstance(layers, nn.ModuleList) else []
+
+
+def compile_decoder_layers(model: nn.Module, mode: str) -> int:
+    """Give the model's decoder layers the compiled forward of `mode` (in place); how many were changed."""
+    if mode not in COMPILE_LAYERS:
+        raise ValueError(f"model.compile_layers={mode!r} is not valid; choose one of {list(COMPILE_LAYERS)}")
+    if mode == "none":
+        return 0
+    layers = decoder_layers(model)
+    if not layers:
+        raise ValueError(
+            f"model.compile_layers={mode!r}: {type(model).__name__} has no decoder layers to compile "
+            "(a transformers causal LM whose decoder keeps them in `layers`); use compile_layers: none"
+        )
+    for layer in layers:
+        layer.forward = functools.partial(_layer_forward, layer, mode)  # a partial pickles and deep-copies
+    return len(layers)

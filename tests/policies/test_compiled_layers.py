@@ -1,0 +1,118 @@
+"""Scoring through compiled decoder layers (`model.compile_layers`, `policies/compiled_layers.py`): the same
+log-probs and gradients as the layers as written, one graph for every layer, forwards with a cache left as
+written, and a KL reference (a deep copy) that computes with its own weights. `aot_eager` traces the layers as
+inductor would but runs torch's own operators, so it checks the tracing on a CPU in seconds."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from rlvr_lightning.demos.tiny_lm import tiny_llama_config
+from rlvr_lightning.generation.sampling_config import SamplingConfig
+from rlvr_lightning.policies.compiled_layers import compile_decoder_layers
+from rlvr_lightning.policies.hf_options import GenerationOptions, HFModelOptions, LoRAOptions
+from tests.packed_rows import uneven_rollout
+
+CONFIG = tiny_llama_config(num_hidden_layers=3)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_compiler():
+    torch._dynamo.reset()
+    counters.clear()
+    yield
+    torch._dynamo.reset()
+
+
+def _graphs() -> int:
+    return counters["stats"]["unique_graphs"]
+
+
+def _scored(policy, rollout, temperature=0.7):
+    policy.model.zero_grad()
+    log_probs, _ = policy.token_log_probs(rollout, temperature)
+    (log_probs.sum() / rollout.response_mask.sum()).backward()
+    return log_probs.detach(), {n: p.grad.clone() for n, p in policy.model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("lean", [True, False])
+@pytest.mark.parametrize("packed", [False, True])
+def test_compiled_layers_score_as_the_layers_as_written(make_policy, lean, packed):
+    policies = [
+        make_policy(
+            model=HFModelOptions(config=CONFIG, lean_activations=lean, compile_layers=mode),
+            generation=GenerationOptions(share_prompt_prefix=False),
+        )
+        for mode in ("none", "aot_eager")
+    ]
+    rollout = uneven_rollout(policies[0].hf_config.vocab_size, seed=5)
+    results = []
+    for policy in policies:
+        policy.packed_sequences = packed
+        results.append(_scored(policy, rollout))
+    assert _graphs() == 1  # one graph serves the three layers
+    (eager, eager_grads), (compiled, compiled_grads) = results
+    torch.testing.assert_close(compiled, eager, atol=1e-6, rtol=0)
+    assert compiled_grads.keys() == eager_grads.keys() and len(eager_grads) > 0
+    for name, grad in eager_grads.items():
+        torch.testing.assert_close(compiled_grads[name], grad, atol=1e-6, rtol=0)
+    longer = uneven_rollout(policies[0].hf_config.vocab_size, seed=6, response_lengths=[2, 17, 6, 1, 3, 9])
+    _scored(policies[1], longer)
+    _scored(policies[1], uneven_rollout(policies[0].hf_config.vocab_size, seed=7, response_lengths=[2, 19, 6, 1, 3, 9]))
+    assert _graphs() == 2  # the second length made the graph dynamic; the third reuses it
+
+
+@pytest.mark.parametrize("options", [{"lora": LoRAOptions(r=4)}, {"gradient_checkpointing": True}])
+def test_lora_and_checkpointed_layers_score_as_written(make_policy, options):
+    lora, model_options = options.get("lora", LoRAOptions()), {k: v for k, v in options.items() if k != "lora"}
+    results = []
+    for mode in ("none", "aot_eager"):
+        model = HFModelOptions(config=CONFIG, compile_layers=mode, **model_options)
+        policy = make_policy(model=model, lora=lora, generation=GenerationOptions(share_prompt_prefix=False))
+        results.append(_scored(policy, uneven_rollout(policy.hf_config.vocab_size, seed=5)))
+    (eager, eager_grads), (compiled, compiled_grads) = results
+    assert _graphs() >= 1
+    torch.testing.assert_close(compiled, eager, atol=1e-6, rtol=0)
+    assert compiled_grads.keys() == eager_grads.keys() and len(eager_grads) > 0
+    for name, grad in eager_grads.items():
+        torch.testing.assert_close(compiled_grads[name], grad, atol=1e-5, rtol=0)
+
+
+def test_forwards_with_a_cache_run_the_layers_as_written(make_policy):
+    policy = make_policy(model=HFModelOptions(config=CONFIG, compile_layers="aot_eager"))
+    rollout = uneven_rollout(policy.hf_config.vocab_size, seed=5)
+    rollout.group_index = torch.tensor([0, 0, 0, 1, 1, 1])  # groups of 3 share their prompt
+    rollout.prompt_ids[1:3], rollout.prompt_mask[1:3] = rollout.prompt_ids[0], rollout.prompt_mask[0]
+    rollout.prompt_ids[4:], rollout.prompt_mask[4:] = rollout.prompt_ids[3], rollout.prompt_mask[3]
+    policy.token_log_probs(rollout, 1.0)  # prefix-shared: prompts' caches, responses on top
+    policy.sample({"prompt": ["12+3=", "4*5="]}, n=2, sampling=SamplingConfig(max_new_tokens=4))
+    assert _graphs() == 0
+    policy.share_prompt_prefix = False
+    policy.token_log_probs(rollout, 1.0)
+    assert _graphs() == 1
+
+
+def test_the_kl_reference_scores_with_its_own_weights(make_policy):
+    policy = make_policy(model=HFModelOptions(config=CONFIG, compile_layers="aot_eager"))
+    rollout = uneven_rollout(policy.hf_config.vocab_size, seed=5)
+    reference = policy.create_reference()
+    for layer in reference.model.get_decoder().layers:
+        assert layer.forward.args[0] is layer
+    before = policy.reference_log_probs(reference, rollout, 1.0)
+    with torch.no_grad():
+        for parameter in policy.model.get_decoder().layers.parameters():
+            parameter.add_(0.05 * torch.randn_like(parameter))  # an update of the policy
+    after = policy.reference_log_probs(reference, rollout, 1.0)
+    moved, _ = policy.token_log_probs(rollout, 1.0)
+    torch.testing.assert_close(after, before, atol=0, rtol=0)
+    assert (moved - before).abs().max() > 1e-3
+    assert _graphs() >= 1
+
+
+def test_a_wrong_mode_names_the_option_and_the_choices():
+    with pytest.raises(ValueError, match=r"compile_layers.*'inductor'.*aot_eager"):
+        HFModelOptions(compile_layers="inductor")
+    with pytest.raises(ValueError, match=r"compile_layers='default'.*Linear has no decoder layers"):
+        compile_decoder_layers(torch.nn.Linear(2, 2), "default")
