@@ -5,6 +5,8 @@ and its sampled tokens stay those of earlier releases."""
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import nn
 
@@ -26,6 +28,7 @@ class DeviceDefaultGeneration(KVCacheGeneration):
     def __init__(self, dtype: SamplingDtype = "auto") -> None:
         super().__init__(dtype)
         self._static = StaticCacheGeneration(dtype)
+        self._said_why_eager = False
 
     @staticmethod
     def decodes_statically(device: torch.device, model: nn.Module) -> bool:
@@ -36,9 +39,21 @@ class DeviceDefaultGeneration(KVCacheGeneration):
         sharded = any(isinstance(module, FSDPModule) for module in model.modules())
         return device.type == "cuda" and not sharded and static_cache_support(model) is None
 
+    def say_why_eager(self, device: torch.device, model: nn.Module) -> None:
+        """Warn once where a CUDA device decodes eagerly because the model or transformers cannot hold a static
+        cache (the eager loop is several times slower there)."""
+        if device.type != "cuda" or self._said_why_eager:
+            return
+        self._said_why_eager = True
+        reason = static_cache_support(model)
+        if reason is not None:
+            message = f"DeviceDefaultGeneration decodes eagerly on {device}, not statically: {reason}"
+            warnings.warn(message, stacklevel=3)
+
     def _decode(self, model, prompt_ids, prompt_mask, n, sampling, **kwargs) -> GenerationOutput:
         if self.decodes_statically(prompt_ids.device, model):
             return self._static._decode(model, prompt_ids, prompt_mask, n, sampling, **kwargs)
+        self.say_why_eager(prompt_ids.device, model)
         return super()._decode(model, prompt_ids, prompt_mask, n, sampling, **kwargs)
 
     def sleep(self) -> None:

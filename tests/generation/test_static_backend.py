@@ -4,6 +4,8 @@ its options are checked; `DeviceDefaultGeneration` is the eager loop on a CPU.""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -166,6 +168,13 @@ def test_a_transformers_without_a_device_length_counter_decodes_eagerly(make_pol
     assert DeviceDefaultGeneration.decodes_statically(torch.device("cuda", 0), model)
     monkeypatch.setattr(StaticLayer, "__init__", host_counting_init)
     assert not DeviceDefaultGeneration.decodes_statically(torch.device("cuda", 0), model)
+    backend = DeviceDefaultGeneration()
+    backend.say_why_eager(torch.device("cpu"), model)  # the eager loop is a CPU's default: nothing to say
+    with pytest.warns(UserWarning, match=r"decodes eagerly on cuda:0, not statically: .*transformers >= 5\.4"):
+        backend.say_why_eager(torch.device("cuda", 0), model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        backend.say_why_eager(torch.device("cuda", 0), model)  # once
     policy = make_policy(
         generation=GenerationOptions(backend=StaticCacheGeneration()), prompt=PromptOptions(template="raw")
     )
