@@ -27,6 +27,7 @@ from torch import nn
 
 from rlvr_lightning.generation.static_cache import DecodeWorkspace
 from rlvr_lightning.generation.static_decode import StepOptions, decode_step
+from rlvr_lightning.runtime.recompile_limit import raise_recompile_limit
 
 COMPILE_MODES = ("auto", "none", "aot_eager", "default", "reduce-overhead", "cuda-graph")
 CompileMode = Literal["auto", "none", "aot_eager", "default", "reduce-overhead", "cuda-graph"]
@@ -74,7 +75,7 @@ def runnable_step(ws: DecodeWorkspace, model: nn.Module, options: StepOptions, m
 
 def compiled(step: Callable[[], None], mode: str) -> Callable[[], None]:
     """`torch.compile(step, fullgraph=True, dynamic=False)`: each row bucket is its own static-shape graph."""
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    raise_recompile_limit(RECOMPILE_LIMIT)
     if mode == "aot_eager":
         return torch.compile(step, fullgraph=True, dynamic=False, backend="aot_eager")
     graph = torch.compile(step, fullgraph=True, dynamic=False, mode=None if mode == "default" else mode)

@@ -35,6 +35,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from rlvr_lightning.runtime.recompile_limit import raise_recompile_limit
+
 #: the values of `HFModelOptions.compile_layers`
 COMPILE_LAYERS = ("none", "default", "aot_eager")
 # one graph per (input shapes static or dynamic, mask kind, grad mode, autocast, attention kernel): more than
@@ -45,7 +47,7 @@ RECOMPILE_LIMIT = 64
 @functools.cache
 def compiled_forward(forward: Callable[..., Any], mode: str) -> Callable[..., Any]:
     """`forward` (a decoder layer class's) through `torch.compile` in `mode`, one per (function, mode)."""
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    raise_recompile_limit(RECOMPILE_LIMIT)
     backend = "aot_eager" if mode == "aot_eager" else "inductor"
     return torch.compile(forward, backend=backend)
 
