@@ -30,21 +30,21 @@ def test_the_table_has_every_variant_with_its_kernel(capsys):
     assert lines[-1].startswith("# bf16 forward + backward over packed-flex's: padded ")
 
 
-def test_plain_activations_score_as_the_lean_ones(capsys):
-    bench = load_bench()
-    argv = ["--device", "cpu", "--tiny", "--warmup", "0", "--repeats", "1", "--plain", "--dtypes", "fp32"]
-    assert bench.main([*argv, "--variants", "padded", "packed-flex"]) == 0
+def fp32_rows(capsys, *options: str) -> dict[str, list[str]]:
+    """bench_score's fp32 table on the tiny shape with `options`, by variant."""
+    argv = ["--device", "cpu", "--tiny", "--warmup", "1", "--repeats", "1", "--dtypes", "fp32", *options]
+    assert load_bench().main(argv) == 0
     lines = capsys.readouterr().out.splitlines()
-    rows = {line.split()[1]: line.split() for line in lines if line.startswith("fp32 ")}
+    return {line.split()[1]: line.split() for line in lines if line.startswith("fp32 ")}
+
+
+def test_plain_activations_score_as_the_lean_ones(capsys):
+    rows = fp32_rows(capsys, "--plain", "--variants", "padded", "packed-flex")
     assert list(rows) == ["padded", "packed-flex", "padded-plain", "packed-flex-plain"]
     assert all(float(row[5]) <= 1e-5 for row in rows.values())  # the same weights, the same log-probs
 
 
 def test_compiled_layers_score_as_the_layers_as_written(capsys):
-    bench = load_bench()
-    argv = ["--device", "cpu", "--tiny", "--warmup", "1", "--repeats", "1", "--compiled", "--dtypes", "fp32"]
-    assert bench.main([*argv, "--variants", "padded", "shared"]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    rows = {line.split()[1]: line.split() for line in lines if line.startswith("fp32 ")}
+    rows = fp32_rows(capsys, "--compiled", "--variants", "padded", "shared")
     assert list(rows) == ["padded", "shared", "padded-compiled"]  # shared passes a cache: no compiled variant
     assert all(float(row[5]) <= 1e-5 for row in rows.values())
