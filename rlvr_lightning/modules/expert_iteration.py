@@ -202,6 +202,8 @@ class ExpertIterationModule(PolicyModule):
         scheduler = self.lr_schedulers()
         mini_size = self.update.mini_batch_size or kept.num_rows
         losses, grad_norms = [], []
+        # the sampling forwards' casts carry no gradient; torch < 2.11 reuses them in grad mode (pytorch#112583)
+        torch.clear_autocast_cache()
         for _ in range(self.update.epochs):
             order = torch.randperm(kept.num_rows, device=kept.response_ids.device)
             for start in range(0, kept.num_rows, mini_size):

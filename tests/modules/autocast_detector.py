@@ -22,6 +22,8 @@ class Call:
     kwargs: dict
     output: Tensor
     weights: list[Tensor]
+    grad: bool  # whether the call ran in grad mode
+    clears: int  # `torch.clear_autocast_cache` calls before it, where `autocast_clears_counted` counts them
 
 
 class Recorder:
@@ -33,7 +35,8 @@ class Recorder:
     def __call__(self, *args, **kwargs):
         out = self.fn(*args, **kwargs)
         first = out[0] if isinstance(out, tuple) else out
-        self.calls.append(Call(args, kwargs, first.detach().float().clone(), weights(self.modules)))
+        output = first.detach().float().clone()
+        self.calls.append(Call(args, kwargs, output, weights(self.modules), torch.is_grad_enabled(), _clears[0]))
         return out
 
     def moved_calls(self) -> list[int]:
@@ -72,6 +75,29 @@ def weights(modules: Iterable[nn.Module]) -> list[Tensor]:
 def load(modules: Iterable[nn.Module], values: list[Tensor]) -> None:
     for p, v in zip([p for m in modules for p in m.parameters()], values, strict=True):
         p.copy_(v)
+
+
+_clears = [0]
+
+
+def clears_so_far() -> int:
+    return _clears[0]
+
+
+@contextlib.contextmanager
+def autocast_clears_counted():
+    """Counts the calls of `torch.clear_autocast_cache` (each recorded call says how many came before it)."""
+    real = torch.clear_autocast_cache
+
+    def counted() -> None:
+        _clears[0] += 1
+        real()
+
+    torch.clear_autocast_cache = counted
+    try:
+        yield
+    finally:
+        torch.clear_autocast_cache = real
 
 
 @contextlib.contextmanager

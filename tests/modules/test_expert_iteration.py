@@ -188,3 +188,22 @@ def test_expert_iteration_stage_config_runs_through_the_cli(in_tmp_dir):
     assert isinstance(cli.model, ExpertIterationModule)
     assert cli.trainer.fit_loop.epoch_loop._batches_that_stepped == 2
     assert {"train/kept", "val/accuracy"} <= set(cli.trainer.callback_metrics)
+
+
+def test_the_sampling_casts_are_dropped_before_the_fine_tuning_forwards(in_tmp_dir, monkeypatch):
+    # a cached autocast keeps the casts the sampling forwards made, without their gradient, and torch < 2.11 hands
+    # them to later grad-mode forwards (pytorch#112583)
+    from tests.modules.autocast_detector import Recorder, autocast_clears_counted, clears_so_far
+
+    module = ExpertIterationModule(toy(), group_size=4, reward_threshold=1.0, update=UpdateConfig(mini_batch_size=8))
+    sample, sampled_at = module.policy.sample, []
+    monkeypatch.setattr(
+        module.policy, "sample", lambda *a, **k: (sample(*a, **k), sampled_at.append(clears_so_far()))[0]
+    )
+    recorder = Recorder(module.policy.token_log_probs, [module.policy])
+    monkeypatch.setattr(module.policy, "token_log_probs", recorder)
+    with autocast_clears_counted():
+        fit(module, [Fixed([1.0, 0.0] * 32)], rounds=1, val=False)
+    trained = [call for call in recorder.calls if call.grad]
+    assert sampled_at and trained, "no fine-tuning forward followed the sampling: the test would prove nothing"
+    assert trained[0].clears > sampled_at[0]

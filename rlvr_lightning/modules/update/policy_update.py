@@ -186,6 +186,9 @@ class PolicyUpdate:
         mini_size = self.update.mini_batch_size or rollout.num_rows
         # Fixed-length responses (every token real) skip all the masking ops of the loss.
         masked = not bool(rollout.response_mask.all())
+        # casts that the step's no-grad forwards (sampling, old log-probs, values) left in a cached autocast carry
+        # no gradient, and torch < 2.11 hands them to the training forwards (pytorch#112583): drop them
+        torch.clear_autocast_cache()
         parts: list[MicroBatchLoss] = []
         losses: list[float] = []
         grad_norms: list[float] = []
