@@ -80,7 +80,7 @@ EOF
 # SmolLM2 with random weights where only its config and tokenizer are in the cache
 smollm2_dir="$("$python" -m rlvr_lightning.runtime.model_cache path smollm2-135m-instruct 2>/dev/null)"
 if [ -n "$smollm2_dir" ] && [ -f "$smollm2_dir/config.json" ] && ! ls "$smollm2_dir"/*.safetensors >/dev/null 2>&1; then
-    random_cache="$out/random_cache"
+    random_cache="${TMPDIR:-/tmp}/rlvr_gpu_random_cache"  # outside $out, which may be a folder sent back
     "$python" - "$smollm2_dir" "$random_cache/models/smollm2-135m-instruct" <<'EOF'
 import shutil, sys
 import torch
