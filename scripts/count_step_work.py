@@ -44,7 +44,9 @@ from bench_step_cases import CASES, StepTimer, make_tiny_model, smollm2_dir  # n
 
 COUNTED = ("logprob_forward", "backward", "optimizer")
 LEGS = ("ours", "plain", "joint", "trl")  # plain: lean activations off; joint: prompt prefixes not shared
+# allocations and metadata: no kernel (`_unsafe_view` is a view that autograd does not track as one)
 NO_KERNEL = {"empty", "empty_strided", "new_empty", "new_empty_strided", "detach", "alias", "lift_fresh", "set_"}
+NO_KERNEL |= {"_unsafe_view"}
 
 
 class KernelCounter(TorchDispatchMode):
