@@ -148,10 +148,9 @@ def run_ours(
         from rlvr_lightning.policies import VLLMGeneration
 
         generation = VLLMGeneration(dtype=sampling_dtype, kv_cache_memory_gib=1.0, max_model_len=512)
-    compiled = compile_layers != "none"
+    share = False if compile_layers != "none" else None  # compiled layers run where no cache (prefix) is passed
     policy = HFPolicy(
-        # compiled layers run where no cache is passed: forwards without prefix sharing
-        generation=GenerationOptions(generation, min_new_tokens=new_tokens, share_prompt_prefix=not compiled),
+        generation=GenerationOptions(generation, min_new_tokens=new_tokens, share_prompt_prefix=share),
         model=HFModelOptions(str(model_dir), lean_activations=lean_activations, compile_layers=compile_layers),
         prompt=PromptOptions(template=case["template"]),
     )

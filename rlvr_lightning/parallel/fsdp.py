@@ -123,7 +123,7 @@ def shard_policy(policy: nn.Module, mesh, options: ShardingOptions, root_reshard
 
     if is_sharded(policy):  # configure_model runs again for a later trainer.fit / validate
         return
-    if getattr(policy, "share_prompt_prefix", False):
+    if getattr(policy, "share_prompt_prefix", False) is not False:  # None: by device, so on for a CPU
         # HFPolicy decides per batch between one forward and two (prompt prefix, then responses): ranks would
         # run different numbers of forwards, i.e. of all-gathers and reduce-scatters, and wait on each other
         policy.share_prompt_prefix = False

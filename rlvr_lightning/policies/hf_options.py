@@ -151,8 +151,14 @@ class GenerationOptions:
         int, Option("EOS is not sampled before this many tokens (also sampling.min_new_tokens).", NON_NEGATIVE_INT)
     ] = 0
     share_prompt_prefix: Annotated[
-        bool, Option("score each distinct prompt once, with its responses on top of its cache.")
-    ] = True
+        bool | None,
+        Option(
+            "score each distinct prompt once, with its responses on top of its cache (two forwards per call), "
+            "instead of one forward over prompt + response per row. null: by device (`prefix_sharing_default`): "
+            "on a CPU, where the positions saved pay; off on a GPU, where the second forward's kernel launches "
+            "cost more than the positions save."
+        ),
+    ] = None
     tools: Annotated[
         ToolUse | None,
         Option("tool use in rollouts (`ToolUse`: the tools, call format, turns); null: single-turn."),

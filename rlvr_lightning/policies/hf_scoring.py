@@ -36,6 +36,7 @@ from rlvr_lightning.policies.flex_packing import (
     use_flex,
 )
 from rlvr_lightning.policies.packing import PackedOutput, layout_and_ids, packed_cost, packed_inputs, row_lengths
+from rlvr_lightning.policies.prefix_sharing import layers_allow_prefix_sharing, prefix_sharing_default
 from rlvr_lightning.rollout import Rollout
 
 #: causal LMs whose logits are their decoder's last hidden states through a plain linear head
@@ -81,7 +82,7 @@ class HFScoring:
     `share_prompt_prefix` and `gradient_checkpointing`)."""
 
     model: nn.Module
-    share_prompt_prefix: bool
+    share_prompt_prefix: bool | None
     gradient_checkpointing: bool
     #: `response_hidden_states` runs the decoder alone (no LM head); off, the whole model runs (one position's
     #: logits). Sharding turns it off: FSDP2 gathers the parameters outside the blocks in the model's own forward.
@@ -243,7 +244,7 @@ class HFScoring:
         padded to the longest); decided from the rows' `row_lengths`, without reading the device again."""
         if not self.packed_sequences:
             return False
-        if not (self.share_prompt_prefix and self._prefix_sharing_supported()):
+        if not self._shares_prefixes(rollout.prompt_ids.device):
             return True
         lengths = row_lengths(rollout)
         distinct = len(set(zip(lengths.prompt_hash, lengths.prompt, strict=True)))
@@ -272,7 +273,7 @@ class HFScoring:
         t = int(used_response[-1].item()) + 1 if used_response.numel() else 1
         t = min(t, rollout.response_ids.shape[1])
         prompt_ids, prompt_mask = rollout.prompt_ids[:, first:], prompt_mask[:, first:]
-        if self.share_prompt_prefix and self._prefix_sharing_supported():
+        if self._shares_prefixes(prompt_ids.device):
             shared = self._shared_prefix_forward(
                 prompt_ids, prompt_mask, rollout.response_ids[:, : t - 1], with_logits, with_hidden
             )
@@ -371,22 +372,16 @@ class HFScoring:
         join = lambda first, rest: None if first is None else torch.cat([first, rest], dim=1)  # noqa: E731
         return join(first_logits, out.logits), join(first_hidden, out.hidden)
 
+    def _shares_prefixes(self, device: torch.device) -> bool:
+        """Whether the rows' prompts are scored once per group: `share_prompt_prefix`, else by `device`, where the
+        model's layers allow it."""
+        choice = self.share_prompt_prefix
+        return (prefix_sharing_default(device) if choice is None else choice) and self._prefix_sharing_supported()
+
     def _prefix_sharing_supported(self) -> bool:
-        supported = getattr(self, "_prefix_sharing", None)
-        if supported is None:
-            text_config = (
-                self.hf_config.get_text_config(decoder=True)
-                if hasattr(self.hf_config, "get_text_config")
-                else self.hf_config
-            )
-            layer_types = getattr(text_config, "layer_types", None) or ["full_attention"]
-            supported = (
-                not self.gradient_checkpointing  # transformers turns the cache off in train mode then
-                and not getattr(text_config, "sliding_window", None)
-                and all(kind == "full_attention" for kind in layer_types)
-            )
-            self._prefix_sharing = supported
-        return supported
+        if getattr(self, "_prefix_sharing", None) is None:  # False once a model's cache proved not a plain KV cache
+            self._prefix_sharing = layers_allow_prefix_sharing(self.hf_config, self.gradient_checkpointing)
+        return self._prefix_sharing
 
     def _logits_to_keep_supported(self) -> bool:
         supported = getattr(self, "_logits_to_keep", None)

@@ -8,8 +8,10 @@ import torch
 
 from rlvr_lightning.demos.tiny_lm import EOS, bias_tokens, tiny_llama_config
 from rlvr_lightning.generation.sampling_config import SamplingConfig
+from rlvr_lightning.policies import hf_scoring
 from rlvr_lightning.policies.hf import AdapterReference, HFPolicy
 from rlvr_lightning.policies.hf_options import GenerationOptions, HFModelOptions, LoRAOptions, PromptOptions
+from rlvr_lightning.policies.prefix_sharing import prefix_sharing_default
 from tests.policies.comparisons import masked_max_diff
 
 PROMPTS = ["What is 2+3?", "Hi", "Think step by step, then answer: what is the sum of 7 and 12?"]
@@ -117,6 +119,28 @@ def test_rows_without_shared_prompts_use_one_forward(make_policy):
     policy.token_log_probs(rollout)
     decoder.forward = original
     assert len(calls) == 1
+
+
+@pytest.mark.parametrize("device_shares", [True, False])
+def test_prompt_prefixes_are_shared_by_default_on_a_cpu_only(make_policy, monkeypatch, device_shares):
+    """`share_prompt_prefix: null` (the default) decides by device: shared on a CPU, one forward per row on a GPU
+    (where a second forward doubles a launch-bound step's kernels); true and false hold on any device."""
+    assert prefix_sharing_default(torch.device("cpu")) and not prefix_sharing_default(torch.device("cuda", 0))
+    policy = make_policy()
+    assert policy.share_prompt_prefix is None
+    for choice in (True, False):
+        policy.share_prompt_prefix = choice
+        assert policy._shares_prefixes(torch.device("cuda")) is choice
+    policy.share_prompt_prefix = None
+    monkeypatch.setattr(hf_scoring, "prefix_sharing_default", lambda device: device_shares)  # as on a CPU / a GPU
+    rollout = policy.sample({"prompt": PROMPTS}, n=4, sampling=SamplingConfig(max_new_tokens=4))
+    calls = []
+    decoder = policy.base_model.get_decoder()
+    original = decoder.forward
+    decoder.forward = lambda *a, **k: calls.append(k["input_ids"].shape[0]) or original(*a, **k)
+    policy.token_log_probs(rollout)
+    decoder.forward = original
+    assert calls == ([len(PROMPTS), rollout.num_rows] if device_shares else [rollout.num_rows])
 
 
 def test_temperature_changes_log_probs(make_policy):
