@@ -9,7 +9,7 @@ is downloaded), for each way of running the rows:
 * `packed-flex`: one packed sequence through FlexAttention with a block mask from the rows' boundaries
   (`packed_attention: flex`; on a CPU its reference stand-in, an expanded mask for SDPA);
 * `shared`: the rows padded, each distinct prompt run once and its rows' responses on top of its key/value cache
-  (`share_prompt_prefix`, the default for grouped rollouts).
+  (`share_prompt_prefix`, the default for grouped rollouts on a CPU; off by default on a GPU).
 
 Each in float32 and under bf16 autocast (`--dtypes`), with lean activations (the default: `lean_activations`'s
 RMSNorm and SwiGLU forwards and the output layer through `linear_token_log_probs`) and, with `--plain` (the
