@@ -10,6 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
+from rlvr_lightning.policies import lean_layers
 from rlvr_lightning.policies.hf_options import HFModelOptions
 from rlvr_lightning.policies.lean_layers import RMSNormFunction, SiluMulFunction, apply_lean_layers
 
@@ -54,6 +55,24 @@ def test_same_forward_gradients_to_rounding_and_fewer_saved_bytes(config_class):
     assert plain_bytes - lean_bytes == expected
     with torch.no_grad():
         assert torch.equal(plain(input_ids=ids).logits, lean(input_ids=ids).logits)
+
+
+def test_the_fused_norm_of_a_cuda_device_scores_and_trains_as_the_plain_model(monkeypatch):
+    """`F.rms_norm`, which a CUDA device runs as one fused kernel each way: here its CPU decomposition (the same
+    formula); tests/gpu/test_lean_cuda.py compares the fused kernel itself with the plain model."""
+    assert not lean_layers.fused_norm_applies(torch.ones(2), torch.ones(2))  # a CPU tensor
+    calls = []
+    monkeypatch.setattr(lean_layers, "fused_norm_applies", lambda x, weight: calls.append(x.shape) or True)
+    plain, lean = _model(LlamaConfig), _model(LlamaConfig)
+    apply_lean_layers(lean)
+    ids = torch.randint(0, 97, (3, 11))
+    losses = [model(input_ids=ids).logits.log_softmax(-1).mean() for model in (plain, lean)]
+    assert len(calls) == 2 * 2 + 1  # every norm took the fused path
+    torch.testing.assert_close(losses[1], losses[0], atol=1e-6, rtol=0)
+    for loss in losses:
+        loss.backward()
+    for (name, a), (_, b) in zip(plain.named_parameters(), lean.named_parameters(), strict=True):
+        torch.testing.assert_close(b.grad, a.grad, atol=1e-6, rtol=1e-4, msg=name)
 
 
 def test_the_functions_gradients_against_finite_differences():
