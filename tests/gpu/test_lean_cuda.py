@@ -53,3 +53,37 @@ def test_lean_activations_score_and_train_as_the_plain_policy(dtype, packed, tmp
         assert a is not None and b is not None and b.dtype == a.dtype == torch.float32, index
         error = float((b - a).norm() / a.norm().clamp_min(1e-12))
         assert error < (1e-4 if dtype == torch.float32 else 5e-2), (index, error)
+
+
+def test_the_lean_norm_runs_torchs_fused_kernel_and_scoring_one_forward_per_row(tmp_path):
+    """On CUDA the lean RMSNorm is `_fused_rms_norm` both ways (no decomposed rsqrt), and the default policy scores
+    grouped rows with one forward (`share_prompt_prefix: null`: off on a GPU), as scripts/count_step_work.py assumes."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from rlvr_lightning.demos.tiny_lm import save_tiny_tokenizer, tiny_llama_config
+    from rlvr_lightning.generation.sampling_config import SamplingConfig
+    from rlvr_lightning.policies.hf import HFPolicy
+
+    class Ops(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.names: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    tokenizer = str(save_tiny_tokenizer(tmp_path / "tok"))
+    policy = HFPolicy(model=HFModelOptions(config=tiny_llama_config(), tokenizer=tokenizer)).to("cuda")
+    rollout = policy.sample({"prompt": ["a", "b c"]}, n=4, sampling=SamplingConfig(max_new_tokens=6))
+    forwards = []
+    decoder = policy.base_model.get_decoder()
+    original = decoder.forward
+    decoder.forward = lambda *a, **k: forwards.append(k["input_ids"].shape[0]) or original(*a, **k)
+    with Ops() as ops:
+        log_probs, _ = policy.token_log_probs(rollout)
+        (log_probs * rollout.response_mask).sum().backward()
+    decoder.forward = original
+    assert forwards == [rollout.num_rows]
+    norms = sum(type(module).__name__ == "LlamaRMSNorm" for module in policy.base_model.modules())
+    assert ops.names.count("_fused_rms_norm") == ops.names.count("_fused_rms_norm_backward") == norms > 0
