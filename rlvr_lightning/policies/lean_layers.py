@@ -71,7 +71,7 @@ class SiluMulFunction(torch.autograd.Function):
 
 def fused_norm_applies(x: Tensor, weight: Tensor) -> bool:
     """On a CUDA device torch's `F.rms_norm` runs one fused kernel each way (`_fused_rms_norm`, torch >= 2.9), where
-    the formulas above launch about 6 forward and 10 backward kernels; its autograd keeps x and rstd too. It fuses
+    the formulas above launch 6 forward and 9 backward kernels; its autograd keeps x and rstd too. It fuses
     only where x and the weight share a dtype (else it decomposes into the unfused operations)."""
     return x.device.type == "cuda" and x.dtype == weight.dtype
 
