@@ -12,11 +12,15 @@ gradients, the backward, the optimizer step), counts:
 
 The counts do not depend on how busy the machine is, so a CPU shows what a change to the GPU path costs before a
 GPU runs it. `--as-gpu` sizes the LM head's backward chunks as on a GPU (`core/log_probs.py`,
-`BACKWARD_CHUNK_BYTES`), so ours launches what it would launch there; the attention kernel stays the CPU's (packed
-scoring runs the model's SDPA here, FlexAttention on a GPU). The second measured step is reported (the first can
-hold one-time work).
+`BACKWARD_CHUNK_BYTES`) and resolves `share_prompt_prefix: null` as on a GPU (one forward per row), so `ours`
+launches what it would launch there; the attention kernel and the lean norm stay the CPU's (packed scoring runs the
+model's SDPA here, FlexAttention on a GPU; the norm's formulas here, torch's fused `rms_norm` on a GPU). The second
+measured step is reported (the first can hold one-time work).
 
-    python scripts/count_step_work.py --case smollm2_long --as-gpu
+Legs: `ours` (the defaults), `plain` (lean activations off), `shared` (each group's prompt scored once, on any
+device), `trl`.
+
+    python scripts/count_step_work.py --case smollm2_long --as-gpu --legs shared ours trl
     python scripts/count_step_work.py --case smollm2_long --as-gpu --gpu-precision --top 12
 """
 
@@ -43,7 +47,7 @@ import bench_step_trl  # noqa: E402
 from bench_step_cases import CASES, StepTimer, make_tiny_model, smollm2_dir  # noqa: E402
 
 COUNTED = ("logprob_forward", "backward", "optimizer")
-LEGS = ("ours", "plain", "joint", "trl")  # plain: lean activations off; joint: prompt prefixes not shared
+LEGS = ("ours", "plain", "shared", "trl")
 # allocations and metadata: no kernel (`_unsafe_view` is a view that autograd does not track as one)
 NO_KERNEL = {"empty", "empty_strided", "new_empty", "new_empty_strided", "detach", "alias", "lift_fresh", "set_"}
 NO_KERNEL |= {"_unsafe_view"}
@@ -90,13 +94,15 @@ class CountingTimer(StepTimer):
 def worker(args) -> int:
     if args.as_gpu:
         from rlvr_lightning.core import log_probs
+        from rlvr_lightning.policies import hf_scoring
 
         log_probs.CPU_BACKWARD_CHUNK_BYTES = log_probs.BACKWARD_CHUNK_BYTES
+        hf_scoring.prefix_sharing_default = lambda device: False  # `share_prompt_prefix: null` as on a GPU
     bench_step.StepTimer = bench_step_trl.StepTimer = CountingTimer
-    if args.worker == "joint":  # one forward over prompt + response per row, instead of each prompt once
+    if args.worker == "shared":
         options = bench_step.GenerationOptions
-        unshared = lambda *a, **kw: dataclasses.replace(options(*a, **kw), share_prompt_prefix=False)  # noqa: E731
-        bench_step.GenerationOptions = unshared
+        shared = lambda *a, **kw: dataclasses.replace(options(*a, **kw), share_prompt_prefix=True)  # noqa: E731
+        bench_step.GenerationOptions = shared
     case = CASES[args.case]
     with tempfile.TemporaryDirectory(prefix="count_step_work-") as tmp:
         model_dir = make_tiny_model(Path(tmp) / "tiny") if args.case == "tiny" else smollm2_dir()
@@ -148,7 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--case", choices=[c for c in CASES if not CASES[c].get("natural_lengths")], default="tiny")
     parser.add_argument("--legs", nargs="+", choices=LEGS, default=["ours", "trl"])
-    parser.add_argument("--as-gpu", action="store_true", help="the LM head's backward chunks sized as on a GPU")
+    parser.add_argument(
+        "--as-gpu", action="store_true", help="the LM head's backward chunks and prompt-prefix sharing as on a GPU"
+    )
     parser.add_argument("--gpu-precision", action="store_true", help="ours bf16-mixed, TRL bf16=True (autocast)")
     parser.add_argument("--top", type=int, default=8, help="the most frequent kernels listed per leg and section")
     parser.add_argument("--seed", type=int, default=0)
