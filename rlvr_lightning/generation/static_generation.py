@@ -37,9 +37,11 @@ from rlvr_lightning.generation.sampling_precision import SamplingDtype
 from rlvr_lightning.generation.static_cache import WorkspacePool, prefill, static_cache_support
 from rlvr_lightning.generation.static_decode import StepOptions, sample_step
 from rlvr_lightning.generation.step_capture import (
+    CaptureFailed,
     CompileMode,
     capture_pending,
     check_compile_mode,
+    fallback_mode,
     resolve_compile_mode,
     runnable_step,
 )
@@ -66,8 +68,9 @@ class StaticCacheGeneration(KVCacheGeneration):
             CompileMode,
             Option(
                 'how the step runs (`generation/step_capture.py`): "auto" (the default: "reduce-overhead" on a '
-                'CUDA device, "none" elsewhere; where the compiler fails, a warning and "none"), "none", '
-                '"aot_eager", "default", "reduce-overhead", "cuda-graph".'
+                'CUDA device, "none" elsewhere; where the compiler fails, a warning and "cuda-graph" on a CUDA '
+                'device, "none" elsewhere or where the capture fails too), "none", "aot_eager", "default", '
+                '"reduce-overhead", "cuda-graph".'
             ),
         ] = "auto",
         sync_every: Annotated[
@@ -84,7 +87,7 @@ class StaticCacheGeneration(KVCacheGeneration):
         super().__init__(dtype)
         self.compile, self.sync_every = compile, sync_every
         self._workspaces = WorkspacePool()
-        self._compile_failed: str | None = None  # "none" once `compile="auto"`'s compiler failed on this machine
+        self._compile_failed: str | None = None  # the mode `compile="auto"` runs once its own failed on this machine
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_workspaces": WorkspacePool()}  # buffers and graphs never travel (deepcopy)
@@ -104,21 +107,26 @@ class StaticCacheGeneration(KVCacheGeneration):
         random = RandomStream(kwargs.get("generator"), prompt_ids.device).generator
         before = random.get_state()
         with torch.no_grad():
-            try:
-                return run(mode=mode, sync_every=self.sync_every)
-            except torch._dynamo.exc.TorchDynamoException as error:
-                if self.compile != "auto" or mode == "none":
-                    raise
-                # the default's compiler failed on this machine: decode the step eagerly from now on
-                warnings.warn(
-                    f"StaticCacheGeneration: compiling the decoding step ({mode!r}) failed, so it runs eagerly from "
-                    f"now on (slower on a GPU); `compile: none` chooses that without trying. The error: "
-                    f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}",
-                    stacklevel=2,
-                )
-                self._compile_failed = "none"
-                random.set_state(before)  # the eager attempt samples what the compiled one would have
-                return run(mode="none", sync_every=self.sync_every)
+            while True:
+                try:
+                    return run(mode=mode, sync_every=self.sync_every)
+                except (torch._dynamo.exc.TorchDynamoException, CaptureFailed) as error:
+                    if self.compile != "auto" or mode == "none":
+                        raise
+                    mode = self._fall_back(mode, fallback_mode(mode, prompt_ids.device), error)
+                    random.set_state(before)  # the next attempt samples what this one would have
+
+    def _fall_back(self, failed: str, fallback: str, error: Exception) -> str:
+        """Warn that the default's `failed` mode does not work on this machine and run `fallback` from now on."""
+        how = "as a CUDA graph of the eager step (no compiler)" if fallback == "cuda-graph" else "eagerly"
+        warnings.warn(
+            f"StaticCacheGeneration: {'capturing' if failed == 'cuda-graph' else 'compiling'} the decoding step "
+            f"({failed!r}) failed, so it runs {how} from now on (`compile: {fallback}` chooses that without "
+            f"trying). The error: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}",
+            stacklevel=3,
+        )
+        self._compile_failed = fallback
+        return fallback
 
 
 class RandomStream:

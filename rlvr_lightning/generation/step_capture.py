@@ -8,8 +8,9 @@
   step, the workspace's buffers marked as static addresses so nothing is copied in.
 * `cuda-graph`: the eager step captured by `torch.cuda.CUDAGraph` (no compiler): one graph launch per step with
   the same kernels as `none`.
-* `auto`: `reduce-overhead` on a CUDA device, `none` elsewhere; where the compiler fails (no working Triton, an
-  operator inductor cannot lower), `StaticCacheGeneration` warns and runs the step as `none` from then on.
+* `auto`: `reduce-overhead` on a CUDA device, `none` elsewhere. Where the compiler fails (no working Triton, an
+  operator inductor cannot lower), `StaticCacheGeneration` warns and runs the step as `fallback_mode` says from then
+  on: `cuda-graph` on a CUDA device (it needs no compiler), then `none` if the capture fails too.
 
 Every mode is `fullgraph=True`: a graph break is an error, not a silent slow path. Random draws stay outside the
 step (`StaticCacheGeneration` draws each step's uniforms into the workspace), so no mode needs the generator's
@@ -46,6 +47,16 @@ def resolve_compile_mode(mode: str, device: torch.device) -> str:
     if mode in ("reduce-overhead", "cuda-graph") and device.type != "cuda":
         raise ValueError(f"StaticCacheGeneration compile={mode!r} needs a CUDA device; the model is on {device}")
     return mode
+
+
+class CaptureFailed(RuntimeError):
+    """Recording the step in a CUDA graph failed (an operator that cannot be captured)."""
+
+
+def fallback_mode(failed: str, device: torch.device) -> str:
+    """The mode `compile="auto"` runs the step in once `failed` failed on `device`: a CUDA graph of the eager step
+    (one launch per step, no compiler) after a failed compiler on a CUDA device, else the step as Python calls it."""
+    return "cuda-graph" if device.type == "cuda" and failed not in ("cuda-graph", "none") else "none"
 
 
 def capture_pending(ws: DecodeWorkspace, model: nn.Module, options: StepOptions, mode: str) -> bool:
@@ -99,6 +110,11 @@ def captured_cuda_graph(step: Callable[[], None], warmup: int = 2) -> Callable[[
             step()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, capture_error_mode="thread_local"):  # other threads (the update) may run kernels
-        step()
+    try:
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):  # other threads (the update) may run kernels
+            step()
+    except RuntimeError as error:
+        if isinstance(error, torch.OutOfMemoryError):
+            raise
+        raise CaptureFailed(f"capturing the decoding step in a CUDA graph failed: {error}") from error
     return graph.replay

@@ -74,3 +74,65 @@ def test_the_default_decodes_eagerly_after_its_compiler_failed(make_policy, monk
     assert len(calls) == 1  # decoded eagerly, without compiling again
     with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match="no working compiler here"):
         sample(StaticCacheGeneration(compile="default"))
+
+
+def test_a_cuda_devices_default_falls_back_to_a_cuda_graph_then_to_the_eager_step(make_policy, monkeypatch):
+    """On a CUDA device a failed compiler leaves the step to a CUDA graph (no compiler), and a failed capture to the
+    eager step; each fallback warns once, and the next generation starts at the mode that worked."""
+    from rlvr_lightning.generation import StaticCacheGeneration, static_generation, step_capture
+    from rlvr_lightning.policies.hf_options import GenerationOptions, PromptOptions
+
+    tried, real = [], static_generation.static_generate
+
+    def generate_or_fail(*args, mode, **kwargs):  # the compiler and the capture fail on this "CUDA device"
+        tried.append(mode)
+        if mode == "reduce-overhead":
+            raise torch._dynamo.exc.TorchDynamoException("no working Triton")
+        if mode == "cuda-graph":
+            raise step_capture.CaptureFailed("capturing the decoding step in a CUDA graph failed: not capturable")
+        return real(*args, mode=mode, **kwargs)
+
+    monkeypatch.setattr(
+        static_generation, "resolve_compile_mode", lambda mode, device: mode.replace("auto", "reduce-overhead")
+    )
+    monkeypatch.setattr(
+        static_generation,
+        "fallback_mode",
+        lambda failed, device: step_capture.fallback_mode(failed, torch.device("cuda")),
+    )
+    monkeypatch.setattr(static_generation, "static_generate", generate_or_fail)
+    prompts, sampling = {"prompt": ["What is 2+3?", "Say ab."]}, SamplingConfig(max_new_tokens=12, temperature=0.9)
+    policy = make_policy(
+        generation=GenerationOptions(backend=StaticCacheGeneration()), prompt=PromptOptions(template="raw")
+    )
+    eager_policy = make_policy(
+        generation=GenerationOptions(backend=StaticCacheGeneration(compile="none")),
+        prompt=PromptOptions(template="raw"),
+    )
+    torch.manual_seed(3)
+    eager = eager_policy.sample(prompts, 2, sampling)
+    tried.clear()
+    torch.manual_seed(3)
+    with pytest.warns(UserWarning) as caught:
+        fell_back = policy.sample(prompts, 2, sampling)
+    messages = [str(w.message) for w in caught if "StaticCacheGeneration" in str(w.message)]
+    assert tried == ["reduce-overhead", "cuda-graph", "none"]
+    assert "compiling the decoding step ('reduce-overhead') failed, so it runs as a CUDA graph" in messages[0]
+    assert "capturing the decoding step ('cuda-graph') failed, so it runs eagerly" in messages[1]
+    assert len(messages) == 2
+    assert torch.equal(fell_back.response_ids, eager.response_ids)
+    assert torch.equal(fell_back.sampling_log_probs, eager.sampling_log_probs)
+    policy.sample(prompts, 2, sampling)
+    assert tried[3:] == ["none"]
+
+
+def test_the_fallback_after_a_failed_compiler_is_a_cuda_graph_on_a_cuda_device_only():
+    from rlvr_lightning.generation.step_capture import fallback_mode
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert [fallback_mode(mode, cuda) for mode in ("reduce-overhead", "default", "cuda-graph")] == [
+        "cuda-graph",
+        "cuda-graph",
+        "none",
+    ]
+    assert [fallback_mode(mode, cpu) for mode in ("reduce-overhead", "default", "aot_eager")] == ["none"] * 3

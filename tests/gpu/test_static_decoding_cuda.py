@@ -83,3 +83,41 @@ def test_a_policy_without_a_named_backend_decodes_statically(tmp_path):
     policy = HFPolicy(model=HFModelOptions(config=tiny_llama_config(), tokenizer=tokenizer)).to("cuda")
     rollout = policy.sample({"prompt": ["a", "The quick brown fox"]}, n=4, sampling=SamplingConfig(max_new_tokens=16))
     assert rollout.response_ids.shape[0] == 8 and policy.generation._static._workspaces._by_model
+
+
+def test_the_default_runs_a_cuda_graph_where_its_compiler_fails(tmp_path, monkeypatch):
+    """`compile: auto` whose compiler fails on a CUDA device captures the eager step in a CUDA graph instead, which
+    samples the eager step's tokens from the same random state."""
+    from rlvr_lightning.demos.tiny_lm import save_tiny_tokenizer, tiny_llama_config
+    from rlvr_lightning.generation import StaticCacheGeneration, step_capture
+    from rlvr_lightning.policies.hf import HFPolicy
+    from rlvr_lightning.policies.hf_options import GenerationOptions, PromptOptions
+
+    def failing_backend(graph, example_inputs):
+        raise RuntimeError("no working compiler here")
+
+    monkeypatch.setattr(
+        step_capture,
+        "compiled",
+        lambda step, mode: torch.compile(step, fullgraph=True, dynamic=False, backend=failing_backend),
+    )
+    tokenizer = str(save_tiny_tokenizer(tmp_path / "tok"))
+    prompts, sampling = {"prompt": ["a", "The quick brown fox"]}, SamplingConfig(max_new_tokens=16, temperature=0.9)
+
+    def sample(backend):
+        torch.manual_seed(0)
+        options = HFModelOptions(config=tiny_llama_config(), tokenizer=tokenizer)
+        policy = HFPolicy(
+            model=options, generation=GenerationOptions(backend=backend), prompt=PromptOptions(template="raw")
+        ).to("cuda")
+        torch.manual_seed(3)
+        return policy.generation, policy.sample(prompts, n=4, sampling=sampling)
+
+    _, eager = sample(StaticCacheGeneration(compile="none"))
+    with pytest.warns(UserWarning, match=r"\('reduce-overhead'\) failed, so it runs as a CUDA graph"):
+        backend, graphed = sample(StaticCacheGeneration())
+    assert backend._compile_failed == "cuda-graph"
+    workspaces = next(iter(backend._workspaces._by_model.values()))[1].values()
+    assert {mode for workspace in workspaces for _, mode in workspace.steps} == {"cuda-graph"}
+    assert torch.equal(graphed.response_ids, eager.response_ids)
+    torch.testing.assert_close(graphed.sampling_log_probs, eager.sampling_log_probs, atol=1e-4, rtol=0)
