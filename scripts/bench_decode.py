@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Decoding speed of our sampling loop's variants, side by side in one process, on models of real shapes with
+r"""Decoding speed of our sampling loop's variants, side by side in one process, on models of real shapes with
 random weights (built from a config: nothing is downloaded).
 
 Variants (`--variants`):
@@ -18,11 +18,14 @@ tokens per second; the bytes a step must read (the weights once, plus the keys a
 grown cache for `eager`, the whole static cache for the others) over its time, and that as a fraction of the
 device's peak (`of peak`: a large device-to-device copy's rate, measured at the start); the first run's extra
 seconds (`compile s`: compilation, capture, warm-up); host synchronisations per step (CUDA's sync debug mode,
-counted on a separate run; `-` on a CPU, where nothing waits); rows whose tokens equal the `eager` variant's for
-the same random stream (n of N) and the largest log-prob difference on them.
+counted on a separate run; `-` on a CPU, where nothing waits); with `--count-launches`, the operations a step
+launches from Python (`kernel_counter.py`: eager variants only, from two more generations); rows whose tokens
+equal the `eager` variant's for the same random stream (n of N) and the largest log-prob difference on them.
 
     python scripts/bench_decode.py --device cpu                         # tiny shapes, a quick check
     python scripts/bench_decode.py --device cpu --models smollm2 --rows 8 --new-tokens 16
+    python scripts/bench_decode.py --device cpu --models smollm2 qwen2.5-1.5b --rows 8 --variants eager static \
+        --new-tokens 8 --prompt-tokens 16 --repeats 1 --count-launches
     python scripts/bench_decode.py --device cuda        # SmolLM2-135M, Qwen2.5-1.5B; 64, 128 rows; bf16
     python scripts/bench_decode.py --device cuda --variants eager compiled --models smollm2 --rows 128
 """
@@ -39,6 +42,7 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
@@ -71,6 +75,7 @@ COLUMNS = (
     "of peak",
     "compile s",
     "syncs/step",
+    "launches",
     "same",
     "max dlp",
 )
@@ -120,15 +125,16 @@ class Case:
         self.ids, self.mask, self.n = ids.to(device), mask.to(device), group
         self.pools: dict = {}
 
-    def decode(self, variant: str):
-        """One generation (EOS excluded: every row decodes `--new-tokens` tokens) from a fixed random stream."""
+    def decode(self, variant: str, new_tokens: int | None = None):
+        """One generation (EOS excluded: every row decodes `--new-tokens` tokens, or `new_tokens`) from a fixed
+        random stream."""
         from rlvr_lightning.generation.loop import generate
         from rlvr_lightning.generation.output import StopStringChecker
         from rlvr_lightning.generation.sampling_config import SamplingConfig
         from rlvr_lightning.generation.static_cache import WorkspacePool
         from rlvr_lightning.generation.static_generation import static_generate
 
-        new = self.args.new_tokens
+        new = new_tokens or self.args.new_tokens
         sampling = SamplingConfig(max_new_tokens=new, min_new_tokens=new, temperature=1.0)
         torch.manual_seed(1)
         if self.device.type == "cuda":
@@ -162,6 +168,22 @@ class Case:
                 torch.cuda.set_sync_debug_mode(0)
         syncs = sum("called a synchronizing CUDA operation" in str(w.message) for w in caught)
         return f"{syncs / out.steps:.2f}"
+
+    def launches_per_step(self, variant: str) -> str:
+        """Operations launched from Python per decoding step (`kernel_counter.py`), from two counted generations
+        of different lengths (the prefill cancels out); `-` without `--count-launches`, or where the step runs in
+        a compiled or captured graph (its kernels are not dispatched from Python)."""
+        if not self.args.count_launches or variant not in ("eager", "static"):
+            return "-"
+        from kernel_counter import KernelCounter
+
+        counted = []
+        for new in (self.args.new_tokens // 2, self.args.new_tokens):
+            with KernelCounter() as counter:
+                out = self.decode(variant, new)
+            counted.append((counter.ops.total(), out.steps))
+        (short, short_steps), (long, long_steps) = counted
+        return f"{(long - short) / max(long_steps - short_steps, 1):.0f}"
 
     def step_bytes(self, variant: str, out) -> float:
         """The weights once and the keys and values a step attends to, on average over the steps."""
@@ -217,6 +239,7 @@ def figures(case: Case, variant: str, out, first: float, reference, peak: float)
         f"{achieved / peak:.3f}",
         f"{max(first - out.seconds, 0.0):.1f}",
         case.syncs_per_step(variant),
+        case.launches_per_step(variant),
         same,
         diff,
     ]
@@ -234,6 +257,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sync-every", type=int, default=8)
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
     parser.add_argument("--threads", type=int, default=1, help="torch threads on a CPU")
+    parser.add_argument(
+        "--count-launches",
+        action="store_true",
+        help="count the operations a step launches from Python (eager and static: two more generations each)",
+    )
     parser.add_argument("--repeats", type=int, default=None, help="timed rounds (median); default 1 on CUDA, 3 on CPU")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
@@ -272,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-WIDTHS = (12, 4, 15, 8, 7, 6, 7, 9, 10, 10, 7)
+WIDTHS = (12, 4, 15, 8, 7, 6, 7, 9, 10, 8, 10, 7)
 
 
 def print_row(cells) -> None:

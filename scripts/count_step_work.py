@@ -38,35 +38,16 @@ from pathlib import Path
 
 import torch
 import transformers
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_step  # noqa: E402
 import bench_step_trl  # noqa: E402
 from bench_step_cases import CASES, StepTimer, make_tiny_model, smollm2_dir  # noqa: E402
+from kernel_counter import KernelCounter  # noqa: E402
 
 COUNTED = ("logprob_forward", "backward", "optimizer")
 LEGS = ("ours", "plain", "shared", "trl")
-# allocations and metadata: no kernel (`_unsafe_view` is a view that autograd does not track as one)
-NO_KERNEL = {"empty", "empty_strided", "new_empty", "new_empty_strided", "detach", "alias", "lift_fresh", "set_"}
-NO_KERNEL |= {"_unsafe_view"}
-
-
-class KernelCounter(TorchDispatchMode):
-    """Counts the aten operations dispatched below autograd that launch work on the device, by name (those that
-    return no tensor, such as `promote_types`, launch nothing)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: Counter[str] = Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func.overloadpacket.__name__
-        returns_tensors = any("Tensor" in str(r.type) for r in func._schema.returns)
-        if returns_tensors and not func.is_view and name not in NO_KERNEL:
-            self.ops[name] += 1
-        return func(*args, **(kwargs or {}))
 
 
 class CountingTimer(StepTimer):
