@@ -36,8 +36,9 @@ bf16), TRL `bf16=True`. `peak_MB` is each leg process's peak resident memory (ru
 Our legs sample with the backend an `HFPolicy` uses when none is named (`--generation default`: static decoding
 on a CUDA device, our eager loop on a CPU); `eager` and `static` name one.
 
-Legs: `ours` (our KV-cache loop, in a process set up as `rlvr` sets up its own: freed memory returned to the
-OS, `runtime/process_memory.py`), `heap` (ours with glibc's default allocator settings), `plain` (ours with
+Legs: `ours` (our KV-cache loop, in a process set up as `rlvr` sets up its own by default: glibc's allocator
+settings), `release` (ours with `RLVR_MALLOC=release`: freed memory returned to the OS,
+`runtime/process_memory.py`), `plain` (ours with
 `model.lean_activations: false`: transformers' own RMSNorm and SwiGLU forwards, which keep more activations for the
 backward), `compiled` (ours with `model.compile_layers: default` and `generation.share_prompt_prefix: false`: the
 scoring forwards pass no cache and run through inductor-compiled decoder layers), `vllm` (the same module with
@@ -96,7 +97,7 @@ from bench_step_trl import run_trl  # noqa: E402
 
 from rlvr_lightning.policies.hf_options import GenerationOptions, HFModelOptions, PromptOptions
 
-LEGS = ("ours", "heap", "plain", "compiled", "vllm", "trl")
+LEGS = ("ours", "release", "plain", "compiled", "vllm", "trl")
 
 
 # ----------------------------------------------------------------------------- ours
@@ -263,7 +264,7 @@ def worker(args) -> int:
         engine = args.worker == "vllm"
         precision = {"sampling_dtype": args.sampling_dtype, "device": args.device, "precision": args.precision}
         lean = args.worker != "plain"
-        if args.worker != "heap":
+        if args.worker == "release":
             from rlvr_lightning.runtime.process_memory import return_freed_memory_to_the_os
 
             return_freed_memory_to_the_os()
@@ -376,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
             for label, m in summary.items():
                 print(fmt_row(label, m))
             ratios = {}
-            pairs = [("ours", "trl"), ("vllm", "trl"), ("ours", "vllm"), ("ours", "plain"), ("ours", "heap")]
+            pairs = [("ours", "trl"), ("vllm", "trl"), ("ours", "vllm"), ("ours", "plain"), ("ours", "release")]
             for a, b in [*pairs, ("compiled", "trl"), ("ours", "compiled")]:
                 if a in summary and b in summary:
                     keys = ("step", "cpu", "generation", "generation_cpu", "peak_rss_mb")

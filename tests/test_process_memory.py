@@ -1,5 +1,6 @@
-"""`return_freed_memory_to_the_os`: with glibc's mmap threshold fixed, a MiB-sized tensor gets a mapping of its own
-(returned at free) even after a large block was freed, which by default raises the threshold above it."""
+"""`RLVR_MALLOC=release` (`apply_malloc_choice`): with glibc's mmap threshold fixed, a MiB-sized tensor gets a
+mapping of its own (returned at free) even after a large block was freed, which by default (glibc's settings, the
+default choice) raises the threshold above it; a value that is not a choice is refused by name."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 
 SCRIPT = """
 import ctypes, sys, torch
-from rlvr_lightning.runtime.process_memory import return_freed_memory_to_the_os
+from rlvr_lightning.runtime.process_memory import apply_malloc_choice
 
 class MallInfo2(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in
@@ -20,7 +21,7 @@ class MallInfo2(ctypes.Structure):
 
 libc = ctypes.CDLL(None)
 libc.mallinfo2.restype = MallInfo2
-applied = return_freed_memory_to_the_os()
+applied = apply_malloc_choice()
 big = torch.empty(16 << 20, dtype=torch.uint8); big.fill_(1); del big  # freeing it raises glibc's threshold
 before = libc.mallinfo2().hblkhd
 tensor = torch.empty(1 << 20, dtype=torch.uint8)
@@ -45,5 +46,15 @@ def test_a_mib_tensor_gets_its_own_mapping_after_a_large_block_was_freed():
         ctypes.CDLL(None).mallinfo2  # noqa: B018
     except AttributeError:
         pytest.skip("glibc < 2.33 (no mallinfo2)")
-    assert _run() == ["True", "True"]
-    assert _run(RLVR_MALLOC="glibc") == ["False", "False"]  # glibc's default: the heap serves it
+    assert _run(RLVR_MALLOC="release") == ["True", "True"]
+    assert _run() == ["False", "False"]  # glibc's settings, the default: the heap serves it
+    assert _run(RLVR_MALLOC="glibc") == ["False", "False"]
+
+
+def test_rlvr_refuses_an_allocator_choice_it_does_not_know(monkeypatch, capsys):
+    from rlvr_lightning.cli import entry_point
+
+    monkeypatch.setenv("RLVR_MALLOC", "jemalloc")
+    assert entry_point(["fit", "--config", "never-read.yaml"]) == 2
+    err = capsys.readouterr().err
+    assert "RLVR_MALLOC='jemalloc' is not valid" in err and "'glibc'" in err and "'release'" in err

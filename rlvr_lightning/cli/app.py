@@ -50,7 +50,7 @@ from rlvr_lightning.runtime.checkpoint_files import check_checkpoint_path, is_lo
 from rlvr_lightning.runtime.config_limits import ConfigTooLarge, bound_jsonargparse_yaml
 from rlvr_lightning.runtime.hub import go_offline_if_unreachable
 from rlvr_lightning.runtime.option_domains import Range
-from rlvr_lightning.runtime.process_memory import return_freed_memory_to_the_os
+from rlvr_lightning.runtime.process_memory import apply_malloc_choice
 from rlvr_lightning.runtime.quiet_console import quiet_loggers, quiet_third_party
 
 TRAINER_DEFAULTS = {
@@ -349,7 +349,11 @@ def entry_point(args: list[str] | None = None) -> int:
     """The `rlvr` console script: 0 on success, 2 for a configuration mistake (a few lines on stderr, no
     traceback unless --debug or RLVR_DEBUG=1), 128 + the signal number when SIGINT/SIGTERM stopped training."""
     argv = list(sys.argv[1:] if args is None else args)
-    return_freed_memory_to_the_os()  # the console script's process only: a library leaves malloc alone
+    try:
+        apply_malloc_choice()  # the console script's process only: a library leaves malloc alone
+    except ValueError as error:
+        print(f"rlvr: {error}", file=sys.stderr)
+        return 2
     debug, argv = cli_errors.debug_requested(argv)
     if args is None:  # LightningCLI warns when given arguments beside sys.argv's: it reads sys.argv itself
         sys.argv[1:] = argv
