@@ -86,8 +86,9 @@ def test_a_policy_without_a_named_backend_decodes_statically(tmp_path):
 
 
 def test_the_default_runs_a_cuda_graph_where_its_compiler_fails(tmp_path, monkeypatch):
-    """`compile: auto` whose compiler fails on a CUDA device captures the eager step in a CUDA graph instead, which
-    samples the eager step's tokens from the same random state."""
+    """`compile: auto` whose compiler fails on a CUDA device captures the eager step in a CUDA graph instead (the
+    workspace holds it beside the step that failed), which samples the eager step's tokens from the same random
+    state."""
     from rlvr_lightning.demos.tiny_lm import save_tiny_tokenizer, tiny_llama_config
     from rlvr_lightning.generation import StaticCacheGeneration, step_capture
     from rlvr_lightning.policies.hf import HFPolicy
@@ -118,6 +119,6 @@ def test_the_default_runs_a_cuda_graph_where_its_compiler_fails(tmp_path, monkey
         backend, graphed = sample(StaticCacheGeneration())
     assert backend._compile_failed == "cuda-graph"
     workspaces = next(iter(backend._workspaces._by_model.values()))[1].values()
-    assert {mode for workspace in workspaces for _, mode in workspace.steps} == {"cuda-graph"}
+    assert "cuda-graph" in {mode for workspace in workspaces for _, mode in workspace.steps}
     assert torch.equal(graphed.response_ids, eager.response_ids)
     torch.testing.assert_close(graphed.sampling_log_probs, eager.sampling_log_probs, atol=1e-4, rtol=0)
