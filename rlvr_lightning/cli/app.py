@@ -382,20 +382,9 @@ def entry_point(args: list[str] | None = None) -> int:
         if (run_problem := explain_run_error(error)) is not None:  # a checkpoint missing, unreadable, unwritable
             print(run_problem.render(), file=sys.stderr)
             return run_problem.status
-        problem = _explain(error, cli, argv)
+        problem = cli_errors.explain_cli_error(error, cli, argv, RLVRCLI.subcommands())
         if problem is None:
             raise
         print(problem.render(), file=sys.stderr)
         return 2
     return 0
-
-
-def _explain(error: Exception, cli: RLVRCLI, argv: list[str]) -> cli_errors.ConfigProblem | None:
-    if cli_errors.is_parse_error(error):
-        command = argv[0] if argv and argv[0] in RLVRCLI.subcommands() else None
-        parsers = getattr(cli, "_subcommand_parsers", {})
-        return cli_errors.explain_parse_error(str(error), argv, parsers.get(command))
-    config = getattr(cli, "config", None)
-    if config is not None and config.get("subcommand"):
-        config = config[config["subcommand"]]
-    return cli_errors.explain_build_error(error, argv, config, during_setup=hasattr(cli, "trainer"))

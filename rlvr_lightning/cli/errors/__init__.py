@@ -31,6 +31,7 @@ __all__ = [
     "check_options_early",
     "debug_requested",
     "explain_build_error",
+    "explain_cli_error",
     "explain_parse_error",
     "is_parse_error",
 ]
@@ -48,3 +49,17 @@ def debug_requested(argv: list[str]) -> tuple[bool, list[str]]:
         argv = [arg for arg in argv if arg != "--debug"]
         os.environ["RLVR_DEBUG"] = "1"  # the processes Lightning starts for other ranks rerun the command without it
     return debug, argv
+
+
+def explain_cli_error(error: Exception, cli, argv: list[str], subcommands) -> ConfigProblem | None:
+    """The short message for an error that building or running `cli` (an `RLVRCLI`, perhaps half built) raised
+    from `argv`: a parse error against its subcommand's parser, else a build error against the parsed config;
+    None when it is not a configuration mistake."""
+    if is_parse_error(error):
+        command = argv[0] if argv and argv[0] in subcommands else None
+        parsers = getattr(cli, "_subcommand_parsers", {})
+        return explain_parse_error(str(error), argv, parsers.get(command))
+    config = getattr(cli, "config", None)
+    if config is not None and config.get("subcommand"):
+        config = config[config["subcommand"]]
+    return explain_build_error(error, argv, config, during_setup=hasattr(cli, "trainer"))
