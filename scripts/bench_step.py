@@ -265,9 +265,10 @@ def worker(args) -> int:
         precision = {"sampling_dtype": args.sampling_dtype, "device": args.device, "precision": args.precision}
         lean = args.worker != "plain"
         if args.worker == "release":
-            from rlvr_lightning.runtime.process_memory import return_freed_memory_to_the_os
+            os.environ["RLVR_MALLOC"] = "release"
+        from rlvr_lightning.runtime.process_memory import apply_malloc_choice
 
-            return_freed_memory_to_the_os()
+        apply_malloc_choice()  # as `rlvr` sets up its process
         timer = run_ours(
             model_dir,
             case,
