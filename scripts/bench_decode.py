@@ -20,7 +20,10 @@ device's peak (`of peak`: a large device-to-device copy's rate, measured at the 
 seconds (`compile s`: compilation, capture, warm-up); host synchronisations per step (CUDA's sync debug mode,
 counted on a separate run; `-` on a CPU, where nothing waits); with `--count-launches`, the operations a step
 launches from Python (`kernel_counter.py`: eager variants only, from two more generations); rows whose tokens
-equal the `eager` variant's for the same random stream (n of N) and the largest log-prob difference on them.
+equal the `eager` variant's for the same random stream (n of N), how many of the others first differ by a token
+whose id neighbours the eager one's (`adjacent`: a draw moved across one step of the CDF by rounding, as in fp32
+at a vocabulary of 151,936 near-uniform entries; `--dtype float64` then gives equal tokens) and the largest log-prob
+difference on the equal rows.
 
     python scripts/bench_decode.py --device cpu                         # tiny shapes, a quick check
     python scripts/bench_decode.py --device cpu --models smollm2 --rows 8 --new-tokens 16
@@ -77,6 +80,7 @@ COLUMNS = (
     "syncs/step",
     "launches",
     "same",
+    "adjacent",
     "max dlp",
 )
 
@@ -225,10 +229,11 @@ def figures(case: Case, variant: str, out, first: float, reference, peak: float)
     seconds = decode_seconds(out)
     step_ms = 1000 * seconds / max(out.steps, 1)
     achieved = case.step_bytes(variant, out) / (step_ms / 1000)
-    same, diff = "-", "-"
+    same, adjacent, diff = "-", "-", "-"
     if reference is not None and variant != "eager":
         equal = (out.response_ids == reference.response_ids).all(-1)
         same = f"{int(equal.sum())} of {equal.numel()}"
+        adjacent = str(adjacent_first_differences(out.response_ids, reference.response_ids))
         if equal.any():
             diff = f"{(out.log_probs - reference.log_probs)[equal].abs().max().item():.1e}"
     return [
@@ -241,8 +246,22 @@ def figures(case: Case, variant: str, out, first: float, reference, peak: float)
         case.syncs_per_step(variant),
         case.launches_per_step(variant),
         same,
+        adjacent,
         diff,
     ]
+
+
+def adjacent_first_differences(ids: torch.Tensor, reference: torch.Tensor) -> int:
+    """Rows of `ids [B, T]` that differ from `reference`'s and whose first differing tokens are neighbouring ids.
+
+    Sampling inverts the CDF over the vocabulary in id order (`categorical_from_uniform`), so a rounding difference
+    in the probabilities moves a draw that falls next to a step of the CDF to the neighbouring token; a wrong
+    distribution would move draws anywhere."""
+    differs = ids != reference
+    rows = differs.any(-1)
+    first = differs.int().argmax(-1, keepdim=True)
+    gap = (ids.gather(-1, first) - reference.gather(-1, first)).abs().squeeze(-1)
+    return int((rows & (gap == 1)).sum())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -255,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt-tokens", type=int, default=64)
     parser.add_argument("--group", type=int, default=8, help="rows per distinct prompt (group sampling)")
     parser.add_argument("--sync-every", type=int, default=8)
-    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
+    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float64"], default=None)
     parser.add_argument("--threads", type=int, default=1, help="torch threads on a CPU")
     parser.add_argument(
         "--count-launches",
@@ -300,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-WIDTHS = (12, 4, 15, 8, 7, 6, 7, 9, 10, 8, 10, 7)
+WIDTHS = (12, 4, 15, 8, 7, 6, 7, 9, 10, 8, 10, 8, 7)
 
 
 def print_row(cells) -> None:

@@ -18,6 +18,9 @@
 #             compile seconds, host syncs per step and tokens equal to the eager loop for each decoding variant
 #             (eager loop, static cache, inductor + CUDA graphs, a captured CUDA graph) at DECODE_ROWS
 #             (default 64 128) rows on SmolLM2-135M's and Qwen2.5-1.5B's shapes (random weights)
+#   equal     scripts/bench_decode.py in fp32 and fp64 at EQUAL_ROWS (default 128) rows, 16 tokens, both shapes: the
+#             static step's tokens against the eager loop's, and of those that differ, how many first differ by a
+#             neighbouring token id (a draw moved across one step of the CDF by rounding; fp64 settles it)
 #   score     scripts/bench_score.py: forward and backward ms of one scoring micro-batch (32 rows, uneven lengths),
 #             padded vs packed with the model's SDPA vs packed through FlexAttention vs prefix-shared, the kernel
 #             that ran, fp32 and bf16 autocast, lean and plain activations, at SmolLM2-135M's shape (random
@@ -58,7 +61,7 @@ if compgen -G "$wheels/*.whl" >/dev/null; then
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 WANDB_MODE=disabled PYTHONUNBUFFERED=1
 parts=("$@")
-[ ${#parts[@]} -eq 0 ] && parts=(tests smollm2 qwen_fsdp2 qwen_offload bench decode score vllm)
+[ ${#parts[@]} -eq 0 ] && parts=(tests smollm2 qwen_fsdp2 qwen_offload bench decode equal score vllm)
 rows=()
 
 "$python" - <<'EOF' | tee "$out/environment.txt"
@@ -158,13 +161,23 @@ bench_precisions() {  # bench_step.py in fp32, then with each side's GPU precisi
     done
 }
 
+equal_dtypes() {  # the static step's tokens against the eager loop's in fp32, then in fp64
+    local dtype
+    for dtype in float32 float64; do
+        echo "## $dtype"
+        # shellcheck disable=SC2046 - the compiled variant in fp32 only (the default on CUDA; fp64 settles rounding)
+        "$python" scripts/bench_decode.py --device cuda --dtype "$dtype" --rows "${EQUAL_ROWS:-128}" --new-tokens 16 \
+            --repeats 1 --variants eager static cuda-graph $([ "$dtype" = float32 ] && echo reduce-overhead) || return
+    done
+}
+
 vllm_tests() {
     "$python" -c "import vllm" 2>/dev/null || { echo "vLLM is not installed"; return 77; }
     "$python" -m pytest -q tests/engines
 }
 
 export out steps new_tokens gsm8k python
-export -f fit_recipe bench_precisions score_variants vllm_tests
+export -f fit_recipe bench_precisions score_variants equal_dtypes vllm_tests
 
 for part in "${parts[@]}"; do
     case "$part" in
@@ -181,10 +194,12 @@ for part in "${parts[@]}"; do
         "$python" -m pytest -q -p no:cacheprovider tests/gpu/test_static_decoding_cuda.py ;;
     decode) run_part decode "grep -E '^# best' $out/decode.log | sed 's/^# best: //' | tail -n 2 | tr '\n' ' '" \
         "$python" scripts/bench_decode.py --device cuda --rows ${DECODE_ROWS:-64 128} ;;
+    equal) run_part equal "awk '/^## /{d=\$2} !/^#/ && \$(NF-3) == \"of\" {printf \"%s %s %s %s/%s (%s adjacent); \", d, \$1, \$3, \$(NF-4), \$(NF-2), \$(NF-1)}' $out/equal.log" \
+        equal_dtypes ;;
     score) run_part score "grep -E '^# (fp32|bf16) forward' $out/score.log | sed 's/^# //' | tr '\n' ' '" \
         score_variants ;;
     vllm) run_part vllm "grep -E '[0-9]+ (passed|failed)|not installed' $out/vllm.log | tail -n 1" vllm_tests ;;
-    *) echo "unknown part '$part'; the parts: tests smollm2 qwen_fsdp2 qwen_offload bench static decode score vllm" >&2; exit 2 ;;
+    *) echo "unknown part '$part'; the parts: tests smollm2 qwen_fsdp2 qwen_offload bench static decode equal score vllm" >&2; exit 2 ;;
     esac
 done
 

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -30,7 +31,22 @@ def test_the_table_has_every_variant_and_their_tokens_equal_the_eager_loops(caps
     header = next(i for i, line in enumerate(lines) if line.split()[:3] == ["model", "rows", "variant"])
     rows = [line.split() for line in lines[header + 1 :] if not line.startswith("#")]
     assert [row[:3] for row in rows] == [["tiny", "4", "eager"], ["tiny", "4", "static"]]
-    assert " ".join(rows[1][-4:-1]) == "4 of 4" and float(rows[1][-1]) <= 1e-5  # same tokens, log-probs
+    assert " ".join(rows[1][-5:-2]) == "4 of 4" and float(rows[1][-1]) <= 1e-5  # same tokens, log-probs
+    assert rows[1][-2] == "0"  # no row differs, so none by a neighbouring token
     assert all(float(row[3]) > 0 and float(row[4]) > 0 for row in rows)  # ms/step, tokens/s
     assert all(int(row[9]) > 4 * 10 for row in rows)  # launches per step: at least ten per layer of 4
     assert lines[-1].startswith("# best: tiny 4 rows: eager ")
+
+
+def test_rows_that_first_differ_by_a_neighbouring_token_are_counted():
+    bench = load_bench()
+    reference = torch.tensor([[5, 9, 2], [5, 9, 2], [5, 9, 2], [5, 9, 2]])
+    ids = torch.tensor(
+        [
+            [5, 9, 2],  # equal: not counted
+            [5, 10, 7],  # first differs at 9 -> 10, then anything: counted
+            [5, 11, 2],  # first differs at 9 -> 11: not counted
+            [4, 40, 2],  # first differs at 5 -> 4: counted
+        ]
+    )
+    assert bench.adjacent_first_differences(ids, reference) == 2
