@@ -10,7 +10,7 @@ import pytest
 
 from rlvr_lightning.cli.app import entry_point
 
-from .cli_runs import QUIET, SORT, run
+from .cli_runs import QUIET, SORT, TINY_LM, run
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -218,3 +218,26 @@ def test_a_token_budget_no_row_fits(in_tmp_dir, capsys):
         "error: update.micro_batch_tokens=6 is smaller than the longest row of this step (8 tokens, prompt + "
         "response); valid: an integer >= 8 (prompt + max_new_tokens fits every row), or null"
     )
+
+
+@pytest.mark.parametrize(
+    ("backend", "option", "value", "choices"),
+    [
+        ("{class_path: KVCacheGeneration, init_args: {dtype: float8}}", "dtype", "float8", "float32, bfloat16, auto"),
+        (
+            "{class_path: rlvr_lightning.generation.StaticCacheGeneration, init_args: {compile: reduce_overhead}}",
+            "compile",
+            "reduce_overhead",
+            "auto, none, aot_eager, default, reduce-overhead, cuda-graph",
+        ),
+    ],
+)
+def test_a_class_section_on_the_command_line_with_a_value_out_of_its_choices(capsys, backend, option, value, choices):
+    """A class given on the command line is first tried as a config file's path; the error is the option's own."""
+    code, lines = run(
+        capsys, "fit", "--config", TINY_LM, "--model.init_args.policy.init_args.generation.backend", backend
+    )
+    assert code == 2
+    assert lines[0] == f"error: {option}={value!r} is not valid"
+    assert lines[1] == f"  at model.init_args.policy.init_args.generation.backend.init_args.{option}"
+    assert f"  valid: {choices}" in lines

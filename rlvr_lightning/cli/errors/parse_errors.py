@@ -3,6 +3,7 @@ of the wrong type, a missing config file) as a `ConfigProblem`."""
 
 from __future__ import annotations
 
+import ast
 import importlib
 import inspect
 import pkgutil
@@ -20,11 +21,27 @@ _NOISE = re.compile(
     r"Expected a <class 'NoneType'>|Not a valid subclass of|Subclass types expect one of|a class path \(str\)|"
     r"a dict with|a dict without)"
 )
+# a class section given on the command line is first tried as a config file's path: an alternative that says
+# nothing when the section's own error follows
+_PATH_ATTEMPT = re.compile(r"^Expected a path but .* either not accessible or invalid$")
 
 
 def _leaf(message: str) -> tuple[list[str], list[str], str]:
     """The innermost informative line of a jsonargparse message, with the option keys and class paths
-    leading to it: (keys, classes, text)."""
+    leading to it: (keys, classes, text); a failed attempt to read a value as a path only where nothing else
+    is said."""
+    return (
+        _first_informative(message, skip=_PATH_ATTEMPT)
+        or _first_informative(message)
+        or (
+            [],
+            [],
+            message.strip().splitlines()[-1] if message.strip() else message,
+        )
+    )
+
+
+def _first_informative(message: str, skip: re.Pattern | None = None) -> tuple[list[str], list[str], str] | None:
     stack: list[tuple[int, str, str]] = []  # (indent, kind, name)
     for raw in message.splitlines():
         if not raw.strip():
@@ -49,12 +66,12 @@ def _leaf(message: str) -> tuple[list[str], list[str], str]:
             body = cls.group(2)
             if not body:
                 continue
-        if _NOISE.match(body):
+        if _NOISE.match(body) or (skip is not None and skip.match(body)):
             continue
         keys = [name for _, kind, name in stack if kind == "key"]
         classes = [name for _, kind, name in stack if kind == "class"]
         return keys, classes, body
-    return [], [], message.strip().splitlines()[-1] if message.strip() else message
+    return None
 
 
 def _option_path(keys: list[str], classes: list[str]) -> str:
@@ -120,6 +137,17 @@ def explain_parse_error(message: str, argv: list[str], parser: Any = None) -> Co
         )
     if (problem := _class_path_problem(text, option, class_path, argv)) is not None:
         return problem
+    if (m := re.search(r"Expected a typing\.Literal\[(.*)\]\. Got value: (.*)$", text)) and (
+        choices := _literal_choices(m.group(1))
+    ):
+        name = option.rpartition(".")[2] if option else "the value"
+        return ConfigProblem(
+            f"{name}={m.group(2)!r} is not valid",
+            option,
+            locate(option, argv) if option else None,
+            choices,
+            closest(m.group(2), choices),
+        )
     if m := re.search(r"Expected a <class '([\w.]+)'>\. Got value: (.*)$", text):
         name = option.rpartition(".")[2] if option else "the value"
         return ConfigProblem(
@@ -147,6 +175,14 @@ def explain_parse_error(message: str, argv: list[str], parser: Any = None) -> Co
             str(missing.parent / suggestion) if suggestion else None,
         )
     return ConfigProblem(text, option, locate(option, argv) if option else None, *choices_in(text))
+
+
+def _literal_choices(listed: str) -> list[str]:
+    """The values of a `typing.Literal[...]` as jsonargparse prints them ([] where they are not plain literals)."""
+    try:
+        return [str(choice) for choice in ast.literal_eval(f"[{listed}]")]
+    except (ValueError, SyntaxError):
+        return []
 
 
 def _class_path_problem(text: str, option: str | None, class_path: str | None, argv: list[str]) -> ConfigProblem | None:
