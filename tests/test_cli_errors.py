@@ -241,3 +241,21 @@ def test_a_class_section_on_the_command_line_with_a_value_out_of_its_choices(cap
     assert lines[0] == f"error: {option}={value!r} is not valid"
     assert lines[1] == f"  at model.init_args.policy.init_args.generation.backend.init_args.{option}"
     assert f"  valid: {choices}" in lines
+
+
+def test_a_misspelled_bare_class_name_lists_the_classes_the_option_accepts(capsys):
+    code, lines = run(capsys, "fit", "--config", SORT, "--model.init_args.loss={class_path: PPOClp}")
+    assert code == 2
+    assert lines[0] == "error: class_path 'PPOClp' names no class this option accepts"
+    assert lines[1].startswith("  at model.init_args.loss (command line: ")
+    assert lines[2] == "  did you mean 'PPOClip'?"
+    valid = lines[3].removeprefix("  valid: ").split(", ")
+    assert {"PPOClip", "GSPO", "CISPO"} <= set(valid) and "GroupNormalizedAdvantage" not in valid
+
+
+def test_a_dotted_option_below_a_class_without_its_first_part(capsys):
+    code, lines = run(capsys, "fit", "--config", SORT, "--model.init_args.policy.init_args.generation.backend=3")
+    assert code == 2
+    assert lines[0] == "error: ToySortPolicy has no option 'generation'"
+    assert lines[1].startswith("  at model.init_args.policy.init_args.generation (command line: ")
+    assert lines[2].startswith("  valid: activation, embedding_dim,")

@@ -12,7 +12,15 @@ from pathlib import Path
 from typing import Any
 
 from rlvr_lightning.cli.errors.config_files import config_file_problem
-from rlvr_lightning.cli.errors.problem import ConfigProblem, choices_in, closest, group_fields, help_tip, init_options
+from rlvr_lightning.cli.errors.problem import (
+    ConfigProblem,
+    choices_in,
+    closest,
+    group_fields,
+    help_tip,
+    init_options,
+    subclass_names,
+)
 from rlvr_lightning.runtime.config_locations import locate
 
 # jsonargparse's structural lines, which say nothing about the mistake itself
@@ -110,10 +118,15 @@ def explain_parse_error(message: str, argv: list[str], parser: Any = None) -> Co
     option = _option_path(keys, classes) if keys else None
     class_path = classes[-1] if classes else None
 
-    if m := re.search(r"Option '([\w.]+)' is not accepted", text):
+    m = re.search(r"Option '([\w.]+)' is not accepted", text)
+    if m is None and class_path:  # a dotted option below a class that has no such option
+        m = re.search(r"unrecognized arguments: --([\w.]+)", text)
+    if m:
         name = m.group(1)
-        option = f"{option}.init_args.{name}" if option and class_path else name
         choices = init_options(class_path) if class_path else []
+        if name.split(".")[0] not in choices:  # `generation.backend`: the class has no `generation`
+            name = name.split(".")[0]
+        option = f"{option}.init_args.{name}" if option and class_path else name
         owner = class_path.rpartition(".")[2] if class_path else "this section"
         return ConfigProblem(
             f"{owner} has no option {name!r}",
@@ -198,6 +211,16 @@ def _class_path_problem(text: str, option: str | None, class_path: str | None, a
             locate(None, argv, wrong),
             choices,
             f"{module}.{suggestion}" if suggestion else None,
+        )
+    if (m := re.search(r"Expected a dot import path string: (\w+)$", text)) and class_path and option:
+        name = m.group(1)
+        choices = subclass_names(class_path, option.rpartition(".init_args.")[2])
+        return ConfigProblem(
+            f"class_path {name!r} names no class this option accepts",
+            option,
+            locate(option, argv) or locate(None, argv, name),
+            choices,
+            closest(name, choices),
         )
     if m := re.search(r"No module named '([\w.]+)'", text):
         missing = m.group(1)

@@ -128,3 +128,43 @@ def config_path_of(obj: Any, config: Any) -> tuple[str | None, str | None]:
         return None
 
     return walk(tree, []) or (None, None)
+
+
+def option_type(class_path: str, key: str) -> Any:
+    """The annotation of option `key` of class `class_path` (`generation.backend`: the field of an option group),
+    None where it cannot be found."""
+    import dataclasses
+    import typing
+
+    first, *rest = key.split(".")
+    try:
+        hint = None
+        for cls in import_class(class_path).__mro__:
+            if "__init__" in vars(cls) and first in (hints := typing.get_type_hints(cls.__init__)):
+                hint = hints[first]
+                break
+        for name in rest:
+            group = next(kind for kind in (hint, *typing.get_args(hint)) if dataclasses.is_dataclass(kind))
+            hint = typing.get_type_hints(group)[name]
+        return hint
+    except Exception:  # noqa: BLE001 - only a suggestion is lost
+        return None
+
+
+def subclass_names(class_path: str, key: str) -> list[str]:
+    """The names of the classes option `key` of class `class_path` accepts: the concrete subclasses (imported so
+    far, as jsonargparse resolves a bare class name) of the classes its annotation names."""
+    import inspect
+    import typing
+
+    hint = option_type(class_path, key)
+    bases = [
+        kind for kind in (hint, *typing.get_args(hint)) if isinstance(kind, type) and kind not in (str, type(None))
+    ]
+    found: set[str] = set()
+    while bases:
+        cls = bases.pop()
+        if not inspect.isabstract(cls) and not cls.__name__.startswith("_"):
+            found.add(cls.__name__)
+        bases.extend(cls.__subclasses__())
+    return sorted(found)
