@@ -259,3 +259,21 @@ def test_a_dotted_option_below_a_class_without_its_first_part(capsys):
     assert lines[0] == "error: ToySortPolicy has no option 'generation'"
     assert lines[1].startswith("  at model.init_args.policy.init_args.generation (command line: ")
     assert lines[2].startswith("  valid: activation, embedding_dim,")
+
+
+def test_a_misspelled_callback_appended_on_the_command_line(capsys):
+    arg = "--trainer.callbacks+={class_path: GroupNormalizedAdvantag}"
+    code, lines = run(capsys, "fit", "--config", SORT, arg)
+    assert code == 2
+    assert lines[0] == "error: class_path 'GroupNormalizedAdvantag' names no class this option accepts"
+    assert lines[1] == f"  at trainer.callbacks (command line: {arg})"
+    assert lines[2] == "  did you mean 'GroupNormalizedAdvantage'?"
+
+
+def test_a_value_of_no_type_of_a_union_names_the_types(capsys):
+    code, lines = run(capsys, "fit", "--config", SORT, "--seed_everything=x")
+    assert code == 2
+    assert lines[:2] == [
+        "error: seed_everything expects bool or int, got 'x'",
+        "  at seed_everything (command line: --seed_everything=x)",
+    ]

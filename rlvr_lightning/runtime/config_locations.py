@@ -75,7 +75,7 @@ def locate(option: str | None, argv: list[str], value: str | None = None) -> str
     short = ".".join(k for k in keys if k != "init_args")
     for i in range(len(argv) - 1, -1, -1):
         arg = argv[i]
-        name = arg.split("=", 1)[0]
+        name = arg.split("=", 1)[0].removesuffix("+")  # `--trainer.callbacks+=...` appends to a list
         if option and (name in (f"--{option}", f"--{short}") or name.startswith((f"--{option}.", f"--{short}."))):
             return f"command line: {arg if '=' in arg else arg + ' ' + (argv[i + 1] if i + 1 < len(argv) else '')}"
         if (

@@ -20,6 +20,7 @@ from rlvr_lightning.cli.errors.problem import (
     help_tip,
     init_options,
     subclass_names,
+    subclasses_of,
 )
 from rlvr_lightning.runtime.config_locations import locate
 
@@ -148,7 +149,7 @@ def explain_parse_error(message: str, argv: list[str], parser: Any = None) -> Co
             closest(name, choices),
             help_tip(keys[0] if len(keys) == 1 and len(classes) == 1 else None, class_path),
         )
-    if (problem := _class_path_problem(text, option, class_path, argv)) is not None:
+    if (problem := _class_path_problem(text, option, class_path, argv, message)) is not None:
         return problem
     if (m := re.search(r"Expected a typing\.Literal\[(.*)\]\. Got value: (.*)$", text)) and (
         choices := _literal_choices(m.group(1))
@@ -160,6 +161,16 @@ def explain_parse_error(message: str, argv: list[str], parser: Any = None) -> Co
             locate(option, argv) if option else None,
             choices,
             closest(m.group(2), choices),
+        )
+    if re.fullmatch(r"Expected a <class '[\w.]+'>", text) and (
+        given := re.findall(r"Given value: (.*)$", message, re.M)
+    ):
+        kinds = [kind.rpartition(".")[2] for kind in _subtypes(message) if kind != "NoneType"]
+        name = option.rpartition(".")[2] if option else "the value"
+        return ConfigProblem(
+            f"{name} expects {' or '.join(kinds) or 'another type'}, got {given[-1]!r}",
+            option,
+            locate(option, argv) if option else None,
         )
     if m := re.search(r"Expected a <class '([\w.]+)'>\. Got value: (.*)$", text):
         name = option.rpartition(".")[2] if option else "the value"
@@ -190,6 +201,15 @@ def explain_parse_error(message: str, argv: list[str], parser: Any = None) -> Co
     return ConfigProblem(text, option, locate(option, argv) if option else None, *choices_in(text))
 
 
+def _subtypes(message: str) -> list[str]:
+    """The types of the innermost union a jsonargparse message lists (`Subtypes: [...]`), as dotted names;
+    `list[X]` as X."""
+    listed = re.findall(r"Subtypes: \[(.*)\]$", message, re.M)
+    if not listed:
+        return []
+    return re.findall(r"(?:<class '|\w+\[)([\w.]+)", listed[-1])
+
+
 def _literal_choices(listed: str) -> list[str]:
     """The values of a `typing.Literal[...]` as jsonargparse prints them ([] where they are not plain literals)."""
     try:
@@ -198,7 +218,9 @@ def _literal_choices(listed: str) -> list[str]:
         return []
 
 
-def _class_path_problem(text: str, option: str | None, class_path: str | None, argv: list[str]) -> ConfigProblem | None:
+def _class_path_problem(
+    text: str, option: str | None, class_path: str | None, argv: list[str], message: str = ""
+) -> ConfigProblem | None:
     """A class_path that names no class: the module's members and the closest one; None for other messages."""
     if m := re.search(r"module '([\w.]+)' has no attribute '(\w+)'", text):
         module, name = m.groups()
@@ -212,9 +234,12 @@ def _class_path_problem(text: str, option: str | None, class_path: str | None, a
             choices,
             f"{module}.{suggestion}" if suggestion else None,
         )
-    if (m := re.search(r"Expected a dot import path string: (\w+)$", text)) and class_path and option:
+    if (m := re.search(r"Expected a dot import path string: (\w+)$", text)) and option:
         name = m.group(1)
-        choices = subclass_names(class_path, option.rpartition(".init_args.")[2])
+        if class_path:
+            choices = subclass_names(class_path, option.rpartition(".init_args.")[2])
+        else:  # an option outside our classes (`trainer.callbacks`): the types the parser tried
+            choices = subclasses_of(_subtypes(message))
         return ConfigProblem(
             f"class_path {name!r} names no class this option accepts",
             option,

@@ -154,13 +154,27 @@ def option_type(class_path: str, key: str) -> Any:
 def subclass_names(class_path: str, key: str) -> list[str]:
     """The names of the classes option `key` of class `class_path` accepts: the concrete subclasses (imported so
     far, as jsonargparse resolves a bare class name) of the classes its annotation names."""
-    import inspect
     import typing
 
     hint = option_type(class_path, key)
-    bases = [
-        kind for kind in (hint, *typing.get_args(hint)) if isinstance(kind, type) and kind not in (str, type(None))
-    ]
+    return _concrete_subclasses([kind for kind in (hint, *typing.get_args(hint)) if isinstance(kind, type)])
+
+
+def subclasses_of(dotted: list[str]) -> list[str]:
+    """The names of the concrete subclasses (imported so far) of the classes named `dotted` (those that import)."""
+    bases = []
+    for name in dotted:
+        try:
+            bases.append(import_class(name))
+        except Exception:  # noqa: BLE001 - a builtin or a name that does not import: no subclasses to list
+            continue
+    return _concrete_subclasses([base for base in bases if isinstance(base, type)])
+
+
+def _concrete_subclasses(bases: list[type]) -> list[str]:
+    import inspect
+
+    bases = [base for base in bases if base not in (str, int, float, bool, type(None))]
     found: set[str] = set()
     while bases:
         cls = bases.pop()
