@@ -277,3 +277,20 @@ def test_a_value_of_no_type_of_a_union_names_the_types(capsys):
         "error: seed_everything expects bool or int, got 'x'",
         "  at seed_everything (command line: --seed_everything=x)",
     ]
+
+
+def test_a_missing_data_file_stops_the_run_before_the_model_is_built(in_tmp_dir, capsys, monkeypatch):
+    import functools
+
+    from rlvr_lightning.policies import HFPolicy
+
+    @functools.wraps(HFPolicy.__init__)  # the same options for the parser
+    def built(*args, **kwargs):
+        raise AssertionError("the policy was built before the data file was checked")
+
+    monkeypatch.setattr(HFPolicy, "__init__", built)
+    task = "{class_path: rlvr_lightning.data.JSONLTask, init_args: {path: train.jsonl}}"
+    code, lines = run(capsys, "fit", "--config", TINY_LM, "--data.init_args.task", task)
+    assert code == 2
+    assert lines[0] == f"error: path='train.jsonl' does not exist (looked for {in_tmp_dir / 'train.jsonl'})"
+    assert lines[1].startswith("  at data.init_args.task.init_args.path")

@@ -139,3 +139,18 @@ def test_a_nan_reward_weight_is_refused_before_the_run(in_tmp_dir, capsys):
     assert code == 2
     assert lines[0] == "error: weight=nan is not valid: must be a finite number"
     assert lines[1] == "  at trainer.callbacks[0].init_args.weight (nan.yaml:4)"
+
+
+def test_an_input_file_must_exist_and_be_a_file(tmp_path):
+    from rlvr_lightning.runtime.option_domains import InputFile, InputFileError
+
+    (tmp_path / "train.jsonl").write_text("{}\n")
+    InputFile().check("path", str(tmp_path / "train.jsonl"))
+    InputFile(optional=True).check("val_path", None)
+    with pytest.raises(InputFileError, match=r"^path='.*nope.jsonl' does not exist") as missing:
+        InputFile().check("path", str(tmp_path / "nope.jsonl"))
+    assert isinstance(missing.value, FileNotFoundError) and isinstance(missing.value, OptionValueError)
+    with pytest.raises(InputFileError, match="is a directory, not a file"):
+        InputFile().check("path", str(tmp_path))
+    with pytest.raises(InputFileError, match="^path=None is not valid: must be an existing file$"):
+        InputFile().check("path", None)  # null where a file is required

@@ -41,7 +41,7 @@ from rlvr_lightning.data.templates import apply_template, resolve_template
 from rlvr_lightning.grading.answers import extract_boxed, extract_gsm8k
 from rlvr_lightning.runtime.config_locations import check_input_file
 from rlvr_lightning.runtime.option_declarations import Option, check_options, documented_options
-from rlvr_lightning.runtime.option_domains import Range
+from rlvr_lightning.runtime.option_domains import InputFile, Range
 
 FORMATS = ("auto", "gsm8k", "math", "fields")
 MAX_LINE_BYTES = 16 * 2**20  # a longer line is rejected before it is parsed
@@ -197,8 +197,11 @@ def _records(path: Path):
 class JSONLTask(Task):
     def __init__(
         self,
-        path: str,
-        val_path: str | None = None,
+        path: Annotated[str, Option("training JSONL file.", InputFile())],
+        val_path: Annotated[
+            str | None,
+            Option("validation JSONL file; None holds out `num_val` random training records instead.", InputFile(True)),
+        ] = None,
         num_val: Annotated[
             int | None,
             Option(
@@ -226,17 +229,12 @@ class JSONLTask(Task):
     ) -> None:
         """
         Args:
-            path: training JSONL file.
-            val_path: validation JSONL file; None holds out `num_val` random training records instead.
             format: ``auto``, ``gsm8k``, ``math`` or ``fields`` (see the module docstring).
             template: how the question becomes the prompt (see `rlvr_lightning.data.templates`).
             question_key: the question's field name for ``format: fields``.
             answer_key: the answer's field name for ``format: fields``.
         """
-        check_options(JSONLTask, locals())
-        check_input_file(path, "path")  # here, not when the data module first reads it (after the model loaded)
-        if val_path is not None:
-            check_input_file(val_path, "val_path")
+        check_options(JSONLTask, locals())  # the files too: `rlvr` checks them before the model loads
         if format not in FORMATS:
             raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
         resolve_template(template)

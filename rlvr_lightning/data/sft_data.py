@@ -31,7 +31,7 @@ from torch.utils.data import DataLoader
 from rlvr_lightning.data.task import ListDataset, Task, collate_examples
 from rlvr_lightning.runtime.config_locations import check_input_file
 from rlvr_lightning.runtime.option_declarations import Option, check_options, documented_options
-from rlvr_lightning.runtime.option_domains import NON_NEGATIVE_INT, POSITIVE_INT, Range
+from rlvr_lightning.runtime.option_domains import NON_NEGATIVE_INT, POSITIVE_INT, InputFile, Range
 
 Example = dict[str, Any]
 
@@ -111,8 +111,14 @@ def collate_pairs(examples: list[Example]) -> dict[str, list[Any]]:
 class SFTDataModule(pl.LightningDataModule):
     def __init__(
         self,
-        train_file: str,
-        val_file: str | None = None,
+        train_file: Annotated[str, Option("JSONL of training pairs (shuffled every epoch).", InputFile())],
+        val_file: Annotated[
+            str | None,
+            Option(
+                "JSONL of validation pairs (validation loss; accuracy too when rewards are configured).",
+                InputFile(True),
+            ),
+        ] = None,
         val_task: Task | None = None,
         batch_size: Annotated[int, Option("pairs per optimizer step.", POSITIVE_INT)] = 32,
         val_batch_size: Annotated[
@@ -126,8 +132,6 @@ class SFTDataModule(pl.LightningDataModule):
     ) -> None:
         """
         Args:
-            train_file: JSONL of training pairs (shuffled every epoch).
-            val_file: JSONL of validation pairs (validation loss; accuracy too when rewards are configured).
             val_task: a `Task` whose `val_dataset()` prompts are sampled and scored instead (accuracy only).
             prompt_key: the JSON key of the prompt.
             response_key: the JSON key of the response.
@@ -136,9 +140,6 @@ class SFTDataModule(pl.LightningDataModule):
         check_options(SFTDataModule, locals())
         if val_file is not None and val_task is not None:
             raise ValueError("give either val_file (pairs) or val_task (held-out prompts), not both")
-        for option, file in (("train_file", train_file), ("val_file", val_file)):
-            if file is not None:
-                check_input_file(file, option)
         self.train_file = train_file
         self.val_file = val_file
         self.val_task = val_task

@@ -7,7 +7,7 @@ A class declares each option's domain beside the option, `Annotated[int, Option(
 (`runtime/option_declarations.py`), and checks it first thing in `__init__`; `rlvr` checks the same
 declarations on the parsed config before any class is built (`cli/errors/early_checks.py`), so a bad value stops
 a run before a model loads. A float must be finite: NaN or infinity is never a valid option value. `OneOf` is the
-domain of an option that names one of a few choices.
+domain of an option that names one of a few choices, `InputFile` of one that names a file to read.
 """
 
 from __future__ import annotations
@@ -84,6 +84,33 @@ class OneOf:
         if not self.contains(value):
             message = f"{option}={value!r} is not valid; choose one of {list(self.choices)}"
             raise OptionValueError(option, value, self.describe(), message)
+
+
+class InputFileError(OptionValueError, FileNotFoundError):
+    """An input file option that names no file (or a directory): the message says where it was looked for."""
+
+
+@dataclass(frozen=True)
+class InputFile:
+    """The path of an existing file (`optional`: or None), checked with the parsed config before any class is
+    built, so a mistyped data file stops a run before a model loads."""
+
+    optional: bool = False
+
+    def describe(self) -> str:
+        return "an existing file" + (" (or null)" if self.optional else "")
+
+    def check(self, option: str, value: Any) -> None:
+        from rlvr_lightning.runtime.config_locations import check_input_file
+
+        if value is None:
+            if self.optional:
+                return
+            raise InputFileError(option, value, self.describe())
+        try:
+            check_input_file(value, option)
+        except (OSError, TypeError) as error:
+            raise InputFileError(option, value, self.describe(), str(error)) from None
 
 
 def check_range(
