@@ -259,7 +259,18 @@ def _class_path_problem(
             locate(None, argv, wrong),
             choices,
             wrong.replace(missing, f"{parent}.{suggestion}", 1) if suggestion else None,
+            _not_on_path_tip(missing),
         )
+    return None
+
+
+def _not_on_path_tip(module: str) -> str | None:
+    """Where module `module` is a file or package in the current directory, which a console script does not put on
+    Python's path: how to make it importable."""
+    top = module.split(".")[0]
+    here = Path.cwd()
+    if (here / f"{top}.py").is_file() or (here / top / "__init__.py").is_file():
+        return f"{top} is in {here}, which is not on Python's path: run with PYTHONPATH=. (docs/extending.md)"
     return None
 
 
