@@ -311,3 +311,16 @@ def test_a_class_in_a_file_of_the_current_directory_off_pythons_path_says_how_to
         f"  my_loss is in {in_tmp_dir}, which is not on Python's path: run with PYTHONPATH=. (docs/extending.md)"
         in lines
     )
+
+
+def test_a_task_smaller_than_one_batch_names_batch_size_before_training(capsys):
+    task = (
+        "{class_path: rlvr_lightning.data.InlineTask, init_args: {examples: [{prompt: ab, answer: b}, "
+        "{prompt: cd, answer: d}], repeat: false}}"
+    )
+    code, lines = run(capsys, "fit", "--config", TINY_LM, "--data.init_args.task", task, *QUIET)
+    assert code == 2
+    assert lines[0] == (
+        "error: batch_size=64 is not valid: the task has 2 training prompt(s), fewer than one batch of 64 x 1 rank(s)"
+    )
+    assert lines[1].startswith("  at data.init_args.batch_size (")

@@ -103,6 +103,8 @@ class RLVRDataModule(pl.LightningDataModule):
             return
         if stage in ("fit", "validate") and trainer.lightning_module is not None:
             check_prompt_lengths(self.task, trainer.lightning_module)
+        if stage == "fit" and self.difficulty_filter is None:
+            self._training_batches()  # a task too small for one batch stops the run here, naming batch_size
         if stage == "fit" and self.difficulty_filter is not None:
             if not isinstance(trainer.limit_train_batches, int):
                 raise ValueError(
@@ -136,15 +138,20 @@ class RLVRDataModule(pl.LightningDataModule):
                 self.difficulty_filter.kept, self.data_seed * 7_919 + self.difficulty_filter.refresh_index
             )
             return PromptStream(pool, self.batch_size, rank, world, self.pool_position)
-        source = self.source()
-        num_batches = None
-        if source.finite_size is not None:
-            num_batches = source.finite_size // (self.batch_size * world)
-            if num_batches == 0:
-                raise ValueError(
-                    f"{source.finite_size} training prompts make no batch of {self.batch_size} x {world} rank(s)"
-                )
-        return PromptStream(source, self.batch_size, rank, world, self.source_position, num_batches)
+        return PromptStream(self.source(), self.batch_size, rank, world, self.source_position, self._training_batches())
+
+    def _training_batches(self) -> int | None:
+        """The training batches of an epoch of the task's prompts (None: an endless task); a ValueError naming
+        `batch_size` where they make none."""
+        size, world = self.source().finite_size, self._rank_world()[1]
+        if size is None:
+            return None
+        if size < self.batch_size * world:
+            raise ValueError(
+                f"batch_size={self.batch_size} is not valid: the task has {size} training prompt(s), fewer than "
+                f"one batch of {self.batch_size} x {world} rank(s)"
+            )
+        return size // (self.batch_size * world)
 
     def train_dataloader(self) -> DataLoader:
         if self.difficulty_filter is not None:
