@@ -324,3 +324,14 @@ def test_a_task_smaller_than_one_batch_names_batch_size_before_training(capsys):
         "error: batch_size=64 is not valid: the task has 2 training prompt(s), fewer than one batch of 64 x 1 rank(s)"
     )
     assert lines[1].startswith("  at data.init_args.batch_size (")
+
+
+def test_a_value_of_none_of_a_unions_literals_lists_them_all(capsys):
+    code, lines = run(capsys, "fit", "--config", SORT, "--trainer.precision=bf16_mixed")
+    assert code == 2
+    assert lines[:3] == [
+        "error: precision='bf16_mixed' is not valid",
+        "  at trainer.precision (command line: --trainer.precision=bf16_mixed)",
+        "  did you mean 'bf16-mixed'?",
+    ]
+    assert {"bf16-mixed", "32-true", "64"} <= set(lines[3].removeprefix("  valid: ").split(", "))

@@ -165,8 +165,16 @@ def explain_parse_error(message: str, argv: list[str], parser: Any = None) -> Co
     if re.fullmatch(r"Expected a <class '[\w.]+'>", text) and (
         given := re.findall(r"Given value: (.*)$", message, re.M)
     ):
-        kinds = [kind.rpartition(".")[2] for kind in _subtypes(message) if kind != "NoneType"]
         name = option.rpartition(".")[2] if option else "the value"
+        if choices := _union_literal_choices(message):  # `precision`: several Literals (and None)
+            return ConfigProblem(
+                f"{name}={given[-1]!r} is not valid",
+                option,
+                locate(option, argv) if option else None,
+                choices,
+                closest(given[-1], choices),
+            )
+        kinds = [kind.rpartition(".")[2] for kind in _subtypes(message) if kind != "NoneType"]
         return ConfigProblem(
             f"{name} expects {' or '.join(kinds) or 'another type'}, got {given[-1]!r}",
             option,
@@ -207,7 +215,19 @@ def _subtypes(message: str) -> list[str]:
     listed = re.findall(r"Subtypes: \[(.*)\]$", message, re.M)
     if not listed:
         return []
-    return re.findall(r"(?:<class '|\w+\[)([\w.]+)", listed[-1])
+    return re.findall(r"(?:<class '|(?<!Literal)\[)([\w.]+)", listed[-1])
+
+
+def _union_literal_choices(message: str) -> list[str]:
+    """The values of the `Literal[...]` types of the innermost union a jsonargparse message lists, in order, each
+    once ([] where it lists none)."""
+    listed = re.findall(r"Subtypes: \[(.*)\]$", message, re.M)
+    values = [
+        value
+        for part in re.findall(r"Literal\[(.*?)\]", listed[-1] if listed else "")
+        for value in _literal_choices(part)
+    ]
+    return list(dict.fromkeys(values))
 
 
 def _literal_choices(listed: str) -> list[str]:
