@@ -335,3 +335,26 @@ def test_a_value_of_none_of_a_unions_literals_lists_them_all(capsys):
         "  did you mean 'bf16-mixed'?",
     ]
     assert {"bf16-mixed", "32-true", "64"} <= set(lines[3].removeprefix("  valid: ").split(", "))
+
+
+def test_a_missing_model_file_names_the_option_that_holds_it(capsys):
+    option = "model.init_args.policy.init_args.model.tokenizer"
+    code, lines = run(capsys, "fit", "--config", TINY_LM, f"--{option}=configs/length_bias/no_tokenizer", *QUIET)
+    assert code == 2
+    assert lines[0].startswith("error: Model path 'configs/length_bias/no_tokenizer' does not exist")
+    assert lines[1] == f"  at {option} (command line: --{option}=configs/length_bias/no_tokenizer)"
+
+
+def test_lora_target_modules_the_model_lacks_lists_its_linear_layers(capsys):
+    pytest.importorskip("peft")
+    code, lines = run(
+        capsys,
+        "fit",
+        "--config",
+        TINY_LM,
+        "--model.init_args.policy.init_args.lora={r: 4, target_modules: [q_prj]}",
+        *QUIET,
+    )
+    assert code == 2
+    assert lines[0].startswith("error: lora.target_modules: no module of the model is named 'q_prj'; choose from [")
+    assert lines[1:3] == ["  at model.init_args.policy.init_args.lora.target_modules", "  did you mean 'q_proj'?"]

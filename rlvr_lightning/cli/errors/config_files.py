@@ -124,7 +124,7 @@ def relative_path_tip(message: str, argv: list[str]) -> str | None:
     cwd = Path.cwd()
     for quoted in re.findall(r"'([^'\s]+)'", message):
         relative = Path(quoted)
-        if relative.is_absolute() or quoted.startswith("~") or (cwd / relative).exists():
+        if relative.is_absolute() or quoted.startswith("~") or "://" in quoted or (cwd / relative).exists():
             continue
         if len(relative.parts) < 2 and not relative.suffix:
             continue  # a bare name (a hub id's last part, an option value), not a path
@@ -135,6 +135,8 @@ def relative_path_tip(message: str, argv: list[str]) -> str | None:
                         f"{quoted!r} is read relative to the current directory ({cwd}); it exists under {directory}: "
                         "the shipped configs' paths are relative to the repository root, run rlvr from there"
                     )
+        if config_files(argv) and all(Path(file).resolve().is_relative_to(cwd) for file in config_files(argv)):
+            return None  # run from where its configs are: the path is simply missing
         return (
             f"{quoted!r} is read relative to the current directory ({cwd}); the shipped configs' paths are "
             "relative to the repository root: run rlvr from there"
