@@ -195,20 +195,22 @@ def add_lora(
     try:
         return get_peft_model(model, lora_config), lora_config
     except ValueError as error:
+        if "target modules" not in str(error).lower():
+            raise
         raise ValueError(_missing_target_message(model, target_modules, error)) from error
 
 
 def _missing_target_message(model: nn.Module, target_modules: list[str] | str | None, error: ValueError) -> str:
     """peft's refusal of `target_modules` as a message that names the option, the first name no module has and
     the names of the model's linear layers."""
-    linear = sorted(
-        {name.rpartition(".")[2] for name, module in model.named_modules() if isinstance(module, nn.Linear)}
-    )
-    names = [target_modules] if isinstance(target_modules, str) else list(target_modules or [])
-    leaves = {name.rpartition(".")[2] for name, _ in model.named_modules()}
-    missing = [name for name in names if name not in leaves and name != "all-linear"]
-    if missing and isinstance(target_modules, list):
-        return f"lora.target_modules: no module of the model is named {missing[0]!r}; choose from {linear!r}"
+    if isinstance(target_modules, list):
+        leaves = {name.rpartition(".")[2] for name, _ in model.named_modules()}
+        missing = [name for name in target_modules if name not in leaves]
+        if missing:
+            linear = sorted(
+                {name.rpartition(".")[2] for name, module in model.named_modules() if isinstance(module, nn.Linear)}
+            )
+            return f"lora.target_modules: no module of the model is named {missing[0]!r}; choose from {linear!r}"
     return f"lora.target_modules={target_modules!r}: {error}"
 
 

@@ -39,15 +39,10 @@ def _leaf(message: str) -> tuple[list[str], list[str], str]:
     """The innermost informative line of a jsonargparse message, with the option keys and class paths
     leading to it: (keys, classes, text); a failed attempt to read a value as a path only where nothing else
     is said."""
-    return (
-        _first_informative(message, skip=_PATH_ATTEMPT)
-        or _first_informative(message)
-        or (
-            [],
-            [],
-            message.strip().splitlines()[-1] if message.strip() else message,
-        )
-    )
+    found = _first_informative(message, skip=_PATH_ATTEMPT) or _first_informative(message)
+    if found is None:
+        return [], [], message.strip().splitlines()[-1] if message.strip() else message
+    return found
 
 
 def _first_informative(message: str, skip: re.Pattern | None = None) -> tuple[list[str], list[str], str] | None:
@@ -209,25 +204,22 @@ def explain_parse_error(message: str, argv: list[str], parser: Any = None) -> Co
     return ConfigProblem(text, option, locate(option, argv) if option else None, *choices_in(text))
 
 
-def _subtypes(message: str) -> list[str]:
-    """The types of the innermost union a jsonargparse message lists (`Subtypes: [...]`), as dotted names;
-    `list[X]` as X."""
+def _innermost_union(message: str) -> str:
+    """The types of the innermost union a jsonargparse message lists (`Subtypes: [...]`), as printed."""
     listed = re.findall(r"Subtypes: \[(.*)\]$", message, re.M)
-    if not listed:
-        return []
-    return re.findall(r"(?:<class '|(?<!Literal)\[)([\w.]+)", listed[-1])
+    return listed[-1] if listed else ""
+
+
+def _subtypes(message: str) -> list[str]:
+    """The classes of the innermost union a jsonargparse message lists, as dotted names; `list[X]` as X."""
+    return re.findall(r"(?:<class '|(?<!Literal)\[)([\w.]+)", _innermost_union(message))
 
 
 def _union_literal_choices(message: str) -> list[str]:
     """The values of the `Literal[...]` types of the innermost union a jsonargparse message lists, in order, each
     once ([] where it lists none)."""
-    listed = re.findall(r"Subtypes: \[(.*)\]$", message, re.M)
-    values = [
-        value
-        for part in re.findall(r"Literal\[(.*?)\]", listed[-1] if listed else "")
-        for value in _literal_choices(part)
-    ]
-    return list(dict.fromkeys(values))
+    parts = re.findall(r"Literal\[(.*?)\]", _innermost_union(message))
+    return list(dict.fromkeys(value for part in parts for value in _literal_choices(part)))
 
 
 def _literal_choices(listed: str) -> list[str]:
