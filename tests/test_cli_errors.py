@@ -239,7 +239,10 @@ def test_a_class_section_on_the_command_line_with_a_value_out_of_its_choices(cap
     )
     assert code == 2
     assert lines[0] == f"error: {option}={value!r} is not valid"
-    assert lines[1] == f"  at model.init_args.policy.init_args.generation.backend.init_args.{option}"
+    assert lines[1] == (
+        f"  at model.init_args.policy.init_args.generation.backend.init_args.{option} "
+        f"(command line: --model.init_args.policy.init_args.generation.backend {backend})"
+    )
     assert f"  valid: {choices}" in lines
 
 
@@ -347,14 +350,9 @@ def test_a_missing_model_file_names_the_option_that_holds_it(capsys):
 
 def test_lora_target_modules_the_model_lacks_lists_its_linear_layers(capsys):
     pytest.importorskip("peft")
-    code, lines = run(
-        capsys,
-        "fit",
-        "--config",
-        TINY_LM,
-        "--model.init_args.policy.init_args.lora={r: 4, target_modules: [q_prj]}",
-        *QUIET,
-    )
+    lora = "--model.init_args.policy.init_args.lora={r: 4, target_modules: [q_prj]}"
+    code, lines = run(capsys, "fit", "--config", TINY_LM, lora, *QUIET)
     assert code == 2
     assert lines[0].startswith("error: lora.target_modules: no module of the model is named 'q_prj'; choose from [")
-    assert lines[1:3] == ["  at model.init_args.policy.init_args.lora.target_modules", "  did you mean 'q_proj'?"]
+    assert lines[1] == f"  at model.init_args.policy.init_args.lora.target_modules (command line: {lora})"
+    assert lines[2] == "  did you mean 'q_proj'?"

@@ -76,7 +76,10 @@ def locate(option: str | None, argv: list[str], value: str | None = None) -> str
     for i in range(len(argv) - 1, -1, -1):
         arg = argv[i]
         name = arg.split("=", 1)[0].removesuffix("+")  # `--trainer.callbacks+=...` appends to a list
-        if option and (name in (f"--{option}", f"--{short}") or name.startswith((f"--{option}.", f"--{short}."))):
+        parent = name.startswith("--") and option is not None and option.startswith(name[2:] + ".")  # a section
+        if option and (
+            name in (f"--{option}", f"--{short}") or name.startswith((f"--{option}.", f"--{short}.")) or parent
+        ):
             return f"command line: {arg if '=' in arg else arg + ' ' + (argv[i + 1] if i + 1 < len(argv) else '')}"
         if (
             value is not None
