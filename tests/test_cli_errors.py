@@ -356,3 +356,16 @@ def test_lora_target_modules_the_model_lacks_lists_its_linear_layers(capsys):
     assert lines[0].startswith("error: lora.target_modules: no module of the model is named 'q_prj'; choose from [")
     assert lines[1] == f"  at model.init_args.policy.init_args.lora.target_modules (command line: {lora})"
     assert lines[2] == "  did you mean 'q_proj'?"
+
+
+def test_a_build_error_outside_any_class_is_placed_at_the_option_holding_its_value(tmp_path, capsys):
+    import yaml
+
+    policy = yaml.safe_load(Path(TINY_LM).read_text())["model"]["init_args"]["policy"]
+    wrapped = {"class_path": "rlvr_lightning.modules.policy_from_checkpoint"}
+    wrapped["init_args"] = {"policy": policy, "checkpoint_path": "nope.ckpt"}
+    overlay = write(tmp_path / "wrapped.yaml", yaml.safe_dump({"model": {"init_args": {"policy": wrapped}}}))
+    code, lines = run(capsys, "fit", "--config", TINY_LM, "--config", overlay, *QUIET)
+    assert code == 2
+    assert lines[0] == "error: policy_from_checkpoint: checkpoint_path='nope.ckpt' does not exist"
+    assert lines[1].startswith(f"  at model.init_args.policy.init_args.checkpoint_path ({overlay}:")

@@ -88,8 +88,8 @@ def explain_build_error(error: BaseException, argv: list[str], config: Any, duri
             option = f"{section}.init_args.{name}" if section else name
     if option is None and (head := re.match(r"^([a-z_]\w*)\.([a-z_]\w*)\b", text)):
         option, class_path = _group_option(config, *head.groups())  # an option group rejected its own values
-    if option is None and section:  # the option below the section whose value the message quotes
-        option = _option_holding(config, section, text)
+    if option is None:  # the option (below the section, if known) whose value the message quotes
+        option = _option_holding(config, section or "", text)
     where = locate(option, argv) if option else None
     if option is None and section is not None and obj is not None:
         option = section or None
@@ -118,12 +118,12 @@ def _group_option(config: Any, group: str, name: str) -> tuple[str | None, str |
 
 
 def _option_holding(config: Any, section: str, text: str) -> str | None:
-    """The one option below config section `section` whose value is the first string `text` quotes
+    """The one option below config section `section` ("": anywhere) whose value is the first string `text` quotes
     (`Model 'x' was not found` -> `...init_args.model.name_or_path`); None where no single option holds it."""
     quoted = re.search(r"'([^'\n]+)'", text)
     tree = config.as_dict() if hasattr(config, "as_dict") else config
     node: Any = tree
-    for key in section.split("."):
+    for key in section.split(".") if section else ():
         node = node.get(key) if isinstance(node, dict) else None
     if quoted is None or not isinstance(node, dict):
         return None
@@ -132,7 +132,7 @@ def _option_holding(config: Any, section: str, text: str) -> str | None:
     def walk(value: Any, path: str) -> None:
         if isinstance(value, dict):
             for key, child in value.items():
-                walk(child, f"{path}.{key}")
+                walk(child, f"{path}.{key}" if path else str(key))
         elif value == quoted.group(1):
             found.append(path)
 
