@@ -369,3 +369,16 @@ def test_a_build_error_outside_any_class_is_placed_at_the_option_holding_its_val
     assert code == 2
     assert lines[0] == "error: policy_from_checkpoint: checkpoint_path='nope.ckpt' does not exist"
     assert lines[1].startswith(f"  at model.init_args.policy.init_args.checkpoint_path ({overlay}:")
+
+
+def test_a_required_argument_of_a_class_names_the_option(capsys):
+    wrapped = (
+        "--model.init_args.policy={class_path: rlvr_lightning.modules.policy_from_checkpoint, "
+        "init_args: {policy: {class_path: rlvr_lightning.policies.ToySortPolicy}}}"
+    )
+    code, lines = run(capsys, "fit", "--config", SORT, wrapped)
+    assert code == 2
+    assert lines[:2] == [
+        "error: policy_from_checkpoint needs checkpoint_path: it has no default",
+        f"  at model.init_args.policy.init_args.checkpoint_path (command line: {wrapped})",
+    ]

@@ -132,6 +132,14 @@ def explain_parse_error(message: str, argv: list[str], parser: Any = None) -> Co
             closest(name, choices),
             help_tip(keys[0] if len(keys) == 1 and len(classes) == 1 else None, class_path),
         )
+    if (m := re.search(r"the following arguments are required: ([\w.]+)", text)) and class_path and option:
+        name = m.group(1)
+        required = f"{option}.init_args.{name}"
+        return ConfigProblem(
+            f"{class_path.rpartition('.')[2]} needs {name}: it has no default",
+            required,
+            locate(required, argv) or locate(option, argv),
+        )
     if (m := re.search(r"Group '([\w.]+)' does not accept option '(\w+)'", text)) and class_path:
         group, name = m.groups()
         option = f"{option}.init_args.{group}.{name}" if option else f"{group}.{name}"
