@@ -154,40 +154,8 @@ def explain_parse_error(message: str, argv: list[str], parser: Any = None) -> Co
         )
     if (problem := _class_path_problem(text, option, class_path, argv, message)) is not None:
         return problem
-    if (m := re.search(r"Expected a typing\.Literal\[(.*)\]\. Got value: (.*)$", text)) and (
-        choices := _literal_choices(m.group(1))
-    ):
-        name = option.rpartition(".")[2] if option else "the value"
-        return ConfigProblem(
-            f"{name}={m.group(2)!r} is not valid",
-            option,
-            locate(option, argv) if option else None,
-            choices,
-            closest(m.group(2), choices),
-        )
-    if re.fullmatch(r"Expected a <class '[\w.]+'>", text) and (
-        given := re.findall(r"Given value: (.*)$", message, re.M)
-    ):
-        name = option.rpartition(".")[2] if option else "the value"
-        if choices := _union_literal_choices(message):  # `precision`: several Literals (and None)
-            return ConfigProblem(
-                f"{name}={given[-1]!r} is not valid",
-                option,
-                locate(option, argv) if option else None,
-                choices,
-                closest(given[-1], choices),
-            )
-        kinds = [kind.rpartition(".")[2] for kind in _subtypes(message) if kind != "NoneType"]
-        return ConfigProblem(
-            f"{name} expects {' or '.join(kinds) or 'another type'}, got {given[-1]!r}",
-            option,
-            locate(option, argv) if option else None,
-        )
-    if m := re.search(r"Expected a <class '([\w.]+)'>\. Got value: (.*)$", text):
-        name = option.rpartition(".")[2] if option else "the value"
-        return ConfigProblem(
-            f"{name} expects {m.group(1)}, got {m.group(2)!r}", option, locate(option, argv) if option else None
-        )
+    if (problem := _value_problem(text, message, option, argv)) is not None:
+        return problem
     if m := re.search(
         r"(?:Subcommand '\w+' does not accept option|Group '[\w.]+' does not accept option) '([\w.]+)'", text
     ):
@@ -210,6 +178,27 @@ def explain_parse_error(message: str, argv: list[str], parser: Any = None) -> Co
             str(missing.parent / suggestion) if suggestion else None,
         )
     return ConfigProblem(text, option, locate(option, argv) if option else None, *choices_in(text))
+
+
+def _value_problem(text: str, message: str, option: str | None, argv: list[str]) -> ConfigProblem | None:
+    """A value of the wrong type or out of a Literal's choices (alone or in a union); None for other messages."""
+    name = option.rpartition(".")[2] if option else "the value"
+    where = locate(option, argv) if option else None
+    given, choices = None, []
+    if m := re.search(r"Expected a typing\.Literal\[(.*)\]\. Got value: (.*)$", text):
+        given, choices = m.group(2), _literal_choices(m.group(1))
+    elif re.fullmatch(r"Expected a <class '[\w.]+'>", text) and (
+        values := re.findall(r"Given value: (.*)$", message, re.M)
+    ):
+        given, choices = values[-1], _union_literal_choices(message)  # `precision`: several Literals (and None)
+        if not choices:
+            kinds = [kind.rpartition(".")[2] for kind in _subtypes(message) if kind != "NoneType"]
+            return ConfigProblem(f"{name} expects {' or '.join(kinds) or 'another type'}, got {given!r}", option, where)
+    elif m := re.search(r"Expected a <class '([\w.]+)'>\. Got value: (.*)$", text):
+        return ConfigProblem(f"{name} expects {m.group(1)}, got {m.group(2)!r}", option, where)
+    if given is None or not choices:
+        return None
+    return ConfigProblem(f"{name}={given!r} is not valid", option, where, choices, closest(given, choices))
 
 
 def _innermost_union(message: str) -> str:
