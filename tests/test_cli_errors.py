@@ -344,7 +344,7 @@ def test_a_missing_model_file_names_the_option_that_holds_it(capsys):
     option = "model.init_args.policy.init_args.model.tokenizer"
     code, lines = run(capsys, "fit", "--config", TINY_LM, f"--{option}=configs/length_bias/no_tokenizer", *QUIET)
     assert code == 2
-    assert lines[0].startswith("error: Model path 'configs/length_bias/no_tokenizer' does not exist")
+    assert lines[0].startswith("error: Tokenizer path 'configs/length_bias/no_tokenizer' does not exist")
     assert lines[1] == f"  at {option} (command line: --{option}=configs/length_bias/no_tokenizer)"
 
 

@@ -75,11 +75,11 @@ def fetch_hint(alias: str) -> str:
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 
 
-def resolve_model_path(name: str) -> str:
+def resolve_model_path(name: str, kind: str = "Model") -> str:
     """A local directory/file for `name`, or `name` itself when it looks like a hub id.
 
-    Raises `FileNotFoundError` naming the path for a missing local path, and naming the fetch
-    command for an alias that has not been fetched.
+    Raises `FileNotFoundError` naming the path for a missing local path (as a `kind` path: "Model",
+    "Tokenizer"), and naming the fetch command for an alias that has not been fetched.
     """
     if name in ALIASES:
         if is_fetched(name):
@@ -93,7 +93,7 @@ def resolve_model_path(name: str) -> str:
         return str(path)
     looks_local = name.startswith((".", "/", "~")) or name.count("/") > 1 or name.endswith((".gguf", ".json"))
     if looks_local or not _HUB_ID.match(name) and not re.match(r"^[\w.\-]+$", name):
-        raise FileNotFoundError(f"Model path {name!r} does not exist ({path.resolve()}).")
+        raise FileNotFoundError(f"{kind} path {name!r} does not exist ({path.resolve()}).")
     return name  # a hub id (or a bare name): transformers decides; the caller wraps its error
 
 

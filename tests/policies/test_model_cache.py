@@ -31,8 +31,10 @@ def test_resolve(tmp_path, monkeypatch):
     assert model_cache.resolve_model_path(ALIAS) == str(tmp_path / "models" / ALIAS)
     assert model_cache.resolve_model_path(str(tmp_path)) == str(tmp_path)
     assert model_cache.resolve_model_path("HuggingFaceTB/SmolLM2-135M") == "HuggingFaceTB/SmolLM2-135M"
-    with pytest.raises(FileNotFoundError, match="does not exist"):
+    with pytest.raises(FileNotFoundError, match="^Model path .* does not exist"):
         model_cache.resolve_model_path(str(tmp_path / "missing" / "model"))
+    with pytest.raises(FileNotFoundError, match="^Tokenizer path .* does not exist"):
+        model_cache.resolve_model_path(str(tmp_path / "missing" / "tokenizer"), "Tokenizer")
 
 
 def test_fetch_downloads_extracts_converts_and_caches(tmp_path, monkeypatch, capsys):
