@@ -325,7 +325,8 @@ def _load_tokenizer(
 ):
     """The tokenizer named, else the model's own."""
     if tokenizer_name_or_path is not None:
-        return hf_loading.load_tokenizer(resolve_model_path(tokenizer_name_or_path, "Tokenizer"), None, trust_remote_code)
+        path = resolve_model_path(tokenizer_name_or_path, "Tokenizer")
+        return hf_loading.load_tokenizer(path, None, trust_remote_code)
     if model_source is None:
         raise ValueError("HFPolicy(model.config=...) needs model.tokenizer (or model.name_or_path) for the tokenizer")
     return hf_loading.load_tokenizer(model_source, gguf_name, trust_remote_code)

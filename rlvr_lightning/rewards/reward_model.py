@@ -107,7 +107,8 @@ class SequenceClassifierReward(ModelReward):
         source = tokenizer_name_or_path or model_name_or_path
         if source is None:
             raise ValueError("SequenceClassifierReward(config=...) needs tokenizer_name_or_path for the tokenizer")
-        self.tokenizer = hf_loading.load_tokenizer(resolve_model_path(source, "Tokenizer" if tokenizer_name_or_path else "Model"), None)
+        kind = "Tokenizer" if tokenizer_name_or_path else "Model"
+        self.tokenizer = hf_loading.load_tokenizer(resolve_model_path(source, kind), None)
         self.tokenizer.padding_side = "right"
         self.model = load_sequence_classifier(model_name_or_path, config, self.tokenizer, DTYPES[dtype])
         self.model.eval()
