@@ -129,6 +129,13 @@ EXPECTED = {
         kl=None,
     ),
     "vespo": dict(advantage=advantages.GroupNormalizedAdvantage, loss="vespo", aggregation="token-mean", kl=None),
+    "gmpo": dict(
+        advantage=advantages.GroupNormalizedAdvantage,
+        loss="gmpo",
+        clip=(0.4, 0.4),
+        aggregation="seq-mean-token-mean",
+        kl=None,
+    ),
     "reinforce": dict(advantage=advantages.RawRewardAdvantage, loss="pg", aggregation="seq-mean-token-sum", kl=None),
     "reinforce_baseline": dict(
         advantage=advantages.CenteredAdvantage, loss="pg", aggregation="seq-mean-token-sum", kl=None
@@ -215,6 +222,8 @@ def test_recipe_runs_two_steps_on_the_sort_task(recipe, in_tmp_dir):
         ("gspo", ["--model.init_args.aggregation.mode=seq-mean-token-sum"], "GSPO is a sequence-level objective"),
         # LUSPO's length weight is its aggregation
         ("luspo", ["--model.init_args.aggregation.mode=seq-mean-token-mean"], "LUSPO weighs each sequence's loss"),
+        # GMPO's per-response objective aggregated over tokens
+        ("gmpo", ["--model.init_args.aggregation.mode=token-mean"], "GMPO's objective is the mean of each response's"),
         # a gate temperature of 0
         ("sapo", ["--model.init_args.loss.init_args.temperature_neg=0"], "SAPO: temperature_neg must be > 0"),
         # dynamic sampling with one response per prompt: every group has zero variance

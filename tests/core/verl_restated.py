@@ -1,9 +1,10 @@
 """verl's Clip-Cov and KL-Cov policy losses restated line by line, with ``loss_agg_mode="token-mean"`` on one
-data-parallel rank (``agg_loss``: the masked sum over the micro-batch's real tokens).
+data-parallel rank (``agg_loss``: the masked sum over the micro-batch's real tokens), and its GMPO loss
+(``geo_mean``, which takes the mean over responses whatever ``loss_agg_mode`` says).
 
 Source: verl-project/verl 1dda039b9c6311889a9c9a26040677e1254814f9, verl/trainer/ppo/core_algos.py:
-``compute_policy_loss_clip_cov``, ``compute_policy_loss_kl_cov``, ``agg_loss``; ``masked_mean`` is
-verl/utils/torch_functional.py's.
+``compute_policy_loss_clip_cov``, ``compute_policy_loss_kl_cov``, ``compute_policy_loss_geo_mean``,
+``agg_loss``; ``masked_mean`` is verl/utils/torch_functional.py's.
 """
 
 from __future__ import annotations
@@ -62,6 +63,25 @@ def verl_kl_cov_loss(old_log_prob, log_prob, advantages, response_mask, kl_cov_r
             rows, cols = large_cov_idxs // advantages.shape[1], large_cov_idxs % advantages.shape[1]
             pg_losses[rows, cols] = pg_losses_kl[rows, cols]
     return (pg_losses * response_mask).sum() / response_mask.sum()
+
+
+def verl_geo_mean_loss(old_log_prob, log_prob, advantages, response_mask, cliprange_low, cliprange_high,
+                       rollout_is_weights=None):  # fmt: skip
+    negative_approx_kl = log_prob - old_log_prob
+    sgn_advantage = torch.sign(advantages)
+    negative_approx_kl_clamp = torch.clamp(negative_approx_kl, -cliprange_low, cliprange_high)
+    negative_approx_kl_min = torch.min(sgn_advantage * negative_approx_kl, sgn_advantage * negative_approx_kl_clamp)
+    negative_approx_kl_min = sgn_advantage * negative_approx_kl_min
+    response_mask_sum = response_mask.sum(dim=-1)
+    ratio = torch.exp((negative_approx_kl_min * response_mask).sum(dim=-1) / (response_mask_sum + 1e-8))
+    advantage = (advantages * response_mask).sum(dim=-1) / (response_mask_sum + 1e-8)
+    pg_losses = -advantage * ratio
+    if rollout_is_weights is not None:
+        seq_is_weights = torch.exp(
+            (torch.log(rollout_is_weights + 1e-10) * response_mask).sum(dim=-1) / (response_mask_sum + 1e-8)
+        )
+        pg_losses = pg_losses * seq_is_weights
+    return torch.mean(pg_losses)
 
 
 def verl_grpo_passk(scores, index, epsilon=1e-6, norm_adv_by_std_in_grpo=True):

@@ -1,7 +1,7 @@
 """The built-in per-token policy losses and the shorthands a config may name them by.
 
 The contract every loss keeps (inputs, the unaggregated ``[N, T]`` loss, statistics) is
-``core/losses/policy_loss_base.py``; the sequence-level ratio losses (``GSPO``, ``LUSPO``) are in
+``core/losses/policy_loss_base.py``; the sequence-level ratio losses (``GSPO``, ``LUSPO``, ``GMPO``) are in
 ``core/losses/sequence_losses.py``, the losses that weigh instead of clipping (``SAPO``, ``VESPO``) in
 ``core/losses/soft_losses.py``, the losses that pick tokens over the mini-batch (``ClipCov``, ``KLCov``,
 ``HighEntropyTokens``) in ``core/losses/covariance_losses.py`` and ``core/losses/token_selection.py``.
@@ -23,7 +23,7 @@ from rlvr_lightning.core.losses.policy_loss_base import (
     token_ratio,
     zero_masked,
 )
-from rlvr_lightning.core.losses.sequence_losses import GSPO, LUSPO
+from rlvr_lightning.core.losses.sequence_losses import GMPO, GSPO, LUSPO
 from rlvr_lightning.core.losses.soft_losses import SAPO, VESPO
 from rlvr_lightning.core.losses.token_selection import HighEntropyTokens
 from rlvr_lightning.core.masked import masked_mean
@@ -31,6 +31,7 @@ from rlvr_lightning.core.shorthands import from_shorthand
 
 __all__ = [
     "CISPO",
+    "GMPO",
     "GSPO",
     "KLCov",
     "ClipCov",
@@ -149,6 +150,7 @@ POLICY_LOSSES: dict[str, type[PolicyLoss]] = {
     "sapo": SAPO,
     "luspo": LUSPO,
     "vespo": VESPO,
+    "gmpo": GMPO,
     "clip_cov": ClipCov,
     "kl_cov": KLCov,
     "high_entropy": HighEntropyTokens,

@@ -1,8 +1,9 @@
-"""Losses with a sequence-level importance ratio: GSPO and its length-weighted variant LUSPO.
+"""Losses with a sequence-level importance ratio: GSPO, its length-weighted variant LUSPO, and GMPO.
 
-Both clip ``s_i = exp(mean_t log(pi_theta / pi_old))``, one ratio per response, and route its gradient per
-token (GSPO-token). GSPO also chooses how a token-level correction of the sampler/trainer mismatch
-(``rollout_is``) meets that ratio; the peers differ there (see :class:`GSPO`).
+GSPO and LUSPO clip ``s_i = exp(mean_t log(pi_theta / pi_old))``, one ratio per response; GMPO clips each
+token's log-ratio first and takes the geometric mean of the clipped ratios. All three route the sequence
+ratio's gradient per token (GSPO-token). GSPO also chooses how a token-level correction of the sampler/trainer
+mismatch (``rollout_is``) meets that ratio; the peers differ there (see :class:`GSPO`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import torch
 from torch import Tensor
 
 from rlvr_lightning.core.losses.policy_loss_base import (
+    LOG_RATIO_CLAMP,
     PolicyLoss,
     PolicyLossOutput,
     check_clip,
@@ -159,3 +161,63 @@ class LUSPO(GSPO):
                 f"LUSPO weighs each sequence's loss by its length (sum over its tokens); aggregation.mode="
                 f"{aggregation!r} would not. Use aggregation: {{mode: seq-mean-token-sum}}."
             )
+
+
+class GMPO(PolicyLoss):
+    """GMPO: the geometric mean of the token ratios, each clipped in log space (Zhao et al. 2025, arXiv:2507.20673).
+
+    With ``d_t = log pi_theta(y_t) - log pi_old(y_t)`` and ``sgn = sign(A_t)``, each token's log-ratio is clipped
+    pessimistically, ``c_t = sgn min(sgn d_t, sgn clip(d_t, -clip_low, clip_high))`` (only the side that would
+    raise the objective is cut, as in PPO), and response i's loss is ``l_i = -A_i exp(1/|y_i| sum_t c_t)``: the
+    geometric mean of the clipped ratios times the row's mean advantage. GRPO's arithmetic mean of
+    ``r_t A`` lets one outlier ratio dominate a response; the geometric mean damps it, so GMPO affords the wider
+    clip range ``(e^-0.4, e^0.4)``, the paper's and verl's example's default.
+
+    Per token, ``l_it = -A_i sg[R_i] exp(c_t - sg[c_t])`` with ``R_i = exp(mean_t c_t)``: every token of a row holds
+    ``l_i`` in value, and the aggregation "seq-mean-token-mean" (the only one accepted: the paper's
+    ``1/G sum_i``) gives exactly ``l_i``'s gradient. A ``rollout_is`` correction multiplies each response's
+    loss by the geometric mean of its tokens' weights (verl). Values and gradients equal verl's
+    ``compute_policy_loss_geo_mean`` (``tests/core/test_gmpo.py``), except that ``d_t`` is clamped to
+    ``[-20, 20]`` first (verl leaves that clamp commented out).
+
+    Args:
+        clip_low: a token's log-ratio is clipped from below at ``-clip_low`` (ratio ``e^-clip_low``).
+        clip_high: a token's log-ratio is clipped from above at ``clip_high`` (ratio ``e^clip_high``).
+    """
+
+    def __init__(self, clip_low: float = 0.4, clip_high: float = 0.4) -> None:
+        check_clip("GMPO", "clip_low", clip_low)
+        check_clip("GMPO", "clip_high", clip_high)
+        self.clip_low, self.clip_high = clip_low, clip_high
+
+    def check(self, aggregation: str) -> None:
+        if aggregation != "seq-mean-token-mean":
+            raise ValueError(
+                f"GMPO's objective is the mean of each response's loss; aggregation.mode={aggregation!r} would weigh "
+                "responses otherwise. Use aggregation: {mode: seq-mean-token-mean}."
+            )
+
+    def __call__(self, log_probs, old_log_probs, advantages, mask):
+        old, adv, m = prepare_inputs(log_probs, old_log_probs, advantages, mask)
+        log_ratio = torch.clamp(log_probs - old, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        sign = torch.sign(adv)
+        # c_t = sgn(A) min(sgn(A) d_t, sgn(A) clip(d_t, -eps_low, eps_high))  (GMPO's token-level clip; verl geo_mean)
+        clipped = torch.clamp(log_ratio, -self.clip_low, self.clip_high)
+        pessimistic = sign * torch.minimum(sign * log_ratio, sign * clipped)
+        # R_i = exp(1/|y_i| sum_t c_t), A_i = 1/|y_i| sum_t A_t  (Zhao et al. 2025 GMPO; verl geo_mean)
+        seq_ratio = torch.exp(masked_mean(pessimistic.detach(), m, dim=-1)).unsqueeze(-1)
+        row_adv = masked_mean(adv.expand(log_probs.shape), m, dim=-1).unsqueeze(-1)
+        # l_it = -A_i sg[R_i] exp(c_t - sg[c_t]): l_i in value, (1/|y_i|) sum_t of it has l_i's gradient
+        loss = -row_adv * seq_ratio * torch.exp(pessimistic - pessimistic.detach())
+        value = log_ratio.detach()
+        low_clipped = (value < -self.clip_low) & (adv < 0)
+        high_clipped = (value > self.clip_high) & (adv > 0)
+        ratio = seq_ratio.expand(log_probs.shape)
+        return PolicyLossOutput(zero_masked(loss, m), ratio, m, low_clipped, high_clipped)
+
+    def with_rollout_is(self, log_probs, old_log_probs, advantages, mask, weights: Tensor) -> PolicyLossOutput:
+        out = self(log_probs, old_log_probs, advantages, mask)
+        log_weights = torch.log(weights.expand(log_probs.shape) + 1e-10)
+        # w_i = exp(1/|y_i| sum_t log w_t)  (verl compute_policy_loss_geo_mean: the weights' geometric mean)
+        out.loss = out.loss * torch.exp(masked_mean(log_weights, out.mask, dim=-1)).unsqueeze(-1)
+        return out
