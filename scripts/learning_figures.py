@@ -73,6 +73,8 @@ RECIPE_BANDS: dict[str, tuple[Band, Band]] = {
     "kl_cov": (Band(6.15, 6.65), Band(0.03, 0.27)),
     "grpo_opsm": (Band(6.05, 6.55), Band(0.02, 0.29)),
     "grpo_k3_is": (Band(5.70, 6.75), Band(0.00, 0.40)),
+    # from one machine's three seeds (docs/compare_sort.md, 2026-11-29: 6.57-6.63, 26.6-36.7%), widened as gspo's
+    "gmpo": (Band(6.40, 6.85), Band(0.15, 0.55)),
 }
 RECIPES = tuple(RECIPE_BANDS)  # configs/recipes/NAME.yaml, each over the seeds
 
