@@ -129,6 +129,14 @@ EXPECTED = {
         kl=None,
     ),
     "vespo": dict(advantage=advantages.GroupNormalizedAdvantage, loss="vespo", aggregation="token-mean", kl=None),
+    "dppo": dict(
+        advantage=advantages.CenteredAdvantage,
+        loss="dppo",
+        clip=(0.15, 0.15),
+        aggregation="seq-sum-constant",
+        loss_constant=4.0,
+        kl=None,
+    ),
     "gmpo": dict(
         advantage=advantages.GroupNormalizedAdvantage,
         loss="gmpo",
@@ -222,6 +230,8 @@ def test_recipe_runs_two_steps_on_the_sort_task(recipe, in_tmp_dir):
         ("gspo", ["--model.init_args.aggregation.mode=seq-mean-token-sum"], "GSPO is a sequence-level objective"),
         # LUSPO's length weight is its aggregation
         ("luspo", ["--model.init_args.aggregation.mode=seq-mean-token-mean"], "LUSPO weighs each sequence's loss"),
+        # a divergence DPPO does not know
+        ("dppo", ["--model.init_args.loss.init_args.divergence=js"], r"DPPO: divergence='js' is not valid"),
         # GMPO's per-response objective aggregated over tokens
         ("gmpo", ["--model.init_args.aggregation.mode=token-mean"], "GMPO's objective is the mean of each response's"),
         # a gate temperature of 0

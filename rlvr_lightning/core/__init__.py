@@ -20,6 +20,7 @@ from rlvr_lightning.core.kl import K1, K2, K3, K3IS, KL_ESTIMATORS, KLEstimator,
 from rlvr_lightning.core.log_probs import token_log_probs_from_logits
 from rlvr_lightning.core.losses.policy_losses import (
     CISPO,
+    DPPO,
     GMPO,
     GSPO,
     LUSPO,
@@ -46,6 +47,7 @@ __all__ = [
     "KLCov",
     "AGGREGATION_MODES",
     "CISPO",
+    "DPPO",
     "GMPO",
     "GSPO",
     "K1",

@@ -165,7 +165,7 @@ def test_empty_mask_stats():
 # ------------------------------------------------------------------ old_log_probs=None
 
 
-@pytest.mark.parametrize("kind", ["ratio", "ppo_clip", "gspo", "cispo", "sapo", "luspo", "vespo", "gmpo"])
+@pytest.mark.parametrize("kind", ["ratio", "ppo_clip", "gspo", "cispo", "sapo", "luspo", "vespo", "gmpo", "dppo"])
 def test_old_none_gives_the_pg_gradient(kind):
     # ratio = exp(logp - sg(logp)) = 1 but d ratio / d logp = 1 -> grad of -A r is -A, like -A logp
     log_probs = torch.tensor([[math.log(0.5), math.log(0.25)], [math.log(0.1), math.log(0.9)]], requires_grad=True)
@@ -238,8 +238,8 @@ def test_cispo_lower_bound_and_negative_advantage():
 
 def test_registry_names():
     assert list(POLICY_LOSSES) == [
-        "pg", "ratio", "ppo_clip", "gspo", "cispo", "sapo", "luspo", "vespo", "gmpo", "clip_cov", "kl_cov",
-        "high_entropy",
+        "pg", "ratio", "ppo_clip", "gspo", "cispo", "sapo", "luspo", "vespo", "gmpo", "dppo", "clip_cov",
+        "kl_cov", "high_entropy",
     ]  # fmt: skip
 
 

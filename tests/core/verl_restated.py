@@ -1,9 +1,11 @@
 """verl's Clip-Cov and KL-Cov policy losses restated line by line, with ``loss_agg_mode="token-mean"`` on one
-data-parallel rank (``agg_loss``: the masked sum over the micro-batch's real tokens), and its GMPO loss
-(``geo_mean``, which takes the mean over responses whatever ``loss_agg_mode`` says).
+data-parallel rank (``agg_loss``: the masked sum over the micro-batch's real tokens), its DPPO losses (the
+unaggregated token losses, ``pg_losses``), and its GMPO loss (``geo_mean``, which takes the mean over responses
+whatever ``loss_agg_mode`` says).
 
 Source: verl-project/verl 1dda039b9c6311889a9c9a26040677e1254814f9, verl/trainer/ppo/core_algos.py:
-``compute_policy_loss_clip_cov``, ``compute_policy_loss_kl_cov``, ``compute_policy_loss_geo_mean``,
+``compute_policy_loss_clip_cov``, ``compute_policy_loss_kl_cov``, ``compute_policy_loss_dppo_tv``,
+``compute_policy_loss_dppo_kl``, ``compute_policy_loss_geo_mean``,
 ``agg_loss``; ``masked_mean`` is verl/utils/torch_functional.py's.
 """
 
@@ -63,6 +65,46 @@ def verl_kl_cov_loss(old_log_prob, log_prob, advantages, response_mask, kl_cov_r
             rows, cols = large_cov_idxs // advantages.shape[1], large_cov_idxs % advantages.shape[1]
             pg_losses[rows, cols] = pg_losses_kl[rows, cols]
     return (pg_losses * response_mask).sum() / response_mask.sum()
+
+
+def verl_dppo_token_losses(old_log_prob, log_prob, advantages, divergence, clip_divergence_low, clip_divergence_high,
+                           clip_ratio_c=20.0, rollout_is_weights=None):  # fmt: skip
+    """``pg_losses`` of ``compute_policy_loss_dppo_tv`` (divergence "tv") or ``_dppo_kl`` ("kl"), before
+    ``agg_loss``."""
+    negative_approx_kl = log_prob - old_log_prob
+    negative_approx_kl = torch.clamp(negative_approx_kl, min=-20.0, max=20.0)
+    ratio = torch.exp(negative_approx_kl)
+    truncated_ratio = torch.clamp(ratio, max=clip_ratio_c)
+    truncated_ratio = truncated_ratio.detach()
+    prob = torch.exp(log_prob)
+    old_prob = torch.exp(old_log_prob)
+    if divergence == "tv":
+        valid_positive_mask = (prob - old_prob) <= clip_divergence_high
+        valid_negative_mask = (prob - old_prob) >= -clip_divergence_low
+    else:
+        binary_kl = old_prob * (old_log_prob - log_prob) + (1 - old_prob) * torch.log(
+            (1.0 - old_prob + 1e-8) / (1.0 - prob + 1e-8)
+        )
+        valid_positive_mask = (binary_kl <= clip_divergence_high) | (prob <= old_prob)
+        valid_negative_mask = (binary_kl <= clip_divergence_low) | (prob >= old_prob)
+    valid_mask = torch.where(advantages > 0, valid_positive_mask, valid_negative_mask)
+    valid_mask = valid_mask.detach().float()
+    pg_losses = -advantages * truncated_ratio * log_prob * valid_mask
+    if rollout_is_weights is not None:
+        pg_losses = pg_losses * rollout_is_weights
+    return pg_losses
+
+
+def verl_agg_loss(loss_mat, loss_mask, loss_agg_mode, loss_scale_factor=None):
+    """``agg_loss`` on one data-parallel rank, for "token-mean" and "seq-mean-token-sum(-norm)"."""
+    if loss_agg_mode == "token-mean":
+        return (loss_mat * loss_mask).sum() / loss_mask.sum()
+    seq_losses = torch.sum(loss_mat * loss_mask, dim=-1)
+    seq_mask = (torch.sum(loss_mask, dim=-1) > 0).float()
+    loss = (seq_losses * seq_mask).sum() / seq_mask.sum()
+    if loss_agg_mode == "seq-mean-token-sum-norm":
+        loss /= loss_mask.shape[-1] if loss_scale_factor is None else loss_scale_factor
+    return loss
 
 
 def verl_geo_mean_loss(old_log_prob, log_prob, advantages, response_mask, cliprange_low, cliprange_high,

@@ -3,8 +3,9 @@
 The contract every loss keeps (inputs, the unaggregated ``[N, T]`` loss, statistics) is
 ``core/losses/policy_loss_base.py``; the sequence-level ratio losses (``GSPO``, ``LUSPO``, ``GMPO``) are in
 ``core/losses/sequence_losses.py``, the losses that weigh instead of clipping (``SAPO``, ``VESPO``) in
-``core/losses/soft_losses.py``, the losses that pick tokens over the mini-batch (``ClipCov``, ``KLCov``,
-``HighEntropyTokens``) in ``core/losses/covariance_losses.py`` and ``core/losses/token_selection.py``.
+``core/losses/soft_losses.py``, DPPO's divergence trust region in ``core/losses/divergence_losses.py``, the
+losses that pick tokens over the mini-batch (``ClipCov``, ``KLCov``, ``HighEntropyTokens``) in
+``core/losses/covariance_losses.py`` and ``core/losses/token_selection.py``.
 Every built-in loss can be imported from here.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from rlvr_lightning.core.losses.covariance_losses import ClipCov, KLCov
+from rlvr_lightning.core.losses.divergence_losses import DPPO
 from rlvr_lightning.core.losses.policy_loss_base import (
     PolicyLoss,
     PolicyLossOutput,
@@ -31,6 +33,7 @@ from rlvr_lightning.core.shorthands import from_shorthand
 
 __all__ = [
     "CISPO",
+    "DPPO",
     "GMPO",
     "GSPO",
     "KLCov",
@@ -151,6 +154,7 @@ POLICY_LOSSES: dict[str, type[PolicyLoss]] = {
     "luspo": LUSPO,
     "vespo": VESPO,
     "gmpo": GMPO,
+    "dppo": DPPO,
     "clip_cov": ClipCov,
     "kl_cov": KLCov,
     "high_entropy": HighEntropyTokens,
