@@ -117,6 +117,13 @@ EXPECTED = {
     "reinforce_pp": dict(
         advantage=advantages.BatchWhitenedAdvantage, loss="ppo_clip", clip=(0.2, 0.2), kl=(0.01, "k1", "reward")
     ),
+    "reinforce_pp_baseline": dict(
+        advantage=advantages.BatchWhitenedAdvantage,
+        baseline="group_mean",
+        loss="ppo_clip",
+        clip=(0.2, 0.2),
+        kl=(0.01, "k1", "reward"),
+    ),
     "cispo": dict(advantage=advantages.GroupNormalizedAdvantage, loss="cispo", aggregation="token-mean", kl=None),
     "sapo": dict(
         advantage=advantages.GroupNormalizedAdvantage, loss="sapo", aggregation="seq-mean-token-mean", kl=None
@@ -198,6 +205,7 @@ def test_recipe_runs_two_steps_on_the_sort_task(recipe, in_tmp_dir):
         "value_model": lambda: module.value.model,
         "teacher": lambda: type(module.teacher.policy),
         "distillation": lambda: (module.policy_update.distillation.coef, module.policy_update.distillation.rl_coef),
+        "baseline": lambda: module.advantage_estimator.baseline,
         "off_policy_mask_threshold": lambda: module.rollout_is.off_policy_mask_threshold,
         "pass_at": lambda: (module.advantage_estimator.k, module.advantage_estimator.baseline),
         "gdpo_weights": lambda: [
@@ -230,6 +238,8 @@ def test_recipe_runs_two_steps_on_the_sort_task(recipe, in_tmp_dir):
         ("gspo", ["--model.init_args.aggregation.mode=seq-mean-token-sum"], "GSPO is a sequence-level objective"),
         # LUSPO's length weight is its aggregation
         ("luspo", ["--model.init_args.aggregation.mode=seq-mean-token-mean"], "LUSPO weighs each sequence's loss"),
+        # a group baseline with a single response per prompt
+        ("reinforce_pp_baseline", ["--model.init_args.group_size=1"], "BatchWhitenedAdvantage needs group_size >= 2"),
         # a divergence DPPO does not know
         ("dppo", ["--model.init_args.loss.init_args.divergence=js"], r"DPPO: divergence='js' is not valid"),
         # GMPO's per-response objective aggregated over tokens

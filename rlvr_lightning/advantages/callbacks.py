@@ -183,6 +183,8 @@ class RLOOAdvantage(AdvantageCallback):
 
 
 WHITEN_SCOPES = ("response", "token")
+#: ``BatchWhitenedAdvantage.baseline``: none (REINFORCE++) or each group's mean (REINFORCE++-baseline)
+BASELINES = ("none", "group_mean")
 
 
 @documented_options
@@ -192,6 +194,9 @@ class BatchWhitenedAdvantage(AdvantageCallback):
     ``whiten="token"`` is verl's convention: per-token returns (discounted by ``gamma``) whitened over
     every response token, so long responses weigh more in the statistics; the advantage is then
     per token. The default whitens one reward per response (each response weighs the same).
+    ``baseline="group_mean"`` is REINFORCE++-baseline: each reward minus its group's mean first, then
+    whitened over the batch (OpenRLHF ``reinforce_baseline``; verl ``reinforce_plus_plus_baseline`` with
+    ``whiten="token"``).
     """
 
     def __init__(
@@ -203,6 +208,7 @@ class BatchWhitenedAdvantage(AdvantageCallback):
             ),
         ] = 1e-8,
         whiten: str = "response",
+        baseline: str = "none",
         gamma: Annotated[
             float,
             Option('discount of the returns over the response\'s tokens (needs ``whiten="token"``).', PROBABILITY),
@@ -211,17 +217,26 @@ class BatchWhitenedAdvantage(AdvantageCallback):
         """
         Args:
             whiten: ``response`` (ours) or ``token`` (verl's ``compute_reinforce_plus_plus_outcome_advantage``).
+            baseline: ``none`` (REINFORCE++) or ``group_mean`` (REINFORCE++-baseline: needs group_size >= 2).
         """
         if whiten not in WHITEN_SCOPES:
             raise ValueError(f"whiten={whiten!r} is not valid; choose one of {WHITEN_SCOPES}")
+        if baseline not in BASELINES:
+            raise ValueError(f"baseline={baseline!r} is not valid; choose one of {BASELINES}")
         check_options(BatchWhitenedAdvantage, locals())
         if gamma != 1.0 and whiten != "token":
             raise ValueError(f"gamma={gamma} discounts per-token returns: it needs whiten='token'")
         self.eps = eps
         self.whiten = whiten
+        self.baseline = baseline
         self.gamma = gamma
+        self.min_group_size = 2 if baseline == "group_mean" else 1
 
     def compute(self, rollout: Rollout) -> Tensor:
+        rewards = rollout.reward
+        if self.baseline == "group_mean":
+            # r_i - mean(group), then whitened  (Hu et al. 2025 REINFORCE++-baseline; verl, OpenRLHF)
+            rewards = estimators.centered_advantages(rewards, rollout.group_size)
         if self.whiten == "token":
-            return estimators.token_whitened_returns(rollout.reward, rollout.response_mask, self.gamma, eps=self.eps)
-        return estimators.batch_whitened_advantages(rollout.reward, rollout.group_size, eps=self.eps)
+            return estimators.token_whitened_returns(rewards, rollout.response_mask, self.gamma, eps=self.eps)
+        return estimators.batch_whitened_advantages(rewards, rollout.group_size, eps=self.eps)

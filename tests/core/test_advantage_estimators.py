@@ -192,3 +192,39 @@ def test_batch_whitened_callback_options():
         BatchWhitenedAdvantage(whiten="tokens")
     with pytest.raises(ValueError, match="needs whiten='token'"):
         BatchWhitenedAdvantage(gamma=0.9)
+    with pytest.raises(ValueError, match="baseline='group' is not valid; choose one of .*'group_mean'"):
+        BatchWhitenedAdvantage(baseline="group")
+
+
+def test_reinforce_pp_baseline_subtracts_the_group_mean_before_whitening():
+    from types import SimpleNamespace
+
+    from rlvr_lightning.advantages import BatchWhitenedAdvantage
+
+    # groups [3, 1] and [0, 0]: centred [1, -1, 0, 0], mean 0, unbiased std sqrt(2/3) -> [1.2247, -1.2247, 0, 0];
+    # the group whose rewards agree gets 0 (without the baseline: [3, 1, 0, 0] whiten to [1.414, 0, -.707, -.707])
+    rollout = SimpleNamespace(reward=torch.tensor([3.0, 1.0, 0.0, 0.0]), group_size=2, response_mask=None)
+    a = 1 / math.sqrt(2 / 3)
+    assert_close(BatchWhitenedAdvantage(eps=0.0, baseline="group_mean").compute(rollout), torch.tensor([a, -a, 0, 0]))
+    assert_close(BatchWhitenedAdvantage(eps=0.0).compute(rollout), torch.tensor([2, 0, -1, -1]) / math.sqrt(2))
+    with pytest.raises(ValueError, match="BatchWhitenedAdvantage needs group_size >= 2"):
+        BatchWhitenedAdvantage(baseline="group_mean").check_group_size(1)
+    BatchWhitenedAdvantage().check_group_size(1)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_reinforce_pp_baseline_per_token_matches_verl(seed):
+    from types import SimpleNamespace
+
+    from rlvr_lightning.advantages import BatchWhitenedAdvantage
+    from tests.core.verl_restated import verl_reinforce_pp_baseline
+
+    generator = torch.Generator().manual_seed(seed)
+    rewards = torch.randint(0, 3, (12,), generator=generator).double()
+    lengths = torch.randint(1, 6, (12,), generator=generator)
+    mask = (torch.arange(5) < lengths[:, None]).double()
+    token_rewards = torch.zeros(12, 5, dtype=torch.float64)
+    token_rewards[torch.arange(12), lengths - 1] = rewards  # verl's outcome reward at the last token
+    expected = verl_reinforce_pp_baseline(token_rewards, mask, index=[i // 4 for i in range(12)])
+    rollout = SimpleNamespace(reward=rewards, group_size=4, response_mask=mask)
+    assert_close(BatchWhitenedAdvantage(whiten="token", baseline="group_mean").compute(rollout), expected)

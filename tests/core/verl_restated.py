@@ -1,12 +1,13 @@
 """verl's Clip-Cov and KL-Cov policy losses restated line by line, with ``loss_agg_mode="token-mean"`` on one
 data-parallel rank (``agg_loss``: the masked sum over the micro-batch's real tokens), its DPPO losses (the
 unaggregated token losses, ``pg_losses``), and its GMPO loss (``geo_mean``, which takes the mean over responses
-whatever ``loss_agg_mode`` says).
+whatever ``loss_agg_mode`` says); and its REINFORCE++-baseline advantages.
 
 Source: verl-project/verl 1dda039b9c6311889a9c9a26040677e1254814f9, verl/trainer/ppo/core_algos.py:
 ``compute_policy_loss_clip_cov``, ``compute_policy_loss_kl_cov``, ``compute_policy_loss_dppo_tv``,
 ``compute_policy_loss_dppo_kl``, ``compute_policy_loss_geo_mean``,
-``agg_loss``; ``masked_mean`` is verl/utils/torch_functional.py's.
+``agg_loss``, ``compute_reinforce_plus_plus_baseline_outcome_advantage``; ``masked_mean`` and ``masked_whiten``
+are verl/utils/torch_functional.py's.
 """
 
 from __future__ import annotations
@@ -105,6 +106,35 @@ def verl_agg_loss(loss_mat, loss_mask, loss_agg_mode, loss_scale_factor=None):
     if loss_agg_mode == "seq-mean-token-sum-norm":
         loss /= loss_mask.shape[-1] if loss_scale_factor is None else loss_scale_factor
     return loss
+
+
+def verl_masked_whiten(values, mask):
+    mean = (values * mask).sum() / mask.sum()
+    centered = values - mean
+    var = (centered**2 * mask).sum() / mask.sum()
+    var = var * mask.sum() / (mask.sum() - 1)  # masked_var(unbiased=True)
+    return (values - mean) * torch.rsqrt(var + 1e-8)
+
+
+def verl_reinforce_pp_baseline(token_level_rewards, response_mask, index):
+    from collections import defaultdict
+
+    response_length = token_level_rewards.shape[-1]
+    scores = token_level_rewards.sum(dim=-1)
+    id2score = defaultdict(list)
+    id2mean = {}
+    bsz = scores.shape[0]
+    for i in range(bsz):
+        id2score[index[i]].append(scores[i])
+    for idx in id2score:
+        if len(id2score[idx]) == 1:
+            id2mean[idx] = torch.tensor(0.0)
+        else:
+            id2mean[idx] = torch.mean(torch.stack(id2score[idx]))
+    for i in range(bsz):
+        scores[i] = scores[i] - id2mean[index[i]]
+    scores = scores.unsqueeze(-1).tile([1, response_length]) * response_mask
+    return verl_masked_whiten(scores, response_mask) * response_mask
 
 
 def verl_geo_mean_loss(old_log_prob, log_prob, advantages, response_mask, cliprange_low, cliprange_high,
