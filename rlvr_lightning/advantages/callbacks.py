@@ -45,12 +45,33 @@ class RawRewardAdvantage(AdvantageCallback):
         return estimators.raw_advantages(rollout.reward, rollout.group_size)
 
 
+#: ``CenteredAdvantage.baseline``: the group's mean, or its mean weighted by the responses' lengths (OPO)
+CENTERED_BASELINES = ("mean", "length_weighted")
+
+
 class CenteredAdvantage(AdvantageCallback):
-    """A = r - mean(group): Dr. GRPO; the lecture's "centered_rewards"."""
+    """A = r - mean(group): Dr. GRPO; the lecture's "centered_rewards".
+
+    ``baseline="length_weighted"`` weighs each response's reward by its length in the group's mean: OPO's
+    optimal baseline (Hao et al. 2025; verl's ``opo``), meant for exactly on-policy training (one optimizer
+    step per rollout).
+    """
 
     min_group_size = 2
 
+    def __init__(self, baseline: str = "mean") -> None:
+        """
+        Args:
+            baseline: ``mean`` (Dr. GRPO) or ``length_weighted`` (OPO).
+        """
+        if baseline not in CENTERED_BASELINES:
+            raise ValueError(f"baseline={baseline!r} is not valid; choose one of {CENTERED_BASELINES}")
+        self.baseline = baseline
+
     def compute(self, rollout: Rollout) -> Tensor:
+        if self.baseline == "length_weighted":
+            lengths = rollout.response_mask.sum(dim=-1)
+            return estimators.length_weighted_centered_advantages(rollout.reward, lengths, rollout.group_size)
         return estimators.centered_advantages(rollout.reward, rollout.group_size)
 
 

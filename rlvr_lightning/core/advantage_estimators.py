@@ -58,6 +58,19 @@ def centered_advantages(rewards: Tensor, group_size: int | None = None) -> Tenso
     return (grouped - grouped.mean(dim=1, keepdim=True)).view_as(rewards)
 
 
+def length_weighted_centered_advantages(rewards: Tensor, lengths: Tensor, group_size: int | None = None) -> Tensor:
+    """Reward minus its group's mean weighted by the responses' lengths: OPO's optimal baseline.
+
+    With one gradient step per rollout (exactly on-policy) and near-equal gradient norms per token, the baseline
+    that minimises the gradient's variance weighs each response's reward by its length. Lengths of 0 (a group
+    of empty responses) give a baseline of 0."""
+    grouped = _grouped(rewards, group_size)
+    weights = lengths.to(grouped.dtype).view_as(grouped)
+    # A_i = r_i - sum_j |o_j| r_j / sum_j |o_j|  (Hao et al. 2025 OPO, arXiv:2505.23585; verl opo)
+    baseline = (weights * grouped).sum(dim=1, keepdim=True) / weights.sum(dim=1, keepdim=True).clamp(min=1)
+    return (grouped - baseline).view_as(rewards)
+
+
 STD_SCOPES = ("group", "batch")
 # Rewards within this relative distance of each other count as equal (float32 eps is 1.2e-7).
 ZERO_VARIANCE_RTOL = 1e-6

@@ -9,6 +9,7 @@ from rlvr_lightning.core.advantage_estimators import (
     batch_whitened_advantages,
     centered_advantages,
     discounted_returns,
+    length_weighted_centered_advantages,
     max_only_advantages,
     normalized_advantages,
     raw_advantages,
@@ -210,6 +211,37 @@ def test_reinforce_pp_baseline_subtracts_the_group_mean_before_whitening():
     with pytest.raises(ValueError, match="BatchWhitenedAdvantage needs group_size >= 2"):
         BatchWhitenedAdvantage(baseline="group_mean").check_group_size(1)
     BatchWhitenedAdvantage().check_group_size(1)
+
+
+def test_opo_baseline_weighs_rewards_by_length():
+    from types import SimpleNamespace
+
+    from rlvr_lightning.advantages import CenteredAdvantage
+
+    # a group of rewards [1, 0] with lengths [3, 1]: baseline (3 * 1 + 1 * 0) / 4 = 0.75 -> [0.25, -0.75]
+    # (the plain mean 0.5 gives [0.5, -0.5]); a group of empty responses has baseline 0
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0], [0, 0, 0], [0, 0, 0]])
+    rollout = SimpleNamespace(reward=torch.tensor([1.0, 0.0, 2.0, 2.0]), group_size=2, response_mask=mask)
+    opo = CenteredAdvantage(baseline="length_weighted").compute(rollout)
+    assert_close(opo, torch.tensor([0.25, -0.75, 2.0, 2.0]))
+    assert_close(CenteredAdvantage().compute(rollout), torch.tensor([0.5, -0.5, 0.0, 0.0]))
+    with pytest.raises(ValueError, match="baseline='length' is not valid; choose one of .*'length_weighted'"):
+        CenteredAdvantage(baseline="length")
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_opo_matches_verl(seed):
+    from tests.core.verl_restated import verl_opo
+
+    generator = torch.Generator().manual_seed(seed)
+    rewards = torch.rand(12, generator=generator, dtype=torch.float64)
+    lengths = torch.randint(1, 6, (12,), generator=generator)
+    mask = (torch.arange(5) < lengths[:, None]).double()
+    token_rewards = torch.zeros(12, 5, dtype=torch.float64)
+    token_rewards[torch.arange(12), lengths - 1] = rewards
+    expected = verl_opo(token_rewards, mask, index=[i // 4 for i in range(12)])
+    ours = length_weighted_centered_advantages(rewards, mask.sum(-1), group_size=4)
+    assert_close(ours[:, None] * mask, expected)
 
 
 @pytest.mark.parametrize("seed", range(3))

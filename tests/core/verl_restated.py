@@ -1,13 +1,13 @@
 """verl's Clip-Cov and KL-Cov policy losses restated line by line, with ``loss_agg_mode="token-mean"`` on one
 data-parallel rank (``agg_loss``: the masked sum over the micro-batch's real tokens), its DPPO losses (the
 unaggregated token losses, ``pg_losses``), and its GMPO loss (``geo_mean``, which takes the mean over responses
-whatever ``loss_agg_mode`` says); and its REINFORCE++-baseline advantages.
+whatever ``loss_agg_mode`` says); and its REINFORCE++-baseline and OPO advantages.
 
 Source: verl-project/verl 1dda039b9c6311889a9c9a26040677e1254814f9, verl/trainer/ppo/core_algos.py:
 ``compute_policy_loss_clip_cov``, ``compute_policy_loss_kl_cov``, ``compute_policy_loss_dppo_tv``,
-``compute_policy_loss_dppo_kl``, ``compute_policy_loss_geo_mean``,
-``agg_loss``, ``compute_reinforce_plus_plus_baseline_outcome_advantage``; ``masked_mean`` and ``masked_whiten``
-are verl/utils/torch_functional.py's.
+``compute_policy_loss_dppo_kl``, ``compute_policy_loss_geo_mean``, ``agg_loss``,
+``compute_reinforce_plus_plus_baseline_outcome_advantage``, ``compute_opo_outcome_advantage``; ``masked_mean`` and
+``masked_whiten`` are verl/utils/torch_functional.py's.
 """
 
 from __future__ import annotations
@@ -135,6 +135,30 @@ def verl_reinforce_pp_baseline(token_level_rewards, response_mask, index):
         scores[i] = scores[i] - id2mean[index[i]]
     scores = scores.unsqueeze(-1).tile([1, response_length]) * response_mask
     return verl_masked_whiten(scores, response_mask) * response_mask
+
+
+def verl_opo(token_level_rewards, response_mask, index):
+    from collections import defaultdict
+
+    response_length = response_mask.sum(dim=-1)
+    scores = token_level_rewards.sum(dim=-1)
+    id2score = defaultdict(list)
+    id2len = defaultdict(list)
+    id2bsl = {}
+    bsz = scores.shape[0]
+    for i in range(bsz):
+        id2score[index[i]].append(scores[i])
+        id2len[index[i]].append(response_length[i])
+    for idx in id2score:
+        if len(id2score[idx]) == 1:
+            id2bsl[idx] = torch.tensor(0.0)
+        else:
+            score_tensor = torch.stack(id2score[idx])
+            len_tensor = torch.stack(id2len[idx])
+            id2bsl[idx] = (len_tensor * score_tensor).sum() / len_tensor.sum()
+    for i in range(bsz):
+        scores[i] = scores[i] - id2bsl[index[i]]
+    return scores.unsqueeze(-1) * response_mask
 
 
 def verl_geo_mean_loss(old_log_prob, log_prob, advantages, response_mask, cliprange_low, cliprange_high,
