@@ -75,6 +75,10 @@ RECIPE_BANDS: dict[str, tuple[Band, Band]] = {
     "grpo_k3_is": (Band(5.70, 6.75), Band(0.00, 0.40)),
     # from one machine's three seeds (docs/compare_sort.md, 2026-11-29: 6.57-6.63, 26.6-36.7%), widened as gspo's
     "gmpo": (Band(6.40, 6.85), Band(0.15, 0.55)),
+    # the same (docs/compare_sort.md, 2026-11-29: 6.56-6.58, 23.4-29.3%; 6.42-6.58, 19.1-27.0%), widened as their
+    # neighbours in the table
+    "dppo": (Band(6.35, 6.80), Band(0.12, 0.45)),
+    "reinforce_pp_baseline": (Band(6.15, 6.70), Band(0.08, 0.35)),
 }
 RECIPES = tuple(RECIPE_BANDS)  # configs/recipes/NAME.yaml, each over the seeds
 
