@@ -1,5 +1,6 @@
 """Every recipe in configs/recipes runs on the sort task through `rlvr`, is the algorithm its comment
-names, and a recipe made contradictory on the command line fails at start-up saying why."""
+names, and a recipe made contradictory on the command line fails at start-up saying why; docs/algorithms.md lists
+every recipe and loss shorthand."""
 
 import re
 from pathlib import Path
@@ -300,3 +301,17 @@ def test_length_bias_configs_run_and_log_length_by_correctness(name, monkeypatch
     assert module.aggregation.mode == LENGTH_BIAS[name]["aggregation"]
     assert module.policy.tokenizer.convert_ids_to_tokens(list(range(12))) == [*map(str, range(10)), "<eos>", "<pad>"]
     assert {"train/bias/length_incorrect", "train/bias/token_weight_long_over_short"} <= set(metrics)
+
+
+def test_every_recipe_and_loss_shorthand_is_documented():
+    from rlvr_lightning.modules import RLVRModule
+    from rlvr_lightning.runtime.option_declarations import declared_options
+
+    algorithms = (RECIPES_DIR.parents[1] / "docs" / "algorithms.md").read_text()
+    documented = set(re.findall(r"^\| `(\w+)` \|", algorithms, flags=re.MULTILINE))
+    assert {path.stem for path in RECIPES_DIR.glob("*.yaml")} <= documented
+    loss_row = next(line for line in algorithms.splitlines() if line.startswith("| `loss` |"))
+    help_text = declared_options(RLVRModule)["loss"].help
+    for shorthand in POLICY_LOSSES:
+        assert f"`{shorthand}`" in loss_row, shorthand
+        assert re.search(rf"\b{shorthand}\b", help_text), shorthand
