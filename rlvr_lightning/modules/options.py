@@ -56,6 +56,14 @@ class AggregationConfig:
     count_empty_rows: Annotated[
         bool, Option("whether responses without a token count in the seq-mean modes' divisor (verl: false).")
     ] = True
+    mask_truncated: Annotated[
+        bool,
+        Option(
+            "responses that hit max_new_tokens without ending leave the loss: their tokens count in no sum or "
+            "divisor, and in the seq-mean modes they are empty rows (DAPO's overlong filtering; TRL's "
+            "mask_truncated_completions). Their rewards still count in the advantages."
+        ),
+    ] = False
 
     def __post_init__(self) -> None:
         check_options(AggregationConfig, vars(self), "aggregation.")

@@ -19,6 +19,9 @@ The module owns one and hands itself to `run` for Lightning's manual optimisatio
 (`modules/update/value_update.py`), overrides `policy_forward`, `micro_batch_loss`, `gradient_norm` and
 `clip_gradients`.
 
+The loss counts the sampled tokens (`response_mask`), less those of truncated responses with
+`aggregation.mask_truncated` (`loss_mask`); the scoring forwards read the whole responses either way.
+
 Micro-batches hold `update.micro_batch_size` rows, or with `update.micro_batch_tokens` at most that many tokens
 (`micro_batch_rows`): rows grouped by length into balanced micro-batches (`core/packing.py`), as many on every
 data-parallel rank, each scored as one padding-free packed sequence. Either way each micro-batch's loss is
@@ -185,7 +188,7 @@ class PolicyUpdate:
         scheduler = module.lr_schedulers()
         mini_size = self.update.mini_batch_size or rollout.num_rows
         # Fixed-length responses (every token real) skip all the masking ops of the loss.
-        masked = not bool(rollout.response_mask.all())
+        masked = not bool(self.loss_mask(rollout).all())
         # casts that the step's no-grad forwards (sampling, old log-probs, values) left in a cached autocast carry
         # no gradient, and torch < 2.11 hands them to the training forwards (pytorch#112583): drop them
         torch.clear_autocast_cache()
@@ -198,16 +201,18 @@ class PolicyUpdate:
                 order = torch.randperm(rollout.num_rows, device=rollout.response_ids.device)
             for start in range(0, rollout.num_rows, mini_size):
                 minibatch = rollout if order is None else rollout.select(order[start : start + mini_size])
-                num_tokens = minibatch.response_mask.sum() if masked else minibatch.response_mask.numel()
+                mini_mask = self.loss_mask(minibatch) if masked else None
+                num_tokens = mini_mask.sum() if masked else minibatch.response_mask.numel()
                 num_sequences = minibatch.num_rows
                 if masked and not self.aggregation.count_empty_rows:
-                    num_sequences = non_empty_rows(minibatch.response_mask)
+                    num_sequences = non_empty_rows(mini_mask)
                 micro_losses = []
                 micros = list(self.micro_batches(minibatch))
+                masks = [self.loss_mask(micro) if masked else None for micro in micros]
                 # a token-selecting loss's pick over the whole mini-batch (when it is several micro-batches)
-                selections = mini_batch_selection(self.loss, self.selection_forward, micros, masked)
+                selections = mini_batch_selection(self.loss, self.selection_forward, micros, masks)
                 for i, micro in enumerate(micros):
-                    mask = micro.response_mask.bool() if masked else None
+                    mask = masks[i]
                     first_update = epoch == 0 and start == 0  # the policy is still the one that sampled
                     part = self.micro_batch_loss(
                         micro, mask, num_sequences, num_tokens, epoch == 0, first_update, selections[i]
@@ -221,6 +226,14 @@ class PolicyUpdate:
                 losses.append(loss)
                 grad_norms.append(grad_norm)
         return update_metrics(parts, losses, grad_norms, self.rollout_is.max)
+
+    def loss_mask(self, part: Rollout) -> Tensor:
+        """bool `[n, T]`: the tokens the loss counts: the sampled ones, less those of truncated responses with
+        `aggregation.mask_truncated` (DAPO's overlong filtering: `response_mask * ~truncated`, TRL)."""
+        mask = part.response_mask.bool()
+        if self.aggregation.mask_truncated:
+            mask = mask & ~part.truncated.to(mask.device).unsqueeze(-1)
+        return mask
 
     def micro_batch_loss(
         self,

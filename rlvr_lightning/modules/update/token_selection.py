@@ -75,17 +75,20 @@ def select_over_mini_batch(loss: PolicyLoss, parts: list[SelectionInputs]) -> li
 
 @torch.no_grad()
 def mini_batch_selection(
-    loss: PolicyLoss, forward: Callable[[Rollout], tuple[Tensor, Tensor | None]], micros: list[Rollout], masked: bool
+    loss: PolicyLoss,
+    forward: Callable[[Rollout], tuple[Tensor, Tensor | None]],
+    micros: list[Rollout],
+    masks: list[Tensor | None],
 ) -> list[Tensor | None]:
     """Per micro-batch, the tokens ``loss`` picks over the whole mini-batch (on every rank), from ``forward`` (log-probs
-    and entropies, without autograd) before the first backward. Nones when the loss picks none, or when the
-    mini-batch is one micro-batch: its own forward then serves (`PolicyUpdate.micro_batch_loss`)."""
+    and entropies, without autograd) before the first backward; ``masks``: the micro-batches' loss masks. Nones when
+    the loss picks none, or when the mini-batch is one micro-batch: its own forward then serves
+    (`PolicyUpdate.micro_batch_loss`)."""
     if not loss.selects_tokens or len(micros) == 1:
         return [None] * len(micros)
     parts = []
-    for micro in micros:
+    for micro, mask in zip(micros, masks, strict=True):
         log_probs, entropy = forward(micro)
-        mask = micro.response_mask.bool() if masked else None
         entropy = entropy if loss.selection_reads_entropy else None
         parts.append(SelectionInputs(log_probs, micro.old_log_probs, micro.advantages, mask, entropy))
     return select_over_mini_batch(loss, parts)
