@@ -27,7 +27,7 @@ of a training step):
 * ``clip_frac_high`` fraction where the upper clip is active
   (ratio > 1 + clip_high and A > 0; for CISPO: the IS weight was clipped from above);
 * ``ratio_mean``, ``ratio_min``, ``ratio_max`` of the importance ratio
-  (GSPO: of the sequence ratio, broadcast to its tokens);
+  (GSPO: of the sequence ratio, broadcast to its tokens; GMPO: of the clipped geometric mean);
 * ``dual_clip_frac`` (ppo_clip with ``dual_clip`` only): A < 0 and ratio > dual_clip.
 
 Losses without a ratio (``pg``) report 0, 0, 1, 1, 1. With an empty mask the
