@@ -17,7 +17,7 @@ from torch.testing import assert_close
 
 from rlvr_lightning.core.aggregation import aggregate_loss
 from rlvr_lightning.core.importance_sampling import rollout_is_weights
-from rlvr_lightning.core.losses.policy_losses import GSPO, LUSPO, SAPO, VESPO
+from rlvr_lightning.core.losses.policy_losses import GSPO, LUSPO, SAPO, VESPO, PPOClip
 
 F64 = dict(dtype=torch.float64)
 TOL = dict(rtol=1e-6, atol=1e-6)
@@ -45,7 +45,9 @@ def trl_gamma_weights(
         return torch.exp(log_phi).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
 
 
-def trl_loss(loss_type, per_token_logps, old_per_token_logps, advantages, mask, level, eps=(0.2, 0.2), is_ratio=None):
+def trl_loss(
+    loss_type, per_token_logps, old_per_token_logps, advantages, mask, level, eps=(0.2, 0.2), is_ratio=None, delta=None
+):
     """TRL 1.16 GRPOTrainer._compute_loss (the lines that reach the returned loss)."""
     advantages = advantages.unsqueeze(1)
     log_ratio = per_token_logps - old_per_token_logps
@@ -57,6 +59,8 @@ def trl_loss(loss_type, per_token_logps, old_per_token_logps, advantages, mask, 
     coef_1 = torch.exp(log_importance_weights)
     if loss_type in ["grpo", "luspo"]:
         coef_2 = torch.clamp(coef_1, 1 - eps[0], 1 + eps[1])
+        if delta is not None:  # two-sided clipping (INTELLECT-2)
+            coef_1 = torch.clamp(coef_1, max=delta)
         per_token_loss = -torch.min(coef_1 * advantages, coef_2 * advantages)
     elif loss_type == "sapo":
         temperatures = torch.where(advantages > 0, SAPO_T[0], SAPO_T[1])
@@ -144,6 +148,21 @@ def test_losses_match_trl(name, seed):
 
 
 @pytest.mark.parametrize("seed", range(5))
+def test_dual_clip_is_trls_two_sided_clipping(seed):
+    # TRL's `delta` caps the unclipped ratio before PPO's min: for A < 0 and r > delta the loss is -A delta with no
+    # gradient, as dual-clip PPO's bound -A c; for A > 0 the clipped term already binds (delta > 1 + eps)
+    log_probs, old, _, advantages, mask = random_batch(seed)
+    old = log_probs.detach() - 5.0 * (log_probs.detach() - old).abs()  # ratios up to ~3: some beyond delta
+    loss = PPOClip(clip_low=0.2, clip_high=0.28, dual_clip=1.5)
+    out = loss(log_probs, old, advantages, mask)
+    assert out.stats["dual_clip_frac"] > 0
+    expected = trl_loss("grpo", log_probs, old, advantages, mask.double(), "token", (0.2, 0.28), delta=1.5)
+    assert_close(
+        ours(loss, "seq-mean-token-mean", log_probs, old, advantages, mask), value_and_grad(expected, log_probs), **TOL
+    )
+
+
+@pytest.mark.parametrize("seed", range(5))
 @pytest.mark.parametrize("is_mode", ["token_truncate", "token_mask"])
 @pytest.mark.parametrize("name", ["vespo", "gspo"])
 def test_rollout_is_matches_trl(name, is_mode, seed):
@@ -180,12 +199,12 @@ def test_gspo_row_mean_before_ratio_matches_areal(seed):
 # ------------------------------------------------------------------ the restatement against TRL itself
 
 
-def trl_itself(loss_type, log_probs, old, advantages, mask, level, eps, is_ratio=None):
+def trl_itself(loss_type, log_probs, old, advantages, mask, level, eps, is_ratio=None, delta=None):
     """TRL 1.16's own GRPOTrainer._compute_loss on a stand-in trainer (needs `pip install trl==1.16.0`)."""
     trainer_class = pytest.importorskip("trl.trainer.grpo_trainer").GRPOTrainer
     rows, tokens = log_probs.shape
     args = SimpleNamespace(
-        delta=None,
+        delta=delta,
         use_bias_correction_kl=False,
         sapo_temperature_pos=SAPO_T[0],
         sapo_temperature_neg=SAPO_T[1],
@@ -239,4 +258,12 @@ def test_the_restatement_is_trls_own_loss(name, is_mode):
     is_ratio = None if is_mode is None else trl_is_ratio(old, sampler, mask.double(), is_mode, clip_max=1.1)
     expected = trl_itself(loss_type, log_probs, old, advantages, mask, level, eps, is_ratio)
     restated = trl_loss(loss_type, log_probs, old, advantages, mask.double(), level, eps, is_ratio)
+    assert_close(value_and_grad(restated, log_probs), value_and_grad(expected, log_probs), rtol=1e-12, atol=1e-12)
+
+
+def test_the_delta_restatement_is_trls_own_loss():
+    log_probs, old, _, advantages, mask = random_batch(1)
+    old = log_probs.detach() - 5.0 * (log_probs.detach() - old).abs()
+    expected = trl_itself("grpo", log_probs, old, advantages, mask, "token", (0.2, 0.28), delta=1.5)
+    restated = trl_loss("grpo", log_probs, old, advantages, mask.double(), "token", (0.2, 0.28), delta=1.5)
     assert_close(value_and_grad(restated, log_probs), value_and_grad(expected, log_probs), rtol=1e-12, atol=1e-12)

@@ -84,7 +84,8 @@ class PPOClip(PolicyLoss):
         clip_high: the ratio's upper clip is ``1 + clip_high`` (None: ``clip_low``); above ``clip_low`` it is
             DAPO's clip-higher.
         dual_clip: a constant ``c > 1`` bounding the loss of negative-advantage tokens with a huge ratio at
-            ``-A * c`` (None: no dual clip).
+            ``-A * c`` (None: no dual clip). With ``c > 1 + clip_high`` it is TRL's ``delta`` (INTELLECT-2's
+            two-sided clipping; ``tests/core/test_losses_against_trl.py``).
     """
 
     def __init__(self, clip_low: float = 0.2, clip_high: float | None = None, dual_clip: float | None = None) -> None:
