@@ -18,6 +18,7 @@ from rlvr_lightning.core.losses.policy_loss_base import (
     LOG_RATIO_CLAMP,
     PolicyLoss,
     PolicyLossOutput,
+    check_choice,
     check_clip,
     prepare_inputs,
     zero_masked,
@@ -53,9 +54,7 @@ class DPPO(PolicyLoss):
         clip_high: float | None = None,
         max_ratio: float = 20.0,
     ) -> None:
-        if divergence not in DIVERGENCE_THRESHOLDS:
-            choices = list(DIVERGENCE_THRESHOLDS)
-            raise ValueError(f"DPPO: divergence={divergence!r} is not valid; choose one of {choices}")
+        check_choice("DPPO", "divergence", divergence, DIVERGENCE_THRESHOLDS)
         default = DIVERGENCE_THRESHOLDS[divergence]
         clip_low = default if clip_low is None else clip_low
         clip_high = default if clip_high is None else clip_high

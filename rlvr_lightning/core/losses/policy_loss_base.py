@@ -181,6 +181,11 @@ def check_clip(loss: str, name: str, value: float) -> None:
         raise ValueError(f"{loss}: {name} must be >= 0, got {value}")
 
 
+def check_choice(loss: str, name: str, value: object, choices) -> None:
+    if value not in choices:
+        raise ValueError(f"{loss}: {name}={value!r} is not valid; choose one of {list(choices)}")
+
+
 class PolicyLoss:
     """A per-token policy loss: instances own their hyper-parameters (validated when built).
 

@@ -15,6 +15,7 @@ from rlvr_lightning.core.losses.policy_loss_base import (
     LOG_RATIO_CLAMP,
     PolicyLoss,
     PolicyLossOutput,
+    check_choice,
     check_clip,
     clipped_surrogate,
     prepare_inputs,
@@ -31,11 +32,6 @@ GSPO_AGGREGATIONS = ("seq-mean-token-mean", "token-mean")
 #: ``rollout_is_rejection``: tokens the correction rejects leave the loss after the sequence ratio (TRL) or
 #: before it, so that the ratio is over the kept tokens only (AReaL)
 ROLLOUT_IS_REJECTIONS = ("after_ratio", "before_ratio")
-
-
-def _check_choice(loss: str, name: str, value: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ValueError(f"{loss}: {name}={value!r} is not valid; choose one of {list(choices)}")
 
 
 class GSPO(PolicyLoss):
@@ -87,8 +83,8 @@ class GSPO(PolicyLoss):
         name = type(self).__name__
         check_clip(name, "clip_low", clip_low)
         check_clip(name, "clip_high", clip_high)
-        _check_choice(name, "rollout_is_weight", rollout_is_weight, ROLLOUT_IS_WEIGHTS)
-        _check_choice(name, "rollout_is_rejection", rollout_is_rejection, ROLLOUT_IS_REJECTIONS)
+        check_choice(name, "rollout_is_weight", rollout_is_weight, ROLLOUT_IS_WEIGHTS)
+        check_choice(name, "rollout_is_rejection", rollout_is_rejection, ROLLOUT_IS_REJECTIONS)
         self.clip_low, self.clip_high = clip_low, clip_high
         self.rollout_is_weight, self.rollout_is_rejection = rollout_is_weight, rollout_is_rejection
 
