@@ -18,7 +18,7 @@ from rlvr_lightning.core.pass_at_k import PASS_AT_K_BASELINES, pass_at_k_advanta
 from rlvr_lightning.rewards.base import RewardCallback
 from rlvr_lightning.rollout import Rollout
 from rlvr_lightning.runtime.option_declarations import Option, check_options, documented_options
-from rlvr_lightning.runtime.option_domains import NON_NEGATIVE, PROBABILITY
+from rlvr_lightning.runtime.option_domains import NON_NEGATIVE, PROBABILITY, OneOf
 
 
 class AdvantageCallback(Callback):
@@ -49,6 +49,7 @@ class RawRewardAdvantage(AdvantageCallback):
 CENTERED_BASELINES = ("mean", "length_weighted")
 
 
+@documented_options
 class CenteredAdvantage(AdvantageCallback):
     """A = r - mean(group): Dr. GRPO; the lecture's "centered_rewards".
 
@@ -59,13 +60,13 @@ class CenteredAdvantage(AdvantageCallback):
 
     min_group_size = 2
 
-    def __init__(self, baseline: str = "mean") -> None:
-        """
-        Args:
-            baseline: ``mean`` (Dr. GRPO) or ``length_weighted`` (OPO).
-        """
-        if baseline not in CENTERED_BASELINES:
-            raise ValueError(f"baseline={baseline!r} is not valid; choose one of {CENTERED_BASELINES}")
+    def __init__(
+        self,
+        baseline: Annotated[
+            str, Option("mean (Dr. GRPO) or length_weighted (OPO).", OneOf(CENTERED_BASELINES))
+        ] = "mean",
+    ) -> None:
+        check_options(CenteredAdvantage, locals())
         self.baseline = baseline
 
     def compute(self, rollout: Rollout) -> Tensor:
@@ -229,7 +230,10 @@ class BatchWhitenedAdvantage(AdvantageCallback):
             ),
         ] = 1e-8,
         whiten: str = "response",
-        baseline: str = "none",
+        baseline: Annotated[
+            str,
+            Option("none (REINFORCE++) or group_mean (REINFORCE++-baseline: needs group_size >= 2).", OneOf(BASELINES)),
+        ] = "none",
         gamma: Annotated[
             float,
             Option('discount of the returns over the response\'s tokens (needs ``whiten="token"``).', PROBABILITY),
@@ -238,12 +242,9 @@ class BatchWhitenedAdvantage(AdvantageCallback):
         """
         Args:
             whiten: ``response`` (ours) or ``token`` (verl's ``compute_reinforce_plus_plus_outcome_advantage``).
-            baseline: ``none`` (REINFORCE++) or ``group_mean`` (REINFORCE++-baseline: needs group_size >= 2).
         """
         if whiten not in WHITEN_SCOPES:
             raise ValueError(f"whiten={whiten!r} is not valid; choose one of {WHITEN_SCOPES}")
-        if baseline not in BASELINES:
-            raise ValueError(f"baseline={baseline!r} is not valid; choose one of {BASELINES}")
         check_options(BatchWhitenedAdvantage, locals())
         if gamma != 1.0 and whiten != "token":
             raise ValueError(f"gamma={gamma} discounts per-token returns: it needs whiten='token'")
