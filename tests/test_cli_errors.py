@@ -383,3 +383,13 @@ def test_a_required_argument_of_a_class_names_the_option(capsys):
         "error: policy_from_checkpoint needs checkpoint_path: it has no default",
         f"  at model.init_args.policy.init_args.checkpoint_path (command line: {wrapped})",
     ]
+
+
+def test_a_value_outside_a_declared_choice_checked_early_gets_the_closest_and_the_choices(capsys):
+    code, lines = run(capsys, "fit", "--config", SORT, "--model.init_args.aggregation.mode=token_mean")
+    assert code == 2
+    assert lines[0].startswith("error: aggregation.mode='token_mean' is not valid")
+    assert lines[2:4] == [
+        "  did you mean 'token-mean'?",
+        "  valid: seq-mean-token-mean, token-mean, seq-mean-token-sum, seq-sum-constant",
+    ]

@@ -61,9 +61,8 @@ def explain_build_error(error: BaseException, argv: list[str], config: Any, duri
         return ConfigProblem(str(root).strip().splitlines()[0])
     if isinstance(root, EarlyOptionError):
         section = root.option.split(".")[0]
-        return ConfigProblem(
-            str(root), root.option, locate(root.option, argv), tip=help_tip(section, root.section_class)
-        )
+        where, tip = locate(root.option, argv), help_tip(section, root.section_class)
+        return ConfigProblem(str(root), root.option, where, *choices_in(str(root)), tip=tip)
     if during_setup:
         if not isinstance(root, ValueError) or not _in_setup_hook(error):
             return None
