@@ -12,6 +12,8 @@ Source: verl-project/verl 1dda039b9c6311889a9c9a26040677e1254814f9, verl/trainer
 
 from __future__ import annotations
 
+from collections import defaultdict
+
 import torch
 
 
@@ -117,8 +119,6 @@ def verl_masked_whiten(values, mask):
 
 
 def verl_reinforce_pp_baseline(token_level_rewards, response_mask, index):
-    from collections import defaultdict
-
     response_length = token_level_rewards.shape[-1]
     scores = token_level_rewards.sum(dim=-1)
     id2score = defaultdict(list)
@@ -138,8 +138,6 @@ def verl_reinforce_pp_baseline(token_level_rewards, response_mask, index):
 
 
 def verl_opo(token_level_rewards, response_mask, index):
-    from collections import defaultdict
-
     response_length = response_mask.sum(dim=-1)
     scores = token_level_rewards.sum(dim=-1)
     id2score = defaultdict(list)
@@ -183,8 +181,6 @@ def verl_geo_mean_loss(old_log_prob, log_prob, advantages, response_mask, clipra
 def verl_grpo_passk(scores, index, epsilon=1e-6, norm_adv_by_std_in_grpo=True):
     """compute_grpo_passk_outcome_advantage on outcome scores ``[bs]`` (the token-level rewards summed), ``index``
     the group of each row; returns the ``[bs]`` advantages (verl broadcasts them over the response mask)."""
-    from collections import defaultdict
-
     advantages = torch.zeros_like(scores)
     id2scores, id2indices = defaultdict(list), defaultdict(list)
     with torch.no_grad():
