@@ -28,6 +28,9 @@ Shapes (documented here once; everything else refers to them):
                                    response is sampled tokens then padding (`response_mask` says it all)
     values          float[N, T]    PPO: the critic's values V(s_t) when the rollout was scored (no grad)
     returns         float[N, T]    PPO: the critic's regression targets (GAE advantages + values; no grad)
+    token_energy    float[N, T]    1 - 2 pi(y_t) + sum_v pi(v)^2 under the trained policy when the rollout is scored:
+                                   the squared norm of the gradient of log pi(y_t) in the logits, which
+                                   `OptimalTokenBaseline` reads (no grad); 0 where masked
 
 A multi-turn response is [sampled | observation | sampled | ...]: `response_mask` 1/0/1, `response_source`
 SAMPLED/TOOL/SAMPLED, padding after the end. Use `response_lengths()` for a response's length (tokens it
@@ -84,6 +87,7 @@ class Rollout:
     response_source: Tensor | None = None
     values: Tensor | None = None
     returns: Tensor | None = None
+    token_energy: Tensor | None = None
 
     @property
     def num_rows(self) -> int:
@@ -221,6 +225,7 @@ class Rollout:
             response_source=cat("response_source", response_len),
             values=cat("values", response_len),
             returns=cat("returns", response_len),
+            token_energy=cat("token_energy", response_len),
         )
 
     def to(self, device: torch.device | str) -> Rollout:

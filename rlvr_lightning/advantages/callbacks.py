@@ -26,6 +26,8 @@ class AdvantageCallback(Callback):
 
     #: smallest group size the estimator is defined for (checked at start-up)
     min_group_size: int = 1
+    #: the estimator reads `rollout.token_energy` (the module fills it from `Policy.token_energies`)
+    reads_token_energy: bool = False
 
     def compute(self, rollout: Rollout) -> Tensor:
         raise NotImplementedError
@@ -262,3 +264,36 @@ class BatchWhitenedAdvantage(AdvantageCallback):
         if self.whiten == "token":
             return estimators.token_whitened_returns(rewards, rollout.response_mask, self.gamma, eps=self.eps)
         return estimators.batch_whitened_advantages(rewards, rollout.group_size, eps=self.eps)
+
+
+@documented_options
+class OptimalTokenBaseline(AdvantageCallback):
+    """OTB (Li et al. 2026, arXiv:2602.07078; verl ``optimal_token_baseline``): per-token advantages, each
+    response's reward minus a baseline per step that weighs the group's rewards by how much gradient energy each
+    response has accumulated up to that token (`core.advantage_estimators.optimal_token_baseline_advantages`).
+
+    The energy of a token is ``1 - 2 p(y_t) + sum_v p(v)^2`` under the policy when the rollout is scored
+    (`Policy.token_energies`: one forward without gradients per step). Steps count sampled tokens, so a
+    multi-turn response's tool observations are skipped (verl's ``tir_optimal_token_baseline``; the two agree on
+    single-turn responses).
+    """
+
+    min_group_size = 2
+    reads_token_energy = True
+
+    def __init__(
+        self,
+        zero_tail: Annotated[
+            bool, Option("no baseline on a group's single longest response past its second longest (verl).")
+        ] = True,
+        eps: Annotated[float, Option("added to the baseline's denominator.", NON_NEGATIVE)] = 1e-8,
+    ) -> None:
+        check_options(OptimalTokenBaseline, locals())
+        self.zero_tail, self.eps = zero_tail, eps
+
+    def compute(self, rollout: Rollout) -> Tensor:
+        if rollout.token_energy is None:
+            raise ValueError("OptimalTokenBaseline needs rollout.token_energy (Policy.token_energies)")
+        return estimators.optimal_token_baseline_advantages(
+            rollout.reward, rollout.response_mask, rollout.token_energy, rollout.group_size, self.zero_tail, self.eps
+        )

@@ -10,6 +10,7 @@ from rlvr_lightning.core.advantage_estimators import (
     length_weighted_centered_advantages,
     max_only_advantages,
     normalized_advantages,
+    optimal_token_baseline_advantages,
     raw_advantages,
     rloo_advantages,
     zero_variance_group_fraction,
@@ -18,7 +19,7 @@ from rlvr_lightning.core.advantage_estimators import (
 from rlvr_lightning.core.aggregation import AGGREGATION_MODES, aggregate_loss
 from rlvr_lightning.core.entropy import entropy_from_log_probs, entropy_from_logits
 from rlvr_lightning.core.kl import K1, K2, K3, K3IS, KL_ESTIMATORS, KLEstimator, kl_estimator
-from rlvr_lightning.core.log_probs import token_log_probs_from_logits
+from rlvr_lightning.core.log_probs import token_energy_from_logits, token_log_probs_from_logits
 from rlvr_lightning.core.losses.policy_losses import (
     CISPO,
     DPPO,
@@ -81,11 +82,13 @@ __all__ = [
     "max_only_advantages",
     "merged_stats",
     "normalized_advantages",
+    "optimal_token_baseline_advantages",
     "pass_at_k",
     "pass_at_k_tensor",
     "policy_loss",
     "raw_advantages",
     "rloo_advantages",
+    "token_energy_from_logits",
     "token_log_probs_from_logits",
     "zero_variance_group_fraction",
     "zero_variance_group_mask",

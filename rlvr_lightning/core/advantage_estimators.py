@@ -71,6 +71,47 @@ def length_weighted_centered_advantages(rewards: Tensor, lengths: Tensor, group_
     return (grouped - baseline).view_as(rewards)
 
 
+def optimal_token_baseline_advantages(
+    rewards: Tensor, response_mask: Tensor, token_energy: Tensor, group_size: int, zero_tail: bool = True,
+    eps: float = 1e-8,
+) -> Tensor:  # fmt: skip
+    """Per-token advantages ``[N, T]``: each response's reward minus OTB's baseline at its token's step.
+
+    The baseline at step k (a response's k-th sampled token; tool observations between turns are skipped) is
+    the group's rewards weighted by each response's realized energy ``W_k``, the sum of ``token_energy`` over its
+    first k + 1 sampled tokens; ``token_energy`` is ``1 - 2 pi(y_t) + sum_v pi(v)^2``, the squared norm of the
+    gradient of ``log pi(y_t)`` in the logits (`core/log_probs.py` ``token_energy_from_logits``). A group with
+    fewer than two non-empty responses has no baseline; with ``zero_tail``, neither has the tail of a group's
+    single longest response past its second longest (there the baseline would be that response's own reward).
+    0 on masked tokens."""
+    mask = response_mask > 0
+    num_rows, width = mask.shape
+    lengths = mask.sum(dim=-1)
+    steps = int(lengths.max()) if num_rows else 0
+    alive = torch.arange(steps, device=mask.device) < lengths.unsqueeze(-1)  # [N, L]: row i's sampled tokens
+    energy = torch.zeros(alive.shape, dtype=token_energy.dtype, device=mask.device)
+    energy[alive] = token_energy[mask]  # row-major on both sides: row i's k-th sampled token to (i, k)
+    realized = energy.cumsum(dim=-1) * alive  # W_k, 0 past the end
+    returns = _as_float(rewards).to(realized.dtype).unsqueeze(-1) * alive  # outcome reward: G_k = R at every step
+    groups = alive.shape[0] // group_size
+    weight = realized.view(groups, group_size, steps)
+    # B*_k = sum_i G_k^i W_k^i / (sum_i W_k^i + eps)
+    # (Li et al. 2026 OTB, arXiv:2602.07078; verl compute_multi_turn_optimal_token_baseline_advantage)
+    baseline = (returns.view_as(weight) * weight).sum(dim=1) / (weight.sum(dim=1) + eps)
+    baseline = baseline.unsqueeze(1).expand(groups, group_size, steps).clone()
+    baseline[(lengths > 0).view(groups, group_size).sum(dim=1) < 2] = 0.0
+    if zero_tail and group_size >= 2:
+        grouped = lengths.view(groups, group_size)
+        top = grouped.topk(2, dim=1).values
+        unique = (grouped == top[:, :1]).sum(dim=1) == 1
+        tail_rows = (grouped == top[:, :1]) & (unique & (top[:, 0] > top[:, 1])).unsqueeze(1)
+        past_second = torch.arange(steps, device=mask.device) >= top[:, 1, None, None]
+        baseline = baseline.masked_fill(tail_rows.unsqueeze(-1) & past_second, 0.0)
+    advantages = torch.zeros((num_rows, width), dtype=realized.dtype, device=mask.device)
+    advantages[mask] = (returns - baseline.view(num_rows, steps))[alive]
+    return advantages
+
+
 STD_SCOPES = ("group", "batch")
 # Rewards within this relative distance of each other count as equal (float32 eps is 1.2e-7).
 ZERO_VARIANCE_RTOL = 1e-6

@@ -68,6 +68,25 @@ def _entropy(logits: Tensor, log_z: Tensor) -> Tensor:
     return log_z - (probs * logits).nansum(dim=-1)
 
 
+@torch.no_grad()
+def token_energy_from_logits(logits: Tensor, token_ids: Tensor, temperature: float = 1.0) -> Tensor:
+    """``||onehot(y) - p||^2 = 1 - 2 p_y + sum_v p_v^2`` per position, ``p = softmax(logits / temperature)``: the
+    squared norm of the gradient of ``log p_y`` in the logits (OTB's logit-gradient proxy), without autograd, in row
+    chunks that bound its ``[.., V]`` temporaries."""
+    if logits.shape[0] == 0:
+        return logits.new_zeros(logits.shape[:-1], dtype=torch.float32)
+    rows = max(1, _ENTROPY_CHUNK_ELEMENTS // max(1, logits[0].numel()))
+    parts = []
+    for chunk, ids in zip(logits.split(rows), token_ids.split(rows), strict=True):
+        chunk = _scaled(chunk, temperature)
+        log_z = torch.logsumexp(chunk, dim=-1)
+        chosen = torch.gather(chunk, dim=-1, index=ids.long().unsqueeze(-1)).squeeze(-1) - log_z
+        # sum_v p_v^2 = exp(logsumexp(2 l) - 2 logsumexp(l))  (verl calculate_sum_pi_squared_from_logits)
+        sum_squares = torch.exp(torch.logsumexp(2.0 * chunk, dim=-1) - 2.0 * log_z)
+        parts.append(1.0 - 2.0 * chosen.exp() + sum_squares)
+    return torch.cat(parts)
+
+
 #: bytes the backward's per-chunk temporaries may take on a GPU: the `[rows, V]` float32 logit gradient, and its
 #: copy in the forward's GEMM dtype when that is lower (bf16 under autocast); each chunk rewrites the whole
 #: `[V, H]` weight gradient, so on a GPU few large chunks pay

@@ -183,6 +183,11 @@ class RLVRModule(PolicyModule):
             if self.trainer.is_global_zero:
                 print("rlvr: no AdvantageCallback configured, using GroupNormalizedAdvantage (GRPO)")
         self.advantage_estimator.check_group_size(self.group_size)
+        if self.advantage_estimator.reads_token_energy and type(self.policy).token_energies is Policy.token_energies:
+            raise ValueError(
+                f"{type(self.advantage_estimator).__name__} reads each token's energy, which "
+                f"{type(self.policy).__name__} does not compute: implement Policy.token_energies"
+            )
 
     def _check_batch_sizes(self) -> None:
         prompts = getattr(self.trainer.datamodule, "batch_size", None)
@@ -266,6 +271,12 @@ class RLVRModule(PolicyModule):
 
     def _advantages(self, rollout: Rollout, metrics: dict) -> Tensor:
         """The rollout's advantages (a hook: `PPOModule` estimates them with GAE from its critic)."""
+        if self.advantage_estimator.reads_token_energy:
+            temperature = self.policy_update.temperature
+            with torch.no_grad():
+                rollout.token_energy = self.policy_update.by_micro_batch(
+                    rollout, lambda micro: self.policy.token_energies(micro, temperature)
+                )
         return self.advantage_estimator.compute(rollout)
 
     def _dynamic_sampling(self, rollout: Rollout, metrics: dict) -> Rollout:

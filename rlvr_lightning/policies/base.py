@@ -59,6 +59,12 @@ class Policy(nn.Module, ABC):
         """Differentiable log-probs `[N, T]` of `rollout.response_ids`, and token entropy `[N, T]` if asked
         (differentiable unless `entropy_grad=False`: then only a logged metric)."""
 
+    def token_energies(self, rollout: Rollout, temperature: float = 1.0) -> Tensor:
+        """``1 - 2 p(y_t) + sum_v p(v)^2`` `[N, T]` for the tokens of `rollout` at `temperature` (no grad; 0 on masked
+        positions): the squared norm of the gradient of ``log p(y_t)`` in the logits, which `OptimalTokenBaseline`
+        reads (`core.log_probs.token_energy_from_logits` computes it from a policy's logits)."""
+        raise NotImplementedError(f"{type(self).__name__} does not compute token energies (Policy.token_energies)")
+
     def sampling_copy(self) -> Policy:
         """A policy that samples as this one does from weights of its own, so that it can sample in a
         background thread while this one trains (`RLVRModule(rollout_staleness=1)` copies the weights into it

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from rlvr_lightning.core.log_probs import (
     linear_token_log_probs,
+    token_energy_from_logits,
     token_log_probs_and_entropy,
     token_log_probs_from_logits,
 )
@@ -254,10 +255,15 @@ class HFScoring:
         responses = max(max(lengths.scored, default=0) - 1, 0)  # t - 1 response positions per row
         return packed_cost(lengths) <= distinct * width + rollout.num_rows * responses
 
-    def _forward_response_logits(self, rollout: Rollout) -> tuple[Tensor, int]:
-        """Logits `[N, t, V]` of the positions predicting `response_ids[:, :t]` (t = last masked column + 1)."""
+    @torch.no_grad()
+    def token_energies(self, rollout: Rollout, temperature: float = 1.0) -> Tensor:
+        """`Policy.token_energies` from the logits of one forward over the padded rows."""
+        num_rows, width = rollout.response_ids.shape
+        if width == 0:
+            return rollout.response_mask.new_zeros((num_rows, 0))
         logits, _, t = self._forward_response(rollout)
-        return logits, t
+        energy = token_energy_from_logits(logits, rollout.response_ids[:, :t], temperature)
+        return F.pad(torch.where(rollout.response_mask[:, :t] > 0, energy, 0.0), (0, width - t))
 
     def _forward_response(
         self, rollout: Rollout, with_logits: bool = True, with_hidden: bool = False

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from rlvr_lightning.core.entropy import entropy_from_log_probs
+from rlvr_lightning.core.log_probs import token_energy_from_logits
 from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.policies.base import Policy, PromptBatch
 from rlvr_lightning.policies.memory_estimate import check_fits_in_memory
@@ -166,6 +167,13 @@ class ToySortPolicy(Policy):
         self, rollout: Rollout, temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = True
     ) -> tuple[Tensor, Tensor | None, Tensor]:
         return self._score(rollout, temperature, with_entropy, with_hidden=True)
+
+    @torch.no_grad()
+    def token_energies(self, rollout: Rollout, temperature: float = 1.0) -> Tensor:
+        runs = rollout.prompt_runs()
+        logits = self(rollout.prompt_ids[runs.first_rows])[runs.row_run]  # [N, R, V]
+        energy = token_energy_from_logits(logits, rollout.response_ids, temperature)
+        return torch.where(rollout.response_mask > 0, energy, 0.0)
 
     def _score(
         self, rollout: Rollout, temperature: float, with_entropy: bool, with_hidden: bool

@@ -1,12 +1,14 @@
 """verl's Clip-Cov and KL-Cov policy losses restated line by line, with ``loss_agg_mode="token-mean"`` on one
 data-parallel rank (``agg_loss``: the masked sum over the micro-batch's real tokens), its DPPO losses (the
 unaggregated token losses, ``pg_losses``), and its GMPO loss (``geo_mean``, which takes the mean over responses
-whatever ``loss_agg_mode`` says); and its REINFORCE++-baseline and OPO advantages.
+whatever ``loss_agg_mode`` says); and its REINFORCE++-baseline, OPO and Optimal Token Baseline advantages.
 
 Source: verl-project/verl 1dda039b9c6311889a9c9a26040677e1254814f9, verl/trainer/ppo/core_algos.py:
 ``compute_policy_loss_clip_cov``, ``compute_policy_loss_kl_cov``, ``compute_policy_loss_dppo_tv``,
 ``compute_policy_loss_dppo_kl``, ``compute_policy_loss_geo_mean``, ``agg_loss``,
-``compute_reinforce_plus_plus_baseline_outcome_advantage``, ``compute_opo_outcome_advantage``; ``masked_mean`` and
+``compute_reinforce_plus_plus_baseline_outcome_advantage``, ``compute_opo_outcome_advantage``,
+``compute_optimal_token_baseline_advantage``, ``compute_multi_turn_optimal_token_baseline_advantage`` (without
+``rollout_is_weights``); ``masked_mean`` and
 ``masked_whiten`` are verl/utils/torch_functional.py's.
 """
 
@@ -198,3 +200,89 @@ def verl_grpo_passk(scores, index, epsilon=1e-6, norm_adv_by_std_in_grpo=True):
                 advantage = advantage / (std + epsilon)
             advantages[i_max] = advantage
     return advantages
+
+
+def verl_optimal_token_baseline(token_level_rewards, response_mask, index, old_log_probs, sum_pi_squared,
+                                handle_zero_tail=True, epsilon=1e-8):  # fmt: skip
+    batch_size, seq_len = token_level_rewards.shape
+    returns = (token_level_rewards * response_mask).flip(dims=[-1]).cumsum(dim=-1).flip(dims=[-1])
+    pi_t = torch.exp(old_log_probs)
+    w_per_timestep = 1 - 2 * pi_t + sum_pi_squared
+    w_cumulative = (w_per_timestep * response_mask).cumsum(dim=-1)
+    prompt_groups = defaultdict(list)
+    for i in range(batch_size):
+        prompt_groups[index[i]].append(i)
+    baselines = torch.zeros_like(returns)
+    for _, trajectory_indices in prompt_groups.items():
+        N = len(trajectory_indices)
+        if N == 1:
+            continue
+        traj_idx = torch.tensor(trajectory_indices)
+        returns_group = returns[traj_idx]
+        w_cumulative_group = w_cumulative[traj_idx]
+        mask_group = response_mask[traj_idx]
+        numerator = (returns_group * w_cumulative_group * mask_group).sum(dim=0)
+        denominator = (w_cumulative_group * mask_group).sum(dim=0) + epsilon
+        baseline_per_step = numerator / denominator
+        baselines[traj_idx] = baseline_per_step.unsqueeze(0).expand(N, -1)
+        if handle_zero_tail:
+            response_lengths = mask_group.sum(dim=-1)
+            sorted_lengths, _ = torch.sort(response_lengths)
+            max_length = int(sorted_lengths[-1].item())
+            second_max_length = int(sorted_lengths[-2].item())
+            max_length_idx = (response_lengths == max_length).nonzero(as_tuple=True)[0]
+            if max_length_idx.numel() == 1 and max_length > second_max_length:
+                max_length_traj_idx = trajectory_indices[int(max_length_idx[0])]
+                baselines[max_length_traj_idx, second_max_length:] = 0.0
+    return (returns - baselines) * response_mask
+
+
+def verl_tir_optimal_token_baseline(token_level_rewards, response_mask, index, old_log_probs, sum_pi_squared,
+                                    handle_zero_tail=True, epsilon=1e-8):  # fmt: skip
+    token_returns = (token_level_rewards * response_mask).flip(dims=[-1]).cumsum(dim=-1).flip(dims=[-1])
+    pi_t = torch.exp(old_log_probs)
+    w_per_timestep = 1 - 2 * pi_t + sum_pi_squared
+    w_cumulative = (w_per_timestep * response_mask).cumsum(dim=-1)
+    response_lengths = response_mask.sum(dim=-1).to(dtype=torch.long)
+    max_response_length = int(response_lengths.max().item()) if response_lengths.numel() > 0 else 0
+    all_w_values = w_cumulative.new_zeros((len(response_lengths), max_response_length))
+    all_returns = torch.zeros_like(all_w_values)
+    for i in range(len(response_lengths)):
+        length = int(response_lengths[i].item())
+        if length == 0:
+            continue
+        mask = response_mask[i].bool()
+        all_w_values[i, :length] = w_cumulative[i, mask]
+        all_returns[i, :length] = token_returns[i, mask]
+    prompt_groups = defaultdict(list)
+    for i in range(len(response_lengths)):
+        if response_lengths[i] == 0:
+            continue
+        prompt_groups[index[i]].append(i)
+    baselines = torch.zeros_like(all_returns)
+    for _, trajectory_indices in prompt_groups.items():
+        N = len(trajectory_indices)
+        traj_idx = torch.tensor(trajectory_indices)
+        if N == 1:
+            baselines[traj_idx[0]] = 0.0
+            continue
+        w_group = all_w_values[traj_idx]
+        R_group = all_returns[traj_idx]
+        b_star = (R_group * w_group).sum(dim=0) / (w_group.sum(dim=0) + epsilon)
+        baselines[traj_idx] = b_star.to(baselines.dtype)
+        if handle_zero_tail:
+            response_lengths_group = response_lengths[traj_idx]
+            sorted_lengths, _ = torch.sort(response_lengths_group)
+            max_length = int(sorted_lengths[-1].item())
+            second_max_length = int(sorted_lengths[-2].item())
+            max_length_idx = (response_lengths_group == max_length).nonzero(as_tuple=True)[0]
+            if max_length_idx.numel() == 1 and max_length > second_max_length:
+                max_length_traj_idx = trajectory_indices[int(max_length_idx[0])]
+                baselines[max_length_traj_idx, second_max_length:] = 0.0
+    all_advantages = all_returns - baselines
+    advantages = torch.zeros_like(token_returns)
+    for i in range(len(response_lengths)):
+        if response_lengths[i] == 0:
+            continue
+        advantages[i, response_mask[i].bool()] = all_advantages[i, : response_lengths[i]]
+    return advantages * response_mask

@@ -126,7 +126,7 @@ def test_greedy_decoding_when_do_sample_is_false(make_policy):
         assert (first.response_ids[3 * g : 3 * g + 3] == first.response_ids[3 * g]).all()
     # each token is the argmax of the model's next-token distribution
     log_probs, _ = policy.token_log_probs(first, temperature=0.7)
-    logits, t = policy._forward_response_logits(first)
+    logits, _, t = policy._forward_response(first)
     expected = logits.argmax(-1)
     mask = first.response_mask[:, :t].bool()
     assert torch.equal(first.response_ids[:, :t][mask], expected[mask])
