@@ -152,6 +152,9 @@ EXPECTED = {
         aggregation="seq-mean-token-mean",
         kl=None,
     ),
+    "otb": dict(
+        advantage=advantages.OptimalTokenBaseline, loss="ppo_clip", clip=(0.2, 0.2), aggregation="token-mean", kl=None
+    ),
     "reinforce": dict(advantage=advantages.RawRewardAdvantage, loss="pg", aggregation="seq-mean-token-sum", kl=None),
     "reinforce_baseline": dict(
         advantage=advantages.CenteredAdvantage, loss="pg", aggregation="seq-mean-token-sum", kl=None
@@ -241,6 +244,8 @@ def test_recipe_runs_two_steps_on_the_sort_task(recipe, in_tmp_dir):
         ("luspo", ["--model.init_args.aggregation.mode=seq-mean-token-mean"], "LUSPO weighs each sequence's loss"),
         # a group baseline with a single response per prompt
         ("reinforce_pp_baseline", ["--model.init_args.group_size=1"], "BatchWhitenedAdvantage needs group_size >= 2"),
+        # a per-token group baseline with a single response per prompt
+        ("otb", ["--model.init_args.group_size=1"], "OptimalTokenBaseline needs group_size >= 2"),
         # a divergence DPPO does not know
         ("dppo", ["--model.init_args.loss.init_args.divergence=js"], r"DPPO: divergence='js' is not valid"),
         # GMPO's per-response objective aggregated over tokens
