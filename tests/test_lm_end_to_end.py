@@ -189,6 +189,32 @@ def test_grpo_from_a_config_with_reference_minibatches_and_sampling_log_probs(to
     assert all(float(row["train/generation/response_length/max"]) <= 5 for row in train)
 
 
+def test_optimal_token_baseline_with_packed_micro_batches(tokenizer_dir_e2e, tmp_path, monkeypatch):
+    """OTB's token energies from a Hugging Face policy whose updates run packed micro-batches."""
+    monkeypatch.chdir(tmp_path)
+    policy = {
+        "model": {"config": tiny_llama_config(), "tokenizer": str(tokenizer_dir_e2e)},
+        "prompt": {"template": "{prompt}"},
+    }
+    module = {"update": {"mini_batch_size": 4, "micro_batch_tokens": 64}}
+    trainer = {
+        "limit_train_batches": 2,
+        "limit_val_batches": 0,
+        "callbacks": [
+            {"class_path": "rlvr_lightning.rewards.ContainsReward", "init_args": {"target": "a"}},
+            {"class_path": "rlvr_lightning.advantages.OptimalTokenBaseline"},
+        ],
+    }
+    task = {"examples": [{"prompt": "What is 2+3?"}, {"prompt": "Say ab."}]}
+    cli = main(["fit", "--config", str(_config(tmp_path, policy, module, trainer=trainer, task=task))])
+
+    rollout = cli.model.last_rollout
+    mask = rollout.response_mask.bool()
+    assert rollout.token_energy.shape == rollout.response_ids.shape and (rollout.token_energy[~mask] == 0).all()
+    assert (rollout.token_energy[mask] > 0).all() and rollout.advantages.shape == rollout.response_ids.shape
+    assert cli.trainer.global_step == 2 * 2 and len(_train_rows(_logged_rows(tmp_path))) == 2
+
+
 @pytest.fixture(scope="module")
 def tokenizer_dir_e2e(tmp_path_factory) -> Path:
     directory = tmp_path_factory.mktemp("tiny_tokenizer")
