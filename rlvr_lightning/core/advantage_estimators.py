@@ -92,8 +92,8 @@ def optimal_token_baseline_advantages(
     energy = torch.zeros(alive.shape, dtype=token_energy.dtype, device=mask.device)
     energy[alive] = token_energy[mask]  # row-major on both sides: row i's k-th sampled token to (i, k)
     realized = energy.cumsum(dim=-1) * alive  # W_k, 0 past the end
+    groups = _grouped(rewards, group_size).shape[0]  # checks that the groups tile the rows
     returns = _as_float(rewards).to(realized.dtype).unsqueeze(-1) * alive  # outcome reward: G_k = R at every step
-    groups = alive.shape[0] // group_size
     weight = realized.view(groups, group_size, steps)
     # B*_k = sum_i G_k^i W_k^i / (sum_i W_k^i + eps)
     # (Li et al. 2026 OTB, arXiv:2602.07078; verl compute_multi_turn_optimal_token_baseline_advantage)

@@ -35,6 +35,11 @@ def test_hand_example_weighs_rewards_by_realized_energy():
     )
 
 
+def test_groups_must_tile_the_rows():
+    with pytest.raises(ValueError, match="group_size=4 must be >= 1 and divide the number of rewards"):
+        optimal_token_baseline_advantages(torch.zeros(6), torch.ones(6, 2), torch.ones(6, 2), group_size=4)
+
+
 def test_equal_energies_and_lengths_give_the_group_mean():
     mask = torch.ones(4, 3)
     rewards = torch.tensor([1.0, 0.0, 0.0, 0.0])
