@@ -28,6 +28,8 @@ Shapes (documented here once; everything else refers to them):
                                    response is sampled tokens then padding (`response_mask` says it all)
     values          float[N, T]    PPO: the critic's values V(s_t) when the rollout was scored (no grad)
     returns         float[N, T]    PPO: the critic's regression targets (GAE advantages + values; no grad)
+    greedy_reward   float[N]       the reward of the greedy response to each row's prompt, which
+                                   `GreedyBaselineAdvantage` reads (ReMax's baseline)
     token_energy    float[N, T]    1 - 2 pi(y_t) + sum_v pi(v)^2 under the trained policy when the rollout is scored:
                                    the squared norm of the gradient of log pi(y_t) in the logits, which
                                    `OptimalTokenBaseline` reads (no grad); 0 where masked
@@ -87,6 +89,7 @@ class Rollout:
     response_source: Tensor | None = None
     values: Tensor | None = None
     returns: Tensor | None = None
+    greedy_reward: Tensor | None = None
     token_energy: Tensor | None = None
 
     @property
@@ -225,6 +228,7 @@ class Rollout:
             response_source=cat("response_source", response_len),
             values=cat("values", response_len),
             returns=cat("returns", response_len),
+            greedy_reward=cat("greedy_reward"),
             token_energy=cat("token_energy", response_len),
         )
 

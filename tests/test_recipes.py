@@ -155,6 +155,13 @@ EXPECTED = {
     "otb": dict(
         advantage=advantages.OptimalTokenBaseline, loss="ppo_clip", clip=(0.2, 0.2), aggregation="token-mean", kl=None
     ),
+    "remax": dict(
+        advantage=advantages.GreedyBaselineAdvantage,
+        loss="ppo_clip",
+        clip=(0.2, 0.2),
+        aggregation="token-mean",
+        kl=(0.001, "k1", "reward"),
+    ),
     "reinforce": dict(advantage=advantages.RawRewardAdvantage, loss="pg", aggregation="seq-mean-token-sum", kl=None),
     "reinforce_baseline": dict(
         advantage=advantages.CenteredAdvantage, loss="pg", aggregation="seq-mean-token-sum", kl=None
@@ -246,6 +253,12 @@ def test_recipe_runs_two_steps_on_the_sort_task(recipe, in_tmp_dir):
         ("reinforce_pp_baseline", ["--model.init_args.group_size=1"], "BatchWhitenedAdvantage needs group_size >= 2"),
         # a per-token group baseline with a single response per prompt
         ("otb", ["--model.init_args.group_size=1"], "OptimalTokenBaseline needs group_size >= 2"),
+        # a greedy baseline for the step's prompts while dynamic sampling trains on others
+        (
+            "remax",
+            ["--model.init_args.dynamic_sampling.enabled=true"],
+            "GreedyBaselineAdvantage decodes a greedy response to each prompt of the step's batch",
+        ),
         # a divergence DPPO does not know
         ("dppo", ["--model.init_args.loss.init_args.divergence=js"], r"DPPO: divergence='js' is not valid"),
         # GMPO's per-response objective aggregated over tokens

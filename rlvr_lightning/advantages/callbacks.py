@@ -28,6 +28,8 @@ class AdvantageCallback(Callback):
     min_group_size: int = 1
     #: the estimator reads `rollout.token_energy` (the module fills it from `Policy.token_energies`)
     reads_token_energy: bool = False
+    #: the estimator reads `rollout.greedy_reward` (the module samples a greedy response to each prompt and scores it)
+    reads_greedy_reward: bool = False
 
     def compute(self, rollout: Rollout) -> Tensor:
         raise NotImplementedError
@@ -195,6 +197,21 @@ class MaxOnlyAdvantage(AdvantageCallback):
 
     def compute(self, rollout: Rollout) -> Tensor:
         return estimators.max_only_advantages(rollout.reward, rollout.group_size)
+
+
+class GreedyBaselineAdvantage(AdvantageCallback):
+    """A = r - r(greedy response to the same prompt): ReMax (Li et al. 2023, arXiv:2310.10505; verl ``remax``).
+
+    Each training step also decodes one greedy response to each of its prompts and scores it with the run's rewards
+    (``train/greedy_reward_mean``); its reward is the baseline of every sampled response to that prompt. It needs
+    the step's rollout to be its batch's prompts: no dynamic sampling, no asynchronous rollouts."""
+
+    reads_greedy_reward = True
+
+    def compute(self, rollout: Rollout) -> Tensor:
+        if rollout.greedy_reward is None:
+            raise ValueError("GreedyBaselineAdvantage needs rollout.greedy_reward (a greedy response per prompt)")
+        return estimators.greedy_baseline_advantages(rollout.reward, rollout.greedy_reward)
 
 
 class RLOOAdvantage(AdvantageCallback):

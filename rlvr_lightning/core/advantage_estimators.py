@@ -71,6 +71,13 @@ def length_weighted_centered_advantages(rewards: Tensor, lengths: Tensor, group_
     return (grouped - baseline).view_as(rewards)
 
 
+def greedy_baseline_advantages(rewards: Tensor, greedy_rewards: Tensor) -> Tensor:
+    """Each reward minus the reward of the greedy response to the same prompt (``greedy_rewards``, one per row)."""
+    # A_i = r(x, y_i) - r(x, y_greedy)  (Li et al. 2023 ReMax, arXiv:2310.10505 Alg. 1; verl remax)
+    rewards = _as_float(rewards)
+    return rewards - greedy_rewards.to(rewards.dtype)
+
+
 def optimal_token_baseline_advantages(
     rewards: Tensor, response_mask: Tensor, token_energy: Tensor, group_size: int, zero_tail: bool = True,
     eps: float = 1e-8,

@@ -183,10 +183,17 @@ class RLVRModule(PolicyModule):
             if self.trainer.is_global_zero:
                 print("rlvr: no AdvantageCallback configured, using GroupNormalizedAdvantage (GRPO)")
         self.advantage_estimator.check_group_size(self.group_size)
+        name = type(self.advantage_estimator).__name__
         if self.advantage_estimator.reads_token_energy and type(self.policy).token_energies is Policy.token_energies:
             raise ValueError(
-                f"{type(self.advantage_estimator).__name__} reads each token's energy, which "
-                f"{type(self.policy).__name__} does not compute: implement Policy.token_energies"
+                f"{name} reads each token's energy, which {type(self.policy).__name__} does not compute: "
+                "implement Policy.token_energies"
+            )
+        if self.advantage_estimator.reads_greedy_reward and (self.dynamic_sampling.enabled or self.rollout_staleness):
+            option = "dynamic_sampling.enabled=true" if self.dynamic_sampling.enabled else "rollout_staleness >= 1"
+            raise ValueError(
+                f"{name} decodes a greedy response to each prompt of the step's batch, but with {option} the "
+                "trained rollout holds other prompts; use one without the other"
             )
 
     def _check_batch_sizes(self) -> None:
@@ -214,6 +221,8 @@ class RLVRModule(PolicyModule):
                 metrics["time/generation_s"] = metrics["time/step_s"] = clock(self.device) - started
                 publish_step_metrics(self, metrics)
                 return
+            if getattr(self.advantage_estimator, "reads_greedy_reward", False):  # PPOModule has none
+                rollout.greedy_reward = self._greedy_rewards(batch, metrics)
             generated = clock(self.device)
             report_stage("score")
             self.score(rollout)
@@ -268,6 +277,16 @@ class RLVRModule(PolicyModule):
         if self.async_rollouts is None:
             return self.policy.sample(batch, self.group_size, self.sampling)
         return self.async_rollouts.sample_now(batch, self.trainer.global_step).rollout  # nothing is in flight yet
+
+    def _greedy_rewards(self, batch: PromptBatch, metrics: dict) -> Tensor:
+        """The reward of a greedy response to each prompt of `batch`, one per row of its rollout (ReMax's baseline);
+        the generation statistics stay those of the sampled rollout."""
+        stats = getattr(self.policy, "last_generation_stats", None)
+        greedy = self.policy.sample(batch, 1, dataclasses.replace(self.sampling, do_sample=False))
+        self.policy.last_generation_stats = stats
+        self.score(greedy)
+        metrics["train/greedy_reward_mean"] = greedy.reward.mean()
+        return greedy.reward.repeat_interleave(self.group_size)
 
     def _advantages(self, rollout: Rollout, metrics: dict) -> Tensor:
         """The rollout's advantages (a hook: `PPOModule` estimates them with GAE from its critic)."""

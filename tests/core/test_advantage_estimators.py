@@ -9,6 +9,7 @@ from rlvr_lightning.core.advantage_estimators import (
     batch_whitened_advantages,
     centered_advantages,
     discounted_returns,
+    greedy_baseline_advantages,
     length_weighted_centered_advantages,
     max_only_advantages,
     normalized_advantages,
@@ -260,3 +261,22 @@ def test_reinforce_pp_baseline_per_token_matches_verl(seed):
     expected = verl_reinforce_pp_baseline(token_rewards, mask, index=[i // 4 for i in range(12)])
     rollout = SimpleNamespace(reward=rewards, group_size=4, response_mask=mask)
     assert_close(BatchWhitenedAdvantage(whiten="token", baseline="group_mean").compute(rollout), expected)
+
+
+def test_greedy_baseline_subtracts_the_greedy_responses_reward():
+    # ReMax: two prompts, two responses each; greedy rewards 1 and 0
+    out = greedy_baseline_advantages(torch.tensor([1, 0, 1, 1]), torch.tensor([1.0, 1.0, 0.0, 0.0]))
+    assert out.dtype == torch.float32
+    assert_close(out, torch.tensor([0.0, -1.0, 1.0, 1.0]))
+
+
+def test_greedy_baseline_matches_verl():
+    from tests.core.verl_restated import verl_remax
+
+    generator = torch.Generator().manual_seed(0)
+    rewards, baselines = torch.rand(6, generator=generator), torch.rand(6, generator=generator)
+    mask = (torch.arange(5) < torch.tensor([5, 3, 1, 4, 2, 5]).unsqueeze(-1)).float()
+    token_rewards = torch.zeros(6, 5)
+    token_rewards[torch.arange(6), mask.sum(-1).long() - 1] = rewards
+    expected = verl_remax(token_rewards, baselines, mask)
+    assert_close(greedy_baseline_advantages(rewards, baselines)[:, None] * mask, expected)

@@ -1,14 +1,15 @@
 """verl's Clip-Cov and KL-Cov policy losses restated line by line, with ``loss_agg_mode="token-mean"`` on one
 data-parallel rank (``agg_loss``: the masked sum over the micro-batch's real tokens), its DPPO losses (the
 unaggregated token losses, ``pg_losses``), and its GMPO loss (``geo_mean``, which takes the mean over responses
-whatever ``loss_agg_mode`` says); and its REINFORCE++-baseline, OPO and Optimal Token Baseline advantages.
+whatever ``loss_agg_mode`` says); and its REINFORCE++-baseline, OPO, Optimal Token Baseline and ReMax
+advantages.
 
 Source: verl-project/verl 1dda039b9c6311889a9c9a26040677e1254814f9, verl/trainer/ppo/core_algos.py:
 ``compute_policy_loss_clip_cov``, ``compute_policy_loss_kl_cov``, ``compute_policy_loss_dppo_tv``,
 ``compute_policy_loss_dppo_kl``, ``compute_policy_loss_geo_mean``, ``agg_loss``,
 ``compute_reinforce_plus_plus_baseline_outcome_advantage``, ``compute_opo_outcome_advantage``,
 ``compute_optimal_token_baseline_advantage``, ``compute_multi_turn_optimal_token_baseline_advantage`` (without
-``rollout_is_weights``); ``masked_mean`` and
+``rollout_is_weights``), ``compute_remax_outcome_advantage``; ``masked_mean`` and
 ``masked_whiten`` are verl/utils/torch_functional.py's.
 """
 
@@ -286,3 +287,8 @@ def verl_tir_optimal_token_baseline(token_level_rewards, response_mask, index, o
             continue
         advantages[i, response_mask[i].bool()] = all_advantages[i, : response_lengths[i]]
     return advantages * response_mask
+
+
+def verl_remax(token_level_rewards, reward_baselines, response_mask):
+    returns = (token_level_rewards * response_mask).flip(dims=[-1]).cumsum(dim=-1).flip(dims=[-1])
+    return returns - reward_baselines.unsqueeze(-1) * response_mask
