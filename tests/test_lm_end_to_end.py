@@ -215,6 +215,36 @@ def test_optimal_token_baseline_with_packed_micro_batches(tokenizer_dir_e2e, tmp
     assert cli.trainer.global_step == 2 * 2 and len(_train_rows(_logged_rows(tmp_path))) == 2
 
 
+def test_remax_decodes_a_greedy_response_per_prompt_and_keeps_the_sampled_statistics(
+    tokenizer_dir_e2e, tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    policy = {
+        "model": {"config": tiny_llama_config(), "tokenizer": str(tokenizer_dir_e2e)},
+        "prompt": {"template": "{prompt}"},
+    }
+    trainer = {
+        "limit_train_batches": 2,
+        "limit_val_batches": 0,
+        "callbacks": [
+            {"class_path": "rlvr_lightning.rewards.ContainsReward", "init_args": {"target": "a"}},
+            {"class_path": "rlvr_lightning.advantages.GreedyBaselineAdvantage"},
+        ],
+    }
+    task = {"examples": [{"prompt": "What is 2+3?"}, {"prompt": "Say ab."}]}
+    cli = main(["fit", "--config", str(_config(tmp_path, policy, trainer=trainer, task=task))])
+
+    rollout = cli.model.last_rollout
+    assert rollout.greedy_reward.shape == (8,) and torch.equal(
+        rollout.greedy_reward[::4].repeat_interleave(4), rollout.greedy_reward
+    )
+    train = _train_rows(_logged_rows(tmp_path))
+    assert len(train) == 2
+    for row in train:
+        assert float(row["train/generation/num_rows"]) == 8  # the sampled rollout's, not the greedy responses'
+        assert 0 <= float(row["train/greedy_reward_mean"]) <= 1
+
+
 @pytest.fixture(scope="module")
 def tokenizer_dir_e2e(tmp_path_factory) -> Path:
     directory = tmp_path_factory.mktemp("tiny_tokenizer")
