@@ -81,6 +81,8 @@ RECIPE_BANDS: dict[str, tuple[Band, Band]] = {
     "reinforce_pp_baseline": (Band(6.15, 6.70), Band(0.08, 0.35)),
     # the same (docs/compare_sort.md, 2026-11-29: 6.60-6.76, 28.5-42.2%), widened as gspo's
     "otb": (Band(6.40, 6.95), Band(0.15, 0.60)),
+    # the same (6.59-6.61, 25.0-25.8%), widened as dppo's
+    "remax": (Band(6.35, 6.85), Band(0.12, 0.45)),
 }
 RECIPES = tuple(RECIPE_BANDS)  # configs/recipes/NAME.yaml, each over the seeds
 
