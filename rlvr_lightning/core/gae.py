@@ -44,16 +44,33 @@ def outcome_token_rewards(rewards: Tensor, response_mask: Tensor) -> Tensor:
     return token_rewards
 
 
+def length_adaptive_lambda(lengths: Tensor, alpha: float = 0.05) -> Tensor:
+    """Each response's GAE lambda from its length ``[N]``: ``1 - 1 / (alpha * length)``, clipped to [0, 1] (a response
+    shorter than ``1 / alpha`` tokens gets 0, the one-step TD error), so that the sum of the lambda weights grows with
+    the length."""
+    if alpha <= 0:
+        raise ValueError(f"alpha must be > 0, got {alpha}")
+    lengths = lengths.to(torch.get_default_dtype() if not lengths.is_floating_point() else lengths.dtype)
+    # lambda_policy = 1 - 1 / (alpha l)  (Yue et al. 2025 VAPO, arXiv:2504.05118, sec. 3.2: length-adaptive GAE)
+    return (1.0 - 1.0 / (alpha * lengths.clamp(min=1.0))).clamp(0.0, 1.0)
+
+
 def gae_advantages(
-    token_rewards: Tensor, values: Tensor, response_mask: Tensor, gamma: float = 1.0, lam: float = 1.0
+    token_rewards: Tensor, values: Tensor, response_mask: Tensor, gamma: float = 1.0, lam: float | Tensor = 1.0
 ) -> tuple[Tensor, Tensor]:
     """``(advantages, returns)``, both ``[N, T]`` and 0 where ``response_mask == 0``; no gradient flows.
 
-    ``token_rewards``, ``values`` and ``response_mask`` are ``[N, T]``. Advantages are not whitened here
-    (``masked.masked_normalize`` does that, as verl does after GAE); returns are ``advantages + values``.
+    ``token_rewards``, ``values`` and ``response_mask`` are ``[N, T]``; ``lam`` is one lambda or one per row ``[N]``
+    (`length_adaptive_lambda`). Advantages are not whitened here (``masked.masked_normalize`` does that, as verl
+    does after GAE); returns are ``advantages + values``.
     """
-    if not 0.0 <= gamma <= 1.0 or not 0.0 <= lam <= 1.0:
+    lam_range = (float(lam.min()), float(lam.max())) if isinstance(lam, Tensor) and lam.numel() else (lam, lam)
+    if not 0.0 <= gamma <= 1.0 or not (0.0 <= lam_range[0] and lam_range[1] <= 1.0):
         raise ValueError(f"gamma and lam must be in [0, 1], got gamma={gamma} and lam={lam}")
+    if isinstance(lam, Tensor):
+        if lam.shape != values.shape[:1]:
+            raise ValueError(f"a lam per row must be [N], got {tuple(lam.shape)} for values {tuple(values.shape)}")
+        lam = lam.to(values.dtype)
     if token_rewards.shape != values.shape or values.shape != response_mask.shape or values.dim() != 2:
         raise ValueError(
             "token_rewards, values and response_mask must all be [N, T], got "

@@ -333,6 +333,20 @@ class GAEConfig:
     whiten: Annotated[
         bool, Option("normalise the advantages to mean 0 and std 1 over the rollout's response tokens.")
     ] = True
+    lam_critic: Annotated[
+        float | None,
+        Option(
+            "the critic's targets' own lambda (VC-PPO's decoupled GAE: 1.0); null: the advantages'.",
+            Range(0, 1, optional=True),
+        ),
+    ] = None
+    length_adaptive_alpha: Annotated[
+        float | None,
+        Option(
+            "VAPO: each response's lambda is 1 - 1/(alpha * its length), clipped to [0, 1] (0.05); null: lam.",
+            Range(0, low_open=True, optional=True),
+        ),
+    ] = None
 
     def __post_init__(self) -> None:
         check_options(GAEConfig, vars(self), "gae.")

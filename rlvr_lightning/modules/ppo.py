@@ -7,6 +7,8 @@
        token rewards: each response's reward on its last token; kl.mode="reward" subtracts kl.coef * KL_t
        from every token's reward (Ouyang et al. 2022 eq. 2; verl apply_kl_penalty)
     3. advantages, returns = GAE(token rewards, V_old; gae.gamma, gae.lam)                    core/gae.py
+       (gae.lam_critic: the returns from a lambda of their own, VC-PPO; gae.length_adaptive_alpha: a lambda per
+       response from its length, VAPO)
        advantages whitened over the batch's response tokens (gae.whiten)
     4. update.epochs x mini- x micro-batches (`ValueUpdate`, modules/update/value_update.py):
            loss = RLVRModule's policy loss + value.coef * value loss (clipped around V_old) core/losses/value_loss.py
@@ -31,7 +33,7 @@ from lightning.pytorch.strategies import DDPStrategy
 from torch import Tensor
 
 from rlvr_lightning.advantages import AdvantageCallback
-from rlvr_lightning.core.gae import gae_advantages, outcome_token_rewards
+from rlvr_lightning.core.gae import gae_advantages, length_adaptive_lambda, outcome_token_rewards
 from rlvr_lightning.core.losses.value_loss import explained_variance
 from rlvr_lightning.core.masked import masked_mean, masked_normalize, masked_sum
 from rlvr_lightning.modules.options import GAEConfig, ValueConfig
@@ -60,7 +62,7 @@ class PPOModule(RLVRModule):
             critic: the separate critic's trunk, any policy that exposes hidden states (e.g. a smaller model);
                 null: a trainable copy of the policy.
             value: the value model and its loss (model, lr, coef, clip, warmup_steps).
-            gae: generalised advantage estimation (gamma, lam, whiten).
+            gae: generalised advantage estimation (gamma, lam, whiten, lam_critic, length_adaptive_alpha).
             **kwargs: `RLVRModule`'s options (loss, aggregation, kl, update, validation, ...).
         """
         super().__init__(policy, **kwargs)
@@ -145,7 +147,12 @@ class PPOModule(RLVRModule):
         if self._token_kl_penalty is not None:
             token_rewards = token_rewards - self._token_kl_penalty
             self._token_kl_penalty = None
-        advantages, returns = gae_advantages(token_rewards, values, mask, self.gae.gamma, self.gae.lam)
+        lam = self.gae.lam
+        if self.gae.length_adaptive_alpha is not None:  # VAPO: one lambda per response, from its length
+            lam = length_adaptive_lambda(mask.sum(dim=-1), self.gae.length_adaptive_alpha)
+        advantages, returns = gae_advantages(token_rewards, values, mask, self.gae.gamma, lam)
+        if self.gae.lam_critic is not None:  # VC-PPO's decoupled GAE: the critic's targets from their own lambda
+            _, returns = gae_advantages(token_rewards, values, mask, self.gae.gamma, self.gae.lam_critic)
         if self.gae.whiten:
             # (A - mean) / sqrt(var + 1e-8) over the response tokens  (verl compute_gae_advantage_return: masked_whiten)
             advantages = masked_normalize(advantages, mask)

@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from rlvr_lightning.core.gae import gae_advantages, outcome_token_rewards
+from rlvr_lightning.core.gae import gae_advantages, length_adaptive_lambda, outcome_token_rewards
 
 
 def test_outcome_reward_sits_on_the_last_real_token():
@@ -85,3 +85,26 @@ def test_bad_arguments_say_what_is_wrong():
         gae_advantages(torch.zeros(1, 2), torch.zeros(1, 3), torch.ones(1, 2))
     with pytest.raises(ValueError, match="rewards must be"):
         outcome_token_rewards(torch.zeros(2, 1), torch.ones(2, 1))
+
+
+def test_a_lambda_per_row_is_each_rows_own_gae():
+    # row 0 with lam .5 is the hand example above (gamma .9); row 1 with lam 1 its gamma-discounted sum
+    values = torch.tensor([[0.5, 0.2, 0.4], [0.5, 0.2, 0.4]])
+    rewards = torch.tensor([[0.0, 0.0, 1.0], [0.0, 0.0, 1.0]])
+    advantages, returns = gae_advantages(rewards, values, torch.ones(2, 3), gamma=0.9, lam=torch.tensor([0.5, 1.0]))
+    assert_close(advantages[0], torch.tensor([-0.1265, 0.43, 0.6]))
+    one, _ = gae_advantages(rewards[1:], values[1:], torch.ones(1, 3), gamma=0.9, lam=1.0)
+    assert_close(advantages[1:], one)
+    assert_close(returns, advantages + values)
+    with pytest.raises(ValueError, match="a lam per row must be \\[N\\]"):
+        gae_advantages(rewards, values, torch.ones(2, 3), lam=torch.tensor([0.5]))
+    with pytest.raises(ValueError, match="gamma and lam must be in \\[0, 1\\]"):
+        gae_advantages(rewards, values, torch.ones(2, 3), lam=torch.tensor([0.5, 1.5]))
+
+
+def test_length_adaptive_lambda_by_hand():
+    # alpha .05: 1 - 1/(.05 l): l = 1000 -> .98, l = 40 -> .5, l = 20 -> 0, l = 10 -> -1, clipped to 0
+    out = length_adaptive_lambda(torch.tensor([1000, 40, 20, 10]), alpha=0.05)
+    assert_close(out, torch.tensor([0.98, 0.5, 0.0, 0.0]))
+    with pytest.raises(ValueError, match="alpha must be > 0"):
+        length_adaptive_lambda(torch.tensor([4]), alpha=0.0)

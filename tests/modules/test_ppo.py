@@ -90,6 +90,27 @@ def test_discounted_returns_from_a_zero_critic():
     assert_close(rollout.advantages, expected)
 
 
+def test_decoupled_and_length_adaptive_lambdas():
+    # VC-PPO: the critic's targets from lam_critic, the advantages from lam; VAPO: a lam per response from its length
+    from rlvr_lightning.core.gae import gae_advantages, length_adaptive_lambda, outcome_token_rewards
+
+    gae = GAEConfig(gamma=1.0, lam=0.5, lam_critic=1.0, whiten=False, length_adaptive_alpha=0.5)
+    module = PPOModule(
+        toy(), group_size=4, optimizer=lambda params: torch.optim.Adam(params, lr=0.05), gae=gae
+    )  # fmt: skip
+    fit(module, [SortInclusionOrderingReward()], steps=2)
+    rollout = module.last_rollout
+    assert rollout.values.abs().max() > 0  # the critic moved after the first step
+    rewards = outcome_token_rewards(rollout.reward, rollout.response_mask)
+    lam = length_adaptive_lambda(rollout.response_mask.sum(-1), 0.5)  # 3 tokens: 1 - 1/1.5
+    assert_close(lam, torch.full((16,), 1 / 3))
+    expected, _ = gae_advantages(rewards, rollout.values, rollout.response_mask, 1.0, lam)
+    _, targets = gae_advantages(rewards, rollout.values, rollout.response_mask, 1.0, 1.0)
+    assert_close(rollout.advantages, expected)
+    assert_close(rollout.returns, targets)
+    assert not torch.allclose(rollout.returns, expected + rollout.values)  # not the advantages' own returns
+
+
 @pytest.mark.parametrize("value_model", ["separate", "shared"])
 def test_warm_up_trains_the_critic_only(value_model):
     module = PPOModule(toy(), group_size=4, value=ValueConfig(model=value_model, warmup_steps=2, lr=0.05))
