@@ -2,6 +2,7 @@
 names, and a recipe made contradictory on the command line fails at start-up saying why; docs/algorithms.md lists
 every recipe and loss shorthand."""
 
+import inspect
 import re
 from pathlib import Path
 
@@ -176,7 +177,16 @@ EXPECTED = {
         teacher=SortTeacher,
         distillation=(1.0, 0.0),
     ),
-    # no AdvantageCallback: GAE from a separate critic
+    # no AdvantageCallback: GAE from a separate critic; VC-PPO: its value pretraining and decoupled lambdas
+    "vc_ppo": dict(
+        advantage=type(None),
+        loss="ppo_clip",
+        clip=(0.2, 0.2),
+        aggregation="token-mean",
+        kl=None,
+        value_model="separate",
+        gae=(0.95, 1.0, 10),
+    ),
     "ppo": dict(
         advantage=type(None),
         loss="ppo_clip",
@@ -214,6 +224,7 @@ def test_recipe_runs_two_steps_on_the_sort_task(recipe, in_tmp_dir):
         "loss_constant": lambda: module.loss_constant,
         "dynamic_sampling": lambda: module.dynamic_sampling.enabled,
         "value_model": lambda: module.value.model,
+        "gae": lambda: (module.gae.lam, module.gae.lam_critic, module.value.warmup_steps),
         "teacher": lambda: type(module.teacher.policy),
         "distillation": lambda: (module.policy_update.distillation.coef, module.policy_update.distillation.rl_coef),
         "baseline": lambda: module.advantage_estimator.baseline,
@@ -333,3 +344,18 @@ def test_every_recipe_and_loss_shorthand_is_documented():
     for shorthand in POLICY_LOSSES:
         assert f"`{shorthand}`" in loss_row, shorthand
         assert re.search(rf"\b{shorthand}\b", help_text), shorthand
+
+
+def test_the_documented_ppo_options_are_ppomodules():
+    import dataclasses
+
+    from rlvr_lightning.modules import PPOModule
+    from rlvr_lightning.modules.options import GAEConfig, ValueConfig
+
+    algorithms = (RECIPES_DIR.parents[1] / "docs" / "algorithms.md").read_text()
+    block = re.search(r"```yaml\n(model:\n  class_path: rlvr_lightning\.modules\.PPOModule\n.*?)```", algorithms, re.S)
+    init_args = yaml.safe_load(block.group(1).replace("{...}", "{}"))["model"]["init_args"]
+    assert set(init_args) <= set(inspect.signature(PPOModule).parameters) | {"loss"}
+    for group, config in (("value", ValueConfig), ("gae", GAEConfig)):
+        assert set(init_args[group]) == {field.name for field in dataclasses.fields(config)}, group
+        config(**init_args[group])
