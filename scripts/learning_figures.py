@@ -83,6 +83,8 @@ RECIPE_BANDS: dict[str, tuple[Band, Band]] = {
     "otb": (Band(6.40, 6.95), Band(0.15, 0.60)),
     # the same (6.59-6.61, 25.0-25.8%), widened as dppo's
     "remax": (Band(6.35, 6.85), Band(0.12, 0.45)),
+    # the same (6.25-6.49, 14.5-30.9%), widened as ppo's
+    "vc_ppo": (Band(6.00, 6.70), Band(0.05, 0.45)),
 }
 RECIPES = tuple(RECIPE_BANDS)  # configs/recipes/NAME.yaml, each over the seeds
 
