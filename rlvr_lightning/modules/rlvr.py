@@ -296,6 +296,7 @@ class RLVRModule(PolicyModule):
                 rollout.token_energy = self.policy_update.by_micro_batch(
                     rollout, lambda micro: self.policy.token_energies(micro, temperature)
                 )
+            metrics["train/token_energy_mean"] = masked_mean(rollout.token_energy, rollout.response_mask)
         return self.advantage_estimator.compute(rollout)
 
     def _dynamic_sampling(self, rollout: Rollout, metrics: dict) -> Rollout:

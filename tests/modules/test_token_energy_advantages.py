@@ -29,7 +29,7 @@ def test_the_advantages_are_otbs_of_the_policys_energies(in_tmp_dir):
     torch.manual_seed(0)
     policy = EnergySpy(vocab_size=5, prompt_length=3, embedding_dim=4, eos_token=4)
     module = UpdateSpy(policy, group_size=4, update=UpdateConfig(micro_batch_size=8))
-    fit(module, [SortInclusionOrderingReward(), OptimalTokenBaseline()], steps=2, batch_size=4)
+    _, recorder = fit(module, [SortInclusionOrderingReward(), OptimalTokenBaseline()], steps=2, batch_size=4)
     assert len(policy.computed) == 4  # two micro-batches of 8 rows per step
     for step, rollout in enumerate(module.trained_on):
         parts = policy.computed[2 * step : 2 * step + 2]
@@ -40,6 +40,8 @@ def test_the_advantages_are_otbs_of_the_policys_energies(in_tmp_dir):
         assert rollout.advantages.shape == rollout.response_ids.shape
         assert torch.equal(rollout.advantages, expected)
         assert (rollout.advantages[:, 0] != rollout.advantages[:, 1]).any()  # a baseline per token
+        mean = rollout.token_energy[rollout.response_mask > 0].mean()
+        assert recorder.steps[step]["train/token_energy_mean"] == pytest.approx(float(mean), rel=1e-6)
 
 
 class NoEnergies(ToySortPolicy):
