@@ -40,6 +40,15 @@ def _scaled(logits: Tensor, temperature: float) -> Tensor:
 _ENTROPY_CHUNK_ELEMENTS = 1 << 24
 
 
+def _by_row_chunks(fn, *tensors: Tensor) -> Tensor:
+    """``fn`` over chunks of rows of ``tensors`` (split alike along dim 0) of at most ``_ENTROPY_CHUNK_ELEMENTS``
+    elements of the first, concatenated: its ``[.., V]`` temporaries never exceed one chunk's."""
+    if tensors[0].shape[0] == 0:
+        return fn(*tensors)
+    rows = max(1, _ENTROPY_CHUNK_ELEMENTS // max(1, tensors[0][0].numel()))
+    return torch.cat([fn(*chunk) for chunk in zip(*(t.split(rows) for t in tensors), strict=True)])
+
+
 def token_log_probs_and_entropy(
     logits: Tensor, token_ids: Tensor, temperature: float = 1.0, entropy_grad: bool = True
 ) -> tuple[Tensor, Tensor]:
@@ -56,10 +65,7 @@ def token_log_probs_and_entropy(
     if entropy_grad:
         return log_probs, _entropy(logits, log_z)
     with torch.no_grad():
-        rows = max(1, _ENTROPY_CHUNK_ELEMENTS // max(1, logits[0].numel()))
-        chunks = zip(logits.detach().split(rows), log_z.detach().split(rows), strict=True)
-        parts = [_entropy(chunk_logits, chunk_log_z) for chunk_logits, chunk_log_z in chunks]
-    return log_probs, torch.cat(parts)
+        return log_probs, _by_row_chunks(_entropy, logits.detach(), log_z.detach())
 
 
 def _entropy(logits: Tensor, log_z: Tensor) -> Tensor:
@@ -73,18 +79,16 @@ def token_energy_from_logits(logits: Tensor, token_ids: Tensor, temperature: flo
     """``||onehot(y) - p||^2 = 1 - 2 p_y + sum_v p_v^2`` per position, ``p = softmax(logits / temperature)``: the
     squared norm of the gradient of ``log p_y`` in the logits (OTB's logit-gradient proxy), without autograd, in row
     chunks that bound its ``[.., V]`` temporaries."""
-    if logits.shape[0] == 0:
-        return logits.new_zeros(logits.shape[:-1], dtype=torch.float32)
-    rows = max(1, _ENTROPY_CHUNK_ELEMENTS // max(1, logits[0].numel()))
-    parts = []
-    for chunk, ids in zip(logits.split(rows), token_ids.split(rows), strict=True):
+
+    def energy(chunk: Tensor, ids: Tensor) -> Tensor:
         chunk = _scaled(chunk, temperature)
         log_z = torch.logsumexp(chunk, dim=-1)
         chosen = torch.gather(chunk, dim=-1, index=ids.long().unsqueeze(-1)).squeeze(-1) - log_z
         # sum_v p_v^2 = exp(logsumexp(2 l) - 2 logsumexp(l))  (verl calculate_sum_pi_squared_from_logits)
         sum_squares = torch.exp(torch.logsumexp(2.0 * chunk, dim=-1) - 2.0 * log_z)
-        parts.append(1.0 - 2.0 * chosen.exp() + sum_squares)
-    return torch.cat(parts)
+        return 1.0 - 2.0 * chosen.exp() + sum_squares
+
+    return _by_row_chunks(energy, logits, token_ids)
 
 
 #: bytes the backward's per-chunk temporaries may take on a GPU: the `[rows, V]` float32 logit gradient, and its
@@ -174,7 +178,5 @@ def linear_token_log_probs(
     entropy = None
     if with_entropy:
         with torch.no_grad():
-            rows = max(1, _ENTROPY_CHUNK_ELEMENTS // max(1, logits.shape[-1]))
-            parts = [_entropy(a, b) for a, b in zip(logits.split(rows), log_z.split(rows), strict=True)]
-        entropy = torch.cat(parts).reshape(shape)
+            entropy = _by_row_chunks(_entropy, logits, log_z).reshape(shape)
     return log_probs.reshape(shape), entropy
