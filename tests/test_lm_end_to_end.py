@@ -189,24 +189,29 @@ def test_grpo_from_a_config_with_reference_minibatches_and_sampling_log_probs(to
     assert all(float(row["train/generation/response_length/max"]) <= 5 for row in train)
 
 
-def test_optimal_token_baseline_with_packed_micro_batches(tokenizer_dir_e2e, tmp_path, monkeypatch):
-    """OTB's token energies from a Hugging Face policy whose updates run packed micro-batches."""
-    monkeypatch.chdir(tmp_path)
+def _fit_with_advantage(tokenizer_dir: Path, tmp_path: Path, advantage: str, module: dict | None = None):
+    """Two steps of a random tiny Llama on two text prompts, with `advantage` (a class of rlvr_lightning.advantages)."""
     policy = {
-        "model": {"config": tiny_llama_config(), "tokenizer": str(tokenizer_dir_e2e)},
+        "model": {"config": tiny_llama_config(), "tokenizer": str(tokenizer_dir)},
         "prompt": {"template": "{prompt}"},
     }
-    module = {"update": {"mini_batch_size": 4, "micro_batch_tokens": 64}}
     trainer = {
         "limit_train_batches": 2,
         "limit_val_batches": 0,
         "callbacks": [
             {"class_path": "rlvr_lightning.rewards.ContainsReward", "init_args": {"target": "a"}},
-            {"class_path": "rlvr_lightning.advantages.OptimalTokenBaseline"},
+            {"class_path": f"rlvr_lightning.advantages.{advantage}"},
         ],
     }
     task = {"examples": [{"prompt": "What is 2+3?"}, {"prompt": "Say ab."}]}
-    cli = main(["fit", "--config", str(_config(tmp_path, policy, module, trainer=trainer, task=task))])
+    return main(["fit", "--config", str(_config(tmp_path, policy, module, trainer=trainer, task=task))])
+
+
+def test_optimal_token_baseline_with_packed_micro_batches(tokenizer_dir_e2e, tmp_path, monkeypatch):
+    """OTB's token energies from a Hugging Face policy whose updates run packed micro-batches."""
+    monkeypatch.chdir(tmp_path)
+    module = {"update": {"mini_batch_size": 4, "micro_batch_tokens": 64}}
+    cli = _fit_with_advantage(tokenizer_dir_e2e, tmp_path, "OptimalTokenBaseline", module)
 
     rollout = cli.model.last_rollout
     mask = rollout.response_mask.bool()
@@ -219,20 +224,7 @@ def test_remax_decodes_a_greedy_response_per_prompt_and_keeps_the_sampled_statis
     tokenizer_dir_e2e, tmp_path, monkeypatch
 ):
     monkeypatch.chdir(tmp_path)
-    policy = {
-        "model": {"config": tiny_llama_config(), "tokenizer": str(tokenizer_dir_e2e)},
-        "prompt": {"template": "{prompt}"},
-    }
-    trainer = {
-        "limit_train_batches": 2,
-        "limit_val_batches": 0,
-        "callbacks": [
-            {"class_path": "rlvr_lightning.rewards.ContainsReward", "init_args": {"target": "a"}},
-            {"class_path": "rlvr_lightning.advantages.GreedyBaselineAdvantage"},
-        ],
-    }
-    task = {"examples": [{"prompt": "What is 2+3?"}, {"prompt": "Say ab."}]}
-    cli = main(["fit", "--config", str(_config(tmp_path, policy, trainer=trainer, task=task))])
+    cli = _fit_with_advantage(tokenizer_dir_e2e, tmp_path, "GreedyBaselineAdvantage")
 
     rollout = cli.model.last_rollout
     assert rollout.greedy_reward.shape == (8,) and torch.equal(
