@@ -1,11 +1,11 @@
 """The built-in per-token policy losses and the shorthands a config may name them by.
 
 The contract every loss keeps (inputs, the unaggregated ``[N, T]`` loss, statistics) is
-``core/losses/policy_loss_base.py``; the sequence-level ratio losses (``GSPO``, ``LUSPO``, ``GMPO``) are in
-``core/losses/sequence_losses.py``, the losses that weigh instead of clipping (``SAPO``, ``VESPO``) in
-``core/losses/soft_losses.py``, DPPO's divergence trust region in ``core/losses/divergence_losses.py``, the
-losses that pick tokens over the mini-batch (``ClipCov``, ``KLCov``, ``HighEntropyTokens``) in
-``core/losses/covariance_losses.py`` and ``core/losses/token_selection.py``.
+``core/losses/policy_loss_base.py``; the sequence-level ratio losses (``GSPO``, ``LUSPO``, ``GMPO``, and ``TOPR``,
+whose weight is the trajectory's ratio) are in ``core/losses/sequence_losses.py``, the losses that weigh instead
+of clipping (``SAPO``, ``VESPO``) in ``core/losses/soft_losses.py``, DPPO's divergence trust region in
+``core/losses/divergence_losses.py``, the losses that pick tokens over the mini-batch (``ClipCov``, ``KLCov``,
+``HighEntropyTokens``) in ``core/losses/covariance_losses.py`` and ``core/losses/token_selection.py``.
 Every built-in loss can be imported from here.
 """
 
@@ -25,7 +25,7 @@ from rlvr_lightning.core.losses.policy_loss_base import (
     token_ratio,
     zero_masked,
 )
-from rlvr_lightning.core.losses.sequence_losses import GMPO, GSPO, LUSPO
+from rlvr_lightning.core.losses.sequence_losses import GMPO, GSPO, LUSPO, TOPR
 from rlvr_lightning.core.losses.soft_losses import SAPO, VESPO
 from rlvr_lightning.core.losses.token_selection import HighEntropyTokens
 from rlvr_lightning.core.masked import masked_mean
@@ -42,6 +42,7 @@ __all__ = [
     "LUSPO",
     "POLICY_LOSSES",
     "SAPO",
+    "TOPR",
     "VESPO",
     "ImportanceRatio",
     "PPOClip",
@@ -159,6 +160,7 @@ POLICY_LOSSES: dict[str, type[PolicyLoss]] = {
     "clip_cov": ClipCov,
     "kl_cov": KLCov,
     "high_entropy": HighEntropyTokens,
+    "topr": TOPR,
 }
 
 

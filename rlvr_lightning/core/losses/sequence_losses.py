@@ -1,9 +1,10 @@
-"""Losses with a sequence-level importance ratio: GSPO, its length-weighted variant LUSPO, and GMPO.
+"""Losses with a sequence-level importance ratio: GSPO, its length-weighted variant LUSPO, GMPO, and TOPR.
 
 GSPO and LUSPO clip ``s_i = exp(mean_t log(pi_theta / pi_old))``, one ratio per response; GMPO clips each
 token's log-ratio first and takes the geometric mean of the clipped ratios. All three route the sequence
 ratio's gradient per token (GSPO-token). GSPO also chooses how a token-level correction of the sampler/trainer
-mismatch (``rollout_is``) meets that ratio; the peers differ there (see :class:`GSPO`).
+mismatch (``rollout_is``) meets that ratio; the peers differ there (see :class:`GSPO`). TOPR weighs the responses
+with a negative advantage by their whole trajectory's ratio, truncated at 1, as a stop-gradient weight.
 """
 
 from __future__ import annotations
@@ -217,3 +218,35 @@ class GMPO(PolicyLoss):
         # w_i = exp(1/|y_i| sum_t log w_t)  (verl compute_policy_loss_geo_mean: the weights' geometric mean)
         out.loss = out.loss * torch.exp(masked_mean(log_weights, out.mask, dim=-1)).unsqueeze(-1)
         return out
+
+
+class TOPR(PolicyLoss):
+    """TOPR: Tapered Off-Policy REINFORCE (Le Roux et al. 2025, arXiv:2503.14286).
+
+    REINFORCE with an asymmetric, truncated importance weight: a response with a non-negative advantage is
+    learned from as it is (``w = 1``, SFT-like however unlikely it has become), one with a negative advantage
+    is weighed by its trajectory's ratio ``pi_theta(y) / pi_old(y) = exp(sum_t (logp_t - old_logp_t))``
+    truncated to ``[0, 1]``, so that pushing down a response the policy has already left stops. Per token,
+    ``l_t = -sg(w) A_t logp_t``. No token leaves the gradient, and the objective is bounded from above.
+
+    The trajectory's log-probability is the sum of its tokens', so the paper's objective is the aggregation
+    "seq-mean-token-sum". On-policy (``old_log_probs`` None, or equal) every weight is 1: plain REINFORCE.
+    With per-token advantages the sign is taken per token. The statistics report the trajectory ratio;
+    ``clip_frac_high`` is the fraction of tokens with ``A < 0`` whose trajectory ratio exceeds 1 (truncated).
+    """
+
+    def __call__(self, log_probs, old_log_probs, advantages, mask):
+        old, adv, m = prepare_inputs(log_probs, old_log_probs, advantages, mask)
+        log_ratio = log_probs.detach() - old
+        if m is not None:
+            log_ratio = log_ratio.masked_fill(~m, 0.0)
+        # log pi_theta(y) / pi_old(y) = sum_t log(pi_theta(y_t) / pi_old(y_t)), clamped as a token's
+        seq_log_ratio = torch.clamp(log_ratio.sum(dim=-1, keepdim=True), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        seq_ratio = torch.exp(seq_log_ratio)
+        # w = 1 if A >= 0 else [pi_theta(y) / pi_old(y)]_0^1  (Le Roux et al. 2025, TOPR's gradient)
+        weight = torch.where(adv >= 0, torch.ones_like(seq_ratio), seq_ratio.clamp(max=1.0))
+        # l_t = -sg(w) A_t log pi_theta(y_t)
+        loss = -weight * adv * log_probs
+        ratio = seq_ratio.expand(log_probs.shape)
+        high_clipped = (adv < 0) & (ratio > 1.0)
+        return PolicyLossOutput(zero_masked(loss, m), ratio, m, None, high_clipped)
