@@ -51,6 +51,13 @@ class RawRewardAdvantage(AdvantageCallback):
 
 #: ``CenteredAdvantage.baseline``: the group's mean, or its mean weighted by the responses' lengths (OPO)
 CENTERED_BASELINES = ("mean", "length_weighted")
+SCALE_BY_VALID_GROUPS_HELP = (
+    "multiply every advantage by B / (B - M), M the responses of groups whose rewards all agree (GPG's alpha)."
+)
+
+
+def _scaled_by_valid_groups(advantages: Tensor, rollout: Rollout) -> Tensor:
+    return advantages * estimators.valid_group_scale(rollout.reward, rollout.group_size).to(advantages)
 
 
 @documented_options
@@ -59,7 +66,7 @@ class CenteredAdvantage(AdvantageCallback):
 
     ``baseline="length_weighted"`` weighs each response's reward by its length in the group's mean: OPO's
     optimal baseline (Hao et al. 2025; verl's ``opo``), meant for exactly on-policy training (one optimizer
-    step per rollout).
+    step per rollout). ``scale_by_valid_groups`` is GPG's alpha (Chu et al. 2025; see GroupNormalizedAdvantage).
     """
 
     min_group_size = 2
@@ -69,20 +76,30 @@ class CenteredAdvantage(AdvantageCallback):
         baseline: Annotated[
             str, Option("mean (Dr. GRPO) or length_weighted (OPO).", OneOf(CENTERED_BASELINES))
         ] = "mean",
+        scale_by_valid_groups: Annotated[bool, Option(SCALE_BY_VALID_GROUPS_HELP)] = False,
     ) -> None:
         check_options(CenteredAdvantage, locals())
         self.baseline = baseline
+        self.scale_by_valid_groups = scale_by_valid_groups
 
     def compute(self, rollout: Rollout) -> Tensor:
         if self.baseline == "length_weighted":
             lengths = rollout.response_mask.sum(dim=-1)
-            return estimators.length_weighted_centered_advantages(rollout.reward, lengths, rollout.group_size)
-        return estimators.centered_advantages(rollout.reward, rollout.group_size)
+            advantages = estimators.length_weighted_centered_advantages(rollout.reward, lengths, rollout.group_size)
+        else:
+            advantages = estimators.centered_advantages(rollout.reward, rollout.group_size)
+        return _scaled_by_valid_groups(advantages, rollout) if self.scale_by_valid_groups else advantages
 
 
 @documented_options
 class GroupNormalizedAdvantage(AdvantageCallback):
-    """A = (r - mean(group)) / (std + eps): GRPO. `std_scope="batch"` scales by the batch std instead."""
+    """A = (r - mean(group)) / (std + eps): GRPO. `std_scope="batch"` scales by the batch std instead (Lite PPO).
+
+    `scale_by_valid_groups` multiplies every advantage by GPG's alpha (Chu et al. 2025, arXiv:2504.02546), the
+    inverse share of the responses whose group's rewards differ: under a token-mean loss the groups without
+    signal no longer dilute the gradient. As the GPG code (which divides its loss by that share); verl's ``gpg``
+    estimator divides by the number of non-zero rewards instead.
+    """
 
     min_group_size = 2
 
@@ -91,17 +108,20 @@ class GroupNormalizedAdvantage(AdvantageCallback):
         eps: Annotated[float, Option("added to the std.", NON_NEGATIVE)] = 1e-6,
         unbiased_std: bool = True,
         std_scope: str = "group",
+        scale_by_valid_groups: Annotated[bool, Option(SCALE_BY_VALID_GROUPS_HELP)] = False,
     ) -> None:
         check_options(GroupNormalizedAdvantage, locals())
         self.eps = eps
         self.unbiased_std = unbiased_std
         self.std_scope = std_scope
+        self.scale_by_valid_groups = scale_by_valid_groups
         estimators.normalized_advantages(Tensor([0.0, 1.0]), 2, std_scope=std_scope)  # validates std_scope now
 
     def compute(self, rollout: Rollout) -> Tensor:
-        return estimators.normalized_advantages(
+        advantages = estimators.normalized_advantages(
             rollout.reward, rollout.group_size, eps=self.eps, unbiased_std=self.unbiased_std, std_scope=self.std_scope
         )
+        return _scaled_by_valid_groups(advantages, rollout) if self.scale_by_valid_groups else advantages
 
 
 @documented_options

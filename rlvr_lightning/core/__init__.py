@@ -14,6 +14,7 @@ from rlvr_lightning.core.advantage_estimators import (
     optimal_token_baseline_advantages,
     raw_advantages,
     rloo_advantages,
+    valid_group_scale,
     zero_variance_group_fraction,
     zero_variance_group_mask,
 )
@@ -94,6 +95,7 @@ __all__ = [
     "rloo_advantages",
     "token_energy_from_logits",
     "token_log_probs_from_logits",
+    "valid_group_scale",
     "zero_variance_group_fraction",
     "zero_variance_group_mask",
 ]

@@ -258,6 +258,17 @@ def zero_variance_group_mask(rewards: Tensor, group_size: int | None) -> Tensor:
     return _all_equal(grouped, dim=1)
 
 
+def valid_group_scale(rewards: Tensor, group_size: int | None) -> Tensor:
+    """Scalar ``B / (B - M)``: ``B`` responses, ``M`` of them in groups whose rewards all agree (GPG's alpha).
+
+    Those groups' advantages are 0, yet a token-mean loss still divides by their tokens; scaling every advantage
+    by the inverse of the valid share undoes that dilution. 1 when no group is valid (every advantage is 0)."""
+    all_equal = zero_variance_group_mask(rewards, group_size)
+    valid = (~all_equal).sum()
+    # alpha = B / (B - M)  (Chu et al. 2025 GPG, arXiv:2504.02546; the GPG code divides the loss by the valid share)
+    return torch.where(valid > 0, all_equal.numel() / valid.clamp(min=1), torch.ones((), device=valid.device))
+
+
 def zero_variance_group_fraction(rewards: Tensor, group_size: int | None) -> Tensor:
     """Scalar: fraction of groups whose rewards are all equal."""
     return zero_variance_group_mask(rewards, group_size).float().mean()
