@@ -164,6 +164,23 @@ EXPECTED = {
         kl=(0.001, "k1", "reward"),
     ),
     "reinforce": dict(advantage=advantages.RawRewardAdvantage, loss="pg", aggregation="seq-mean-token-sum", kl=None),
+    "topr": dict(advantage=advantages.CenteredAdvantage, loss="topr", aggregation="seq-mean-token-sum", kl=None),
+    # the std's scope and GPG's alpha
+    "gpg": dict(
+        advantage=advantages.GroupNormalizedAdvantage,
+        loss="pg",
+        aggregation="token-mean",
+        kl=None,
+        normalization=("group", True),
+    ),
+    "lite_ppo": dict(
+        advantage=advantages.GroupNormalizedAdvantage,
+        loss="ppo_clip",
+        clip=(0.2, 0.2),
+        aggregation="token-mean",
+        kl=None,
+        normalization=("batch", False),
+    ),
     "reinforce_baseline": dict(
         advantage=advantages.CenteredAdvantage, loss="pg", aggregation="seq-mean-token-sum", kl=None
     ),
@@ -228,6 +245,10 @@ def test_recipe_runs_two_steps_on_the_sort_task(recipe, in_tmp_dir):
         "teacher": lambda: type(module.teacher.policy),
         "distillation": lambda: (module.policy_update.distillation.coef, module.policy_update.distillation.rl_coef),
         "baseline": lambda: module.advantage_estimator.baseline,
+        "normalization": lambda: (
+            module.advantage_estimator.std_scope,
+            module.advantage_estimator.scale_by_valid_groups,
+        ),
         "off_policy_mask_threshold": lambda: module.rollout_is.off_policy_mask_threshold,
         "pass_at": lambda: (module.advantage_estimator.k, module.advantage_estimator.baseline),
         "gdpo_weights": lambda: [
