@@ -85,6 +85,12 @@ RECIPE_BANDS: dict[str, tuple[Band, Band]] = {
     "remax": (Band(6.35, 6.85), Band(0.12, 0.45)),
     # the same (6.25-6.49, 14.5-30.9%), widened as ppo's
     "vc_ppo": (Band(6.00, 6.70), Band(0.05, 0.45)),
+    # from one machine's three seeds (docs/compare_sort.md, 2026-11-30: 6.62-6.77, 28.5-41.4%), widened as otb's
+    "topr": (Band(6.40, 6.95), Band(0.15, 0.60)),
+    # the same (6.43-6.51, 14.1-22.3%), widened as reinforce_pp_baseline's
+    "gpg": (Band(6.15, 6.70), Band(0.08, 0.35)),
+    # the same (6.49-6.60, 20.3-26.6%), widened as dppo's
+    "lite_ppo": (Band(6.25, 6.80), Band(0.10, 0.40)),
 }
 RECIPES = tuple(RECIPE_BANDS)  # configs/recipes/NAME.yaml, each over the seeds
 
