@@ -3,12 +3,15 @@ and which backward passes synchronise them across ranks."""
 
 from __future__ import annotations
 
+import logging
 from contextlib import AbstractContextManager, nullcontext
 
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.strategies import ParallelStrategy
 from torch import Tensor
+
+log = logging.getLogger(__name__)
 
 
 def total_norm(grads: list[Tensor], device: torch.device | None = None) -> Tensor:
@@ -48,6 +51,23 @@ def non_finite_gradients(module: torch.nn.Module, limit: int = 3) -> tuple[list[
         if p.grad is not None and not bool(torch.isfinite(getattr(p.grad, "_local_tensor", p.grad)).all())
     ]
     return names[:limit], len(names)
+
+
+def report_skipped_update(module: torch.nn.Module, loss: float, grad_norm: float, in_a_row: int, limit: int) -> None:
+    """Warn that an update with a non-finite loss or gradient was skipped, naming the parameters whose gradient is not
+    finite (read them before zeroing); raise once `limit` updates in a row were skipped."""
+    names, count = non_finite_gradients(module)
+    where = f"; non-finite gradients in {count} parameters, first {', '.join(names)}" if count else ""
+    log.warning(
+        "non-finite loss or gradient (loss %s, gradient norm %s): update skipped (%d in a row)%s",
+        loss, grad_norm, in_a_row, where,
+    )  # fmt: skip
+    if in_a_row >= limit:
+        raise RuntimeError(
+            f"{in_a_row} consecutive updates had a non-finite loss or gradient "
+            f"(update.max_consecutive_skips={limit}); stopping. Lower the "
+            "learning rate, check the rewards for NaN, or raise update.max_consecutive_skips."
+        )
 
 
 def backward_sync(module: pl.LightningModule, sync: bool) -> AbstractContextManager:

@@ -30,7 +30,6 @@ normalised by its mini-batch's totals, so the micro-batches' losses add up to th
 
 from __future__ import annotations
 
-import logging
 import math
 
 import lightning.pytorch as pl
@@ -45,7 +44,7 @@ from rlvr_lightning.core.losses.policy_losses import PolicyLoss
 from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.modules.distillation import DistillationConfig, Teacher
 from rlvr_lightning.modules.options import AggregationConfig, ImportanceSamplingConfig, KLConfig, UpdateConfig
-from rlvr_lightning.modules.update.gradients import backward_sync, non_finite_gradients, policy_gradient_norm
+from rlvr_lightning.modules.update.gradients import backward_sync, policy_gradient_norm, report_skipped_update
 from rlvr_lightning.modules.update.micro_batches import (
     check_token_budget,
     micro_batch_parts,
@@ -58,8 +57,6 @@ from rlvr_lightning.modules.update.token_selection import SelectionInputs, mini_
 from rlvr_lightning.modules.update.update_metrics import MicroBatchLoss, update_metrics
 from rlvr_lightning.policies.base import Policy
 from rlvr_lightning.rollout import Rollout
-
-log = logging.getLogger(__name__)
 
 
 class PolicyUpdate:
@@ -335,21 +332,11 @@ class PolicyUpdate:
         # one host transfer for both numbers: the check is then Python's, not a chain of tensor ops
         loss, grad_norm = torch.stack((loss_sum.to(grad_norm.dtype), grad_norm)).tolist()
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-            names, count = non_finite_gradients(self.policy)
-            optimizer.zero_grad(set_to_none=True)
             self.skipped_updates += 1
             self.consecutive_skips += 1
-            where = f"; non-finite gradients in {count} parameters, first {', '.join(names)}" if count else ""
-            log.warning(
-                "non-finite loss or gradient (loss %s, gradient norm %s): update skipped (%d in a row)%s",
-                loss, grad_norm, self.consecutive_skips, where,
-            )  # fmt: skip
-            if self.consecutive_skips >= self.update.max_consecutive_skips:
-                raise RuntimeError(
-                    f"{self.consecutive_skips} consecutive updates had a non-finite loss or gradient "
-                    f"(update.max_consecutive_skips={self.update.max_consecutive_skips}); stopping. Lower the "
-                    "learning rate, check the rewards for NaN, or raise update.max_consecutive_skips."
-                )
+            limit = self.update.max_consecutive_skips
+            report_skipped_update(self.policy, loss, grad_norm, self.consecutive_skips, limit)
+            optimizer.zero_grad(set_to_none=True)
             return loss, grad_norm
         self.consecutive_skips = 0
         if self.update.max_grad_norm is not None:
