@@ -33,6 +33,8 @@ Shapes (documented here once; everything else refers to them):
     token_energy    float[N, T]    1 - 2 pi(y_t) + sum_v pi(v)^2 under the trained policy when the rollout is scored:
                                    the squared norm of the gradient of log pi(y_t) in the logits, which
                                    `OptimalTokenBaseline` reads (no grad); 0 where masked
+    correct         bool[N]        which responses the task reward calls correct, when the update reads it
+                                   (VAPO's positive-example LM loss, `RLVRModule.positive_nll_coef`)
 
 A multi-turn response is [sampled | observation | sampled | ...]: `response_mask` 1/0/1, `response_source`
 SAMPLED/TOOL/SAMPLED, padding after the end. Use `response_lengths()` for a response's length (tokens it
@@ -91,6 +93,7 @@ class Rollout:
     returns: Tensor | None = None
     greedy_reward: Tensor | None = None
     token_energy: Tensor | None = None
+    correct: Tensor | None = None
 
     @property
     def num_rows(self) -> int:
@@ -230,6 +233,7 @@ class Rollout:
             returns=cat("returns", response_len),
             greedy_reward=cat("greedy_reward"),
             token_energy=cat("token_energy", response_len),
+            correct=cat("correct"),
         )
 
     def to(self, device: torch.device | str) -> Rollout:

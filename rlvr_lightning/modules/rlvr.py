@@ -110,6 +110,14 @@ class RLVRModule(PolicyModule):
         distillation: Annotated[
             DistillationConfig, Option("with a teacher: the distillation and policy losses' weights.")
         ] = DistillationConfig(),
+        positive_nll_coef: Annotated[
+            float,
+            Option(
+                "VAPO's positive-example LM loss: weight of the NLL of the responses the task reward calls "
+                "correct, averaged over their tokens (0: none).",
+                NON_NEGATIVE,
+            ),
+        ] = 0.0,
     ) -> None:
         check_options(RLVRModule, locals())
         check_rollout_staleness(rollout_staleness)
@@ -132,7 +140,7 @@ class RLVRModule(PolicyModule):
         self.teacher = None if teacher is None else Teacher(teacher, policy)  # off the module tree: not checkpointed
         self.policy_update = PolicyUpdate(
             policy, self.loss, aggregation, kl, self.reference, rollout_is, update, entropy_coef, self.sampling,
-            teacher=self.teacher, distillation=distillation,
+            teacher=self.teacher, distillation=distillation, positive_nll_coef=positive_nll_coef,
         )  # fmt: skip
         self.loss_constant = self.policy_update.loss_constant  # seq-sum-constant's divisor
         self.advantage_estimator: AdvantageCallback | None = None
@@ -234,12 +242,15 @@ class RLVRModule(PolicyModule):
         if generation_stats is None:  # sampled in this thread: the policy's last generation (top-ups included)
             generation_stats = getattr(self.policy, "last_generation_stats", None)
         metrics.update(reward_metrics(rollout, self.reward_callbacks, generation_stats, prefix="train"))
-        metrics.update(bias_metrics(rollout, self.correctness(rollout), self.aggregation, self.loss_constant))
+        correct = self.correctness(rollout)
+        metrics.update(bias_metrics(rollout, correct, self.aggregation, self.loss_constant))
         report_stage("log-probs")
         self.policy_update.add_old_and_reference_log_probs(rollout)
         if self.reference is not None and self.kl.mode == "reward":
             self._penalize_reward_with_kl(rollout, metrics)
         rollout.advantages = self._advantages(rollout, metrics)
+        if self.policy_update.positive_nll_coef:
+            rollout.correct = self._correct_rows(correct, rollout)
         self.last_rollout = rollout
         metrics["train/advantage_mean"] = rollout.advantages.mean()
         metrics["train/advantage_std"] = rollout.advantages.std() if rollout.advantages.numel() > 1 else 0.0
@@ -287,6 +298,14 @@ class RLVRModule(PolicyModule):
         self.score(greedy)
         metrics["train/greedy_reward_mean"] = greedy.reward.mean()
         return greedy.reward.repeat_interleave(self.group_size)
+
+    def _correct_rows(self, correct: Tensor | None, rollout: Rollout) -> Tensor:
+        if correct is None:
+            raise ValueError(
+                "positive_nll_coef > 0 trains on the correct responses, but no reward can tell a correct one "
+                "(is_correct returned None): add the task's reward (MathAccuracyReward, ...) or set positive_nll_coef 0"
+            )
+        return correct.to(rollout.response_mask.device)
 
     def _advantages(self, rollout: Rollout, metrics: dict) -> Tensor:
         """The rollout's advantages (a hook: `PPOModule` estimates them with GAE from its critic)."""

@@ -2,6 +2,7 @@
 
     for epoch in update.epochs: for mini-batch (shuffled): for micro-batch:
         loss = aggregate(w_IS * policy_loss + kl.coef * KL - entropy_coef * H)   normalised by the mini-batch
+               + positive_nll_coef * NLL of the correct responses            by their tokens (VAPO)
         (with a teacher: policy_loss = rl_coef * policy_loss + coef * distillation loss, modules/distillation.py)
         manual_backward(loss)                           DDP all-reduces at the last micro-batch only
     clip the gradient norm; optimizer step (skipped, and counted, when the loss or gradient is not finite)
@@ -41,6 +42,7 @@ from rlvr_lightning.core.importance_sampling import mask_off_policy_sequences, r
 from rlvr_lightning.core.kl import kl_estimator
 from rlvr_lightning.core.losses.distillation import distillation_loss
 from rlvr_lightning.core.losses.policy_losses import PolicyLoss
+from rlvr_lightning.core.losses.positive_example import correct_token_count, positive_example_nll
 from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.modules.distillation import DistillationConfig, Teacher
 from rlvr_lightning.modules.options import AggregationConfig, ImportanceSamplingConfig, KLConfig, UpdateConfig
@@ -73,6 +75,7 @@ class PolicyUpdate:
         sampling: SamplingConfig,
         teacher: Teacher | None = None,
         distillation: DistillationConfig = DistillationConfig(),
+        positive_nll_coef: float = 0.0,
     ) -> None:
         """
         Args:
@@ -87,6 +90,7 @@ class PolicyUpdate:
             sampling: how the responses were sampled: log-probs are computed at its temperature.
             teacher: the frozen teacher of on-policy distillation (None: no distillation).
             distillation: the weights of the distillation loss and of the policy loss beside it.
+            positive_nll_coef: weight of the NLL of the correct responses (`rollout.correct`), VAPO's LM loss.
         """
         self.policy, self.loss, self.aggregation, self.sampling = policy, loss, aggregation, sampling
         self.temperature = sampling.temperature
@@ -96,7 +100,7 @@ class PolicyUpdate:
         self.kl, self.kl_estimator, self.reference = kl, kl_estimator(kl.estimator), reference
         self.rollout_is, self.update, self.entropy_coef = rollout_is, update, entropy_coef
         self.masks_off_policy = rollout_is.off_policy_mask_threshold is not None
-        self.teacher, self.distillation = teacher, distillation
+        self.teacher, self.distillation, self.positive_nll_coef = teacher, distillation, positive_nll_coef
         self.skipped_updates = 0  # non-finite updates skipped so far
         self.consecutive_skips = 0
         if update.micro_batch_tokens is not None:
@@ -117,6 +121,7 @@ class PolicyUpdate:
             sampling=self.sampling,
             teacher=self.teacher,
             distillation=self.distillation,
+            positive_nll_coef=self.positive_nll_coef,
         )
 
     def micro_batch_rows(self, rollout: Rollout) -> list[Tensor] | list[slice]:
@@ -201,6 +206,9 @@ class PolicyUpdate:
                 mini_mask = self.loss_mask(minibatch) if masked else None
                 num_tokens = mini_mask.sum() if masked else minibatch.response_mask.numel()
                 num_sequences = minibatch.num_rows
+                num_correct = None  # VAPO's LM loss is normalised by the mini-batch's correct tokens
+                if self.positive_nll_coef:
+                    num_correct = correct_token_count(minibatch.correct, mini_mask, minibatch.response_mask.shape[1])
                 if masked and not self.aggregation.count_empty_rows:
                     num_sequences = non_empty_rows(mini_mask)
                 micro_losses = []
@@ -212,7 +220,7 @@ class PolicyUpdate:
                     mask = masks[i]
                     first_update = epoch == 0 and start == 0  # the policy is still the one that sampled
                     part = self.micro_batch_loss(
-                        micro, mask, num_sequences, num_tokens, epoch == 0, first_update, selections[i]
+                        micro, mask, num_sequences, num_tokens, epoch == 0, first_update, selections[i], num_correct
                     )
                     with backward_sync(module, sync=i == len(micros) - 1):
                         module.manual_backward(part.loss)
@@ -241,9 +249,11 @@ class PolicyUpdate:
         first_epoch: bool,
         first_update: bool = False,
         selected: Tensor | None = None,
+        num_correct: Tensor | None = None,
     ) -> MicroBatchLoss:
         """The micro-batch's share of the mini-batch loss, normalised by the mini-batch's sizes. `mask`: its response
-        mask (None: every token real); `selected`: a token-selecting loss's pick over the mini-batch (None: here)."""
+        mask (None: every token real); `selected`: a token-selecting loss's pick over the mini-batch (None: here);
+        `num_correct`: the mini-batch's tokens of correct responses (with `positive_nll_coef`)."""
         # Entropy is logged from the first epoch (the sampling policy) and costs a pass only where it is needed;
         # as a metric only, without autograd.
         with_entropy = first_epoch or self.entropy_coef != 0 or self.loss.selection_reads_entropy
@@ -297,6 +307,13 @@ class PolicyUpdate:
             num_tokens=num_tokens,
             constant=self.loss_constant,
         )
+        positive_nll = None
+        if num_correct is not None:
+            nll = positive_example_nll(log_probs, micro.correct, mask, num_correct)
+            loss = loss + self.positive_nll_coef * nll
+            if first_epoch:  # (sum, count) over this micro-batch's correct tokens, for the logged mean
+                count = correct_token_count(micro.correct, mask, log_probs.shape[1])
+                positive_nll = (nll.detach() * num_correct, count)
         return MicroBatchLoss(
             loss,
             policy_loss,
@@ -305,6 +322,7 @@ class PolicyUpdate:
             entropy.detach() if first_epoch else None,
             sampler_pair,
             teacher_kl,
+            positive_nll,
         )
 
     def selection_forward(self, micro: Rollout) -> tuple[Tensor, Tensor | None]:

@@ -3,6 +3,7 @@ computed once from all of them (`update_metrics`)."""
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -21,6 +22,9 @@ class MicroBatchLoss(NamedTuple):
     entropy: Tensor | None  # detached per-token entropy, first epoch only
     sampler_pair: tuple[Tensor, Tensor] | None  # (trainer, sampler) log-probs at the sampling weights, first update
     teacher_kl: Tensor | None = None  # detached per-token reverse KL to the teacher at the sampling policy, first epoch
+    positive_nll: tuple[Tensor, Tensor] | None = (
+        None  # (NLL sum, count) over the correct responses' tokens, first epoch
+    )
 
 
 @torch.no_grad()
@@ -42,6 +46,10 @@ def update_metrics(
         sampler, _ = join_masked([part.sampler_pair[1] for part in with_sampler], masks)
         stats = mismatch_stats(trainer, sampler, mask, rollout_is_max)
         metrics.update({f"train/mismatch/{key}": value for key, value in stats.items()})
+    with_nll = [part.positive_nll for part in parts if part.positive_nll is not None]
+    if with_nll:
+        total, count = sum(n for n, _ in with_nll), sum(c for _, c in with_nll)
+        metrics["train/positive_nll"] = torch.where(count > 0, total / count.clamp(min=1), math.nan)  # NaN: none
     metrics["train/loss"] = sum(losses) / len(losses)
     metrics["train/grad_norm"] = sum(grad_norms) / len(grad_norms)
     return metrics

@@ -95,8 +95,11 @@ class ValueUpdate(PolicyUpdate):
         first_epoch: bool,
         first_update: bool = False,
         selected: Tensor | None = None,
+        num_correct: Tensor | None = None,
     ) -> MicroBatchLoss:
-        part = super().micro_batch_loss(micro, mask, num_sequences, num_tokens, first_epoch, first_update, selected)
+        part = super().micro_batch_loss(
+            micro, mask, num_sequences, num_tokens, first_epoch, first_update, selected, num_correct
+        )
         hidden, self._shared_hidden = self._shared_hidden, None
         if hidden is not None and self.warming_up:
             hidden = hidden.detach()  # the policy's trunk stays where it is during the warm-up
