@@ -1,7 +1,8 @@
 """The built-in per-token policy losses and the shorthands a config may name them by.
 
 The contract every loss keeps (inputs, the unaggregated ``[N, T]`` loss, statistics) is
-``core/losses/policy_loss_base.py``; the sequence-level ratio losses (``GSPO``, ``LUSPO``, ``GMPO``, and ``TOPR``,
+``core/losses/policy_loss_base.py`` (``GPPO``, PPO's clip with a gradient on the clipped tokens, is here, beside
+``PPOClip``); the sequence-level ratio losses (``GSPO``, ``LUSPO``, ``GMPO``, and ``TOPR``,
 whose weight is the trajectory's ratio) are in ``core/losses/sequence_losses.py``, the losses that weigh instead
 of clipping (``SAPO``, ``VESPO``) in ``core/losses/soft_losses.py``, DPPO's divergence trust region in
 ``core/losses/divergence_losses.py``, the losses that pick tokens over the mini-batch (``ClipCov``, ``KLCov``,
@@ -12,6 +13,7 @@ Every built-in loss can be imported from here.
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
 from rlvr_lightning.core.losses.covariance_losses import ClipCov, KLCov
 from rlvr_lightning.core.losses.divergence_losses import DPPO
@@ -35,6 +37,7 @@ __all__ = [
     "CISPO",
     "DPPO",
     "GMPO",
+    "GPPO",
     "GSPO",
     "KLCov",
     "ClipCov",
@@ -98,11 +101,10 @@ class PPOClip(PolicyLoss):
         self.clip_low, self.clip_high, self.dual_clip = clip_low, clip_high, dual_clip
 
     def __call__(self, log_probs, old_log_probs, advantages, mask):
-        clip_low, clip_high, dual_clip = self.clip_low, self.clip_high, self.dual_clip
+        dual_clip = self.dual_clip
         old, adv, m = prepare_inputs(log_probs, old_log_probs, advantages, mask)
         ratio = token_ratio(log_probs, old)
-        # asymmetric eps = DAPO clip-higher, Yu et al. 2025 §3.1
-        loss, ratio_value, low_clipped, high_clipped = clipped_surrogate(ratio, adv, clip_low, clip_high)
+        loss, ratio_value, low_clipped, high_clipped = self.surrogate(log_probs, ratio, adv)
         extra = {}
         if dual_clip is not None:
             # A < 0: l_t = min(l_t, -A c)  (dual-clip PPO, Ye et al. 2020 "Mastering Complex Control in MOBA Games";
@@ -110,6 +112,53 @@ class PPOClip(PolicyLoss):
             loss = torch.where(adv < 0, torch.minimum(loss, -adv * dual_clip), loss)
             extra["dual_clip_frac"] = masked_mean(((adv < 0) & (ratio_value > dual_clip)).to(ratio.dtype), m)
         return PolicyLossOutput(zero_masked(loss, m), ratio_value, m, low_clipped, high_clipped, extra)
+
+    def surrogate(self, log_probs: Tensor, ratio: Tensor, adv: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """The per-token loss before the dual clip, the detached ratio and where the lower and upper clips act."""
+        # asymmetric eps = DAPO clip-higher, Yu et al. 2025 §3.1
+        return clipped_surrogate(ratio, adv, self.clip_low, self.clip_high)
+
+
+class GPPO(PPOClip):
+    """GPPO: PPO's clipped surrogate whose clipped tokens keep a bounded gradient (Su et al. 2025, Klear-Reasoner,
+    arXiv:2508.07629).
+
+    Where PPO's clip binds (``r < 1 - clip_low`` with ``A < 0``, ``r > 1 + clip_high`` with ``A > 0``) its loss is a
+    constant and the token gets no gradient. GPPO keeps the value and lets the gradient through, scaled to the bound:
+    ``l_t = -beta (1 -/+ eps) A r_t / sg(r_t)``, whose gradient is ``-beta (1 -/+ eps) A grad log pi``. Elsewhere,
+    and with the dual clip, it is :class:`PPOClip`. ``beta_low`` and ``beta_high`` (1: GPPO) weigh the two
+    sides' gradients (CE-GPPO, arXiv:2509.20712; the Klear code's ``gppo_general`` defaults to 0.25 and 1).
+    Values and gradients equal the Klear code's ``compute_gppo_loss`` and ``compute_gppo_loss_general_beta``
+    (``tests/core/test_gppo.py``), except that the log-ratio is clamped to ``[-20, 20]`` first.
+
+    Args:
+        clip_low, clip_high, dual_clip: as :class:`PPOClip`.
+        beta_low: the gradient's weight on the tokens the lower clip binds.
+        beta_high: the gradient's weight on the tokens the upper clip binds.
+    """
+
+    def __init__(
+        self,
+        clip_low: float = 0.2,
+        clip_high: float | None = None,
+        dual_clip: float | None = None,
+        beta_low: float = 1.0,
+        beta_high: float = 1.0,
+    ) -> None:
+        super().__init__(clip_low, clip_high, dual_clip)
+        check_clip("GPPO", "beta_low", beta_low)
+        check_clip("GPPO", "beta_high", beta_high)
+        self.beta_low, self.beta_high = beta_low, beta_high
+
+    def surrogate(self, log_probs: Tensor, ratio: Tensor, adv: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        _, ratio_value, low_clipped, high_clipped = clipped_surrogate(ratio, adv, self.clip_low, self.clip_high)
+        unit = torch.exp(log_probs - log_probs.detach())  # 1 in value, grad log pi in gradient
+        # l_t = -beta_low (1 - eps_low) A r/sg(r) if bound below, -beta_high (1 + eps_high) A r/sg(r) if bound above,
+        # else -A r  (Su et al. 2025 GPPO; Klear compute_gppo_loss_general_beta)
+        low = -self.beta_low * (1.0 - self.clip_low) * adv * unit
+        high = -self.beta_high * (1.0 + self.clip_high) * adv * unit
+        loss = torch.where(low_clipped, low, torch.where(high_clipped, high, -adv * ratio))
+        return loss, ratio_value, low_clipped, high_clipped
 
 
 class CISPO(PolicyLoss):
@@ -161,6 +210,7 @@ POLICY_LOSSES: dict[str, type[PolicyLoss]] = {
     "kl_cov": KLCov,
     "high_entropy": HighEntropyTokens,
     "topr": TOPR,
+    "gppo": GPPO,
 }
 
 
