@@ -19,6 +19,14 @@ EXPECTED = {
         aggregation="seq-mean-token-mean",
         kl=(0.04, "k3_is", "loss"),
     ),
+    "gppo": dict(
+        advantage=advantages.GroupNormalizedAdvantage,
+        loss="gppo",
+        clip=(0.2, 0.28),
+        aggregation="token-mean",
+        kl=None,
+        dynamic_sampling=True,
+    ),
     "high_entropy": dict(
         advantage=advantages.GroupNormalizedAdvantage,
         loss="high_entropy",
