@@ -46,6 +46,7 @@ from rlvr_lightning.cli import errors as cli_errors
 from rlvr_lightning.cli.errors.config_files import config_limit_problem
 from rlvr_lightning.cli.errors.run_errors import RunProblem, explain_export_error, explain_run_error
 from rlvr_lightning.cli.evaluate import EvalTrainer
+from rlvr_lightning.cli.nested_null import keep_nested_nulls
 from rlvr_lightning.runtime.checkpoint_files import check_checkpoint_path, is_local
 from rlvr_lightning.runtime.config_limits import ConfigTooLarge, bound_jsonargparse_yaml
 from rlvr_lightning.runtime.hub import go_offline_if_unreachable
@@ -124,6 +125,7 @@ def parse_counts_as_counts() -> None:
 
 parse_counts_as_counts()
 bound_jsonargparse_yaml()  # an alias-heavy or oversized config is refused, not expanded until memory runs out
+keep_nested_nulls()  # --model.init_args.GROUP.FIELD=null reaches the class as null (cli/nested_null.py)
 
 
 def _export(argv: list[str]) -> int:

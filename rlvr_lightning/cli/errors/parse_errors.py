@@ -180,6 +180,16 @@ def explain_parse_error(message: str, argv: list[str], parser: Any = None) -> Co
     return ConfigProblem(text, option, locate(option, argv) if option else None, *choices_in(text))
 
 
+def _unnested(given: str) -> str:
+    """The value itself where jsonargparse shows a value nested in init_args as `NestedArg(key=.., val=..)`."""
+    if m := re.fullmatch(r"NestedArg\(key='[^']*', val=(.*)\)", given):
+        try:
+            return str(ast.literal_eval(m.group(1)))
+        except (ValueError, SyntaxError):
+            return m.group(1)
+    return given
+
+
 def _value_problem(text: str, message: str, option: str | None, argv: list[str]) -> ConfigProblem | None:
     """A value of the wrong type or out of a Literal's choices (alone or in a union); None for other messages."""
     name = option.rpartition(".")[2] if option else "the value"
@@ -190,7 +200,7 @@ def _value_problem(text: str, message: str, option: str | None, argv: list[str])
     elif re.fullmatch(r"Expected a <class '[\w.]+'>", text) and (
         values := re.findall(r"Given value: (.*)$", message, re.M)
     ):
-        given, choices = values[-1], _union_literal_choices(message)  # `precision`: several Literals (and None)
+        given, choices = _unnested(values[-1]), _union_literal_choices(message)  # `precision`: several Literals
         if not choices:
             kinds = [kind.rpartition(".")[2] for kind in _subtypes(message) if kind != "NoneType"]
             return ConfigProblem(f"{name} expects {' or '.join(kinds) or 'another type'}, got {given!r}", option, where)
