@@ -1,12 +1,13 @@
 """The built-in per-token policy losses and the shorthands a config may name them by.
 
 The contract every loss keeps (inputs, the unaggregated ``[N, T]`` loss, statistics) is
-``core/losses/policy_loss_base.py`` (``GPPO``, PPO's clip with a gradient on the clipped tokens, is here, beside
-``PPOClip``); the sequence-level ratio losses (``GSPO``, ``LUSPO``, ``GMPO``, and ``TOPR``,
-whose weight is the trajectory's ratio) are in ``core/losses/sequence_losses.py``, the losses that weigh instead
-of clipping (``SAPO``, ``VESPO``) in ``core/losses/soft_losses.py``, DPPO's divergence trust region in
-``core/losses/divergence_losses.py``, the losses that pick tokens over the mini-batch (``ClipCov``, ``KLCov``,
-``HighEntropyTokens``) in ``core/losses/covariance_losses.py`` and ``core/losses/token_selection.py``.
+``core/losses/policy_loss_base.py``. Here: ``PolicyGradient``, ``ImportanceRatio``, ``PPOClip``, ``GPPO`` (PPO's
+clip with a gradient on the clipped tokens) and ``CISPO``. The sequence-level ratio losses (``GSPO``, ``LUSPO``,
+``GMPO``, and ``TOPR``, whose weight is the trajectory's ratio) are in ``core/losses/sequence_losses.py``, the
+losses that weigh instead of clipping (``SAPO``, ``VESPO``) in ``core/losses/soft_losses.py``, DPPO's divergence
+trust region in ``core/losses/divergence_losses.py``, the losses that pick tokens over the mini-batch
+(``ClipCov``, ``KLCov``, ``HighEntropyTokens``) in ``core/losses/covariance_losses.py`` and
+``core/losses/token_selection.py``.
 Every built-in loss can be imported from here.
 """
 
