@@ -91,6 +91,11 @@ RECIPE_BANDS: dict[str, tuple[Band, Band]] = {
     "gpg": (Band(6.15, 6.70), Band(0.08, 0.35)),
     # the same (6.49-6.60, 20.3-26.6%), widened as dppo's
     "lite_ppo": (Band(6.25, 6.80), Band(0.10, 0.40)),
+    # the same (2026-11-30: 6.47-6.79, 16.4-38.3%) and this suite's AVX2-pinned runs (6.25-6.72, 5.5-44.1%): the
+    # widest spread of the table, as dapo's
+    "gppo": (Band(6.05, 6.95), Band(0.03, 0.60)),
+    # the same (4.87-5.88, 0.4-6.3%): the policy's lambda is 0 on 4-token responses (docs/benchmarks.md)
+    "vapo": (Band(4.40, 6.30), Band(0.00, 0.15)),
 }
 RECIPES = tuple(RECIPE_BANDS)  # configs/recipes/NAME.yaml, each over the seeds
 
