@@ -133,7 +133,9 @@ class GPPO(PPOClip):
     (``tests/core/test_gppo.py``), except that the log-ratio is clamped to ``[-20, 20]`` first.
 
     Args:
-        clip_low, clip_high, dual_clip: as :class:`PPOClip`.
+        clip_low: the ratio's lower clip is ``1 - clip_low`` (as :class:`PPOClip`).
+        clip_high: the ratio's upper clip is ``1 + clip_high`` (None: ``clip_low``).
+        dual_clip: as :class:`PPOClip`'s (None: none).
         beta_low: the gradient's weight on the tokens the lower clip binds.
         beta_high: the gradient's weight on the tokens the upper clip binds.
     """
