@@ -263,17 +263,9 @@ class PolicyUpdate:
             inputs = SelectionInputs(log_probs, micro.old_log_probs, micro.advantages, mask, reads)
             (selected,) = select_over_mini_batch(self.loss, [inputs])
         selection = {} if selected is None else {"selected": selected}
-        sampler_pair, weights = None, None
-        if micro.sampling_log_probs is not None:
-            if first_update:
-                sampler_pair = (log_probs.detach(), micro.sampling_log_probs)
-            if self.rollout_is.mode is not None:
-                # the trainer's log-probs at the sampling weights: the recomputed old ones, else this first update's
-                trainer = micro.old_log_probs if micro.old_log_probs is not None else log_probs.detach()
-                is_options = self.rollout_is
-                weights = rollout_is_weights(
-                    trainer, micro.sampling_log_probs, mask, is_options.mode, is_options.max, is_options.min
-                )
+        sampled = micro.sampling_log_probs
+        sampler_pair = (log_probs.detach(), sampled) if first_update and sampled is not None else None
+        weights = self.sampler_weights(micro, log_probs, mask)
         if weights is None:
             policy_loss = self.loss(log_probs, micro.old_log_probs, micro.advantages, mask, **selection)
         else:  # the loss applies the weights (by default each token's loss times its weight)
@@ -324,6 +316,16 @@ class PolicyUpdate:
             teacher_kl,
             positive_nll,
         )
+
+    def sampler_weights(self, micro: Rollout, log_probs: Tensor, mask: Tensor | None) -> Tensor | None:
+        """The `rollout_is` importance weights of the sampler/trainer mismatch (None: no correction, or no sampler
+        log-probs): the trainer's log-probs at the sampling weights are the recomputed old ones, else this first
+        update's."""
+        if micro.sampling_log_probs is None or self.rollout_is.mode is None:
+            return None
+        trainer = micro.old_log_probs if micro.old_log_probs is not None else log_probs.detach()
+        options = self.rollout_is
+        return rollout_is_weights(trainer, micro.sampling_log_probs, mask, options.mode, options.max, options.min)
 
     def selection_forward(self, micro: Rollout) -> tuple[Tensor, Tensor | None]:
         """The log-probs (and entropies, if the loss reads them) a token-selecting loss picks from, no autograd."""
