@@ -300,23 +300,6 @@ def test_a_missing_data_file_stops_the_run_before_the_model_is_built(in_tmp_dir,
     assert lines[1].startswith("  at data.init_args.task.init_args.path")
 
 
-def test_a_class_in_a_file_of_the_current_directory_off_pythons_path_says_how_to_import_it(
-    in_tmp_dir, capsys, monkeypatch
-):
-    (in_tmp_dir / "my_loss.py").write_text(
-        "from rlvr_lightning.core import PPOClip\n\n\nclass MyLoss(PPOClip):\n    pass\n"
-    )
-    here = {"", ".", os.getcwd(), str(in_tmp_dir)}
-    monkeypatch.setattr(sys, "path", [entry for entry in sys.path if entry not in here])  # as for a console script
-    code, lines = run(capsys, "fit", "--config", SORT, "--model.init_args.loss={class_path: my_loss.MyLoss}")
-    assert code == 2
-    assert lines[0] == "error: class_path 'my_loss.MyLoss': no module 'my_loss'"
-    assert (
-        f"  my_loss is in {in_tmp_dir}, which is not on Python's path: run with PYTHONPATH=. (docs/extending.md)"
-        in lines
-    )
-
-
 def test_a_task_smaller_than_one_batch_names_batch_size_before_training(capsys):
     task = (
         "{class_path: rlvr_lightning.data.InlineTask, init_args: {examples: [{prompt: ab, answer: b}, "

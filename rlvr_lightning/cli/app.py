@@ -47,6 +47,7 @@ from rlvr_lightning.cli.errors.config_files import config_limit_problem
 from rlvr_lightning.cli.errors.run_errors import RunProblem, explain_export_error, explain_run_error
 from rlvr_lightning.cli.evaluate import EvalTrainer
 from rlvr_lightning.cli.nested_null import keep_nested_nulls
+from rlvr_lightning.cli.working_directory import add_working_directory
 from rlvr_lightning.runtime.checkpoint_files import check_checkpoint_path, is_local
 from rlvr_lightning.runtime.config_limits import ConfigTooLarge, bound_jsonargparse_yaml
 from rlvr_lightning.runtime.hub import go_offline_if_unreachable
@@ -351,6 +352,7 @@ def entry_point(args: list[str] | None = None) -> int:
     """The `rlvr` console script: 0 on success, 2 for a configuration mistake (a few lines on stderr, no
     traceback unless --debug or RLVR_DEBUG=1), 128 + the signal number when SIGINT/SIGTERM stopped training."""
     argv = list(sys.argv[1:] if args is None else args)
+    add_working_directory()  # a class in a file beside the config imports without PYTHONPATH=.
     try:
         apply_malloc_choice()  # the console script's process only: a library leaves malloc alone
     except ValueError as error:
