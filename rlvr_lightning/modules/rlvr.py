@@ -82,7 +82,7 @@ class RLVRModule(PolicyModule):
             PolicyLoss | str,
             Option(
                 "the per-token policy loss: pg | ratio | ppo_clip | gspo | cispo | sapo | luspo | vespo | gmpo | "
-                "dppo | clip_cov | kl_cov | topr | gppo | high_entropy, or a PolicyLoss by class_path "
+                "dppo | clip_cov | kl_cov | topr | gppo | high_entropy | entropy_shaped, or a PolicyLoss by class_path "
                 "(e.g. rlvr_lightning.core.PPOClip)."
             ),
         ] = "ppo_clip",

@@ -131,6 +131,9 @@ def _call(kind, log_probs, old, advantages, mask):
         entropy = torch.linspace(0.1, 1.0, log_probs.numel()).view_as(log_probs)
         selected = pick_tokens(loss, log_probs, old, advantages, mask, entropy)
         return loss(log_probs, old, advantages, mask, selected=selected)
+    if loss.reads_entropy:  # the update hands it the tokens' entropies
+        entropy = torch.linspace(0.1, 1.0, log_probs.numel()).view_as(log_probs)
+        return loss(log_probs, old, advantages, mask, entropy=entropy)
     return loss(log_probs, old, advantages, mask)
 
 
@@ -239,7 +242,7 @@ def test_cispo_lower_bound_and_negative_advantage():
 def test_registry_names():
     assert list(POLICY_LOSSES) == [
         "pg", "ratio", "ppo_clip", "gspo", "cispo", "sapo", "luspo", "vespo", "gmpo", "dppo", "clip_cov",
-        "kl_cov", "high_entropy", "topr", "gppo",
+        "kl_cov", "high_entropy", "topr", "gppo", "entropy_shaped",
     ]  # fmt: skip
 
 

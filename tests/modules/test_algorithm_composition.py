@@ -13,7 +13,7 @@ from rlvr_lightning.core.losses import policy_losses
 from rlvr_lightning.modules.options import ImportanceSamplingConfig, KLConfig
 from rlvr_lightning.modules.update.policy_update import PolicyUpdate
 from tests.modules import test_packed_update as packed
-from tests.modules.test_packed_update import PACKED, PADDED, _assert_same_update, _options, _rollout, _run
+from tests.modules.test_packed_update import PACKED, PADDED, SAMPLING, _assert_same_update, _options, _rollout, _run
 
 models, tokenizer_dir = packed.models, packed.tokenizer_dir  # the fixtures: a tiny Llama policy and reference
 
@@ -87,3 +87,33 @@ def test_off_policy_sequence_masking_has_the_old_log_probs_read_and_checks_its_t
     assert PolicyUpdate(**options).needs_old_log_probs(6)  # pg alone reads none
     with pytest.raises(ValueError, match=r"rollout_is.off_policy_mask_threshold=-0.1 is not valid"):
         ImportanceSamplingConfig(off_policy_mask_threshold=-0.1)
+
+
+@pytest.mark.parametrize("rollout_is", [None, ImportanceSamplingConfig(mode="token_truncate", max=1.2)])
+def test_entropy_shaped_advantages_packed_match_padded(models, rollout_is):
+    runs = _same_update_packed_and_padded(models, rollout_is, loss=policy_losses.EntropyShapedAdvantage(alpha=0.4))
+    assert float(runs[0][1]["train/entropy_bonus"]) > 0
+
+
+def test_entropy_shaping_reads_the_entropies_of_the_policy_being_trained(models):
+    """The update with `EntropyShapedAdvantage(pg)` gives the gradients of `pg` on advantages shaped by hand from
+    the policy's own entropies (the test's optimizer leaves the weights alone, so they hold for every step)."""
+    policy, _, _ = models
+    rollout = _rollout(policy)
+    alpha, kappa = 0.05, 1.5
+    with torch.no_grad():
+        _, entropy = policy.token_log_probs(rollout, SAMPLING.temperature, with_entropy=True)
+    adv = rollout.advantages[:, None]
+    real = rollout.response_mask.bool()
+    capped = (alpha * entropy > adv.abs() / kappa)[real]
+    assert 0.2 < capped.float().mean() < 0.8  # the bonus reads the entropy on most tokens, the cap on the others
+    by_hand = rollout.select(torch.arange(rollout.num_rows))
+    # A_t + min(alpha H_t, |A_t| / kappa)  (Cheng et al. 2025 eq. 6), 0 on padding as the advantages there
+    by_hand.advantages = (adv + torch.minimum(alpha * entropy, adv.abs() / kappa)) * rollout.response_mask
+    runs = []
+    for loss, data in (
+        (policy_losses.EntropyShapedAdvantage(policy_losses.PolicyGradient(), alpha, kappa), rollout),
+        (policy_losses.PolicyGradient(), by_hand),
+    ):
+        runs.append(_run(PolicyUpdate, _options(policy, None, loss, "token-mean", PADDED), data, policy.parameters()))
+    _assert_same_update(*runs)

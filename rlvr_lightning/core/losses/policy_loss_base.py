@@ -198,6 +198,9 @@ class PolicyLoss:
     selects_tokens: bool = False
     #: True: ``select_tokens`` reads the tokens' entropies (the update then computes them)
     selection_reads_entropy: bool = False
+    #: True: ``__call__`` and ``with_rollout_is`` take the tokens' detached entropies under the policy being trained
+    #: as ``entropy=`` (``[N, T]``; the update computes them)
+    reads_entropy: bool = False
 
     def select_tokens(
         self, log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, entropy: Tensor | None, generator

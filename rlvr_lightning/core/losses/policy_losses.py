@@ -5,7 +5,8 @@ The contract every loss keeps (inputs, the unaggregated ``[N, T]`` loss, statist
 clip with a gradient on the clipped tokens) and ``CISPO``. The sequence-level ratio losses (``GSPO``, ``LUSPO``,
 ``GMPO``, and ``TOPR``, whose weight is the trajectory's ratio) are in ``core/losses/sequence_losses.py``, the
 losses that weigh instead of clipping (``SAPO``, ``VESPO``) in ``core/losses/soft_losses.py``, DPPO's divergence
-trust region in ``core/losses/divergence_losses.py``, the losses that pick tokens over the mini-batch
+trust region in ``core/losses/divergence_losses.py``, the entropy-shaped advantages (``EntropyShapedAdvantage``) in
+``core/losses/entropy_shaping.py``, the losses that pick tokens over the mini-batch
 (``ClipCov``, ``KLCov``, ``HighEntropyTokens``) in ``core/losses/covariance_losses.py`` and
 ``core/losses/token_selection.py``.
 Every built-in loss can be imported from here.
@@ -18,6 +19,7 @@ from torch import Tensor
 
 from rlvr_lightning.core.losses.covariance_losses import ClipCov, KLCov
 from rlvr_lightning.core.losses.divergence_losses import DPPO
+from rlvr_lightning.core.losses.entropy_shaping import EntropyShapedAdvantage
 from rlvr_lightning.core.losses.policy_loss_base import (
     PolicyLoss,
     PolicyLossOutput,
@@ -37,6 +39,7 @@ from rlvr_lightning.core.shorthands import from_shorthand
 __all__ = [
     "CISPO",
     "DPPO",
+    "EntropyShapedAdvantage",
     "GMPO",
     "GPPO",
     "GSPO",
@@ -214,6 +217,7 @@ POLICY_LOSSES: dict[str, type[PolicyLoss]] = {
     "high_entropy": HighEntropyTokens,
     "topr": TOPR,
     "gppo": GPPO,
+    "entropy_shaped": EntropyShapedAdvantage,
 }
 
 

@@ -256,13 +256,16 @@ class PolicyUpdate:
         `num_correct`: the mini-batch's tokens of correct responses (with `positive_nll_coef`)."""
         # Entropy is logged from the first epoch (the sampling policy) and costs a pass only where it is needed;
         # as a metric only, without autograd.
-        with_entropy = first_epoch or self.entropy_coef != 0 or self.loss.selection_reads_entropy
+        reads_entropy = self.loss.selection_reads_entropy or self.loss.reads_entropy
+        with_entropy = first_epoch or self.entropy_coef != 0 or reads_entropy
         log_probs, entropy = self.policy_forward(micro, with_entropy, entropy_grad=self.entropy_coef != 0)
         if self.loss.selects_tokens and selected is None:
             reads = entropy if self.loss.selection_reads_entropy else None
             inputs = SelectionInputs(log_probs, micro.old_log_probs, micro.advantages, mask, reads)
             (selected,) = select_over_mini_batch(self.loss, [inputs])
         selection = {} if selected is None else {"selected": selected}
+        if self.loss.reads_entropy:
+            selection["entropy"] = entropy.detach()
         sampled = micro.sampling_log_probs
         sampler_pair = (log_probs.detach(), sampled) if first_update and sampled is not None else None
         weights = self.sampler_weights(micro, log_probs, mask)
