@@ -18,7 +18,7 @@ from rlvr_lightning.core.pass_at_k import PASS_AT_K_BASELINES, pass_at_k_advanta
 from rlvr_lightning.rewards.base import RewardCallback
 from rlvr_lightning.rollout import Rollout
 from rlvr_lightning.runtime.option_declarations import Option, check_options, documented_options
-from rlvr_lightning.runtime.option_domains import NON_NEGATIVE, PROBABILITY, OneOf
+from rlvr_lightning.runtime.option_domains import NON_NEGATIVE, PROBABILITY, OneOf, Range
 
 
 class AdvantageCallback(Callback):
@@ -49,6 +49,9 @@ class RawRewardAdvantage(AdvantageCallback):
         return estimators.raw_advantages(rollout.reward, rollout.group_size)
 
 
+#: ``GroupNormalizedAdvantage.quantile``: strictly between 0 and 1, or null
+QUANTILE = Range(0, 1, low_open=True, high_open=True, optional=True)
+QUANTILE_METHODS = estimators.QUANTILE_METHODS
 #: ``CenteredAdvantage.baseline``: the group's mean, or its mean weighted by the responses' lengths (OPO)
 CENTERED_BASELINES = ("mean", "length_weighted")
 SCALE_BY_VALID_GROUPS_HELP = (
@@ -95,6 +98,12 @@ class CenteredAdvantage(AdvantageCallback):
 class GroupNormalizedAdvantage(AdvantageCallback):
     """A = (r - mean(group)) / (std + eps): GRPO. `std_scope="batch"` scales by the batch std instead (Lite PPO).
 
+    `quantile: K` takes the group's K-quantile of the rewards as the baseline instead of its mean: QAE (Wu et al.
+    2025, arXiv:2509.22611; K = 0.4 there). With 0/1 rewards the baseline is 0 for a prompt solved at most 1 - K of
+    the time, so only its correct responses get a (positive) advantage, and 1 above that, so only the wrong ones get
+    a (negative) one. `quantile_method="inverted_cdf"` is the paper's quantile (the smallest reward with at least
+    K of the group at or below it); `"linear"` interpolates between ranks, as the authors' code (`torch.quantile`).
+
     `scale_by_valid_groups` multiplies every advantage by GPG's alpha (Chu et al. 2025, arXiv:2504.02546), the
     inverse share of the responses whose group's rewards differ: under a token-mean loss the groups without
     signal no longer dilute the gradient. As the GPG code (which divides its loss by that share); verl's ``gpg``
@@ -109,17 +118,31 @@ class GroupNormalizedAdvantage(AdvantageCallback):
         unbiased_std: bool = True,
         std_scope: str = "group",
         scale_by_valid_groups: Annotated[bool, Option(SCALE_BY_VALID_GROUPS_HELP)] = False,
+        quantile: Annotated[
+            float | None,
+            Option("the group's quantile of the rewards as the baseline (QAE's K; null: the mean).", QUANTILE),
+        ] = None,
+        quantile_method: Annotated[
+            str, Option("inverted_cdf (the QAE paper's) or linear (torch.quantile's).", OneOf(QUANTILE_METHODS))
+        ] = "inverted_cdf",
     ) -> None:
         check_options(GroupNormalizedAdvantage, locals())
         self.eps = eps
         self.unbiased_std = unbiased_std
         self.std_scope = std_scope
         self.scale_by_valid_groups = scale_by_valid_groups
+        self.quantile, self.quantile_method = quantile, quantile_method
         estimators.normalized_advantages(Tensor([0.0, 1.0]), 2, std_scope=std_scope)  # validates std_scope now
 
     def compute(self, rollout: Rollout) -> Tensor:
         advantages = estimators.normalized_advantages(
-            rollout.reward, rollout.group_size, eps=self.eps, unbiased_std=self.unbiased_std, std_scope=self.std_scope
+            rollout.reward,
+            rollout.group_size,
+            eps=self.eps,
+            unbiased_std=self.unbiased_std,
+            std_scope=self.std_scope,
+            quantile=self.quantile,
+            quantile_method=self.quantile_method,
         )
         return _scaled_by_valid_groups(advantages, rollout) if self.scale_by_valid_groups else advantages
 

@@ -4,10 +4,12 @@ Depends on torch only. See each module's docstring for conventions.
 """
 
 from rlvr_lightning.core.advantage_estimators import (
+    QUANTILE_METHODS,
     STD_SCOPES,
     batch_whitened_advantages,
     centered_advantages,
     greedy_baseline_advantages,
+    group_quantiles,
     length_weighted_centered_advantages,
     max_only_advantages,
     normalized_advantages,
@@ -67,6 +69,7 @@ __all__ = [
     "LUSPO",
     "POLICY_LOSSES",
     "SAPO",
+    "QUANTILE_METHODS",
     "STD_SCOPES",
     "TOPR",
     "VESPO",
@@ -80,6 +83,7 @@ __all__ = [
     "batch_whitened_advantages",
     "centered_advantages",
     "greedy_baseline_advantages",
+    "group_quantiles",
     "length_weighted_centered_advantages",
     "entropy_from_log_probs",
     "entropy_from_logits",

@@ -17,6 +17,8 @@ mean, which divided by a std of the same size would be advantages of order 0.05 
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -120,6 +122,27 @@ def optimal_token_baseline_advantages(
 
 
 STD_SCOPES = ("group", "batch")
+#: ``normalized_advantages``' quantile baselines: the paper's inf-quantile, or torch.quantile's interpolation
+QUANTILE_METHODS = ("inverted_cdf", "linear")
+
+
+def group_quantiles(grouped: Tensor, k: float, method: str = "inverted_cdf") -> Tensor:
+    """``[P, 1]`` the ``k``-quantile of each row of ``grouped`` ``[P, G]``, ``0 < k < 1``.
+
+    ``inverted_cdf``: the smallest reward whose share of the group at or below it reaches ``k`` (numpy's
+    ``method="inverted_cdf"``); ``linear``: ``torch.quantile``'s interpolation between neighbouring ranks."""
+    if not 0.0 < k < 1.0:
+        raise ValueError(f"the quantile must be in (0, 1), got {k}")
+    if method == "linear":
+        # the QAE authors' code: torch.quantile(scores, quantile_k) in place of the mean (junkangwu/QAE README)
+        return torch.quantile(grouped, k, dim=1, keepdim=True)
+    if method != "inverted_cdf":
+        raise ValueError(f"unknown quantile method {method!r}; valid choices: {', '.join(QUANTILE_METHODS)}")
+    # b_K = inf{x : F(x) >= K}, F the group's empirical CDF  (Wu et al. 2025 QAE, arXiv:2509.22611 §4.1)
+    rank = max(math.ceil(round(k * grouped.shape[1], 9)), 1)  # rounded: 0.4 * 10 is 4, not 4.000000000000001
+    return grouped.sort(dim=1).values[:, rank - 1 : rank]
+
+
 # Rewards within this relative distance of each other count as equal (float32 eps is 1.2e-7).
 ZERO_VARIANCE_RTOL = 1e-6
 
@@ -139,11 +162,14 @@ def normalized_advantages(
     eps: float = 1e-6,
     unbiased_std: bool = True,
     std_scope: str = "group",
+    quantile: float | None = None,
+    quantile_method: str = "inverted_cdf",
 ) -> Tensor:
     """GRPO advantage: centred by the group mean, divided by a std (+ eps).
 
     ``std_scope="group"``: std of the group (GRPO). ``std_scope="batch"``: std
     of all rewards in the batch, still centred by the group mean (Lite PPO).
+    ``quantile``: the group's ``quantile``-quantile replaces its mean as the baseline (QAE; ``group_quantiles``).
     Groups whose rewards are equal (``zero_variance_group_mask``) get advantage exactly 0.
     """
     if std_scope not in STD_SCOPES:
@@ -154,7 +180,11 @@ def normalized_advantages(
             f"normalized advantages need group_size >= 2, got {grouped.shape[1]}: the (unbiased) std of a "
             "single sample is undefined and its centred advantage is always 0"
         )
-    centered = grouped - grouped.mean(dim=1, keepdim=True)
+    if quantile is None:
+        centered = grouped - grouped.mean(dim=1, keepdim=True)
+    else:
+        # A_i = (r_i - b_K) / (std + eps)  (Wu et al. 2025 QAE, arXiv:2509.22611 eq. 3)
+        centered = grouped - group_quantiles(grouped, quantile, quantile_method)
     if std_scope == "group":
         std = grouped.std(dim=1, keepdim=True, unbiased=unbiased_std)
     else:
