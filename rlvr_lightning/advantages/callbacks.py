@@ -18,7 +18,7 @@ from rlvr_lightning.core.pass_at_k import PASS_AT_K_BASELINES, pass_at_k_advanta
 from rlvr_lightning.rewards.base import RewardCallback
 from rlvr_lightning.rollout import Rollout
 from rlvr_lightning.runtime.option_declarations import Option, check_options, documented_options
-from rlvr_lightning.runtime.option_domains import NON_NEGATIVE, PROBABILITY, OneOf, Range
+from rlvr_lightning.runtime.option_domains import FINITE, NON_NEGATIVE, PROBABILITY, OneOf, Range
 
 
 class AdvantageCallback(Callback):
@@ -70,6 +70,11 @@ class CenteredAdvantage(AdvantageCallback):
     ``baseline="length_weighted"`` weighs each response's reward by its length in the group's mean: OPO's
     optimal baseline (Hao et al. 2025; verl's ``opo``), meant for exactly on-policy training (one optimizer
     step per rollout). ``scale_by_valid_groups`` is GPG's alpha (Chu et al. 2025; see GroupNormalizedAdvantage).
+
+    ``baseline_shift`` adds delta V to the baseline: AsymRE (Arnal et al. 2025, arXiv:2506.20520), whose REINFORCE
+    with a baseline a little below the group's mean (delta V = -0.1 for rewards of +-1) stays stable off-policy,
+    where one at or above it collapses. Every advantage moves by ``-baseline_shift``, a group whose rewards agree
+    included.
     """
 
     min_group_size = 2
@@ -80,17 +85,22 @@ class CenteredAdvantage(AdvantageCallback):
             str, Option("mean (Dr. GRPO) or length_weighted (OPO).", OneOf(CENTERED_BASELINES))
         ] = "mean",
         scale_by_valid_groups: Annotated[bool, Option(SCALE_BY_VALID_GROUPS_HELP)] = False,
+        baseline_shift: Annotated[
+            float, Option("added to the baseline: A = r - (baseline + shift) (AsymRE's delta V, e.g. -0.1).", FINITE)
+        ] = 0.0,
     ) -> None:
         check_options(CenteredAdvantage, locals())
         self.baseline = baseline
         self.scale_by_valid_groups = scale_by_valid_groups
+        self.baseline_shift = baseline_shift
 
     def compute(self, rollout: Rollout) -> Tensor:
         if self.baseline == "length_weighted":
             lengths = rollout.response_mask.sum(dim=-1)
             advantages = estimators.length_weighted_centered_advantages(rollout.reward, lengths, rollout.group_size)
+            advantages = advantages - self.baseline_shift
         else:
-            advantages = estimators.centered_advantages(rollout.reward, rollout.group_size)
+            advantages = estimators.centered_advantages(rollout.reward, rollout.group_size, self.baseline_shift)
         return _scaled_by_valid_groups(advantages, rollout) if self.scale_by_valid_groups else advantages
 
 

@@ -53,11 +53,15 @@ def raw_advantages(rewards: Tensor, group_size: int | None = None) -> Tensor:
     return _as_float(rewards).clone()
 
 
-def centered_advantages(rewards: Tensor, group_size: int | None = None) -> Tensor:
-    """Reward minus its group's mean (no std division)."""
+def centered_advantages(rewards: Tensor, group_size: int | None = None, baseline_shift: float = 0.0) -> Tensor:
+    """Reward minus its group's mean (no std division), minus ``baseline_shift`` (AsymRE's delta V; 0: none)."""
     grouped = _grouped(rewards, group_size)
     # A_i = r_i - mean(r_group)  (Dr. GRPO, Liu et al. 2025 "Understanding R1-Zero-Like Training", Fig. 1 / §3.1)
-    return (grouped - grouped.mean(dim=1, keepdim=True)).view_as(rewards)
+    centered = grouped - grouped.mean(dim=1, keepdim=True)
+    if baseline_shift:
+        # A_i = r_i - (mean(r_group) + delta V)  (Arnal et al. 2025 AsymRE, arXiv:2506.20520 eq. 4)
+        centered = centered - baseline_shift
+    return centered.view_as(rewards)
 
 
 def length_weighted_centered_advantages(rewards: Tensor, lengths: Tensor, group_size: int | None = None) -> Tensor:
