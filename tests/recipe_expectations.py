@@ -27,6 +27,22 @@ EXPECTED = {
         kl=None,
         dynamic_sampling=True,
     ),
+    "entropy_advantage": dict(
+        advantage=advantages.GroupNormalizedAdvantage,
+        loss="entropy_shaped",
+        aggregation="token-mean",
+        kl=None,
+        shaped=("ppo_clip", (0.2, 0.28), 0.4, 2.0),
+    ),
+    "qae": dict(
+        advantage=advantages.GroupNormalizedAdvantage,
+        loss="ppo_clip",
+        clip=(0.2, 0.28),
+        aggregation="token-mean",
+        kl=None,
+        dynamic_sampling=True,
+        quantile=(0.4, "inverted_cdf"),
+    ),
     "high_entropy": dict(
         advantage=advantages.GroupNormalizedAdvantage,
         loss="high_entropy",
@@ -141,6 +157,13 @@ EXPECTED = {
     ),
     "reinforce": dict(advantage=advantages.RawRewardAdvantage, loss="pg", aggregation="seq-mean-token-sum", kl=None),
     "topr": dict(advantage=advantages.CenteredAdvantage, loss="topr", aggregation="seq-mean-token-sum", kl=None),
+    "asymre": dict(
+        advantage=advantages.CenteredAdvantage,
+        loss="pg",
+        aggregation="seq-mean-token-sum",
+        kl=None,
+        baseline_shift=-0.35,
+    ),
     # the std's scope and GPG's alpha
     "gpg": dict(
         advantage=advantages.GroupNormalizedAdvantage,

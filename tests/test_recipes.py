@@ -81,6 +81,14 @@ def test_recipe_runs_two_steps_on_the_sort_task(recipe, in_tmp_dir):
             (module.loss.loss.clip_low, module.loss.loss.clip_high),
             module.loss.top_quantile,
         ),
+        "shaped": lambda: (
+            next(k for k, cls in POLICY_LOSSES.items() if type(module.loss.loss) is cls),
+            (module.loss.loss.clip_low, module.loss.loss.clip_high),
+            module.loss.alpha,
+            module.loss.kappa,
+        ),
+        "quantile": lambda: (module.advantage_estimator.quantile, module.advantage_estimator.quantile_method),
+        "baseline_shift": lambda: module.advantage_estimator.baseline_shift,
         "cov": lambda: tuple(v for k, v in vars(module.loss).items() if k.startswith(("clip_cov", "kl_cov", "ppo_kl"))),
     }
     for option, value in read.items():
@@ -117,6 +125,8 @@ def test_recipe_runs_two_steps_on_the_sort_task(recipe, in_tmp_dir):
         ("dppo", ["--model.init_args.loss.init_args.divergence=js"], r"DPPO: divergence='js' is not valid"),
         # GMPO's per-response objective aggregated over tokens
         ("gmpo", ["--model.init_args.aggregation.mode=token-mean"], "GMPO's objective is the mean of each response's"),
+        # an entropy bonus whose cap could cancel a negative advantage
+        ("entropy_advantage", ["--model.init_args.loss.init_args.kappa=1"], "kappa must be > 1"),
         # a gate temperature of 0
         ("sapo", ["--model.init_args.loss.init_args.temperature_neg=0"], "SAPO: temperature_neg must be > 0"),
         # dynamic sampling with one response per prompt: every group has zero variance
