@@ -96,6 +96,13 @@ RECIPE_BANDS: dict[str, tuple[Band, Band]] = {
     "gppo": (Band(6.05, 6.95), Band(0.03, 0.60)),
     # the same (4.87-5.88, 0.4-6.3%): the policy's lambda is 0 on 4-token responses (docs/benchmarks.md)
     "vapo": (Band(4.40, 6.30), Band(0.00, 0.15)),
+    # from one machine's three seeds (docs/compare_sort.md, 2026-11-30: 6.53-6.67, 21.5-37.9%), widened as
+    # high_entropy's
+    "entropy_advantage": (Band(6.25, 6.90), Band(0.10, 0.50)),
+    # the same (6.70-6.88, 43.0-57.0%), dapo's band: the recipe is dapo's with another baseline
+    "qae": (Band(6.50, 7.00), Band(0.30, 0.80)),
+    # the same (6.40-6.63, 16.8-38.7%), widened as gppo's
+    "asymre": (Band(6.15, 6.90), Band(0.05, 0.55)),
 }
 RECIPES = tuple(RECIPE_BANDS)  # configs/recipes/NAME.yaml, each over the seeds
 
