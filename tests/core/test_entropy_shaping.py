@@ -9,7 +9,7 @@ from torch.testing import assert_close
 
 from rlvr_lightning.core import EntropyShapedAdvantage, PolicyGradient, PPOClip, policy_loss
 from rlvr_lightning.core.losses.entropy_shaping import entropy_advantage_bonus
-from rlvr_lightning.core.losses.token_selection import HighEntropyTokens
+from rlvr_lightning.core.losses.token_selection import HighEntropyTokens, pick_tokens
 
 
 def test_a_hand_computed_example():
@@ -110,3 +110,21 @@ def test_bad_options_and_a_missing_entropy_are_refused():
     shorthand = policy_loss("entropy_shaped")
     assert isinstance(shorthand, EntropyShapedAdvantage) and (shorthand.alpha, shorthand.kappa) == (0.4, 2.0)
     assert shorthand.reads_entropy and not PolicyGradient.reads_entropy
+
+
+def test_under_high_entropy_token_selection_the_picked_tokens_train_on_shaped_advantages():
+    g = torch.Generator().manual_seed(5)
+    log_probs = -torch.rand(3, 5, generator=g)
+    old = log_probs + 0.2 * torch.randn(3, 5, generator=g)
+    adv, entropy = torch.randn(3, generator=g), torch.rand(3, 5, generator=g) * 2
+    shaped = EntropyShapedAdvantage(PPOClip(), alpha=0.4)
+    both = HighEntropyTokens(shaped, top_quantile=0.4)
+    assert both.reads_entropy and both.selection_reads_entropy
+    selected = pick_tokens(both, log_probs, old, adv, None, entropy)
+    out = both(log_probs, old, adv, None, selected=selected, entropy=entropy)
+    alone = shaped(log_probs, old, adv, None, entropy=entropy)
+    assert_close(out.loss, alone.loss.masked_fill(~selected, 0.0))
+    assert 0 < selected.sum() < selected.numel()
+    weights = torch.rand(3, 5, generator=g)
+    corrected = both.with_rollout_is(log_probs, old, adv, None, weights, selected=selected, entropy=entropy)
+    assert_close(corrected.loss, (alone.loss * weights).masked_fill(~selected, 0.0))

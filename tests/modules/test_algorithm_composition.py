@@ -58,6 +58,7 @@ SELECTING = {
     "clip_cov": lambda: policy_losses.ClipCov(clip_cov_ratio=0.2, clip_cov_lb=0.0, clip_cov_ub=100.0),
     "kl_cov": lambda: policy_losses.KLCov(kl_cov_ratio=0.2),
     "high_entropy": lambda: policy_losses.HighEntropyTokens(top_quantile=0.3),
+    "high_entropy_shaped": lambda: policy_losses.HighEntropyTokens(policy_losses.EntropyShapedAdvantage(), 0.3),
 }
 
 
@@ -67,7 +68,11 @@ def test_token_picks_over_the_mini_batch_are_the_same_packed_or_padded(models, n
     """Three micro-batches of one row, or fewer packed ones: the same pick over the whole mini-batch (a pick per
     micro-batch would differ)."""
     runs = _same_update_packed_and_padded(models, rollout_is, loss=SELECTING[name]())
-    assert 0 < float(runs[0][1][f"train/{'selected_frac' if name == 'high_entropy' else 'cov_selected_frac'}"]) < 1
+    assert (
+        0
+        < float(runs[0][1][f"train/{'selected_frac' if name.startswith('high_entropy') else 'cov_selected_frac'}"])
+        < 1
+    )
 
 
 @pytest.mark.parametrize("rollout_is", [None, ImportanceSamplingConfig(mode="token_mask", max=1.2)])

@@ -75,6 +75,10 @@ class HighEntropyTokens(PolicyLoss):
     def needs_old_log_probs(self) -> bool:
         return self.loss.needs_old_log_probs
 
+    @property
+    def reads_entropy(self) -> bool:  # the wrapped loss's (EntropyShapedAdvantage's): handed on as given
+        return self.loss.reads_entropy
+
     def check(self, aggregation: str) -> None:
         self.loss.check(aggregation)
 
@@ -86,11 +90,17 @@ class HighEntropyTokens(PolicyLoss):
         threshold = torch.quantile(entropy.float(), 1.0 - self.top_quantile)
         return entropy >= threshold
 
-    def __call__(self, log_probs, old_log_probs, advantages, mask, selected: Tensor | None = None):
-        return self._keep(self.loss(log_probs, old_log_probs, advantages, mask), selected)
+    def __call__(self, log_probs, old_log_probs, advantages, mask, selected=None, entropy: Tensor | None = None):
+        inner = self._entropy(entropy)
+        return self._keep(self.loss(log_probs, old_log_probs, advantages, mask, **inner), selected)
 
-    def with_rollout_is(self, log_probs, old_log_probs, advantages, mask, weights, selected: Tensor | None = None):
-        return self._keep(self.loss.with_rollout_is(log_probs, old_log_probs, advantages, mask, weights), selected)
+    def with_rollout_is(self, log_probs, old_log_probs, advantages, mask, weights, selected=None, entropy=None):
+        out = self.loss.with_rollout_is(log_probs, old_log_probs, advantages, mask, weights, **self._entropy(entropy))
+        return self._keep(out, selected)
+
+    def _entropy(self, entropy: Tensor | None) -> dict[str, Tensor]:
+        """The keyword the wrapped loss takes the entropies by, where it reads them."""
+        return {"entropy": entropy} if self.loss.reads_entropy else {}
 
     @staticmethod
     def _keep(out: PolicyLossOutput, selected: Tensor | None) -> PolicyLossOutput:
