@@ -28,7 +28,8 @@ class EntropyShapedAdvantage(PolicyLoss):
 
     The bonus is never negative, 0 where ``A_t = 0``, and below ``|A_t|`` (``kappa > 1``): a positive advantage
     grows, a negative one shrinks towards 0 without changing sign, most at uncertain tokens. Logged as
-    ``entropy_bonus``, its mean over the real tokens.
+    ``entropy_bonus``, its mean over the real tokens. ``HighEntropyTokens`` may wrap it; it wraps no loss that
+    picks tokens itself.
 
     Args:
         loss: the policy loss trained on the shaped advantages (a shorthand or a PolicyLoss).
