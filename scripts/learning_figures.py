@@ -103,6 +103,9 @@ RECIPE_BANDS: dict[str, tuple[Band, Band]] = {
     "qae": (Band(6.50, 7.00), Band(0.30, 0.80)),
     # the same (6.40-6.63, 16.8-38.7%), widened as gppo's
     "asymre": (Band(6.15, 6.90), Band(0.05, 0.55)),
+    # the same (2.70-3.23, 0%): no exact sort early, so every advantage is -1 and the policy stays at its start
+    # (docs/benchmarks.md)
+    "w_reinforce": (Band(2.30, 3.70), Band(0.00, 0.02)),
 }
 RECIPES = tuple(RECIPE_BANDS)  # configs/recipes/NAME.yaml, each over the seeds
 

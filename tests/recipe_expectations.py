@@ -155,6 +155,14 @@ EXPECTED = {
         aggregation="token-mean",
         kl=(0.001, "k1", "reward"),
     ),
+    "w_reinforce": dict(
+        advantage=advantages.WeightedReinforceAdvantage,
+        loss="ppo_clip",
+        clip=(0.2, 0.2),
+        aggregation="token-mean",
+        kl=None,
+        positive_weight=(0.1, None),
+    ),
     "reinforce": dict(advantage=advantages.RawRewardAdvantage, loss="pg", aggregation="seq-mean-token-sum", kl=None),
     "topr": dict(advantage=advantages.CenteredAdvantage, loss="topr", aggregation="seq-mean-token-sum", kl=None),
     "asymre": dict(

@@ -89,6 +89,7 @@ def test_recipe_runs_two_steps_on_the_sort_task(recipe, in_tmp_dir):
         ),
         "quantile": lambda: (module.advantage_estimator.quantile, module.advantage_estimator.quantile_method),
         "baseline_shift": lambda: module.advantage_estimator.baseline_shift,
+        "positive_weight": lambda: (module.advantage_estimator.positive_weight, module.advantage_estimator.correct_at),
         "cov": lambda: tuple(v for k, v in vars(module.loss).items() if k.startswith(("clip_cov", "kl_cov", "ppo_kl"))),
     }
     for option, value in read.items():

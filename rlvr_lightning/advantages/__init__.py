@@ -14,6 +14,7 @@ from rlvr_lightning.advantages.callbacks import (
     RawRewardAdvantage,
     RLOOAdvantage,
 )
+from rlvr_lightning.advantages.weighted_reinforce import WeightedReinforceAdvantage
 
 __all__ = [
     "AdvantageCallback",
@@ -27,4 +28,5 @@ __all__ = [
     "PassAtKAdvantage",
     "RLOOAdvantage",
     "RawRewardAdvantage",
+    "WeightedReinforceAdvantage",
 ]

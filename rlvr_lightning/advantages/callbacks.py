@@ -30,6 +30,8 @@ class AdvantageCallback(Callback):
     reads_token_energy: bool = False
     #: the estimator reads `rollout.greedy_reward` (the module samples a greedy response to each prompt and scores it)
     reads_greedy_reward: bool = False
+    #: the estimator reads `rollout.correct` (the module asks the rewards' `is_correct`)
+    reads_correctness: bool = False
 
     def compute(self, rollout: Rollout) -> Tensor:
         raise NotImplementedError

@@ -77,6 +77,14 @@ def length_weighted_centered_advantages(rewards: Tensor, lengths: Tensor, group_
     return (grouped - baseline).view_as(rewards)
 
 
+def weighted_reinforce_advantages(correct: Tensor, positive_weight: float = 0.1) -> Tensor:
+    """``[N]`` float: ``positive_weight`` for a correct response, -1 for a wrong one (no baseline)."""
+    correct = correct.bool()
+    # A = lambda if correct else -1  (Zhu et al. 2025 W-REINFORCE, arXiv:2506.01347; RLVR-Decomposed a5d4e7c
+    # verl/trainer/ppo/core_algos.py, advantage == 'weighted': the 0/1 reward times lambda, or minus 1)
+    return torch.full(correct.shape, -1.0, device=correct.device).masked_fill(correct, positive_weight)
+
+
 def greedy_baseline_advantages(rewards: Tensor, greedy_rewards: Tensor) -> Tensor:
     """Each reward minus the reward of the greedy response to the same prompt (``greedy_rewards``, one per row)."""
     # A_i = r(x, y_i) - r(x, y_greedy)  (Li et al. 2023 ReMax, arXiv:2310.10505 Alg. 1; verl remax)

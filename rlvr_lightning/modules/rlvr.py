@@ -248,9 +248,10 @@ class RLVRModule(PolicyModule):
         self.policy_update.add_old_and_reference_log_probs(rollout)
         if self.reference is not None and self.kl.mode == "reward":
             self._penalize_reward_with_kl(rollout, metrics)
-        rollout.advantages = self._advantages(rollout, metrics)
-        if self.policy_update.positive_nll_coef:
+        reads_correctness = getattr(self.advantage_estimator, "reads_correctness", False)  # PPOModule has none
+        if self.policy_update.positive_nll_coef or reads_correctness:
             rollout.correct = self._correct_rows(correct, rollout)
+        rollout.advantages = self._advantages(rollout, metrics)
         self.last_rollout = rollout
         metrics["train/advantage_mean"] = rollout.advantages.mean()
         metrics["train/advantage_std"] = rollout.advantages.std() if rollout.advantages.numel() > 1 else 0.0
@@ -301,9 +302,13 @@ class RLVRModule(PolicyModule):
 
     def _correct_rows(self, correct: Tensor | None, rollout: Rollout) -> Tensor:
         if correct is None:
+            estimator = self.advantage_estimator
+            reader = type(estimator).__name__ if getattr(estimator, "reads_correctness", False) else None
+            what = reader or "positive_nll_coef > 0"
             raise ValueError(
-                "positive_nll_coef > 0 trains on the correct responses, but no reward can tell a correct one "
-                "(is_correct returned None): add the task's reward (MathAccuracyReward, ...) or set positive_nll_coef 0"
+                f"{what} trains on which responses are correct, but no reward can tell a correct one (is_correct "
+                f"returned None): add the task's reward (MathAccuracyReward, ...)"
+                + ("" if reader else " or set positive_nll_coef 0")
             )
         return correct.to(rollout.response_mask.device)
 

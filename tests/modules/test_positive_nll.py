@@ -115,5 +115,5 @@ def test_ppo_adds_it_to_its_loss(in_tmp_dir):
 
 def test_a_reward_that_cannot_tell_correctness_is_refused(in_tmp_dir):
     module = RLVRModule(policy(), group_size=2, positive_nll_coef=0.1)
-    with pytest.raises(ValueError, match="positive_nll_coef > 0 trains on the correct responses"):
+    with pytest.raises(ValueError, match="positive_nll_coef > 0 trains on which responses are correct"):
         fit(module, [Constant(), CenteredAdvantage()], steps=1)
