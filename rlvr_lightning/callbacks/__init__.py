@@ -1,5 +1,6 @@
 """Lightning callbacks and plugins of rlvr_lightning."""
 
+from rlvr_lightning.callbacks.adaptive_entropy import AdaptiveEntropyControl
 from rlvr_lightning.callbacks.checkpointing import (
     AtomicCheckpointIO,
     CheckpointReadError,
@@ -10,6 +11,7 @@ from rlvr_lightning.callbacks.environment import WriteEnvironment
 from rlvr_lightning.callbacks.rollout_table import RolloutTableLogger
 
 __all__ = [
+    "AdaptiveEntropyControl",
     "AtomicCheckpointIO",
     "CheckpointReadError",
     "ResumeState",

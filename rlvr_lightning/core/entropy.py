@@ -33,3 +33,18 @@ def entropy_from_log_probs(log_probs: Tensor) -> Tensor:
     H = -sum_v p_v log p_v; zero-probability (-inf) entries contribute 0.
     """
     return -(log_probs.exp() * log_probs.masked_fill(torch.isneginf(log_probs), 0.0)).sum(dim=-1)
+
+
+def adaptive_entropy_coefficient(
+    coef: float, entropy: float, target: float, delta: float, min_coef: float, max_coef: float
+) -> tuple[float, bool]:
+    """One step of Skywork-OR1's adaptive entropy control: the next coefficient, and whether the bonus applies.
+
+    While the measured entropy is under ``target`` the coefficient rises by ``delta`` a step and the bonus is on;
+    otherwise it falls by ``delta`` and the bonus is off; it stays within ``[min_coef, max_coef]``.
+    """
+    below = entropy < target
+    # c_{k+1} = clip(c_k +- delta, min, max); alpha_{k+1} = c_{k+1} 1[e_k < target]  (He et al. 2025 Skywork-OR1,
+    # arXiv:2505.22312 §3.3; the authors' EntController.update, SkyworkAI/Skywork-OR1 64e96af core_algos.py)
+    coef = min(max(coef + delta if below else coef - delta, min_coef), max_coef)
+    return coef, below

@@ -99,6 +99,7 @@ class PolicyUpdate:
         self.loss_constant = float(aggregation.constant or response_length or sampling.max_new_tokens)
         self.kl, self.kl_estimator, self.reference = kl, kl_estimator(kl.estimator), reference
         self.rollout_is, self.update, self.entropy_coef = rollout_is, update, entropy_coef
+        self.logs_entropy_coef = False  # True when a callback sets entropy_coef each step (AdaptiveEntropyControl)
         self.masks_off_policy = rollout_is.off_policy_mask_threshold is not None
         self.teacher, self.distillation, self.positive_nll_coef = teacher, distillation, positive_nll_coef
         self.skipped_updates = 0  # non-finite updates skipped so far
@@ -230,7 +231,10 @@ class PolicyUpdate:
                 loss, grad_norm = self.clip_and_step(module, optimizer, scheduler, loss_sum)
                 losses.append(loss)
                 grad_norms.append(grad_norm)
-        return update_metrics(parts, losses, grad_norms, self.rollout_is.max)
+        metrics = update_metrics(parts, losses, grad_norms, self.rollout_is.max)
+        if self.logs_entropy_coef:
+            metrics["train/entropy_coef"] = self.entropy_coef
+        return metrics
 
     def loss_mask(self, part: Rollout) -> Tensor:
         """bool `[n, T]`: the tokens the loss counts: the sampled ones, less those of truncated responses with
