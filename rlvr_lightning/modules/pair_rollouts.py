@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from rlvr_lightning.core.aggregation import AGGREGATION_MODES, aggregate_loss
+from rlvr_lightning.core.losses.likelihood import likelihood_token_loss
 from rlvr_lightning.modules.options import AggregationConfig
 from rlvr_lightning.policies.base import Policy
 from rlvr_lightning.rollout import Rollout
@@ -114,9 +115,20 @@ def response_nll(
     **normalisers,
 ) -> Tensor:
     """Mean negative log-likelihood of the response tokens of `rollout` (differentiable)."""
+    return response_loss(policy, rollout, aggregation, "nll", **normalisers)
+
+
+def response_loss(
+    policy: Policy,
+    rollout: Rollout,
+    aggregation: AggregationConfig = AggregationConfig(mode="token-mean"),
+    loss: str = "nll",
+    **normalisers,
+) -> Tensor:
+    """The likelihood loss `loss` (`core.losses.likelihood`: nll or dft) of the response tokens of `rollout`."""
     log_probs, _ = policy.token_log_probs(rollout, temperature=1.0)
     return aggregate_loss(
-        -log_probs,
+        likelihood_token_loss(log_probs, loss),
         rollout.response_mask,
         aggregation.mode,
         count_empty_rows=aggregation.count_empty_rows,

@@ -7,7 +7,9 @@ The loss is the negative log-likelihood of the response tokens only (the prompt 
 never a target), teacher-forced through the policy's own `token_log_probs` on a `Rollout`
 built from the pairs (`pair_rollout`), so whatever scores tokens for RL scores them here.
 `aggregation: {mode: token-mean}` (default) averages over every response token of the batch (the
-usual SFT loss); "seq-mean-token-mean" averages each response first.
+usual SFT loss); "seq-mean-token-mean" averages each response first. `loss: dft` weighs each token's
+negative log-likelihood by the token's probability (dynamic fine-tuning, Wu et al. 2025,
+`core/losses/likelihood.py`); validation still reports the plain `val/nll`.
 
 Validation reports `val/nll` on validation pairs and, when the run configures rewards, samples
 the validation prompts and reports `val/reward_mean` and `val/accuracy` exactly as `RLVRModule`
@@ -21,23 +23,28 @@ reference is a copy of the fine-tuned policy, and no trainer state (step, optimi
 from __future__ import annotations
 
 import os
+from typing import Annotated
 
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 
+from rlvr_lightning.core.losses.likelihood import LIKELIHOOD_LOSSES
 from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.modules.options import AggregationConfig, ValidationConfig, plain_hyperparameters
-from rlvr_lightning.modules.pair_rollouts import check_nll_aggregation, pair_rollout, response_nll
+from rlvr_lightning.modules.pair_rollouts import check_nll_aggregation, pair_rollout, response_loss, response_nll
 from rlvr_lightning.modules.policy_checkpoint import policy_from_checkpoint
 from rlvr_lightning.modules.policy_module import PolicyModule
 from rlvr_lightning.policies.base import Policy
 from rlvr_lightning.rollout import Rollout
+from rlvr_lightning.runtime.option_declarations import Option, check_options, documented_options
+from rlvr_lightning.runtime.option_domains import OneOf
 
 # configs name the loader as rlvr_lightning.modules.sft.policy_from_checkpoint
 __all__ = ["SFTModule", "policy_from_checkpoint"]
 
 
+@documented_options
 class SFTModule(PolicyModule):
     def __init__(
         self,
@@ -48,6 +55,14 @@ class SFTModule(PolicyModule):
         sampling: SamplingConfig | None = None,
         validation: ValidationConfig = ValidationConfig(),
         save_pretrained_dir: str | None = None,
+        loss: Annotated[
+            str,
+            Option(
+                "the per-token loss: nll | dft (the NLL times the token's stop-gradient probability; Wu et al. "
+                "2025, dynamic fine-tuning).",
+                OneOf(LIKELIHOOD_LOSSES),
+            ),
+        ] = "nll",
     ) -> None:
         """
         Args:
@@ -63,6 +78,7 @@ class SFTModule(PolicyModule):
 
         Gradient clipping and accumulation are the Trainer's (`trainer.gradient_clip_val`, ...).
         """
+        check_options(SFTModule, locals())
         super().__init__(policy, optimizer, lr_scheduler, sampling, validation)
         self.save_hyperparameters(ignore=["policy", "optimizer", "lr_scheduler", "sampling"])
         plain_hyperparameters(self)
@@ -71,13 +87,14 @@ class SFTModule(PolicyModule):
             raise ValueError(f"save_pretrained_dir is set, but {type(policy).__name__} has no save_pretrained()")
         self.aggregation = aggregation
         self.save_pretrained_dir = save_pretrained_dir
+        self.loss = loss
 
     def _batch_rollout(self, batch: dict[str, list]) -> Rollout:
         return pair_rollout(self.policy, batch["prompt"], batch["response"], batch.get("metadata"))
 
     def training_step(self, batch: dict[str, list], batch_idx: int) -> Tensor:
         rollout = self._batch_rollout(batch)
-        loss = response_nll(self.policy, rollout, self.aggregation)
+        loss = response_loss(self.policy, rollout, self.aggregation, self.loss)
         tokens = rollout.response_mask.sum()
         rows = rollout.num_rows
         metrics = {"train/loss": loss.detach(), "train/response_tokens": tokens}
