@@ -6,10 +6,11 @@ from rlvr_lightning.rewards.code import CodeExecutionReward
 from rlvr_lightning.rewards.format import BoxedFormatReward, R1FormatReward
 from rlvr_lightning.rewards.judge import GenerativeJudgeReward
 from rlvr_lightning.rewards.language import LanguageConsistencyReward
-from rlvr_lightning.rewards.length import LengthReward
+from rlvr_lightning.rewards.length import CosineLengthReward, LengthReward, OverlongPenalty
 from rlvr_lightning.rewards.math import MathAccuracyReward
 from rlvr_lightning.rewards.model_reward import ModelReward
 from rlvr_lightning.rewards.reasoning_gym import ReasoningGymReward
+from rlvr_lightning.rewards.repetition import RepetitionPenalty
 from rlvr_lightning.rewards.reward_model import SequenceClassifierReward
 from rlvr_lightning.rewards.sort import SortAndStopReward, SortDistanceReward, SortInclusionOrderingReward
 from rlvr_lightning.rewards.text import ContainsReward
@@ -19,13 +20,16 @@ __all__ = [
     "BoxedFormatReward",
     "CodeExecutionReward",
     "ContainsReward",
+    "CosineLengthReward",
     "GenerativeJudgeReward",
     "LanguageConsistencyReward",
     "LengthReward",
     "MathAccuracyReward",
     "ModelReward",
+    "OverlongPenalty",
     "R1FormatReward",
     "ReasoningGymReward",
+    "RepetitionPenalty",
     "RewardCallback",
     "SequenceClassifierReward",
     "SortAndStopReward",
