@@ -106,6 +106,9 @@ RECIPE_BANDS: dict[str, tuple[Band, Band]] = {
     # the same (2.70-3.23, 0%): no exact sort early, so every advantage is -1 and the policy stays at its start
     # (docs/benchmarks.md)
     "w_reinforce": (Band(2.30, 3.70), Band(0.00, 0.02)),
+    # from one machine's three seeds (2026-11-30: 6.60-6.86, 37.1-61.3%; AVX2-pinned 6.58-6.89, 28.1-68.0%), dapo's
+    # band widened below as gppo's: the recipe is dapo's with PPO's clip and an entropy bonus
+    "adaptive_entropy": (Band(6.05, 7.00), Band(0.03, 0.80)),
 }
 RECIPES = tuple(RECIPE_BANDS)  # configs/recipes/NAME.yaml, each over the seeds
 

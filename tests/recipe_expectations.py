@@ -34,6 +34,15 @@ EXPECTED = {
         kl=None,
         shaped=("ppo_clip", (0.2, 0.28), 0.4, 2.0),
     ),
+    "adaptive_entropy": dict(
+        advantage=advantages.GroupNormalizedAdvantage,
+        loss="ppo_clip",
+        clip=(0.2, 0.2),
+        aggregation="token-mean",
+        kl=None,
+        dynamic_sampling=True,
+        entropy_control=(0.1, 0.02, 1.0),
+    ),
     "qae": dict(
         advantage=advantages.GroupNormalizedAdvantage,
         loss="ppo_clip",

@@ -11,6 +11,7 @@ import torch
 import yaml
 
 from rlvr_lightning import advantages
+from rlvr_lightning.callbacks import AdaptiveEntropyControl
 from rlvr_lightning.cli.app import main
 from rlvr_lightning.core.losses.policy_losses import POLICY_LOSSES
 from tests.recipe_expectations import EXPECTED
@@ -90,6 +91,9 @@ def test_recipe_runs_two_steps_on_the_sort_task(recipe, in_tmp_dir):
         "quantile": lambda: (module.advantage_estimator.quantile, module.advantage_estimator.quantile_method),
         "baseline_shift": lambda: module.advantage_estimator.baseline_shift,
         "positive_weight": lambda: (module.advantage_estimator.positive_weight, module.advantage_estimator.correct_at),
+        "entropy_control": lambda: next(
+            (c.target, c.delta, c.max_coef) for c in cli.trainer.callbacks if isinstance(c, AdaptiveEntropyControl)
+        ),
         "cov": lambda: tuple(v for k, v in vars(module.loss).items() if k.startswith(("clip_cov", "kl_cov", "ppo_kl"))),
     }
     for option, value in read.items():
@@ -128,6 +132,8 @@ def test_recipe_runs_two_steps_on_the_sort_task(recipe, in_tmp_dir):
         ("gmpo", ["--model.init_args.aggregation.mode=token-mean"], "GMPO's objective is the mean of each response's"),
         # an entropy bonus whose cap could cancel a negative advantage
         ("entropy_advantage", ["--model.init_args.loss.init_args.kappa=1"], "kappa must be > 1"),
+        # an entropy bonus set twice
+        ("adaptive_entropy", ["--model.init_args.entropy_coef=0.01"], "and AdaptiveEntropyControl both set"),
         # a gate temperature of 0
         ("sapo", ["--model.init_args.loss.init_args.temperature_neg=0"], "SAPO: temperature_neg must be > 0"),
         # dynamic sampling with one response per prompt: every group has zero variance
