@@ -43,6 +43,13 @@ EXPECTED = {
         dynamic_sampling=True,
         entropy_control=(0.1, 0.02, 1.0),
     ),
+    "astar_po": dict(
+        advantage=advantages.OptimalValueAdvantage,
+        loss="astar_po",
+        aggregation="seq-mean-token-mean",
+        kl=None,
+        optimal_value=(3.5, 8, 0.03, 1),
+    ),
     "qae": dict(
         advantage=advantages.GroupNormalizedAdvantage,
         loss="ppo_clip",

@@ -91,6 +91,12 @@ def test_recipe_runs_two_steps_on_the_sort_task(recipe, in_tmp_dir):
         "quantile": lambda: (module.advantage_estimator.quantile, module.advantage_estimator.quantile_method),
         "baseline_shift": lambda: module.advantage_estimator.baseline_shift,
         "positive_weight": lambda: (module.advantage_estimator.positive_weight, module.advantage_estimator.correct_at),
+        "optimal_value": lambda: (
+            module.advantage_estimator.beta1,
+            module.advantage_estimator.num_samples,
+            module.loss.beta2,
+            module.group_size,
+        ),
         "entropy_control": lambda: next(
             (c.target, c.delta, c.max_coef) for c in cli.trainer.callbacks if isinstance(c, AdaptiveEntropyControl)
         ),
@@ -102,7 +108,7 @@ def test_recipe_runs_two_steps_on_the_sort_task(recipe, in_tmp_dir):
     if "teacher" not in expected:
         assert module.teacher is None
     if expected["kl"] is None:
-        assert module.reference is None
+        assert module.reference is None or module.loss.reads_reference
     else:
         assert (module.kl.coef, module.kl.estimator, module.kl.mode) == expected["kl"]
 
@@ -132,6 +138,8 @@ def test_recipe_runs_two_steps_on_the_sort_task(recipe, in_tmp_dir):
         ("gmpo", ["--model.init_args.aggregation.mode=token-mean"], "GMPO's objective is the mean of each response's"),
         # an entropy bonus whose cap could cancel a negative advantage
         ("entropy_advantage", ["--model.init_args.loss.init_args.kappa=1"], "kappa must be > 1"),
+        # one squared error per response, weighed by its length
+        ("astar_po", ["--model.init_args.aggregation.mode=token-mean"], "would weigh responses by their length"),
         # an entropy bonus set twice
         ("adaptive_entropy", ["--model.init_args.entropy_coef=0.01"], "and AdaptiveEntropyControl both set"),
         # a gate temperature of 0

@@ -14,6 +14,7 @@ from rlvr_lightning.advantages.callbacks import (
     RawRewardAdvantage,
     RLOOAdvantage,
 )
+from rlvr_lightning.advantages.optimal_value import OptimalValueAdvantage
 from rlvr_lightning.advantages.weighted_reinforce import WeightedReinforceAdvantage
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "MaxOnlyAdvantage",
     "NormalizeThenSumAdvantage",
     "OptimalTokenBaseline",
+    "OptimalValueAdvantage",
     "PassAtKAdvantage",
     "RLOOAdvantage",
     "RawRewardAdvantage",

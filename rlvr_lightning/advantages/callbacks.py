@@ -32,6 +32,9 @@ class AdvantageCallback(Callback):
     reads_greedy_reward: bool = False
     #: the estimator reads `rollout.correct` (the module asks the rewards' `is_correct`)
     reads_correctness: bool = False
+    #: what the estimator reads of each prompt of the step's batch (None: nothing), so that the trained rollout
+    #: must hold those prompts, in order: no dynamic sampling, no asynchronous rollouts (checked at start-up)
+    reads_step_batch: str | None = None
 
     def compute(self, rollout: Rollout) -> Tensor:
         raise NotImplementedError
@@ -262,6 +265,7 @@ class GreedyBaselineAdvantage(AdvantageCallback):
     the step's rollout to be its batch's prompts: no dynamic sampling, no asynchronous rollouts."""
 
     reads_greedy_reward = True
+    reads_step_batch = "decodes a greedy response to each prompt of the step's batch"
 
     def compute(self, rollout: Rollout) -> Tensor:
         if rollout.greedy_reward is None:

@@ -82,8 +82,8 @@ class RLVRModule(PolicyModule):
             PolicyLoss | str,
             Option(
                 "the per-token policy loss: pg | ratio | ppo_clip | gspo | cispo | sapo | luspo | vespo | gmpo | "
-                "dppo | clip_cov | kl_cov | topr | gppo | high_entropy | entropy_shaped, or a PolicyLoss by class_path "
-                "(e.g. rlvr_lightning.core.PPOClip)."
+                "dppo | clip_cov | kl_cov | topr | gppo | high_entropy | entropy_shaped | astar_po, or a PolicyLoss by "
+                "class_path (e.g. rlvr_lightning.core.PPOClip)."
             ),
         ] = "ppo_clip",
         aggregation: Annotated[AggregationConfig, Option("token losses to the scalar.")] = AggregationConfig(),
@@ -135,7 +135,7 @@ class RLVRModule(PolicyModule):
         if rollout_staleness and rollout_is.mode is None:
             rollout_is = dataclasses.replace(rollout_is, mode="token_mask")  # AReaL: tokens over the cap drop out
         self.rollout_is = rollout_is
-        self.reference = policy.create_reference() if kl.coef != 0 else None
+        self.reference = policy.create_reference() if kl.coef != 0 or self.loss.reads_reference else None
         check_distillation(teacher, distillation)
         self.teacher = None if teacher is None else Teacher(teacher, policy)  # off the module tree: not checkpointed
         self.policy_update = PolicyUpdate(
@@ -197,11 +197,12 @@ class RLVRModule(PolicyModule):
                 f"{name} reads each token's energy, which {type(self.policy).__name__} does not compute: "
                 "implement Policy.token_energies"
             )
-        if self.advantage_estimator.reads_greedy_reward and (self.dynamic_sampling.enabled or self.rollout_staleness):
+        reads_batch = self.advantage_estimator.reads_step_batch
+        if reads_batch and (self.dynamic_sampling.enabled or self.rollout_staleness):
             option = "dynamic_sampling.enabled=true" if self.dynamic_sampling.enabled else "rollout_staleness >= 1"
             raise ValueError(
-                f"{name} decodes a greedy response to each prompt of the step's batch, but with {option} the "
-                "trained rollout holds other prompts; use one without the other"
+                f"{name} {reads_batch}, but with {option} the trained rollout holds other prompts; use one without "
+                "the other"
             )
 
     def _check_batch_sizes(self) -> None:

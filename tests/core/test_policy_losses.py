@@ -134,6 +134,8 @@ def _call(kind, log_probs, old, advantages, mask):
     if loss.reads_entropy:  # the update hands it the tokens' entropies
         entropy = torch.linspace(0.1, 1.0, log_probs.numel()).view_as(log_probs)
         return loss(log_probs, old, advantages, mask, entropy=entropy)
+    if loss.reads_reference:  # the update hands it the reference's log-probs
+        return loss(log_probs, old, advantages, mask, ref_log_probs=old - 0.3)
     return loss(log_probs, old, advantages, mask)
 
 
@@ -242,7 +244,7 @@ def test_cispo_lower_bound_and_negative_advantage():
 def test_registry_names():
     assert list(POLICY_LOSSES) == [
         "pg", "ratio", "ppo_clip", "gspo", "cispo", "sapo", "luspo", "vespo", "gmpo", "dppo", "clip_cov",
-        "kl_cov", "high_entropy", "topr", "gppo", "entropy_shaped",
+        "kl_cov", "high_entropy", "topr", "gppo", "entropy_shaped", "astar_po",
     ]  # fmt: skip
 
 

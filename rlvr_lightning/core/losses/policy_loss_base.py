@@ -201,6 +201,9 @@ class PolicyLoss:
     #: True: ``__call__`` and ``with_rollout_is`` take the tokens' detached entropies under the policy being trained
     #: as ``entropy=`` (``[N, T]``; the update computes them)
     reads_entropy: bool = False
+    #: True: ``__call__`` and ``with_rollout_is`` take the reference's log-probs as ``ref_log_probs=`` (``[N, T]``;
+    #: the module builds a reference for such a loss)
+    reads_reference: bool = False
 
     def select_tokens(
         self, log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, entropy: Tensor | None, generator

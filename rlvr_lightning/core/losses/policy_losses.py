@@ -8,7 +8,8 @@ losses that weigh instead of clipping (``SAPO``, ``VESPO``) in ``core/losses/sof
 trust region in ``core/losses/divergence_losses.py``, the entropy-shaped advantages (``EntropyShapedAdvantage``) in
 ``core/losses/entropy_shaping.py``, the losses that pick tokens over the mini-batch
 (``ClipCov``, ``KLCov``, ``HighEntropyTokens``) in ``core/losses/covariance_losses.py`` and
-``core/losses/token_selection.py``.
+``core/losses/token_selection.py``, A*-PO's regression onto the optimal advantage (``AStarPO``) in
+``core/losses/regression_losses.py``.
 Every built-in loss can be imported from here.
 """
 
@@ -30,6 +31,7 @@ from rlvr_lightning.core.losses.policy_loss_base import (
     token_ratio,
     zero_masked,
 )
+from rlvr_lightning.core.losses.regression_losses import AStarPO
 from rlvr_lightning.core.losses.sequence_losses import GMPO, GSPO, LUSPO, TOPR
 from rlvr_lightning.core.losses.soft_losses import SAPO, VESPO
 from rlvr_lightning.core.losses.token_selection import HighEntropyTokens
@@ -37,6 +39,7 @@ from rlvr_lightning.core.masked import masked_mean
 from rlvr_lightning.core.shorthands import from_shorthand
 
 __all__ = [
+    "AStarPO",
     "CISPO",
     "DPPO",
     "EntropyShapedAdvantage",
@@ -218,6 +221,7 @@ POLICY_LOSSES: dict[str, type[PolicyLoss]] = {
     "topr": TOPR,
     "gppo": GPPO,
     "entropy_shaped": EntropyShapedAdvantage,
+    "astar_po": AStarPO,
 }
 
 

@@ -270,6 +270,8 @@ class PolicyUpdate:
         selection = {} if selected is None else {"selected": selected}
         if self.loss.reads_entropy:
             selection["entropy"] = entropy.detach()
+        if self.loss.reads_reference:
+            selection["ref_log_probs"] = micro.ref_log_probs
         sampled = micro.sampling_log_probs
         sampler_pair = (log_probs.detach(), sampled) if first_update and sampled is not None else None
         weights = self.sampler_weights(micro, log_probs, mask)
