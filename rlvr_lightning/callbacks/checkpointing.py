@@ -106,7 +106,9 @@ class ResumeState(Callback):
     epoch start). A checkpoint holds that state and the python and numpy states of the
     checkpoint instant, so a run resumed from it draws exactly what the uninterrupted run drew.
     (python's and numpy's generators are not frozen per step: reading numpy's state costs
-    ~0.3 ms; nothing in rlvr_lightning draws from them between steps.)
+    ~0.3 ms; nothing in rlvr_lightning draws from them between steps.) `rlvr` puts it first among
+    the callbacks, so that a callback drawing random numbers at the start of a step (A*-PO's
+    reference samples) draws them after the restore.
     """
 
     def __init__(

@@ -255,12 +255,12 @@ class RLVRCLI(LightningCLI):
         if self.subcommand == "predict" and not any(isinstance(cb, BasePredictionWriter) for cb in callbacks):
             root = trainer_config.get("default_root_dir") or "."
             added.append(CompletionWriter(os.path.join(str(root), "predictions.jsonl")))
-        if not any(isinstance(cb, ResumeState) for cb in callbacks):  # RNG states in checkpoints, atomic files
-            added.append(ResumeState())
+        # RNG states in checkpoints, atomic files; first, so that its step-start restore precedes any draw
+        first = [] if any(isinstance(cb, ResumeState) for cb in callbacks) else [ResumeState()]
         added += self._place_checkpoints(trainer_config, callbacks)
         quiet_loggers(trainer_config.get("logger"))
-        if added:
-            kwargs["callbacks"] = [*callbacks, *added]
+        if added or first:
+            kwargs["callbacks"] = [*first, *callbacks, *added]
         return super().instantiate_trainer(**kwargs)
 
     def _place_checkpoints(self, trainer_config, callbacks: list[pl.Callback]) -> list[pl.Callback]:
