@@ -124,16 +124,6 @@ class CorrectnessShaping(RewardCallback):
 class LengthReward(CorrectnessShaping):
     """Kimi k1.5 length reward: favours the shorter responses of a group, never rewards wrong ones."""
 
-    def __init__(
-        self,
-        correct_reward: str | None = None,
-        correct_threshold: float = 1.0,
-        weight: float = 1.0,
-        name: str | None = None,
-        on_error: str = "zero",
-    ) -> None:
-        super().__init__(correct_reward, correct_threshold, weight, name or "length", on_error)
-
     def score(self, rollout: Rollout) -> Tensor:
         return kimi_length_reward(response_lengths(rollout), self.correct(rollout), rollout.group_size).to(
             rollout.response_ids.device
@@ -176,7 +166,7 @@ class CosineLengthReward(CorrectnessShaping):
         on_error: str = "zero",
     ) -> None:
         check_options(CosineLengthReward, locals())
-        super().__init__(correct_reward, correct_threshold, weight, name or "cosine_length", on_error)
+        super().__init__(correct_reward, correct_threshold, weight, name, on_error)
         self.max_len = max_len
         self.values = (correct_short, correct_long, wrong_short, wrong_long, exceed)
 
