@@ -111,3 +111,17 @@ def test_repetition_penalty_reads_real_tokens_or_words():
         RepetitionPenalty(unit="words", on_error="raise")(rollout)
     with pytest.raises(ValueError, match=r"max_penalty=0.5 is not valid"):
         RepetitionPenalty(max_penalty=0.5)
+
+
+def test_the_cosine_reward_replaces_a_task_reward_of_weight_zero():
+    """As the paper uses it: the task reward tells correctness (and validation accuracy) but adds nothing itself."""
+    from rlvr_lightning.modules.scoring import correctness, score
+
+    rollout = make_rollout([r"\boxed{4}", r"\boxed{5}"], [{"answer": "4"}] * 2, lengths=[2, 6])
+    accuracy, cosine = MathAccuracyReward(weight=0.0), CosineLengthReward(max_len=8)
+    cosine.setup(SimpleNamespace(callbacks=[accuracy, cosine]), None, "fit")
+    score(rollout, [accuracy, cosine])
+    assert rollout.rewards["math_accuracy"].tolist() == [1.0, 0.0]
+    expected = [1.0 + 0.5 * (1.0 + math.cos(math.pi / 4)), -5.0 * (1.0 + math.cos(3 * math.pi / 4))]
+    assert rollout.reward.tolist() == pytest.approx(expected)
+    assert correctness(rollout, [accuracy, cosine]).tolist() == [True, False]
