@@ -9,7 +9,7 @@ One training step is one round:
     3. keep    = responses the task reward calls correct, or whose total reward >= reward_threshold;
                  at most max_per_prompt per prompt
     4. update.epochs passes over the kept responses, in mini-batches of update.mini_batch_size rows:
-           loss = negative log-likelihood of the response tokens (SFTModule's loss)
+           loss = negative log-likelihood of the response tokens (SFTModule's loss; `loss: dft`: DFT's)
 
 so `trainer.limit_train_batches` is the number of rounds. A round sees `data.batch_size` prompts
 (set it to the size of a finite prompt set to sample every prompt each round). Validation is
@@ -25,9 +25,10 @@ import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 
+from rlvr_lightning.core.losses.likelihood import LIKELIHOOD_LOSSES
 from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.modules.options import AggregationConfig, UpdateConfig, ValidationConfig, plain_hyperparameters
-from rlvr_lightning.modules.pair_rollouts import check_nll_aggregation, response_nll
+from rlvr_lightning.modules.pair_rollouts import check_nll_aggregation, response_loss
 from rlvr_lightning.modules.policy_module import PolicyModule
 from rlvr_lightning.modules.step_metrics import publish_step_metrics
 from rlvr_lightning.modules.update.gradients import backward_sync, policy_gradient_norm
@@ -37,7 +38,7 @@ from rlvr_lightning.policies.base import Policy, PromptBatch
 from rlvr_lightning.rollout import Rollout
 from rlvr_lightning.runtime.distributed import all_gather
 from rlvr_lightning.runtime.option_declarations import Option, check_options, documented_options
-from rlvr_lightning.runtime.option_domains import POSITIVE_INT, Range
+from rlvr_lightning.runtime.option_domains import POSITIVE_INT, OneOf, Range
 from rlvr_lightning.runtime.timing import clock
 
 log = logging.getLogger(__name__)
@@ -94,6 +95,9 @@ class ExpertIterationModule(PolicyModule):
         validation: Annotated[
             ValidationConfig, Option("responses per validation prompt and greedy decoding (group_size, greedy).")
         ] = ValidationConfig(),
+        loss: Annotated[
+            str, Option("the per-token loss of the fine-tuning: nll | dft (as in SFTModule).", OneOf(LIKELIHOOD_LOSSES))
+        ] = "nll",
     ) -> None:
         check_options(ExpertIterationModule, locals())
         super().__init__(policy, optimizer, lr_scheduler, sampling, validation)
@@ -117,7 +121,7 @@ class ExpertIterationModule(PolicyModule):
             )
         self.reward_threshold = reward_threshold
         self.max_per_prompt = max_per_prompt
-        self.update, self.aggregation = update, aggregation
+        self.update, self.aggregation, self.loss = update, aggregation, loss
         if update.micro_batch_tokens is not None:
             pack_sequences(self.policy)
 
@@ -214,8 +218,13 @@ class ExpertIterationModule(PolicyModule):
                 loss_sum = torch.zeros((), device=num_tokens.device)
                 micros = list(self._micro_batches(minibatch))
                 for i, micro in enumerate(micros):
-                    loss = response_nll(
-                        self.policy, micro, self.aggregation, num_sequences=num_sequences, num_tokens=num_tokens
+                    loss = response_loss(
+                        self.policy,
+                        micro,
+                        self.aggregation,
+                        self.loss,
+                        num_sequences=num_sequences,
+                        num_tokens=num_tokens,
                     )
                     with backward_sync(self, sync=i == len(micros) - 1):
                         self.manual_backward(loss)

@@ -1,5 +1,6 @@
 """ExpertIterationModule: which responses are kept, that rounds fine-tune only on them, start-up checks."""
 
+import copy
 import importlib.util
 import sys
 from pathlib import Path
@@ -207,3 +208,18 @@ def test_the_sampling_casts_are_dropped_before_the_fine_tuning_forwards(in_tmp_d
     trained = [call for call in recorder.calls if call.grad]
     assert sampled_at and trained, "no fine-tuning forward followed the sampling: the test would prove nothing"
     assert trained[0].clears > sampled_at[0]
+
+
+@pytest.mark.parametrize("loss", ["nll", "dft"])
+def test_a_round_trains_on_the_chosen_likelihood_loss(loss, in_tmp_dir):
+    """One optimizer step over every kept row: the logged loss is that loss of the kept responses, by hand, before
+    the step (`loss: dft` weighs each token's NLL by its probability, as in SFTModule)."""
+    module = KeptSpy(toy(), group_size=4, reward_threshold=1.0, update=UpdateConfig(epochs=1), loss=loss)
+    start = copy.deepcopy(module.policy)
+    trainer = fit(module, [Fixed([1.0, 0.0] * 32)], rounds=1, val=False)
+    (kept,) = module.fine_tuned
+    logits = start(kept.prompt_ids)
+    log_probs = torch.log_softmax(logits, -1).gather(-1, kept.response_ids.unsqueeze(-1)).squeeze(-1)
+    by_hand = (-log_probs.exp() * log_probs if loss == "dft" else -log_probs).mean()
+    assert trainer.global_step == 1
+    assert float(trainer.callback_metrics["train/loss"]) == pytest.approx(float(by_hand), rel=1e-5)
