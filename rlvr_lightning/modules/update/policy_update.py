@@ -55,7 +55,7 @@ from rlvr_lightning.modules.update.micro_batches import (
     pack_sequences,
     scored_in_order,
 )
-from rlvr_lightning.modules.update.token_selection import SelectionInputs, mini_batch_selection, select_over_mini_batch
+from rlvr_lightning.modules.update.token_selection import loss_keyword_inputs, mini_batch_selection
 from rlvr_lightning.modules.update.update_metrics import MicroBatchLoss, update_metrics
 from rlvr_lightning.policies.base import Policy
 from rlvr_lightning.rollout import Rollout
@@ -263,15 +263,7 @@ class PolicyUpdate:
         reads_entropy = self.loss.selection_reads_entropy or self.loss.reads_entropy
         with_entropy = first_epoch or self.entropy_coef != 0 or reads_entropy
         log_probs, entropy = self.policy_forward(micro, with_entropy, entropy_grad=self.entropy_coef != 0)
-        if self.loss.selects_tokens and selected is None:
-            reads = entropy if self.loss.selection_reads_entropy else None
-            inputs = SelectionInputs(log_probs, micro.old_log_probs, micro.advantages, mask, reads)
-            (selected,) = select_over_mini_batch(self.loss, [inputs])
-        selection = {} if selected is None else {"selected": selected}
-        if self.loss.reads_entropy:
-            selection["entropy"] = entropy.detach()
-        if self.loss.reads_reference:
-            selection["ref_log_probs"] = micro.ref_log_probs
+        selection = loss_keyword_inputs(self.loss, micro, log_probs, entropy, mask, selected)
         sampled = micro.sampling_log_probs
         sampler_pair = (log_probs.detach(), sampled) if first_update and sampled is not None else None
         weights = self.sampler_weights(micro, log_probs, mask)

@@ -5,6 +5,8 @@ parameters do not change within a mini-batch, so a pass before the first backwar
 forward will), the ranks all-gather them in rank order, every rank runs the loss's pick on the same gathered
 tokens with a generator seeded from rank 0, and each keeps its own slice, put back as ``[n, T]`` per micro-batch.
 The result is the pick of one process holding the whole mini-batch. With one process the gather is a no-op.
+`loss_keyword_inputs` hands a micro-batch's loss that pick with the other inputs a loss may read (entropies,
+the reference's log-probs).
 """
 
 from __future__ import annotations
@@ -92,3 +94,22 @@ def mini_batch_selection(
         entropy = entropy if loss.selection_reads_entropy else None
         parts.append(SelectionInputs(log_probs, micro.old_log_probs, micro.advantages, mask, entropy))
     return select_over_mini_batch(loss, parts)
+
+
+def loss_keyword_inputs(
+    loss: PolicyLoss, micro: Rollout, log_probs: Tensor, entropy: Tensor | None, mask: Tensor | None, selected
+) -> dict[str, Tensor]:
+    """What ``loss`` reads besides log-probs, old log-probs, advantages and mask, as keyword arguments: its pick of
+    tokens (``selected``, over the mini-batch; None: picked here within this micro-batch), the tokens' detached
+    entropies (``reads_entropy``) and the reference's log-probs (``reads_reference``)."""
+    if loss.selects_tokens and selected is None:
+        reads = entropy if loss.selection_reads_entropy else None
+        (selected,) = select_over_mini_batch(
+            loss, [SelectionInputs(log_probs, micro.old_log_probs, micro.advantages, mask, reads)]
+        )
+    inputs = {} if selected is None else {"selected": selected}
+    if loss.reads_entropy:
+        inputs["entropy"] = entropy.detach()
+    if loss.reads_reference:
+        inputs["ref_log_probs"] = micro.ref_log_probs
+    return inputs
