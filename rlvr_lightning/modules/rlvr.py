@@ -247,7 +247,7 @@ class RLVRModule(PolicyModule):
         metrics.update(bias_metrics(rollout, correct, self.aggregation, self.loss_constant))
         report_stage("log-probs")
         self.policy_update.add_old_and_reference_log_probs(rollout)
-        if self.reference is not None and self.kl.mode == "reward":
+        if self.reference is not None and self.kl.coef != 0 and self.kl.mode == "reward":
             self._penalize_reward_with_kl(rollout, metrics)
         reads_correctness = getattr(self.advantage_estimator, "reads_correctness", False)  # PPOModule has none
         if self.policy_update.positive_nll_coef or reads_correctness:

@@ -98,6 +98,8 @@ class PolicyUpdate:
         response_length = getattr(policy, "response_length", None)
         self.loss_constant = float(aggregation.constant or response_length or sampling.max_new_tokens)
         self.kl, self.kl_estimator, self.reference = kl, kl_estimator(kl.estimator), reference
+        # a reference without a KL term (a loss that reads it: A*-PO) costs no KL pass
+        self.kl_in_loss = reference is not None and kl.coef != 0 and kl.mode == "loss"
         self.rollout_is, self.update, self.entropy_coef = rollout_is, update, entropy_coef
         self.logs_entropy_coef = False  # True when a callback sets entropy_coef each step (AdaptiveEntropyControl)
         self.masks_off_policy = rollout_is.off_policy_mask_threshold is not None
@@ -142,7 +144,7 @@ class PolicyUpdate:
         """Old log-probs matter only once the policy has moved, i.e. after the first optimizer step (the
         distillation loss always reads them then, an importance-weighted KL estimator too)."""
         updates = self.update.epochs * (num_rows // (self.update.mini_batch_size or num_rows))
-        kl_reads_them = self.reference is not None and self.kl.mode == "loss" and self.kl_estimator.needs_old_log_probs
+        kl_reads_them = self.kl_in_loss and self.kl_estimator.needs_old_log_probs
         readers = (self.loss.needs_old_log_probs, self.teacher is not None, kl_reads_them, self.masks_off_policy)
         return any(readers) and updates > 1
 
@@ -287,7 +289,7 @@ class PolicyUpdate:
             token_loss = self.distillation.rl_coef * token_loss + self.distillation.coef * distilled_loss
             teacher_kl = distilled.reverse_kl if first_epoch else None
         kl = None
-        if self.reference is not None and self.kl.mode == "loss":
+        if self.kl_in_loss:
             kl = self.token_kl_in_loss(log_probs, micro)
             token_loss = token_loss + self.kl.coef * kl
         if self.entropy_coef != 0:
