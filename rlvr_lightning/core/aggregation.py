@@ -4,7 +4,10 @@ The normalisers ``num_sequences`` / ``num_tokens`` default to this call's own
 batch (``N`` rows, ``mask.sum()`` tokens). For gradient accumulation pass the
 totals of the WHOLE mini-batch to every micro-batch call: the micro losses then
 SUM to exactly the loss (and gradient) of the unsplit mini-batch. (Pass
-``num_sequences`` / ``num_tokens`` as python numbers or tensors.)
+``num_sequences`` / ``num_tokens`` as python numbers or tensors.) The prompt-level mode
+reads each row's prompt group (``group_index``); for gradient accumulation pass the
+mini-batch's ``group_tokens`` (each row's group's tokens, ``group_token_table``) and
+``num_groups`` in the same way.
 
 Rows whose mask is all zero contribute 0 (never NaN), but still count in the
 default ``num_sequences``; ``count_empty_rows=False`` counts only rows with at least one
@@ -16,7 +19,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-AGGREGATION_MODES = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum", "seq-sum-constant")
+AGGREGATION_MODES = (
+    "seq-mean-token-mean",
+    "token-mean",
+    "seq-mean-token-sum",
+    "seq-sum-constant",
+    "prompt-mean-token-mean",
+)
+PROMPT_MODE = "prompt-mean-token-mean"
 
 
 def aggregate_loss(
@@ -27,6 +37,9 @@ def aggregate_loss(
     num_tokens: int | float | Tensor | None = None,
     constant: float | None = None,
     count_empty_rows: bool = True,
+    group_index: Tensor | None = None,
+    group_tokens: Tensor | None = None,
+    num_groups: int | Tensor | None = None,
 ) -> Tensor:
     """Scalar loss from per-token ``loss`` under ``mask`` (see ``AGGREGATION_MODES``).
 
@@ -35,6 +48,9 @@ def aggregate_loss(
     * "seq-mean-token-sum": mean over sequences of each sequence's token sum.
     * "seq-sum-constant": token sums divided by a fixed ``constant`` (e.g.
       max_new_tokens), then mean over sequences (Dr. GRPO): no length bias.
+    * "prompt-mean-token-mean": mean over prompts of the token mean over all the responses of each
+      prompt (ScaleRL's prompt-level average; MiniMax-M1): every prompt weighs the same, and within a
+      prompt every token. Needs ``group_index`` ``[N]`` (or ``group_tokens`` and ``num_groups``).
     """
     if mode not in AGGREGATION_MODES:
         raise ValueError(f"unknown aggregation mode {mode!r}; valid choices: {', '.join(AGGREGATION_MODES)}")
@@ -54,6 +70,17 @@ def aggregate_loss(
     if num_sequences is None:
         num_sequences = loss.shape[0] if count_empty_rows or mask is None else non_empty_rows(mask)
 
+    if mode == PROMPT_MODE:
+        if group_tokens is None or num_groups is None:
+            if group_index is None:
+                raise ValueError(f"mode {PROMPT_MODE!r} needs each row's group_index (or group_tokens and num_groups)")
+            counts = token_counts if isinstance(token_counts, Tensor) else loss.new_full(loss.shape[:1], token_counts)
+            table, groups = group_token_table(counts, group_index, count_empty_groups=count_empty_rows)
+            group_tokens = table[group_index] if group_tokens is None else group_tokens
+            num_groups = groups if num_groups is None else num_groups
+        # 1/|P| sum_p 1/sum_{i in p} |o_i| sum_{i in p} sum_t l_it  (Khatri et al. 2025, ScaleRL §3.2 prompt average)
+        row_sums = per_token.sum(dim=-1) / _clamp_count(group_tokens)
+        return row_sums.sum() / _clamp_count(num_groups)
     if mode == "seq-mean-token-mean":
         # 1/G sum_i 1/|o_i| sum_t l_it  (GRPO, Shao et al. 2024 DeepSeekMath eq. 3; verl core_algos.agg_loss)
         seq_means = per_token.sum(dim=-1) / _clamp_count(token_counts)
@@ -70,6 +97,23 @@ def aggregate_loss(
     # 1/G sum_i (sum_t l_it) / C
     # (Dr. GRPO, Liu et al. 2025 "Understanding R1-Zero-Like Training", §3.1: constant instead of |o_i|)
     return per_token.sum() / constant / _positive("num_sequences", num_sequences)
+
+
+def group_token_table(
+    token_counts: Tensor, group_index: Tensor, num_slots: int | None = None, count_empty_groups: bool = True
+) -> tuple[Tensor, Tensor]:
+    """The tokens of each prompt group, indexed by ``group_index`` (``[num_slots]``, 0 for an absent group), and
+    the number of groups among the rows (only those with a token unless ``count_empty_groups``; at least 1).
+
+    ``token_counts`` ``[N]``: each row's tokens; ``num_slots`` bounds ``group_index`` (by default its maximum
+    plus one, a host read)."""
+    if num_slots is None:
+        num_slots = int(group_index.max()) + 1 if group_index.numel() else 0
+    counts = token_counts.to(torch.get_default_dtype())
+    tokens = counts.new_zeros(num_slots).index_add_(0, group_index, counts)
+    present = counts.new_zeros(num_slots).index_add_(0, group_index, torch.ones_like(counts)) > 0
+    groups = (present if count_empty_groups else tokens > 0).sum().clamp(min=1)
+    return tokens, groups
 
 
 def non_empty_rows(mask: Tensor) -> Tensor:
@@ -95,13 +139,15 @@ def token_weights(
     num_sequences: int | float | Tensor | None = None,
     constant: float | None = None,
     count_empty_rows: bool = True,
+    group_index: Tensor | None = None,
 ) -> Tensor:
     """``[N]``: the weight ``aggregate_loss`` gives each token of row ``i``, i.e. ``d loss / d loss_it``.
 
     The weight depends on the row only through its length ``|o_i|``: ``1 / (G |o_i|)`` for
     seq-mean-token-mean (a token of a long response counts less: Dr. GRPO's length bias),
     ``1 / sum_j |o_j|`` for token-mean, ``1 / G`` for seq-mean-token-sum and ``1 / (G C)`` for
-    seq-sum-constant. Rows without tokens get 0.
+    seq-sum-constant and ``1 / (P sum_{j in p(i)} |o_j|)`` for prompt-mean-token-mean (``group_index``: each
+    row's prompt). Rows without tokens get 0.
     """
     if mode not in AGGREGATION_MODES:
         raise ValueError(f"unknown aggregation mode {mode!r}; valid choices: {', '.join(AGGREGATION_MODES)}")
@@ -116,6 +162,12 @@ def token_weights(
         weights = 1.0 / (lengths.clamp(min=1) * num_sequences)
     elif mode == "token-mean":
         weights = torch.full_like(lengths, 1.0) / lengths.sum().clamp(min=1)
+    elif mode == PROMPT_MODE:
+        if group_index is None:
+            raise ValueError(f"mode {PROMPT_MODE!r} needs each row's group_index")
+        table, groups = group_token_table(lengths, group_index, count_empty_groups=count_empty_rows)
+        # d/dl_it [1/P sum_p 1/T_p sum_{i in p} sum_t l_it] = 1 / (P T_p(i))
+        weights = 1.0 / (table[group_index].clamp(min=1) * groups)
     elif mode == "seq-mean-token-sum":
         weights = torch.full_like(lengths, 1.0) / num_sequences
     else:

@@ -42,7 +42,11 @@ def bias_metrics(
     if rollout.num_rows >= 2:
         metrics.update(
             long_short_token_weights(
-                rollout.response_mask, aggregation.mode, loss_constant, aggregation.count_empty_rows
+                rollout.response_mask,
+                aggregation.mode,
+                loss_constant,
+                aggregation.count_empty_rows,
+                rollout.group_index,
             )
         )
     return {f"{prefix}/{key}": value for key, value in metrics.items()}

@@ -41,7 +41,8 @@ class AggregationConfig:
     mode: Annotated[
         str,
         Option(
-            "seq-mean-token-mean (GRPO) | token-mean (DAPO) | seq-mean-token-sum | seq-sum-constant (Dr. GRPO).",
+            "seq-mean-token-mean (GRPO) | token-mean (DAPO) | seq-mean-token-sum | seq-sum-constant (Dr. GRPO) | "
+            "prompt-mean-token-mean (ScaleRL: the mean over prompts of each prompt's token mean over its responses).",
             OneOf(AGGREGATION_MODES),
         ),
     ] = "seq-mean-token-mean"
@@ -54,7 +55,11 @@ class AggregationConfig:
         ),
     ] = None
     count_empty_rows: Annotated[
-        bool, Option("whether responses without a token count in the seq-mean modes' divisor (verl: false).")
+        bool,
+        Option(
+            "whether responses without a token count in the seq-mean modes' divisor, and prompts without one in the "
+            "prompt-mean mode's (verl: false)."
+        ),
     ] = True
     mask_truncated: Annotated[
         bool,

@@ -2,7 +2,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from rlvr_lightning.core.aggregation import AGGREGATION_MODES, aggregate_loss
+from rlvr_lightning.core.aggregation import AGGREGATION_MODES, aggregate_loss, group_token_table
 
 LOSS = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
 MASK = torch.tensor([[1, 1, 0], [1, 0, 0]])  # row sums 3 and 4, lengths 2 and 1
@@ -32,6 +32,34 @@ def test_seq_sum_constant():
         aggregate_loss(LOSS, MASK, "seq-sum-constant", constant=0)
 
 
+def test_prompt_mean_token_mean_by_hand():
+    loss = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [7.0, 8.0, 9.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 0]])
+    groups = torch.tensor([0, 0, 1])
+    # prompt 0: (1 + 2 + 4) / 3 tokens; prompt 1: (7 + 8) / 2; the mean of the two prompts = 59 / 12
+    assert_close(aggregate_loss(loss, mask, "prompt-mean-token-mean", group_index=groups), torch.tensor(59 / 12))
+    # unlike token-mean (22 / 5) and seq-mean-token-mean ((1.5 + 4 + 7.5) / 3)
+    assert aggregate_loss(loss, mask, "token-mean").item() == pytest.approx(22 / 5)
+    assert aggregate_loss(loss, mask, "seq-mean-token-mean").item() == pytest.approx(13 / 3)
+    # a prompt without a token counts in the divisor unless count_empty_rows is False
+    empty = torch.tensor([[1, 1, 0], [1, 0, 0], [0, 0, 0]])
+    assert_close(aggregate_loss(loss, empty, "prompt-mean-token-mean", group_index=groups), torch.tensor(7 / 6))
+    assert_close(
+        aggregate_loss(loss, empty, "prompt-mean-token-mean", group_index=groups, count_empty_rows=False),
+        torch.tensor(7 / 3),
+    )
+    with pytest.raises(ValueError, match="group_index"):
+        aggregate_loss(loss, mask, "prompt-mean-token-mean")
+
+
+def test_group_token_table_counts_each_groups_tokens_and_the_groups():
+    tokens, groups = group_token_table(torch.tensor([2.0, 1.0, 0.0, 3.0]), torch.tensor([4, 4, 1, 0]), num_slots=6)
+    assert_close(tokens, torch.tensor([3.0, 0.0, 0.0, 0.0, 3.0, 0.0]))
+    assert groups.item() == 3
+    _, with_tokens = group_token_table(torch.tensor([2.0, 1.0, 0.0, 3.0]), torch.tensor([4, 4, 1, 0]), None, False)
+    assert with_tokens.item() == 2
+
+
 def test_explicit_normalisers_override_defaults():
     assert_close(aggregate_loss(LOSS, MASK, "token-mean", num_tokens=7), torch.tensor(1.0))
     assert_close(aggregate_loss(LOSS, MASK, "seq-mean-token-sum", num_sequences=7), torch.tensor(1.0))
@@ -40,11 +68,18 @@ def test_explicit_normalisers_override_defaults():
 def test_all_zero_mask_rows_contribute_zero_not_nan():
     loss = torch.tensor([[2.0, 4.0], [float("nan"), float("nan")]])
     mask = torch.tensor([[1, 1], [0, 0]])
-    expected = {"seq-mean-token-mean": 1.5, "token-mean": 3.0, "seq-mean-token-sum": 3.0, "seq-sum-constant": 1.5}
+    groups = torch.tensor([0, 1])
+    expected = {
+        "seq-mean-token-mean": 1.5,
+        "token-mean": 3.0,
+        "seq-mean-token-sum": 3.0,
+        "seq-sum-constant": 1.5,
+        "prompt-mean-token-mean": 1.5,
+    }
     for mode, value in expected.items():
-        assert_close(aggregate_loss(loss, mask, mode, constant=2), torch.tensor(value))
+        assert_close(aggregate_loss(loss, mask, mode, constant=2, group_index=groups), torch.tensor(value))
     for mode in AGGREGATION_MODES:
-        assert aggregate_loss(loss, torch.zeros(2, 2), mode, constant=2).item() == 0.0
+        assert aggregate_loss(loss, torch.zeros(2, 2), mode, constant=2, group_index=groups).item() == 0.0
 
 
 @pytest.mark.parametrize("mode", AGGREGATION_MODES)
@@ -52,13 +87,18 @@ def test_micro_batches_with_global_normalisers_match_full_batch(mode):
     # uneven rows (lengths 1, 3, 2, 0) split unevenly (1 row | 3 rows): the case where naive averaging breaks
     values = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [7.0, 8.0, 9.0], [1.0, 1.0, 1.0]])
     mask = torch.tensor([[1, 0, 0], [1, 1, 1], [1, 1, 0], [0, 0, 0]])
+    groups = torch.tensor([0, 1, 1, 0])  # prompt-mean-token-mean: prompt 0 is split across the micro-batches
     full_loss = values.clone().requires_grad_(True)
-    full = aggregate_loss(full_loss, mask, mode, constant=3)
+    full = aggregate_loss(full_loss, mask, mode, constant=3, group_index=groups)
     full.backward()
 
     micro_loss = values.clone().requires_grad_(True)
-    totals = dict(num_sequences=4, num_tokens=mask.sum(), constant=3)
-    micro = sum(aggregate_loss(micro_loss[rows], mask[rows], mode, **totals) for rows in (slice(0, 1), slice(1, 4)))
+    table, num_groups = group_token_table(mask.sum(-1), groups)
+    totals = dict(num_sequences=4, num_tokens=mask.sum(), constant=3, num_groups=num_groups)
+    micro = sum(
+        aggregate_loss(micro_loss[rows], mask[rows], mode, group_tokens=table[groups[rows]], **totals)
+        for rows in (slice(0, 1), slice(1, 4))
+    )
     micro.backward()
 
     assert_close(micro, full)
@@ -87,12 +127,19 @@ def test_unknown_mode_lists_choices():
 def test_no_mask_equals_an_all_ones_mask(mode):
     loss = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
     # by hand: seq-mean-token-mean (2 + 5) / 2 = 3.5; token-mean 21 / 6 = 3.5; seq-mean-token-sum 21 / 2 = 10.5;
-    # seq-sum-constant with C = 4: (6 / 4 + 15 / 4) / 2 = 2.625
-    expected = {"seq-mean-token-mean": 3.5, "token-mean": 3.5, "seq-mean-token-sum": 10.5, "seq-sum-constant": 2.625}[
-        mode
-    ]
-    assert aggregate_loss(loss, None, mode, constant=4.0).item() == pytest.approx(expected)
-    assert aggregate_loss(loss, torch.ones(2, 3), mode, constant=4.0).item() == pytest.approx(expected)
+    # seq-sum-constant with C = 4: (6 / 4 + 15 / 4) / 2 = 2.625; prompt-mean-token-mean, one prompt: 21 / 6
+    expected = {
+        "seq-mean-token-mean": 3.5,
+        "token-mean": 3.5,
+        "seq-mean-token-sum": 10.5,
+        "seq-sum-constant": 2.625,
+        "prompt-mean-token-mean": 3.5,
+    }[mode]
+    groups = torch.tensor([0, 0])
+    assert aggregate_loss(loss, None, mode, constant=4.0, group_index=groups).item() == pytest.approx(expected)
+    assert aggregate_loss(loss, torch.ones(2, 3), mode, constant=4.0, group_index=groups).item() == pytest.approx(
+        expected
+    )
 
 
 def test_count_empty_rows_false_divides_by_rows_with_tokens_only():

@@ -28,8 +28,10 @@ def test_token_weights_by_hand():
 def test_token_weights_are_the_gradient_of_the_aggregated_loss(mode, count_empty_rows):
     mask = lengths_mask([3, 0, 1, 5, 2], width=6)
     loss = torch.randn(5, 6, requires_grad=True)
-    aggregate_loss(loss, mask, mode, constant=6.0, count_empty_rows=count_empty_rows).backward()
-    weights = token_weights(mask, mode, constant=6.0, count_empty_rows=count_empty_rows)
+    groups = torch.tensor([0, 1, 0, 2, 1])  # prompt-mean-token-mean's prompts (the others ignore them)
+    options = dict(constant=6.0, count_empty_rows=count_empty_rows, group_index=groups)
+    aggregate_loss(loss, mask, mode, **options).backward()
+    weights = token_weights(mask, mode, **options)
     assert_close(loss.grad, weights.unsqueeze(1) * mask)
 
 

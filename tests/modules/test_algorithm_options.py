@@ -17,6 +17,7 @@ from rlvr_lightning.modules.options import (
     UpdateConfig,
     ValidationConfig,
 )
+from rlvr_lightning.modules.update.normalisers import MiniBatchSizes
 from rlvr_lightning.modules.update.policy_update import PolicyUpdate
 from rlvr_lightning.policies.toy_sort import ToySortPolicy
 from rlvr_lightning.rewards import RewardCallback, SortInclusionOrderingReward
@@ -112,16 +113,16 @@ def test_kl_in_reward_changes_the_advantages_and_not_the_loss():
     rollout.ref_log_probs = shaped.policy.token_log_probs(rollout)[0].detach() - 0.3
     mask_tokens = rollout.response_mask.sum()
     shaped_part = shaped.policy_update.micro_batch_loss(
-        rollout, rollout.response_mask, 2, mask_tokens, first_epoch=True
+        rollout, rollout.response_mask, MiniBatchSizes(2, mask_tokens), first_epoch=True
     )
     loss_plain = plain.policy_update.micro_batch_loss(
-        rollout, rollout.response_mask, 2, mask_tokens, first_epoch=True
+        rollout, rollout.response_mask, MiniBatchSizes(2, mask_tokens), first_epoch=True
     ).loss
     assert shaped_part.loss.item() == pytest.approx(loss_plain.item())
     assert shaped_part.kl is None
     kl_loss = RLVRModule(shaped.policy, kl=KLConfig(coef=0.5, mode="loss"))
     loss_with_kl = kl_loss.policy_update.micro_batch_loss(
-        rollout, rollout.response_mask, 2, mask_tokens, first_epoch=True
+        rollout, rollout.response_mask, MiniBatchSizes(2, mask_tokens), first_epoch=True
     ).loss
     assert loss_with_kl.item() != pytest.approx(loss_plain.item())
 
@@ -211,12 +212,12 @@ def test_entropy_bonus_lowers_the_loss_by_exactly_c_times_the_mean_entropy():
     tokens = rollout.response_mask.sum()
     plain = (
         RLVRModule(toy, aggregation=AggregationConfig(mode="token-mean"))
-        .policy_update.micro_batch_loss(rollout, None, 4, tokens, first_epoch=True)
+        .policy_update.micro_batch_loss(rollout, None, MiniBatchSizes(4, tokens), first_epoch=True)
         .loss
     )
     bonus = (
         RLVRModule(toy, entropy_coef=0.1, aggregation=AggregationConfig(mode="token-mean"))
-        .policy_update.micro_batch_loss(rollout, None, 4, tokens, first_epoch=True)
+        .policy_update.micro_batch_loss(rollout, None, MiniBatchSizes(4, tokens), first_epoch=True)
         .loss
     )
     # the toy's distributions by hand: H = -sum p log p per position, averaged over the 12 response tokens

@@ -13,6 +13,7 @@ from rlvr_lightning.core.aggregation import aggregate_loss
 from rlvr_lightning.modules import RLVRModule
 from rlvr_lightning.modules.async_rollouts import AsyncRollouts
 from rlvr_lightning.modules.options import AggregationConfig, ImportanceSamplingConfig, UpdateConfig
+from rlvr_lightning.modules.update.normalisers import MiniBatchSizes
 from rlvr_lightning.policies.toy_sort import ToySortPolicy
 from rlvr_lightning.rewards import SortInclusionOrderingReward
 
@@ -95,7 +96,7 @@ def test_decoupled_loss_by_hand():
     rollout.old_log_probs = log_probs - ratio.log()
     rollout.sampling_log_probs = rollout.old_log_probs - weight.log()
     rollout.advantages = torch.tensor([1.0, -1.0])
-    loss = module.policy_update.micro_batch_loss(rollout, None, num_sequences=2, num_tokens=6, first_epoch=True).loss
+    loss = module.policy_update.micro_batch_loss(rollout, None, MiniBatchSizes(2, 6), first_epoch=True).loss
     # token losses: row 0: -1.5 * 1.1, -1.5 * 1.1, 0; row 1: -0.5 * min(-1.3, -1.2) = 0.65 each; token-mean over 6
     expected = (2 * (-1.5 * 1.1) + 0.0 + 3 * 0.65) / 6
     assert loss.item() == pytest.approx(expected, rel=1e-5)
@@ -112,7 +113,7 @@ def test_one_update_per_step_uses_its_own_log_probs_as_the_proximal_policy():
     rollout.advantages = torch.tensor([1.0, -1.0, 0.5, 2.0])
     module.policy_update.add_old_and_reference_log_probs(rollout)
     assert rollout.old_log_probs is None  # one update: no forward pass for the old log-probs
-    loss = module.policy_update.micro_batch_loss(rollout, None, num_sequences=4, num_tokens=12, first_epoch=True).loss
+    loss = module.policy_update.micro_batch_loss(rollout, None, MiniBatchSizes(4, 12), first_epoch=True).loss
     log_probs, _ = module.policy.token_log_probs(rollout)
     expected = aggregate_loss(
         -1.25 * rollout.advantages[:, None] * torch.ones_like(log_probs),

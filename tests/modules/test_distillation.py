@@ -13,6 +13,7 @@ from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.modules import RLVRModule
 from rlvr_lightning.modules.distillation import DistillationConfig, Teacher
 from rlvr_lightning.modules.options import AggregationConfig, ImportanceSamplingConfig, KLConfig, UpdateConfig
+from rlvr_lightning.modules.update.normalisers import MiniBatchSizes
 from rlvr_lightning.modules.update.policy_update import PolicyUpdate
 from rlvr_lightning.policies.hf_options import HFModelOptions, LoRAOptions
 from rlvr_lightning.policies.sort_teacher import SortTeacher
@@ -56,7 +57,8 @@ def update_of(policy, teacher=None, loss=None, epochs=1, **distillation):
 def loss_and_grads(update, rollout):
     update.policy.zero_grad(set_to_none=True)
     update.add_old_and_reference_log_probs(rollout)
-    part = update.micro_batch_loss(rollout, None, rollout.num_rows, rollout.response_mask.numel(), True, True)
+    sizes = MiniBatchSizes(rollout.num_rows, rollout.response_mask.numel())
+    part = update.micro_batch_loss(rollout, None, sizes, True, True)
     part.loss.backward()
     return part, [p.grad.clone() for p in update.policy.parameters()]
 
@@ -162,7 +164,7 @@ def test_a_lora_student_distils_from_a_separate_frozen_language_model(tmp_path):
     rollout.advantages = torch.zeros(rollout.num_rows)
     mask = rollout.response_mask.bool()
     update.add_old_and_reference_log_probs(rollout)
-    part = update.micro_batch_loss(rollout, mask, rollout.num_rows, mask.sum(), True, True)
+    part = update.micro_batch_loss(rollout, mask, MiniBatchSizes(rollout.num_rows, mask.sum()), True, True)
     part.loss.backward()
     with torch.no_grad():
         student_log_probs = policy.token_log_probs(rollout)[0]

@@ -8,6 +8,7 @@ from rlvr_lightning.core.losses.positive_example import correct_token_count, pos
 from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.modules import PPOModule, RLVRModule
 from rlvr_lightning.modules.options import AggregationConfig
+from rlvr_lightning.modules.update.normalisers import MiniBatchSizes
 from rlvr_lightning.policies.toy_sort import ToySortPolicy
 from rlvr_lightning.rewards import RewardCallback, SortInclusionOrderingReward
 
@@ -48,7 +49,7 @@ def test_the_loss_grows_by_c_times_the_mean_nll_of_the_correct_responses():
     for coef in (0.0, 0.1):
         module = RLVRModule(toy, aggregation=AggregationConfig(mode="token-mean"), positive_nll_coef=coef)
         num = num_correct if coef else None
-        losses[coef] = module.policy_update.micro_batch_loss(rollout, None, 4, tokens, True, num_correct=num).loss
+        losses[coef] = module.policy_update.micro_batch_loss(rollout, None, MiniBatchSizes(4, tokens, num), True).loss
     # by hand: the toy's log-probs of the sampled tokens of rows 0 and 3, averaged over their 6 tokens
     log_probs = toy(rollout.prompt_ids).log_softmax(-1).gather(-1, rollout.response_ids.unsqueeze(-1)).squeeze(-1)
     nll = -log_probs[[0, 3]].mean()
@@ -66,7 +67,7 @@ def test_micro_batches_add_up_to_the_mini_batch():
         toy.zero_grad()
         for rows in parts:
             update.micro_batch_loss(
-                rollout.select(rows), None, 4, tokens, True, num_correct=num_correct
+                rollout.select(rows), None, MiniBatchSizes(4, tokens, num_correct), True
             ).loss.backward()
         grads.append([p.grad.clone() for p in toy.parameters()])
     for whole, split in zip(*grads, strict=True):

@@ -15,6 +15,7 @@ from rlvr_lightning.data import RLVRDataModule, SortTask
 from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.modules import PPOModule
 from rlvr_lightning.modules.options import GAEConfig, KLConfig, UpdateConfig, ValueConfig
+from rlvr_lightning.modules.update.normalisers import MiniBatchSizes
 from rlvr_lightning.policies.hf_options import HFModelOptions, PromptOptions
 from rlvr_lightning.policies.toy_sort import ToySortPolicy
 from rlvr_lightning.rewards import RewardCallback, SortAndStopReward, SortInclusionOrderingReward
@@ -147,7 +148,7 @@ def test_the_value_loss_reaches_the_policy_trunk_only_when_shared(value_model, w
     rollout.old_log_probs = None
     rollout.advantages = torch.zeros(8)
     rollout.values, rollout.returns = torch.zeros(8, 3), torch.ones(8, 3)
-    part = module.policy_update.micro_batch_loss(rollout, None, 8, 24, first_epoch=True)
+    part = module.policy_update.micro_batch_loss(rollout, None, MiniBatchSizes(8, 24), first_epoch=True)
     part.loss.backward()
     policy_grad = sum(float(p.grad.abs().sum()) for p in module.policy.parameters() if p.grad is not None)
     critic_grad = sum(float(p.grad.abs().sum()) for p in module.critic_parameters() if p.grad is not None)

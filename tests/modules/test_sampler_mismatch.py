@@ -9,6 +9,7 @@ from rlvr_lightning.core.aggregation import aggregate_loss
 from rlvr_lightning.core.losses.soft_losses import VESPO
 from rlvr_lightning.modules import RLVRModule
 from rlvr_lightning.modules.options import AggregationConfig, ImportanceSamplingConfig, UpdateConfig
+from rlvr_lightning.modules.update.normalisers import MiniBatchSizes
 from rlvr_lightning.policies.toy_sort import ToySortPolicy
 from rlvr_lightning.rewards import SortInclusionOrderingReward
 
@@ -61,11 +62,11 @@ def test_token_truncated_is_weights_scale_the_policy_loss_by_hand():
     rollout = _rollout(module)
     num_tokens = rollout.response_mask.numel()
     corrected = module.policy_update.micro_batch_loss(
-        rollout, None, rollout.num_rows, num_tokens, first_epoch=True
+        rollout, None, MiniBatchSizes(rollout.num_rows, num_tokens), first_epoch=True
     ).loss
     # every token's weight is min(e^0.1, 1.05) = 1.05, so the (linear) pg loss scales by 1.05
     uncorrected = plain.policy_update.micro_batch_loss(
-        rollout, None, rollout.num_rows, num_tokens, first_epoch=True
+        rollout, None, MiniBatchSizes(rollout.num_rows, num_tokens), first_epoch=True
     ).loss
     assert corrected.item() == pytest.approx(1.05 * uncorrected.item(), rel=1e-6)
 
@@ -78,7 +79,9 @@ def test_the_loss_applies_the_is_weights_its_own_way():
     module = RLVRModule(policy(), loss=VESPO(), aggregation=AggregationConfig("token-mean"), rollout_is=is_options)
     rollout = _rollout(module)
     num_tokens = rollout.response_mask.numel()
-    loss = module.policy_update.micro_batch_loss(rollout, None, rollout.num_rows, num_tokens, first_epoch=True).loss
+    loss = module.policy_update.micro_batch_loss(
+        rollout, None, MiniBatchSizes(rollout.num_rows, num_tokens), first_epoch=True
+    ).loss
     log_probs, _ = module.policy.token_log_probs(rollout)
     w = 1.05 ** log_probs.shape[1]
     phi = torch.where(rollout.advantages >= 0, w**2 * math.exp(3 * (1 - w)), w**3 * math.exp(2 * (1 - w)))
@@ -94,7 +97,7 @@ def test_is_weights_use_the_trainers_old_log_probs_when_they_were_recomputed():
     log_probs, _ = module.policy.token_log_probs(rollout)
     rollout.old_log_probs = rollout.sampling_log_probs + 1.0  # r = e^1 = 2.7 > 2: every token masked
     loss = module.policy_update.micro_batch_loss(
-        rollout, None, rollout.num_rows, rollout.response_mask.numel(), first_epoch=True
+        rollout, None, MiniBatchSizes(rollout.num_rows, rollout.response_mask.numel()), first_epoch=True
     ).loss
     assert loss.item() == 0.0
     expected = aggregate_loss(

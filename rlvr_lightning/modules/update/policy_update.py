@@ -37,7 +37,7 @@ import lightning.pytorch as pl
 import torch
 from torch import Tensor
 
-from rlvr_lightning.core.aggregation import aggregate_loss, non_empty_rows
+from rlvr_lightning.core.aggregation import aggregate_loss
 from rlvr_lightning.core.importance_sampling import mask_off_policy_sequences, rollout_is_weights
 from rlvr_lightning.core.kl import kl_estimator
 from rlvr_lightning.core.losses.distillation import distillation_loss
@@ -55,6 +55,7 @@ from rlvr_lightning.modules.update.micro_batches import (
     pack_sequences,
     scored_in_order,
 )
+from rlvr_lightning.modules.update.normalisers import MiniBatchSizes, mini_batch_sizes
 from rlvr_lightning.modules.update.token_selection import loss_keyword_inputs, mini_batch_selection
 from rlvr_lightning.modules.update.update_metrics import MicroBatchLoss, update_metrics
 from rlvr_lightning.policies.base import Policy
@@ -207,13 +208,10 @@ class PolicyUpdate:
             for start in range(0, rollout.num_rows, mini_size):
                 minibatch = rollout if order is None else rollout.select(order[start : start + mini_size])
                 mini_mask = self.loss_mask(minibatch) if masked else None
-                num_tokens = mini_mask.sum() if masked else minibatch.response_mask.numel()
-                num_sequences = minibatch.num_rows
-                num_correct = None  # VAPO's LM loss is normalised by the mini-batch's correct tokens
-                if self.positive_nll_coef:
-                    num_correct = correct_token_count(minibatch.correct, mini_mask, minibatch.response_mask.shape[1])
-                if masked and not self.aggregation.count_empty_rows:
-                    num_sequences = non_empty_rows(mini_mask)
+                # VAPO's LM loss is normalised by the mini-batch's correct tokens
+                sizes = mini_batch_sizes(
+                    minibatch, mini_mask, self.aggregation, rollout.num_rows, bool(self.positive_nll_coef)
+                )
                 micro_losses = []
                 micros = list(self.micro_batches(minibatch))
                 masks = [self.loss_mask(micro) if masked else None for micro in micros]
@@ -222,9 +220,7 @@ class PolicyUpdate:
                 for i, micro in enumerate(micros):
                     mask = masks[i]
                     first_update = epoch == 0 and start == 0  # the policy is still the one that sampled
-                    part = self.micro_batch_loss(
-                        micro, mask, num_sequences, num_tokens, epoch == 0, first_update, selections[i], num_correct
-                    )
+                    part = self.micro_batch_loss(micro, mask, sizes, epoch == 0, first_update, selections[i])
                     with backward_sync(module, sync=i == len(micros) - 1):
                         module.manual_backward(part.loss)
                     micro_losses.append(part.loss.detach())
@@ -250,16 +246,14 @@ class PolicyUpdate:
         self,
         micro: Rollout,
         mask: Tensor | None,
-        num_sequences: int,
-        num_tokens: Tensor | int,
+        sizes: MiniBatchSizes,
         first_epoch: bool,
         first_update: bool = False,
         selected: Tensor | None = None,
-        num_correct: Tensor | None = None,
     ) -> MicroBatchLoss:
-        """The micro-batch's share of the mini-batch loss, normalised by the mini-batch's sizes. `mask`: its response
-        mask (None: every token real); `selected`: a token-selecting loss's pick over the mini-batch (None: here);
-        `num_correct`: the mini-batch's tokens of correct responses (with `positive_nll_coef`)."""
+        """The micro-batch's share of the mini-batch loss, normalised by the mini-batch's `sizes`. `mask`: its
+        response mask (None: every token real); `selected`: a token-selecting loss's pick over the mini-batch (None:
+        here)."""
         # Entropy is logged from the first epoch (the sampling policy) and costs a pass only where it is needed;
         # as a metric only, without autograd.
         reads_entropy = self.loss.selection_reads_entropy or self.loss.reads_entropy
@@ -295,14 +289,10 @@ class PolicyUpdate:
         if self.entropy_coef != 0:
             token_loss = token_loss - self.entropy_coef * entropy
         loss = aggregate_loss(
-            token_loss,
-            mask,
-            self.aggregation.mode,
-            num_sequences=num_sequences,
-            num_tokens=num_tokens,
-            constant=self.loss_constant,
+            token_loss, mask, self.aggregation.mode, constant=self.loss_constant, **sizes.of_rows(micro)
         )
         positive_nll = None
+        num_correct = sizes.num_correct
         if num_correct is not None:
             nll = positive_example_nll(log_probs, micro.correct, mask, num_correct)
             loss = loss + self.positive_nll_coef * nll

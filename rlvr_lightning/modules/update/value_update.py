@@ -23,6 +23,7 @@ from rlvr_lightning.core.masked import join_masked, masked_mean
 from rlvr_lightning.modules.options import ValueConfig
 from rlvr_lightning.modules.update.gradients import total_norm
 from rlvr_lightning.modules.update.micro_batches import pack_sequences
+from rlvr_lightning.modules.update.normalisers import MiniBatchSizes
 from rlvr_lightning.modules.update.policy_update import PolicyUpdate
 from rlvr_lightning.modules.update.update_metrics import MicroBatchLoss
 from rlvr_lightning.modules.value_model import ValueHead
@@ -90,23 +91,19 @@ class ValueUpdate(PolicyUpdate):
         self,
         micro: Rollout,
         mask: Tensor | None,
-        num_sequences: int,
-        num_tokens: Tensor | int,
+        sizes: MiniBatchSizes,
         first_epoch: bool,
         first_update: bool = False,
         selected: Tensor | None = None,
-        num_correct: Tensor | None = None,
     ) -> MicroBatchLoss:
-        part = super().micro_batch_loss(
-            micro, mask, num_sequences, num_tokens, first_epoch, first_update, selected, num_correct
-        )
+        part = super().micro_batch_loss(micro, mask, sizes, first_epoch, first_update, selected)
         hidden, self._shared_hidden = self._shared_hidden, None
         if hidden is not None and self.warming_up:
             hidden = hidden.detach()  # the policy's trunk stays where it is during the warm-up
         values = self.values(micro, hidden)
         out = value_loss(values, micro.values, micro.returns, mask, self.value.clip)
         # token-mean over the mini-batch (verl's critic loss_agg_mode), normalised by the mini-batch's tokens
-        critic_loss = aggregate_loss(out.loss, mask, "token-mean", num_tokens=num_tokens)
+        critic_loss = aggregate_loss(out.loss, mask, "token-mean", num_tokens=sizes.num_tokens)
         self._value_parts.append(_ValuePart(critic_loss.detach(), out.clipped, mask))
         if self.warming_up:
             return part._replace(loss=self.value.coef * critic_loss)
