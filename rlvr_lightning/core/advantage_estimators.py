@@ -300,6 +300,17 @@ def zero_variance_group_mask(rewards: Tensor, group_size: int | None) -> Tensor:
     return _all_equal(grouped, dim=1)
 
 
+def uniform_reward_groups(rewards: Tensor, group_index: Tensor, num_slots: int) -> Tensor:
+    """bool ``[num_slots]`` by ``group_index`` (``< num_slots``): True for the prompts whose rewards ``[N]`` all
+    agree (within ``ZERO_VARIANCE_RTOL``), whatever the order of their rows; False for an absent index."""
+    rewards = _as_float(rewards)
+    high = rewards.new_full((num_slots,), -math.inf).scatter_reduce(0, group_index, rewards, "amax")
+    low = rewards.new_full((num_slots,), math.inf).scatter_reduce(0, group_index, rewards, "amin")
+    present = torch.zeros(num_slots, dtype=torch.bool, device=rewards.device)
+    present[group_index] = True
+    return present & _all_equal(torch.stack([high, low]), dim=0)  # max == min, as zero_variance_group_mask
+
+
 def valid_group_scale(rewards: Tensor, group_size: int | None) -> Tensor:
     """Scalar ``B / (B - M)``: ``B`` responses, ``M`` of them in groups whose rewards all agree (GPG's alpha).
 

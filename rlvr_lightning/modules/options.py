@@ -69,6 +69,15 @@ class AggregationConfig:
             "mask_truncated_completions). Their rewards still count in the advantages."
         ),
     ] = False
+    mask_zero_variance_groups: Annotated[
+        bool,
+        Option(
+            "the responses of prompts whose rewards all agree leave the loss as mask_truncated's do (ScaleRL's "
+            "zero-variance filtering; unlike dynamic_sampling nothing is sampled in their place): their "
+            "advantage under a group baseline is 0, so what changes is the divisors (with count_empty_rows: false "
+            "the seq-mean and prompt-mean ones too) and their KL and entropy terms."
+        ),
+    ] = False
 
     def __post_init__(self) -> None:
         check_options(AggregationConfig, vars(self), "aggregation.")

@@ -16,6 +16,7 @@ from rlvr_lightning.core.advantage_estimators import (
     raw_advantages,
     rloo_advantages,
     token_whitened_returns,
+    uniform_reward_groups,
     zero_variance_group_fraction,
     zero_variance_group_mask,
 )
@@ -280,3 +281,11 @@ def test_greedy_baseline_matches_verl():
     token_rewards[torch.arange(6), mask.sum(-1).long() - 1] = rewards
     expected = verl_remax(token_rewards, baselines, mask)
     assert_close(greedy_baseline_advantages(rewards, baselines)[:, None] * mask, expected)
+
+
+def test_uniform_reward_groups_by_index_in_any_row_order():
+    # prompt 3: 0.1 + 0.2 and 0.3 agree to float rounding; prompt 0 differs; prompt 1 has one row; 2 and 4 are absent
+    rewards = torch.tensor([0.1 + 0.2, 1.0, 0.3, 0.0, 5.0])
+    group_index = torch.tensor([3, 0, 3, 0, 1])
+    assert uniform_reward_groups(rewards, group_index, 5).tolist() == [False, True, False, True, False]
+    assert uniform_reward_groups(torch.tensor([1, 1, 0]), torch.tensor([0, 0, 1]), 2).tolist() == [True, True]

@@ -1,6 +1,7 @@
-"""`aggregation.mode: prompt-mean-token-mean` in the update: each optimizer step's gradient is that of the mean over
-the mini-batch's prompts of each prompt's token mean, with shuffled mini-batches that split the prompts and
-micro-batches of one row; and the option's errors."""
+"""ScaleRL's loss options in the update. `aggregation.mode: prompt-mean-token-mean`: each optimizer step's gradient is
+that of the mean over the mini-batch's prompts of each prompt's token mean, with shuffled mini-batches that split
+the prompts and micro-batches of one row. `aggregation.mask_zero_variance_groups`: the update equals the update
+on the rollout without the prompts whose rewards all agree. And the options' errors."""
 
 from __future__ import annotations
 
@@ -97,6 +98,43 @@ def test_each_step_is_the_prompt_mean_of_its_mini_batch(count_empty_rows):
     seq_mean = aggregate_loss(token_loss, mask, "seq-mean-token-mean")
     prompt_mean = aggregate_loss(token_loss, mask, aggregation.mode, group_index=part.group_index)
     assert abs(seq_mean.item() - prompt_mean.item()) > 1e-3
+
+
+def _update(policy, aggregation, entropy_coef=0.0):
+    return PolicyUpdate(
+        policy=policy,
+        loss=RLVRModule(policy, loss="pg").loss,
+        aggregation=aggregation,
+        kl=KLConfig(),
+        reference=None,
+        rollout_is=ImportanceSamplingConfig(),
+        update=UpdateConfig(mini_batch_size=None, micro_batch_size=2, max_grad_norm=None),
+        entropy_coef=entropy_coef,
+        sampling=SamplingConfig(),
+    )
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "prompt-mean-token-mean"])
+def test_masking_zero_variance_groups_equals_training_without_them(mode):
+    policy = ToySortPolicy(vocab_size=5, prompt_length=4, embedding_dim=8)
+    rollout = _uneven_rollout(policy)
+    rollout.reward = torch.tensor([1.0, 0.0, 2.0, 1.0, 3.0, 3.0, 3.0, 3.0, 0.3, 0.1, 0.5, 0.2])  # prompt 1 agrees
+    rollout.response_mask = torch.ones_like(rollout.response_mask)
+    rollout.response_mask[[1, 6], 2:] = 0  # uneven, prompt 1 included
+    kept = torch.tensor([0, 1, 2, 3, 8, 9, 10, 11])
+    # an entropy bonus: prompt 1's rows would add to the loss even with an advantage of 0
+    masked = AggregationConfig(mode=mode, count_empty_rows=False, mask_zero_variance_groups=True)
+    steps = []
+    for aggregation, part in ((masked, rollout), (AggregationConfig(mode=mode), rollout.select(kept))):
+        module = _RecordingModule(policy.parameters())
+        _update(policy, aggregation, entropy_coef=0.1).run(part, module)
+        steps.append(module.steps[0])
+    for got, want in zip(*steps, strict=True):
+        assert_close(got, want)
+    # without the option, prompt 1 changes the update
+    module = _RecordingModule(policy.parameters())
+    _update(policy, AggregationConfig(mode=mode, count_empty_rows=False), entropy_coef=0.1).run(rollout, module)
+    assert any((a - b).abs().max() > 1e-6 for a, b in zip(module.steps[0], steps[1], strict=True))
 
 
 def test_the_likelihood_losses_refuse_the_prompt_mean():
