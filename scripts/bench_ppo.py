@@ -37,7 +37,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from rlvr_lightning.core.losses.policy_losses import PPOClip  # noqa: E402
-from rlvr_lightning.modules.options import AggregationConfig, UpdateConfig, ValueConfig  # noqa: E402
+from rlvr_lightning.modules.options import AggregationConfig, UpdateConfig  # noqa: E402
+from rlvr_lightning.modules.ppo_options import ValueConfig  # noqa: E402
 from rlvr_lightning.policies.hf_options import GenerationOptions, HFModelOptions
 from rlvr_lightning.runtime.timing import clock  # noqa: E402  (waits for the device's queued work before reading the time)
 

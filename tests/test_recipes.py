@@ -218,7 +218,7 @@ def test_the_documented_ppo_options_are_ppomodules():
     import dataclasses
 
     from rlvr_lightning.modules import PPOModule
-    from rlvr_lightning.modules.options import GAEConfig, ValueConfig
+    from rlvr_lightning.modules.ppo_options import GAEConfig, ValueConfig
 
     algorithms = (RECIPES_DIR.parents[1] / "docs" / "algorithms.md").read_text()
     block = re.search(r"```yaml\n(model:\n  class_path: rlvr_lightning\.modules\.PPOModule\n.*?)```", algorithms, re.S)

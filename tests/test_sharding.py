@@ -16,7 +16,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from fsdp_support import PROMPTS, EvenTokenReward, evaluation_as_on_gpus
 
 from rlvr_lightning.demos.tiny_lm import save_tiny_tokenizer, tiny_llama_config
-from rlvr_lightning.modules.options import KLConfig, ValidationConfig, ValueConfig
+from rlvr_lightning.modules.options import KLConfig, ValidationConfig
+from rlvr_lightning.modules.ppo_options import ValueConfig
 from rlvr_lightning.parallel import (
     FSDP2Strategy,
     ShardingOptions,

@@ -36,7 +36,7 @@ from rlvr_lightning.advantages import AdvantageCallback
 from rlvr_lightning.core.gae import gae_advantages, length_adaptive_lambda, outcome_token_rewards
 from rlvr_lightning.core.losses.value_loss import explained_variance
 from rlvr_lightning.core.masked import masked_mean, masked_normalize, masked_sum
-from rlvr_lightning.modules.options import GAEConfig, ValueConfig
+from rlvr_lightning.modules.ppo_options import GAEConfig, ValueConfig
 from rlvr_lightning.modules.rlvr import RLVRModule
 from rlvr_lightning.modules.update.value_update import ValueUpdate
 from rlvr_lightning.modules.value_model import ValueHead, check_hidden_states, trainable_copy

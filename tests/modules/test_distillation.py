@@ -248,7 +248,7 @@ def test_the_smollm2_distillation_config_takes_the_teacher_path_and_its_teacher_
 
 def test_ppo_distils_too(in_tmp_dir):
     from rlvr_lightning.modules import PPOModule
-    from rlvr_lightning.modules.options import ValueConfig
+    from rlvr_lightning.modules.ppo_options import ValueConfig
 
     module = PPOModule(
         student(),

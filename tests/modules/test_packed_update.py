@@ -189,7 +189,7 @@ def test_packed_update_with_a_distillation_teacher(models):
 
 @pytest.mark.parametrize("value_model", ["separate", "shared"])
 def test_packed_ppo_critic_matches_padded(models, value_model):
-    from rlvr_lightning.modules.options import ValueConfig
+    from rlvr_lightning.modules.ppo_options import ValueConfig
 
     policy, _, _ = models
     critic = trainable_copy(policy) if value_model == "separate" else None

@@ -14,7 +14,8 @@ from rlvr_lightning.core.masked import masked_normalize
 from rlvr_lightning.data import RLVRDataModule, SortTask
 from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.modules import PPOModule
-from rlvr_lightning.modules.options import GAEConfig, KLConfig, UpdateConfig, ValueConfig
+from rlvr_lightning.modules.options import KLConfig, UpdateConfig
+from rlvr_lightning.modules.ppo_options import GAEConfig, ValueConfig
 from rlvr_lightning.modules.update.normalisers import MiniBatchSizes
 from rlvr_lightning.policies.hf_options import HFModelOptions, PromptOptions
 from rlvr_lightning.policies.toy_sort import ToySortPolicy

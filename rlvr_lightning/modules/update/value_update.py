@@ -20,7 +20,7 @@ from torch import Tensor
 from rlvr_lightning.core.aggregation import aggregate_loss
 from rlvr_lightning.core.losses.value_loss import value_loss
 from rlvr_lightning.core.masked import join_masked, masked_mean
-from rlvr_lightning.modules.options import ValueConfig
+from rlvr_lightning.modules.ppo_options import ValueConfig
 from rlvr_lightning.modules.update.gradients import total_norm
 from rlvr_lightning.modules.update.micro_batches import pack_sequences
 from rlvr_lightning.modules.update.normalisers import MiniBatchSizes
