@@ -108,6 +108,8 @@ class ExpertIterationModule(PolicyModule):
             raise ValueError(f"max_per_prompt must be in [1, group_size={group_size}] or null, got {max_per_prompt}")
         if update.max_consecutive_skips != UpdateConfig.max_consecutive_skips:
             raise ValueError("update.max_consecutive_skips does not apply: expert iteration does not skip updates")
+        if update.shuffle != "rows":
+            raise ValueError("update.shuffle='prompts' does not apply: expert iteration keeps responses, not prompts")
         check_nll_aggregation(aggregation)
         if aggregation.count_empty_rows:
             raise ValueError(

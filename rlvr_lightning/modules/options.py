@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from rlvr_lightning.core.aggregation import AGGREGATION_MODES
 from rlvr_lightning.core.importance_sampling import ROLLOUT_IS_MODES
@@ -28,6 +28,7 @@ from rlvr_lightning.runtime.option_domains import (
 log = logging.getLogger(__name__)
 
 KL_MODES = ("loss", "reward")
+SHUFFLES = ("rows", "prompts")
 
 
 @documented_options
@@ -236,6 +237,15 @@ class UpdateConfig:
             Range(1, integer=True, optional=True),
         ),
     ] = None
+    shuffle: Annotated[
+        Literal["rows", "prompts"],
+        Option(
+            "how the rollout is dealt into mini-batches: rows (each response on its own, TRL and verl) or prompts "
+            "(whole prompt groups, in random order: every mini-batch holds all the responses of its prompts, as "
+            "prompt-mean-token-mean assumes; mini_batch_size a multiple of group_size).",
+            OneOf(SHUFFLES),
+        ),
+    ] = "rows"
     max_grad_norm: Annotated[
         float | None,
         Option("clip the gradient norm to this (null: no clipping).", Range(0, low_open=True, optional=True)),
@@ -260,6 +270,13 @@ class UpdateConfig:
             raise ValueError(
                 f"update.micro_batch_size={self.micro_batch_size} and update.micro_batch_tokens="
                 f"{self.micro_batch_tokens} both size the micro-batches; set one of them (the other null)"
+            )
+
+    def check_group_size(self, group_size: int) -> None:
+        if self.shuffle == "prompts" and self.mini_batch_size is not None and self.mini_batch_size % group_size:
+            raise ValueError(
+                f"update.shuffle='prompts' deals whole prompt groups into mini-batches, so update.mini_batch_size="
+                f"{self.mini_batch_size} must be a multiple of group_size={group_size}"
             )
 
     def warn_stale_epochs(self, loss: PolicyLoss) -> None:

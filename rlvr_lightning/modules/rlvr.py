@@ -128,6 +128,7 @@ class RLVRModule(PolicyModule):
         self.loss = policy_loss(loss)
         self.sampling.check_group_size(group_size)
         dynamic_sampling.check_group_size(group_size)
+        update.check_group_size(group_size)
         self.loss.check(aggregation.mode)
         update.warn_stale_epochs(self.loss)
         self.group_size, self.rollout_staleness = group_size, rollout_staleness

@@ -1,7 +1,8 @@
 """ScaleRL's loss options in the update. `aggregation.mode: prompt-mean-token-mean`: each optimizer step's gradient is
 that of the mean over the mini-batch's prompts of each prompt's token mean, with shuffled mini-batches that split
-the prompts and micro-batches of one row. `aggregation.mask_zero_variance_groups`: the update equals the update
-on the rollout without the prompts whose rewards all agree. And the options' errors."""
+the prompts and micro-batches of one row. `update.shuffle: prompts`: mini-batches of whole prompt groups.
+`aggregation.mask_zero_variance_groups`: the update equals the update on the rollout without the prompts whose
+rewards all agree. And the options' errors."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from torch.testing import assert_close
 
 from rlvr_lightning.core.aggregation import aggregate_loss
 from rlvr_lightning.generation.sampling_config import SamplingConfig
-from rlvr_lightning.modules import RLVRModule, SFTModule
+from rlvr_lightning.modules import ExpertIterationModule, RLVRModule, SFTModule
 from rlvr_lightning.modules.options import AggregationConfig, ImportanceSamplingConfig, KLConfig, UpdateConfig
 from rlvr_lightning.modules.update.policy_update import PolicyUpdate
 from rlvr_lightning.policies.toy_sort import ToySortPolicy
@@ -135,6 +136,36 @@ def test_masking_zero_variance_groups_equals_training_without_them(mode):
     module = _RecordingModule(policy.parameters())
     _update(policy, AggregationConfig(mode=mode, count_empty_rows=False), entropy_coef=0.1).run(rollout, module)
     assert any((a - b).abs().max() > 1e-6 for a, b in zip(module.steps[0], steps[1], strict=True))
+
+
+def test_prompt_shuffled_mini_batches_hold_whole_prompts():
+    policy = ToySortPolicy(vocab_size=5, prompt_length=4, embedding_dim=8)
+    rollout = _uneven_rollout(policy)
+    aggregation = AggregationConfig(mode="prompt-mean-token-mean")
+    update = _update(policy, aggregation)
+    update.update = UpdateConfig(mini_batch_size=4, micro_batch_size=1, shuffle="prompts", max_grad_norm=None)
+    module = _RecordingModule(policy.parameters())
+    torch.manual_seed(3)
+    update.run(rollout, module)
+    torch.manual_seed(3)
+    prompts = torch.randperm(3).tolist()  # the update's order of the prompts
+    assert prompts != [0, 1, 2]  # shuffled
+    for step, prompt in enumerate(prompts):
+        part = rollout.select(torch.arange(4 * prompt, 4 * prompt + 4))
+        log_probs, _ = policy.token_log_probs(part)
+        loss = aggregate_loss(-part.advantages.unsqueeze(-1) * log_probs, part.response_mask.bool(), "token-mean")
+        for got, want in zip(module.steps[step], torch.autograd.grad(loss, list(policy.parameters())), strict=True):
+            assert_close(got, want)
+
+
+def test_prompt_shuffling_needs_mini_batches_of_whole_prompts():
+    with pytest.raises(ValueError, match="mini_batch_size=6 must be a multiple of group_size=4"):
+        RLVRModule(ToySortPolicy(), group_size=4, update=UpdateConfig(mini_batch_size=6, shuffle="prompts"))
+    with pytest.raises(ValueError, match="update.shuffle='prompts' does not apply"):
+        ExpertIterationModule(
+            ToySortPolicy(), aggregation=AggregationConfig("token-mean", count_empty_rows=False),
+            update=UpdateConfig(shuffle="prompts"),
+        )  # fmt: skip
 
 
 def test_the_likelihood_losses_refuse_the_prompt_mean():

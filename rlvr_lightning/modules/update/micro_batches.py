@@ -27,6 +27,16 @@ def check_token_budget(budget: int, response_tokens: int) -> None:
         )
 
 
+def mini_batch_order(rollout: Rollout, shuffle: str) -> Tensor:
+    """The rows of `rollout` in the random order its mini-batches take them (`update.shuffle`): rows, or whole
+    prompt groups (a rollout's rows of one prompt are contiguous, `group_size` of them)."""
+    device = rollout.response_ids.device
+    if shuffle == "rows":
+        return torch.randperm(rollout.num_rows, device=device)
+    first_rows = torch.randperm(rollout.num_groups, device=device) * rollout.group_size
+    return (first_rows.unsqueeze(-1) + torch.arange(rollout.group_size, device=device)).flatten()
+
+
 def micro_batch_parts(rollout: Rollout, update: UpdateConfig) -> list[list[int]] | list[slice]:
     """The rows of each micro-batch of `rollout`, on the host: slices of `update.micro_batch_size` rows, or with
     `update.micro_batch_tokens` index groups of at most that many tokens, balanced by length; as many groups on

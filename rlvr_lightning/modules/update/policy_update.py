@@ -54,6 +54,7 @@ from rlvr_lightning.modules.update.micro_batches import (
     micro_batch_parts,
     micro_batch_rows,
     micro_batches,
+    mini_batch_order,
     pack_sequences,
     scored_in_order,
 )
@@ -205,9 +206,7 @@ class PolicyUpdate:
         losses: list[float] = []
         grad_norms: list[float] = []
         for epoch in range(self.update.epochs):
-            order = None
-            if mini_size < rollout.num_rows:
-                order = torch.randperm(rollout.num_rows, device=rollout.response_ids.device)
+            order = mini_batch_order(rollout, self.update.shuffle) if mini_size < rollout.num_rows else None
             for start in range(0, rollout.num_rows, mini_size):
                 minibatch = rollout if order is None else rollout.select(order[start : start + mini_size])
                 mini_mask = self.loss_mask(minibatch, dropped) if masked else None
