@@ -21,8 +21,8 @@ from rlvr_lightning.modules.options import (
     ImportanceSamplingConfig,
     KLConfig,
     UpdateConfig,
-    ValueConfig,
 )
+from rlvr_lightning.modules.ppo_options import ValueConfig
 from rlvr_lightning.modules.update.policy_update import PolicyUpdate
 from rlvr_lightning.modules.update.value_update import ValueUpdate
 from rlvr_lightning.modules.value_model import ValueHead, trainable_copy
