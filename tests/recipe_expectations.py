@@ -196,6 +196,15 @@ EXPECTED = {
         kl=None,
         normalization=("group", True),
     ),
+    "scalerl": dict(
+        advantage=advantages.GroupNormalizedAdvantage,
+        loss="cispo",
+        clip=(None, 4.0),
+        aggregation="prompt-mean-token-mean",
+        kl=None,
+        normalization=("batch", False),
+        prompt_level=("prompts", True, False),
+    ),
     "lite_ppo": dict(
         advantage=advantages.GroupNormalizedAdvantage,
         loss="ppo_clip",

@@ -73,6 +73,11 @@ def test_recipe_runs_two_steps_on_the_sort_task(recipe, in_tmp_dir):
             module.advantage_estimator.scale_by_valid_groups,
         ),
         "off_policy_mask_threshold": lambda: module.rollout_is.off_policy_mask_threshold,
+        "prompt_level": lambda: (
+            module.update.shuffle,
+            module.aggregation.mask_zero_variance_groups,
+            module.aggregation.count_empty_rows,
+        ),
         "pass_at": lambda: (module.advantage_estimator.k, module.advantage_estimator.baseline),
         "gdpo_weights": lambda: [
             module.advantage_estimator.weight(name) for name in ("sort_inclusion_ordering", "sort_distance")
