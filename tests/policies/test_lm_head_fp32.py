@@ -63,14 +63,19 @@ def _by_hand(policy, hidden: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
 PRECISIONS = {"bf16-autocast": ("float32", autocast), "bf16-weights": ("bfloat16", contextlib.nullcontext)}
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
 @pytest.mark.parametrize("lean", [True, False], ids=["lean", "plain"])
 @pytest.mark.parametrize("precision", list(PRECISIONS))
-def test_scoring_log_probs_are_the_float32_head_of_the_hidden_states(make_policy, precision, lean):
+def test_scoring_log_probs_are_the_float32_head_of_the_hidden_states(make_policy, precision, lean, packed):
+    """Prefix-shared (padded) and packed scoring, through `linear_token_log_probs` (lean) or the model's forward."""
     dtype, context = PRECISIONS[precision]
     gaps = {}
     for fp32 in (True, False):
         policy = _policy(make_policy, fp32, dtype=dtype, lean=lean)
+        policy.packed_sequences = packed
+        policy.share_prompt_prefix = None if not packed else False  # packed: always (no prefix sharing to weigh)
         rollout = _rollout(policy)
+        assert policy._packing_pays(rollout) == packed
         with context():
             log_probs, _, hidden = policy.token_log_probs_and_hidden(rollout)
         mask = rollout.response_mask > 0
@@ -127,6 +132,17 @@ def test_an_untied_bf16_head_is_stored_in_float32_and_a_tied_one_shares_the_embe
     assert tied.lm_head.weight.data_ptr() == tied.model.embed_tokens.weight.data_ptr()
     plain = _policy(make_policy, False, dtype="bfloat16").base_model
     assert type(plain.lm_head) is torch.nn.Linear and list(plain.state_dict()) == list(untied.state_dict())
+
+
+def test_the_reference_scores_with_the_float32_head(make_policy):
+    policy = _policy(make_policy, True, dtype="bfloat16")
+    reference = policy.create_reference()
+    head = reference.base_model.get_output_embeddings()
+    assert type(head) is Float32Head and head.weight.dtype == torch.float32
+    rollout = _rollout(policy)
+    with torch.no_grad():
+        ours, _ = policy.token_log_probs(rollout)
+    assert torch.equal(policy.reference_log_probs(reference, rollout, 1.0), ours)
 
 
 def _record_head(policy) -> list[tuple[torch.Tensor, torch.Tensor]]:
