@@ -6,6 +6,8 @@ shifted by one position) and the response token ids.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -127,6 +129,12 @@ class _LinearLogProbs(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad, _logits, _log_z):
+        # the GEMMs' dtype is set by their casts: autocast (a backward run inside it) must not lower float32 ones
+        with torch.autocast(grad.device.type, enabled=False):
+            return _LinearLogProbs._backward(ctx, grad)
+
+    @staticmethod
+    def _backward(ctx, grad):
         hidden, weight, logits, log_z, token_ids = ctx.saved_tensors
         lowered = ctx.gemm_dtype != weight.dtype or ctx.gemm_dtype != hidden.dtype
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
@@ -162,19 +170,26 @@ class _LinearLogProbs(torch.autograd.Function):
 
 def linear_token_log_probs(
     hidden: Tensor, weight: Tensor, bias: Tensor | None, token_ids: Tensor, temperature: float = 1.0,
-    with_entropy: bool = False, chunk_bytes: int | None = None,
+    with_entropy: bool = False, chunk_bytes: int | None = None, float32: bool = False,
 ) -> tuple[Tensor, Tensor | None]:  # fmt: skip
     """Log-probs `[...]` of `token_ids` under the output layer `(weight, bias)` applied to `hidden` `[..., H]` at
     `temperature`, and the detached entropy of each position if asked: the values of
     `token_log_probs_and_entropy(F.linear(hidden, weight, bias), ...)`, with a backward that keeps only the
     logits (no logit-sized softmax or gradient temporaries; its temporaries take at most `chunk_bytes`, by
-    default `CPU_BACKWARD_CHUNK_BYTES` on a CPU, `BACKWARD_CHUNK_BYTES` elsewhere)."""
+    default `CPU_BACKWARD_CHUNK_BYTES` on a CPU, `BACKWARD_CHUNK_BYTES` elsewhere). `float32`: the GEMMs of both
+    passes in float32 whatever autocast or the operands' dtype say (a float32 output layer, `core/float32_head.py`;
+    the gradients reach low-precision operands through the upcasts)."""
     shape = token_ids.shape
     if chunk_bytes is None:
         chunk_bytes = CPU_BACKWARD_CHUNK_BYTES if hidden.device.type == "cpu" else BACKWARD_CHUNK_BYTES
-    log_probs, logits, log_z = _LinearLogProbs.apply(
-        hidden.reshape(-1, hidden.shape[-1]), weight, bias, token_ids.reshape(-1), temperature, chunk_bytes
-    )
+    precision = contextlib.nullcontext()
+    if float32:
+        hidden, weight, bias = hidden.float(), weight.float(), None if bias is None else bias.float()
+        precision = torch.autocast(hidden.device.type, enabled=False)  # the forward's GEMM dtype: float32
+    with precision:
+        log_probs, logits, log_z = _LinearLogProbs.apply(
+            hidden.reshape(-1, hidden.shape[-1]), weight, bias, token_ids.reshape(-1), temperature, chunk_bytes
+        )
     entropy = None
     if with_entropy:
         with torch.no_grad():

@@ -17,12 +17,14 @@ loaded 2-core machine).
 from __future__ import annotations
 
 import copy
+import functools
 import weakref
 from typing import Literal
 
 import torch
 from torch import nn
 
+from rlvr_lightning.core.float32_head import Float32Head
 from rlvr_lightning.generation.compute_dtype import compute_dtype, fsdp_param_dtype
 from rlvr_lightning.serving.vllm_weights import count_optimizer_steps, parameter_version
 
@@ -86,17 +88,35 @@ class SamplingWeights:
 
 
 def _cast_copy(model: nn.Module, dtype: torch.dtype) -> nn.Module:
-    """A frozen copy of `model` in eval mode whose floating-point parameters are `dtype` (buffers as they are)."""
+    """A frozen copy of `model` in eval mode whose floating-point parameters are `dtype` (buffers as they are), but
+    for a float32 output layer's (`core/float32_head.py`), which stay float32."""
     with torch.no_grad():
         params = {id(p): p for p in model.parameters()}
         # share nothing with the model, but do not copy the parameters twice: each copy is built by the cast
         memo = {id_: nn.Parameter(torch.empty(0, device=p.device), requires_grad=False) for id_, p in params.items()}
         cast = copy.deepcopy(model, memo)
+        head = {id(p) for m in model.modules() if isinstance(m, Float32Head) for p in m.parameters()}
         for (_, target), source in zip(cast.named_parameters(), model.parameters(), strict=True):
-            target.data = source.detach().to(dtype if source.is_floating_point() else source.dtype, copy=True)
+            to = torch.float32 if id(source) in head else dtype if source.is_floating_point() else source.dtype
+            target.data = source.detach().to(to, copy=True)
+        _embed_in(cast, dtype)
     cast.requires_grad_(False)
     cast.eval()
     return cast
+
+
+def _embed_in(cast: nn.Module, dtype: torch.dtype) -> None:
+    """An embedding of `cast` that shares its float32 weight with a float32 output layer (tied) returns `dtype`
+    vectors, as the embedding of a `dtype` weight (the same rounding), to the rest of the cast model (TRL's
+    `cast_lm_head_to_fp32` hook)."""
+    weights = {id(m.weight) for m in cast.modules() if isinstance(m, Float32Head)}
+    for module in cast.modules():
+        if isinstance(module, nn.Embedding) and id(module.weight) in weights:
+            module.register_forward_hook(functools.partial(_output_to, dtype=dtype))
+
+
+def _output_to(module: nn.Module, inputs: tuple, output: torch.Tensor, *, dtype: torch.dtype) -> torch.Tensor:
+    return output.to(dtype)
 
 
 @torch.no_grad()

@@ -9,6 +9,8 @@ shard there:
   calls: `policy.model` when that holds all of its parameters (`HFPolicy`), else the policy itself
   (`ToySortPolicy`, whose `sample` and `token_log_probs` run its `forward`). FSDP2's forward hooks
   on those modules all-gather parameters for every forward, so scoring code needs no change;
+* an untied float32 output layer (`model.lm_head_fp32`) is a unit of its own, gathered and reduced in float32
+  whatever `param_dtype` says;
 * the KL reference, when it holds weights, the same way (it then costs 1/world_size of a copy per
   rank); it reshards after every forward, since it never runs backward.
 
@@ -34,6 +36,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from rlvr_lightning.core.float32_head import Float32Head
 from rlvr_lightning.runtime.devices import set_compute_device
 
 log = logging.getLogger(__name__)
@@ -132,14 +135,33 @@ def shard_policy(policy: nn.Module, mesh, options: ShardingOptions, root_reshard
         # the decoder alone would run without the root unit's forward, which gathers the embeddings and final norm
         policy.decoder_only_hidden_states = False
     kwargs = options.fsdp_kwargs()
-    blocks = transformer_blocks(policy)
+    blocks = transformer_blocks(policy) + untied_float32_heads(policy)
     for block in blocks:
-        fully_shard(block, mesh=mesh, reshard_after_forward=options.reshard_after_forward, **kwargs)
+        unit_kwargs = float32_unit_kwargs(kwargs) if isinstance(block, Float32Head) else kwargs
+        fully_shard(block, mesh=mesh, reshard_after_forward=options.reshard_after_forward, **unit_kwargs)
         _RESHARD_AFTER_FORWARD[block] = options.reshard_after_forward
     root = network_root(policy)
     fully_shard(root, mesh=mesh, reshard_after_forward=root_reshard_after_forward, **kwargs)
     _RESHARD_AFTER_FORWARD[root] = root_reshard_after_forward
     _UNITS[policy] = [root, *blocks]
+
+
+def untied_float32_heads(policy: nn.Module) -> list[nn.Module]:
+    """The float32 output layers of `policy` (`model.lm_head_fp32`, `core/float32_head.py`) whose weight no other
+    module shares: each is its own unit, gathered in float32 (a tied one stays in the root unit with the
+    embeddings, gathered in `param_dtype` and upcast for its GEMM)."""
+    uses: dict[int, int] = {}
+    for _, parameter in policy.named_parameters(remove_duplicate=False):
+        uses[id(parameter)] = uses.get(id(parameter), 0) + 1
+    heads = [m for m in policy.modules() if isinstance(m, Float32Head)]
+    return [head for head in heads if all(uses[id(p)] == 1 for p in head.parameters())]
+
+
+def float32_unit_kwargs(kwargs: dict) -> dict:
+    """`fully_shard`'s `kwargs` for a float32 output layer's unit: gathered and reduced in float32."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    return {**kwargs, "mp_policy": MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)}
 
 
 def shard_unit(module: nn.Module, mesh, options: ShardingOptions) -> None:

@@ -31,6 +31,8 @@ network, and the model is put in train mode (transformers only checkpoints activ
 `model.lean_activations` (on by default) gives Llama-family RMSNorm and SwiGLU layers forwards that keep fewer
 tensors for the backward pass, recomputing cheap ones (`policies/lean_layers.py`), and applies the output
 layer with `linear_token_log_probs`, whose backward has no logit-sized temporaries (same forward values).
+`model.lm_head_fp32` computes every logit (scoring, the reference, our sampling loops) in float32
+(`core/float32_head.py`).
 `model.compile_layers` runs the decoder layers of scoring's forwards through `torch.compile`
 (`policies/compiled_layers.py`).
 
@@ -144,6 +146,8 @@ class HFPolicy(HFScoring, Policy):
             network, self._lora_config = hf_loading.add_lora(
                 network, lora.r, lora.alpha, lora.dropout, lora.target_modules
             )
+        if model.lm_head_fp32:  # after LoRA: an adapter on the head is refused
+            hf_loading.float32_output_layer(network.get_base_model() if lora.r > 0 else network)
         self.model = network
 
         self.pad_token_id = int(self.tokenizer.pad_token_id)

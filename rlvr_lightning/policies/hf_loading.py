@@ -20,6 +20,7 @@ from typing import Any
 
 from torch import nn
 
+from rlvr_lightning.core.float32_head import use_float32_head
 from rlvr_lightning.policies.memory_estimate import check_fits_in_memory, transformer_parameters
 from rlvr_lightning.runtime.model_cache import missing_model_message, resolve_model_path
 
@@ -225,3 +226,17 @@ def eos_token_ids(tokenizer: Any, model: nn.Module) -> list[int]:
     elif isinstance(eos, Sequence):
         ids.update(int(i) for i in eos)
     return sorted(ids)
+
+
+def float32_output_layer(model: nn.Module) -> None:
+    """`model.lm_head_fp32`: the model's output layer computes its logits in float32 (`core/float32_head.py`); a
+    clear error where it is not a plain linear layer (a LoRA adapter on it, as TRL refuses one)."""
+    head, embeddings = model.get_output_embeddings(), model.get_input_embeddings()
+    if hasattr(head, "base_layer"):
+        raise ValueError(
+            "model.lm_head_fp32 cannot compute a LoRA adapter's output layer in float32: leave the LM head "
+            f"({type(head).__name__}) out of lora.target_modules, or set model.lm_head_fp32: false"
+        )
+    if type(head) is not nn.Linear:
+        raise ValueError(f"model.lm_head_fp32 needs a plain nn.Linear output layer; this model's is {type(head)!r}")
+    use_float32_head(head, tied=embeddings is not None and embeddings.weight is head.weight)

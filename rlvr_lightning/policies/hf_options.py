@@ -76,6 +76,16 @@ class HFModelOptions:
             OneOf(PACKED_ATTENTION),
         ),
     ] = "auto"
+    lm_head_fp32: Annotated[
+        bool,
+        Option(
+            "compute the logits (scoring, the reference, sampling with our loops) as a float32 GEMM of float32 "
+            "hidden states and weight whatever autocast or dtype say (MiniMax-M1, ScaleRL: the LM head's precision "
+            "made the sampler's and trainer's probabilities differ). An untied head's parameters are stored (and "
+            "under FSDP2 gathered) in float32; a head tied to the embeddings keeps the shared weight's dtype and is "
+            "upcast for the GEMM. Not with a LoRA adapter on the head (`core/float32_head.py`)."
+        ),
+    ] = False
     compile_layers: Annotated[
         Literal["none", "default", "aot_eager"],
         Option(

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from rlvr_lightning.core.float32_head import Float32Head
 from rlvr_lightning.core.log_probs import (
     linear_token_log_probs,
     token_energy_from_logits,
@@ -55,7 +56,8 @@ def _log_probs(
 ) -> tuple[Tensor, Tensor | None]:
     """The chosen tokens' log-probs (and entropies) from the logits, or from the hidden states and `head`."""
     if head is not None:
-        return linear_token_log_probs(hidden, head.weight, head.bias, ids, temperature, with_entropy)
+        fp32 = isinstance(head, Float32Head)  # `model.lm_head_fp32`: the GEMMs in float32
+        return linear_token_log_probs(hidden, head.weight, head.bias, ids, temperature, with_entropy, float32=fp32)
     if with_entropy:
         return token_log_probs_and_entropy(logits, ids, temperature, entropy_grad)
     return token_log_probs_from_logits(logits, ids, temperature), None
@@ -194,7 +196,7 @@ class HFScoring:
             return None
         head = self.base_model.get_output_embeddings()
         hooked = head is not None and (head._forward_hooks or head._forward_pre_hooks)  # they see the logits
-        return head if type(head) is nn.Linear and not hooked else None
+        return head if type(head) in (nn.Linear, Float32Head) and not hooked else None
 
     def _packed_forward(self, rollout: Rollout, with_logits: bool, with_hidden: bool) -> PackedOutput:
         """Logits `[K, V]` and/or last hidden states `[K, H]` of the positions scoring each response token of
