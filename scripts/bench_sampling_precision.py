@@ -5,7 +5,9 @@ Legs (fp32 master weights in every leg; the trainer's log-probs are always the f
 
 * `fp32`: `KVCacheGeneration(dtype="float32")`, the model as it is;
 * `bf16_copy`: `KVCacheGeneration(dtype="bfloat16")`, a bf16 copy of the weights (what the option does);
-* `bf16_autocast`: the model under `torch.autocast(dtype=bfloat16)` (the alternative the copy was chosen over).
+* `bf16_autocast`: the model under `torch.autocast(dtype=bfloat16)` (the alternative the copy was chosen over);
+* `bf16_copy_fp32_head`: `bf16_copy` of the same weights with `model.lm_head_fp32` (the copy's output layer, and
+  so its logits, in float32): what part of the mismatch the output layer's precision makes (MiniMax-M1, ScaleRL).
 
 Each round runs every leg once, interleaved, in one process with one torch thread; the script prints per leg
 the median and spread (min-max) of the decoding tokens/s and CPU seconds, the one-off cost of the cast copy
@@ -41,7 +43,7 @@ import bench_step_cases  # noqa: E402
 
 from rlvr_lightning.policies.hf_options import GenerationOptions, HFModelOptions, PromptOptions
 
-LEGS = ("fp32", "bf16_copy", "bf16_autocast")
+LEGS = ("fp32", "bf16_copy", "bf16_autocast", "bf16_copy_fp32_head")
 
 
 def cpu_bf16_flags() -> list[str]:
@@ -83,12 +85,18 @@ def main(argv: list[str] | None = None) -> int:
         torch.manual_seed(0)
         config = json.loads((model_dir / "config.json").read_text())
         source = {"config": config, "tokenizer": str(model_dir)}
-    policy = HFPolicy(
-        prompt=PromptOptions(template="chat"),
-        model=HFModelOptions(dtype="float32", **source),
-        generation=GenerationOptions(min_new_tokens=args.new_tokens),
-    )
-    policy = policy.to(args.device)
+    def build(**options):
+        return HFPolicy(
+            prompt=PromptOptions(template="chat"),
+            model=HFModelOptions(dtype="float32", **source, **options),
+            generation=GenerationOptions(min_new_tokens=args.new_tokens),
+        ).to(args.device)
+
+    policy = build()
+    policies = dict.fromkeys(LEGS, policy)
+    if "bf16_copy_fp32_head" in args.legs:
+        policies["bf16_copy_fp32_head"] = build(lm_head_fp32=True)
+        policies["bf16_copy_fp32_head"].model.load_state_dict(policy.model.state_dict())
     prompts = (bench_step_cases.SMOL_PROMPTS if args.prompts == 2 else bench_step_cases.SMOL_PROMPTS_8)[: args.prompts]
     batch = {"prompt": prompts, "metadata": [{}] * len(prompts)}
     sampling = SamplingConfig(temperature=1.0, max_new_tokens=args.new_tokens)
@@ -96,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         "fp32": KVCacheGeneration(dtype="float32"),
         "bf16_copy": KVCacheGeneration(dtype="bfloat16"),
         "bf16_autocast": KVCacheGeneration(dtype="auto"),
+        "bf16_copy_fp32_head": KVCacheGeneration(dtype="bfloat16"),
     }
     device_type = torch.device(args.device).type
 
@@ -112,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, list[dict]] = {leg: [] for leg in args.legs}
     for round_index in range(args.rounds + 1):  # round 0 warms up
         for leg in args.legs:
+            policy = policies[leg]
             policy.generation = backends[leg]
             precision = (
                 torch.autocast(device_type, dtype=torch.bfloat16)

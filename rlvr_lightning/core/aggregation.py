@@ -49,7 +49,7 @@ def aggregate_loss(
     * "seq-sum-constant": token sums divided by a fixed ``constant`` (e.g.
       max_new_tokens), then mean over sequences (Dr. GRPO): no length bias.
     * "prompt-mean-token-mean": mean over prompts of the token mean over all the responses of each
-      prompt (ScaleRL's prompt-level average; MiniMax-M1): every prompt weighs the same, and within a
+      prompt (ScaleRL's prompt-level average): every prompt weighs the same, and within a
       prompt every token. Needs ``group_index`` ``[N]`` (or ``group_tokens`` and ``num_groups``).
     """
     if mode not in AGGREGATION_MODES:
