@@ -6,6 +6,8 @@ rewards all agree. And the options' errors."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch.testing import assert_close
@@ -58,22 +60,27 @@ def _uneven_rollout(policy):
     return rollout
 
 
-@pytest.mark.parametrize("count_empty_rows", [True, False])
-def test_each_step_is_the_prompt_mean_of_its_mini_batch(count_empty_rows):
-    policy = ToySortPolicy(vocab_size=5, prompt_length=4, embedding_dim=8)
-    rollout = _uneven_rollout(policy)
-    aggregation = AggregationConfig(mode="prompt-mean-token-mean", count_empty_rows=count_empty_rows)
-    update = PolicyUpdate(
+def _update(policy, aggregation, update=UpdateConfig(micro_batch_size=2), entropy_coef=0.0):
+    """A policy-gradient update of `policy` (no gradient clipping: the recorded gradients are the loss's)."""
+    return PolicyUpdate(
         policy=policy,
         loss=RLVRModule(policy, loss="pg").loss,
         aggregation=aggregation,
         kl=KLConfig(),
         reference=None,
         rollout_is=ImportanceSamplingConfig(),
-        update=UpdateConfig(mini_batch_size=MINI_BATCH, micro_batch_size=1, max_grad_norm=None),
-        entropy_coef=0.0,
+        update=dataclasses.replace(update, max_grad_norm=None),
+        entropy_coef=entropy_coef,
         sampling=SamplingConfig(),
     )
+
+
+@pytest.mark.parametrize("count_empty_rows", [True, False])
+def test_each_step_is_the_prompt_mean_of_its_mini_batch(count_empty_rows):
+    policy = ToySortPolicy(vocab_size=5, prompt_length=4, embedding_dim=8)
+    rollout = _uneven_rollout(policy)
+    aggregation = AggregationConfig(mode="prompt-mean-token-mean", count_empty_rows=count_empty_rows)
+    update = _update(policy, aggregation, UpdateConfig(mini_batch_size=MINI_BATCH, micro_batch_size=1))
     module = _RecordingModule(policy.parameters())
     torch.manual_seed(1)
     update.run(rollout, module)
@@ -99,20 +106,6 @@ def test_each_step_is_the_prompt_mean_of_its_mini_batch(count_empty_rows):
     seq_mean = aggregate_loss(token_loss, mask, "seq-mean-token-mean")
     prompt_mean = aggregate_loss(token_loss, mask, aggregation.mode, group_index=part.group_index)
     assert abs(seq_mean.item() - prompt_mean.item()) > 1e-3
-
-
-def _update(policy, aggregation, entropy_coef=0.0):
-    return PolicyUpdate(
-        policy=policy,
-        loss=RLVRModule(policy, loss="pg").loss,
-        aggregation=aggregation,
-        kl=KLConfig(),
-        reference=None,
-        rollout_is=ImportanceSamplingConfig(),
-        update=UpdateConfig(mini_batch_size=None, micro_batch_size=2, max_grad_norm=None),
-        entropy_coef=entropy_coef,
-        sampling=SamplingConfig(),
-    )
 
 
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "prompt-mean-token-mean"])
@@ -142,8 +135,7 @@ def test_prompt_shuffled_mini_batches_hold_whole_prompts():
     policy = ToySortPolicy(vocab_size=5, prompt_length=4, embedding_dim=8)
     rollout = _uneven_rollout(policy)
     aggregation = AggregationConfig(mode="prompt-mean-token-mean")
-    update = _update(policy, aggregation)
-    update.update = UpdateConfig(mini_batch_size=4, micro_batch_size=1, shuffle="prompts", max_grad_norm=None)
+    update = _update(policy, aggregation, UpdateConfig(mini_batch_size=4, micro_batch_size=1, shuffle="prompts"))
     module = _RecordingModule(policy.parameters())
     torch.manual_seed(3)
     update.run(rollout, module)
