@@ -116,10 +116,18 @@ class DecodeWorkspace:
         self.rows, self.capacity, self.device = rows, capacity, device
         self.cache = StaticCache(config=text_config(model), max_cache_len=capacity)
         heads, key_dim, value_dim = key_like.shape[1], key_like.shape[-1], value_like.shape[-1]
+        # under autocast a step's values leave their projection in the autocast dtype and its keys leave RoPE in
+        # float32; transformers < 5.20 gives the values the keys' dtype (the prefill's cache and the static one)
+        value_dtype = value_like.dtype
+        if torch.is_autocast_enabled(device.type):
+            value_dtype = torch.get_autocast_dtype(device.type)
         for layer in self.cache.layers:  # allocated now (and marked as static addresses), not at the first write
             layer.lazy_initialization(
                 key_like.new_empty((rows, heads, 1, key_dim)), value_like.new_empty((rows, heads, 1, value_dim))
             )
+            if layer.values.dtype != value_dtype:
+                layer.values = torch.zeros_like(layer.values, dtype=value_dtype)
+                torch._dynamo.mark_static_address(layer.values)
         self.cache_kwargs = cache_argument(model, self.cache)
 
         def zeros(*shape: int, dtype: torch.dtype = torch.long) -> Tensor:

@@ -180,3 +180,27 @@ def test_a_transformers_without_a_device_length_counter_decodes_eagerly(make_pol
     )
     with pytest.raises(ValueError, match=r"keeps its static cache's length on the host.*transformers >= 5\.4"):
         policy.sample(PROMPTS, 1, SamplingConfig(max_new_tokens=4))
+
+
+def test_under_autocast_over_float32_weights(make_policy, eager_without_compaction):
+    """`bf16-mixed` with `dtype: auto`: both loops sample the float32 model under autocast (the default on a CUDA
+    device), where a step's keys leave RoPE in float32 and its values their projection in bf16; the static cache
+    holds each in its own dtype (transformers < 5.20 would give the values the keys')."""
+    sampling = SamplingConfig(max_new_tokens=12, temperature=0.9)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        eager, static = rollouts(make_policy, [KVCacheGeneration(), StaticCacheGeneration(sync_every=5)], sampling)
+    assert_same_rollout(eager, static, log_prob_tolerance=1e-2)  # the same tokens; bf16 rounding in other orders
+
+
+def test_the_static_cache_holds_values_in_the_autocast_dtype():
+    from rlvr_lightning.generation.static_cache import DecodeWorkspace
+
+    from .static_pairs import tiny_model
+
+    model = tiny_model()
+    keys = torch.zeros(1, 2, 3, 8)  # a prefill's float32 keys and values (transformers < 5.20 promotes both)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        layer = DecodeWorkspace(model, 4, 64, keys, keys.clone()).cache.layers[0]
+    assert (layer.keys.dtype, layer.values.dtype) == (torch.float32, torch.bfloat16)
+    layer = DecodeWorkspace(model, 4, 64, keys, keys.clone()).cache.layers[0]
+    assert (layer.keys.dtype, layer.values.dtype) == (torch.float32, torch.float32)
