@@ -15,6 +15,7 @@ import torch
 
 from rlvr_lightning.callbacks import RolloutCheckpoint
 from rlvr_lightning.data import DifficultyFilter, InlineTask, RLVRDataModule, SortTask
+from rlvr_lightning.data.prompt_streams import ReshuffledPool
 from rlvr_lightning.data.retire_solved import PROMPT_INDEX_KEY, Retirement, prompt_pass_counts
 from rlvr_lightning.modules import ExpertIterationModule, RLVRModule
 from rlvr_lightning.policies.toy_sort import ToySortPolicy
@@ -23,8 +24,9 @@ from rlvr_lightning.rollout import Rollout
 
 V, L, G = 5, 3, 10
 PROMPTS = [[0, 1, 2], [1, 2, 3], [2, 3, 4], [3, 4, 0], [4, 0, 1], [0, 2, 4], [1, 3, 0], [2, 4, 1]]
-PASSES = [10, 9, 8, 0, 5, 10, 3, 9]  # correct responses out of G = 10, per prompt
-SOLVED = {0, 1, 5, 7}  # pass rate >= 0.9 (9 of 10 exactly at the threshold retires; 8 of 10 does not)
+PASSES = [10, 9, 8, 0, 5, 10, 3, 7]  # correct responses out of G = 10, per prompt
+SOLVED = {0, 1, 5}  # pass rate >= 0.9 (9 of 10 exactly at the threshold retires; 8 of 10 does not)
+ACTIVE = [2, 3, 4, 6, 7]
 
 
 class TablePolicy(ToySortPolicy):
@@ -96,12 +98,15 @@ def logged_retired(tmp_path, name="run") -> list[float]:
 def test_solved_prompts_are_retired_and_never_drawn_again(tmp_path):
     trainer, data, recorder = fit(tmp_path)
     epochs = [[e for e, _, _ in recorder.batches].count(k) for k in range(3)]
-    assert epochs == [4, 2, 2]  # 8 prompts, then 4 left: batches of 2
+    assert epochs == [4, 2, 2]  # 8 prompts, then 5 left: 2 batches of 2 (the fifth waits for a later pass)
     for _, prompts, indices in recorder.batches:
         assert [PROMPTS.index(list(p)) for p in prompts] == indices  # every prompt carries its dataset index
-    drawn = [set(i for e, _, ids in recorder.batches if e == k for i in ids) for k in range(3)]
-    assert drawn[0] == set(range(8))  # the first pass: every prompt once
-    assert drawn[1] == drawn[2] == set(range(8)) - SOLVED  # later passes: never a retired prompt
+    drawn = [[i for e, _, ids in recorder.batches if e == k for i in ids] for k in range(3)]
+    assert sorted(drawn[0]) == list(range(8))  # the first pass: every prompt once
+    for k in (1, 2):  # later passes: the prompts not retired, in the order of a shuffle seeded by (seed 0, epoch)
+        order = ReshuffledPool(ACTIVE, seed=k)
+        assert drawn[k] == [order[i] for i in range(4)] and not set(drawn[k]) & SOLVED
+    assert drawn[1] != drawn[2]
     assert data.retirement.retired == {i: 0 for i in SOLVED}  # retired in epoch 0, where each was drawn
     # the count after each step of epoch 0: the solved prompts drawn so far
     seen, expected = set(), []
@@ -117,8 +122,8 @@ def test_retirement_boundary_and_sums():
     assert retirement.record(counts, epoch=2) == 2 and retirement.retired == {3: 2, 6: 2}  # 9/10; 6: (4+5)/(5+5)
     assert retirement.active(8, 2) == list(range(8)) and retirement.active(8, 3) == [0, 1, 2, 4, 5, 7]
     assert retirement.record(torch.tensor([[3, 10, 10]]), epoch=3) == 0 and retirement.retired[3] == 2  # once
-    seventy = Retirement(0.7)  # 0.7 * 10 is 7.000000000000001 in floats: 7 of 10 must still retire
-    assert seventy.record(torch.tensor([[0, 7, 10], [1, 6, 10]]), epoch=0) == 1 and seventy.retired == {0: 0}
+    exact = Retirement(0.56)  # 0.56 * 25 is 14.000000000000002 in floats: 14 of 25 must still retire
+    assert exact.record(torch.tensor([[0, 14, 25], [1, 13, 25]]), epoch=0) == 1 and exact.retired == {0: 0}
 
 
 def test_pass_counts_per_prompt_of_a_rollout():
