@@ -193,7 +193,7 @@ class RLVRDataModule(pl.LightningDataModule):
             dataset = self.source().dataset
             active = self.retirement.active(len(dataset), epoch)
             world = self._rank_world()[1]
-            if len(active) < self.batch_size * world:
+            if len(active) < min(self.batch_size * world, len(dataset)):  # too small a task: _training_batches
                 raise RuntimeError(
                     f"data.retire_solved={self.retire_solved} has retired {len(dataset) - len(active)} of the "
                     f"{len(dataset)} training prompts before epoch {epoch}: the {len(active)} left make no batch of "

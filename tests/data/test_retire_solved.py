@@ -180,6 +180,8 @@ def test_option_errors(tmp_path):
         ValueError, match=r"retire_solved=0.9 needs a finite training dataset: SortTask's is an endless"
     ):
         trainer.fit(module, endless)
+    with pytest.raises(ValueError, match=r"batch_size=16 is not valid: the task has 8 training prompt"):
+        trainer.fit(module, RLVRDataModule(task(), batch_size=16, retire_solved=0.9))  # too small before any retires
     expert = ExpertIterationModule(TablePolicy(vocab_size=V, prompt_length=L, embedding_dim=4), group_size=G)
     with pytest.raises(ValueError, match=r"needs a module that reports its prompts' pass rates"):
         trainer.fit(expert, RLVRDataModule(task(), batch_size=2, retire_solved=0.9))
