@@ -13,7 +13,9 @@ training set.
   (seed, epoch); the last fewer-than-one-global-batch prompts of the shuffle wait for a later pass. A prompt
   retired in epoch e has already been drawn in it (once: a pass draws each prompt once) and is absent from
   epoch e + 1 on, top-ups included. The data loader may build batches ahead of the training steps, so no
-  retirement can change the pass being drawn.
+  retirement can change the pass being drawn. An epoch cut short by `trainer.limit_train_batches` ends its
+  pass there. With `rollout_staleness` a rollout trained in the epoch after the one it was drawn in retires its
+  prompts from the epoch after that.
 - DDP: every rank's pass counts are all-gathered each step, so every rank retires the same prompts and draws
   the same passes; batches keep their size. When the prompts left make no global batch, the run stops with
   an error.
