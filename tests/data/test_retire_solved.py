@@ -116,6 +116,12 @@ def test_solved_prompts_are_retired_and_never_drawn_again(tmp_path):
     assert logged_retired(tmp_path) == expected
 
 
+def test_worker_processes_draw_the_same_passes(tmp_path):
+    _, _, in_process = fit(tmp_path, name="in_process")
+    _, _, in_worker = fit(tmp_path, name="in_worker", num_workers=1)  # the worker gets each epoch's pass afresh
+    assert in_worker.batches == in_process.batches
+
+
 def test_retirement_boundary_and_sums():
     retirement = Retirement(0.9)
     counts = torch.tensor([[3, 9, 10], [4, 8, 10], [5, 17, 20], [6, 4, 5], [6, 5, 5]])
