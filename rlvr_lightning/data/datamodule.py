@@ -12,6 +12,10 @@ module sets `trainer.reload_dataloaders_every_n_epochs = 1` and decides itself w
 due, so that resumed runs refresh at the same epochs). An epoch of filtered training is
 `trainer.limit_train_batches` batches.
 
+With `retire_solved` each epoch is one pass over the prompts the policy has not solved yet
+(`retire_solved.py`, ScaleRL's no-positive-resampling); the module hands each step's rollout to
+`retire_solved_prompts`.
+
 `setup` rejects a prompt longer than the model's context before any batch is built
 (`prompt_lengths`). The RNG states that exact resumes also need are `ResumeState`'s (a callback
 `rlvr` adds).
@@ -42,6 +46,7 @@ from rlvr_lightning.data.prompt_streams import (
     as_is,
     example_source,
 )
+from rlvr_lightning.data.retire_solved import IndexedSubset, Retirement
 from rlvr_lightning.data.task import Example, Task, collate_examples
 from rlvr_lightning.runtime.option_declarations import Option, check_options, documented_options
 from rlvr_lightning.runtime.option_domains import NON_NEGATIVE_INT, POSITIVE_INT, Range
@@ -67,6 +72,14 @@ class RLVRDataModule(pl.LightningDataModule):
         ] = 0,
         difficulty_filter: DifficultyFilter | None = None,
         seed: int | None = None,
+        retire_solved: Annotated[
+            float | None,
+            Option(
+                "retire a training prompt for good once its pass rate in a step reaches this (ScaleRL: 0.9); "
+                "each epoch is then one pass over the prompts not retired; a finite dataset only; null: never.",
+                Range(0, 1, low_open=True, optional=True),
+            ),
+        ] = None,
     ):
         """
         Args:
@@ -75,6 +88,11 @@ class RLVRDataModule(pl.LightningDataModule):
         """
         super().__init__()
         check_options(RLVRDataModule, locals())
+        if retire_solved is not None and difficulty_filter is not None:
+            raise ValueError(
+                f"data.retire_solved={retire_solved} cannot be combined with data.difficulty_filter (the filter "
+                "draws its own prompts): set one of them null"
+            )
         self.task = task
         self.batch_size = batch_size
         self.val_batch_size = val_batch_size or batch_size
@@ -86,6 +104,9 @@ class RLVRDataModule(pl.LightningDataModule):
         self.pool_position = 0  # examples of the kept-prompt pool consumed since the last refresh
         self.topup_batches = 0  # top-up batches this rank drew since the last refresh (`topup_batch`)
         self._topup = None  # (pool key, view)
+        self.retire_solved = retire_solved
+        self.retirement = Retirement(retire_solved) if retire_solved is not None else None
+        self._pass: tuple[int, ReshuffledPool] | None = None  # (epoch, its prompts) with retire_solved
 
     # ------------------------------------------------------------- set-up
 
@@ -103,6 +124,8 @@ class RLVRDataModule(pl.LightningDataModule):
             return
         if stage in ("fit", "validate") and trainer.lightning_module is not None:
             check_prompt_lengths(self.task, trainer.lightning_module)
+        if stage == "fit" and self.retirement is not None:
+            self._check_retirement(trainer)
         if stage == "fit" and self.difficulty_filter is None:
             self._training_batches()  # a task too small for one batch stops the run here, naming batch_size
         if stage == "fit" and self.difficulty_filter is not None:
@@ -114,6 +137,21 @@ class RLVRDataModule(pl.LightningDataModule):
             if trainer.reload_dataloaders_every_n_epochs != 1:
                 log.info("difficulty filter: setting trainer.reload_dataloaders_every_n_epochs = 1")
                 trainer.reload_dataloaders_every_n_epochs = 1
+
+    def _check_retirement(self, trainer) -> None:
+        if self.source().finite_size is None:
+            raise ValueError(
+                f"data.retire_solved={self.retire_solved} needs a finite training dataset: "
+                f"{type(self.task).__name__}'s is an endless stream, where no prompt comes back; set it null"
+            )
+        if not getattr(trainer.lightning_module, "reports_pass_rates", False):
+            raise ValueError(
+                f"data.retire_solved={self.retire_solved} needs a module that reports its prompts' pass rates "
+                f"(RLVRModule, PPOModule); {type(trainer.lightning_module).__name__} does not"
+            )
+        if trainer.reload_dataloaders_every_n_epochs != 1:
+            log.info("retire_solved: setting trainer.reload_dataloaders_every_n_epochs = 1 (one pass per epoch)")
+            trainer.reload_dataloaders_every_n_epochs = 1
 
     def source(self):
         """The task's training data as an endless indexable view (built once)."""
@@ -138,12 +176,37 @@ class RLVRDataModule(pl.LightningDataModule):
                 self.difficulty_filter.kept, self.data_seed * 7_919 + self.difficulty_filter.refresh_index
             )
             return PromptStream(pool, self.batch_size, rank, world, self.pool_position)
-        return PromptStream(self.source(), self.batch_size, rank, world, self.source_position, self._training_batches())
+        source = self._train_source()
+        return PromptStream(source, self.batch_size, rank, world, self.source_position, self._training_batches())
+
+    def _train_source(self):
+        """What the training batches read: the task's data, or with `retire_solved` this epoch's pass."""
+        return self._retiring_pass() if self.retirement is not None else self.source()
+
+    def _retiring_pass(self) -> ReshuffledPool:
+        """This epoch's prompts, those not retired before it began, shuffled by (seed, epoch) (`retire_solved.py`);
+        a new epoch starts reading them at 0. A RuntimeError when they make no global batch."""
+        epoch = self.trainer.current_epoch if self.trainer is not None else 0
+        if epoch != self.retirement.epoch:
+            self.retirement.epoch, self.source_position = epoch, 0
+        if self._pass is None or self._pass[0] != epoch:
+            dataset = self.source().dataset
+            active = self.retirement.active(len(dataset), epoch)
+            world = self._rank_world()[1]
+            if len(active) < min(self.batch_size * world, len(dataset)):  # too small a task: _training_batches
+                raise RuntimeError(
+                    f"data.retire_solved={self.retire_solved} has retired {len(dataset) - len(active)} of the "
+                    f"{len(dataset)} training prompts before epoch {epoch}: the {len(active)} left make no batch of "
+                    f"{self.batch_size} x {world} rank(s); the policy has solved the training set (train fewer "
+                    "epochs, or raise data.retire_solved)"
+                )
+            self._pass = (epoch, ReshuffledPool(IndexedSubset(dataset, active), self.data_seed * 7_919 + epoch))
+        return self._pass[1]
 
     def _training_batches(self) -> int | None:
         """The training batches of an epoch of the task's prompts (None: an endless task); a ValueError naming
         `batch_size` where they make none."""
-        size, world = self.source().finite_size, self._rank_world()[1]
+        size, world = self._train_source().finite_size, self._rank_world()[1]
         if size is None:
             return None
         if size < self.batch_size * world:
@@ -185,11 +248,13 @@ class RLVRDataModule(pl.LightningDataModule):
         """
         rank, world = self._rank_world()
         key = self.difficulty_filter.refresh_index if self._pool_active() else None
+        if self.retirement is not None:
+            key = ("pass", self.retirement.epoch)  # top-ups: another shuffle of this epoch's prompts
         if self._topup is None or self._topup[0] != key:
             if self._pool_active():
                 view = ReshuffledPool(self.difficulty_filter.kept, self.data_seed * 7_919 + key + 500_009)
             else:
-                source = self.source()
+                source = self._train_source()
                 if isinstance(source, IndexedStream):
                     view = OffsetView(source, TOPUP_OFFSET)
                 elif isinstance(source, ReshuffledPool):
@@ -282,6 +347,7 @@ class RLVRDataModule(pl.LightningDataModule):
             "topup_batches": topups,  # per rank
             "curriculum": self.difficulty_filter.state_dict() if self.difficulty_filter is not None else None,
             "task": self.task.state_dict(),
+            "retirement": self.retirement.state_dict() if self.retirement is not None else None,
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -291,6 +357,7 @@ class RLVRDataModule(pl.LightningDataModule):
         rank = self.trainer.global_rank if self.trainer is not None else 0
         self.topup_batches = int(topups[rank]) if rank < len(topups) else 0
         self.task.load_state_dict(state_dict.get("task", {}))
+        self._load_retirement(state_dict.get("retirement"))
         curriculum = state_dict.get("curriculum")
         if self.difficulty_filter is not None and curriculum is not None:
             self.difficulty_filter.load_state_dict(curriculum)
@@ -299,4 +366,17 @@ class RLVRDataModule(pl.LightningDataModule):
         elif curriculum is not None and curriculum.get("kept") is not None:
             rank_zero_warn(
                 "the checkpoint was trained with a difficulty filter; this run has none: training on every prompt"
+            )
+
+    def _load_retirement(self, state: dict[str, Any] | None) -> None:
+        self._pass = None
+        if self.retirement is not None and state is not None:
+            self.retirement.load_state_dict(state)
+        elif self.retirement is not None:
+            rank_zero_warn("the checkpoint has no retired prompts (retire_solved was off): retiring from here on")
+            self.retirement.epoch = -1  # its position was not within a pass: this epoch's pass starts at 0
+        elif state is not None and state["retired"]:
+            rank_zero_warn(
+                f"the checkpoint retired {len(state['retired'])} solved prompt(s); this run has retire_solved off: "
+                "training on every prompt"
             )

@@ -34,6 +34,7 @@ from torch import Tensor
 from rlvr_lightning.advantages import AdvantageCallback, GroupNormalizedAdvantage
 from rlvr_lightning.core.losses.policy_losses import PolicyLoss, policy_loss
 from rlvr_lightning.core.masked import masked_mean, masked_sum
+from rlvr_lightning.data.retire_solved import retire_solved_prompts
 from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.modules.async_rollouts import AsyncRollouts
 from rlvr_lightning.modules.bias_metrics import bias_metrics
@@ -68,6 +69,7 @@ log = logging.getLogger(__name__)
 class RLVRModule(PolicyModule):
     #: arguments that are models or factories, not hyperparameters (the checkpoint holds them)
     MODEL_ARGUMENTS: tuple[str, ...] = ("policy", "optimizer", "lr_scheduler", "teacher")
+    reports_pass_rates = True  # each step's rollout goes to `retire_solved_prompts` (data.retire_solved)
 
     def __init__(
         self,
@@ -236,6 +238,7 @@ class RLVRModule(PolicyModule):
             generated = clock(self.device)
             report_stage("score")
             self.score(rollout)
+            metrics.update(retire_solved_prompts(self, rollout))  # before dynamic sampling drops solved groups
             if self.dynamic_sampling.enabled:
                 rollout = self._dynamic_sampling(rollout, metrics)
         if self.async_rollouts is not None:  # the next rollout is sampled while this one trains
