@@ -85,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.manual_seed(0)
         config = json.loads((model_dir / "config.json").read_text())
         source = {"config": config, "tokenizer": str(model_dir)}
+
     def build(**options):
         return HFPolicy(
             prompt=PromptOptions(template="chat"),
