@@ -116,6 +116,9 @@ RECIPE_BANDS: dict[str, tuple[Band, Band]] = {
     # from one machine's three seeds (2026-11-30: 6.37-6.55, 10.9-18.4%; AVX2-pinned 6.46-6.48, 17.2-18.4%), widened
     # by about their spread
     "scalerl": (Band(6.15, 6.80), Band(0.05, 0.35)),
+    # from one machine's three seeds (2026-11-30: 6.06-6.25, 10.2-14.1%; AVX2-pinned 5.91-6.19, 9.4-19.9%), widened
+    # by about their spread
+    "grpo_2": (Band(5.60, 6.60), Band(0.03, 0.35)),
 }
 RECIPES = tuple(RECIPE_BANDS)  # configs/recipes/NAME.yaml, each over the seeds
 

@@ -73,6 +73,7 @@ def test_recipe_runs_two_steps_on_the_sort_task(recipe, in_tmp_dir):
             module.advantage_estimator.scale_by_valid_groups,
         ),
         "off_policy_mask_threshold": lambda: module.rollout_is.off_policy_mask_threshold,
+        "group": lambda: (module.group_size, cli.datamodule.batch_size),
         "prompt_level": lambda: (
             module.update.shuffle,
             module.aggregation.mask_zero_variance_groups,
