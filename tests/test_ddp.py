@@ -8,9 +8,6 @@ log-probs, scripted samples, so every prompt's pass rate is known.
 from __future__ import annotations
 
 import itertools
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -24,6 +21,7 @@ from test_difficulty_filter import N, V, expected_kept, scripted_passes  # noqa:
 from rlvr_lightning.data import SortTask  # noqa: E402
 from rlvr_lightning.data.prompt_streams import PromptStream, ReshuffledPool  # noqa: E402
 from rlvr_lightning.data.sort_task import SortStream  # noqa: E402
+from tests.ddp_runs import fit_two_ranks  # noqa: E402
 
 STEPS, EPOCHS, BATCH, CANDIDATES = 3, 2, 8, 40
 
@@ -109,28 +107,10 @@ data:
 # rows 6 tokens long (prompt 3 + response 3): micro-batches of 4 rows either way, formed by tokens in the second
 @pytest.mark.parametrize("micro", ["micro_batch_size: 4", "micro_batch_tokens: 24"], ids=["rows", "tokens"])
 def test_two_process_ddp_run(tmp_path, micro):
-    (tmp_path / "ddp_recorder.py").write_text(RECORDER)
-    config = tmp_path / "ddp.yaml"
-    config.write_text(
-        CONFIG.format(
-            epochs=EPOCHS, steps=STEPS, out=tmp_path, vocab=V, n=N, batch=BATCH, candidates=CANDIDATES, micro=micro
-        )
+    config = CONFIG.format(
+        epochs=EPOCHS, steps=STEPS, out=tmp_path, vocab=V, n=N, batch=BATCH, candidates=CANDIDATES, micro=micro
     )
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(TESTS / "data"), os.environ.get("PYTHONPATH", "")]),
-        "OMP_NUM_THREADS": "1",
-    }
-    result = subprocess.run(
-        [sys.executable, "-m", "rlvr_lightning.cli", "fit", "--config", str(config)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-5000:]
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    ranks = fit_two_ranks(tmp_path, "ddp_recorder", RECORDER, config)
     assert [r["world_size"] for r in ranks] == [2, 2]
 
     # parameters (policy; Adam moved them) are bitwise identical on both ranks

@@ -7,9 +7,6 @@ pass rate is known.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,6 +15,7 @@ sys.path.insert(0, str(TESTS / "data"))
 from test_difficulty_filter import N, V, scripted_passes  # noqa: E402
 
 from rlvr_lightning.data import SortTask  # noqa: E402
+from tests.ddp_runs import fit_two_ranks  # noqa: E402
 
 POOL, BATCH, EPOCHS, THRESHOLD = 32, 4, 3, 0.75
 
@@ -73,26 +71,8 @@ data:
 
 
 def test_two_ranks_retire_the_same_solved_prompts(tmp_path):
-    (tmp_path / "retire_recorder.py").write_text(RECORDER)
-    config = tmp_path / "ddp.yaml"
-    config.write_text(
-        CONFIG.format(epochs=EPOCHS, out=tmp_path, vocab=V, n=N, batch=BATCH, threshold=THRESHOLD, pool=POOL)
-    )
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(TESTS / "data"), os.environ.get("PYTHONPATH", "")]),
-        "OMP_NUM_THREADS": "1",
-    }
-    result = subprocess.run(
-        [sys.executable, "-m", "rlvr_lightning.cli", "fit", "--config", str(config)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-5000:]
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    config = CONFIG.format(epochs=EPOCHS, out=tmp_path, vocab=V, n=N, batch=BATCH, threshold=THRESHOLD, pool=POOL)
+    ranks = fit_two_ranks(tmp_path, "retire_recorder", RECORDER, config)
 
     pool = [
         example["prompt"] for example in SortTask(vocab_size=V, length=3, num_val=0, num_train=POOL).train_dataset()
