@@ -17,6 +17,7 @@ from rlvr_lightning.core.aggregation import AGGREGATION_MODES
 from rlvr_lightning.core.importance_sampling import ROLLOUT_IS_MODES
 from rlvr_lightning.core.kl import KLEstimator, kl_estimator
 from rlvr_lightning.core.losses.policy_losses import PolicyLoss
+from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.runtime.option_declarations import Option, check_options, documented_options
 from rlvr_lightning.runtime.option_domains import (
     NON_NEGATIVE,
@@ -305,6 +306,22 @@ class ValidationConfig:
                 f"validation.greedy decodes the {self.group_size} validation responses of a prompt identically; "
                 "set validation.greedy: false to measure pass@k and majority vote"
             )
+
+
+def check_option_groups(
+    loss: PolicyLoss,
+    sampling: SamplingConfig,
+    group_size: int,
+    aggregation: AggregationConfig,
+    dynamic_sampling: DynamicSamplingConfig,
+    update: UpdateConfig,
+) -> None:
+    """`RLVRModule`'s checks between its option groups, its group size and its loss, before anything is built."""
+    sampling.check_group_size(group_size)
+    dynamic_sampling.check_group_size(group_size)
+    update.check_group_size(group_size)
+    loss.check(aggregation.mode)
+    update.warn_stale_epochs(loss)
 
 
 def check_rollout_staleness(rollout_staleness: Any) -> None:

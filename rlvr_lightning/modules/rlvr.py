@@ -47,6 +47,7 @@ from rlvr_lightning.modules.options import (
     KLConfig,
     UpdateConfig,
     ValidationConfig,
+    check_option_groups,
     check_rollout_staleness,
     plain_hyperparameters,
 )
@@ -128,11 +129,7 @@ class RLVRModule(PolicyModule):
         plain_hyperparameters(self)
         self.automatic_optimization = False
         self.loss = policy_loss(loss)
-        self.sampling.check_group_size(group_size)
-        dynamic_sampling.check_group_size(group_size)
-        update.check_group_size(group_size)
-        self.loss.check(aggregation.mode)
-        update.warn_stale_epochs(self.loss)
+        check_option_groups(self.loss, self.sampling, group_size, aggregation, dynamic_sampling, update)
         self.group_size, self.rollout_staleness = group_size, rollout_staleness
         self.aggregation, self.kl, self.dynamic_sampling, self.update = aggregation, kl, dynamic_sampling, update
         if rollout_staleness and rollout_is.mode is None:
