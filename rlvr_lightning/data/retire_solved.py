@@ -95,9 +95,10 @@ class Retirement:
 
 def prompt_pass_counts(rollout, correct: Tensor) -> Tensor:
     """`long[K, 3]`: each prompt of the rollout (its contiguous run of rows) as (dataset index, passes, responses)."""
-    _, run, counts = torch.unique_consecutive(rollout.group_index.cpu(), return_inverse=True, return_counts=True)
-    passes = torch.zeros(len(counts), dtype=torch.long).index_add_(0, run, correct.detach().cpu().long())
-    starts = torch.cumsum(counts, 0) - counts
+    runs = rollout.prompt_runs()
+    run, starts = runs.row_run.cpu(), runs.first_rows.cpu()
+    counts = torch.bincount(run, minlength=len(starts))
+    passes = torch.zeros(len(starts), dtype=torch.long).index_add_(0, run, correct.detach().cpu().long())
     indices = []
     for row in starts.tolist():
         metadata = rollout.metadata[row] if rollout.metadata else {}
