@@ -21,6 +21,8 @@ Shapes (documented here once; everything else refers to them):
     old_log_probs   float[N, T]    log-probs under the policy that sampled, as the trainer computes them (no grad)
     ref_log_probs   float[N, T]    log-probs under the reference policy (no grad)
     teacher_log_probs float[N, T]  log-probs under the distillation teacher (no grad)
+    teacher_rows    bool[N]        the rows the teacher scored (SDPO's `SelfTeacher`: those with a demonstration);
+                                   None: every row
     sampling_log_probs float[N, T] log-probs the generator recorded while sampling (an inference engine's
                                    kernels and precision may differ from the trainer's; no grad); 0 where masked
     response_source long[N, T]     where each response token came from (`TokenSource`: PAD, SAMPLED, TOOL,
@@ -33,6 +35,8 @@ Shapes (documented here once; everything else refers to them):
     token_energy    float[N, T]    1 - 2 pi(y_t) + sum_v pi(v)^2 under the trained policy when the rollout is scored:
                                    the squared norm of the gradient of log pi(y_t) in the logits, which
                                    `OptimalTokenBaseline` reads (no grad); 0 where masked
+    prompts         list[N]        each row's prompt as the data gave it (text or chat messages), before the policy's
+                                   template renders it as `prompt_text` (None: a policy without text prompts)
     correct         bool[N]        which responses the task reward calls correct, when the update reads it
                                    (VAPO's positive-example LM loss, `RLVRModule.positive_nll_coef`)
 
@@ -87,6 +91,7 @@ class Rollout:
     old_log_probs: Tensor | None = None
     ref_log_probs: Tensor | None = None
     teacher_log_probs: Tensor | None = None
+    teacher_rows: Tensor | None = None
     sampling_log_probs: Tensor | None = None
     response_source: Tensor | None = None
     values: Tensor | None = None
@@ -94,6 +99,7 @@ class Rollout:
     greedy_reward: Tensor | None = None
     token_energy: Tensor | None = None
     correct: Tensor | None = None
+    prompts: list[Any] | None = None
 
     @property
     def num_rows(self) -> int:
@@ -227,6 +233,7 @@ class Rollout:
             old_log_probs=cat("old_log_probs", response_len),
             ref_log_probs=cat("ref_log_probs", response_len),
             teacher_log_probs=cat("teacher_log_probs", response_len),
+            teacher_rows=cat("teacher_rows"),
             sampling_log_probs=cat("sampling_log_probs", response_len),
             response_source=cat("response_source", response_len),
             values=cat("values", response_len),
@@ -234,6 +241,7 @@ class Rollout:
             greedy_reward=cat("greedy_reward"),
             token_energy=cat("token_energy", response_len),
             correct=cat("correct"),
+            prompts=texts("prompts"),
         )
 
     def to(self, device: torch.device | str) -> Rollout:

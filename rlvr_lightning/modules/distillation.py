@@ -25,12 +25,14 @@ sharded (resharded after every forward).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated
 
 import torch
 from torch import Tensor
 
+from rlvr_lightning.modules.self_distillation import SelfTeacher
 from rlvr_lightning.parallel.fsdp import data_parallel_mesh, shard_policy, sharding_options
 from rlvr_lightning.policies.base import Policy
 from rlvr_lightning.rollout import Rollout
@@ -59,7 +61,7 @@ class DistillationConfig:
             raise ValueError("distillation.coef=0 switches distillation off; remove the teacher instead")
 
 
-def check_distillation(teacher: Policy | None, distillation: DistillationConfig) -> None:
+def check_distillation(teacher: Policy | SelfTeacher | None, distillation: DistillationConfig) -> None:
     """Distillation options without a teacher are a mistake, not a no-op."""
     if teacher is None and distillation != DistillationConfig():
         raise ValueError(
@@ -127,3 +129,22 @@ class Teacher:
         """`[N, T]` the teacher's log-probs of the rollout's response tokens."""
         log_probs, _ = self.policy.token_log_probs(rollout, temperature=temperature)
         return log_probs
+
+    def score(self, rollout: Rollout, by_micro_batch: Callable, temperature: float) -> None:
+        """Set `rollout.teacher_log_probs`, micro-batch by micro-batch (every row has the teacher's)."""
+        rollout.teacher_log_probs = by_micro_batch(rollout, lambda mb: self.log_probs(mb, temperature))
+
+
+def make_teacher(teacher: Policy | SelfTeacher | None, student: Policy) -> Teacher | SelfTeacher | None:
+    """The distillation teacher of `RLVRModule(teacher=...)`: a frozen policy, or SDPO's `SelfTeacher`."""
+    if isinstance(teacher, SelfTeacher):
+        return teacher.bind(student)
+    return None if teacher is None else Teacher(teacher, student)
+
+
+def teacher_token_mask(micro: Rollout, mask: Tensor | None) -> Tensor | None:
+    """The tokens the distillation loss counts: `mask` (None: all) on the rows the teacher scored."""
+    if micro.teacher_rows is None:
+        return mask
+    rows = micro.teacher_rows.to(micro.response_mask.device).unsqueeze(-1)
+    return rows.expand(micro.response_mask.shape) if mask is None else mask & rows

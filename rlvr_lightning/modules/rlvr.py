@@ -38,7 +38,7 @@ from rlvr_lightning.data.retire_solved import retire_solved_prompts
 from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.modules.async_rollouts import AsyncRollouts
 from rlvr_lightning.modules.bias_metrics import bias_metrics
-from rlvr_lightning.modules.distillation import DistillationConfig, Teacher, check_distillation
+from rlvr_lightning.modules.distillation import DistillationConfig, check_distillation, make_teacher
 from rlvr_lightning.modules.dynamic_sampling import keep_informative_groups
 from rlvr_lightning.modules.options import (
     AggregationConfig,
@@ -53,6 +53,7 @@ from rlvr_lightning.modules.options import (
 )
 from rlvr_lightning.modules.policy_module import PolicyModule
 from rlvr_lightning.modules.scoring import reward_metrics
+from rlvr_lightning.modules.self_distillation import SelfTeacher
 from rlvr_lightning.modules.step_metrics import publish_step_metrics
 from rlvr_lightning.modules.update.policy_update import PolicyUpdate
 from rlvr_lightning.parallel.fsdp import gathered_params
@@ -108,7 +109,8 @@ class RLVRModule(PolicyModule):
         update: Annotated[UpdateConfig, Option("the inner update (epochs, mini- and micro-batches).")] = UpdateConfig(),
         validation: Annotated[ValidationConfig, Option("how validation samples.")] = ValidationConfig(),
         teacher: Annotated[
-            Policy | None, Option("on-policy distillation's frozen teacher (same tokenizer; null: none).")
+            Policy | SelfTeacher | None,
+            Option("on-policy distillation's frozen teacher (same tokenizer), or SDPO's SelfTeacher; null: none."),
         ] = None,
         distillation: Annotated[
             DistillationConfig, Option("with a teacher: the distillation and policy losses' weights.")
@@ -137,7 +139,8 @@ class RLVRModule(PolicyModule):
         self.rollout_is = rollout_is
         self.reference = policy.create_reference() if kl.coef != 0 or self.loss.reads_reference else None
         check_distillation(teacher, distillation)
-        self.teacher = None if teacher is None else Teacher(teacher, policy)  # off the module tree: not checkpointed
+        # a frozen teacher is off the module tree (not checkpointed); a SelfTeacher's copy is in it
+        self.teacher = make_teacher(teacher, policy)
         self.policy_update = PolicyUpdate(
             policy, self.loss, aggregation, kl, self.reference, rollout_is, update, entropy_coef, self.sampling,
             teacher=self.teacher, distillation=distillation, positive_nll_coef=positive_nll_coef,

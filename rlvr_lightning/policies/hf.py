@@ -253,6 +253,7 @@ class HFPolicy(HFScoring, Policy):
             group_size=n,
             truncated=out.truncated,
             prompt_text=[text for text in prompt_texts for _ in range(n)],
+            prompts=[prompt for prompt in prompts for _ in range(n)],
             response_text=response_text,
             metadata=_row_metadata(metadata, n, out.row_info),
             sampling_log_probs=sampling_log_probs,

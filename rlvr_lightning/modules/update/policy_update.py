@@ -46,8 +46,9 @@ from rlvr_lightning.core.losses.distillation import distillation_loss
 from rlvr_lightning.core.losses.policy_losses import PolicyLoss
 from rlvr_lightning.core.losses.positive_example import correct_token_count, positive_example_nll
 from rlvr_lightning.generation.sampling_config import SamplingConfig
-from rlvr_lightning.modules.distillation import DistillationConfig, Teacher
+from rlvr_lightning.modules.distillation import DistillationConfig, Teacher, teacher_token_mask
 from rlvr_lightning.modules.options import AggregationConfig, ImportanceSamplingConfig, KLConfig, UpdateConfig
+from rlvr_lightning.modules.self_distillation import SelfTeacher
 from rlvr_lightning.modules.update.gradients import backward_sync, policy_gradient_norm, report_skipped_update
 from rlvr_lightning.modules.update.micro_batches import (
     check_token_budget,
@@ -77,7 +78,7 @@ class PolicyUpdate:
         update: UpdateConfig,
         entropy_coef: float,
         sampling: SamplingConfig,
-        teacher: Teacher | None = None,
+        teacher: Teacher | SelfTeacher | None = None,
         distillation: DistillationConfig = DistillationConfig(),
         positive_nll_coef: float = 0.0,
     ) -> None:
@@ -174,9 +175,7 @@ class PolicyUpdate:
                 rollout, lambda mb: self.policy.reference_log_probs(self.reference, mb, self.temperature)
             )
         if self.teacher is not None:
-            rollout.teacher_log_probs = self.by_micro_batch(
-                rollout, lambda mb: self.teacher.log_probs(mb, self.temperature)
-            )
+            self.teacher.score(rollout, self.by_micro_batch, self.temperature)
 
     def _log_probs(self, micro: Rollout) -> Tensor:
         return self.policy.token_log_probs(micro, self.temperature)[0]
@@ -231,7 +230,7 @@ class PolicyUpdate:
                 loss, grad_norm = self.clip_and_step(module, optimizer, scheduler, loss_sum)
                 losses.append(loss)
                 grad_norms.append(grad_norm)
-        metrics = update_metrics(parts, losses, grad_norms, self.rollout_is.max)
+        metrics = update_metrics(parts, losses, grad_norms, self.rollout_is.max, rollout.teacher_rows)
         if self.logs_entropy_coef:
             metrics["train/entropy_coef"] = self.entropy_coef
         return metrics
@@ -292,11 +291,12 @@ class PolicyUpdate:
         token_loss = policy_loss.loss
         teacher_kl = None
         if self.teacher is not None:
-            distilled = distillation_loss(log_probs, micro.old_log_probs, micro.teacher_log_probs, mask)
+            taught = teacher_token_mask(micro, mask)  # SDPO: the rows with a demonstration
+            distilled = distillation_loss(log_probs, micro.old_log_probs, micro.teacher_log_probs, taught)
             # the sampler/trainer correction applies to the distillation term as to a token-level loss
             distilled_loss = distilled.loss if weights is None else distilled.loss * weights
             token_loss = self.distillation.rl_coef * token_loss + self.distillation.coef * distilled_loss
-            teacher_kl = distilled.reverse_kl if first_epoch else None
+            teacher_kl = (distilled.reverse_kl, taught) if first_epoch else None
         kl = None
         if self.kl_in_loss:
             kl = self.token_kl_in_loss(log_probs, micro)

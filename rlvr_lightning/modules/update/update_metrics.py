@@ -21,7 +21,8 @@ class MicroBatchLoss(NamedTuple):
     kl: Tensor | None  # detached per-token KL, when it is in the loss
     entropy: Tensor | None  # detached per-token entropy, first epoch only
     sampler_pair: tuple[Tensor, Tensor] | None  # (trainer, sampler) log-probs at the sampling weights, first update
-    teacher_kl: Tensor | None = None  # detached per-token reverse KL to the teacher at the sampling policy, first epoch
+    # (detached per-token reverse KL to the teacher at the sampling policy, the tokens it teaches), first epoch
+    teacher_kl: tuple[Tensor, Tensor | None] | None = None
     positive_nll: tuple[Tensor, Tensor] | None = (
         None  # (NLL sum, count) over the correct responses' tokens, first epoch
     )
@@ -29,16 +30,26 @@ class MicroBatchLoss(NamedTuple):
 
 @torch.no_grad()
 def update_metrics(
-    parts: list[MicroBatchLoss], losses: list[float], grad_norms: list[float], rollout_is_max: float
+    parts: list[MicroBatchLoss],
+    losses: list[float],
+    grad_norms: list[float],
+    rollout_is_max: float,
+    teacher_rows: Tensor | None = None,
 ) -> dict[str, Tensor | float]:
     """The step's update statistics, each computed once over all of its micro-batches (token-weighted);
-    `rollout_is_max` is the importance weights' cap the mismatch statistics count against."""
+    `rollout_is_max` is the importance weights' cap the mismatch statistics count against; `teacher_rows` the rows
+    a `SelfTeacher` taught (bool[N]; None: a teacher teaches every row, or there is none)."""
     metrics = {f"train/{key}": value for key, value in merged_stats([part.policy_loss for part in parts]).items()}
-    for name in ("kl", "entropy", "teacher_kl"):
+    for name in ("kl", "entropy"):
         with_values = [part for part in parts if getattr(part, name) is not None]
         if with_values:
             values, mask = join_masked([getattr(part, name) for part in with_values], [p.mask for p in with_values])
             metrics[f"train/{name}"] = masked_mean(values, mask)
+    taught = [part.teacher_kl for part in parts if part.teacher_kl is not None]
+    if taught:  # over the tokens the teacher teaches (0 when it teaches none)
+        metrics["train/teacher_kl"] = masked_mean(*join_masked([kl for kl, _ in taught], [m for _, m in taught]))
+    if teacher_rows is not None:
+        metrics["train/taught_rows"] = teacher_rows.float().mean()
     with_sampler = [part for part in parts if part.sampler_pair is not None]
     if with_sampler:
         masks = [part.mask for part in with_sampler]

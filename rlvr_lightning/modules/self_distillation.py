@@ -1,0 +1,185 @@
+"""Self-distillation (SDPO): the policy, re-prompted with a successful response of the same prompt, is the teacher.
+
+SDPO (Hübotter et al. 2026, "Reinforcement Learning via Self-Distillation", arXiv:2601.20802) turns a group's
+successes into a dense signal for every response of the group: each response is scored twice, by the policy
+on its own prompt (the student) and by a teacher, the same network shown the prompt followed by a correct
+response of its group ("Correct solution: ..."); the on-policy distillation loss (`core/losses/distillation.py`,
+the sampled reverse KL as a per-token advantage) pulls the student toward the teacher's feedback-informed
+prediction. A response without a demonstration (no success in its group, or, with `exclude_self`, only itself)
+has no distillation loss; it still counts in the loss's divisors, as in TRL's `SDPOTrainer`.
+
+    model:
+      init_args:
+        teacher:
+          class_path: rlvr_lightning.modules.SelfTeacher
+          init_args: {weights: ema, ema_rate: 0.05, success_threshold: 1.0}
+        distillation: {coef: 1.0, rl_coef: 0.0}    # TRL's distillation_weight w: coef = w, rl_coef = 1 - w
+
+`weights`: `live` scores with the policy itself; `ema` with an exponential moving average of it, moved toward the
+policy by `ema_rate` before each step's scoring (after the previous step's update); `base` with the initial
+weights. The copy `ema` and `base` keep is part of the module, so checkpoints hold it and a resumed run goes on
+with it. With LoRA, `base` is the model with the adapter disabled and `ema` is refused (an average of low-rank
+products is not one). Rollouts come from a policy that samples text (`HFPolicy`): the re-prompt is built from
+the prompt as the data gave it (a string, or chat messages whose last user message is re-written) and the
+demonstration's decoded text, then rendered by the policy's own `prompt.template`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable
+from typing import Annotated, Any
+
+import torch
+from torch import Tensor, nn
+
+from rlvr_lightning.core.demonstrations import demonstration_rows
+from rlvr_lightning.generation.loop import left_pad
+from rlvr_lightning.parallel.fsdp import data_parallel_mesh, shard_policy, sharding_options
+from rlvr_lightning.policies.base import Policy
+from rlvr_lightning.rollout import Rollout
+from rlvr_lightning.runtime.devices import set_compute_device
+from rlvr_lightning.runtime.option_declarations import Option, check_options, documented_options
+from rlvr_lightning.runtime.option_domains import FINITE, OneOf, Range
+
+TEACHER_WEIGHTS = ("live", "ema", "base")
+# TRL trl/experimental/sdpo/sdpo_config.py: reprompt_template (less its environment-feedback slot), solution_template
+REPROMPT_TEMPLATE = "{prompt}{solution}\n\nCorrectly solve the original question.\n"
+SOLUTION_TEMPLATE = "\nCorrect solution:\n\n{successful_previous_attempt}\n\n"
+PLACEHOLDERS = re.compile(r"\{prompt\}|\{solution\}")
+THINKING = re.compile(r"<think>.*?</think>", flags=re.DOTALL)
+
+
+@documented_options
+class SelfTeacher(nn.Module):
+    def __init__(
+        self,
+        weights: Annotated[
+            str,
+            Option("live (the policy) | ema (its moving average) | base (its first weights).", OneOf(TEACHER_WEIGHTS)),
+        ] = "ema",
+        ema_rate: Annotated[
+            float, Option("with weights: ema, the step toward the policy before each step.", Range(0, 1, low_open=True))
+        ] = 0.05,
+        success_threshold: Annotated[float, Option("the reward at which a response demonstrates.", FINITE)] = 1.0,
+        exclude_self: Annotated[bool, Option("a successful response does not demonstrate for itself.")] = True,
+        reprompt_template: Annotated[
+            str, Option("the teacher's prompt, with {prompt} and {solution} in it.")
+        ] = REPROMPT_TEMPLATE,
+        solution_template: Annotated[
+            str, Option("how a demonstration is shown: {successful_previous_attempt} is its text.")
+        ] = SOLUTION_TEMPLATE,
+        strip_thinking: Annotated[bool, Option("remove <think>...</think> from demonstrations.")] = False,
+    ) -> None:
+        """SDPO's teacher: the policy re-prompted with a successful response of its group (module docstring)."""
+        check_options(SelfTeacher, locals())
+        for option, template, fields in (
+            ("reprompt_template", reprompt_template, ("{prompt}", "{solution}")),
+            ("solution_template", solution_template, ("{successful_previous_attempt}",)),
+        ):
+            missing = [field for field in fields if field not in template]
+            if missing:
+                raise ValueError(f"teacher.{option}={template!r} must contain {' and '.join(missing)}")
+        super().__init__()
+        self.weights, self.ema_rate, self.success_threshold = weights, ema_rate, success_threshold
+        self.exclude_self, self.strip_thinking = exclude_self, strip_thinking
+        self.reprompt_template, self.solution_template = reprompt_template, solution_template
+        self._student: tuple[Policy, ...] = ()  # a tuple: the policy is the module's, not a submodule of this one
+        self.copy: nn.Module | None = None
+
+    def bind(self, student: Policy) -> SelfTeacher:
+        """Teach `student` (its copy made now, for `ema` and `base`)."""
+        if not callable(getattr(student, "encode_prompts", None)):
+            raise ValueError(
+                f"teacher: SelfTeacher re-prompts the policy with text, and {type(student).__name__} has no text "
+                "prompts; use a policy with a tokenizer (HFPolicy)"
+            )
+        if self.weights == "ema" and getattr(student, "lora_r", 0) > 0:
+            raise ValueError(
+                "teacher.weights='ema' with a LoRA policy: an average of low-rank products is not one; use "
+                "weights: live or base (the model with the adapter disabled)"
+            )
+        self._student = (student,)
+        self.copy = None if self.weights == "live" else student.create_reference()
+        return self
+
+    @property
+    def student(self) -> Policy:
+        return self._student[0]
+
+    @property
+    def policy(self) -> nn.Module | None:
+        """The teacher's own model (None: the policy's), for the options that configure scoring models."""
+        return self.copy
+
+    def place(self, pl_module) -> None:
+        """The copy beside the policy: on the strategy's device, sharded as the KL reference under FSDP2."""
+        if self.copy is None or not any(True for _ in self.copy.parameters()):
+            return
+        strategy = pl_module.trainer.strategy
+        mesh = data_parallel_mesh(pl_module)
+        if mesh is not None:
+            shard_policy(self.copy, mesh, sharding_options(strategy), root_reshard_after_forward=True)
+        else:
+            self.copy.to(strategy.root_device)
+        set_compute_device(self.copy, strategy.root_device)
+
+    @torch.no_grad()
+    def score(self, rollout: Rollout, by_micro_batch: Callable, temperature: float) -> None:
+        """Set `rollout.teacher_log_probs` (0 on rows without a demonstration) and `rollout.teacher_rows`."""
+        if rollout.reward is None or rollout.prompts is None or rollout.response_text is None:
+            raise ValueError("SelfTeacher reads each row's reward, prompt and response text; this rollout lacks one")
+        if self.weights == "ema":
+            # SDPO's EMA teacher (TRL teacher_sync.py): teacher <- (1 - rate) * teacher + rate * policy
+            self.student.update_reference(self.copy, alpha=self.ema_rate)
+            torch.clear_autocast_cache()
+        demos = demonstration_rows(rollout.reward, rollout.group_index, self.success_threshold, self.exclude_self)
+        rows = (demos >= 0).nonzero().flatten()
+        log_probs = torch.zeros(rollout.response_ids.shape, device=rollout.response_ids.device)
+        if rows.numel():
+            taught = self.reprompted(rollout, rows.tolist(), demos.tolist())
+            scored = by_micro_batch(taught, lambda mb: self.log_probs(mb, temperature))
+            log_probs = log_probs.to(scored.dtype).index_copy_(0, rows.to(log_probs.device), scored)
+        rollout.teacher_log_probs, rollout.teacher_rows = log_probs, demos >= 0
+
+    def log_probs(self, rollout: Rollout, temperature: float) -> Tensor:
+        if self.copy is None:
+            return self.student.token_log_probs(rollout, temperature=temperature)[0]
+        return self.student.reference_log_probs(self.copy, rollout, temperature)
+
+    def reprompted(self, rollout: Rollout, rows: list[int], demos: list[int]) -> Rollout:
+        """The rows `rows` of `rollout` (their responses as sampled) behind their re-prompts, each row a group."""
+        prompts = [self.reprompt(rollout.prompts[i], rollout.response_text[demos[i]]) for i in rows]
+        ids, texts = self.student.encode_prompts(prompts)
+        prompt_ids, prompt_mask = left_pad(ids, self.student.pad_token_id)
+        part = rollout.select(torch.tensor(rows, device=rollout.group_index.device), rows)
+        device = rollout.prompt_ids.device
+        return dataclasses.replace(
+            part,
+            prompt_ids=prompt_ids.to(device),
+            prompt_mask=prompt_mask.to(device),
+            group_index=torch.arange(len(rows), device=rollout.group_index.device),  # no two rows share a prompt
+            group_size=1,
+            prompt_text=texts,
+        )
+
+    def reprompt(self, prompt: Any, demonstration: str) -> Any:
+        """`prompt` with the demonstration after it, in the form the data gave it (text or chat messages)."""
+        if self.strip_thinking:
+            demonstration = THINKING.sub("", demonstration).strip()
+        solution = self.solution_template.replace("{successful_previous_attempt}", demonstration)
+
+        def fill(text: str) -> str:  # one pass: a prompt or solution that contains "{solution}" stays as it is
+            parts = {"{prompt}": text, "{solution}": solution}
+            return PLACEHOLDERS.sub(lambda match: parts[match.group()], self.reprompt_template)
+
+        if isinstance(prompt, str):
+            return fill(prompt)
+        messages = [dict(message) for message in prompt]
+        users = [i for i, message in enumerate(messages) if message.get("role") == "user"]
+        if not users:
+            raise ValueError("SelfTeacher re-writes a chat prompt's last user message, and this prompt has none")
+        # TRL keeps the messages before the last one and re-writes the last user message's text
+        messages[users[-1]]["content"] = fill(str(messages[users[-1]]["content"]))
+        return messages
