@@ -376,3 +376,24 @@ def test_a_value_outside_a_declared_choice_checked_early_gets_the_closest_and_th
         "  did you mean 'token-mean'?",
         "  valid: seq-mean-token-mean, token-mean, seq-mean-token-sum, seq-sum-constant, prompt-mean-token-mean",
     ]
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("weights", "newest", "error: weights='newest' is not valid; choose one of ['live', 'ema', 'base']"),
+        (
+            "reprompt_template",
+            "{prompt}",
+            "error: reprompt_template='{prompt}' is not valid: must be a string containing {prompt} and {solution}",
+        ),
+    ],
+)
+def test_a_self_teacher_option_out_of_its_domain_stops_the_run_before_a_model_loads(capsys, option, value, message):
+    teacher = "--model.init_args.teacher=rlvr_lightning.modules.SelfTeacher"
+    code, lines = run(
+        capsys, "fit", "--config", TINY_LM, teacher, f"--model.init_args.teacher.init_args.{option}={value}"
+    )
+    assert code == 2
+    assert lines[0] == message
+    assert lines[1].startswith(f"  at model.init_args.teacher.init_args.{option} (command line: ")

@@ -41,7 +41,7 @@ from rlvr_lightning.policies.base import Policy
 from rlvr_lightning.rollout import Rollout
 from rlvr_lightning.runtime.devices import set_compute_device
 from rlvr_lightning.runtime.option_declarations import Option, check_options, documented_options
-from rlvr_lightning.runtime.option_domains import FINITE, OneOf, Range
+from rlvr_lightning.runtime.option_domains import FINITE, OneOf, Placeholders, Range
 
 TEACHER_WEIGHTS = ("live", "ema", "base")
 # TRL trl/experimental/sdpo/sdpo_config.py: reprompt_template (less its environment-feedback slot), solution_template
@@ -65,22 +65,19 @@ class SelfTeacher(nn.Module):
         success_threshold: Annotated[float, Option("the reward at which a response demonstrates.", FINITE)] = 1.0,
         exclude_self: Annotated[bool, Option("a successful response does not demonstrate for itself.")] = True,
         reprompt_template: Annotated[
-            str, Option("the teacher's prompt, with {prompt} and {solution} in it.")
+            str, Option("the teacher's prompt: {prompt}, then {solution}.", Placeholders(("{prompt}", "{solution}")))
         ] = REPROMPT_TEMPLATE,
         solution_template: Annotated[
-            str, Option("how a demonstration is shown: {successful_previous_attempt} is its text.")
+            str,
+            Option(
+                "how a demonstration is shown; {successful_previous_attempt}: its text.",
+                Placeholders(("{successful_previous_attempt}",)),
+            ),
         ] = SOLUTION_TEMPLATE,
         strip_thinking: Annotated[bool, Option("remove <think>...</think> from demonstrations.")] = False,
     ) -> None:
         """SDPO's teacher: the policy re-prompted with a successful response of its group (module docstring)."""
         check_options(SelfTeacher, locals())
-        for option, template, fields in (
-            ("reprompt_template", reprompt_template, ("{prompt}", "{solution}")),
-            ("solution_template", solution_template, ("{successful_previous_attempt}",)),
-        ):
-            missing = [field for field in fields if field not in template]
-            if missing:
-                raise ValueError(f"teacher.{option}={template!r} must contain {' and '.join(missing)}")
         super().__init__()
         self.weights, self.ema_rate, self.success_threshold = weights, ema_rate, success_threshold
         self.exclude_self, self.strip_thinking = exclude_self, strip_thinking

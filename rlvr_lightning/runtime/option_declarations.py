@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rlvr_lightning.runtime.option_domains import InputFile, OneOf, Range
+from rlvr_lightning.runtime.option_domains import InputFile, OneOf, Placeholders, Range
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class Option:
     its type allows)."""
 
     help: str
-    domain: Range | OneOf | InputFile | None = None
+    domain: Range | OneOf | InputFile | Placeholders | None = None
 
 
 @functools.cache
@@ -66,7 +66,7 @@ def declared_options(owner: type) -> dict[str, Option]:
     return options
 
 
-def declared_domains(owner: type) -> dict[str, Range | OneOf | InputFile]:
+def declared_domains(owner: type) -> dict[str, Range | OneOf | InputFile | Placeholders]:
     """The domains among `owner`'s declared options."""
     return {name: option.domain for name, option in declared_options(owner).items() if option.domain is not None}
 

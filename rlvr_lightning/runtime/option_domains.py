@@ -86,6 +86,23 @@ class OneOf:
             raise OptionValueError(option, value, self.describe(), message)
 
 
+@dataclass(frozen=True)
+class Placeholders:
+    """A string template that contains each of `names` (e.g. "{prompt}")."""
+
+    names: tuple[str, ...]
+
+    def describe(self) -> str:
+        return "a string containing " + " and ".join(self.names)
+
+    def contains(self, value: Any) -> bool:
+        return isinstance(value, str) and all(name in value for name in self.names)
+
+    def check(self, option: str, value: Any) -> None:
+        if not self.contains(value):
+            raise OptionValueError(option, value, self.describe())
+
+
 class InputFileError(OptionValueError, FileNotFoundError):
     """An input file option that names no file (or a directory): the message says where it was looked for."""
 

@@ -158,7 +158,9 @@ def test_refusals_name_the_option(tokenizer_dir):
         SelfTeacher(weights="newest")
     with pytest.raises(OptionValueError, match="ema_rate=0"):
         SelfTeacher(ema_rate=0)
-    with pytest.raises(ValueError, match=r"teacher.reprompt_template=.*must contain \{solution\}"):
+    with pytest.raises(
+        OptionValueError, match=r"reprompt_template='\{prompt\} again'.*containing \{prompt\} and \{solution\}"
+    ):
         SelfTeacher(reprompt_template="{prompt} again")
     with pytest.raises(ValueError, match="no text prompts"):
         SelfTeacher().bind(ToySortPolicy(vocab_size=5, prompt_length=3))

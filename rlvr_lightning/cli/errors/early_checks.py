@@ -27,7 +27,14 @@ from rlvr_lightning.cli.errors.problem import import_class
 from rlvr_lightning.evaluation.report import EvalOptions
 from rlvr_lightning.modules.options import ValidationConfig
 from rlvr_lightning.runtime.option_declarations import declared_domains
-from rlvr_lightning.runtime.option_domains import NON_NEGATIVE, OneOf, OptionValueError, Range, is_finite_number
+from rlvr_lightning.runtime.option_domains import (
+    NON_NEGATIVE,
+    OneOf,
+    OptionValueError,
+    Placeholders,
+    Range,
+    is_finite_number,
+)
 
 OPTIMIZER_RANGES = {"lr": NON_NEGATIVE, "weight_decay": NON_NEGATIVE, "eps": NON_NEGATIVE, "momentum": NON_NEGATIVE}
 CHECKED_MODULES = ("rlvr_lightning.", "torch.optim.")
@@ -101,7 +108,9 @@ def _check_section(class_path: str, init_args: Mapping[str, Any], path: str, sec
             _build_group(group, value, f"{base}.{name}", section_class, f"{name}.")
 
 
-def _check(domain: Range | OneOf | None, name: str, value: Any, option: str, section_class: str | None) -> None:
+def _check(
+    domain: Range | OneOf | Placeholders | None, name: str, value: Any, option: str, section_class: str | None
+) -> None:
     try:
         if domain is not None:
             domain.check(name, value)
