@@ -35,7 +35,8 @@ from rlvr_lightning.parallel.fsdp import data_parallel_mesh, shard_policy, shard
 from rlvr_lightning.policies.base import Policy
 from rlvr_lightning.rollout import Rollout
 from rlvr_lightning.runtime.devices import set_compute_device
-from rlvr_lightning.runtime.option_declarations import Option, documented_options
+from rlvr_lightning.runtime.option_declarations import Option, check_options, documented_options
+from rlvr_lightning.runtime.option_domains import NON_NEGATIVE
 
 # facts of a policy without a tokenizer (ToySortPolicy) that fix what its token ids mean
 TOKEN_FACTS = ("vocab_size", "eos_token", "prompt_length", "response_length")
@@ -50,8 +51,17 @@ class DistillationConfig:
     rl_coef: Annotated[
         float, Option("weight of the policy loss on the rewards' advantages (0: distillation alone).")
     ] = 1.0
+    position_weight_gamma: Annotated[
+        float,
+        Option(
+            "IW-OPD (arXiv 2606.22600): weigh each token's distillation advantage by 1 + gamma x the share of its "
+            "row's teacher-student drift not yet accumulated before it (0: unweighted; the paper: 0.5).",
+            NON_NEGATIVE,
+        ),
+    ] = 0.0
 
     def __post_init__(self) -> None:
+        check_options(DistillationConfig, vars(self), "distillation.")
         for name in ("coef", "rl_coef"):
             if getattr(self, name) < 0:
                 raise ValueError(f"distillation.{name} must be >= 0, got {getattr(self, name)}")
@@ -63,8 +73,9 @@ def check_distillation(teacher: Policy | None, distillation: DistillationConfig)
     """Distillation options without a teacher are a mistake, not a no-op."""
     if teacher is None and distillation != DistillationConfig():
         raise ValueError(
-            f"distillation={{coef: {distillation.coef}, rl_coef: {distillation.rl_coef}}} weighs the distillation "
-            "loss, but there is no teacher: set model.init_args.teacher (a policy with the student's tokenizer)"
+            f"distillation={{{', '.join(f'{k}: {v}' for k, v in vars(distillation).items())}}} weighs the "
+            "distillation loss, but there is no teacher: set model.init_args.teacher (a policy with the student's "
+            "tokenizer)"
         )
 
 

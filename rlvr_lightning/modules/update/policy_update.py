@@ -292,7 +292,9 @@ class PolicyUpdate:
         token_loss = policy_loss.loss
         teacher_kl = None
         if self.teacher is not None:
-            distilled = distillation_loss(log_probs, micro.old_log_probs, micro.teacher_log_probs, mask)
+            distilled = distillation_loss(
+                log_probs, micro.old_log_probs, micro.teacher_log_probs, mask, self.distillation.position_weight_gamma
+            )
             # the sampler/trainer correction applies to the distillation term as to a token-level loss
             distilled_loss = distilled.loss if weights is None else distilled.loss * weights
             token_loss = self.distillation.rl_coef * token_loss + self.distillation.coef * distilled_loss
