@@ -232,7 +232,16 @@ EXPECTED = {
         aggregation="token-mean",
         kl=None,
         teacher=SortTeacher,
-        distillation=(1.0, 0.0),
+        distillation=(1.0, 0.0, 0.0),
+    ),
+    # distill with IW-OPD's prefix-drift weights on the advantages, the paper's gamma
+    "distill_iw_opd": dict(
+        advantage=advantages.GroupNormalizedAdvantage,
+        loss="ppo_clip",
+        aggregation="token-mean",
+        kl=None,
+        teacher=SortTeacher,
+        distillation=(1.0, 0.0, 0.5),
     ),
     # no AdvantageCallback: GAE from a separate critic; VC-PPO: its value pretraining and decoupled lambdas
     "vc_ppo": dict(

@@ -99,6 +99,17 @@ def test_a_value_an_option_group_rejects_names_the_nested_option(in_tmp_dir, cap
     assert lines[1] == f"  at model.init_args.kl.mode ({bad}:4)"
 
 
+def test_a_negative_distillation_position_weight_is_refused_by_name(in_tmp_dir, capsys):
+    recipe = str(CONFIGS / "recipes" / "distill.yaml")
+    code, lines = run(capsys, "fit", "--config", recipe, "--model.init_args.distillation.position_weight_gamma=-0.5")
+    assert code == 2
+    assert lines[0] == "error: distillation.position_weight_gamma=-0.5 is not valid: must be a finite number >= 0"
+    assert lines[1] == (
+        "  at model.init_args.distillation.position_weight_gamma "
+        "(command line: --model.init_args.distillation.position_weight_gamma=-0.5)"
+    )
+
+
 def test_a_misspelled_option_of_a_loss_class(in_tmp_dir, capsys):
     bad = write(
         in_tmp_dir / "bad.yaml",

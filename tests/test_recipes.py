@@ -66,7 +66,11 @@ def test_recipe_runs_two_steps_on_the_sort_task(recipe, in_tmp_dir):
         "gae": lambda: (module.gae.lam, module.gae.lam_critic, module.value.warmup_steps),
         "vapo": lambda: (module.gae.length_adaptive_alpha, module.policy_update.positive_nll_coef),
         "teacher": lambda: type(module.teacher.policy),
-        "distillation": lambda: (module.policy_update.distillation.coef, module.policy_update.distillation.rl_coef),
+        "distillation": lambda: (
+            module.policy_update.distillation.coef,
+            module.policy_update.distillation.rl_coef,
+            module.policy_update.distillation.position_weight_gamma,
+        ),
         "baseline": lambda: module.advantage_estimator.baseline,
         "normalization": lambda: (
             module.advantage_estimator.std_scope,

@@ -191,7 +191,7 @@ TOY_MODEL = {
         },
         # a distillation config's teacher scores the real task's tokens: the toy policy runs without one
         "teacher": None,
-        "distillation": {"coef": 1.0, "rl_coef": 1.0},
+        "distillation": {"coef": 1.0, "rl_coef": 1.0, "position_weight_gamma": 0.0},
     },
 }
 TOY_DATA = {

@@ -32,12 +32,14 @@ from typing import Annotated
 import torch
 from torch import Tensor
 
+from rlvr_lightning.core.losses.distillation import distillation_loss
 from rlvr_lightning.modules.self_distillation import SelfTeacher
 from rlvr_lightning.parallel.fsdp import data_parallel_mesh, shard_policy, sharding_options
 from rlvr_lightning.policies.base import Policy
 from rlvr_lightning.rollout import Rollout
 from rlvr_lightning.runtime.devices import set_compute_device
-from rlvr_lightning.runtime.option_declarations import Option, documented_options
+from rlvr_lightning.runtime.option_declarations import Option, check_options, documented_options
+from rlvr_lightning.runtime.option_domains import NON_NEGATIVE
 
 # facts of a policy without a tokenizer (ToySortPolicy) that fix what its token ids mean
 TOKEN_FACTS = ("vocab_size", "eos_token", "prompt_length", "response_length")
@@ -52,8 +54,17 @@ class DistillationConfig:
     rl_coef: Annotated[
         float, Option("weight of the policy loss on the rewards' advantages (0: distillation alone).")
     ] = 1.0
+    position_weight_gamma: Annotated[
+        float,
+        Option(
+            "IW-OPD (arXiv 2606.22600): weigh each token's distillation advantage by 1 + gamma x the share of its "
+            "row's teacher-student drift not yet accumulated before it (0: unweighted; the paper: 0.5).",
+            NON_NEGATIVE,
+        ),
+    ] = 0.0
 
     def __post_init__(self) -> None:
+        check_options(DistillationConfig, vars(self), "distillation.")
         for name in ("coef", "rl_coef"):
             if getattr(self, name) < 0:
                 raise ValueError(f"distillation.{name} must be >= 0, got {getattr(self, name)}")
@@ -65,8 +76,9 @@ def check_distillation(teacher: Policy | SelfTeacher | None, distillation: Disti
     """Distillation options without a teacher are a mistake, not a no-op."""
     if teacher is None and distillation != DistillationConfig():
         raise ValueError(
-            f"distillation={{coef: {distillation.coef}, rl_coef: {distillation.rl_coef}}} weighs the distillation "
-            "loss, but there is no teacher: set model.init_args.teacher (a policy with the student's tokenizer)"
+            f"distillation={{{', '.join(f'{k}: {v}' for k, v in vars(distillation).items())}}} weighs the "
+            "distillation loss, but there is no teacher: set model.init_args.teacher (a policy with the student's "
+            "tokenizer)"
         )
 
 
@@ -140,6 +152,19 @@ def make_teacher(teacher: Policy | SelfTeacher | None, student: Policy) -> Teach
     if isinstance(teacher, SelfTeacher):
         return teacher.bind(student)
     return None if teacher is None else Teacher(teacher, student)
+
+
+def distilled_token_loss(
+    log_probs: Tensor, micro: Rollout, mask: Tensor | None, config: DistillationConfig, weights: Tensor | None
+) -> tuple[Tensor, tuple[Tensor, Tensor | None]]:
+    """`[n, T]` the micro-batch's distillation loss per token (times the sampler's importance `weights`, if any),
+    and (its reverse-KL estimate per token, the tokens the teacher teaches) for the metrics."""
+    taught = teacher_token_mask(micro, mask)  # SDPO: the rows with a demonstration
+    gamma = config.position_weight_gamma
+    distilled = distillation_loss(log_probs, micro.old_log_probs, micro.teacher_log_probs, taught, gamma)
+    # the sampler/trainer correction applies to the distillation term as to a token-level loss
+    loss = distilled.loss if weights is None else distilled.loss * weights
+    return loss, (distilled.reverse_kl, taught)
 
 
 def teacher_token_mask(micro: Rollout, mask: Tensor | None) -> Tensor | None:

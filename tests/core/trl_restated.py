@@ -4,7 +4,8 @@ Source: huggingface/trl f2cd57710ae345ea6428ae95363267fcf38a3dc8, trl/trainer/gr
 ``GRPOTrainer._compute_loss`` (``loss_type`` grpo or dapo, token-level ratio, ``beta``,
 ``use_bias_correction_kl``, ``off_policy_mask_threshold``, ``top_entropy_quantile``, the vLLM importance-sampling
 ratio), ``get_off_policy_mask``, ``get_high_entropy_mask`` (one process: the gather is the identity) and the
-``normalize_then_sum`` branch of ``_generate_and_score_completions`` with ``nanstd`` (trl/trainer/utils.py).
+``normalize_then_sum`` branch of ``_generate_and_score_completions`` with ``nanstd`` (trl/trainer/utils.py);
+trl/experimental/iw_opd/iw_opd_trainer.py: ``IWOPDTrainer._compute_iw_opd_loss`` (`trl_iw_opd_loss`).
 """
 
 from __future__ import annotations
@@ -105,3 +106,26 @@ def trl_normalize_then_sum(rewards_per_func, reward_weights, num_generations):
     std_rewards = trl_nanstd(rewards).expand_as(rewards) if rewards.numel() > 1 else torch.zeros_like(rewards)
     advantages = (rewards - torch.nanmean(rewards)) / (std_rewards + 1e-4)
     return torch.nan_to_num(advantages, nan=0.0)
+
+
+def trl_iw_opd_loss(student_logits, completion_tokens, labels, teacher_actual_logprobs, rollout_logprobs, gamma, eps):
+    """IWOPDTrainer._compute_iw_opd_loss (trl/experimental/iw_opd/iw_opd_trainer.py, same commit): temperature 1,
+    ``num_items_in_batch`` None (the mean over the valid tokens); the metrics and the missing-teacher check left
+    out. ``labels`` -100: not a completion token."""
+    student_log_probs = torch.log_softmax(student_logits, dim=-1)
+    student_actual_logprobs = student_log_probs.gather(dim=-1, index=completion_tokens.unsqueeze(-1)).squeeze(-1)
+    valid_mask = labels != -100
+    safe_teacher_logprobs = torch.where(valid_mask, teacher_actual_logprobs, 0.0)
+    if rollout_logprobs is None:
+        rollout_logprobs = student_actual_logprobs
+    safe_rollout_logprobs = torch.where(valid_mask, rollout_logprobs, 0.0)
+    a_opd = (safe_teacher_logprobs - safe_rollout_logprobs).detach()
+    a_opd = torch.where(valid_mask, a_opd, torch.zeros_like(a_opd))
+    abs_advantages = a_opd.abs()
+    prefix_abs_advantages = abs_advantages.cumsum(dim=1) - abs_advantages
+    total_abs_advantages = abs_advantages.sum(dim=1, keepdim=True).clamp_min(eps)
+    weights = (1.0 + gamma * (1.0 - prefix_abs_advantages / total_abs_advantages)).detach()
+    advantages = weights * a_opd
+    loss = -student_actual_logprobs * advantages
+    loss = torch.where(valid_mask, loss, torch.zeros_like(loss))
+    return loss.sum() / valid_mask.sum().clamp_min(1)

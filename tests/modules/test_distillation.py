@@ -80,6 +80,26 @@ def test_the_update_back_propagates_the_hand_computed_reverse_kl_to_the_scripted
     assert_close(part.teacher_kl[0].flatten(), torch.tensor(expected), rtol=1e-5, atol=1e-6)
 
 
+def test_position_weight_gamma_reaches_the_update_as_iw_opd_weights():
+    policy = student()
+    rollout = rollout_of(policy)
+    sampled = rollout.old_log_probs
+    update = update_of(policy, SortTeacher(V, L, confidence=0.8), rl_coef=0.0, position_weight_gamma=0.5)
+    part, _ = loss_and_grads(update, rollout)
+    expected = []
+    for row in range(rollout.num_rows):
+        target = sorted(rollout.prompt_ids[row].tolist())
+        drift = [  # log pi_teacher - log pi_rollout of each response token
+            (math.log(0.8) if token == target[t] else math.log(0.05)) - sampled[row, t].item()
+            for t, token in enumerate(rollout.response_ids[row].tolist())
+        ]
+        total = sum(abs(d) for d in drift)
+        for t, d in enumerate(drift):
+            # w_t = 1 + gamma (1 - sum_{s<t} |d_s| / sum_s |d_s|)  (arXiv 2606.22600, IW-OPD), l_t = -w_t d_t
+            expected.append(-(1 + 0.5 * (1 - sum(abs(e) for e in drift[:t]) / total)) * d)
+    assert_close(part.loss.item(), sum(expected) / len(expected), rtol=1e-6, atol=1e-6)
+
+
 def test_the_mixed_objective_is_the_weighted_sum_of_its_parts():
     policy = student()
     rollout = rollout_of(policy)  # sampled before the policy moves: old log-probs differ, the clip is active
@@ -189,8 +209,15 @@ def test_a_language_model_teacher_with_another_vocabulary_is_refused(tmp_path):
 
 
 def test_distillation_options_without_a_teacher_and_bad_weights_are_refused():
-    with pytest.raises(ValueError, match=r"distillation=\{coef: 1.0, rl_coef: 0.0\} .* but there is no teacher"):
+    with pytest.raises(
+        ValueError,
+        match=r"distillation=\{coef: 1.0, rl_coef: 0.0, position_weight_gamma: 0.0\} .* but there is no teacher",
+    ):
         RLVRModule(student(), distillation=DistillationConfig(rl_coef=0.0))
+    with pytest.raises(ValueError, match=r"position_weight_gamma: 0.5\} .* but there is no teacher"):
+        RLVRModule(student(), distillation=DistillationConfig(position_weight_gamma=0.5))
+    with pytest.raises(ValueError, match=r"^distillation.position_weight_gamma=-0.5 is not valid: must be .*>= 0$"):
+        DistillationConfig(position_weight_gamma=-0.5)
     with pytest.raises(ValueError, match="distillation.rl_coef must be >= 0, got -1"):
         DistillationConfig(rl_coef=-1)
     with pytest.raises(ValueError, match="distillation.coef=0 switches distillation off"):
@@ -235,7 +262,8 @@ def test_the_smollm2_distillation_config_takes_the_teacher_path_and_its_teacher_
     assert exit_info.value.code in (0, None)
     model = yaml.safe_load(capsys.readouterr().out)["model"]["init_args"]
     teacher = model["teacher"]["init_args"]
-    assert teacher["checkpoint_path"] == "t.ckpt" and model["distillation"] == {"coef": 1.0, "rl_coef": 0.0}
+    assert teacher["checkpoint_path"] == "t.ckpt"
+    assert model["distillation"] == {"coef": 1.0, "rl_coef": 0.0, "position_weight_gamma": 0.0}
     grpo = yaml.safe_load((configs / "smollm2_arithmetic.yaml").read_text())["model"]["init_args"]["policy"]
     expected = grpo["init_args"]["policy"]["init_args"]
     shown = teacher["policy"]["init_args"]

@@ -16,12 +16,18 @@ and no gradient.
 Inputs (shapes of `rlvr_lightning.rollout`): ``log_probs`` ``[N, T]`` differentiable,
 ``old_log_probs`` ``[N, T]`` of the policy that sampled (None: ``log_probs.detach()``, the first update),
 ``teacher_log_probs`` ``[N, T]`` (no grad), ``mask`` ``[N, T]`` or None (every token is real).
+
+``position_weight_gamma > 0`` is Importance-Weighted On-Policy Distillation (IW-OPD): each token's advantage is
+multiplied by a weight in ``[1, 1 + gamma]`` that falls with the teacher-student drift accumulated before the token
+in its row (`prefix_drift_weights`). The drift is the rollout's, ``log pi_teacher - log pi_old``, so every update of
+a rollout weighs the same tokens alike; tokens after most of a row's drift get weight about 1.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
+import torch
 from torch import Tensor
 
 from rlvr_lightning.core.losses.policy_losses import ImportanceRatio
@@ -39,10 +45,29 @@ def reverse_kl_advantages(student_log_probs: Tensor, teacher_log_probs: Tensor) 
     return teacher_log_probs - student_log_probs
 
 
+@torch.no_grad()
+def prefix_drift_weights(drift: Tensor, mask: Tensor | None, gamma: float, eps: float = 1e-8) -> Tensor:
+    """``[N, T]`` detached IW-OPD weights of the per-token ``drift`` (``log pi_teacher - log pi_rollout``); a masked
+    token adds nothing to its row's drift and gets weight 1. ``eps`` bounds the divisor of a row without drift."""
+    if gamma < 0:
+        raise ValueError(f"prefix_drift_weights: gamma must be >= 0, got {gamma}")
+    size = drift.abs() if mask is None else drift.abs().masked_fill(~mask.bool(), 0.0)
+    # w_t = 1 + gamma (1 - sum_{s<t} |A_s| / max(sum_s |A_s|, eps))  (arXiv 2606.22600; TRL _compute_iw_opd_loss)
+    before = size.cumsum(dim=-1) - size
+    total = size.sum(dim=-1, keepdim=True).clamp_min(eps)
+    weights = 1.0 + gamma * (1.0 - before / total)
+    return weights if mask is None else weights.masked_fill(~mask.bool(), 1.0)
+
+
 def distillation_loss(
-    log_probs: Tensor, old_log_probs: Tensor | None, teacher_log_probs: Tensor, mask: Tensor | None
+    log_probs: Tensor,
+    old_log_probs: Tensor | None,
+    teacher_log_probs: Tensor,
+    mask: Tensor | None,
+    position_weight_gamma: float = 0.0,
 ) -> DistillationOutput:
-    """The per-token on-policy distillation loss (module docstring) and the per-token reverse-KL estimate."""
+    """The per-token on-policy distillation loss (module docstring) and the per-token reverse-KL estimate;
+    ``position_weight_gamma > 0`` weighs each token's advantage by `prefix_drift_weights` of the rollout's drift."""
     if teacher_log_probs.shape != log_probs.shape:
         raise ValueError(
             f"teacher_log_probs shape {tuple(teacher_log_probs.shape)} != log_probs shape {tuple(log_probs.shape)}"
@@ -57,6 +82,9 @@ def distillation_loss(
     if mask is not None:  # what a teacher says about padding (even -inf) must not reach the gradient as 0 * inf
         advantages = advantages.masked_fill(~mask.bool(), 0.0)
         sampled_kl = sampled_kl.masked_fill(~mask.bool(), 0.0)
+    if position_weight_gamma != 0:  # 0: no weights at all, so that the loss is bit for bit the unweighted one
+        # A_t <- w_t A_t, w_t from the rollout's drift log nu - log pi_old  (arXiv 2606.22600, IW-OPD)
+        advantages = prefix_drift_weights(-sampled_kl, mask, position_weight_gamma) * advantages
     # l_t = -A_t * r_t, r_t = pi / pi_old  (the importance-sampling surrogate of `ImportanceRatio`)
     output = ImportanceRatio()(log_probs, old, advantages, mask)
     return DistillationOutput(output.loss, sampled_kl)

@@ -42,11 +42,10 @@ from rlvr_lightning.core.advantage_estimators import uniform_reward_groups
 from rlvr_lightning.core.aggregation import aggregate_loss
 from rlvr_lightning.core.importance_sampling import mask_off_policy_sequences, rollout_is_weights
 from rlvr_lightning.core.kl import kl_estimator
-from rlvr_lightning.core.losses.distillation import distillation_loss
 from rlvr_lightning.core.losses.policy_losses import PolicyLoss
 from rlvr_lightning.core.losses.positive_example import correct_token_count, positive_example_nll
 from rlvr_lightning.generation.sampling_config import SamplingConfig
-from rlvr_lightning.modules.distillation import DistillationConfig, Teacher, teacher_token_mask
+from rlvr_lightning.modules.distillation import DistillationConfig, Teacher, distilled_token_loss
 from rlvr_lightning.modules.options import AggregationConfig, ImportanceSamplingConfig, KLConfig, UpdateConfig
 from rlvr_lightning.modules.self_distillation import SelfTeacher
 from rlvr_lightning.modules.update.gradients import backward_sync, policy_gradient_norm, report_skipped_update
@@ -291,12 +290,9 @@ class PolicyUpdate:
         token_loss = policy_loss.loss
         teacher_kl = None
         if self.teacher is not None:
-            taught = teacher_token_mask(micro, mask)  # SDPO: the rows with a demonstration
-            distilled = distillation_loss(log_probs, micro.old_log_probs, micro.teacher_log_probs, taught)
-            # the sampler/trainer correction applies to the distillation term as to a token-level loss
-            distilled_loss = distilled.loss if weights is None else distilled.loss * weights
+            distilled_loss, taught_kl = distilled_token_loss(log_probs, micro, mask, self.distillation, weights)
             token_loss = self.distillation.rl_coef * token_loss + self.distillation.coef * distilled_loss
-            teacher_kl = (distilled.reverse_kl, taught) if first_epoch else None
+            teacher_kl = taught_kl if first_epoch else None
         kl = None
         if self.kl_in_loss:
             kl = self.token_kl_in_loss(log_probs, micro)
