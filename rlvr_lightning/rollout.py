@@ -35,6 +35,8 @@ Shapes (documented here once; everything else refers to them):
     token_energy    float[N, T]    1 - 2 pi(y_t) + sum_v pi(v)^2 under the trained policy when the rollout is scored:
                                    the squared norm of the gradient of log pi(y_t) in the logits, which
                                    `OptimalTokenBaseline` reads (no grad); 0 where masked
+    feedback        list[N]        what the rewards said of each response beyond its score (a failed test's error;
+                                   `RewardCallback.feedback`), None for a row they said nothing of; None: nothing said
     prompts         list[N]        each row's prompt as the data gave it (text or chat messages), before the policy's
                                    template renders it as `prompt_text` (None: a policy without text prompts)
     correct         bool[N]        which responses the task reward calls correct, when the update reads it
@@ -100,6 +102,7 @@ class Rollout:
     token_energy: Tensor | None = None
     correct: Tensor | None = None
     prompts: list[Any] | None = None
+    feedback: list[str | None] | None = None
 
     @property
     def num_rows(self) -> int:
@@ -242,6 +245,9 @@ class Rollout:
             token_energy=cat("token_energy", response_len),
             correct=cat("correct"),
             prompts=texts("prompts"),
+            feedback=None
+            if all(r.feedback is None for r in rollouts)
+            else sum((r.feedback or [None] * r.num_rows for r in rollouts), []),
         )
 
     def to(self, device: torch.device | str) -> Rollout:

@@ -19,13 +19,20 @@ from rlvr_lightning.rollout import Rollout
 
 
 def score(rollout: Rollout, reward_callbacks: Sequence[RewardCallback]) -> None:
-    """Fill `rollout.rewards` (unweighted, by name) and `rollout.reward` (weighted sum)."""
+    """Fill `rollout.rewards` (unweighted, by name), `rollout.reward` (weighted sum) and, where a reward says more
+    than its number, `rollout.feedback`."""
     total = torch.zeros(rollout.num_rows, device=rollout.response_ids.device)
+    notes: list[list[str]] = [[] for _ in range(rollout.num_rows)]
     for callback in reward_callbacks:
         scores = callback(rollout)
         rollout.rewards[callback.name] = scores
         total = total + callback.weight * scores
+        for row, note in enumerate(callback.feedback(rollout, scores) or []):
+            if note:
+                notes[row].append(note)
     rollout.reward = total
+    if any(notes):  # what the rewards said of each response, one line per reward (SDPO's environment feedback)
+        rollout.feedback = ["\n".join(row) if row else None for row in notes]
 
 
 def correctness(rollout: Rollout, reward_callbacks: Sequence[RewardCallback], kind: str = "task") -> Tensor | None:

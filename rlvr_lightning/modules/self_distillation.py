@@ -6,7 +6,9 @@ on its own prompt (the student) and by a teacher, the same network shown the pro
 response of its group ("Correct solution: ..."); the on-policy distillation loss (`core/losses/distillation.py`,
 the sampled reverse KL as a per-token advantage) pulls the student toward the teacher's feedback-informed
 prediction. A response without a demonstration (no success in its group, or, with `exclude_self`, only itself)
-has no distillation loss; it still counts in the loss's divisors, as in TRL's `SDPOTrainer`.
+has no distillation loss; it still counts in the loss's divisors, as in TRL's `SDPOTrainer`. With `feedback`, the
+teacher is also shown what the rewards said of the response itself (`rollout.feedback`, e.g. the failed test of
+`CodeExecutionReward`): a failed response with feedback is taught even where its group has no success.
 
     model:
       init_args:
@@ -44,10 +46,11 @@ from rlvr_lightning.runtime.option_declarations import Option, check_options, do
 from rlvr_lightning.runtime.option_domains import FINITE, OneOf, Placeholders, Range
 
 TEACHER_WEIGHTS = ("live", "ema", "base")
-# TRL trl/experimental/sdpo/sdpo_config.py: reprompt_template (less its environment-feedback slot), solution_template
-REPROMPT_TEMPLATE = "{prompt}{solution}\n\nCorrectly solve the original question.\n"
+# TRL trl/experimental/sdpo/sdpo_config.py: reprompt_template, solution_template, feedback_template
+REPROMPT_TEMPLATE = "{prompt}{solution}{feedback}\n\nCorrectly solve the original question.\n"
 SOLUTION_TEMPLATE = "\nCorrect solution:\n\n{successful_previous_attempt}\n\n"
-PLACEHOLDERS = re.compile(r"\{prompt\}|\{solution\}")
+FEEDBACK_TEMPLATE = "\nThe following is feedback from your unsuccessful earlier attempt:\n\n{feedback_raw}\n\n"
+PLACEHOLDERS = re.compile(r"\{prompt\}|\{solution\}|\{feedback\}")
 THINKING = re.compile(r"<think>.*?</think>", flags=re.DOTALL)
 
 
@@ -75,6 +78,15 @@ class SelfTeacher(nn.Module):
             ),
         ] = SOLUTION_TEMPLATE,
         strip_thinking: Annotated[bool, Option("remove <think>...</think> from demonstrations.")] = False,
+        feedback: Annotated[
+            bool, Option("show each response what the rewards said of it (rollout.feedback), in {feedback}.")
+        ] = False,
+        feedback_template: Annotated[
+            str, Option("how feedback is shown; {feedback_raw}: its text.", Placeholders(("{feedback_raw}",)))
+        ] = FEEDBACK_TEMPLATE,
+        feedback_only_without_solution: Annotated[
+            bool, Option("with feedback: only for responses without a demonstration.")
+        ] = False,
     ) -> None:
         """SDPO's teacher: the policy re-prompted with a successful response of its group (module docstring)."""
         check_options(SelfTeacher, locals())
@@ -82,6 +94,8 @@ class SelfTeacher(nn.Module):
         self.weights, self.ema_rate, self.success_threshold = weights, ema_rate, success_threshold
         self.exclude_self, self.strip_thinking = exclude_self, strip_thinking
         self.reprompt_template, self.solution_template = reprompt_template, solution_template
+        self.feedback, self.feedback_template = feedback, feedback_template
+        self.feedback_only_without_solution = feedback_only_without_solution
         self._student: tuple[Policy, ...] = ()  # a tuple: the policy is the module's, not a submodule of this one
         self.copy: nn.Module | None = None
 
@@ -91,6 +105,11 @@ class SelfTeacher(nn.Module):
             raise ValueError(
                 f"teacher: SelfTeacher re-prompts the policy with text, and {type(student).__name__} has no text "
                 "prompts; use a policy with a tokenizer (HFPolicy)"
+            )
+        if self.feedback and "{feedback}" not in self.reprompt_template:
+            raise ValueError(
+                f"teacher.feedback=true shows feedback in {{feedback}}, and teacher.reprompt_template="
+                f"{self.reprompt_template!r} has no {{feedback}}"
             )
         if self.weights == "ema" and getattr(student, "lora_r", 0) > 0:
             raise ValueError(
@@ -132,22 +151,37 @@ class SelfTeacher(nn.Module):
             self.student.update_reference(self.copy, alpha=self.ema_rate)
             torch.clear_autocast_cache()
         demos = demonstration_rows(rollout.reward, rollout.group_index, self.success_threshold, self.exclude_self)
-        rows = (demos >= 0).nonzero().flatten()
+        notes = self.feedback_shown(rollout, demos)
+        taught = (demos >= 0) | torch.tensor([note is not None for note in notes], device=demos.device)
+        rows = taught.nonzero().flatten()
         log_probs = torch.zeros(rollout.response_ids.shape, device=rollout.response_ids.device)
         if rows.numel():
-            taught = self.reprompted(rollout, rows.tolist(), demos.tolist())
-            scored = by_micro_batch(taught, lambda mb: self.log_probs(mb, temperature))
+            taught_rollout = self.reprompted(rollout, rows.tolist(), demos.tolist(), notes)
+            scored = by_micro_batch(taught_rollout, lambda mb: self.log_probs(mb, temperature))
             log_probs = log_probs.to(scored.dtype).index_copy_(0, rows.to(log_probs.device), scored)
-        rollout.teacher_log_probs, rollout.teacher_rows = log_probs, demos >= 0
+        rollout.teacher_log_probs, rollout.teacher_rows = log_probs, taught
 
     def log_probs(self, rollout: Rollout, temperature: float) -> Tensor:
         if self.copy is None:
             return self.student.token_log_probs(rollout, temperature=temperature)[0]
         return self.student.reference_log_probs(self.copy, rollout, temperature)
 
-    def reprompted(self, rollout: Rollout, rows: list[int], demos: list[int]) -> Rollout:
+    def feedback_shown(self, rollout: Rollout, demos: Tensor) -> list[str | None]:
+        """Each row's feedback the teacher is shown (TRL's include_environment_feedback), None where none."""
+        if not self.feedback or rollout.feedback is None:
+            return [None] * rollout.num_rows
+        with_solution = (demos >= 0).tolist()
+        return [
+            note if note and note.strip() and not (self.feedback_only_without_solution and solved) else None
+            for note, solved in zip(rollout.feedback, with_solution, strict=True)
+        ]
+
+    def reprompted(self, rollout: Rollout, rows: list[int], demos: list[int], notes: list[str | None]) -> Rollout:
         """The rows `rows` of `rollout` (their responses as sampled) behind their re-prompts, each row a group."""
-        prompts = [self.reprompt(rollout.prompts[i], rollout.response_text[demos[i]]) for i in rows]
+        prompts = [
+            self.reprompt(rollout.prompts[i], rollout.response_text[demos[i]] if demos[i] >= 0 else None, notes[i])
+            for i in rows
+        ]
         ids, texts = self.student.encode_prompts(prompts)
         prompt_ids, prompt_mask = left_pad(ids, self.student.pad_token_id)
         part = rollout.select(torch.tensor(rows, device=rollout.group_index.device), rows)
@@ -156,19 +190,23 @@ class SelfTeacher(nn.Module):
             part,
             prompt_ids=prompt_ids.to(device),
             prompt_mask=prompt_mask.to(device),
-            group_index=torch.arange(len(rows), device=rollout.group_index.device),  # no two rows share a prompt
+            group_index=torch.arange(len(rows), device=rollout.group_index.device),  # a group's re-prompts differ
             group_size=1,
             prompt_text=texts,
         )
 
-    def reprompt(self, prompt: Any, demonstration: str) -> Any:
-        """`prompt` with the demonstration after it, in the form the data gave it (text or chat messages)."""
-        if self.strip_thinking:
-            demonstration = THINKING.sub("", demonstration).strip()
-        solution = self.solution_template.replace("{successful_previous_attempt}", demonstration)
+    def reprompt(self, prompt: Any, demonstration: str | None, feedback: str | None = None) -> Any:
+        """`prompt` with the demonstration and the feedback (each if any) after it, in the form the data gave it (text
+        or chat messages)."""
+        solution = ""
+        if demonstration is not None:
+            if self.strip_thinking:
+                demonstration = THINKING.sub("", demonstration).strip()
+            solution = self.solution_template.replace("{successful_previous_attempt}", demonstration)
+        shown = "" if feedback is None else self.feedback_template.replace("{feedback_raw}", feedback)
 
-        def fill(text: str) -> str:  # one pass: a prompt or solution that contains "{solution}" stays as it is
-            parts = {"{prompt}": text, "{solution}": solution}
+        def fill(text: str) -> str:  # one pass: a placeholder inside the prompt, solution or feedback stays as it is
+            parts = {"{prompt}": text, "{solution}": solution, "{feedback}": shown}
             return PLACEHOLDERS.sub(lambda match: parts[match.group()], self.reprompt_template)
 
         if isinstance(prompt, str):

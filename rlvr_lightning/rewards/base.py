@@ -165,6 +165,11 @@ class RewardCallback(Callback):
         """`bool[N]`: which responses solve the task outright (validation accuracy); None if this reward cannot tell."""
         return None
 
+    def feedback(self, rollout: Rollout, scores: Tensor) -> list[str | None] | None:
+        """What this reward can tell each response of the batch it just scored (`scores`) beyond its number, e.g.
+        a failed test's error; read by SDPO's `SelfTeacher(feedback=true)`. None: nothing."""
+        return None
+
     def extract_answers(self, rollout: Rollout) -> list[str | None] | None:
         """The final answer each response commits to (for majority voting).
 

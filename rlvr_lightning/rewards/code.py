@@ -160,5 +160,11 @@ class CodeExecutionReward(RewardCallback):
     def is_correct(self, rollout: Rollout, scores: Tensor) -> Tensor:
         return scores >= 1.0
 
+    def feedback(self, rollout: Rollout, scores: Tensor) -> list[str | None]:
+        """The first failure of each response that did not pass every test (the sandbox's error: a failed test's
+        expected and actual output, an exception, a time-out)."""
+        passed = (scores >= 1.0).tolist()
+        return [None if ok else error for ok, error in zip(passed, self.last_errors, strict=False)]
+
 
 __all__ = ["CodeExecutionReward", "parse_tests"]

@@ -15,11 +15,14 @@ from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.modules import RLVRModule, SelfTeacher
 from rlvr_lightning.modules.distillation import DistillationConfig, make_teacher
 from rlvr_lightning.modules.options import AggregationConfig, ImportanceSamplingConfig, KLConfig, UpdateConfig
+from rlvr_lightning.modules.scoring import score
 from rlvr_lightning.modules.update.normalisers import MiniBatchSizes
 from rlvr_lightning.modules.update.policy_update import PolicyUpdate
 from rlvr_lightning.policies.hf import HFPolicy
 from rlvr_lightning.policies.hf_options import HFModelOptions, LoRAOptions, PromptOptions
 from rlvr_lightning.policies.toy_sort import ToySortPolicy
+from rlvr_lightning.rewards.base import RewardCallback
+from rlvr_lightning.rollout import Rollout
 from rlvr_lightning.runtime.option_domains import OptionValueError
 
 PROMPTS = ["What is 2+3?", [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say ab."}]]
@@ -167,3 +170,52 @@ def test_refusals_name_the_option(tokenizer_dir):
     lora = policy_of(tokenizer_dir, lora=LoRAOptions(r=2, alpha=4))
     with pytest.raises(ValueError, match="weights='ema' with a LoRA policy"):
         SelfTeacher(weights="ema").bind(lora)
+
+
+def test_feedback_is_shown_in_its_template_and_teaches_a_response_whose_group_has_no_success(tokenizer_dir):
+    policy = policy_of(tokenizer_dir)
+    rollout = rollout_of(policy)
+    rollout.feedback = [None, None, "wrong answer", None, "NameError: x", None, "  ", None]
+    teacher = SelfTeacher(weights="live", feedback=True).bind(policy)
+    teacher.score(rollout, whole, 1.0)
+    # rows 0-3 have a demonstration; row 4 only its feedback; row 6's blank feedback is none
+    assert rollout.teacher_rows.tolist() == [True, True, True, True, True, False, False, False]
+    shown = "\nThe following is feedback from your unsuccessful earlier attempt:\n\nNameError: x\n\n"
+    reprompt = teacher.reprompt(PROMPTS[1], None, "NameError: x")
+    assert reprompt[1]["content"] == f"Say ab.{shown}\n\nCorrectly solve the original question.\n"
+    both = teacher.reprompt("Q", "5", "wrong answer")
+    assert both.startswith("Q\nCorrect solution:\n\n5\n\n\nThe following is feedback")
+    # feedback_only_without_solution: row 2's feedback is dropped (it has a demonstration), row 4's kept
+    only = SelfTeacher(weights="live", feedback=True, feedback_only_without_solution=True).bind(policy)
+    demos = torch.tensor([1, 3, 1, 1, -1, -1, -1, -1])
+    assert only.feedback_shown(rollout, demos) == [None, None, None, None, "NameError: x", None, None, None]
+    assert teacher.feedback_shown(rollout, demos)[2] == "wrong answer"
+    silent = SelfTeacher(weights="live").bind(policy)
+    assert silent.feedback_shown(rollout, demos) == [None] * 8  # feedback is off by default
+    with pytest.raises(ValueError, match="teacher.feedback=true .* has no \\{feedback\\}"):
+        SelfTeacher(feedback=True, reprompt_template="{prompt}{solution}").bind(policy)
+
+
+class _Says(RewardCallback):
+    """A reward of 0 that says `notes[i]` of row i."""
+
+    def __init__(self, notes, name):
+        super().__init__(name=name, timeout_s=None)
+        self.notes = notes
+
+    def score(self, rollout):
+        return torch.zeros(rollout.num_rows)
+
+    def feedback(self, rollout, scores):
+        return self.notes
+
+
+def test_scoring_joins_what_each_reward_says_of_a_row_one_line_each():
+    rollout = Rollout.from_texts(["a", "b", "c"])
+    score(rollout, [_Says(["x", None, None], "one"), _Says(None, "two"), _Says(["y", "z", ""], "three")])
+    assert rollout.feedback == ["x\ny", "z", None]
+    quiet = Rollout.from_texts(["a"])
+    score(quiet, [_Says(None, "one")])
+    assert quiet.feedback is None
+    joined = Rollout.concat([rollout, quiet])  # a rollout no reward spoke of joins with None rows
+    assert joined.feedback == ["x\ny", "z", None, None]

@@ -56,6 +56,11 @@ def test_fraction_of_tests_passed():
     assert reward.is_correct(rollout, scores).tolist() == [True, False, False, True, False]
     assert reward.pop_errors() == 0
     assert reward.last_errors[0] is None and "wrong answer" in reward.last_errors[1]
+    # what SDPO's teacher may be shown: each failed response's first failure, nothing for those that passed
+    feedback = reward.feedback(rollout, scores)
+    assert feedback[0] is None and feedback[3] is None
+    assert feedback[1] == reward.last_errors[1] and "wrong answer" in feedback[1]
+    assert feedback[2] and feedback[4]
 
 
 HOSTILE = {
