@@ -1,4 +1,5 @@
-"""On-policy distillation in `RLVRModule`: a frozen teacher scores the student's sampled tokens.
+"""On-policy distillation in `RLVRModule`: a frozen teacher scores the student's sampled tokens (the teacher may
+also be SDPO's `SelfTeacher`, the policy itself re-prompted with a correct response: `self_distillation.py`).
 
     model:
       init_args:
