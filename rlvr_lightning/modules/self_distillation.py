@@ -183,6 +183,13 @@ class SelfTeacher(nn.Module):
             for i in rows
         ]
         ids, texts = self.student.encode_prompts(prompts)
+        context = getattr(self.student, "max_context", None)
+        longest = max(len(row) for row in ids) + rollout.response_ids.shape[1]
+        if context is not None and longest > context:
+            raise ValueError(
+                f"SelfTeacher: a re-prompt and its response take {longest} tokens, over the model's context of "
+                f"{context}; shorten the demonstrations (teacher.strip_thinking, sampling.max_new_tokens)"
+            )
         prompt_ids, prompt_mask = left_pad(ids, self.student.pad_token_id)
         part = rollout.select(torch.tensor(rows, device=rollout.group_index.device), rows)
         device = rollout.prompt_ids.device

@@ -219,3 +219,11 @@ def test_scoring_joins_what_each_reward_says_of_a_row_one_line_each():
     assert quiet.feedback is None
     joined = Rollout.concat([rollout, quiet])  # a rollout no reward spoke of joins with None rows
     assert joined.feedback == ["x\ny", "z", None, None]
+
+
+def test_a_re_prompt_over_the_models_context_is_refused_naming_the_lengths(tokenizer_dir):
+    policy = policy_of(tokenizer_dir)
+    rollout = rollout_of(policy)
+    teacher = SelfTeacher(weights="live", solution_template="{successful_previous_attempt}" + " pad" * 300)
+    with pytest.raises(ValueError, match=r"take \d+ tokens, over the model's context of 256"):
+        teacher.bind(policy).score(rollout, whole, 1.0)
