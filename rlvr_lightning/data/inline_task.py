@@ -27,12 +27,16 @@ from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from rlvr_lightning.data.task import Example, ListDataset, Task
 
+# An example's values as the config writes them. Not `Any`: jsonargparse parses a string typed `Any` again as
+# YAML, so the prompt "Count: 1 2" would become the dict {"Count": "1 2"} and the answer "3" the number 3.
+ExampleValue = str | int | float | bool | None | list[Any] | dict[str, Any]
+
 
 class InlineTask(Task):
     def __init__(
         self,
-        examples: list[dict[str, Any]],
-        val_examples: list[dict[str, Any]] | None = None,
+        examples: list[dict[str, ExampleValue]],
+        val_examples: list[dict[str, ExampleValue]] | None = None,
         repeat: bool = True,
         shuffle: bool = True,
         seed: int = 0,

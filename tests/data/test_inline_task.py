@@ -42,3 +42,21 @@ def test_finite_mode_and_validation():
         InlineTask([{"prompt": "a"}, {"question": "b"}])
     with pytest.raises(ValueError, match="at least one example"):
         InlineTask([])
+
+
+def test_a_config_s_strings_stay_strings(tmp_path):
+    """A prompt with a colon, a quoted number: parsed from YAML as written, not again as YAML."""
+    from jsonargparse import ArgumentParser
+
+    parser = ArgumentParser()
+    parser.add_class_arguments(InlineTask, "task")
+    config = parser.parse_string(
+        "task:\n  examples:\n"
+        '    - {prompt: "Count: 1 2", answer: "3", tests: [{input: "2", output: "4"}], weight: 2}\n'
+        '    - {prompt: [{role: user, content: "Q: x"}], answer: 4.5}\n'
+    )
+    task = parser.instantiate(config).task
+    assert task.examples == [
+        {"prompt": "Count: 1 2", "answer": "3", "tests": [{"input": "2", "output": "4"}], "weight": 2},
+        {"prompt": [{"role": "user", "content": "Q: x"}], "answer": 4.5},
+    ]
