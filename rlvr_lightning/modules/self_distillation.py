@@ -153,13 +153,11 @@ class SelfTeacher(nn.Module):
         demos = demonstration_rows(rollout.reward, rollout.group_index, self.success_threshold, self.exclude_self)
         notes = self.feedback_shown(rollout, demos)
         taught = (demos >= 0) | torch.tensor([note is not None for note in notes], device=demos.device)
-        rows = taught.nonzero().flatten()
-        log_probs = torch.zeros(rollout.response_ids.shape, device=rollout.response_ids.device)
-        if rows.numel():
-            taught_rollout = self.reprompted(rollout, rows.tolist(), demos.tolist(), notes)
-            scored = by_micro_batch(taught_rollout, lambda mb: self.log_probs(mb, temperature))
-            log_probs = log_probs.to(scored.dtype).index_copy_(0, rows.to(log_probs.device), scored)
-        rollout.teacher_log_probs, rollout.teacher_rows = log_probs, taught
+        # every row is scored, an untaught one behind its own prompt (as TRL does): each data-parallel rank then
+        # runs as many forwards as the others, which sharded (collective) forwards need; its loss is masked
+        behind = self.reprompted(rollout, demos.tolist(), notes)
+        log_probs = by_micro_batch(behind, lambda mb: self.log_probs(mb, temperature))
+        rollout.teacher_log_probs, rollout.teacher_rows = log_probs, taught.to(log_probs.device)
 
     def log_probs(self, rollout: Rollout, temperature: float) -> Tensor:
         if self.copy is None:
@@ -176,11 +174,14 @@ class SelfTeacher(nn.Module):
             for note, solved in zip(rollout.feedback, with_solution, strict=True)
         ]
 
-    def reprompted(self, rollout: Rollout, rows: list[int], demos: list[int], notes: list[str | None]) -> Rollout:
-        """The rows `rows` of `rollout` (their responses as sampled) behind their re-prompts, each row a group."""
+    def reprompted(self, rollout: Rollout, demos: list[int], notes: list[str | None]) -> Rollout:
+        """`rollout`'s responses as sampled, each behind its re-prompt (its own prompt where it has neither a
+        demonstration nor feedback), each row a group of its own."""
         prompts = [
-            self.reprompt(rollout.prompts[i], rollout.response_text[demos[i]] if demos[i] >= 0 else None, notes[i])
-            for i in rows
+            prompt
+            if demo < 0 and note is None
+            else self.reprompt(prompt, rollout.response_text[demo] if demo >= 0 else None, note)
+            for prompt, demo, note in zip(rollout.prompts, demos, notes, strict=True)
         ]
         ids, texts = self.student.encode_prompts(prompts)
         context = getattr(self.student, "max_context", None)
@@ -191,13 +192,12 @@ class SelfTeacher(nn.Module):
                 f"{context}; shorten the demonstrations (teacher.strip_thinking, sampling.max_new_tokens)"
             )
         prompt_ids, prompt_mask = left_pad(ids, self.student.pad_token_id)
-        part = rollout.select(torch.tensor(rows, device=rollout.group_index.device), rows)
         device = rollout.prompt_ids.device
         return dataclasses.replace(
-            part,
+            rollout,
             prompt_ids=prompt_ids.to(device),
             prompt_mask=prompt_mask.to(device),
-            group_index=torch.arange(len(rows), device=rollout.group_index.device),  # a group's re-prompts differ
+            group_index=torch.arange(rollout.num_rows, device=rollout.group_index.device),  # re-prompts differ
             group_size=1,
             prompt_text=texts,
         )

@@ -67,7 +67,10 @@ def test_the_teacher_scores_each_taught_row_behind_its_hand_built_re_prompt(toke
     teacher.score(rollout, whole, 1.0)
 
     assert rollout.teacher_rows.tolist() == [True, True, True, True, False, False, False, False]
-    assert torch.equal(rollout.teacher_log_probs[4:], torch.zeros_like(rollout.teacher_log_probs[4:]))
+    # an untaught row is scored behind its own prompt (every rank scores every row), and masked in the loss
+    own_rows, _ = policy.token_log_probs(rollout.select(torch.arange(4, 8)))
+    mask = rollout.response_mask[4:].bool()
+    assert_close(rollout.teacher_log_probs[4:][mask], own_rows.detach()[mask], rtol=1e-5, atol=1e-6)
     demos = [1, 3, 1, 1]  # row 1 skips itself for row 3
     tail = "\n\nCorrectly solve the original question.\n"
     texts = [
