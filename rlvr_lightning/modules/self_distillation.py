@@ -20,10 +20,12 @@ teacher is also shown what the rewards said of the response itself (`rollout.fee
 `weights`: `live` scores with the policy itself; `ema` with an exponential moving average of it, moved toward the
 policy by `ema_rate` before each step's scoring (after the previous step's update); `base` with the initial
 weights. The copy `ema` and `base` keep is part of the module, so checkpoints hold it and a resumed run goes on
-with it. With LoRA, `base` is the model with the adapter disabled and `ema` is refused (an average of low-rank
-products is not one). Rollouts come from a policy that samples text (`HFPolicy`): the re-prompt is built from
-the prompt as the data gave it (a string, or chat messages whose last user message is re-written) and the
-demonstration's decoded text, then rendered by the policy's own `prompt.template`.
+with it. With LoRA, `base` is the model with the adapter disabled, and `ema` a whole copy of the model whose
+adapter factors are averaged, each on its own (TRL's PEFT EMA teacher, started from the policy's adapter).
+
+Rollouts come from a policy that samples text (`HFPolicy`): the re-prompt is built from the prompt as the data
+gave it (a string, or chat messages whose last user message is re-written) and the demonstration's decoded text,
+then rendered by the policy's own `prompt.template`.
 """
 
 from __future__ import annotations
@@ -111,13 +113,14 @@ class SelfTeacher(nn.Module):
                 f"teacher.feedback=true shows feedback in {{feedback}}, and teacher.reprompt_template="
                 f"{self.reprompt_template!r} has no {{feedback}}"
             )
-        if self.weights == "ema" and getattr(student, "lora_r", 0) > 0:
-            raise ValueError(
-                "teacher.weights='ema' with a LoRA policy: an average of low-rank products is not one; use "
-                "weights: live or base (the model with the adapter disabled)"
-            )
         self._student = (student,)
-        self.copy = None if self.weights == "live" else student.create_reference()
+        if self.weights == "live":
+            self.copy = None
+        elif self.weights == "ema" and getattr(student, "lora_r", 0) > 0:
+            # a whole copy, adapter included, whose adapter factors are averaged (as TRL's PEFT EMA teacher's)
+            self.copy = student.create_reference(adapter=False)
+        else:
+            self.copy = student.create_reference()
         return self
 
     @property
@@ -148,7 +151,7 @@ class SelfTeacher(nn.Module):
             raise ValueError("SelfTeacher reads each row's reward, prompt and response text; this rollout lacks one")
         if self.weights == "ema":
             # SDPO's EMA teacher (TRL teacher_sync.py): teacher <- (1 - rate) * teacher + rate * policy
-            self.student.update_reference(self.copy, alpha=self.ema_rate)
+            Policy.update_reference(self.student, self.copy, alpha=self.ema_rate)  # every weight, LoRA's factors too
             torch.clear_autocast_cache()
         demos = demonstration_rows(rollout.reward, rollout.group_index, self.success_threshold, self.exclude_self)
         notes = self.feedback_shown(rollout, demos)

@@ -271,8 +271,9 @@ class HFPolicy(HFScoring, Policy):
 
     # ------------------------------------------------------------------ reference
 
-    def create_reference(self) -> nn.Module:
-        if self.lora_r > 0:
+    def create_reference(self, adapter: bool = True) -> nn.Module:
+        """A frozen copy; with LoRA (and `adapter`) the model itself with its adapter disabled or copied."""
+        if self.lora_r > 0 and adapter:
             return AdapterReference()
         # share the tokenizer, copy the weights; the reference never samples (no second engine)
         memo = {id(self.tokenizer): self.tokenizer, id(self.generation): KVCacheGeneration()}

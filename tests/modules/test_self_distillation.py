@@ -170,9 +170,6 @@ def test_refusals_name_the_option(tokenizer_dir):
         SelfTeacher(reprompt_template="{prompt} again")
     with pytest.raises(ValueError, match="no text prompts"):
         SelfTeacher().bind(ToySortPolicy(vocab_size=5, prompt_length=3))
-    lora = policy_of(tokenizer_dir, lora=LoRAOptions(r=2, alpha=4))
-    with pytest.raises(ValueError, match="weights='ema' with a LoRA policy"):
-        SelfTeacher(weights="ema").bind(lora)
 
 
 def test_feedback_is_shown_in_its_template_and_teaches_a_response_whose_group_has_no_success(tokenizer_dir):
@@ -230,3 +227,27 @@ def test_a_re_prompt_over_the_models_context_is_refused_naming_the_lengths(token
     teacher = SelfTeacher(weights="live", solution_template="{successful_previous_attempt}" + " pad" * 300)
     with pytest.raises(ValueError, match=r"take \d+ tokens, over the model's context of 256"):
         teacher.bind(policy).score(rollout, whole, 1.0)
+
+
+def test_with_lora_the_ema_copy_averages_the_adapter_factors_and_base_disables_the_adapter(tokenizer_dir):
+    policy = policy_of(tokenizer_dir, lora=LoRAOptions(r=2, alpha=4))
+    ema, base = SelfTeacher(weights="ema", ema_rate=0.5).bind(policy), SelfTeacher(weights="base").bind(policy)
+    factors = {name: p.detach().clone() for name, p in policy.named_parameters() if "lora_" in name}
+    assert factors and all(p.requires_grad for name, p in policy.named_parameters() if "lora_" in name)
+    with torch.no_grad():
+        for name, p in policy.named_parameters():
+            if "lora_" in name:
+                p.add_(1.0)
+    rollout = rollout_of(policy)
+    ema.score(rollout, whole, 1.0)
+    copied = dict(ema.copy.named_parameters())
+    for name, before in factors.items():  # each factor half-way from the adapter it copied to the trained one
+        assert_close(copied[name], before + 0.5)
+    assert not any(p.requires_grad for p in ema.copy.parameters())
+    ema_log_probs = rollout.teacher_log_probs.clone()
+    base.score(rollout, whole, 1.0)  # the model with its adapter disabled: the initial weights
+    assert not torch.allclose(ema_log_probs, rollout.teacher_log_probs)
+    with torch.no_grad(), policy.model.disable_adapter():
+        expected = policy.token_log_probs(base.reprompted(rollout, [1, 3, 1, 1, -1, -1, -1, -1], [None] * 8))[0]
+    mask = rollout.response_mask.bool()
+    assert_close(rollout.teacher_log_probs[mask], expected[mask], rtol=1e-5, atol=1e-6)
