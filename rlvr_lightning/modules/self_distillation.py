@@ -146,7 +146,7 @@ class SelfTeacher(nn.Module):
 
     @torch.no_grad()
     def score(self, rollout: Rollout, by_micro_batch: Callable, temperature: float) -> None:
-        """Set `rollout.teacher_log_probs` (0 on rows without a demonstration) and `rollout.teacher_rows`."""
+        """Set `rollout.teacher_log_probs` and `rollout.teacher_rows` (the rows taught: a demonstration or feedback)."""
         if rollout.reward is None or rollout.prompts is None or rollout.response_text is None:
             raise ValueError("SelfTeacher reads each row's reward, prompt and response text; this rollout lacks one")
         if self.weights == "ema":
