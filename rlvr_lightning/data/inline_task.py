@@ -27,9 +27,12 @@ from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from rlvr_lightning.data.task import Example, ListDataset, Task
 
-# An example's values as the config writes them. Not `Any`: jsonargparse parses a string typed `Any` again as
-# YAML, so the prompt "Count: 1 2" would become the dict {"Count": "1 2"} and the answer "3" the number 3.
-ExampleValue = str | int | float | bool | None | list[Any] | dict[str, Any]
+# An example's values as the config writes them. Not `Any` alone: jsonargparse parses a string typed `Any` again
+# as YAML, so the prompt "Count: 1 2" would become the dict {"Count": "1 2"} and the answer "3" the number 3. Typed
+# members first (strings stay strings down to lists of dicts of lists), `Any` last for anything deeper.
+_Scalar = str | int | float | bool | None
+_Leaf = _Scalar | list[_Scalar] | dict[str, _Scalar]
+ExampleValue = _Scalar | list[_Leaf | dict[str, _Leaf]] | dict[str, _Leaf | list[_Leaf]] | Any
 
 
 class InlineTask(Task):

@@ -53,10 +53,15 @@ def test_a_config_s_strings_stay_strings(tmp_path):
     config = parser.parse_string(
         "task:\n  examples:\n"
         '    - {prompt: "Count: 1 2", answer: "3", tests: [{input: "2", output: "4"}], weight: 2}\n'
-        '    - {prompt: [{role: user, content: "Q: x"}], answer: 4.5}\n'
+        '    - {prompt: [{role: user, content: "Q: x"}], answer: 4.5, responses: ["4", "a: b"], deep: [[["7"]]]}\n'
     )
     task = parser.instantiate(config).task
     assert task.examples == [
         {"prompt": "Count: 1 2", "answer": "3", "tests": [{"input": "2", "output": "4"}], "weight": 2},
-        {"prompt": [{"role": "user", "content": "Q: x"}], "answer": 4.5},
+        {
+            "prompt": [{"role": "user", "content": "Q: x"}],
+            "answer": 4.5,
+            "responses": ["4", "a: b"],
+            "deep": [[["7"]]],
+        },
     ]
