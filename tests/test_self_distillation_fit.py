@@ -16,19 +16,12 @@ from rlvr_lightning.demos.tiny_lm import save_tiny_tokenizer, tiny_llama_config
 
 from .test_resume import logged, parameters
 
+pytestmark = pytest.mark.usefixtures("one_thread")
 STEPS = 4
 EXAMPLES = [
     {"prompt": "What is 2+3?"},
     {"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say ab."}]},
 ]
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def config(tmp_path: Path, name: str, tokenizer: Path) -> Path:

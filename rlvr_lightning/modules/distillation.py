@@ -34,11 +34,9 @@ import torch
 from torch import Tensor
 
 from rlvr_lightning.core.losses.distillation import distillation_loss
-from rlvr_lightning.modules.self_distillation import SelfTeacher
-from rlvr_lightning.parallel.fsdp import data_parallel_mesh, shard_policy, sharding_options
+from rlvr_lightning.modules.self_distillation import SelfTeacher, place_frozen
 from rlvr_lightning.policies.base import Policy
 from rlvr_lightning.rollout import Rollout
-from rlvr_lightning.runtime.devices import set_compute_device
 from rlvr_lightning.runtime.option_declarations import Option, check_options, documented_options
 from rlvr_lightning.runtime.option_domains import NON_NEGATIVE
 
@@ -129,13 +127,7 @@ class Teacher:
 
     def place(self, pl_module) -> None:
         """On the strategy's device; sharded as the KL reference under FSDP2 (`configure_model`)."""
-        strategy = pl_module.trainer.strategy
-        mesh = data_parallel_mesh(pl_module)
-        if mesh is not None and any(True for _ in self.policy.parameters()):
-            shard_policy(self.policy, mesh, sharding_options(strategy), root_reshard_after_forward=True)
-        elif mesh is None:
-            self.policy.to(strategy.root_device)
-        set_compute_device(self.policy, strategy.root_device)
+        place_frozen(self.policy, pl_module)
 
     @torch.no_grad()
     def log_probs(self, rollout: Rollout, temperature: float) -> Tensor:

@@ -56,6 +56,18 @@ PLACEHOLDERS = re.compile(r"\{prompt\}|\{solution\}|\{feedback\}")
 THINKING = re.compile(r"<think>.*?</think>", flags=re.DOTALL)
 
 
+def place_frozen(model: nn.Module, pl_module) -> None:
+    """A frozen scoring model (a distillation teacher, a self-teacher's copy) on the strategy's device, or under
+    FSDP2 sharded as the KL reference is (resharded after every forward)."""
+    strategy = pl_module.trainer.strategy
+    mesh = data_parallel_mesh(pl_module)
+    if mesh is not None and any(True for _ in model.parameters()):
+        shard_policy(model, mesh, sharding_options(strategy), root_reshard_after_forward=True)
+    elif mesh is None:
+        model.to(strategy.root_device)
+    set_compute_device(model, strategy.root_device)
+
+
 @documented_options
 class SelfTeacher(nn.Module):
     def __init__(
@@ -133,16 +145,9 @@ class SelfTeacher(nn.Module):
         return self.copy
 
     def place(self, pl_module) -> None:
-        """The copy beside the policy: on the strategy's device, sharded as the KL reference under FSDP2."""
-        if self.copy is None or not any(True for _ in self.copy.parameters()):
-            return
-        strategy = pl_module.trainer.strategy
-        mesh = data_parallel_mesh(pl_module)
-        if mesh is not None:
-            shard_policy(self.copy, mesh, sharding_options(strategy), root_reshard_after_forward=True)
-        else:
-            self.copy.to(strategy.root_device)
-        set_compute_device(self.copy, strategy.root_device)
+        """The copy beside the policy (`place_frozen`); the live policy is placed as the policy."""
+        if self.copy is not None:
+            place_frozen(self.copy, pl_module)
 
     @torch.no_grad()
     def score(self, rollout: Rollout, by_micro_batch: Callable, temperature: float) -> None:

@@ -25,6 +25,7 @@ from rlvr_lightning.rewards.base import RewardCallback
 from rlvr_lightning.rollout import Rollout
 from rlvr_lightning.runtime.option_domains import OptionValueError
 
+pytestmark = pytest.mark.usefixtures("one_thread")
 PROMPTS = ["What is 2+3?", [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say ab."}]]
 REWARD = [0.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0]  # prompt 0: rows 1 and 3 succeed; prompt 1: none
 
@@ -32,14 +33,6 @@ REWARD = [0.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0]  # prompt 0: rows 1 and 3 succ
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory):
     return save_tiny_tokenizer(tmp_path_factory.mktemp("tiny_tokenizer"))
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def policy_of(tokenizer_dir, seed: int = 0, **groups) -> HFPolicy:
