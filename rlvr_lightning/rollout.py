@@ -21,6 +21,8 @@ Shapes (documented here once; everything else refers to them):
     old_log_probs   float[N, T]    log-probs under the policy that sampled, as the trainer computes them (no grad)
     ref_log_probs   float[N, T]    log-probs under the reference policy (no grad)
     teacher_log_probs float[N, T]  log-probs under the distillation teacher (no grad)
+    teacher_top_log_probs float[N, T, k]  logit-level distillation: the teacher's k most probable tokens' log-probs
+    teacher_top_ids long[N, T, k]  ... and their ids (`distillation.mode: topk_logits`; 0 where masked)
     teacher_rows    bool[N]        the rows the teacher scored (SDPO's `SelfTeacher`: those with a demonstration);
                                    None: every row
     sampling_log_probs float[N, T] log-probs the generator recorded while sampling (an inference engine's
@@ -93,6 +95,8 @@ class Rollout:
     old_log_probs: Tensor | None = None
     ref_log_probs: Tensor | None = None
     teacher_log_probs: Tensor | None = None
+    teacher_top_log_probs: Tensor | None = None
+    teacher_top_ids: Tensor | None = None
     teacher_rows: Tensor | None = None
     sampling_log_probs: Tensor | None = None
     response_source: Tensor | None = None
@@ -204,7 +208,7 @@ class Rollout:
             if any(p is None for p in parts):
                 return None
             if width is not None:
-                parts = [_pad_columns(p, width, left) if p.ndim == 2 else p for p in parts]
+                parts = [_pad_columns(p, width, left) if p.ndim >= 2 else p for p in parts]
             return torch.cat(parts)
 
         # each part's groups numbered 0, 1, ... in order, then offset: a part selected from a larger rollout
@@ -236,6 +240,8 @@ class Rollout:
             old_log_probs=cat("old_log_probs", response_len),
             ref_log_probs=cat("ref_log_probs", response_len),
             teacher_log_probs=cat("teacher_log_probs", response_len),
+            teacher_top_log_probs=cat("teacher_top_log_probs", response_len),
+            teacher_top_ids=cat("teacher_top_ids", response_len),
             teacher_rows=cat("teacher_rows"),
             sampling_log_probs=cat("sampling_log_probs", response_len),
             response_source=cat("response_source", response_len),
@@ -266,5 +272,5 @@ def _pad_columns(tensor: Tensor, width: int, left: bool) -> Tensor:
     missing = width - tensor.shape[1]
     if missing == 0:
         return tensor
-    pad = tensor.new_zeros(tensor.shape[0], missing)
+    pad = tensor.new_zeros(tensor.shape[0], missing, *tensor.shape[2:])
     return torch.cat([pad, tensor] if left else [tensor, pad], dim=1)

@@ -29,6 +29,25 @@ def token_log_probs_from_logits(logits: Tensor, token_ids: Tensor, temperature: 
     return chosen - torch.logsumexp(logits, dim=-1)
 
 
+def support_log_probs_from_logits(logits: Tensor, support: Tensor, temperature: float = 1.0) -> Tensor:
+    """``[..., k]`` the log-probs of the ``support`` token ids ``[..., k]`` at each position of ``logits``
+    ``[..., V]`` (at ``temperature``; float32, differentiable): the log-probs a logit-level distillation loss compares
+    with the teacher's."""
+    logits = _scaled(logits, temperature)
+    return torch.gather(logits, dim=-1, index=support.long()) - torch.logsumexp(logits, dim=-1, keepdim=True)
+
+
+@torch.no_grad()
+def top_log_probs_from_logits(logits: Tensor, k: int, temperature: float = 1.0) -> tuple[Tensor, Tensor]:
+    """``([..., k], [..., k])`` the log-probs of the ``k`` most probable tokens at each position of ``logits``
+    ``[..., V]`` (at ``temperature``, most probable first) and their ids."""
+    if not 0 < k <= logits.shape[-1]:
+        raise ValueError(f"top-k log-probs: k must be in [1, {logits.shape[-1]}] (the vocabulary), got {k}")
+    logits = _scaled(logits, temperature)
+    values, ids = torch.topk(logits, k, dim=-1)
+    return values - torch.logsumexp(logits, dim=-1, keepdim=True), ids
+
+
 def _scaled(logits: Tensor, temperature: float) -> Tensor:
     """float32 logits divided by the temperature."""
     if temperature <= 0:

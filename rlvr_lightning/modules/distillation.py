@@ -33,15 +33,17 @@ from typing import Annotated
 import torch
 from torch import Tensor
 
-from rlvr_lightning.core.losses.distillation import distillation_loss
-from rlvr_lightning.modules.self_distillation import SelfTeacher, place_frozen
+from rlvr_lightning.core.losses.distillation import distillation_loss, prefix_drift_weights
+from rlvr_lightning.core.losses.logit_distillation import top_k_distillation_loss
+from rlvr_lightning.modules.self_distillation import SelfTeacher, place_frozen, set_teacher_scores
 from rlvr_lightning.policies.base import Policy
 from rlvr_lightning.rollout import Rollout
 from rlvr_lightning.runtime.option_declarations import Option, check_options, documented_options
-from rlvr_lightning.runtime.option_domains import NON_NEGATIVE
+from rlvr_lightning.runtime.option_domains import NON_NEGATIVE, POSITIVE_INT, PROBABILITY, OneOf, Range
 
 # facts of a policy without a tokenizer (ToySortPolicy) that fix what its token ids mean
 TOKEN_FACTS = ("vocab_size", "eos_token", "prompt_length", "response_length")
+DISTILLATION_MODES = ("sampled_token", "topk_logits")
 
 
 @documented_options
@@ -62,6 +64,37 @@ class DistillationConfig:
         ),
     ] = 0.0
 
+    mode: Annotated[
+        str,
+        Option(
+            "sampled_token (the sampled reverse KL as a per-token advantage) | topk_logits (a divergence over the "
+            "teacher's top-k tokens at each position).",
+            OneOf(DISTILLATION_MODES),
+        ),
+    ] = "sampled_token"
+    topk: Annotated[int, Option("topk_logits: the teacher's tokens per position (TRL's SDFT: 100).", POSITIVE_INT)] = (
+        100
+    )
+    alpha: Annotated[
+        float,
+        Option(
+            "topk_logits: 0 the forward KL (teacher || student), 1 the reverse KL (student || teacher), between: "
+            "GKD's generalised Jensen-Shannon divergence (TRL's SDFT: 0.5).",
+            PROBABILITY,
+        ),
+    ] = 1.0
+    add_tail: Annotated[
+        bool, Option("topk_logits: one more category holds the mass outside the top-k (false: renormalised).")
+    ] = False
+    is_clip: Annotated[
+        float | None,
+        Option(
+            "topk_logits: after the first update, each token's divergence times min(pi / pi_old, is_clip), "
+            "detached (TRL's distillation_is_clip: 2.0); null: unweighted.",
+            Range(0, low_open=True, optional=True),
+        ),
+    ] = None
+
     def __post_init__(self) -> None:
         check_options(DistillationConfig, vars(self), "distillation.")
         for name in ("coef", "rl_coef"):
@@ -69,6 +102,18 @@ class DistillationConfig:
                 raise ValueError(f"distillation.{name} must be >= 0, got {getattr(self, name)}")
         if self.coef == 0:
             raise ValueError("distillation.coef=0 switches distillation off; remove the teacher instead")
+        if self.mode == "sampled_token":
+            for name, default in (("alpha", 1.0), ("add_tail", False), ("is_clip", None)):
+                if getattr(self, name) != default:
+                    raise ValueError(
+                        f"distillation.{name}={getattr(self, name)} applies to distillation.mode=topk_logits; "
+                        "mode sampled_token estimates the reverse KL from the sampled token alone"
+                    )
+
+    @property
+    def top_k(self) -> int:
+        """The teacher's tokens per position to score (0: the sampled token's log-prob alone)."""
+        return self.topk if self.mode == "topk_logits" else 0
 
 
 def check_distillation(teacher: Policy | SelfTeacher | None, distillation: DistillationConfig) -> None:
@@ -130,14 +175,17 @@ class Teacher:
         place_frozen(self.policy, pl_module)
 
     @torch.no_grad()
-    def log_probs(self, rollout: Rollout, temperature: float) -> Tensor:
-        """`[N, T]` the teacher's log-probs of the rollout's response tokens."""
+    def log_probs(self, rollout: Rollout, temperature: float, top_k: int = 0) -> Tensor | tuple[Tensor, Tensor, Tensor]:
+        """`[N, T]` the teacher's log-probs of the rollout's response tokens; with `top_k`, also its `top_k` most
+        probable tokens' log-probs and ids `[N, T, k]` (`Policy.top_log_probs`)."""
+        if top_k:
+            return self.policy.top_log_probs(rollout, top_k, temperature=temperature)
         log_probs, _ = self.policy.token_log_probs(rollout, temperature=temperature)
         return log_probs
 
-    def score(self, rollout: Rollout, by_micro_batch: Callable, temperature: float) -> None:
-        """Set `rollout.teacher_log_probs`, micro-batch by micro-batch (every row has the teacher's)."""
-        rollout.teacher_log_probs = by_micro_batch(rollout, lambda mb: self.log_probs(mb, temperature))
+    def score(self, rollout: Rollout, by_micro_batch: Callable, temperature: float, top_k: int = 0) -> None:
+        """Set `rollout.teacher_log_probs` (and with `top_k` the teacher's top-k), micro-batch by micro-batch."""
+        set_teacher_scores(rollout, by_micro_batch(rollout, lambda mb: self.log_probs(mb, temperature, top_k)))
 
 
 def make_teacher(teacher: Policy | SelfTeacher | None, student: Policy) -> Teacher | SelfTeacher | None:
@@ -148,15 +196,30 @@ def make_teacher(teacher: Policy | SelfTeacher | None, student: Policy) -> Teach
 
 
 def distilled_token_loss(
-    log_probs: Tensor, micro: Rollout, mask: Tensor | None, config: DistillationConfig, weights: Tensor | None
+    log_probs: Tensor,
+    support_log_probs: Tensor | None,
+    micro: Rollout,
+    mask: Tensor | None,
+    config: DistillationConfig,
+    weights: Tensor | None,
 ) -> tuple[Tensor, tuple[Tensor, Tensor | None]]:
     """`[n, T]` the micro-batch's distillation loss per token (times the sampler's importance `weights`, if any),
-    and (its reverse-KL estimate per token, the tokens the teacher teaches) for the metrics."""
+    and (its reverse-KL estimate per token, the tokens the teacher teaches) for the metrics. `support_log_probs`:
+    with `topk_logits`, the student's log-probs `[n, T, k]` of the teacher's top-k (`Policy.support_log_probs`)."""
     taught = teacher_token_mask(micro, mask)  # SDPO: the rows with a demonstration
     gamma = config.position_weight_gamma
     distilled = distillation_loss(log_probs, micro.old_log_probs, micro.teacher_log_probs, taught, gamma)
+    loss = distilled.loss
+    if config.mode == "topk_logits":
+        clip = None
+        if config.is_clip is not None and micro.old_log_probs is not None:
+            clip = (log_probs, micro.old_log_probs, config.is_clip)
+        topk = micro.teacher_top_log_probs
+        loss = top_k_distillation_loss(support_log_probs, topk, taught, config.alpha, config.add_tail, clip)
+        if gamma != 0:  # IW-OPD's weights of the rollout's drift apply to any per-token distillation loss
+            loss = loss * prefix_drift_weights(-distilled.reverse_kl, taught, gamma)
     # the sampler/trainer correction applies to the distillation term as to a token-level loss
-    loss = distilled.loss if weights is None else distilled.loss * weights
+    loss = loss if weights is None else loss * weights
     return loss, (distilled.reverse_kl, taught)
 
 

@@ -68,6 +68,14 @@ def place_frozen(model: nn.Module, pl_module) -> None:
     set_compute_device(model, strategy.root_device)
 
 
+def set_teacher_scores(rollout: Rollout, scores: Tensor | tuple[Tensor, Tensor, Tensor]) -> None:
+    """The teacher's log-probs, and its top-k's log-probs and ids when `scores` has them, on `rollout`."""
+    if isinstance(scores, tuple):
+        rollout.teacher_log_probs, rollout.teacher_top_log_probs, rollout.teacher_top_ids = scores
+    else:
+        rollout.teacher_log_probs = scores
+
+
 @documented_options
 class SelfTeacher(nn.Module):
     def __init__(
@@ -150,8 +158,9 @@ class SelfTeacher(nn.Module):
             place_frozen(self.copy, pl_module)
 
     @torch.no_grad()
-    def score(self, rollout: Rollout, by_micro_batch: Callable, temperature: float) -> None:
-        """Set `rollout.teacher_log_probs` and `rollout.teacher_rows` (the rows taught: a demonstration or feedback)."""
+    def score(self, rollout: Rollout, by_micro_batch: Callable, temperature: float, top_k: int = 0) -> None:
+        """Set `rollout.teacher_log_probs` (with `top_k`, the teacher's top-k too) and `rollout.teacher_rows` (the
+        rows taught: a demonstration or feedback)."""
         if rollout.reward is None or rollout.prompts is None or rollout.response_text is None:
             raise ValueError("SelfTeacher reads each row's reward, prompt and response text; this rollout lacks one")
         if self.weights == "ema":
@@ -164,12 +173,16 @@ class SelfTeacher(nn.Module):
         # every row is scored, an untaught one behind its own prompt (as TRL does): each data-parallel rank then
         # runs as many forwards as the others, which sharded (collective) forwards need; its loss is masked
         behind = self.reprompted(rollout, demos.tolist(), notes)
-        log_probs = by_micro_batch(behind, lambda mb: self.log_probs(mb, temperature))
-        rollout.teacher_log_probs, rollout.teacher_rows = log_probs, taught.to(log_probs.device)
+        set_teacher_scores(rollout, by_micro_batch(behind, lambda mb: self.log_probs(mb, temperature, top_k)))
+        rollout.teacher_rows = taught.to(rollout.teacher_log_probs.device)
 
-    def log_probs(self, rollout: Rollout, temperature: float) -> Tensor:
+    def log_probs(self, rollout: Rollout, temperature: float, top_k: int = 0) -> Tensor | tuple[Tensor, Tensor, Tensor]:
         if self.copy is None:
+            if top_k:
+                return self.student.top_log_probs(rollout, top_k, temperature=temperature)
             return self.student.token_log_probs(rollout, temperature=temperature)[0]
+        if top_k:
+            return self.student.reference_top_log_probs(self.copy, rollout, top_k, temperature)
         return self.student.reference_log_probs(self.copy, rollout, temperature)
 
     def feedback_shown(self, rollout: Rollout, demos: Tensor) -> list[str | None]:

@@ -59,6 +59,20 @@ class Policy(nn.Module, ABC):
         """Differentiable log-probs `[N, T]` of `rollout.response_ids`, and token entropy `[N, T]` if asked
         (differentiable unless `entropy_grad=False`: then only a logged metric)."""
 
+    def support_log_probs(
+        self, rollout: Rollout, support: Tensor, temperature: float = 1.0, with_entropy: bool = False,
+        entropy_grad: bool = True,
+    ) -> tuple[Tensor, Tensor | None, Tensor]:  # fmt: skip
+        """`token_log_probs`, and the log-probs `[N, T, k]` of the token ids `support` `[N, T, k]` at each response
+        position from the same forward (differentiable; 0 on masked positions): logit-level distillation's student."""
+        raise NotImplementedError(f"{type(self).__name__} does not score a support of tokens (logit distillation)")
+
+    def top_log_probs(self, rollout: Rollout, k: int, temperature: float = 1.0) -> tuple[Tensor, Tensor, Tensor]:
+        """No grad: the log-probs `[N, T]` of `rollout.response_ids`, and at each response position the log-probs
+        `[N, T, k]` of the `k` most probable tokens (most probable first) and their ids `[N, T, k]` (0 on masked
+        positions): logit-level distillation's teacher."""
+        raise NotImplementedError(f"{type(self).__name__} does not give its top-k log-probs (logit distillation)")
+
     def token_energies(self, rollout: Rollout, temperature: float = 1.0) -> Tensor:
         """``1 - 2 p(y_t) + sum_v p(v)^2`` `[N, T]` for the tokens of `rollout` at `temperature` (no grad; 0 on masked
         positions): the squared norm of the gradient of ``log p(y_t)`` in the logits, which `OptimalTokenBaseline`
@@ -111,3 +125,10 @@ class Policy(nn.Module, ABC):
         with torch.no_grad():
             log_probs, _ = reference.token_log_probs(rollout, temperature=temperature)
         return log_probs
+
+    def reference_top_log_probs(
+        self, reference: nn.Module, rollout: Rollout, k: int, temperature: float
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """`top_log_probs` under `reference`."""
+        with torch.no_grad():
+            return reference.top_log_probs(rollout, k, temperature=temperature)

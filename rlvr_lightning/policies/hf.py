@@ -296,6 +296,14 @@ class HFPolicy(HFScoring, Policy):
             log_probs, _ = self.token_log_probs(rollout, temperature=temperature)
         return log_probs
 
+    def reference_top_log_probs(
+        self, reference: nn.Module, rollout: Rollout, k: int, temperature: float
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        if not isinstance(reference, AdapterReference):
+            return super().reference_top_log_probs(reference, rollout, k, temperature)
+        with torch.no_grad(), scoring_as_reference(self.model, reference):
+            return self.top_log_probs(rollout, k, temperature=temperature)
+
     # ------------------------------------------------------------------ export
 
     def save_pretrained(self, directory: str | os.PathLike, merge_lora: bool = True) -> None:

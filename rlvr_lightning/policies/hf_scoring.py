@@ -1,11 +1,10 @@
-"""Scoring responses with a Hugging Face causal LM: differentiable log-probs (and entropy) of the
-tokens of a `Rollout`.
+"""Scoring responses with a Hugging Face causal LM: differentiable log-probs (and entropy) of the tokens of a
+`Rollout` (and of a support of other tokens: `policies/token_scores.py`).
 
-Each distinct prompt of the rows runs through the model once and its rows' responses run on top of
-its key/value cache (`share_prompt_prefix`; the rows of a group share their prompt), which saves
-most of the prompt's share of the forward and backward passes. Where that cannot apply (sliding
-windows, gradient checkpointing, rows that share nothing) one joint forward over prompt + response
-gives the same numbers.
+Each distinct prompt of the rows runs through the model once and its rows' responses run on top of its key/value
+cache (`share_prompt_prefix`; the rows of a group share their prompt), which saves most of the prompt's share of the
+forward and backward passes. Where that cannot apply (sliding windows, gradient checkpointing, rows that share
+nothing) one joint forward over prompt + response gives the same numbers.
 
 With `packed_sequences` (set by the update when `update.micro_batch_tokens` is) the rows run padding-free as one
 packed sequence instead (`policies/packing.py`), unless prefix sharing costs fewer positions.
@@ -22,12 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from rlvr_lightning.core.float32_head import Float32Head
-from rlvr_lightning.core.log_probs import (
-    linear_token_log_probs,
-    token_energy_from_logits,
-    token_log_probs_and_entropy,
-    token_log_probs_from_logits,
-)
+from rlvr_lightning.core.log_probs import token_energy_from_logits
 from rlvr_lightning.generation.kv_cache import cache_argument, returned_cache
 from rlvr_lightning.generation.loop import position_ids_from_mask
 from rlvr_lightning.policies.flex_packing import (
@@ -39,45 +33,25 @@ from rlvr_lightning.policies.flex_packing import (
 )
 from rlvr_lightning.policies.packing import PackedOutput, layout_and_ids, packed_cost, packed_inputs, row_lengths
 from rlvr_lightning.policies.prefix_sharing import layers_allow_prefix_sharing, prefix_sharing_default
+from rlvr_lightning.policies.token_scores import (
+    Scores,
+    Support,
+    chosen_log_probs,
+    empty_support,
+    last_positions,
+    support_scores,
+    unpacked,
+)
 from rlvr_lightning.rollout import Rollout
 
 #: causal LMs whose logits are their decoder's last hidden states through a plain linear head
 LEAN_CAUSAL_LMS = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM")
 
 
-def _log_probs(
-    logits: Tensor | None,
-    hidden: Tensor | None,
-    head: nn.Linear | None,
-    ids: Tensor,
-    temperature: float,
-    with_entropy: bool,
-    entropy_grad: bool,
-) -> tuple[Tensor, Tensor | None]:
-    """The chosen tokens' log-probs (and entropies) from the logits, or from the hidden states and `head`."""
-    if head is not None:
-        fp32 = isinstance(head, Float32Head)  # `model.lm_head_fp32`: the GEMMs in float32
-        return linear_token_log_probs(hidden, head.weight, head.bias, ids, temperature, with_entropy, float32=fp32)
-    if with_entropy:
-        return token_log_probs_and_entropy(logits, ids, temperature, entropy_grad)
-    return token_log_probs_from_logits(logits, ids, temperature), None
-
-
 class _Output(NamedTuple):
     logits: Tensor | None
     hidden: Tensor | None
     cache: Any
-
-
-def _last(values: Tensor | None, count: int) -> Tensor | None:
-    """The last `count` positions of `[N, L, ...]` values (None stays None)."""
-    return None if values is None else values[:, -count:]
-
-
-def _unpack(values: Tensor, packed: PackedOutput, shape: tuple[int, int]) -> Tensor:
-    """`[K, ...]` values of the scored tokens at their `(row, column)` in a zero `[N, T, ...]` tensor."""
-    out = values.new_zeros((*shape, *values.shape[1:]))
-    return out.index_put((packed.rows, packed.columns), values)
 
 
 class HFScoring:
@@ -104,15 +78,29 @@ class HFScoring:
         """Log-probs `[N, T]` of `rollout.response_ids` at `temperature` (0 on masked positions), and the
         token entropy `[N, T]` if asked; `entropy_grad=False` computes it detached (a logged metric only),
         without keeping its `[N, T, V]` intermediates for the backward pass."""
-        log_probs, entropy, _ = self._score(rollout, temperature, with_entropy, entropy_grad, with_hidden=False)
-        return log_probs, entropy
+        scores = self._score(rollout, temperature, with_entropy, entropy_grad, with_hidden=False)
+        return scores.log_probs, scores.entropy
 
     def token_log_probs_and_hidden(
         self, rollout: Rollout, temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = True
     ) -> tuple[Tensor, Tensor | None, Tensor]:
         """`token_log_probs` and the last layer's hidden states `[N, T, H]` of the same forward (the
         positions whose logits score each response token; 0 on masked positions)."""
-        return self._score(rollout, temperature, with_entropy, entropy_grad, with_hidden=True)
+        return self._score(rollout, temperature, with_entropy, entropy_grad, with_hidden=True)[:3]
+
+    def support_log_probs(
+        self, rollout: Rollout, support: Tensor, temperature: float = 1.0, with_entropy: bool = False,
+        entropy_grad: bool = True,
+    ) -> tuple[Tensor, Tensor | None, Tensor]:  # fmt: skip
+        """`Policy.support_log_probs`: from the logits of the same forward (the lean output layer does not apply)."""
+        scores = self._score(rollout, temperature, with_entropy, entropy_grad, False, Support(ids=support))
+        return scores.log_probs, scores.entropy, scores.support
+
+    @torch.no_grad()
+    def top_log_probs(self, rollout: Rollout, k: int, temperature: float = 1.0) -> tuple[Tensor, Tensor, Tensor]:
+        """`Policy.top_log_probs`."""
+        scores = self._score(rollout, temperature, False, False, False, Support(top_k=k))
+        return scores.log_probs, scores.support, scores.support_ids
 
     def response_hidden_states(self, rollout: Rollout) -> Tensor:
         """The hidden states of `token_log_probs_and_hidden` from the decoder alone (no LM head, no logits)."""
@@ -122,7 +110,7 @@ class HFScoring:
         if self._packing_pays(rollout):
             packed = self._packed_forward(rollout, with_logits=False, with_hidden=True)
             keep = (rollout.response_mask[packed.rows, packed.columns] > 0).unsqueeze(-1)
-            return _unpack(torch.where(keep, packed.hidden, 0.0), packed, (num_rows, width))
+            return unpacked(torch.where(keep, packed.hidden, 0.0), packed, (num_rows, width))
         _, hidden, t = self._forward_response(rollout, with_logits=False, with_hidden=True)
         mask = (rollout.response_mask[:, :t] > 0).unsqueeze(-1)
         return F.pad(torch.where(mask, hidden, 0.0), (0, 0, 0, width - t))
@@ -137,28 +125,34 @@ class HFScoring:
         return int(config.hidden_size)
 
     def _score(
-        self, rollout: Rollout, temperature: float, with_entropy: bool, entropy_grad: bool, with_hidden: bool
-    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        self, rollout: Rollout, temperature: float, with_entropy: bool, entropy_grad: bool, with_hidden: bool,
+        support: Support | None = None,
+    ) -> Scores:  # fmt: skip
         num_rows, width = rollout.response_ids.shape
         if width == 0:
             empty = rollout.response_mask.new_zeros((num_rows, 0))
             hidden = rollout.response_mask.new_zeros((num_rows, 0, self.hidden_size)) if with_hidden else None
-            return empty, (empty if with_entropy else None), hidden
-        head = self._output_layer(with_entropy and entropy_grad)
+            return Scores(empty, (empty if with_entropy else None), hidden, *empty_support(support, num_rows, empty))
+        head = None if support is not None else self._output_layer(with_entropy and entropy_grad)
         if self._packing_pays(rollout):
-            return self._packed_score(rollout, temperature, with_entropy, entropy_grad, with_hidden, head)
+            return self._packed_score(rollout, temperature, with_entropy, entropy_grad, with_hidden, head, support)
         lean = head is not None
         logits, hidden, t = self._forward_response(rollout, with_logits=not lean, with_hidden=with_hidden or lean)
         mask = rollout.response_mask[:, :t] > 0
         ids = rollout.response_ids[:, :t]
-        log_probs, entropy = _log_probs(logits, hidden, head, ids, temperature, with_entropy, entropy_grad)
-        hidden = hidden if with_hidden else None
-        if entropy is not None:
-            entropy = F.pad(torch.where(mask, entropy, 0.0), (0, width - t))
-        log_probs = F.pad(torch.where(mask, log_probs, 0.0), (0, width - t))
-        if hidden is not None:
-            hidden = F.pad(torch.where(mask.unsqueeze(-1), hidden, 0.0), (0, 0, 0, width - t))
-        return log_probs, entropy, hidden
+        log_probs, entropy = chosen_log_probs(logits, hidden, head, ids, temperature, with_entropy, entropy_grad)
+        values, value_ids = support_scores(
+            logits, None if support is None else support.at((slice(None), slice(None, t))), temperature
+        )
+
+        def padded(x: Tensor | None) -> Tensor | None:  # [N, t, ...] -> [N, width, ...], 0 where masked
+            if x is None:
+                return None
+            keep = mask.view(*mask.shape, *([1] * (x.ndim - 2)))
+            return F.pad(torch.where(keep, x, 0), (0, 0) * (x.ndim - 2) + (0, width - t))
+
+        hidden = padded(hidden) if with_hidden else None
+        return Scores(padded(log_probs), padded(entropy), hidden, padded(values), padded(value_ids))
 
     def _packed_score(
         self,
@@ -168,7 +162,8 @@ class HFScoring:
         entropy_grad: bool,
         with_hidden: bool,
         head: nn.Linear | None,
-    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        support: Support | None,
+    ) -> Scores:
         """`_score` from one packed forward: log-probs of the `[K, V]` scored positions alone, then put in place."""
         packed = self._packed_forward(rollout, with_logits=head is None, with_hidden=with_hidden or head is not None)
         shape = tuple(rollout.response_ids.shape)
@@ -177,14 +172,18 @@ class HFScoring:
         ids = rollout.response_ids[packed.rows, packed.columns].unsqueeze(1)
         states = None if packed.hidden is None else packed.hidden.unsqueeze(1)
         keep = rollout.response_mask[packed.rows, packed.columns] > 0
-        log_probs, entropy = _log_probs(logits, states, head, ids, temperature, with_entropy, entropy_grad)
-        if entropy is not None:
-            entropy = _unpack(torch.where(keep, entropy.squeeze(1), 0.0), packed, shape)
-        log_probs = _unpack(torch.where(keep, log_probs.squeeze(1), 0.0), packed, shape)
-        hidden = None
-        if with_hidden:
-            hidden = _unpack(torch.where(keep.unsqueeze(-1), packed.hidden, 0.0), packed, shape)
-        return log_probs, entropy, hidden
+        log_probs, entropy = chosen_log_probs(logits, states, head, ids, temperature, with_entropy, entropy_grad)
+        at = None if support is None else support.at((packed.rows, packed.columns))
+        values, value_ids = support_scores(packed.logits, at, temperature)
+
+        def placed(x: Tensor | None) -> Tensor | None:  # [K, ...] -> [N, T, ...], 0 where masked
+            if x is None:
+                return None
+            return unpacked(torch.where(keep.view(-1, *([1] * (x.ndim - 1))), x, 0), packed, shape)
+
+        squeezed = (None if x is None else x.squeeze(1) for x in (log_probs, entropy))
+        hidden = packed.hidden if with_hidden else None
+        return Scores(*(placed(x) for x in (*squeezed, hidden, values, value_ids)))
 
     def _output_layer(self, entropy_gradient: bool) -> nn.Linear | None:
         """The output layer that `linear_token_log_probs` applies to the decoder's hidden states (`lean_activations`:
@@ -300,7 +299,7 @@ class HFScoring:
             position_ids=position_ids_from_mask(mask),
             use_cache=False,
         )
-        return _last(out.logits, t), _last(out.hidden, t), t
+        return last_positions(out.logits, t), last_positions(out.hidden, t), t
 
     def _run(self, with_logits: bool, with_hidden: bool, keep: int, **inputs: Any) -> _Output:
         """One forward: the causal LM (logits of the last `keep` positions, and the last layer's hidden states
@@ -357,7 +356,7 @@ class HFScoring:
         if not all(type(layer) is DynamicLayer for layer in getattr(cache, "layers", [None])):
             self._prefix_sharing = False  # sliding windows, linear attention, ...: always the joint forward
             return None
-        first_logits, first_hidden = _last(out.logits, 1), _last(out.hidden, 1)
+        first_logits, first_hidden = last_positions(out.logits, 1), last_positions(out.hidden, 1)
         first_logits = None if first_logits is None else first_logits[inverse]
         first_hidden = None if first_hidden is None else first_hidden[inverse]
         del out

@@ -28,6 +28,7 @@ from rlvr_lightning.core.log_probs import token_energy_from_logits
 from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.policies.base import Policy, PromptBatch
 from rlvr_lightning.policies.memory_estimate import check_fits_in_memory
+from rlvr_lightning.policies.token_scores import Scores, Support, support_scores
 from rlvr_lightning.rollout import Rollout
 from rlvr_lightning.runtime.devices import compute_device
 from rlvr_lightning.runtime.option_declarations import Option, check_options, documented_options
@@ -160,13 +161,24 @@ class ToySortPolicy(Policy):
     def token_log_probs(
         self, rollout: Rollout, temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = True
     ) -> tuple[Tensor, Tensor | None]:
-        log_probs, entropy, _ = self._score(rollout, temperature, with_entropy, with_hidden=False)
-        return log_probs, entropy
+        return self._score(rollout, temperature, with_entropy, with_hidden=False)[:2]
 
     def token_log_probs_and_hidden(
         self, rollout: Rollout, temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = True
     ) -> tuple[Tensor, Tensor | None, Tensor]:
-        return self._score(rollout, temperature, with_entropy, with_hidden=True)
+        return self._score(rollout, temperature, with_entropy, with_hidden=True)[:3]
+
+    def support_log_probs(
+        self, rollout: Rollout, support: Tensor, temperature: float = 1.0, with_entropy: bool = False,
+        entropy_grad: bool = True,
+    ) -> tuple[Tensor, Tensor | None, Tensor]:  # fmt: skip
+        scores = self._score(rollout, temperature, with_entropy, False, Support(ids=support))
+        return scores.log_probs, scores.entropy, scores.support
+
+    @torch.no_grad()
+    def top_log_probs(self, rollout: Rollout, k: int, temperature: float = 1.0) -> tuple[Tensor, Tensor, Tensor]:
+        scores = self._score(rollout, temperature, False, False, Support(top_k=k))
+        return scores.log_probs, scores.support, scores.support_ids
 
     @torch.no_grad()
     def token_energies(self, rollout: Rollout, temperature: float = 1.0) -> Tensor:
@@ -176,8 +188,13 @@ class ToySortPolicy(Policy):
         return torch.where(rollout.response_mask > 0, energy, 0.0)
 
     def _score(
-        self, rollout: Rollout, temperature: float, with_entropy: bool, with_hidden: bool
-    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        self,
+        rollout: Rollout,
+        temperature: float,
+        with_entropy: bool,
+        with_hidden: bool,
+        support: Support | None = None,
+    ) -> Scores:
         # Rows of one prompt share their distribution: run the model and the softmax once per prompt.
         runs = rollout.prompt_runs()
         logits, hidden = self(rollout.prompt_ids[runs.first_rows], with_hidden=True)  # [U, R, V], [U, R, D]
@@ -194,4 +211,10 @@ class ToySortPolicy(Policy):
             (lambda t: t.repeat_interleave(runs.run_length, dim=0)) if runs.run_length else (lambda t: t[runs.row_run])
         )
         entropy = per_row(entropy_from_log_probs(log_softmax)) if with_entropy else None
-        return log_probs, entropy, (per_row(hidden) if with_hidden else None)
+        scores = Scores(log_probs, entropy, per_row(hidden) if with_hidden else None)
+        if support is None:
+            return scores
+        if support.ids is not None:  # [N, R, k]
+            return scores._replace(support=log_softmax[runs.row_run].gather(-1, support.ids.long()))
+        values, ids = support_scores(log_softmax[runs.row_run], support, temperature=1.0)  # already scaled
+        return scores._replace(support=values, support_ids=ids)

@@ -90,16 +90,23 @@ def micro_batches(rollout: Rollout, update: UpdateConfig):
         yield select_part(rollout, part)
 
 
-def scored_in_order(rollout: Rollout, parts: list[list[int]] | list[slice], score) -> Tensor:
-    """`score(micro_batch)` (`[n, ...]`) for every row of `rollout` (`parts`: `micro_batch_parts`), put back in the
-    rollout's order."""
+def scored_in_order(rollout: Rollout, parts: list[list[int]] | list[slice], score) -> Tensor | tuple[Tensor, ...]:
+    """`score(micro_batch)` (`[n, ...]`, or a tuple of such) for every row of `rollout` (`parts`:
+    `micro_batch_parts`), put back in the rollout's order."""
     if is_whole(parts, rollout.num_rows):
         return score(rollout)
-    scored = torch.cat([score(select_part(rollout, part)) for part in parts])
+    scored = [score(select_part(rollout, part)) for part in parts]
+    if isinstance(scored[0], tuple):
+        return tuple(_in_order(list(column), parts) for column in zip(*scored, strict=True))
+    return _in_order(scored, parts)
+
+
+def _in_order(scored: list[Tensor], parts: list[list[int]] | list[slice]) -> Tensor:
+    joined = torch.cat(scored)
     if isinstance(parts[0], slice):
-        return scored
-    order = _on([row for part in parts for row in part], scored.device)
-    return torch.empty_like(scored).index_copy_(0, order, scored)
+        return joined
+    order = _on([row for part in parts for row in part], joined.device)
+    return torch.empty_like(joined).index_copy_(0, order, joined)
 
 
 def _on(rows: list[int], device: torch.device) -> Tensor:

@@ -174,7 +174,7 @@ class PolicyUpdate:
                 rollout, lambda mb: self.policy.reference_log_probs(self.reference, mb, self.temperature)
             )
         if self.teacher is not None:
-            self.teacher.score(rollout, self.by_micro_batch, self.temperature)
+            self.teacher.score(rollout, self.by_micro_batch, self.temperature, self.distillation.top_k)
 
     def _log_probs(self, micro: Rollout) -> Tensor:
         return self.policy.token_log_probs(micro, self.temperature)[0]
@@ -271,7 +271,8 @@ class PolicyUpdate:
         # as a metric only, without autograd.
         reads_entropy = self.loss.selection_reads_entropy or self.loss.reads_entropy
         with_entropy = first_epoch or self.entropy_coef != 0 or reads_entropy
-        log_probs, entropy = self.policy_forward(micro, with_entropy, entropy_grad=self.entropy_coef != 0)
+        support = micro.teacher_top_ids if self.teacher is not None and self.distillation.top_k else None
+        log_probs, entropy, on_support = self.policy_forward(micro, with_entropy, self.entropy_coef != 0, support)
         selection = loss_keyword_inputs(self.loss, micro, log_probs, entropy, mask, selected)
         sampled = micro.sampling_log_probs
         sampler_pair = (log_probs.detach(), sampled) if first_update and sampled is not None else None
@@ -290,7 +291,9 @@ class PolicyUpdate:
         token_loss = policy_loss.loss
         teacher_kl = None
         if self.teacher is not None:
-            distilled_loss, taught_kl = distilled_token_loss(log_probs, micro, mask, self.distillation, weights)
+            distilled_loss, taught_kl = distilled_token_loss(
+                log_probs, on_support, micro, mask, self.distillation, weights
+            )
             token_loss = self.distillation.rl_coef * token_loss + self.distillation.coef * distilled_loss
             teacher_kl = taught_kl if first_epoch else None
         kl = None
@@ -333,7 +336,7 @@ class PolicyUpdate:
 
     def selection_forward(self, micro: Rollout) -> tuple[Tensor, Tensor | None]:
         """The log-probs (and entropies, if the loss reads them) a token-selecting loss picks from, no autograd."""
-        return PolicyUpdate.policy_forward(self, micro, self.loss.selection_reads_entropy, entropy_grad=False)
+        return PolicyUpdate.policy_forward(self, micro, self.loss.selection_reads_entropy, entropy_grad=False)[:2]
 
     def token_kl_in_loss(self, log_probs: Tensor, micro: Rollout) -> Tensor:
         """`[n, T]` the KL estimate added to the loss (with the old log-probs where the estimator reads them)."""
@@ -341,11 +344,13 @@ class PolicyUpdate:
             return self.kl_estimator.estimate(log_probs, micro.ref_log_probs, self.kl.clamp, micro.old_log_probs)
         return self.kl_estimator.estimate(log_probs, micro.ref_log_probs, clamp=self.kl.clamp)
 
-    def policy_forward(self, micro: Rollout, with_entropy: bool, entropy_grad: bool) -> tuple[Tensor, Tensor | None]:
-        """The trained log-probs (and entropy) of a micro-batch."""
-        return self.policy.token_log_probs(
-            micro, self.temperature, with_entropy=with_entropy, entropy_grad=entropy_grad
-        )
+    def policy_forward(
+        self, micro: Rollout, with_entropy: bool, entropy_grad: bool, support: Tensor | None = None
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """The trained log-probs (and entropy) of a micro-batch, and those of the token ids `support` `[n, T, k]`."""
+        if support is not None:
+            return self.policy.support_log_probs(micro, support, self.temperature, with_entropy, entropy_grad)
+        return (*self.policy.token_log_probs(micro, self.temperature, with_entropy, entropy_grad), None)
 
     # ------------------------------------------------------------------ the optimizer step
 

@@ -47,6 +47,11 @@ class ValueUpdate(PolicyUpdate):
             **options: `PolicyUpdate`'s arguments.
         """
         super().__init__(**options)
+        if critic is None and self.teacher is not None and self.distillation.top_k:
+            raise ValueError(
+                "distillation.mode=topk_logits scores the teacher's top-k with the policy's forward, which "
+                "value.model=shared reads for its hidden states: use value.model=separate or mode sampled_token"
+            )
         self.critic, self.value_head, self.value = critic, value_head, value
         if self.update.micro_batch_tokens is not None:
             pack_sequences(critic)
@@ -79,13 +84,15 @@ class ValueUpdate(PolicyUpdate):
         metrics["train/critic/grad_norm"] = torch.stack(norms).mean() if norms else 0.0
         return metrics
 
-    def policy_forward(self, micro: Rollout, with_entropy: bool, entropy_grad: bool) -> tuple[Tensor, Tensor | None]:
+    def policy_forward(
+        self, micro: Rollout, with_entropy: bool, entropy_grad: bool, support: Tensor | None = None
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
         if self.critic is not None:
-            return super().policy_forward(micro, with_entropy, entropy_grad)
+            return super().policy_forward(micro, with_entropy, entropy_grad, support)
         log_probs, entropy, self._shared_hidden = self.policy.token_log_probs_and_hidden(
             micro, self.temperature, with_entropy=with_entropy, entropy_grad=entropy_grad
         )
-        return log_probs, entropy
+        return log_probs, entropy, None
 
     def micro_batch_loss(
         self,
