@@ -124,14 +124,18 @@ def test_top_k_distillation_learns_from_the_scripted_teacher(in_tmp_dir):
 
 def test_the_self_teacher_s_top_k_update_follows_trls_formula_on_a_hand_built_re_prompt(tokenizer_dir):  # noqa: F811
     """TRL `compute_topk_self_distillation_loss` (alpha 0.5, renormalised) on the teacher's top-k of the hand-built
-    re-prompt's whole softmax, masked to the taught rows, averaged per row then over rows."""
+    re-prompt's whole softmax, masked to the taught rows, averaged per row then over rows. The teacher is the initial
+    weights and the policy has moved, so that an untaught row (scored behind its own prompt) is not taught by 0."""
     policy = policy_of(tokenizer_dir)
     rollout = sdpo_rollout_of(policy)
+    teacher = make_teacher(SelfTeacher(weights="base"), policy)
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(0.05 * torch.randn_like(p))
     update = PolicyUpdate(
         policy, PPOClip(), AggregationConfig(mode="seq-mean-token-mean"), KLConfig(), None,
         ImportanceSamplingConfig(), UpdateConfig(), 0.0, SamplingConfig(),
-        teacher=make_teacher(SelfTeacher(weights="live"), policy),
-        distillation=DistillationConfig(rl_coef=0.0, mode="topk_logits", topk=4, alpha=0.5),
+        teacher=teacher, distillation=DistillationConfig(rl_coef=0.0, mode="topk_logits", topk=4, alpha=0.5),
     )  # fmt: skip
     update.add_old_and_reference_log_probs(rollout)
     mask = rollout.response_mask.bool()
@@ -152,7 +156,7 @@ def test_the_self_teacher_s_top_k_update_follows_trls_formula_on_a_hand_built_re
     )
     by_hand.group_index, by_hand.group_size = torch.arange(4), 1
     with torch.no_grad():
-        _, teacher_top, ids = policy.top_log_probs(by_hand, 4)
+        _, teacher_top, ids = policy.reference_top_log_probs(teacher.copy, by_hand, 4, 1.0)
     assert torch.equal(rollout.teacher_top_ids[:4][mask[:4]], ids[mask[:4]])
 
     policy.zero_grad(set_to_none=True)

@@ -23,7 +23,9 @@ def whole_softmax(policy, rollout) -> torch.Tensor:
     width = rollout.response_ids.shape[1]
     for i in range(rollout.num_rows):
         prompt = rollout.prompt_ids[i][rollout.prompt_mask[i].bool()]
-        ids = torch.cat([prompt, rollout.response_ids[i, : width - 1]]).unsqueeze(0)
+        ids = torch.cat([prompt, rollout.response_ids[i, : width - 1]]).unsqueeze(
+            0
+        )  # the response's last predicts none
         logits = policy.model(input_ids=ids).logits[0, len(prompt) - 1 :]
         rows.append(torch.log_softmax(logits.float() / TEMPERATURE, dim=-1))
     full = torch.stack(rows)
@@ -60,6 +62,9 @@ def test_support_log_probs_equal_the_whole_softmax(make_policy, path, packed):
         rollout = uneven_rollout(vocab, prompt_lengths=[5] * 6, response_lengths=[1, 14, 6, 0, 3, 9])
         rollout.prompt_ids[:3] = rollout.prompt_ids[0]
         rollout.prompt_ids[3:] = rollout.prompt_ids[3]
+    # a trailing column no row uses (a micro-batch of a wider rollout): scored as padding
+    rollout.response_ids = torch.nn.functional.pad(rollout.response_ids, (0, 1))
+    rollout.response_mask = torch.nn.functional.pad(rollout.response_mask, (0, 1))
     support = support_for(rollout, vocab)
     mask = rollout.response_mask.bool()
     weights = torch.linspace(0.5, 1.5, K)
