@@ -35,7 +35,7 @@ from torch import Tensor
 
 from rlvr_lightning.core.losses.distillation import distillation_loss, prefix_drift_weights
 from rlvr_lightning.core.losses.logit_distillation import top_k_distillation_loss
-from rlvr_lightning.modules.self_distillation import SelfTeacher, place_frozen, set_teacher_scores
+from rlvr_lightning.modules.self_distillation import SelfTeacher, place_frozen, set_teacher_scores, teacher_scores
 from rlvr_lightning.policies.base import Policy
 from rlvr_lightning.rollout import Rollout
 from rlvr_lightning.runtime.option_declarations import Option, check_options, documented_options
@@ -72,9 +72,17 @@ class DistillationConfig:
             OneOf(DISTILLATION_MODES),
         ),
     ] = "sampled_token"
-    topk: Annotated[int, Option("topk_logits: the teacher's tokens per position (TRL's SDFT: 100).", POSITIVE_INT)] = (
+    topk: Annotated[int, Option("topk_logits: the support's tokens per position (TRL's SDFT: 100).", POSITIVE_INT)] = (
         100
     )
+    support: Annotated[
+        str,
+        Option(
+            "topk_logits: student (its top-k as it sampled, TRL's local trainers) | teacher (the teacher's top-k, "
+            "TRL's teacher server; with add_tail, else the student's mass outside it goes unpenalised).",
+            OneOf(("student", "teacher")),
+        ),
+    ] = "student"
     alpha: Annotated[
         float,
         Option(
@@ -103,7 +111,7 @@ class DistillationConfig:
         if self.coef == 0:
             raise ValueError("distillation.coef=0 switches distillation off; remove the teacher instead")
         if self.mode == "sampled_token":
-            for name, default in (("alpha", 1.0), ("add_tail", False), ("is_clip", None)):
+            for name, default in (("alpha", 1.0), ("add_tail", False), ("is_clip", None), ("support", "student")):
                 if getattr(self, name) != default:
                     raise ValueError(
                         f"distillation.{name}={getattr(self, name)} applies to distillation.mode=topk_logits; "
@@ -116,13 +124,24 @@ class DistillationConfig:
         return self.topk if self.mode == "topk_logits" else 0
 
 
-def check_distillation(teacher: Policy | SelfTeacher | None, distillation: DistillationConfig) -> None:
-    """Distillation options without a teacher are a mistake, not a no-op."""
-    if teacher is None and distillation != DistillationConfig():
+def check_distillation(
+    teacher: Policy | SelfTeacher | None, distillation: DistillationConfig, student: Policy | None = None
+) -> None:
+    """Distillation options without a teacher are a mistake, not a no-op; a top-k must fit the vocabulary."""
+    default = DistillationConfig()
+    if teacher is None and distillation != default:
+        given = ", ".join(f"{k}: {v}" for k, v in vars(distillation).items() if v != getattr(default, k))
         raise ValueError(
-            f"distillation={{{', '.join(f'{k}: {v}' for k, v in vars(distillation).items())}}} weighs the "
+            f"distillation={{{given}}} weighs the "
             "distillation loss, but there is no teacher: set model.init_args.teacher (a policy with the student's "
             "tokenizer)"
+        )
+    config = getattr(student, "hf_config", None)
+    vocab = getattr(student, "vocab_size", None) or getattr(config, "vocab_size", None)
+    if teacher is not None and vocab is not None and distillation.top_k > vocab:
+        raise ValueError(
+            f"distillation.topk={distillation.topk} is over the policy's vocabulary of {vocab} tokens; "
+            f"topk={vocab} is the whole distribution"
         )
 
 
@@ -174,18 +193,27 @@ class Teacher:
         """On the strategy's device; sharded as the KL reference under FSDP2 (`configure_model`)."""
         place_frozen(self.policy, pl_module)
 
-    @torch.no_grad()
-    def log_probs(self, rollout: Rollout, temperature: float, top_k: int = 0) -> Tensor | tuple[Tensor, Tensor, Tensor]:
-        """`[N, T]` the teacher's log-probs of the rollout's response tokens; with `top_k`, also its `top_k` most
-        probable tokens' log-probs and ids `[N, T, k]` (`Policy.top_log_probs`)."""
-        if top_k:
-            return self.policy.top_log_probs(rollout, top_k, temperature=temperature)
-        log_probs, _ = self.policy.token_log_probs(rollout, temperature=temperature)
-        return log_probs
+    def score(
+        self, rollout: Rollout, by_micro_batch: Callable, temperature: float, top_k: int = 0, own_support: bool = True
+    ) -> None:
+        """Set `rollout.teacher_log_probs` (with `top_k`, its scores of a support too: `teacher_scores`), micro-batch
+        by micro-batch."""
+        scored = by_micro_batch(rollout, lambda mb: teacher_scores(self.policy, mb, temperature, top_k, own_support))
+        set_teacher_scores(rollout, scored)
 
-    def score(self, rollout: Rollout, by_micro_batch: Callable, temperature: float, top_k: int = 0) -> None:
-        """Set `rollout.teacher_log_probs` (and with `top_k` the teacher's top-k), micro-batch by micro-batch."""
-        set_teacher_scores(rollout, by_micro_batch(rollout, lambda mb: self.log_probs(mb, temperature, top_k)))
+
+@torch.no_grad()
+def score_with_teacher(
+    teacher: Teacher | SelfTeacher, student: Policy, rollout: Rollout, by_micro_batch: Callable, temperature: float,
+    config: DistillationConfig,
+) -> None:  # fmt: skip
+    """The teacher's scores of `rollout`; with `topk_logits` and `support: student`, of the student's top-k tokens at
+    each position, which are found first (the policy as it sampled)."""
+    own_support = config.support == "teacher"
+    if config.top_k and not own_support:
+        top = by_micro_batch(rollout, lambda mb: student.top_log_probs(mb, config.top_k, temperature=temperature))
+        rollout.teacher_top_ids = top[2]
+    teacher.score(rollout, by_micro_batch, temperature, config.top_k, own_support)
 
 
 def make_teacher(teacher: Policy | SelfTeacher | None, student: Policy) -> Teacher | SelfTeacher | None:

@@ -138,7 +138,7 @@ class RLVRModule(PolicyModule):
             rollout_is = dataclasses.replace(rollout_is, mode="token_mask")  # AReaL: tokens over the cap drop out
         self.rollout_is = rollout_is
         self.reference = policy.create_reference() if kl.coef != 0 or self.loss.reads_reference else None
-        check_distillation(teacher, distillation)
+        check_distillation(teacher, distillation, policy)
         # a frozen teacher is off the module tree (not checkpointed); a SelfTeacher's copy is in it
         self.teacher = make_teacher(teacher, policy)
         self.policy_update = PolicyUpdate(

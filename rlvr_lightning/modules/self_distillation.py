@@ -68,6 +68,21 @@ def place_frozen(model: nn.Module, pl_module) -> None:
     set_compute_device(model, strategy.root_device)
 
 
+def teacher_scores(
+    scorer: Policy, rollout: Rollout, temperature: float, top_k: int = 0, own_support: bool = True
+) -> Tensor | tuple[Tensor, Tensor, Tensor]:
+    """A teacher's log-probs `[N, T]` of the sampled tokens (no grad); with `top_k`, also its log-probs and the ids
+    `[N, T, k]` of a support: its own top-k (`own_support`), else the ids on `rollout.teacher_top_ids` (the
+    student's top-k)."""
+    with torch.no_grad():
+        if not top_k:
+            return scorer.token_log_probs(rollout, temperature=temperature)[0]
+        if own_support:
+            return scorer.top_log_probs(rollout, top_k, temperature=temperature)
+        log_probs, _, on_support = scorer.support_log_probs(rollout, rollout.teacher_top_ids, temperature)
+        return log_probs, on_support, rollout.teacher_top_ids
+
+
 def set_teacher_scores(rollout: Rollout, scores: Tensor | tuple[Tensor, Tensor, Tensor]) -> None:
     """The teacher's log-probs, and its top-k's log-probs and ids when `scores` has them, on `rollout`."""
     if isinstance(scores, tuple):
@@ -158,9 +173,11 @@ class SelfTeacher(nn.Module):
             place_frozen(self.copy, pl_module)
 
     @torch.no_grad()
-    def score(self, rollout: Rollout, by_micro_batch: Callable, temperature: float, top_k: int = 0) -> None:
-        """Set `rollout.teacher_log_probs` (with `top_k`, the teacher's top-k too) and `rollout.teacher_rows` (the
-        rows taught: a demonstration or feedback)."""
+    def score(
+        self, rollout: Rollout, by_micro_batch: Callable, temperature: float, top_k: int = 0, own_support: bool = True
+    ) -> None:
+        """Set `rollout.teacher_log_probs` (with `top_k`, its scores of a support too: `teacher_scores`) and
+        `rollout.teacher_rows` (the rows taught: a demonstration or feedback)."""
         if rollout.reward is None or rollout.prompts is None or rollout.response_text is None:
             raise ValueError("SelfTeacher reads each row's reward, prompt and response text; this rollout lacks one")
         if self.weights == "ema":
@@ -173,17 +190,17 @@ class SelfTeacher(nn.Module):
         # every row is scored, an untaught one behind its own prompt (as TRL does): each data-parallel rank then
         # runs as many forwards as the others, which sharded (collective) forwards need; its loss is masked
         behind = self.reprompted(rollout, demos.tolist(), notes)
-        set_teacher_scores(rollout, by_micro_batch(behind, lambda mb: self.log_probs(mb, temperature, top_k)))
+        scored = by_micro_batch(behind, lambda mb: self.log_probs(mb, temperature, top_k, own_support))
+        set_teacher_scores(rollout, scored)
         rollout.teacher_rows = taught.to(rollout.teacher_log_probs.device)
 
-    def log_probs(self, rollout: Rollout, temperature: float, top_k: int = 0) -> Tensor | tuple[Tensor, Tensor, Tensor]:
+    def log_probs(
+        self, rollout: Rollout, temperature: float, top_k: int = 0, own_support: bool = True
+    ) -> Tensor | tuple[Tensor, Tensor, Tensor]:
         if self.copy is None:
-            if top_k:
-                return self.student.top_log_probs(rollout, top_k, temperature=temperature)
-            return self.student.token_log_probs(rollout, temperature=temperature)[0]
-        if top_k:
-            return self.student.reference_top_log_probs(self.copy, rollout, top_k, temperature)
-        return self.student.reference_log_probs(self.copy, rollout, temperature)
+            return teacher_scores(self.student, rollout, temperature, top_k, own_support)
+        with self.student.reference_scoring(self.copy) as scorer:
+            return teacher_scores(scorer, rollout, temperature, top_k, own_support)
 
     def feedback_shown(self, rollout: Rollout, demos: Tensor) -> list[str | None]:
         """Each row's feedback the teacher is shown (TRL's include_environment_feedback), None where none."""

@@ -12,8 +12,10 @@ into contiguous groups and returns a `Rollout` (shapes documented in `rlvr_light
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -126,9 +128,8 @@ class Policy(nn.Module, ABC):
             log_probs, _ = reference.token_log_probs(rollout, temperature=temperature)
         return log_probs
 
-    def reference_top_log_probs(
-        self, reference: nn.Module, rollout: Rollout, k: int, temperature: float
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """`top_log_probs` under `reference`."""
+    @contextlib.contextmanager
+    def reference_scoring(self, reference: nn.Module) -> Iterator[Policy]:
+        """No grad; inside, the policy whose scoring methods score as `reference` (a copy of `create_reference`)."""
         with torch.no_grad():
-            return reference.top_log_probs(rollout, k, temperature=temperature)
+            yield reference

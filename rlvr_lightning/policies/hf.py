@@ -43,12 +43,13 @@ adapter disabled: `create_reference` returns a parameter-free marker and no seco
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import functools
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Annotated, Any
 
 import torch
@@ -296,13 +297,14 @@ class HFPolicy(HFScoring, Policy):
             log_probs, _ = self.token_log_probs(rollout, temperature=temperature)
         return log_probs
 
-    def reference_top_log_probs(
-        self, reference: nn.Module, rollout: Rollout, k: int, temperature: float
-    ) -> tuple[Tensor, Tensor, Tensor]:
+    @contextlib.contextmanager
+    def reference_scoring(self, reference: nn.Module) -> Iterator[Policy]:
         if not isinstance(reference, AdapterReference):
-            return super().reference_top_log_probs(reference, rollout, k, temperature)
+            with super().reference_scoring(reference) as scorer:
+                yield scorer
+            return
         with torch.no_grad(), scoring_as_reference(self.model, reference):
-            return self.top_log_probs(rollout, k, temperature=temperature)
+            yield self
 
     # ------------------------------------------------------------------ export
 

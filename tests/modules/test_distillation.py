@@ -209,12 +209,9 @@ def test_a_language_model_teacher_with_another_vocabulary_is_refused(tmp_path):
 
 
 def test_distillation_options_without_a_teacher_and_bad_weights_are_refused():
-    with pytest.raises(
-        ValueError,
-        match=r"distillation=\{coef: 1.0, rl_coef: 0.0, position_weight_gamma: 0.0\} .* but there is no teacher",
-    ):
+    with pytest.raises(ValueError, match=r"distillation=\{rl_coef: 0.0\} weighs .* but there is no teacher"):
         RLVRModule(student(), distillation=DistillationConfig(rl_coef=0.0))
-    with pytest.raises(ValueError, match=r"position_weight_gamma: 0.5\} .* but there is no teacher"):
+    with pytest.raises(ValueError, match=r"distillation=\{position_weight_gamma: 0.5\} .* but there is no teacher"):
         RLVRModule(student(), distillation=DistillationConfig(position_weight_gamma=0.5))
     with pytest.raises(ValueError, match=r"^distillation.position_weight_gamma=-0.5 is not valid: must be .*>= 0$"):
         DistillationConfig(position_weight_gamma=-0.5)
@@ -263,7 +260,7 @@ def test_the_smollm2_distillation_config_takes_the_teacher_path_and_its_teacher_
     model = yaml.safe_load(capsys.readouterr().out)["model"]["init_args"]
     teacher = model["teacher"]["init_args"]
     assert teacher["checkpoint_path"] == "t.ckpt"
-    assert model["distillation"] == {"coef": 1.0, "rl_coef": 0.0, "position_weight_gamma": 0.0}
+    assert model["distillation"] == {**vars(DistillationConfig()), "rl_coef": 0.0}
     grpo = yaml.safe_load((configs / "smollm2_arithmetic.yaml").read_text())["model"]["init_args"]["policy"]
     expected = grpo["init_args"]["policy"]["init_args"]
     shown = teacher["policy"]["init_args"]

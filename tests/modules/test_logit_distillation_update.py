@@ -44,7 +44,7 @@ def test_a_one_token_support_with_its_tail_is_the_two_category_kl_by_hand():
     policy = student()
     rollout = rollout_of(policy)
     update = update_of(policy, SortTeacher(V, L, confidence=0.8), rl_coef=0.0, mode="topk_logits", topk=1,
-                       add_tail=True)  # fmt: skip
+                       add_tail=True, support="teacher")  # fmt: skip
     part, _ = loss_and_grads(update, rollout)
     probs = student_probabilities(policy, rollout)
     expected = []
@@ -54,6 +54,28 @@ def test_a_one_token_support_with_its_tail_is_the_two_category_kl_by_hand():
         for t in range(L):
             p = probs[row, t, target[t]].item()
             expected.append(p * math.log(p / 0.8) + (1 - p) * math.log((1 - p) / 0.2))
+    assert_close(part.loss.item(), sum(expected) / len(expected), rtol=1e-5, atol=1e-6)
+
+
+def test_the_student_s_top_token_with_its_tail_is_the_two_category_kl_by_hand():
+    """`support: student`: the student's most probable token y* (p) against the teacher's probability of it (0.8 if
+    it is the sorted prompt's token, else 0.05): p ln(p / q) + (1 - p) ln((1 - p) / (1 - q))."""
+    policy = student()
+    rollout = rollout_of(policy)
+    update = update_of(policy, SortTeacher(V, L, confidence=0.8), rl_coef=0.0, mode="topk_logits", topk=1,
+                       add_tail=True)  # fmt: skip
+    part, _ = loss_and_grads(update, rollout)
+    probs = student_probabilities(policy, rollout)
+    expected = []
+    for row in range(rollout.num_rows):
+        target = sorted(rollout.prompt_ids[row].tolist())
+        best = probs[row].argmax(-1).tolist()
+        assert rollout.teacher_top_ids[row, :, 0].tolist() == best
+        for t in range(L):
+            p, q = probs[row, t, best[t]].item(), 0.8 if best[t] == target[t] else 0.05
+            expected.append(p * math.log(p / q) + (1 - p) * math.log((1 - p) / (1 - q)))
+    assert any(b != t for row in range(rollout.num_rows) for b, t in zip(probs[row].argmax(-1).tolist(),
+               sorted(rollout.prompt_ids[row].tolist()), strict=True))  # fmt: skip
     assert_close(part.loss.item(), sum(expected) / len(expected), rtol=1e-5, atol=1e-6)
 
 
@@ -123,9 +145,10 @@ def test_top_k_distillation_learns_from_the_scripted_teacher(in_tmp_dir):
 
 
 def test_the_self_teacher_s_top_k_update_follows_trls_formula_on_a_hand_built_re_prompt(tokenizer_dir):  # noqa: F811
-    """TRL `compute_topk_self_distillation_loss` (alpha 0.5, renormalised) on the teacher's top-k of the hand-built
-    re-prompt's whole softmax, masked to the taught rows, averaged per row then over rows. The teacher is the initial
-    weights and the policy has moved, so that an untaught row (scored behind its own prompt) is not taught by 0."""
+    """TRL `compute_topk_self_distillation_loss` (alpha 0.5, renormalised, the student's top-k) with the teacher's
+    logits from the hand-built re-prompt, masked to the taught rows, averaged per row then over rows. The teacher is
+    the initial weights and the policy has moved, so that an untaught row (scored behind its own prompt) is not
+    taught by 0."""
     policy = policy_of(tokenizer_dir)
     rollout = sdpo_rollout_of(policy)
     teacher = make_teacher(SelfTeacher(weights="base"), policy)
@@ -155,12 +178,14 @@ def test_the_self_teacher_s_top_k_update_follows_trls_formula_on_a_hand_built_re
         [policy.tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts], policy.pad_token_id
     )
     by_hand.group_index, by_hand.group_size = torch.arange(4), 1
-    with torch.no_grad():
-        _, teacher_top, ids = policy.reference_top_log_probs(teacher.copy, by_hand, 4, 1.0)
-    assert torch.equal(rollout.teacher_top_ids[:4][mask[:4]], ids[mask[:4]])
-
     policy.zero_grad(set_to_none=True)
-    _, _, student_top = policy.support_log_probs(rollout.select(torch.arange(4)), ids)
+    own = rollout.select(torch.arange(4))
+    with torch.no_grad():
+        _, _, ids = policy.top_log_probs(own, 4)  # the student's top-k on its own prompt
+        with policy.reference_scoring(teacher.copy) as scorer:
+            _, _, teacher_top = scorer.support_log_probs(by_hand, ids)
+    assert torch.equal(rollout.teacher_top_ids[:4][mask[:4]], ids[mask[:4]])
+    _, _, student_top = policy.support_log_probs(own, ids)
     s = student_top - torch.logsumexp(student_top, -1, keepdim=True)
     q = teacher_top - torch.logsumexp(teacher_top, -1, keepdim=True)
     m = torch.logsumexp(torch.stack([s + math.log(0.5), q + math.log(0.5)]), dim=0)
@@ -179,12 +204,18 @@ def test_refusals_name_the_option():
         DistillationConfig(alpha=0.5)
     with pytest.raises(ValueError, match=r"distillation.add_tail=True applies to distillation.mode=topk_logits"):
         DistillationConfig(add_tail=True)
+    with pytest.raises(ValueError, match=r"distillation.support=teacher applies to distillation.mode=topk_logits"):
+        DistillationConfig(support="teacher")
     with pytest.raises(OptionValueError, match=r"distillation.mode"):
         DistillationConfig(mode="full_logits")
     with pytest.raises(OptionValueError, match=r"distillation.is_clip"):
         DistillationConfig(mode="topk_logits", is_clip=0.0)
     with pytest.raises(OptionValueError, match=r"distillation.topk"):
         DistillationConfig(mode="topk_logits", topk=0)
+    with pytest.raises(ValueError, match=rf"distillation.topk={V + 1} is over the policy's vocabulary of {V} tokens"):
+        RLVRModule(
+            student(), teacher=SortTeacher(V, L), distillation=DistillationConfig(mode="topk_logits", topk=V + 1)
+        )
 
 
 def test_ppo_with_a_shared_value_head_refuses_top_k_distillation():

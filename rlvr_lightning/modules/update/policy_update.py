@@ -45,7 +45,7 @@ from rlvr_lightning.core.kl import kl_estimator
 from rlvr_lightning.core.losses.policy_losses import PolicyLoss
 from rlvr_lightning.core.losses.positive_example import correct_token_count, positive_example_nll
 from rlvr_lightning.generation.sampling_config import SamplingConfig
-from rlvr_lightning.modules.distillation import DistillationConfig, Teacher, distilled_token_loss
+from rlvr_lightning.modules.distillation import DistillationConfig, Teacher, distilled_token_loss, score_with_teacher
 from rlvr_lightning.modules.options import AggregationConfig, ImportanceSamplingConfig, KLConfig, UpdateConfig
 from rlvr_lightning.modules.self_distillation import SelfTeacher
 from rlvr_lightning.modules.update.gradients import backward_sync, policy_gradient_norm, report_skipped_update
@@ -174,7 +174,9 @@ class PolicyUpdate:
                 rollout, lambda mb: self.policy.reference_log_probs(self.reference, mb, self.temperature)
             )
         if self.teacher is not None:
-            self.teacher.score(rollout, self.by_micro_batch, self.temperature, self.distillation.top_k)
+            score_with_teacher(
+                self.teacher, self.policy, rollout, self.by_micro_batch, self.temperature, self.distillation
+            )
 
     def _log_probs(self, micro: Rollout) -> Tensor:
         return self.policy.token_log_probs(micro, self.temperature)[0]
@@ -291,10 +293,8 @@ class PolicyUpdate:
         token_loss = policy_loss.loss
         teacher_kl = None
         if self.teacher is not None:
-            distilled_loss, taught_kl = distilled_token_loss(
-                log_probs, on_support, micro, mask, self.distillation, weights
-            )
-            token_loss = self.distillation.rl_coef * token_loss + self.distillation.coef * distilled_loss
+            distilled, taught_kl = distilled_token_loss(log_probs, on_support, micro, mask, self.distillation, weights)
+            token_loss = self.distillation.rl_coef * token_loss + self.distillation.coef * distilled
             teacher_kl = taught_kl if first_epoch else None
         kl = None
         if self.kl_in_loss:
