@@ -121,6 +121,8 @@ RECIPE_BANDS: dict[str, tuple[Band, Band]] = {
     "grpo_2": (Band(5.60, 6.60), Band(0.03, 0.35)),
     # from one machine's three seeds (AVX2-pinned, 2026-11-30: 6.91-6.94, 78.5-91.8%), widened as distill's
     "distill_iw_opd": (Band(6.70, 7.00), Band(0.60, 1.00)),
+    # from one machine's three seeds (AVX2-pinned, 2026-11-30: 6.97-6.97, 90.6-96.5%), widened as distill's
+    "distill_topk": (Band(6.80, 7.00), Band(0.75, 1.00)),
 }
 RECIPES = tuple(RECIPE_BANDS)  # configs/recipes/NAME.yaml, each over the seeds
 

@@ -243,6 +243,16 @@ EXPECTED = {
         teacher=SortTeacher,
         distillation=(1.0, 0.0, 0.5),
     ),
+    # distill with the generalised JSD (alpha 0.5) over the student's top 4 tokens at each position (TRL's top-k)
+    "distill_topk": dict(
+        advantage=advantages.GroupNormalizedAdvantage,
+        loss="ppo_clip",
+        aggregation="token-mean",
+        kl=None,
+        teacher=SortTeacher,
+        distillation=(1.0, 0.0, 0.0),
+        logit_distillation=("topk_logits", 4, "student", 0.5, False),
+    ),
     # no AdvantageCallback: GAE from a separate critic; VC-PPO: its value pretraining and decoupled lambdas
     "vc_ppo": dict(
         advantage=type(None),

@@ -71,6 +71,13 @@ def test_recipe_runs_two_steps_on_the_sort_task(recipe, in_tmp_dir):
             module.policy_update.distillation.rl_coef,
             module.policy_update.distillation.position_weight_gamma,
         ),
+        "logit_distillation": lambda: (
+            module.policy_update.distillation.mode,
+            module.policy_update.distillation.topk,
+            module.policy_update.distillation.support,
+            module.policy_update.distillation.alpha,
+            module.policy_update.distillation.add_tail,
+        ),
         "baseline": lambda: module.advantage_estimator.baseline,
         "normalization": lambda: (
             module.advantage_estimator.std_scope,
