@@ -25,8 +25,16 @@ def test_a_negative_distillation_position_weight_is_refused_by_name(in_tmp_dir, 
         (
             "reprompt_template",
             "{prompt}",
-            "error: reprompt_template='{prompt}' is not valid: must be a string containing {prompt} and {solution}",
+            "error: reprompt_template='{prompt}' is not valid: must be a string containing {prompt} and {solution} "
+            "(or null)",
         ),
+        (
+            "solution_template",
+            "plain",
+            "error: solution_template='plain' is not valid: must be a string containing {successful_previous_attempt} "
+            "or {privileged_context} (or null)",
+        ),
+        ("demonstrations", "dataset", "error: demonstrations='dataset' is not valid; choose one of ['group', 'data']"),
     ],
 )
 def test_a_self_teacher_option_out_of_its_domain_stops_the_run_before_a_model_loads(capsys, option, value, message):

@@ -51,6 +51,12 @@ TEACHER_WEIGHTS = ("live", "ema", "base")
 # TRL trl/experimental/sdpo/sdpo_config.py: reprompt_template, solution_template, feedback_template
 REPROMPT_TEMPLATE = "{prompt}{solution}{feedback}\n\nCorrectly solve the original question.\n"
 SOLUTION_TEMPLATE = "\nCorrect solution:\n\n{successful_previous_attempt}\n\n"
+# TRL trl/experimental/sdft/sdft_config.py teacher_prompt_template "{prompt}\n\n{privileged_context}", in two parts
+DATA_REPROMPT_TEMPLATE = "{prompt}{solution}{feedback}"
+DATA_SOLUTION_TEMPLATE = "\n\n{privileged_context}"
+DEMONSTRATIONS = ("group", "data")
+# the placeholder of a demonstration's text in solution_template, by where demonstrations come from
+DEMONSTRATION_PLACEHOLDER = {"group": "{successful_previous_attempt}", "data": "{privileged_context}"}
 FEEDBACK_TEMPLATE = "\nThe following is feedback from your unsuccessful earlier attempt:\n\n{feedback_raw}\n\n"
 PLACEHOLDERS = re.compile(r"\{prompt\}|\{solution\}|\{feedback\}")
 THINKING = re.compile(r"<think>.*?</think>", flags=re.DOTALL)
@@ -102,18 +108,32 @@ class SelfTeacher(nn.Module):
         ema_rate: Annotated[
             float, Option("with weights: ema, the step toward the policy before each step.", Range(0, 1, low_open=True))
         ] = 0.05,
+        demonstrations: Annotated[
+            str,
+            Option(
+                "group (SDPO: a successful response of the row's group) | data (SDFT: the row's own demonstration, "
+                "its metadata[demonstration_key], e.g. a JSONL task's worked solution; every row is taught).",
+                OneOf(DEMONSTRATIONS),
+            ),
+        ] = "group",
+        demonstration_key: Annotated[str, Option("with demonstrations: data, the metadata field shown.")] = "solution",
         success_threshold: Annotated[float, Option("the reward at which a response demonstrates.", FINITE)] = 1.0,
         exclude_self: Annotated[bool, Option("a successful response does not demonstrate for itself.")] = True,
         reprompt_template: Annotated[
-            str, Option("the teacher's prompt: {prompt}, then {solution}.", Placeholders(("{prompt}", "{solution}")))
-        ] = REPROMPT_TEMPLATE,
-        solution_template: Annotated[
-            str,
+            str | None,
             Option(
-                "how a demonstration is shown; {successful_previous_attempt}: its text.",
-                Placeholders(("{successful_previous_attempt}",)),
+                "the teacher's prompt: {prompt}, then {solution}; null: SDPO's (group) or SDFT's (data).",
+                Placeholders(("{prompt}", "{solution}"), optional=True),
             ),
-        ] = SOLUTION_TEMPLATE,
+        ] = None,
+        solution_template: Annotated[
+            str | None,
+            Option(
+                "how a demonstration is shown, its text in {successful_previous_attempt} (group) or "
+                "{privileged_context} (data); null: SDPO's or SDFT's.",
+                Placeholders(tuple(DEMONSTRATION_PLACEHOLDER.values()), optional=True, any_of=True),
+            ),
+        ] = None,
         strip_thinking: Annotated[bool, Option("remove <think>...</think> from demonstrations.")] = False,
         feedback: Annotated[
             bool, Option("show each response what the rewards said of it (rollout.feedback), in {feedback}.")
@@ -125,12 +145,17 @@ class SelfTeacher(nn.Module):
             bool, Option("with feedback: only for responses without a demonstration.")
         ] = False,
     ) -> None:
-        """SDPO's teacher: the policy re-prompted with a successful response of its group (module docstring)."""
+        """SDPO's teacher: the policy re-prompted with a successful response of its group, or SDFT's, with the row's
+        own demonstration (module docstring)."""
         check_options(SelfTeacher, locals())
+        data = demonstrations == "data"
         super().__init__()
+        self.placeholder = DEMONSTRATION_PLACEHOLDER[demonstrations]
+        self.demonstrations, self.demonstration_key = demonstrations, demonstration_key
         self.weights, self.ema_rate, self.success_threshold = weights, ema_rate, success_threshold
         self.exclude_self, self.strip_thinking = exclude_self, strip_thinking
-        self.reprompt_template, self.solution_template = reprompt_template, solution_template
+        self.reprompt_template = reprompt_template or (DATA_REPROMPT_TEMPLATE if data else REPROMPT_TEMPLATE)
+        self.solution_template = solution_template or (DATA_SOLUTION_TEMPLATE if data else SOLUTION_TEMPLATE)
         self.feedback, self.feedback_template = feedback, feedback_template
         self.feedback_only_without_solution = feedback_only_without_solution
         self._student: tuple[Policy, ...] = ()  # a tuple: the policy is the module's, not a submodule of this one
@@ -142,6 +167,11 @@ class SelfTeacher(nn.Module):
             raise ValueError(
                 f"teacher: SelfTeacher re-prompts the policy with text, and {type(student).__name__} has no text "
                 "prompts; use a policy with a tokenizer (HFPolicy)"
+            )
+        if self.placeholder not in self.solution_template:
+            raise ValueError(
+                f"teacher.solution_template={self.solution_template!r} shows a demonstration in {self.placeholder} "
+                f"with teacher.demonstrations={self.demonstrations}, and has no {self.placeholder}"
             )
         if self.feedback and "{feedback}" not in self.reprompt_template:
             raise ValueError(
@@ -178,18 +208,18 @@ class SelfTeacher(nn.Module):
     ) -> None:
         """Set `rollout.teacher_log_probs` (with `top_k`, its scores of a support too: `teacher_scores`) and
         `rollout.teacher_rows` (the rows taught: a demonstration or feedback)."""
-        if rollout.reward is None or rollout.prompts is None or rollout.response_text is None:
-            raise ValueError("SelfTeacher reads each row's reward, prompt and response text; this rollout lacks one")
+        if rollout.prompts is None or rollout.response_text is None:
+            raise ValueError("SelfTeacher reads each row's prompt and response text; this rollout lacks one")
         if self.weights == "ema":
             # SDPO's EMA teacher (TRL teacher_sync.py): teacher <- (1 - rate) * teacher + rate * policy
             Policy.update_reference(self.student, self.copy, alpha=self.ema_rate)  # every weight, LoRA's factors too
             torch.clear_autocast_cache()
-        demos = demonstration_rows(rollout.reward, rollout.group_index, self.success_threshold, self.exclude_self)
-        notes = self.feedback_shown(rollout, demos)
-        taught = (demos >= 0) | torch.tensor([note is not None for note in notes], device=demos.device)
+        shown = self.demonstrations_shown(rollout)
+        notes = self.feedback_shown(rollout, [text is not None for text in shown])
+        taught = torch.tensor([text is not None or note is not None for text, note in zip(shown, notes, strict=True)])
         # every row is scored, an untaught one behind its own prompt (as TRL does): each data-parallel rank then
         # runs as many forwards as the others, which sharded (collective) forwards need; its loss is masked
-        behind = self.reprompted(rollout, demos.tolist(), notes)
+        behind = self.reprompted(rollout, shown, notes)
         scored = by_micro_batch(behind, lambda mb: self.log_probs(mb, temperature, top_k, own_support))
         set_teacher_scores(rollout, scored)
         rollout.teacher_rows = taught.to(rollout.teacher_log_probs.device)
@@ -202,24 +232,41 @@ class SelfTeacher(nn.Module):
         with self.student.reference_scoring(self.copy) as scorer:
             return teacher_scores(scorer, rollout, temperature, top_k, own_support)
 
-    def feedback_shown(self, rollout: Rollout, demos: Tensor) -> list[str | None]:
+    def demonstrations_shown(self, rollout: Rollout) -> list[str | None]:
+        """Each row's demonstration text, None where it has none: a successful response of its group (`group`,
+        `core/demonstrations.py`), or its own `metadata[demonstration_key]` (`data`)."""
+        if self.demonstrations == "data":
+            return [self.data_demonstration(row, metadata) for row, metadata in enumerate(rollout.metadata)]
+        if rollout.reward is None:
+            raise ValueError("SelfTeacher(demonstrations=group) reads each row's reward; this rollout has none")
+        demos = demonstration_rows(rollout.reward, rollout.group_index, self.success_threshold, self.exclude_self)
+        return [rollout.response_text[demo] if demo >= 0 else None for demo in demos.tolist()]
+
+    def data_demonstration(self, row: int, metadata: dict[str, Any]) -> str | None:
+        value = metadata.get(self.demonstration_key)
+        if value is None:
+            raise ValueError(
+                f"SelfTeacher(demonstrations=data) shows each row's metadata[{self.demonstration_key!r}], and row "
+                f"{row} has none (its fields: {', '.join(sorted(metadata)) or 'none'}); set teacher.demonstration_key"
+            )
+        return str(value) if str(value).strip() else None
+
+    def feedback_shown(self, rollout: Rollout, demonstrated: list[bool]) -> list[str | None]:
         """Each row's feedback the teacher is shown (TRL's include_environment_feedback), None where none."""
         if not self.feedback or rollout.feedback is None:
             return [None] * rollout.num_rows
-        with_solution = (demos >= 0).tolist()
+        with_solution = demonstrated
         return [
             note if note and note.strip() and not (self.feedback_only_without_solution and solved) else None
             for note, solved in zip(rollout.feedback, with_solution, strict=True)
         ]
 
-    def reprompted(self, rollout: Rollout, demos: list[int], notes: list[str | None]) -> Rollout:
+    def reprompted(self, rollout: Rollout, shown: list[str | None], notes: list[str | None]) -> Rollout:
         """`rollout`'s responses as sampled, each behind its re-prompt (its own prompt where it has neither a
         demonstration nor feedback), each row a group of its own."""
         prompts = [
-            prompt
-            if demo < 0 and note is None
-            else self.reprompt(prompt, rollout.response_text[demo] if demo >= 0 else None, note)
-            for prompt, demo, note in zip(rollout.prompts, demos, notes, strict=True)
+            prompt if text is None and note is None else self.reprompt(prompt, text, note)
+            for prompt, text, note in zip(rollout.prompts, shown, notes, strict=True)
         ]
         ids, texts = self.student.encode_prompts(prompts)
         context = getattr(self.student, "max_context", None)
@@ -247,7 +294,7 @@ class SelfTeacher(nn.Module):
         if demonstration is not None:
             if self.strip_thinking:
                 demonstration = THINKING.sub("", demonstration).strip()
-            solution = self.solution_template.replace("{successful_previous_attempt}", demonstration)
+            solution = self.solution_template.replace(self.placeholder, demonstration)
         shown = "" if feedback is None else self.feedback_template.replace("{feedback_raw}", feedback)
 
         def fill(text: str) -> str:  # one pass: a placeholder inside the prompt, solution or feedback stays as it is

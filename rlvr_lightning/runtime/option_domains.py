@@ -88,15 +88,22 @@ class OneOf:
 
 @dataclass(frozen=True)
 class Placeholders:
-    """A string template that contains each of `names` (e.g. "{prompt}")."""
+    """A string template that contains each of `names` (e.g. "{prompt}"; `any_of`: one of them at least; `optional`:
+    or None)."""
 
     names: tuple[str, ...]
+    optional: bool = False
+    any_of: bool = False
 
     def describe(self) -> str:
-        return "a string containing " + " and ".join(self.names)
+        names = (" or " if self.any_of else " and ").join(self.names)
+        return "a string containing " + names + (" (or null)" if self.optional else "")
 
     def contains(self, value: Any) -> bool:
-        return isinstance(value, str) and all(name in value for name in self.names)
+        if value is None:
+            return self.optional
+        found = (name in value for name in self.names) if isinstance(value, str) else iter([False])
+        return any(found) if self.any_of else all(found)
 
     def check(self, option: str, value: Any) -> None:
         if not self.contains(value):

@@ -180,7 +180,7 @@ def test_feedback_is_shown_in_its_template_and_teaches_a_response_whose_group_ha
     assert both.startswith("Q\nCorrect solution:\n\n5\n\n\nThe following is feedback")
     # feedback_only_without_solution: row 2's feedback is dropped (it has a demonstration), row 4's kept
     only = SelfTeacher(weights="live", feedback=True, feedback_only_without_solution=True).bind(policy)
-    demos = torch.tensor([1, 3, 1, 1, -1, -1, -1, -1])
+    demos = [True] * 4 + [False] * 4  # the rows with a demonstration
     assert only.feedback_shown(rollout, demos) == [None, None, None, None, "NameError: x", None, None, None]
     assert teacher.feedback_shown(rollout, demos)[2] == "wrong answer"
     silent = SelfTeacher(weights="live").bind(policy)
@@ -241,6 +241,7 @@ def test_with_lora_the_ema_copy_averages_the_adapter_factors_and_base_disables_t
     base.score(rollout, whole, 1.0)  # the model with its adapter disabled: the initial weights
     assert not torch.allclose(ema_log_probs, rollout.teacher_log_probs)
     with torch.no_grad(), policy.model.disable_adapter():
-        expected = policy.token_log_probs(base.reprompted(rollout, [1, 3, 1, 1, -1, -1, -1, -1], [None] * 8))[0]
+        shown = [rollout.response_text[d] for d in (1, 3, 1, 1)] + [None] * 4  # rows 0-3's demonstrations
+        expected = policy.token_log_probs(base.reprompted(rollout, shown, [None] * 8))[0]
     mask = rollout.response_mask.bool()
     assert_close(rollout.teacher_log_probs[mask], expected[mask], rtol=1e-5, atol=1e-6)
