@@ -23,6 +23,13 @@ weights. The copy `ema` and `base` keep is part of the module, so checkpoints ho
 with it. With LoRA, `base` is the model with the adapter disabled, and `ema` a whole copy of the model whose
 adapter factors are averaged, each on its own (TRL's PEFT EMA teacher, started from the policy's adapter).
 
+SDFT (Shenfeld et al. 2026, "Self-Distillation Enables Continual Learning", arXiv:2601.19897) is the same teacher
+shown the row's own demonstration from the data instead (`demonstrations: data`, the text in
+`metadata[demonstration_key]`, e.g. a JSONL task's worked solution), in TRL's SDFT teacher prompt
+(`{prompt}\n\n{privileged_context}`): every row with a demonstration is taught and no reward is read, on-policy
+learning from demonstrations where SFT would train on them off-policy. TRL's SDFT defaults to logit-level
+distillation (`distillation.mode: topk_logits`, `topk: 100`, `alpha: 0.5`) and the `base` teacher.
+
 Rollouts come from a policy that samples text (`HFPolicy`): the re-prompt is built from the prompt as the data
 gave it (a string, or chat messages whose last user message is re-written) and the demonstration's decoded text,
 then rendered by the policy's own `prompt.template`.
