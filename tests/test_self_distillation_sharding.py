@@ -1,9 +1,11 @@
 """SDPO under FSDP2 (one process over gloo, as tests/test_sharding.py): the EMA teacher copy is sharded as the KL
-reference is, moves toward the sharded policy, and teaches as the unsharded run does."""
+reference is, moves toward the sharded policy, and teaches as the unsharded run does, with the sampled-token loss
+and with the logit-level one (the student's top-k found and scored through the sharded models)."""
 
 from __future__ import annotations
 
 import lightning.pytorch as pl
+import pytest
 import torch
 
 from rlvr_lightning.data import InlineTask, RLVRDataModule
@@ -21,7 +23,7 @@ from .test_sharding import _trainer, one_process_group  # noqa: F401 (a fixture)
 EXAMPLES = [{"prompt": "What is 2+3?"}, {"prompt": "Say ab."}]
 
 
-def fit(strategy: str, tokenizer) -> tuple[RLVRModule, list[dict]]:
+def fit(strategy: str, tokenizer, **distillation) -> tuple[RLVRModule, list[dict]]:
     torch.manual_seed(0)
     policy = HFPolicy(model=HFModelOptions(config=tiny_llama_config(), tokenizer=str(tokenizer)))
     pl.seed_everything(0)
@@ -30,7 +32,7 @@ def fit(strategy: str, tokenizer) -> tuple[RLVRModule, list[dict]]:
         group_size=4,
         sampling=SamplingConfig(max_new_tokens=6),
         teacher=SelfTeacher(ema_rate=0.5),
-        distillation=DistillationConfig(rl_coef=0.5),
+        distillation=DistillationConfig(rl_coef=0.5, **distillation),
     )
     recorder = MetricsRecorder()
     options = dict(limit_train_batches=2, limit_val_batches=0)
@@ -53,13 +55,14 @@ def fit(strategy: str, tokenizer) -> tuple[RLVRModule, list[dict]]:
     return module, recorder.steps
 
 
-def test_the_ema_teacher_is_sharded_and_teaches_as_unsharded(one_process_group, tmp_path):  # noqa: F811
+@pytest.mark.parametrize("mode", [{}, {"mode": "topk_logits", "topk": 8, "alpha": 0.5}], ids=["sampled", "topk"])
+def test_the_ema_teacher_is_sharded_and_teaches_as_unsharded(one_process_group, tmp_path, mode):  # noqa: F811
     tokenizer = save_tiny_tokenizer(tmp_path / "tokenizer")
     torch.set_num_threads(1)
-    sharded, sharded_steps = fit("fsdp2", tokenizer)
+    sharded, sharded_steps = fit("fsdp2", tokenizer, **mode)
     assert all(type(p).__name__ == "DTensor" for p in sharded.teacher.copy.parameters())
     assert not any(p.requires_grad for p in sharded.teacher.copy.parameters())
-    plain, plain_steps = fit("ddp", tokenizer)
+    plain, plain_steps = fit("ddp", tokenizer, **mode)
     assert any(step["train/taught_rows"] > 0 for step in plain_steps)
     for sharded_step, plain_step in zip(sharded_steps, plain_steps, strict=True):
         assert sharded_step["train/taught_rows"] == plain_step["train/taught_rows"]

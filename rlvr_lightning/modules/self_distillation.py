@@ -47,7 +47,7 @@ from torch import Tensor, nn
 
 from rlvr_lightning.core.demonstrations import demonstration_rows
 from rlvr_lightning.generation.loop import left_pad
-from rlvr_lightning.parallel.fsdp import data_parallel_mesh, shard_policy, sharding_options
+from rlvr_lightning.parallel.fsdp import data_parallel_mesh, reshard_policy, shard_policy, sharding_options
 from rlvr_lightning.policies.base import Policy
 from rlvr_lightning.rollout import Rollout
 from rlvr_lightning.runtime.devices import set_compute_device
@@ -219,6 +219,7 @@ class SelfTeacher(nn.Module):
             raise ValueError("SelfTeacher reads each row's prompt and response text; this rollout lacks one")
         if self.weights == "ema":
             # SDPO's EMA teacher (TRL teacher_sync.py): teacher <- (1 - rate) * teacher + rate * policy
+            reshard_policy(self.student)  # a forward since the last step (old log-probs, the top-k) left it gathered
             Policy.update_reference(self.student, self.copy, alpha=self.ema_rate)  # every weight, LoRA's factors too
             torch.clear_autocast_cache()
         shown = self.demonstrations_shown(rollout)

@@ -245,6 +245,14 @@ def gathered_params(policy: nn.Module) -> Iterator[None]:
             unit.reshard()
 
 
+def reshard_policy(policy: nn.Module) -> None:
+    """Reshard every unit of a sharded `policy` (nothing otherwise): its root keeps its gathered parameters after a
+    forward until the backward, and code that reads the parameters themselves (an EMA over them) needs the shards.
+    Local to each rank (no collective); the next forward gathers again."""
+    for unit in _UNITS.get(policy, ()):
+        unit.reshard()
+
+
 # ----------------------------------------------------------------------------- full weights
 
 
