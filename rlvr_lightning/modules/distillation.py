@@ -39,7 +39,14 @@ from rlvr_lightning.modules.self_distillation import SelfTeacher, place_frozen, 
 from rlvr_lightning.policies.base import Policy
 from rlvr_lightning.rollout import Rollout
 from rlvr_lightning.runtime.option_declarations import Option, check_options, documented_options
-from rlvr_lightning.runtime.option_domains import NON_NEGATIVE, POSITIVE_INT, PROBABILITY, OneOf, Range
+from rlvr_lightning.runtime.option_domains import (
+    NON_NEGATIVE,
+    NON_NEGATIVE_INT,
+    POSITIVE_INT,
+    PROBABILITY,
+    OneOf,
+    Range,
+)
 
 # facts of a policy without a tokenizer (ToySortPolicy) that fix what its token ids mean
 TOKEN_FACTS = ("vocab_size", "eos_token", "prompt_length", "response_length")
@@ -64,6 +71,14 @@ class DistillationConfig:
         ),
     ] = 0.0
 
+    skip_tokens: Annotated[
+        int,
+        Option(
+            "the first response tokens the distillation loss leaves out, though they count in its divisors (TRL's "
+            "SDFT num_loss_tokens_to_skip, against a teacher prompt's artifacts).",
+            NON_NEGATIVE_INT,
+        ),
+    ] = 0
     mode: Annotated[
         str,
         Option(
@@ -234,7 +249,7 @@ def distilled_token_loss(
     """`[n, T]` the micro-batch's distillation loss per token (times the sampler's importance `weights`, if any),
     and (its reverse-KL estimate per token, the tokens the teacher teaches) for the metrics. `support_log_probs`:
     with `topk_logits`, the student's log-probs `[n, T, k]` of the teacher's top-k (`Policy.support_log_probs`)."""
-    taught = teacher_token_mask(micro, mask)  # SDPO: the rows with a demonstration
+    taught = teacher_token_mask(micro, mask, config.skip_tokens)  # SDPO: the rows with a demonstration
     gamma = config.position_weight_gamma
     distilled = distillation_loss(log_probs, micro.old_log_probs, micro.teacher_log_probs, taught, gamma)
     loss = distilled.loss
@@ -251,9 +266,15 @@ def distilled_token_loss(
     return loss, (distilled.reverse_kl, taught)
 
 
-def teacher_token_mask(micro: Rollout, mask: Tensor | None) -> Tensor | None:
-    """The tokens the distillation loss counts: `mask` (None: all) on the rows the teacher scored."""
-    if micro.teacher_rows is None:
-        return mask
-    rows = micro.teacher_rows.to(micro.response_mask.device).unsqueeze(-1)
-    return rows.expand(micro.response_mask.shape) if mask is None else mask & rows
+def teacher_token_mask(micro: Rollout, mask: Tensor | None, skip_tokens: int = 0) -> Tensor | None:
+    """The tokens the distillation loss counts: `mask` (None: all) on the rows the teacher scored, from the response's
+    position `skip_tokens` on."""
+    keep = mask
+    if micro.teacher_rows is not None:
+        rows = micro.teacher_rows.to(micro.response_mask.device).unsqueeze(-1)
+        keep = rows.expand(micro.response_mask.shape) if keep is None else keep & rows
+    if skip_tokens:  # TRL's SDFT num_loss_tokens_to_skip: token_positions >= n
+        positions = torch.arange(micro.response_mask.shape[1], device=micro.response_mask.device)
+        late = (positions >= skip_tokens).expand(micro.response_mask.shape)
+        keep = late if keep is None else keep & late
+    return keep

@@ -121,6 +121,29 @@ def test_after_the_first_update_each_divergence_is_weighed_by_the_clipped_ratio(
     assert_close(clipped.loss, (d * ratio.clamp(max=1.1)).mean(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("mode", [{}, {"mode": "topk_logits", "topk": V, "alpha": 0.5}], ids=["sampled", "topk"])
+def test_skip_tokens_leaves_the_first_response_tokens_out_of_the_distillation_loss(mode):
+    """Position t < 2 of every row contributes 0; the token-mean still divides by every token (as for untaught rows)."""
+    policy = student()
+    rollout = rollout_of(policy)
+    teacher = SortTeacher(V, L, confidence=0.8)
+    whole, _ = loss_and_grads(update_of(policy, teacher, rl_coef=0.0, **mode), copy.copy(rollout))
+    skipped, _ = loss_and_grads(update_of(policy, teacher, rl_coef=0.0, skip_tokens=2, **mode), copy.copy(rollout))
+    per_token = whole.teacher_kl[0] if not mode else None
+    if per_token is not None:  # the sampled loss at the first update is the sampled reverse KL itself
+        assert_close(skipped.loss.item(), per_token[:, 2:].sum().item() / per_token.numel(), rtol=1e-5, atol=1e-6)
+    else:
+        with torch.no_grad():
+            _, _, student_all = policy.support_log_probs(rollout, torch.arange(V).expand(rollout.num_rows, L, V))
+        q = torch.full((rollout.num_rows, L, V), 0.05)
+        for row in range(rollout.num_rows):
+            for t, token in enumerate(sorted(rollout.prompt_ids[row].tolist())):
+                q[row, t, token] = 0.8
+        d = top_k_distillation_loss(student_all, q.log(), None, 0.5)
+        assert_close(whole.loss.item(), d.mean().item(), rtol=1e-5, atol=1e-6)
+        assert_close(skipped.loss.item(), d[:, 2:].sum().item() / d.numel(), rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("alpha", [0.0, 0.5, 1.0])
 def test_a_teacher_equal_to_the_student_gives_zero_loss_and_zero_gradient(alpha):
     policy = student()
