@@ -134,8 +134,8 @@ class DistillationConfig:
                     )
 
     @property
-    def top_k(self) -> int:
-        """The teacher's tokens per position to score (0: the sampled token's log-prob alone)."""
+    def support_size(self) -> int:
+        """The tokens per position both models score (`topk_logits`; 0: the sampled token's log-prob alone)."""
         return self.topk if self.mode == "topk_logits" else 0
 
 
@@ -153,7 +153,7 @@ def check_distillation(
         )
     config = getattr(student, "hf_config", None)
     vocab = getattr(student, "vocab_size", None) or getattr(config, "vocab_size", None)
-    if teacher is not None and vocab is not None and distillation.top_k > vocab:
+    if teacher is not None and vocab is not None and distillation.support_size > vocab:
         raise ValueError(
             f"distillation.topk={distillation.topk} is over the policy's vocabulary of {vocab} tokens; "
             f"topk={vocab} is the whole distribution"
@@ -225,10 +225,12 @@ def score_with_teacher(
     """The teacher's scores of `rollout`; with `topk_logits` and `support: student`, of the student's top-k tokens at
     each position, which are found first (the policy as it sampled)."""
     own_support = config.support == "teacher"
-    if config.top_k and not own_support:
-        top = by_micro_batch(rollout, lambda mb: student.top_log_probs(mb, config.top_k, temperature=temperature))
+    if config.support_size and not own_support:
+        top = by_micro_batch(
+            rollout, lambda mb: student.top_log_probs(mb, config.support_size, temperature=temperature)
+        )
         rollout.teacher_top_ids = top[2]
-    teacher.score(rollout, by_micro_batch, temperature, config.top_k, own_support)
+    teacher.score(rollout, by_micro_batch, temperature, config.support_size, own_support)
 
 
 def make_teacher(teacher: Policy | SelfTeacher | None, student: Policy) -> Teacher | SelfTeacher | None:

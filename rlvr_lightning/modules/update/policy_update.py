@@ -273,7 +273,7 @@ class PolicyUpdate:
         # as a metric only, without autograd.
         reads_entropy = self.loss.selection_reads_entropy or self.loss.reads_entropy
         with_entropy = first_epoch or self.entropy_coef != 0 or reads_entropy
-        support = micro.teacher_top_ids if self.teacher is not None and self.distillation.top_k else None
+        support = micro.teacher_top_ids if self.teacher is not None and self.distillation.support_size else None
         log_probs, entropy, on_support = self.policy_forward(micro, with_entropy, self.entropy_coef != 0, support)
         selection = loss_keyword_inputs(self.loss, micro, log_probs, entropy, mask, selected)
         sampled = micro.sampling_log_probs

@@ -47,7 +47,7 @@ class ValueUpdate(PolicyUpdate):
             **options: `PolicyUpdate`'s arguments.
         """
         super().__init__(**options)
-        if critic is None and self.teacher is not None and self.distillation.top_k:
+        if critic is None and self.teacher is not None and self.distillation.support_size:
             raise ValueError(
                 "distillation.mode=topk_logits scores the teacher's top-k with the policy's forward, which "
                 "value.model=shared reads for its hidden states: use value.model=separate or mode sampled_token"
