@@ -9,7 +9,8 @@ also be SDPO's `SelfTeacher`, the policy itself re-prompted with a correct respo
         distillation: {coef: 1.0, rl_coef: 0.0}
 
 The per-token loss becomes ``rl_coef * policy_loss(advantages) + coef * distillation_loss`` (the sampled
-reverse KL to the teacher as a per-token advantage, `core/losses/distillation.py`), before the rollout
+reverse KL to the teacher as a per-token advantage, `core/losses/distillation.py`; with `mode: topk_logits` a
+divergence between the two distributions over a top-k support, `core/losses/logit_distillation.py`), before the rollout
 importance weights, the KL penalty and the entropy bonus; ``rl_coef: 0`` distils alone (the rewards are
 still computed and logged, and validation accuracy still reads them). The teacher scores at the sampling
 temperature, as the student's log-probs are computed.
@@ -82,8 +83,8 @@ class DistillationConfig:
     mode: Annotated[
         str,
         Option(
-            "sampled_token (the sampled reverse KL as a per-token advantage) | topk_logits (a divergence over the "
-            "teacher's top-k tokens at each position).",
+            "sampled_token (the sampled reverse KL as a per-token advantage) | topk_logits (a divergence between "
+            "the two distributions over a support of topk tokens at each position).",
             OneOf(DISTILLATION_MODES),
         ),
     ] = "sampled_token"
@@ -250,7 +251,7 @@ def distilled_token_loss(
 ) -> tuple[Tensor, tuple[Tensor, Tensor | None]]:
     """`[n, T]` the micro-batch's distillation loss per token (times the sampler's importance `weights`, if any),
     and (its reverse-KL estimate per token, the tokens the teacher teaches) for the metrics. `support_log_probs`:
-    with `topk_logits`, the student's log-probs `[n, T, k]` of the teacher's top-k (`Policy.support_log_probs`)."""
+    with `topk_logits`, the student's log-probs `[n, T, k]` of the support (`Policy.support_log_probs`)."""
     taught = teacher_token_mask(micro, mask, config.skip_tokens)  # SDPO: the rows with a demonstration
     gamma = config.position_weight_gamma
     distilled = distillation_loss(log_probs, micro.old_log_probs, micro.teacher_log_probs, taught, gamma)
