@@ -20,8 +20,10 @@ teacher is also shown what the rewards said of the response itself (`rollout.fee
 `weights`: `live` scores with the policy itself; `ema` with an exponential moving average of it, moved toward the
 policy by `ema_rate` before each step's scoring (after the previous step's update); `base` with the initial
 weights. The copy `ema` and `base` keep is part of the module, so checkpoints hold it and a resumed run goes on
-with it. With LoRA, `base` is the model with the adapter disabled, and `ema` a whole copy of the model whose
-adapter factors are averaged, each on its own (TRL's PEFT EMA teacher, started from the policy's adapter).
+with it. With LoRA, `base` is the model with the adapter disabled while the adapter is fresh (a whole copy when it
+was loaded trained, e.g. a warm-up's: disabled, it would be the model before the warm-up), and `ema` a whole copy
+of the model whose adapter factors are averaged, each on its own (TRL's PEFT EMA teacher, started from the
+policy's adapter).
 
 SDFT (Shenfeld et al. 2026, "Self-Distillation Enables Continual Learning", arXiv:2601.19897) is the same teacher
 shown the row's own demonstration from the data instead (`demonstrations: data`, the text in
@@ -94,6 +96,11 @@ def teacher_scores(
             return scorer.top_log_probs(rollout, top_k, temperature=temperature)
         log_probs, _, on_support = scorer.support_log_probs(rollout, rollout.teacher_top_ids, temperature)
         return log_probs, on_support, rollout.teacher_top_ids
+
+
+def fresh_adapter(policy: nn.Module) -> bool:
+    """Whether a LoRA policy's adapter adds nothing yet (PEFT starts every lora_B at 0): disabled, it is the policy."""
+    return not any(bool(p.any()) for name, p in policy.named_parameters() if "lora_B" in name)
 
 
 def set_teacher_scores(rollout: Rollout, scores: Tensor | tuple[Tensor, Tensor, Tensor]) -> None:
@@ -188,8 +195,9 @@ class SelfTeacher(nn.Module):
         self._student = (student,)
         if self.weights == "live":
             self.copy = None
-        elif self.weights == "ema" and getattr(student, "lora_r", 0) > 0:
-            # a whole copy, adapter included, whose adapter factors are averaged (as TRL's PEFT EMA teacher's)
+        elif getattr(student, "lora_r", 0) > 0 and (self.weights == "ema" or not fresh_adapter(student)):
+            # ema: a whole copy, adapter included, whose adapter factors are averaged (as TRL's PEFT EMA teacher's);
+            # base over an adapter that already adds something (a warm start): disabling it is not the first weights
             self.copy = student.create_reference(adapter=False)
         else:
             self.copy = student.create_reference()

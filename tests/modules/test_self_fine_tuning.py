@@ -105,3 +105,30 @@ def test_sdft_through_rlvr_fit_teaches_every_row_and_resumes_bitwise(tmp_path, m
     assert expected.keys() == actual.keys() and any(key.startswith("teacher.copy.") for key in expected)
     for key in expected:
         assert torch.equal(expected[key], actual[key]), key
+
+
+def test_base_over_a_warm_started_adapter_is_the_first_weights_not_the_model_before_the_warm_up(tokenizer_dir):  # noqa: F811
+    """A LoRA adapter loaded trained (a warm-up's): `base` keeps a whole copy of the policy as it starts, since the
+    model with its adapter disabled is the model before the warm-up; a fresh adapter needs no copy."""
+    from rlvr_lightning.policies.hf_options import LoRAOptions
+    from rlvr_lightning.policies.lora_reference import AdapterReference
+
+    policy = policy_of(tokenizer_dir, lora=LoRAOptions(r=2, alpha=4))
+    assert isinstance(SelfTeacher(weights="base").bind(policy).copy, AdapterReference)  # fresh: disabling is exact
+    with torch.no_grad():  # the warm start
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.add_(0.5)
+    teacher = SelfTeacher(weights="base", demonstrations="data").bind(policy)
+    assert not isinstance(teacher.copy, AdapterReference)
+    rollout = sampled(policy)
+    with torch.no_grad():
+        first, _ = policy.token_log_probs(
+            teacher.reprompted(rollout, [*SOLUTIONS[:1] * 2, *SOLUTIONS[1:] * 2], [None] * 4)
+        )
+        for name, p in policy.named_parameters():  # training moves the policy, not the teacher
+            if "lora_" in name:
+                p.add_(0.3)
+    teacher.score(rollout, whole, 1.0)
+    mask = rollout.response_mask.bool()
+    assert_close(rollout.teacher_log_probs[mask], first[mask], rtol=1e-5, atol=1e-6)
