@@ -51,6 +51,7 @@ from rlvr_lightning.core.demonstrations import demonstration_rows
 from rlvr_lightning.generation.loop import left_pad
 from rlvr_lightning.parallel.fsdp import data_parallel_mesh, reshard_policy, shard_policy, sharding_options
 from rlvr_lightning.policies.base import Policy
+from rlvr_lightning.policies.lora_reference import fresh_adapter
 from rlvr_lightning.rollout import Rollout
 from rlvr_lightning.runtime.devices import set_compute_device
 from rlvr_lightning.runtime.option_declarations import Option, check_options, documented_options
@@ -96,11 +97,6 @@ def teacher_scores(
             return scorer.top_log_probs(rollout, top_k, temperature=temperature)
         log_probs, _, on_support = scorer.support_log_probs(rollout, rollout.teacher_top_ids, temperature)
         return log_probs, on_support, rollout.teacher_top_ids
-
-
-def fresh_adapter(policy: nn.Module) -> bool:
-    """Whether a LoRA policy's adapter adds nothing yet (PEFT starts every lora_B at 0): disabled, it is the policy."""
-    return not any(bool(p.any()) for name, p in policy.named_parameters() if "lora_B" in name)
 
 
 def set_teacher_scores(rollout: Rollout, scores: Tensor | tuple[Tensor, Tensor, Tensor]) -> None:

@@ -38,7 +38,7 @@ layer with `linear_token_log_probs`, whose backward has no logit-sized temporari
 
 With LoRA (`lora.r > 0`) the base weights are frozen and the KL reference is the base model with the
 adapter disabled: `create_reference` returns a parameter-free marker and no second copy is made
-(`policies/lora_reference.py`).
+(`policies/lora_reference.py`); over an adapter loaded trained, a frozen copy of it in a second adapter.
 """
 
 from __future__ import annotations
@@ -68,7 +68,10 @@ from rlvr_lightning.policies.hf_scoring import HFScoring
 from rlvr_lightning.policies.lean_layers import apply_lean_layers
 from rlvr_lightning.policies.lora_reference import (
     AdapterReference,
+    add_reference_adapter,
     copy_adapter_to_reference,
+    fresh_adapter,
+    holds_reference_adapter,
     merged_copy,
     scoring_as_reference,
 )
@@ -147,6 +150,7 @@ class HFPolicy(HFScoring, Policy):
             network, self._lora_config = hf_loading.add_lora(
                 network, lora.r, lora.alpha, lora.dropout, lora.target_modules
             )
+            self._register_load_state_dict_pre_hook(self._add_reference_adapter_to_load)
         if model.lm_head_fp32:  # after LoRA: an adapter on the head is refused
             hf_loading.float32_output_layer(network.get_base_model() if lora.r > 0 else network)
         self.model = network
@@ -275,13 +279,21 @@ class HFPolicy(HFScoring, Policy):
     def create_reference(self, adapter: bool = True) -> nn.Module:
         """A frozen copy; with LoRA (and `adapter`) the model itself with its adapter disabled or copied."""
         if self.lora_r > 0 and adapter:
-            return AdapterReference()
+            reference = AdapterReference()
+            if not fresh_adapter(self.model):  # loaded trained: the reference is the policy as it is now
+                copy_adapter_to_reference(self.model, self._lora_config, reference, 1.0)
+            return reference
         # share the tokenizer, copy the weights; the reference never samples (no second engine)
         memo = {id(self.tokenizer): self.tokenizer, id(self.generation): KVCacheGeneration()}
         reference = copy.deepcopy(self, memo)
         reference.requires_grad_(False)
         reference.eval()
         return reference
+
+    def _add_reference_adapter_to_load(self, state_dict: dict, prefix: str, *_: Any) -> None:
+        """A checkpoint taken after the KL reference became an adapter copy holds that adapter's weights."""
+        if holds_reference_adapter(state_dict, prefix + "model."):
+            add_reference_adapter(self.model, self._lora_config)
 
     @torch.no_grad()
     def update_reference(self, reference: nn.Module, alpha: float = 1.0) -> None:

@@ -3,6 +3,10 @@
 A LoRA policy's reference needs no second copy of the model: `AdapterReference` (no weights) stands
 for the base model with the adapter disabled, and after `update_reference` for a frozen copy of the
 trained adapter (`"default"`) in a second adapter, `"reference"`, that scores the reference log-probs.
+A reference made over an adapter that already adds something (loaded trained: a warm-up's, an SFT stage's)
+starts as such a copy, since the model with the adapter disabled would be the model before that stage. Which of
+the two it is travels in checkpoints (the marker's extra state), and a state dict that holds the reference
+adapter's weights adds the adapter before it loads (`add_reference_adapter`).
 """
 
 from __future__ import annotations
@@ -25,6 +29,12 @@ class AdapterReference(nn.Module):
         super().__init__()
         self.has_adapter_copy = False  # set once `update_reference` copied the adapter into "reference"
 
+    def get_extra_state(self) -> dict[str, bool]:
+        return {"has_adapter_copy": self.has_adapter_copy}
+
+    def set_extra_state(self, state: dict[str, bool]) -> None:
+        self.has_adapter_copy = bool(state.get("has_adapter_copy", False))
+
     def extra_repr(self) -> str:
         return "base model with the adapter disabled" if not self.has_adapter_copy else "reference adapter"
 
@@ -37,8 +47,7 @@ def copy_adapter_to_reference(peft_model: Any, lora_config: Any, reference: Adap
             "With LoRA the reference is an adapter; a partial update (alpha < 1) of a low-rank product "
             "is not a low-rank product. Use alpha=1 (reset the reference to the current policy)."
         )
-    if REFERENCE_ADAPTER not in peft_model.peft_config:
-        peft_model.add_adapter(REFERENCE_ADAPTER, copy.deepcopy(lora_config))
+    add_reference_adapter(peft_model, lora_config)
     params = dict(peft_model.named_parameters())
     for name, param in params.items():
         if f".{REFERENCE_ADAPTER}." in name:
@@ -66,6 +75,23 @@ def scoring_as_reference(peft_model: Any, reference: AdapterReference) -> Iterat
                 yield
     finally:
         peft_model.train(was_training)
+
+
+def add_reference_adapter(peft_model: Any, lora_config: Any) -> None:
+    """The frozen "reference" adapter beside the trained one (nothing when it is there)."""
+    if REFERENCE_ADAPTER not in peft_model.peft_config:
+        peft_model.add_adapter(REFERENCE_ADAPTER, copy.deepcopy(lora_config))
+        freeze_reference_adapter(peft_model)
+
+
+def holds_reference_adapter(state_dict: dict[str, Any], prefix: str = "") -> bool:
+    return any(key.startswith(prefix) and f".{REFERENCE_ADAPTER}." in key for key in state_dict)
+
+
+def fresh_adapter(model: nn.Module) -> bool:
+    """Whether a LoRA model's trained adapter adds nothing yet (PEFT starts every lora_B at 0): disabled, it is the
+    model itself."""
+    return not any(bool(p.any()) for name, p in model.named_parameters() if "lora_B.default" in name)
 
 
 def freeze_reference_adapter(peft_model: Any) -> None:
