@@ -35,6 +35,12 @@ class AdapterReference(nn.Module):
     def set_extra_state(self, state: dict[str, bool]) -> None:
         self.has_adapter_copy = bool(state.get("has_adapter_copy", False))
 
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing, unexpected, errors) -> None:
+        if prefix + "_extra_state" not in state_dict:  # a checkpoint from before the marker kept its state
+            self.has_adapter_copy = False  # (such a run could not resume after a refresh: this is the one it had)
+            return
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing, unexpected, errors)
+
     def extra_repr(self) -> str:
         return "base model with the adapter disabled" if not self.has_adapter_copy else "reference adapter"
 
