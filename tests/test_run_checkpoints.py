@@ -9,6 +9,7 @@ The interrupted runs are in this process: a callback sends SIGINT to the process
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import os
 import re
@@ -23,6 +24,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from rlvr_lightning.callbacks import RolloutCheckpoint
 from rlvr_lightning.callbacks.interrupt import SaveOnInterrupt
 from rlvr_lightning.cli.app import entry_point, main
+from rlvr_lightning.modules.distillation import DistillationConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
@@ -191,7 +193,7 @@ TOY_MODEL = {
         },
         # a distillation config's teacher scores the real task's tokens: the toy policy runs without one
         "teacher": None,
-        "distillation": {"coef": 1.0, "rl_coef": 1.0, "position_weight_gamma": 0.0},
+        "distillation": dataclasses.asdict(DistillationConfig()),
     },
 }
 TOY_DATA = {

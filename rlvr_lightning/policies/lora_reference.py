@@ -5,7 +5,7 @@ for the base model with the adapter disabled, and after `update_reference` for a
 trained adapter (`"default"`) in a second adapter, `"reference"`, that scores the reference log-probs.
 A reference made over an adapter that already adds something (loaded trained: a warm-up's, an SFT stage's)
 starts as such a copy, since the model with the adapter disabled would be the model before that stage. Which of
-the two it is travels in checkpoints (the marker's extra state), and a state dict that holds the reference
+the two it is travels in checkpoints (the marker's buffer), and a state dict that holds the reference
 adapter's weights adds the adapter before it loads (`add_reference_adapter`).
 """
 
@@ -27,18 +27,21 @@ class AdapterReference(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.has_adapter_copy = False  # set once `update_reference` copied the adapter into "reference"
+        # set once the adapter is copied into "reference"; a buffer, so that checkpoints keep it with the weights
+        self.register_buffer("adapter_copied", torch.zeros((), dtype=torch.uint8))
 
-    def get_extra_state(self) -> dict[str, bool]:
-        return {"has_adapter_copy": self.has_adapter_copy}
+    @property
+    def has_adapter_copy(self) -> bool:
+        return bool(self.adapter_copied)
 
-    def set_extra_state(self, state: dict[str, bool]) -> None:
-        self.has_adapter_copy = bool(state.get("has_adapter_copy", False))
+    @has_adapter_copy.setter
+    def has_adapter_copy(self, value: bool) -> None:
+        self.adapter_copied.fill_(bool(value))
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing, unexpected, errors) -> None:
-        if prefix + "_extra_state" not in state_dict:  # a checkpoint from before the marker kept its state
-            self.has_adapter_copy = False  # (such a run could not resume after a refresh: this is the one it had)
-            return
+        # a checkpoint from before the marker kept its state: the fresh-adapter reference (such a run could not
+        # resume after a refresh)
+        state_dict.setdefault(prefix + "adapter_copied", torch.zeros((), dtype=torch.uint8))
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing, unexpected, errors)
 
     def extra_repr(self) -> str:

@@ -72,6 +72,6 @@ def test_a_state_dict_with_the_reference_adapter_loads_into_a_fresh_policy_and_r
 def test_a_state_dict_from_before_the_marker_kept_its_state_still_loads(make_policy):
     policy = lora_policy(make_policy)
     holder = nn.ModuleDict({"policy": policy, "reference": policy.create_reference()})
-    state = {k: v for k, v in holder.state_dict().items() if not k.endswith("_extra_state")}
+    state = {k: v for k, v in holder.state_dict().items() if not k.endswith("adapter_copied")}
     holder.load_state_dict(state)  # strict
     assert not holder["reference"].has_adapter_copy
