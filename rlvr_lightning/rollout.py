@@ -23,7 +23,7 @@ Shapes (documented here once; everything else refers to them):
     teacher_log_probs float[N, T]  log-probs under the distillation teacher (no grad)
     teacher_top_log_probs float[N, T, k]  logit-level distillation: the teacher's k most probable tokens' log-probs
     teacher_top_ids long[N, T, k]  ... and their ids (`distillation.mode: topk_logits`; 0 where masked)
-    teacher_rows    bool[N]        the rows the teacher scored (SDPO's `SelfTeacher`: those with a demonstration);
+    teacher_rows    bool[N]        the rows the teacher scored (`SelfTeacher`: those with a demonstration);
                                    None: every row
     sampling_log_probs float[N, T] log-probs the generator recorded while sampling (an inference engine's
                                    kernels and precision may differ from the trainer's; no grad); 0 where masked

@@ -1,5 +1,6 @@
 """On-policy distillation in `RLVRModule`: a frozen teacher scores the student's sampled tokens (the teacher may
-also be SDPO's `SelfTeacher`, the policy itself re-prompted with a correct response: `self_distillation.py`).
+also be a `SelfTeacher`, the policy itself re-prompted with a correct response (SDPO) or the row's demonstration
+(SDFT): `self_distillation.py`).
 
     model:
       init_args:
@@ -235,7 +236,7 @@ def score_with_teacher(
 
 
 def make_teacher(teacher: Policy | SelfTeacher | None, student: Policy) -> Teacher | SelfTeacher | None:
-    """The distillation teacher of `RLVRModule(teacher=...)`: a frozen policy, or SDPO's `SelfTeacher`."""
+    """The distillation teacher of `RLVRModule(teacher=...)`: a frozen policy, or a `SelfTeacher`."""
     if isinstance(teacher, SelfTeacher):
         return teacher.bind(student)
     return None if teacher is None else Teacher(teacher, student)
