@@ -110,9 +110,7 @@ class RLVRModule(PolicyModule):
         validation: Annotated[ValidationConfig, Option("how validation samples.")] = ValidationConfig(),
         teacher: Annotated[
             Policy | SelfTeacher | None,
-            Option(
-                "on-policy distillation's frozen teacher (same tokenizer), or a SelfTeacher (SDPO, SDFT); null: none."
-            ),
+            Option("on-policy distillation's frozen teacher (same tokenizer), or a SelfTeacher; null: none."),
         ] = None,
         distillation: Annotated[
             DistillationConfig, Option("with a teacher: the distillation and policy losses' weights.")
