@@ -1,13 +1,14 @@
 """`ExpertIterationModule`: sample, keep what passes the reward, fine-tune on it, repeat
 (expert iteration / rejection-sampling fine-tuning: Anthony et al. 2017; STaR, Zelikman et
-al. 2022; ReST-EM, Singh et al. 2023).
+al. 2022; ReST-EM, Singh et al. 2023). `keep: all` is simple self-distillation (SSD, arXiv:2604.01193):
+fine-tune on every non-empty response, unverified, sampled at a training temperature and truncation.
 
 One training step is one round:
 
     1. rollout = policy.sample(prompts, n=group_size)          data.batch_size prompts, no grad
-    2. rewards = the run's RewardCallbacks (trainer.callbacks)  as RLVRModule scores them
-    3. keep    = responses the task reward calls correct, or whose total reward >= reward_threshold;
-                 at most max_per_prompt per prompt
+    2. rewards = the run's RewardCallbacks (trainer.callbacks)  as RLVRModule scores them (metrics only for `all`)
+    3. keep    = responses the task reward calls correct, or whose total reward >= reward_threshold
+                 (`all`: every response whose text is not empty); at most max_per_prompt per prompt
     4. update.epochs passes over the kept responses, in mini-batches of update.mini_batch_size rows:
            loss = negative log-likelihood of the response tokens (SFTModule's loss; `loss: dft`: DFT's)
 
@@ -43,6 +44,8 @@ from rlvr_lightning.runtime.timing import clock
 
 log = logging.getLogger(__name__)
 
+KEEP_CHOICES = ("passing", "all")
+
 
 @documented_options
 class ExpertIterationModule(PolicyModule):
@@ -60,6 +63,15 @@ class ExpertIterationModule(PolicyModule):
         sampling: Annotated[
             SamplingConfig | None, Option("how responses are sampled (temperature, max_new_tokens, ...).")
         ] = None,
+        keep: Annotated[
+            str,
+            Option(
+                "which responses a round fine-tunes on: passing (expert iteration: those the reward accepts, "
+                "see reward_threshold) | all (SSD, simple self-distillation: every response whose text is not "
+                "empty, unverified; rewards are then only logged and may be absent).",
+                OneOf(KEEP_CHOICES),
+            ),
+        ] = "passing",
         reward_threshold: Annotated[
             float | None,
             Option(
@@ -104,6 +116,8 @@ class ExpertIterationModule(PolicyModule):
         self.save_hyperparameters(ignore=["policy", "optimizer", "lr_scheduler", "sampling"])
         plain_hyperparameters(self)
         self.automatic_optimization = False
+        if keep == "all" and reward_threshold is not None:
+            raise ValueError(f"reward_threshold={reward_threshold} does not apply with keep='all' (nothing is checked)")
         if max_per_prompt is not None and not 1 <= max_per_prompt <= group_size:
             raise ValueError(f"max_per_prompt must be in [1, group_size={group_size}] or null, got {max_per_prompt}")
         if update.max_consecutive_skips != UpdateConfig.max_consecutive_skips:
@@ -121,14 +135,15 @@ class ExpertIterationModule(PolicyModule):
                 "sampling.do_sample=false makes the group_size responses to a prompt identical (greedy); "
                 "expert iteration needs sampled responses"
             )
-        self.reward_threshold = reward_threshold
-        self.max_per_prompt = max_per_prompt
+        self.keep, self.reward_threshold, self.max_per_prompt = keep, reward_threshold, max_per_prompt
         self.update, self.aggregation, self.loss = update, aggregation, loss
         if update.micro_batch_tokens is not None:
             pack_sequences(self.policy)
 
     def setup(self, stage: str) -> None:
         super().setup(stage)
+        if self.keep == "all":
+            return
         if not self.reward_callbacks:
             raise ValueError("no RewardCallback in trainer.callbacks: expert iteration keeps what passes a reward")
         if self.reward_threshold is None and not any(cb.kind == "task" for cb in self.reward_callbacks):
@@ -141,6 +156,8 @@ class ExpertIterationModule(PolicyModule):
 
     def passing(self, rollout: Rollout) -> Tensor:
         """`bool[N]`: the responses to keep (before `max_per_prompt`)."""
+        if self.keep == "all":
+            return non_empty(rollout)
         if self.reward_threshold is not None:
             return rollout.reward >= self.reward_threshold
         correct = self.correctness(rollout)
@@ -163,21 +180,21 @@ class ExpertIterationModule(PolicyModule):
         started = clock(self.device)
         with gathered_params(self.policy):  # sharded (FSDP2): gathered once for the whole sampling call
             rollout = self.policy.sample(batch, self.group_size, self.sampling)
-        self.score(rollout)
+        if self.reward_callbacks:
+            self.score(rollout)
         passing = self.passing(rollout)
         rows = self.keep_rows(rollout, passing)
         sampled = clock(self.device)
         kept = rollout.select(rows)
-        metrics: dict[str, Tensor | float] = {
-            "train/reward_mean": rollout.reward.mean(),
-            "train/pass_rate": passing.float().mean(),
-            "train/prompts_solved": passing.view(-1, self.group_size).any(dim=1).float().mean(),
-            "train/kept": float(kept.num_rows),
-        }
-        correct = self.correctness(rollout)
-        if correct is not None:
-            metrics["train/accuracy"] = correct.float().mean()
-        metrics.update(self.per_reward_metrics(rollout, "train"))
+        metrics: dict[str, Tensor | float] = {"train/pass_rate": passing.float().mean(), "train/kept": kept.num_rows}
+        if self.keep == "passing":
+            metrics["train/prompts_solved"] = passing.view(-1, self.group_size).any(dim=1).float().mean()
+        if self.reward_callbacks:
+            metrics["train/reward_mean"] = rollout.reward.mean()
+            correct = self.correctness(rollout)
+            if correct is not None:
+                metrics["train/accuracy"] = correct.float().mean()
+            metrics.update(self.per_reward_metrics(rollout, "train"))
         kept = self._pad_to_largest_rank(kept, rollout)
         if kept.num_rows == 0:
             log.warning("expert iteration round %d: no response passed; nothing to fine-tune on", batch_idx)
@@ -248,3 +265,13 @@ class ExpertIterationModule(PolicyModule):
 
     def _micro_batches(self, rollout: Rollout):
         return micro_batches(rollout, self.update)
+
+
+def non_empty(rollout: Rollout) -> Tensor:
+    """`bool[N]`: responses with a response token and, where the policy decodes text, a text that is not blank
+    (SSD's filter of empty completions: TRL `SSDTrainer._build_buffered_batch`)."""
+    keep = rollout.response_mask.sum(dim=-1) > 0
+    if rollout.response_text is not None:
+        blank = torch.tensor([not text.strip() for text in rollout.response_text], device=keep.device)
+        keep = keep & ~blank
+    return keep
