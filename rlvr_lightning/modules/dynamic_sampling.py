@@ -43,3 +43,22 @@ def keep_informative_groups(
         "filled_with_dropped": float(max(0, target - num_kept)),
     }
     return merged, stats
+
+
+class TopUpPrompts:
+    """More prompts for the top-ups: `RLVRDataModule.topup_batch` (resumable and rank-aware), or for any other data
+    module a second pass over its training data."""
+
+    def __init__(self) -> None:
+        self.batches = None
+
+    def next(self, datamodule):
+        if hasattr(datamodule, "topup_batch"):
+            return datamodule.topup_batch()
+        if self.batches is None:
+            self.batches = iter(datamodule.train_dataloader())
+        try:
+            return next(self.batches)
+        except StopIteration:
+            self.batches = iter(datamodule.train_dataloader())
+            return next(self.batches)

@@ -211,6 +211,28 @@ class DynamicSamplingConfig:
 
 @documented_options
 @dataclass(frozen=True)
+class ReplayConfig:
+    """A replay buffer of informative groups (TRL's `GRPOWithReplayBufferTrainer`; `modules/replay_buffer.py`)."""
+
+    size: Annotated[
+        int,
+        Option(
+            "groups kept (0: no replay). Each step, groups whose rewards differ enter it, scored sum |A| x reward "
+            "std, and groups whose rewards all agree are replaced by groups drawn from it by score.",
+            Range(0, integer=True),
+        ),
+    ] = 0
+
+    def __post_init__(self) -> None:
+        check_options(ReplayConfig, vars(self), "replay.")
+
+    def check_group_size(self, group_size: int) -> None:
+        if self.size and group_size < 2:
+            raise ValueError("replay replaces groups whose rewards all agree; with group_size=1 every group does")
+
+
+@documented_options
+@dataclass(frozen=True)
 class UpdateConfig:
     """The inner update over one rollout: epochs x mini-batches x micro-batches."""
 
@@ -315,10 +337,12 @@ def check_option_groups(
     aggregation: AggregationConfig,
     dynamic_sampling: DynamicSamplingConfig,
     update: UpdateConfig,
+    replay: ReplayConfig,
 ) -> None:
     """`RLVRModule`'s checks between its option groups, its group size and its loss, before anything is built."""
     sampling.check_group_size(group_size)
     dynamic_sampling.check_group_size(group_size)
+    replay.check_group_size(group_size)
     update.check_group_size(group_size)
     loss.check(aggregation.mode)
     update.warn_stale_epochs(loss)

@@ -66,6 +66,8 @@ class PPOModule(RLVRModule):
             **kwargs: `RLVRModule`'s options (loss, aggregation, kl, update, validation, ...).
         """
         super().__init__(policy, **kwargs)
+        if self.replay is not None:
+            raise ValueError("replay does not apply to PPOModule: GAE gives groups whose rewards agree advantages too")
         if critic is not None and value.model == "shared":
             raise ValueError(
                 "critic is the trunk of a separate value model; value.model='shared' reads the policy's own "

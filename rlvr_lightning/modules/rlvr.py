@@ -39,12 +39,13 @@ from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.modules.async_rollouts import AsyncRollouts
 from rlvr_lightning.modules.bias_metrics import bias_metrics
 from rlvr_lightning.modules.distillation import DistillationConfig, check_distillation, make_teacher
-from rlvr_lightning.modules.dynamic_sampling import keep_informative_groups
+from rlvr_lightning.modules.dynamic_sampling import TopUpPrompts, keep_informative_groups
 from rlvr_lightning.modules.options import (
     AggregationConfig,
     DynamicSamplingConfig,
     ImportanceSamplingConfig,
     KLConfig,
+    ReplayConfig,
     UpdateConfig,
     ValidationConfig,
     check_option_groups,
@@ -52,6 +53,7 @@ from rlvr_lightning.modules.options import (
     plain_hyperparameters,
 )
 from rlvr_lightning.modules.policy_module import PolicyModule
+from rlvr_lightning.modules.replay_buffer import GroupReplayBuffer
 from rlvr_lightning.modules.scoring import reward_metrics
 from rlvr_lightning.modules.self_distillation import SelfTeacher
 from rlvr_lightning.modules.step_metrics import publish_step_metrics
@@ -106,6 +108,7 @@ class RLVRModule(PolicyModule):
         dynamic_sampling: Annotated[DynamicSamplingConfig, Option("DAPO's dynamic sampling.")] = (
             DynamicSamplingConfig()
         ),
+        replay: Annotated[ReplayConfig, Option("a replay buffer for groups whose rewards all agree.")] = ReplayConfig(),
         update: Annotated[UpdateConfig, Option("the inner update (epochs, mini- and micro-batches).")] = UpdateConfig(),
         validation: Annotated[ValidationConfig, Option("how validation samples.")] = ValidationConfig(),
         teacher: Annotated[
@@ -131,7 +134,7 @@ class RLVRModule(PolicyModule):
         plain_hyperparameters(self)
         self.automatic_optimization = False
         self.loss = policy_loss(loss)
-        check_option_groups(self.loss, self.sampling, group_size, aggregation, dynamic_sampling, update)
+        check_option_groups(self.loss, self.sampling, group_size, aggregation, dynamic_sampling, update, replay)
         self.group_size, self.rollout_staleness = group_size, rollout_staleness
         self.aggregation, self.kl, self.dynamic_sampling, self.update = aggregation, kl, dynamic_sampling, update
         if rollout_staleness and rollout_is.mode is None:
@@ -146,8 +149,11 @@ class RLVRModule(PolicyModule):
             teacher=self.teacher, distillation=distillation, positive_nll_coef=positive_nll_coef,
         )  # fmt: skip
         self.loss_constant = self.policy_update.loss_constant  # seq-sum-constant's divisor
+        # a replayed group's ratio is to the policy that sampled it: old log-probs are kept even for one update
+        self.replay = GroupReplayBuffer(replay.size, seed=torch.initial_seed()) if replay.size else None
+        self.policy_update.keeps_old_log_probs = self.replay is not None
         self.advantage_estimator: AdvantageCallback | None = None
-        self._topup_batches = None
+        self.topup_prompts = TopUpPrompts()
         self.last_rollout: Rollout | None = None  # the step's trained batch (read by RolloutTableLogger)
         self.async_rollouts = (
             AsyncRollouts(policy, group_size, self.sampling, rollout_staleness) if rollout_staleness else None
@@ -161,6 +167,8 @@ class RLVRModule(PolicyModule):
             raise ValueError("no RewardCallback in trainer.callbacks: add at least one reward to the config")
         self._setup_advantage_estimator([cb for cb in self.trainer.callbacks if isinstance(cb, AdvantageCallback)])
         self._check_batch_sizes()
+        if self.replay is not None and self.trainer.world_size > 1:
+            raise ValueError("replay.size > 0 keeps one process's groups and cannot run on several ranks; set it to 0")
 
     def configure_model(self) -> None:
         super().configure_model()
@@ -257,6 +265,9 @@ class RLVRModule(PolicyModule):
         if self.policy_update.positive_nll_coef or reads_correctness:
             rollout.correct = self._correct_rows(correct, rollout)
         rollout.advantages = self._advantages(rollout, metrics)
+        if self.replay is not None:  # groups whose rewards all agree give way to groups trained on before
+            rollout, stats = self.replay.refill(rollout, self.rollout_step)
+            metrics.update({f"train/replay/{key}": value for key, value in stats.items()})
         self.last_rollout = rollout
         metrics["train/advantage_mean"] = rollout.advantages.mean()
         metrics["train/advantage_std"] = rollout.advantages.std() if rollout.advantages.numel() > 1 else 0.0
@@ -331,26 +342,13 @@ class RLVRModule(PolicyModule):
     def _dynamic_sampling(self, rollout: Rollout, metrics: dict) -> Rollout:
         def sample_more() -> Rollout:
             report_stage("generate top-up")
-            extra = self._sample_now(self._next_topup_batch())
+            extra = self._sample_now(self.topup_prompts.next(self.trainer.datamodule))
             self.score(extra)
             return extra
 
         rollout, stats = keep_informative_groups(rollout, sample_more, self.dynamic_sampling.max_rounds)
         metrics.update({f"train/dynamic_sampling/{key}": value for key, value in stats.items()})
         return rollout
-
-    def _next_topup_batch(self) -> PromptBatch:
-        """More prompts from the data module (`RLVRDataModule.topup_batch` is resumable and rank-aware)."""
-        datamodule = self.trainer.datamodule
-        if hasattr(datamodule, "topup_batch"):
-            return datamodule.topup_batch()
-        if self._topup_batches is None:  # any other data module: a second pass over its training data
-            self._topup_batches = iter(datamodule.train_dataloader())
-        try:
-            return next(self._topup_batches)
-        except StopIteration:
-            self._topup_batches = iter(datamodule.train_dataloader())
-            return next(self._topup_batches)
 
     @torch.no_grad()
     def _penalize_reward_with_kl(self, rollout: Rollout, metrics: dict) -> None:
@@ -365,11 +363,15 @@ class RLVRModule(PolicyModule):
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["rlvr_counters"] = self.policy_update.state_dict()
+        if self.replay is not None:
+            checkpoint["rlvr_replay"] = self.replay.state_dict()
         if self.async_rollouts is not None:  # the rollout sampled during the last update, which the next step trains on
             checkpoint["rlvr_async_rollouts"] = self.async_rollouts.state_dict()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.policy_update.load_state_dict(checkpoint.get("rlvr_counters", {}))
+        if self.replay is not None and "rlvr_replay" in checkpoint:
+            self.replay.load_state_dict(checkpoint["rlvr_replay"])
         saved = checkpoint.get("rlvr_async_rollouts", {})
         if self.async_rollouts is not None and "rlvr_async_rollouts" in checkpoint:
             self.async_rollouts.load_state_dict(saved)

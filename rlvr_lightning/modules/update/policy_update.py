@@ -7,13 +7,12 @@
         manual_backward(loss)                           DDP all-reduces at the last micro-batch only
     clip the gradient norm; optimizer step (skipped, and counted, when the loss or gradient is not finite)
 
-Its inputs first (`add_old_and_reference_log_probs`): the old log-probs, the trainer's numbers at the
-weights the step starts from (recomputed only when the policy moves before the last update; otherwise the
-first update's own, detached), the reference log-probs and the teacher's. `w_IS` compares the old log-probs with the
-sampler's (`rollout_is`), and the loss applies it (`PolicyLoss.with_rollout_is`: each token's loss times its
-weight unless the loss says otherwise; the distillation term, token by token); with asynchronous rollouts the
-sampler is one update behind, and the same
-arithmetic is AReaL's decoupled PPO (see `modules/async_rollouts.py`).
+Its inputs first (`add_old_and_reference_log_probs`): the old log-probs, the trainer's numbers at the weights the
+step starts from (recomputed only when the policy moves before the last update or a replay buffer keeps them;
+otherwise the first update's own, detached), the reference log-probs and the teacher's. `w_IS` compares the old
+log-probs with the sampler's (`rollout_is`), and the loss applies it (`PolicyLoss.with_rollout_is`: each token's
+loss times its weight unless the loss says otherwise; the distillation term, token by token); with asynchronous
+rollouts the sampler is one update behind: AReaL's decoupled PPO (`modules/async_rollouts.py`).
 
 The module owns one and hands itself to `run` for Lightning's manual optimisation (`optimizers`,
 `lr_schedulers`, `manual_backward`, `clip_gradients`). `PPOModule`'s subclass, `ValueUpdate`
@@ -66,6 +65,8 @@ from rlvr_lightning.rollout import Rollout
 
 
 class PolicyUpdate:
+    keeps_old_log_probs = False  # True: old log-probs even for one update (a replay buffer stores them)
+
     def __init__(
         self,
         policy: Policy,
@@ -150,7 +151,7 @@ class PolicyUpdate:
         updates = self.update.epochs * (num_rows // (self.update.mini_batch_size or num_rows))
         kl_reads_them = self.kl_in_loss and self.kl_estimator.needs_old_log_probs
         readers = (self.loss.needs_old_log_probs, self.teacher is not None, kl_reads_them, self.masks_off_policy)
-        return any(readers) and updates > 1
+        return any(readers) and (updates > 1 or self.keeps_old_log_probs)
 
     @torch.no_grad()
     def add_old_and_reference_log_probs(self, rollout: Rollout) -> None:
