@@ -119,6 +119,8 @@ RECIPE_BANDS: dict[str, tuple[Band, Band]] = {
     # from one machine's three seeds (2026-11-30: 6.06-6.25, 10.2-14.1%; AVX2-pinned 5.91-6.19, 9.4-19.9%), widened
     # by about their spread
     "grpo_2": (Band(5.60, 6.60), Band(0.03, 0.35)),
+    # from one machine's three seeds (AVX2-pinned, 2026-11-30: 5.79-6.14, 9.0-13.3%), widened by about their spread
+    "grpo_replay": (Band(5.45, 6.50), Band(0.04, 0.20)),
     # from one machine's three seeds (AVX2-pinned, 2026-11-30: 6.91-6.94, 78.5-91.8%), widened as distill's
     "distill_iw_opd": (Band(6.70, 7.00), Band(0.60, 1.00)),
     # from one machine's three seeds (AVX2-pinned, 2026-11-30: 6.97-6.97, 90.6-96.5%), widened as distill's

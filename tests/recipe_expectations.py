@@ -20,6 +20,14 @@ EXPECTED = {
         kl=(0.04, "k3", "loss"),
         group=(2, 512),
     ),
+    "grpo_replay": dict(
+        advantage=advantages.GroupNormalizedAdvantage,
+        loss="ppo_clip",
+        clip=(0.2, 0.2),
+        aggregation="seq-mean-token-mean",
+        kl=(0.04, "k3", "loss"),
+        replay=64,
+    ),
     "grpo_k3_is": dict(
         advantage=advantages.GroupNormalizedAdvantage,
         loss="ppo_clip",

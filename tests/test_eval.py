@@ -171,3 +171,29 @@ def test_eval_of_the_last_checkpoint_of_a_run_that_has_none_fails(in_tmp_dir, ca
         f"error: --ckpt_path last: {directory} holds no last.ckpt; name the run (--run_name) or the file, or leave "
         "--ckpt_path out to evaluate the config's weights"
     )
+
+
+def test_eval_of_a_checkpoint_with_a_kl_reference_under_a_config_without_one(in_tmp_dir, monkeypatch, capsys):
+    """A run with a KL reference checkpoints the reference's weights beside the policy's; `rlvr eval` under a config
+    without one drops them (and a config with one keeps its own for a checkpoint without), and reports the same
+    numbers either way. Resuming training under the other config still refuses the checkpoint."""
+    short = ["--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1", *QUIET]
+    checkpoints = {}
+    for run_name, coef in (("kl", 0.04), ("plain", 0.0)):
+        (in_tmp_dir / run_name).mkdir()
+        monkeypatch.chdir(in_tmp_dir / run_name)  # the config names its checkpoint folder, runs/sort_grpo
+        main(["fit", "--config", SORT, *short, f"--model.init_args.kl.coef={coef}"])
+        checkpoints[run_name] = in_tmp_dir / run_name / "runs" / "sort_grpo" / "checkpoints" / "last.ckpt"
+    reports = {}
+    for run_name, checkpoint in checkpoints.items():
+        for coef in (0.0, 0.04):
+            output = in_tmp_dir / f"{run_name}_{coef}.json"
+            options = ["--trainer.limit_val_batches=1", f"--model.init_args.kl.coef={coef}", *QUIET_EVAL]
+            main(["eval", "--config", SORT, "--ckpt_path", str(checkpoint), "--eval.output", str(output), *options])
+            reports[run_name, coef] = json.loads(output.read_text())["reward_mean"]
+    assert reports["kl", 0.0] == reports["kl", 0.04] and reports["plain", 0.0] == reports["plain", 0.04]
+    assert reports["kl", 0.0] != reports["plain", 0.0]  # two runs: the checkpoints' weights were read
+    code, lines = run(capsys, "fit", "--config", SORT, *short, "--ckpt_path", str(checkpoints["kl"]))
+    assert code == 2 and lines[0].startswith(
+        "error: the checkpoint holds the weights of a reference that this config does not build (kl.coef, "
+    ), lines

@@ -62,6 +62,7 @@ def test_recipe_runs_two_steps_on_the_sort_task(recipe, in_tmp_dir):
         "aggregation": lambda: module.aggregation.mode,
         "loss_constant": lambda: module.loss_constant,
         "dynamic_sampling": lambda: module.dynamic_sampling.enabled,
+        "replay": lambda: module.replay.size if module.replay is not None else 0,
         "value_model": lambda: module.value.model,
         "gae": lambda: (module.gae.lam, module.gae.lam_critic, module.value.warmup_steps),
         "vapo": lambda: (module.gae.length_adaptive_alpha, module.policy_update.positive_nll_coef),

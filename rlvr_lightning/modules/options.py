@@ -222,6 +222,13 @@ class ReplayConfig:
             Range(0, integer=True),
         ),
     ] = 0
+    max_age: Annotated[
+        int | None,
+        Option(
+            "rollout steps a group may stay in the buffer (null: until outscored, as TRL keeps it).",
+            Range(0, integer=True, optional=True),
+        ),
+    ] = None
 
     def __post_init__(self) -> None:
         check_options(ReplayConfig, vars(self), "replay.")

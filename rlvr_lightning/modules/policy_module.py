@@ -21,6 +21,7 @@ import dataclasses
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor
 
 from rlvr_lightning.evaluation.metrics import ValidationMetrics
@@ -33,6 +34,10 @@ from rlvr_lightning.parallel.fsdp import data_parallel_mesh, gathered_params, sh
 from rlvr_lightning.policies.base import Policy, PromptBatch
 from rlvr_lightning.rewards.base import RewardCallback, find_reward_callbacks
 from rlvr_lightning.rollout import Rollout
+from rlvr_lightning.runtime.checkpoint_files import CheckpointReadError
+
+#: state-dict prefixes of what a module trains with but does not evaluate with
+TRAINING_COMPANIONS = ("reference.", "teacher.", "critic.", "value_head.")
 
 
 class PolicyModule(pl.LightningModule):
@@ -157,6 +162,28 @@ class PolicyModule(pl.LightningModule):
         computed.pop("accuracy", None)  # logged per batch above
         if computed:
             self.log_dict({f"val/{name}": value for name, value in computed.items()}, on_epoch=True)
+
+    # ------------------------------------------------------------ checkpoints
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        """A checkpoint's training companions (KL reference, teacher, critic) need not match the config's to evaluate or
+        predict: those the config lacks are dropped, those it has that the checkpoint lacks keep their built weights
+        (`rlvr eval` of a run with a KL reference under a config without one). To resume fitting they must match."""
+        state, own = checkpoint["state_dict"], self.state_dict()
+        extra = sorted({key.split(".")[0] for key in state if key.startswith(TRAINING_COMPANIONS) and key not in own})
+        if self._trainer is not None and self.trainer.state.fn == TrainerFn.FITTING:
+            if extra:
+                raise CheckpointReadError(
+                    f"the checkpoint holds the weights of a {' and a '.join(extra)} that this config does not build "
+                    "(kl.coef, teacher, the module's class): resume a run with its own config, or train from its "
+                    "policy's weights with rlvr_lightning.modules.policy_from_checkpoint"
+                )
+            return
+        for key in [key for key in state if key.split(".")[0] in extra]:
+            del state[key]
+        state.update(
+            {key: value for key, value in own.items() if key.startswith(TRAINING_COMPANIONS) and key not in state}
+        )
 
     def predict_step(self, batch: PromptBatch, batch_idx: int) -> list[dict]:
         """`validation.group_size` completions per prompt, decoded as in validation and scored: one row each

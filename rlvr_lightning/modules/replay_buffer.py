@@ -6,7 +6,8 @@ At every step, after advantages:
     1. each group whose rewards differ enters the buffer with the score sum_i |A_i| * std(r)  (its rows' mean
        absolute advantage, times its rewards' sample std); a full buffer keeps the `size` highest scores;
     2. each group whose rewards all agree is replaced by a group drawn from the buffer with probability
-       proportional to its score (without replacement while the buffer has enough groups).
+       proportional to its score (without replacement while the buffer has enough groups); with `max_age`, groups
+       sampled more than that many rollout steps ago leave the buffer first (TRL keeps them until outscored).
 
 A replayed group keeps what it was trained with: its advantages, reference log-probs and old log-probs, i.e. the
 log-probs of the policy that sampled it, so the PPO ratio (and its clip) corrects for how far the policy has moved
@@ -43,8 +44,8 @@ def group_scores(rollout: Rollout) -> Tensor:
 
 
 class GroupReplayBuffer:
-    def __init__(self, size: int, seed: int = 0) -> None:
-        self.size = size
+    def __init__(self, size: int, seed: int = 0, max_age: int | None = None) -> None:
+        self.size, self.max_age = size, max_age
         self.entries: list[tuple[float, int, int, Rollout]] = []  # a min-heap of (score, order, step, group)
         self.added = 0  # entries ever added: the tie-breaker, so that equal scores never compare rollouts
         self.generator = torch.Generator().manual_seed(seed)
@@ -79,6 +80,9 @@ class GroupReplayBuffer:
             self.add(groups[g], float(scores[g]), step)
         to_replace = flat.nonzero().squeeze(-1).tolist()
         self._drop_unlike(rollout)
+        if self.max_age is not None:  # groups sampled more than max_age steps ago leave
+            self.entries = [entry for entry in self.entries if step - entry[2] <= self.max_age]
+            heapq.heapify(self.entries)
         stats = {"replaced": 0.0, "age_mean": float("nan"), "size": float(len(self))}
         if not to_replace or not self.entries:
             return rollout, stats

@@ -150,7 +150,7 @@ class RLVRModule(PolicyModule):
         )  # fmt: skip
         self.loss_constant = self.policy_update.loss_constant  # seq-sum-constant's divisor
         # a replayed group's ratio is to the policy that sampled it: old log-probs are kept even for one update
-        self.replay = GroupReplayBuffer(replay.size, seed=torch.initial_seed()) if replay.size else None
+        self.replay = GroupReplayBuffer(replay.size, torch.initial_seed(), replay.max_age) if replay.size else None
         self.policy_update.keeps_old_log_probs = self.replay is not None
         self.advantage_estimator: AdvantageCallback | None = None
         self.topup_prompts = TopUpPrompts()
@@ -369,6 +369,7 @@ class RLVRModule(PolicyModule):
             checkpoint["rlvr_async_rollouts"] = self.async_rollouts.state_dict()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        super().on_load_checkpoint(checkpoint)
         self.policy_update.load_state_dict(checkpoint.get("rlvr_counters", {}))
         if self.replay is not None and "rlvr_replay" in checkpoint:
             self.replay.load_state_dict(checkpoint["rlvr_replay"])

@@ -79,6 +79,19 @@ def test_refill_by_hand():
     assert stats == {"replaced": 2.0, "age_mean": 3.0, "size": 1.0}
 
 
+def test_max_age_drops_groups_sampled_longer_ago():
+    buffer = GroupReplayBuffer(size=4, max_age=2)
+    buffer.refill(rollout_of([1.0, 0.0], [1.0, -1.0]), step=0)
+    buffer.refill(rollout_of([3.0, 0.0], [1.0, -1.0]), step=1)
+    flat = rollout_of([1.0, 1.0], [0.0, 0.0])
+    _, stats = buffer.refill(flat, step=2)
+    assert stats["size"] == 2.0 and stats["replaced"] == 1.0
+    _, stats = buffer.refill(flat, step=3)  # the group of step 0 is 3 steps old: only step 1's is left
+    assert stats["size"] == 1.0 and stats["age_mean"] == 2.0
+    _, stats = buffer.refill(flat, step=4)
+    assert stats["size"] == 0.0 and stats["replaced"] == 0.0
+
+
 def test_an_empty_buffer_leaves_a_flat_rollout_as_it_is():
     flat = rollout_of([1.0, 1.0], [0.0, 0.0])
     refilled, stats = GroupReplayBuffer(size=4).refill(flat, step=0)
@@ -95,6 +108,8 @@ def test_groups_stored_under_other_options_are_dropped():
 def test_refusals_name_the_option():
     with pytest.raises(OptionValueError, match="replay.size"):
         ReplayConfig(size=-1)
+    with pytest.raises(OptionValueError, match="replay.max_age"):
+        ReplayConfig(size=4, max_age=-1)
     with pytest.raises(ValueError, match="group_size=1"):
         RLVRModule(toy(), group_size=1, replay=ReplayConfig(size=4))
     with pytest.raises(ValueError, match="replay does not apply to PPOModule"):
