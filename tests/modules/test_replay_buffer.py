@@ -202,3 +202,40 @@ def test_a_resumed_run_with_replay_is_bitwise_identical(tmp_path, monkeypatch):
     for key in ("train/replay/replaced", "train/reward_mean"):
         full_log, resumed_log = logged(tmp_path, "full", key), logged(tmp_path, "resumed", key)
         assert resumed_log == {step: full_log[step] for step in range(4, STEPS)}
+
+
+LENGTH_BIAS = Path(__file__).resolve().parents[2] / "configs" / "length_bias"
+TINY_LM = str(LENGTH_BIAS / "grpo.yaml")
+QUICK = [f"--model.init_args.policy.init_args.model.tokenizer={LENGTH_BIAS / 'digits_tokenizer'}"]
+QUICK += ["--trainer.limit_train_batches=4", "--trainer.limit_val_batches=0", "--trainer.logger=false"]
+QUICK += [
+    "--trainer.enable_progress_bar=false",
+    "--trainer.enable_checkpointing=false",
+    "--model.init_args.group_size=4",
+]
+QUICK += [
+    "--data.init_args.batch_size=16",
+    "--model.init_args.replay.size=8",
+    "--model.init_args.update.mini_batch_size=32",
+]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        [],  # varied response lengths: stored groups are padded to the step's width
+        ["--model.init_args.update.micro_batch_tokens=64"],  # packed micro-batches
+        ["--model.init_args.policy.init_args.lora={r: 4, alpha: 8}", "--model.init_args.kl.coef=0.01"],
+        ["--model.init_args.rollout_staleness=1"],  # asynchronous rollouts
+        ["--model.init_args.dynamic_sampling.enabled=true", "--model.init_args.dynamic_sampling.max_rounds=2"],
+    ],
+    ids=["lengths", "packed", "lora_kl", "async", "dynamic_sampling"],
+)
+def test_replay_runs_with_the_other_options_on_a_language_model(options, in_tmp_dir, monkeypatch):
+    draw, drawn = GroupReplayBuffer.draw, []
+    monkeypatch.setattr(GroupReplayBuffer, "draw", lambda self, count: drawn.append(count) or draw(self, count))
+    cli = main(["fit", "--config", TINY_LM, *QUICK, *options])
+    assert sum(drawn) > 0, "nothing was replayed: the test would prove nothing"
+    assert cli.trainer.fit_loop.epoch_loop._batches_that_stepped == 4
+    assert torch.isfinite(cli.trainer.callback_metrics["train/loss"])
+    assert "train/replay/size" in cli.trainer.callback_metrics
