@@ -197,3 +197,19 @@ def test_eval_of_a_checkpoint_with_a_kl_reference_under_a_config_without_one(in_
     assert code == 2 and lines[0].startswith(
         "error: the checkpoint holds the weights of a reference that this config does not build (kl.coef, "
     ), lines
+
+
+def test_eval_of_a_ppo_checkpoint_under_an_rlvr_config(in_tmp_dir):
+    """A PPO run's checkpoint holds its critic and value head; `rlvr eval` under the GRPO recipe (the same policy and
+    task) leaves them out and reports what the PPO config itself reports."""
+    recipes = Path(SORT).parent / "recipes"
+    short = ["--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1", *QUIET]
+    main(["fit", "--config", str(recipes / "ppo.yaml"), *short])
+    checkpoint = str(in_tmp_dir / "runs" / "ppo" / "checkpoints" / "last.ckpt")
+    reports = []
+    for recipe in ("ppo", "grpo"):
+        output = in_tmp_dir / f"{recipe}.json"
+        options = ["--trainer.limit_val_batches=1", "--eval.output", str(output), *QUIET_EVAL]
+        main(["eval", "--config", str(recipes / f"{recipe}.yaml"), "--ckpt_path", checkpoint, *options])
+        reports.append(json.loads(output.read_text()))
+    assert reports[0]["reward_mean"] == reports[1]["reward_mean"] and reports[1]["checkpoint"] == checkpoint

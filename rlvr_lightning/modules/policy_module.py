@@ -169,7 +169,7 @@ class PolicyModule(pl.LightningModule):
         """A checkpoint's training companions (KL reference, teacher, critic) need not match the config's to evaluate or
         predict: those the config lacks are dropped, those it has that the checkpoint lacks keep their built weights
         (`rlvr eval` of a run with a KL reference under a config without one). To resume fitting they must match."""
-        state, own = checkpoint["state_dict"], self.state_dict()
+        state, own = checkpoint.get("state_dict", {}), self.state_dict()
         extra = sorted({key.split(".")[0] for key in state if key.startswith(TRAINING_COMPANIONS) and key not in own})
         if self._trainer is not None and self.trainer.state.fn == TrainerFn.FITTING:
             if extra:
