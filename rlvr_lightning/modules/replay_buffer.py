@@ -11,7 +11,8 @@ At every step, after advantages:
 
 A replayed group keeps what it was trained with: its advantages, reference log-probs and old log-probs, i.e. the
 log-probs of the policy that sampled it, so the PPO ratio (and its clip) corrects for how far the policy has moved
-since. The buffer and its random stream are checkpointed (resume is exact).
+since. The buffer and its random stream are checkpointed (resume is exact): each data-parallel rank keeps its own
+buffer of its own groups, and the checkpoint holds every rank's (`ranks_state_dict`).
 """
 
 from __future__ import annotations
@@ -121,3 +122,22 @@ class GroupReplayBuffer:
             heapq.heapify(self.entries)
         self.added = int(state["added"])
         self.generator.set_state(state["generator"])
+
+
+def ranks_state_dict(buffer: GroupReplayBuffer) -> dict[str, Any]:
+    """Every rank's buffer, gathered to each (a checkpoint is written by rank 0 from the dict every rank builds)."""
+    state = buffer.state_dict()
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return {"ranks": [state]}
+    states: list[Any] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(states, state)
+    return {"ranks": states}
+
+
+def load_ranks_state_dict(buffer: GroupReplayBuffer, state: dict[str, Any], rank: int, world_size: int) -> None:
+    """This rank's buffer from `ranks_state_dict`'s; saved by another number of ranks, the buffers start empty."""
+    ranks = state["ranks"]
+    if len(ranks) != world_size:
+        log.warning("replay buffers saved by %d ranks, resumed on %d: they start empty", len(ranks), world_size)
+        return
+    buffer.load_state_dict(ranks[rank])

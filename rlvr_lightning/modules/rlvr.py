@@ -53,7 +53,7 @@ from rlvr_lightning.modules.options import (
     plain_hyperparameters,
 )
 from rlvr_lightning.modules.policy_module import PolicyModule
-from rlvr_lightning.modules.replay_buffer import GroupReplayBuffer
+from rlvr_lightning.modules.replay_buffer import GroupReplayBuffer, load_ranks_state_dict, ranks_state_dict
 from rlvr_lightning.modules.scoring import reward_metrics
 from rlvr_lightning.modules.self_distillation import SelfTeacher
 from rlvr_lightning.modules.step_metrics import publish_step_metrics
@@ -167,8 +167,6 @@ class RLVRModule(PolicyModule):
             raise ValueError("no RewardCallback in trainer.callbacks: add at least one reward to the config")
         self._setup_advantage_estimator([cb for cb in self.trainer.callbacks if isinstance(cb, AdvantageCallback)])
         self._check_batch_sizes()
-        if self.replay is not None and self.trainer.world_size > 1:
-            raise ValueError("replay.size > 0 keeps one process's groups and cannot run on several ranks; set it to 0")
 
     def configure_model(self) -> None:
         super().configure_model()
@@ -364,7 +362,7 @@ class RLVRModule(PolicyModule):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["rlvr_counters"] = self.policy_update.state_dict()
         if self.replay is not None:
-            checkpoint["rlvr_replay"] = self.replay.state_dict()
+            checkpoint["rlvr_replay"] = ranks_state_dict(self.replay)
         if self.async_rollouts is not None:  # the rollout sampled during the last update, which the next step trains on
             checkpoint["rlvr_async_rollouts"] = self.async_rollouts.state_dict()
 
@@ -372,7 +370,7 @@ class RLVRModule(PolicyModule):
         super().on_load_checkpoint(checkpoint)
         self.policy_update.load_state_dict(checkpoint.get("rlvr_counters", {}))
         if self.replay is not None and "rlvr_replay" in checkpoint:
-            self.replay.load_state_dict(checkpoint["rlvr_replay"])
+            load_ranks_state_dict(self.replay, checkpoint["rlvr_replay"], self.global_rank, self.trainer.world_size)
         saved = checkpoint.get("rlvr_async_rollouts", {})
         if self.async_rollouts is not None and "rlvr_async_rollouts" in checkpoint:
             self.async_rollouts.load_state_dict(saved)
