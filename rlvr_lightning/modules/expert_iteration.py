@@ -186,7 +186,8 @@ class ExpertIterationModule(PolicyModule):
         rows = self.keep_rows(rollout, passing)
         sampled = clock(self.device)
         kept = rollout.select(rows)
-        metrics: dict[str, Tensor | float] = {"train/pass_rate": passing.float().mean(), "train/kept": kept.num_rows}
+        metrics: dict[str, Tensor | float] = {"train/pass_rate": passing.float().mean()}
+        metrics["train/kept"] = float(kept.num_rows)
         if self.keep == "passing":
             metrics["train/prompts_solved"] = passing.view(-1, self.group_size).any(dim=1).float().mean()
         if self.reward_callbacks:

@@ -71,8 +71,8 @@ class GroupReplayBuffer:
         return [(self.entries[i][2], self.entries[i][3]) for i in chosen.tolist()]
 
     def refill(self, rollout: Rollout, step: int) -> tuple[Rollout, dict[str, float]]:
-        """`rollout` with its uninformative groups replaced (informative first, then replayed, then those left
-        when the buffer is empty), and what was done. Needs `rewards` and `advantages`."""
+        """`rollout` with every group whose rewards all agree replaced (the informative groups first, then the
+        replayed ones; unchanged while the buffer is empty), and what was done. Needs `reward` and `advantages`."""
         group_size = rollout.group_size
         flat = zero_variance_group_mask(rollout.reward, group_size)
         scores = group_scores(rollout)
