@@ -27,6 +27,8 @@ from torch import Tensor
 
 from rlvr_lightning.core.advantage_estimators import zero_variance_group_mask
 from rlvr_lightning.core.masked import masked_mean
+from rlvr_lightning.modules.options import ReplayConfig
+from rlvr_lightning.modules.update.policy_update import PolicyUpdate
 from rlvr_lightning.rollout import Rollout
 
 log = logging.getLogger(__name__)
@@ -122,6 +124,13 @@ class GroupReplayBuffer:
             heapq.heapify(self.entries)
         self.added = int(state["added"])
         self.generator.set_state(state["generator"])
+
+
+def replay_buffer(config: ReplayConfig, update: PolicyUpdate) -> GroupReplayBuffer | None:
+    """The buffer `replay` asks for (None for size 0). A replayed group's ratio is to the policy that sampled it, so
+    the update keeps old log-probs even for a single update per rollout."""
+    update.keeps_old_log_probs = config.size > 0
+    return GroupReplayBuffer(config.size, torch.initial_seed(), config.max_age) if config.size else None
 
 
 def ranks_state_dict(buffer: GroupReplayBuffer) -> dict[str, Any]:

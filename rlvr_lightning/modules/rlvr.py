@@ -53,7 +53,7 @@ from rlvr_lightning.modules.options import (
     plain_hyperparameters,
 )
 from rlvr_lightning.modules.policy_module import PolicyModule
-from rlvr_lightning.modules.replay_buffer import GroupReplayBuffer, load_ranks_state_dict, ranks_state_dict
+from rlvr_lightning.modules.replay_buffer import load_ranks_state_dict, ranks_state_dict, replay_buffer
 from rlvr_lightning.modules.scoring import reward_metrics
 from rlvr_lightning.modules.self_distillation import SelfTeacher
 from rlvr_lightning.modules.step_metrics import publish_step_metrics
@@ -142,16 +142,13 @@ class RLVRModule(PolicyModule):
         self.rollout_is = rollout_is
         self.reference = policy.create_reference() if kl.coef != 0 or self.loss.reads_reference else None
         check_distillation(teacher, distillation, policy)
-        # a frozen teacher is off the module tree (not checkpointed); a SelfTeacher's copy is in it
-        self.teacher = make_teacher(teacher, policy)
+        self.teacher = make_teacher(teacher, policy)  # frozen: off the module tree; a SelfTeacher's copy: in it
         self.policy_update = PolicyUpdate(
             policy, self.loss, aggregation, kl, self.reference, rollout_is, update, entropy_coef, self.sampling,
             teacher=self.teacher, distillation=distillation, positive_nll_coef=positive_nll_coef,
         )  # fmt: skip
         self.loss_constant = self.policy_update.loss_constant  # seq-sum-constant's divisor
-        # a replayed group's ratio is to the policy that sampled it: old log-probs are kept even for one update
-        self.replay = GroupReplayBuffer(replay.size, torch.initial_seed(), replay.max_age) if replay.size else None
-        self.policy_update.keeps_old_log_probs = self.replay is not None
+        self.replay = replay_buffer(replay, self.policy_update)
         self.advantage_estimator: AdvantageCallback | None = None
         self.topup_prompts = TopUpPrompts()
         self.last_rollout: Rollout | None = None  # the step's trained batch (read by RolloutTableLogger)
