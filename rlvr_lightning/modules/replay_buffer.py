@@ -77,10 +77,10 @@ class GroupReplayBuffer:
         replayed ones; unchanged while the buffer is empty), and what was done. Needs `reward` and `advantages`."""
         group_size = rollout.group_size
         flat = zero_variance_group_mask(rollout.reward, group_size)
-        scores = group_scores(rollout)
-        groups = [rollout.select(slice(g * group_size, (g + 1) * group_size)) for g in range(rollout.num_groups)]
+        scores = group_scores(rollout).tolist()
         for g in (~flat).nonzero().squeeze(-1).tolist():
-            self.add(groups[g], float(scores[g]), step)
+            if len(self.entries) < self.size or scores[g] > self.entries[0][0]:  # selected only if it gets in
+                self.add(rollout.select(slice(g * group_size, (g + 1) * group_size)), scores[g], step)
         to_replace = flat.nonzero().squeeze(-1).tolist()
         self._drop_unlike(rollout)
         if self.max_age is not None:  # groups sampled more than max_age steps ago leave
@@ -92,9 +92,9 @@ class GroupReplayBuffer:
         drawn = self.draw(len(to_replace))
         device = rollout.response_ids.device
         replayed = [group.to(device) for _, group in drawn]
-        kept = [groups[g] for g in (~flat).nonzero().squeeze(-1).tolist()]
+        kept = rollout.select((~flat).repeat_interleave(group_size).nonzero().squeeze(-1))
         stats.update(replaced=float(len(drawn)), age_mean=sum(step - s for s, _ in drawn) / len(drawn))
-        return Rollout.concat(kept + replayed), stats
+        return Rollout.concat([kept, *replayed]), stats
 
     def _drop_unlike(self, rollout: Rollout) -> None:
         """Groups stored with other optional fields than this step's (a run resumed under other options: a KL
