@@ -73,6 +73,17 @@ class DistillationConfig:
         ),
     ] = 0.0
 
+    future_gamma: Annotated[
+        float,
+        Option(
+            "sampled_token: MiniLLM's long-term part, each token's advantage the gamma-discounted sum of those from "
+            "it to the end of its response (0: each token alone; 1: all that follow).",
+            PROBABILITY,
+        ),
+    ] = 0.0
+    length_normalization: Annotated[
+        bool, Option("with future_gamma: that sum divided by the sum of its discounts (MiniLLM's; TRL's default).")
+    ] = True
     skip_tokens: Annotated[
         int,
         Option(
@@ -127,6 +138,13 @@ class DistillationConfig:
                 raise ValueError(f"distillation.{name} must be >= 0, got {getattr(self, name)}")
         if self.coef == 0:
             raise ValueError("distillation.coef=0 switches distillation off; remove the teacher instead")
+        if not self.length_normalization and self.future_gamma == 0:
+            raise ValueError("distillation.length_normalization=false applies to distillation.future_gamma > 0")
+        if self.mode == "topk_logits" and self.future_gamma != 0:
+            raise ValueError(
+                f"distillation.future_gamma={self.future_gamma} applies to distillation.mode=sampled_token; "
+                "topk_logits compares the distributions at each position, with no advantage to sum"
+            )
         if self.mode == "sampled_token":
             for name, default in (("alpha", 1.0), ("add_tail", False), ("is_clip", None), ("support", "student")):
                 if getattr(self, name) != default:
@@ -255,7 +273,10 @@ def distilled_token_loss(
     with `topk_logits`, the student's log-probs `[n, T, k]` of the support (`Policy.support_log_probs`)."""
     taught = teacher_token_mask(micro, mask, config.skip_tokens)  # SDPO: the rows with a demonstration
     gamma = config.position_weight_gamma
-    distilled = distillation_loss(log_probs, micro.old_log_probs, micro.teacher_log_probs, taught, gamma)
+    distilled = distillation_loss(
+        log_probs, micro.old_log_probs, micro.teacher_log_probs, taught, gamma, config.future_gamma,
+        config.length_normalization,
+    )  # fmt: skip
     loss = distilled.loss
     if config.mode == "topk_logits":
         clip = None

@@ -21,6 +21,11 @@ Inputs (shapes of `rlvr_lightning.rollout`): ``log_probs`` ``[N, T]`` differenti
 multiplied by a weight in ``[1, 1 + gamma]`` that falls with the teacher-student drift accumulated before the token
 in its row (`prefix_drift_weights`). The drift is the rollout's, ``log pi_teacher - log pi_old``, so every update of
 a rollout weighs the same tokens alike; tokens after most of a row's drift get weight about 1.
+
+``future_gamma > 0`` is MiniLLM's long-term part (Gu et al. 2024, "MiniLLM: Knowledge Distillation of Large Language
+Models", arXiv:2306.08543; TRL's `MiniLLMTrainer` `gamma`): each token's advantage is the discounted sum of the
+per-token advantages from it to the end of its response (`discounted_future_sum`), with ``length_normalization``
+divided by the sum of the discounts over those tokens.
 """
 
 from __future__ import annotations
@@ -59,15 +64,34 @@ def prefix_drift_weights(drift: Tensor, mask: Tensor | None, gamma: float, eps: 
     return weights if mask is None else weights.masked_fill(~mask.bool(), 1.0)
 
 
+def discounted_future_sum(values: Tensor, mask: Tensor | None, gamma: float, length_normalization: bool) -> Tensor:
+    """``[N, T]``: at each token the sum over its row's tokens from it on of ``gamma^(i - t) values_i`` (masked tokens
+    add 0); with ``length_normalization`` divided by the sum of ``gamma^(i - t)`` over the row's unmasked tokens from
+    it on (a masked token's divisor is kept from 0)."""
+    # A_t = sum_{i>=t} gamma^(i-t) R_i / sum_{i>=t} gamma^(i-t) m_i  (MiniLLM, arXiv:2306.08543 eq. 6 with its length
+    # normalisation; TRL MiniLLMTrainer._compute_advantage, whose unnormalised form also carries a factor gamma^t)
+    real = torch.ones_like(values) if mask is None else mask.to(values.dtype)
+    sums, divisors = torch.zeros_like(values), torch.zeros_like(values)
+    running, running_divisor = torch.zeros_like(values[:, 0]), torch.zeros_like(values[:, 0])
+    for t in range(values.shape[1] - 1, -1, -1):  # T is a response's length: a loop of T small ops
+        running = values[:, t] * real[:, t] + gamma * running
+        running_divisor = real[:, t] + gamma * running_divisor
+        sums[:, t], divisors[:, t] = running, running_divisor
+    return sums / divisors.clamp_min(1e-4) if length_normalization else sums
+
+
 def distillation_loss(
     log_probs: Tensor,
     old_log_probs: Tensor | None,
     teacher_log_probs: Tensor,
     mask: Tensor | None,
     position_weight_gamma: float = 0.0,
+    future_gamma: float = 0.0,
+    length_normalization: bool = True,
 ) -> DistillationOutput:
     """The per-token on-policy distillation loss (module docstring) and the per-token reverse-KL estimate;
-    ``position_weight_gamma > 0`` weighs each token's advantage by `prefix_drift_weights` of the rollout's drift."""
+    ``position_weight_gamma > 0`` weighs each token's advantage by `prefix_drift_weights` of the rollout's drift;
+    ``future_gamma > 0`` makes it the discounted sum of the advantages from it on (MiniLLM)."""
     if teacher_log_probs.shape != log_probs.shape:
         raise ValueError(
             f"teacher_log_probs shape {tuple(teacher_log_probs.shape)} != log_probs shape {tuple(log_probs.shape)}"
@@ -82,6 +106,8 @@ def distillation_loss(
     if mask is not None:  # what a teacher says about padding (even -inf) must not reach the gradient as 0 * inf
         advantages = advantages.masked_fill(~mask.bool(), 0.0)
         sampled_kl = sampled_kl.masked_fill(~mask.bool(), 0.0)
+    if future_gamma != 0:  # 0: each token answers for itself, bit for bit
+        advantages = discounted_future_sum(advantages, mask, future_gamma, length_normalization)
     if position_weight_gamma != 0:  # 0: no weights at all, so that the loss is bit for bit the unweighted one
         # A_t <- w_t A_t, w_t from the rollout's drift log nu - log pi_old  (arXiv 2606.22600, IW-OPD)
         advantages = prefix_drift_weights(-sampled_kl, mask, position_weight_gamma) * advantages
