@@ -116,25 +116,8 @@ class ExpertIterationModule(PolicyModule):
         self.save_hyperparameters(ignore=["policy", "optimizer", "lr_scheduler", "sampling"])
         plain_hyperparameters(self)
         self.automatic_optimization = False
-        if keep == "all" and reward_threshold is not None:
-            raise ValueError(f"reward_threshold={reward_threshold} does not apply with keep='all' (nothing is checked)")
-        if max_per_prompt is not None and not 1 <= max_per_prompt <= group_size:
-            raise ValueError(f"max_per_prompt must be in [1, group_size={group_size}] or null, got {max_per_prompt}")
-        if update.max_consecutive_skips != UpdateConfig.max_consecutive_skips:
-            raise ValueError("update.max_consecutive_skips does not apply: expert iteration does not skip updates")
-        if update.shuffle != "rows":
-            raise ValueError("update.shuffle='prompts' does not apply: expert iteration keeps responses, not prompts")
-        check_nll_aggregation(aggregation)
-        if aggregation.count_empty_rows:
-            raise ValueError(
-                "aggregation.count_empty_rows=true does not apply: ranks are padded with empty rows, which never count"
-            )
+        check_round_options(keep, reward_threshold, max_per_prompt, group_size, self.sampling, update, aggregation)
         self.group_size = group_size
-        if not self.sampling.do_sample and group_size > 1:
-            raise ValueError(
-                "sampling.do_sample=false makes the group_size responses to a prompt identical (greedy); "
-                "expert iteration needs sampled responses"
-            )
         self.keep, self.reward_threshold, self.max_per_prompt = keep, reward_threshold, max_per_prompt
         self.update, self.aggregation, self.loss = update, aggregation, loss
         if update.micro_batch_tokens is not None:
@@ -266,6 +249,36 @@ class ExpertIterationModule(PolicyModule):
 
     def _micro_batches(self, rollout: Rollout):
         return micro_batches(rollout, self.update)
+
+
+def check_round_options(
+    keep: str,
+    reward_threshold: float | None,
+    max_per_prompt: int | None,
+    group_size: int,
+    sampling: SamplingConfig,
+    update: UpdateConfig,
+    aggregation: AggregationConfig,
+) -> None:
+    """`ExpertIterationModule`'s checks of its options against each other, before anything is built."""
+    if keep == "all" and reward_threshold is not None:
+        raise ValueError(f"reward_threshold={reward_threshold} does not apply with keep='all' (nothing is checked)")
+    if max_per_prompt is not None and not 1 <= max_per_prompt <= group_size:
+        raise ValueError(f"max_per_prompt must be in [1, group_size={group_size}] or null, got {max_per_prompt}")
+    if update.max_consecutive_skips != UpdateConfig.max_consecutive_skips:
+        raise ValueError("update.max_consecutive_skips does not apply: expert iteration does not skip updates")
+    if update.shuffle != "rows":
+        raise ValueError("update.shuffle='prompts' does not apply: expert iteration keeps responses, not prompts")
+    check_nll_aggregation(aggregation)
+    if aggregation.count_empty_rows:
+        raise ValueError(
+            "aggregation.count_empty_rows=true does not apply: ranks are padded with empty rows, which never count"
+        )
+    if not sampling.do_sample and group_size > 1:
+        raise ValueError(
+            "sampling.do_sample=false makes the group_size responses to a prompt identical (greedy); "
+            "expert iteration needs sampled responses"
+        )
 
 
 def non_empty(rollout: Rollout) -> Tensor:
