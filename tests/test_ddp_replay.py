@@ -8,6 +8,7 @@ import shutil
 import torch
 
 from tests.ddp_runs import fit_two_ranks
+from tests.modules.test_replay_buffer import REPLAY_RUN
 
 STEPS = 8
 
@@ -27,7 +28,8 @@ class ReplayRecorder(pl.Callback):
         torch.save(pl_module.state_dict(), f"{self.out}/rank{rank}.pt")
 """
 
-CONFIG = """
+CONFIG = (
+    """
 seed_everything: 0
 {resume}
 trainer:
@@ -47,31 +49,17 @@ trainer:
       init_args: {{dirpath: {out}/ckpt, every_n_rollout_steps: 2, save_last: true, save_top_k: -1}}
     - class_path: replay_recorder.ReplayRecorder
       init_args: {{out: {out}}}
-model:
-  class_path: rlvr_lightning.modules.RLVRModule
-  init_args:
-    policy:
-      class_path: rlvr_lightning.policies.ToySortPolicy
-      init_args: {{vocab_size: 5, prompt_length: 3, embedding_dim: 8, activation: relu}}
-    optimizer:
-      class_path: torch.optim.Adam
-      init_args: {{lr: 0.03}}
-    group_size: 2
-    replay: {{size: 8}}
-data:
-  class_path: rlvr_lightning.data.RLVRDataModule
-  init_args:
-    batch_size: 8
-    task:
-      class_path: rlvr_lightning.data.SortTask
-      init_args: {{vocab_size: 5, length: 3, num_val: 0, seed: 0}}
 """
+    + REPLAY_RUN
+)
 
 
 def test_each_rank_replays_its_own_groups_and_a_resumed_run_is_bitwise_identical(tmp_path):
     full, resumed = tmp_path / "full", tmp_path / "resumed"
     full.mkdir()
-    records = fit_two_ranks(full, "replay_recorder", RECORDER, CONFIG.format(resume="", steps=STEPS, out=full))
+    records = fit_two_ranks(
+        full, "replay_recorder", RECORDER, CONFIG.format(resume="", steps=STEPS, out=full, batch_size=8)
+    )
     assert all(record["sizes"][-1] > 0 for record in records)
     checkpoint = torch.load(full / "ckpt" / "epoch=0-rollout_step=4.ckpt", weights_only=False)
     ranks = checkpoint["rlvr_replay"]["ranks"]
@@ -82,7 +70,9 @@ def test_each_rank_replays_its_own_groups_and_a_resumed_run_is_bitwise_identical
     (resumed / "ckpt").mkdir(parents=True)
     shutil.copy(full / "ckpt" / "epoch=0-rollout_step=4.ckpt", resumed / "ckpt" / "last.ckpt")
     resume = f"ckpt_path: {resumed / 'ckpt' / 'last.ckpt'}"
-    fit_two_ranks(resumed, "replay_recorder", RECORDER, CONFIG.format(resume=resume, steps=STEPS, out=resumed))
+    fit_two_ranks(
+        resumed, "replay_recorder", RECORDER, CONFIG.format(resume=resume, steps=STEPS, out=resumed, batch_size=8)
+    )
     for rank in (0, 1):
         expected = torch.load(full / f"rank{rank}.pt", weights_only=False)
         actual = torch.load(resumed / f"rank{rank}.pt", weights_only=False)

@@ -117,6 +117,26 @@ def test_refusals_name_the_option():
 
 
 STEPS = 8
+# the model and data of the runs below and of tests/test_ddp_replay.py (a `str.format` template: batch_size)
+REPLAY_RUN = """model:
+  class_path: rlvr_lightning.modules.RLVRModule
+  init_args:
+    policy:
+      class_path: rlvr_lightning.policies.ToySortPolicy
+      init_args: {{vocab_size: 5, prompt_length: 3, embedding_dim: 8, activation: relu}}
+    optimizer:
+      class_path: torch.optim.Adam
+      init_args: {{lr: 0.03}}
+    group_size: 2
+    replay: {{size: 8}}
+data:
+  class_path: rlvr_lightning.data.RLVRDataModule
+  init_args:
+    batch_size: {batch_size}
+    task:
+      class_path: rlvr_lightning.data.SortTask
+      init_args: {{vocab_size: 5, length: 3, num_val: 0, seed: 0}}
+"""
 
 
 def config(tmp_path: Path, name: str) -> Path:
@@ -136,25 +156,7 @@ trainer:
     - class_path: rlvr_lightning.advantages.GroupNormalizedAdvantage
     - class_path: rlvr_lightning.callbacks.RolloutCheckpoint
       init_args: {{dirpath: {tmp_path}/ckpt_{name}, every_n_rollout_steps: 2, save_last: true, save_top_k: -1}}
-model:
-  class_path: rlvr_lightning.modules.RLVRModule
-  init_args:
-    policy:
-      class_path: rlvr_lightning.policies.ToySortPolicy
-      init_args: {{vocab_size: 5, prompt_length: 3, embedding_dim: 8, activation: relu}}
-    optimizer:
-      class_path: torch.optim.Adam
-      init_args: {{lr: 0.03}}
-    group_size: 2
-    replay: {{size: 8}}
-data:
-  class_path: rlvr_lightning.data.RLVRDataModule
-  init_args:
-    batch_size: 16
-    task:
-      class_path: rlvr_lightning.data.SortTask
-      init_args: {{vocab_size: 5, length: 3, num_val: 0, seed: 0}}
-"""
+""" + REPLAY_RUN.format(batch_size=16)
     path = tmp_path / f"{name}.yaml"
     path.write_text(text)
     return path
