@@ -201,11 +201,11 @@ class DynamicSamplingConfig:
                 "(with one it could only reorder the batch)"
             )
 
-    def check_group_size(self, group_size: int) -> None:
+    def check_group_size(self, group_size: int, name: str = "group_size") -> None:
         if self.enabled and group_size < 2:
             raise ValueError(
-                "dynamic_sampling drops groups whose rewards all agree; with group_size=1 every group agrees "
-                "with itself, so nothing could be trained on. Use group_size >= 2."
+                f"dynamic_sampling drops groups whose rewards all agree; with {name}=1 every group agrees "
+                f"with itself, so nothing could be trained on. Use {name} >= 2."
             )
 
 
@@ -233,9 +233,9 @@ class ReplayConfig:
     def __post_init__(self) -> None:
         check_options(ReplayConfig, vars(self), "replay.")
 
-    def check_group_size(self, group_size: int) -> None:
+    def check_group_size(self, group_size: int, name: str = "group_size") -> None:
         if self.size and group_size < 2:
-            raise ValueError("replay replaces groups whose rewards all agree; with group_size=1 every group does")
+            raise ValueError(f"replay replaces groups whose rewards all agree; with {name}=1 every group does")
 
 
 @documented_options
@@ -302,11 +302,11 @@ class UpdateConfig:
                 f"{self.micro_batch_tokens} both size the micro-batches; set one of them (the other null)"
             )
 
-    def check_group_size(self, group_size: int) -> None:
+    def check_group_size(self, group_size: int, name: str = "group_size") -> None:
         if self.shuffle == "prompts" and self.mini_batch_size is not None and self.mini_batch_size % group_size:
             raise ValueError(
                 f"update.shuffle='prompts' deals whole prompt groups into mini-batches, so update.mini_batch_size="
-                f"{self.mini_batch_size} must be a multiple of group_size={group_size}"
+                f"{self.mini_batch_size} must be a multiple of {name}={group_size}"
             )
 
     def warn_stale_epochs(self, loss: PolicyLoss) -> None:
@@ -341,16 +341,19 @@ def check_option_groups(
     loss: PolicyLoss,
     sampling: SamplingConfig,
     group_size: int,
-    aggregation: AggregationConfig,
+    trained_group_size: int,
     dynamic_sampling: DynamicSamplingConfig,
     update: UpdateConfig,
     replay: ReplayConfig,
+    aggregation: AggregationConfig,
 ) -> None:
-    """`RLVRModule`'s checks between its option groups, its group size and its loss, before anything is built."""
+    """`RLVRModule`'s checks between its option groups, its group sizes (sampled, and trained: `group_filter.keep`)
+    and its loss, before anything is built."""
     sampling.check_group_size(group_size)
-    dynamic_sampling.check_group_size(group_size)
-    replay.check_group_size(group_size)
-    update.check_group_size(group_size)
+    trained = "group_size" if trained_group_size == group_size else "group_filter.keep"
+    dynamic_sampling.check_group_size(trained_group_size, trained)
+    replay.check_group_size(trained_group_size, trained)
+    update.check_group_size(trained_group_size, trained)
     loss.check(aggregation.mode)
     update.warn_stale_epochs(loss)
 

@@ -31,15 +31,17 @@ import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 
-from rlvr_lightning.advantages import AdvantageCallback, GroupNormalizedAdvantage
+from rlvr_lightning.advantages import AdvantageCallback
 from rlvr_lightning.core.losses.policy_losses import PolicyLoss, policy_loss
 from rlvr_lightning.core.masked import masked_mean, masked_sum
 from rlvr_lightning.data.retire_solved import retire_solved_prompts
 from rlvr_lightning.generation.sampling_config import SamplingConfig
+from rlvr_lightning.modules.advantage_choice import choose_advantage_estimator
 from rlvr_lightning.modules.async_rollouts import AsyncRollouts
 from rlvr_lightning.modules.bias_metrics import bias_metrics
 from rlvr_lightning.modules.distillation import DistillationConfig, check_distillation, make_teacher
 from rlvr_lightning.modules.dynamic_sampling import TopUpPrompts, keep_informative_groups
+from rlvr_lightning.modules.group_filter import GroupFilterConfig, filter_groups
 from rlvr_lightning.modules.options import (
     AggregationConfig,
     DynamicSamplingConfig,
@@ -109,6 +111,9 @@ class RLVRModule(PolicyModule):
             DynamicSamplingConfig()
         ),
         replay: Annotated[ReplayConfig, Option("a replay buffer for groups whose rewards all agree.")] = ReplayConfig(),
+        group_filter: Annotated[
+            GroupFilterConfig, Option("GFPO: train on `keep` of the group_size responses sampled per prompt.")
+        ] = GroupFilterConfig(),
         update: Annotated[UpdateConfig, Option("the inner update (epochs, mini- and micro-batches).")] = UpdateConfig(),
         validation: Annotated[ValidationConfig, Option("how validation samples.")] = ValidationConfig(),
         teacher: Annotated[
@@ -134,8 +139,10 @@ class RLVRModule(PolicyModule):
         plain_hyperparameters(self)
         self.automatic_optimization = False
         self.loss = policy_loss(loss)
-        check_option_groups(self.loss, self.sampling, group_size, aggregation, dynamic_sampling, update, replay)
-        self.group_size, self.rollout_staleness = group_size, rollout_staleness
+        self.trained_group_size = group_filter.trained_group_size(group_size)
+        check_option_groups(self.loss, self.sampling, group_size, self.trained_group_size, dynamic_sampling, update,
+                            replay, aggregation)  # fmt: skip
+        self.group_size, self.rollout_staleness, self.group_filter = group_size, rollout_staleness, group_filter
         self.aggregation, self.kl, self.dynamic_sampling, self.update = aggregation, kl, dynamic_sampling, update
         if rollout_staleness and rollout_is.mode is None:
             rollout_is = dataclasses.replace(rollout_is, mode="token_mask")  # AReaL: tokens over the cap drop out
@@ -183,44 +190,20 @@ class RLVRModule(PolicyModule):
             )
 
     def _setup_advantage_estimator(self, estimators: list[AdvantageCallback]) -> None:
-        """Exactly one `AdvantageCallback` (GRPO's when none is configured). A hook: `PPOModule` has its critic."""
-        if len(estimators) > 1:
-            raise ValueError(
-                f"exactly one AdvantageCallback per run, got {len(estimators)}: "
-                + ", ".join(type(cb).__name__ for cb in estimators)
-            )
-        if estimators:
-            self.advantage_estimator = estimators[0]
-        else:
-            self.advantage_estimator = GroupNormalizedAdvantage()
-            log.warning("no AdvantageCallback configured: using GRPO's group-normalised advantage")
-            if self.trainer.is_global_zero:
-                print("rlvr: no AdvantageCallback configured, using GroupNormalizedAdvantage (GRPO)")
-        self.advantage_estimator.check_group_size(self.group_size)
-        name = type(self.advantage_estimator).__name__
-        if self.advantage_estimator.reads_token_energy and type(self.policy).token_energies is Policy.token_energies:
-            raise ValueError(
-                f"{name} reads each token's energy, which {type(self.policy).__name__} does not compute: "
-                "implement Policy.token_energies"
-            )
-        reads_batch = self.advantage_estimator.reads_step_batch
-        if reads_batch and (self.dynamic_sampling.enabled or self.rollout_staleness):
-            option = "dynamic_sampling.enabled=true" if self.dynamic_sampling.enabled else "rollout_staleness >= 1"
-            raise ValueError(
-                f"{name} {reads_batch}, but with {option} the trained rollout holds other prompts; use one without "
-                "the other"
-            )
+        """A hook: `PPOModule` has its critic."""
+        self.advantage_estimator = choose_advantage_estimator(self, estimators)
 
     def _check_batch_sizes(self) -> None:
         prompts = getattr(self.trainer.datamodule, "batch_size", None)
         mini_batch_size = self.update.mini_batch_size
         if prompts is None or mini_batch_size is None:
             return
-        rows = prompts * self.group_size
+        rows = prompts * self.trained_group_size
         if rows % mini_batch_size:
+            per_prompt = "group_size" if self.group_filter.keep is None else "group_filter.keep"
             raise ValueError(
                 f"update.mini_batch_size={mini_batch_size} must divide the rollout size "
-                f"data.batch_size x group_size = {prompts} x {self.group_size} = {rows}"
+                f"data.batch_size x {per_prompt} = {prompts} x {self.trained_group_size} = {rows}"
             )
 
     # ---------------------------------------------------------- training step
@@ -242,6 +225,7 @@ class RLVRModule(PolicyModule):
             report_stage("score")
             self.score(rollout)
             metrics.update(retire_solved_prompts(self, rollout))  # before dynamic sampling drops solved groups
+            rollout = self._filter_groups(rollout, metrics)
             if self.dynamic_sampling.enabled:
                 rollout = self._dynamic_sampling(rollout, metrics)
         if self.async_rollouts is not None:  # the next rollout is sampled while this one trains
@@ -334,12 +318,19 @@ class RLVRModule(PolicyModule):
             metrics["train/token_energy_mean"] = masked_mean(rollout.token_energy, rollout.response_mask)
         return self.advantage_estimator.compute(rollout)
 
+    def _filter_groups(self, rollout: Rollout, metrics: dict) -> Rollout:
+        if self.group_filter.keep is None:
+            return rollout
+        rollout, stats = filter_groups(rollout, self.group_filter)
+        metrics.update({f"train/group_filter/{key}": value for key, value in stats.items()})
+        return rollout
+
     def _dynamic_sampling(self, rollout: Rollout, metrics: dict) -> Rollout:
         def sample_more() -> Rollout:
             report_stage("generate top-up")
             extra = self._sample_now(self.topup_prompts.next(self.trainer.datamodule))
             self.score(extra)
-            return extra
+            return self._filter_groups(extra, {})
 
         rollout, stats = keep_informative_groups(rollout, sample_more, self.dynamic_sampling.max_rounds)
         metrics.update({f"train/dynamic_sampling/{key}": value for key, value in stats.items()})

@@ -1,0 +1,41 @@
+"""GFPO's group filter (arXiv:2508.09726 sec. 3): the metrics and the kept rows, by hand."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlvr_lightning.core.group_filter import group_filter_rows, group_filter_scores
+
+REWARDS = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 2.0, 2.0, 0.0])
+LENGTHS = torch.tensor([5.0, 2.0, 7.0, 2.0, 3.0, 4.0, 8.0, 0.0])
+
+
+def test_length_keeps_the_shortest_of_each_group_in_row_order():
+    scores = group_filter_scores(REWARDS, LENGTHS, "length")
+    # group 0: lengths 5, 2, 7, 2 -> rows 1 and 3; group 1: 3, 4, 8, 0 -> rows 7 (0 tokens) and 4 (3), in row order
+    assert group_filter_rows(scores, group_size=4, keep=2).tolist() == [1, 3, 4, 7]
+    assert group_filter_rows(scores, group_size=4, keep=3).tolist() == [0, 1, 3, 4, 5, 7]
+
+
+def test_token_efficiency_keeps_the_most_reward_per_token():
+    scores = group_filter_scores(REWARDS, LENGTHS, "token_efficiency")
+    # group 0: 1/5, 0/2, 1/7, 1/2; group 1: 0/3, 2/4, 2/8, 0/1 (an empty response counts one token)
+    assert scores.tolist() == pytest.approx([0.2, 0.0, 1 / 7, 0.5, 0.0, 0.5, 0.25, 0.0])
+    assert group_filter_rows(scores, group_size=4, keep=2).tolist() == [0, 3, 5, 6]
+    assert group_filter_rows(scores, group_size=4, keep=1).tolist() == [3, 5]
+
+
+def test_equal_scores_keep_the_earlier_rows():
+    scores = group_filter_scores(torch.zeros(6), torch.full((6,), 4.0), "token_efficiency")
+    assert group_filter_rows(scores, group_size=3, keep=2).tolist() == [0, 1, 3, 4]
+    assert group_filter_rows(scores, group_size=3, keep=3).tolist() == list(range(6))
+
+
+def test_bad_arguments_name_what_is_wrong():
+    with pytest.raises(ValueError, match="metric='longest'.*length, token_efficiency"):
+        group_filter_scores(REWARDS, LENGTHS, "longest")
+    with pytest.raises(ValueError, match="cannot keep 5 of each group of 4"):
+        group_filter_rows(LENGTHS, group_size=4, keep=5)
+    with pytest.raises(ValueError, match="cannot keep 2 of each group of 3 among 8 rows"):
+        group_filter_rows(LENGTHS, group_size=3, keep=2)
