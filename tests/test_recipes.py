@@ -202,6 +202,7 @@ def test_contradictory_recipe_fails_at_start_up(recipe, overrides, message, in_t
 LENGTH_BIAS = {
     "grpo": dict(advantage=advantages.GroupNormalizedAdvantage, aggregation="seq-mean-token-mean"),
     "dr_grpo": dict(advantage=advantages.CenteredAdvantage, aggregation="seq-sum-constant"),
+    "gfpo": dict(advantage=advantages.GroupNormalizedAdvantage, aggregation="token-mean", keep=8),
 }
 
 
@@ -216,6 +217,11 @@ def test_length_bias_configs_run_and_log_length_by_correctness(name, monkeypatch
     assert module.aggregation.mode == LENGTH_BIAS[name]["aggregation"]
     assert module.policy.tokenizer.convert_ids_to_tokens(list(range(12))) == [*map(str, range(10)), "<eos>", "<pad>"]
     assert {"train/bias/length_incorrect", "train/bias/token_weight_long_over_short"} <= set(metrics)
+    keep = LENGTH_BIAS[name].get("keep")
+    assert module.group_filter.keep == keep
+    assert module.last_rollout.num_rows == cli.datamodule.batch_size * (keep or module.group_size)
+    if keep is not None:  # GFPO: the shortest half of each group of 16
+        assert metrics["train/group_filter/length_kept"] < metrics["train/group_filter/length_sampled"]
 
 
 def test_every_recipe_and_loss_shorthand_is_documented():

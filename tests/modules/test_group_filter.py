@@ -3,15 +3,17 @@ metrics, top-ups filtered as the batch is, and refusals that name the option."""
 
 from __future__ import annotations
 
+import math
+
 import lightning.pytorch as pl
 import pytest
 import torch
 
-from rlvr_lightning.advantages import GroupNormalizedAdvantage, RLOOAdvantage
+from rlvr_lightning.advantages import GreedyBaselineAdvantage, GroupNormalizedAdvantage, RLOOAdvantage
 from rlvr_lightning.data import RLVRDataModule, SortTask
-from rlvr_lightning.modules import RLVRModule
+from rlvr_lightning.modules import PPOModule, RLVRModule
 from rlvr_lightning.modules.group_filter import GroupFilterConfig
-from rlvr_lightning.modules.options import DynamicSamplingConfig, UpdateConfig
+from rlvr_lightning.modules.options import DynamicSamplingConfig, ReplayConfig, UpdateConfig
 from rlvr_lightning.rewards import SortAndStopReward
 from rlvr_lightning.runtime.option_domains import OptionValueError
 from tests.modules.test_bias_metrics import policy
@@ -40,6 +42,7 @@ class Metrics(pl.Callback):
 
 
 def fit(module, advantage=None, steps=2):
+    """`advantage`: the AdvantageCallback (None: GRPO's; False: none, for PPOModule)."""
     pl.seed_everything(0)
     reward, metrics = SeenReward(), Metrics()
     trainer = pl.Trainer(
@@ -50,7 +53,7 @@ def fit(module, advantage=None, steps=2):
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
-        callbacks=[reward, advantage or GroupNormalizedAdvantage(), metrics],
+        callbacks=[reward, *([] if advantage is False else [advantage or GroupNormalizedAdvantage()]), metrics],
     )
     trainer.fit(module, RLVRDataModule(SortTask(vocab_size=5, length=3, num_val=0), batch_size=PROMPTS))
     return reward.seen, metrics.steps
@@ -147,3 +150,26 @@ def test_bad_options_name_the_option():
     )
     with pytest.raises(ValueError, match=r"data.batch_size x group_filter.keep = 16 x 3 = 48"):
         fit(module)
+
+
+COMBINATIONS = {
+    "asynchronous rollouts": dict(rollout_staleness=1),
+    "replay": dict(replay=ReplayConfig(size=8)),
+    "epochs and prompt mini-batches": dict(update=UpdateConfig(epochs=2, mini_batch_size=8, shuffle="prompts")),
+}
+
+
+@pytest.mark.parametrize("name", sorted(COMBINATIONS) + ["PPOModule", "ReMax's greedy baseline"])
+def test_the_filter_composes_with_the_other_options(name):
+    filtering = GroupFilterConfig(keep=2, metric="token_efficiency")
+    advantage = GreedyBaselineAdvantage() if name.startswith("ReMax") else None if name != "PPOModule" else False
+    if name == "PPOModule":
+        module = PPOModule(policy(), group_size=4, group_filter=filtering)
+    else:
+        module = RLVRModule(policy(), group_size=4, group_filter=filtering, **COMBINATIONS.get(name, {}))
+    seen, steps = fit(module, advantage=advantage, steps=3)
+    trained = module.last_rollout
+    assert trained.num_rows == PROMPTS * 2 and trained.group_size == 2
+    finite = [value for key, value in steps[-1].items() if not key.startswith("train/bias/")]  # NaN: none correct
+    assert torch.isfinite(trained.advantages).all() and all(math.isfinite(value) for value in finite)
+    assert "train/group_filter/length_kept" in steps[-1]
