@@ -17,7 +17,6 @@ Paths that metrics read are relative to `{run_dir}` and may name `{seed}`. A dir
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -29,7 +28,6 @@ from learning_figure_parts import (  # noqa: E402
     Figure,
     Metric,
     csv_final,
-    csv_mean,
     csv_nth,
     difference,
     json_value,
@@ -41,6 +39,7 @@ from learning_figures_language_models import (  # noqa: E402
     REASONING_GYM_DATASETS,
     language_model_figures,
 )
+from learning_figures_lengths import gfpo_figure, length_bias_figure  # noqa: E402
 
 __all__ = ["ARITHMETIC_MIN_VAL_ACCURACY", "FIGURES", "REASONING_GYM_DATASETS", "RECIPES"]
 
@@ -225,89 +224,6 @@ def sort_figures() -> list[Figure]:
     return figures
 
 
-def length_bias_figure() -> Figure:
-    runs = {recipe: f"{recipe}/version_0/metrics.csv" for recipe in ("grpo", "dr_grpo")}
-    # final train reward (of 3), mean length (tokens) of incorrect and of correct responses, truncated fraction
-    bands = {
-        "grpo": (Band(0.8, 1.2), Band(6.0, 8.5), Band(7.5, 8.8), Band(0.10, 0.20)),
-        "dr_grpo": (Band(1.1, 1.6), Band(4.8, 6.5), Band(5.6, 7.3), Band(0.04, 0.10)),
-    }
-
-    def fit(recipe: str) -> Command:  # the recipes' tokenizer path is relative to the repository
-        return rlvr_fit(f"configs/length_bias/{recipe}.yaml", cwd="repo", log_name=recipe)
-
-    def mean_of(recipe: str, column: str) -> Callable[[Path, int], float]:
-        return csv_mean(runs[recipe], column)
-
-    metrics = []
-    for recipe, path in runs.items():
-        reward, incorrect, correct, truncated = bands[recipe]
-        metrics += [
-            Metric(
-                f"{recipe}_final_train_reward",
-                csv_final(path, "train/reward_mean", 10),
-                reward,
-                f"mean of train/reward_mean over the last 10 steps of {path}",
-            ),
-            Metric(
-                f"{recipe}_length_incorrect",
-                mean_of(recipe, "train/bias/length_incorrect"),
-                incorrect,
-                "mean over the run of train/bias/length_incorrect",
-            ),
-            Metric(
-                f"{recipe}_length_correct",
-                mean_of(recipe, "train/bias/length_correct"),
-                correct,
-                "mean over the run of train/bias/length_correct (steps with a correct response)",
-            ),
-            Metric(
-                f"{recipe}_truncated",
-                mean_of(recipe, "train/generation/truncated_fraction"),
-                truncated,
-                "mean over the run of train/generation/truncated_fraction",
-                percent=True,
-            ),
-        ]
-    metrics += [
-        Metric(
-            "grpo_token_weight_long_over_short",
-            mean_of("grpo", "train/bias/token_weight_long_over_short"),
-            Band(0.4, 0.6),
-            "mean over the GRPO run of train/bias/token_weight_long_over_short",
-        ),
-        Metric(
-            "incorrect_longer_under_grpo",
-            difference(
-                mean_of("grpo", "train/bias/length_incorrect"), mean_of("dr_grpo", "train/bias/length_incorrect")
-            ),
-            Band(0.5),
-            "GRPO's mean incorrect length minus Dr. GRPO's, same seed (tokens)",
-        ),
-        Metric(
-            "correct_longer_under_grpo",
-            difference(mean_of("grpo", "train/bias/length_correct"), mean_of("dr_grpo", "train/bias/length_correct")),
-            Band(0.5),
-            "GRPO's mean correct length minus Dr. GRPO's, same seed (tokens)",
-        ),
-        Metric(
-            "dr_grpo_reward_gain",
-            difference(
-                csv_final(runs["dr_grpo"], "train/reward_mean", 10), csv_final(runs["grpo"], "train/reward_mean", 10)
-            ),
-            Band(0.15),
-            "Dr. GRPO's final train reward minus GRPO's, same seed",
-        ),
-    ]
-    return Figure(
-        "length_bias",
-        "docs/benchmarks.md: GRPO vs Dr. GRPO: response lengths (docs/length_bias.md)",
-        (fit("grpo"), fit("dr_grpo")),
-        tuple(metrics),
-        curves=tuple(Curve(recipe, path, "train/bias/length_incorrect") for recipe, path in runs.items()),
-    )
-
-
 def curriculum_figure(name: str, bench_args: tuple[str, ...], no_filter: Band, filter_: Band, gain: Band) -> Figure:
     """scripts/bench_curriculum.py: configs/sort_curriculum.yaml with and without the difficulty filter, same seed."""
     command = Command(
@@ -343,6 +259,7 @@ def curriculum_figure(name: str, bench_args: tuple[str, ...], no_filter: Band, f
 FIGURES: tuple[Figure, ...] = (
     *sort_figures(),
     length_bias_figure(),
+    gfpo_figure(),
     Figure(
         "sort_ddp",
         "docs/benchmarks.md: Multi-process training",
