@@ -16,7 +16,6 @@ Rows of a rollout come in contiguous groups of ``group_size`` (one group per pro
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 
 import torch
@@ -24,6 +23,7 @@ from torch import Tensor, nn
 from torchmetrics import MeanMetric, Metric
 
 from rlvr_lightning.core.pass_at_k import pass_at_k_tensor
+from rlvr_lightning.grading.answers import majority_vote
 from rlvr_lightning.rollout import Rollout
 
 
@@ -58,15 +58,6 @@ class PassAtK(Metric):
 
     def compute(self) -> Tensor:
         return (self.total / self.prompts.clamp_min(1)).float()
-
-
-def majority_vote(answers: Sequence[str | None]) -> str | None:
-    """The most common non-None answer; ties go to the one seen first; None if there is none."""
-    counts = Counter(a for a in answers if a is not None)
-    if not counts:
-        return None
-    best = max(counts.values())
-    return next(a for a in answers if a is not None and counts[a] == best)
 
 
 class MajorityVoteAccuracy(Metric):

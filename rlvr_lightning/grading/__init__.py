@@ -15,6 +15,7 @@ from rlvr_lightning.grading.answers import (
     extract_gsm8k,
     extract_last_number,
     extract_tagged,
+    majority_vote,
     normalize_answer,
 )
 from rlvr_lightning.grading.math_equivalence import MathVerifier, answers_match
@@ -39,6 +40,7 @@ __all__ = [
     "extract_gsm8k",
     "extract_last_number",
     "extract_tagged",
+    "majority_vote",
     "extract_python_program",
     "normalize_answer",
     "run_python_tests",

@@ -22,6 +22,7 @@ Policy decisions (documented once, tested in ``tests/grading/test_answers.py``):
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from decimal import Decimal
 
@@ -34,6 +35,7 @@ __all__ = [
     "extract_last_number",
     "extract_gsm8k",
     "extract_tagged",
+    "majority_vote",
     "normalize_answer",
 ]
 
@@ -382,3 +384,12 @@ def normalize_answer(s: str | None) -> str:
     s = re.sub(r"\s*([-+*/=^_(){}\[\],])\s*", r"\1", s)
     s = s.rstrip(".")
     return s
+
+
+def majority_vote(answers: Sequence[str | None]) -> str | None:
+    """The most common non-None answer; ties go to the one seen first; None if there is none."""
+    counts = Counter(a for a in answers if a is not None)
+    if not counts:
+        return None
+    best = max(counts.values())
+    return next(a for a in answers if a is not None and counts[a] == best)

@@ -7,6 +7,7 @@ from rlvr_lightning.rewards.format import BoxedFormatReward, R1FormatReward
 from rlvr_lightning.rewards.judge import GenerativeJudgeReward
 from rlvr_lightning.rewards.language import LanguageConsistencyReward
 from rlvr_lightning.rewards.length import CosineLengthReward, LengthReward, OverlongPenalty
+from rlvr_lightning.rewards.majority_vote import MajorityVoteReward
 from rlvr_lightning.rewards.math import MathAccuracyReward
 from rlvr_lightning.rewards.model_reward import ModelReward
 from rlvr_lightning.rewards.reasoning_gym import ReasoningGymReward
@@ -24,6 +25,7 @@ __all__ = [
     "GenerativeJudgeReward",
     "LanguageConsistencyReward",
     "LengthReward",
+    "MajorityVoteReward",
     "MathAccuracyReward",
     "ModelReward",
     "OverlongPenalty",
