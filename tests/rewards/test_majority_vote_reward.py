@@ -70,3 +70,25 @@ def test_a_run_trains_on_agreement_and_watches_the_ground_truth(in_tmp_dir):
     assert step["train/reward_mean"] == pytest.approx(5 / 8)  # the ground truth's weight is 0
     # validation answers once per prompt (each prompt's first response): accuracy is the task reward's, 1 of 2
     assert trainer.callback_metrics["val/accuracy"] == pytest.approx(1 / 2)
+
+
+def ttrl_majority_vote(answers):
+    """TTRL's `_majority_vote` (PRIME-RL/TTRL c46b671, verl/verl/trainer/ppo/ttrl_utils.py) restated on answers
+    already extracted: the most common of the non-None answers by `Counter.most_common(1)`, "None" when there is
+    none."""
+    from collections import Counter
+
+    kept = [answer for answer in answers if answer is not None]
+    if not kept:
+        return "None"
+    return Counter(kept).most_common(1)[0][0]
+
+
+def test_the_vote_is_ttrls_on_random_groups_with_ties():
+    generator = torch.Generator().manual_seed(0)
+    choices = ["1", "2", "3", None]
+    for _ in range(500):
+        size = int(torch.randint(1, 9, (1,), generator=generator))
+        answers = [choices[int(i)] for i in torch.randint(0, 4, (size,), generator=generator)]
+        label = majority_labels(answers, [0] * size)[0]
+        assert (label if label is not None else "None") == ttrl_majority_vote(answers), answers
