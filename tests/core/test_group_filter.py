@@ -39,3 +39,22 @@ def test_bad_arguments_name_what_is_wrong():
         group_filter_rows(LENGTHS, group_size=4, keep=5)
     with pytest.raises(ValueError, match="cannot keep 2 of each group of 3 among 8 rows"):
         group_filter_rows(LENGTHS, group_size=3, keep=2)
+
+
+def trl_gfpo_rows(scores, group_size, keep):
+    """TRL's `GFPOTrainer` selection (huggingface/trl 43c338ae0, trl/experimental/gfpo/gfpo_trainer.py) restated:
+    `torch.topk` of each group's scores, plus the group's first row."""
+    _, local = torch.topk(scores.view(-1, group_size), keep, dim=-1)
+    offsets = torch.arange(0, scores.numel(), group_size).unsqueeze(1)
+    return (offsets + local).flatten()
+
+
+@pytest.mark.parametrize("metric", ["length", "token_efficiency"])
+def test_the_kept_rows_are_trls_on_random_groups(metric):
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(100):
+        rewards = torch.rand(6 * 16, generator=generator, dtype=torch.float64)
+        lengths = torch.randperm(6 * 16, generator=generator).double() + 1  # distinct: no ties to break
+        scores = group_filter_scores(rewards, lengths, metric)
+        ours = group_filter_rows(scores, group_size=16, keep=5)
+        assert torch.equal(ours, trl_gfpo_rows(scores, 16, 5).view(-1, 5).sort(dim=1).values.flatten())
