@@ -130,8 +130,12 @@ class MathVerifier:
 
     # ------------------------------------------------------------------ public API
 
-    def score(self, predictions: Sequence[str | None], golds: Sequence[str | None]) -> tuple[list[float], int]:
-        """Per-row 1.0/0.0 and the number of rows whose judging timed out or crashed."""
+    def score(
+        self, predictions: Sequence[str | None], golds: Sequence[str | None], extract: bool | None = None
+    ) -> tuple[list[float], int]:
+        """Per-row 1.0/0.0 and the number of rows whose judging timed out or crashed; `extract`: whether the
+        predictions are texts to extract an answer from (None: the verifier's `extract`) or answers already."""
+        extract = self.extract if extract is None else extract
         if len(predictions) != len(golds):
             raise ValueError(f"{len(predictions)} predictions but {len(golds)} golds")
         scores = [0.0] * len(predictions)
@@ -140,7 +144,7 @@ class MathVerifier:
         for i, (pred, gold) in enumerate(zip(predictions, golds, strict=True)):
             if pred is None or gold is None:
                 continue
-            ans = extract_answer(pred, self.methods) if self.extract else str(pred)
+            ans = extract_answer(pred, self.methods) if extract else str(pred)
             if not ans or len(ans) > self.max_answer_chars:
                 continue
             gold = str(gold)

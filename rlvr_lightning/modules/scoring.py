@@ -58,13 +58,15 @@ def final_answers(rollout: Rollout, reward_callbacks: Sequence[RewardCallback]) 
 def per_reward_metrics(
     rollout: Rollout, reward_callbacks: Sequence[RewardCallback], prefix: str
 ) -> dict[str, Tensor | float]:
-    """Each reward's mean (`{prefix}/rewards/<name>`) and the rows it failed on since the last call
+    """Each reward's mean (`{prefix}/rewards/<name>`), what else it measured (`{prefix}/rewards/<name>/<key>`,
+    `RewardCallback.pop_metrics`) and the rows it failed on since the last call
     (`{prefix}/reward_errors/<name>`); the rows of all rewards not scored within their time limit
     (`{prefix}/reward_errors/timeout`, among the failures)."""
     metrics: dict[str, Tensor | float] = {}
     timeouts = 0
     for callback in reward_callbacks:
         metrics[f"{prefix}/rewards/{callback.name}"] = rollout.rewards[callback.name].mean()
+        metrics.update({f"{prefix}/rewards/{callback.name}/{key}": v for key, v in callback.pop_metrics().items()})
         timeouts += callback.num_timeouts
         metrics[f"{prefix}/reward_errors/{callback.name}"] = float(callback.pop_errors())
     metrics[f"{prefix}/reward_errors/timeout"] = float(timeouts)

@@ -262,6 +262,11 @@ class RewardCallback(Callback):
             )
             self._failed_since_summary = self._rows_since_summary = 0
 
+    def pop_metrics(self) -> dict[str, float]:
+        """What the reward measured of the rows it scored since the last call beyond their scores, logged as
+        `{prefix}/rewards/<name>/<key>` (e.g. `MajorityVoteReward`'s label accuracy); none by default."""
+        return {}
+
     def pop_errors(self) -> int:
         """The rows that failed since the last call (`num_errors`); resets `num_timeouts` too."""
         errors, self.num_errors, self.num_timeouts = self.num_errors, 0, 0

@@ -41,6 +41,21 @@ def test_scores_agreement_with_the_group_majority_without_a_ground_truth(reward)
     assert scores.tolist() == [1, 1, 0, 0] + [1, 1, 1, 0] + [1, 0, 0, 0] + [0, 0, 0, 0]
     assert reward.kind == "shaping" and reward.is_correct(rollout, scores) is None
     assert reward.name == "majority_vote" and reward.num_errors == 0
+    # the winner's share of its group's responses: 2/4, 2/4 (by string: 1/2 is judged equal, not counted), 1/4, 0
+    assert reward.pop_metrics() == {"majority_ratio": pytest.approx(0.3125)} and reward.pop_metrics() == {}
+
+
+def test_label_accuracy_compares_each_majority_with_the_ground_truth():
+    reward = MajorityVoteReward(workers=1, answer_key="answer")
+    try:
+        golds = ["4", r"\frac{1}{2}", "8", "1"]  # right (4), right (0.5 = 1/2), wrong (7 won the tie), no label
+        metadata = [{"answer": gold} for gold in golds for _ in range(4)]
+        reward.score(make_rollout([text for group in GROUPS for text in group], metadata, group_size=4))
+        assert reward.pop_metrics() == {"majority_ratio": pytest.approx(0.3125), "label_accuracy": 0.5}
+        reward.score(make_rollout(GROUPS[0], group_size=4))  # rows without the key: no label accuracy
+        assert reward.pop_metrics() == {"majority_ratio": 0.5}
+    finally:
+        reward.close()
 
 
 def test_numeric_only_answers_vote_and_others_neither_vote_nor_score():
@@ -60,14 +75,19 @@ def test_a_run_trains_on_agreement_and_watches_the_ground_truth(in_tmp_dir):
         {"prompt": "2 + 2?", "answer": "4", "responses": [r"\boxed{4}", r"\boxed{4}", r"\boxed{5}", "?"]},
         {"prompt": "3 + 3?", "answer": "6", "responses": [r"\boxed{7}", r"\boxed{7}", r"\boxed{6}", r"\boxed{7}"]},
     ]
-    majority = MajorityVoteReward(workers=1)
+    majority = MajorityVoteReward(workers=1, answer_key="answer")
     truth = MathAccuracyReward(workers=1, weight=0.0)
     module = RLVRModule(ScriptedTextPolicy(), group_size=4, optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
-    trainer, recorder = run_trainer(module, [majority, truth], examples, val=examples, batch_size=2, steps=1)
-    step = recorder.steps[-1]
-    assert step["train/rewards/majority_vote"] == pytest.approx(5 / 8)  # 2 of 4, then 3 of 4
-    assert step["train/rewards/math_accuracy"] == pytest.approx(3 / 8)  # 2 of 4, then 1 of 4
-    assert step["train/reward_mean"] == pytest.approx(5 / 8)  # the ground truth's weight is 0
+    trainer, recorder = run_trainer(
+        module, [majority, truth], examples * 2, val=examples, batch_size=2, steps=2, val_check_interval=1
+    )
+    assert len(recorder.steps) == 2
+    for step in recorder.steps:  # the second after a validation, whose greedy rows must not count
+        assert step["train/rewards/majority_vote"] == pytest.approx(5 / 8)  # 2 of 4, then 3 of 4
+        assert step["train/rewards/math_accuracy"] == pytest.approx(3 / 8)  # 2 of 4, then 1 of 4
+        assert step["train/reward_mean"] == pytest.approx(5 / 8)  # the ground truth's weight is 0
+        assert step["train/rewards/majority_vote/majority_ratio"] == pytest.approx(5 / 8)
+        assert step["train/rewards/majority_vote/label_accuracy"] == pytest.approx(1 / 2)  # 4 right, 7 wrong
     # validation answers once per prompt (each prompt's first response): accuracy is the task reward's, 1 of 2
     assert trainer.callback_metrics["val/accuracy"] == pytest.approx(1 / 2)
 
