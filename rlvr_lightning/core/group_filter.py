@@ -10,13 +10,17 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-GROUP_FILTER_METRICS = ("length", "token_efficiency")
+GROUP_FILTER_METRICS = ("length", "token_efficiency", "first")
 
 
 def group_filter_scores(rewards: Tensor, lengths: Tensor, metric: str) -> Tensor:
     """float[N], higher is kept first: `length`, the shortest responses (minus the length); `token_efficiency`,
-    the most reward per token, `r_i / |o_i|` (GFPO sec. 3, "token efficiency"; an empty response counts 1 token)."""
+    the most reward per token, `r_i / |o_i|` (GFPO sec. 3, "token efficiency"; an empty response counts 1 token);
+    `first`, the responses sampled first (TTRL's downsampling, arXiv:2504.16084: the rewards vote over the whole
+    group, the update trains on its first rows)."""
     lengths = lengths.to(torch.float64)
+    if metric == "first":
+        return -torch.arange(lengths.numel(), dtype=torch.float64, device=lengths.device)
     if metric == "length":
         return -lengths
     if metric == "token_efficiency":

@@ -36,7 +36,8 @@ class GroupFilterConfig:
     metric: Annotated[
         str,
         Option(
-            "which responses are kept: length (the shortest) or token_efficiency (the most reward per token).",
+            "which responses are kept: length (the shortest), token_efficiency (the most reward per token) or "
+            "first (the first sampled: TTRL's downsampling).",
             OneOf(GROUP_FILTER_METRICS),
         ),
     ] = "length"

@@ -21,7 +21,8 @@ ground truth (TTRL's label accuracy; the ground truth is read for that alone). V
 Agreement is not correctness, so the reward's `kind` is "shaping": validation accuracy, pass@k and maj@k come from
 a task reward such as `MathAccuracyReward`, which a label-free run adds with `weight: 0` to watch how often the
 majority is right (`train/rewards/math_accuracy`) without training on it. A vote needs several responses per
-prompt: `group_size` 8 or more (TTRL votes over 64 and trains on 32, which `group_filter` can mimic).
+prompt: `group_size` 8 or more (TTRL votes over 64 and trains on the first 32: `group_filter: {keep: 32, metric:
+first}`).
 """
 
 from __future__ import annotations

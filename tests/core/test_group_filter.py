@@ -26,6 +26,11 @@ def test_token_efficiency_keeps_the_most_reward_per_token():
     assert group_filter_rows(scores, group_size=4, keep=1).tolist() == [3, 5]
 
 
+def test_first_keeps_the_rows_sampled_first():
+    scores = group_filter_scores(REWARDS, LENGTHS, "first")
+    assert group_filter_rows(scores, group_size=4, keep=3).tolist() == [0, 1, 2, 4, 5, 6]
+
+
 def test_equal_scores_keep_the_earlier_rows():
     scores = group_filter_scores(torch.zeros(6), torch.full((6,), 4.0), "token_efficiency")
     assert group_filter_rows(scores, group_size=3, keep=2).tolist() == [0, 1, 3, 4]
@@ -33,7 +38,7 @@ def test_equal_scores_keep_the_earlier_rows():
 
 
 def test_bad_arguments_name_what_is_wrong():
-    with pytest.raises(ValueError, match="metric='longest'.*length, token_efficiency"):
+    with pytest.raises(ValueError, match="metric='longest'.*length, token_efficiency, first"):
         group_filter_scores(REWARDS, LENGTHS, "longest")
     with pytest.raises(ValueError, match="cannot keep 5 of each group of 4"):
         group_filter_rows(LENGTHS, group_size=4, keep=5)
