@@ -1,5 +1,5 @@
-"""The golden runs: every shipped toy recipe on the sort task for a few rollout steps, seed 0, one thread, and
-the per-step metrics of its CSV log.
+"""The golden runs: every shipped toy recipe on the sort task, and the length-bias configs' tiny language model
+(configs/length_bias/), for a few rollout steps, seed 0, one thread, and the per-step metrics of its CSV log.
 
     python -m tests.golden.runs --out trajectories.json [NAME ...]   # in a process pinned by `pinned_environment`
 
@@ -42,7 +42,8 @@ PINNED = {
     "WANDB_SILENT": "true",
     "HF_HUB_OFFLINE": "1",
 }
-IGNORED_PREFIXES = ("time/",)  # wall-clock timings: the only columns that differ between identical runs
+IGNORED_PREFIXES = ("time/",)  # wall-clock timings: the only columns that differ between identical runs,
+IGNORED_SUFFIXES = ("_seconds", "/tokens_per_second")  # with the language models' generation timings
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,7 @@ class GoldenRun:
     name: str
     config: str  # relative to the repository
     overrides: tuple[str, ...] = ()
+    in_repository: bool = False  # run from the repository's root (a config naming files relative to it)
 
     def argv(self, workdir: Path) -> list[str]:
         logger = {
@@ -79,7 +81,8 @@ def _rollout_steps(steps: int) -> tuple[str, ...]:
 
 
 def golden_runs() -> list[GoldenRun]:
-    """sort_lecture, sort_grpo, every RL recipe in configs/recipes, SFT and expert iteration."""
+    """sort_lecture, sort_grpo, every RL recipe in configs/recipes, SFT and expert iteration, and the length-bias
+    configs (GRPO, Dr. GRPO, GFPO: a tiny Llama, the language-model path of sampling, scoring and update)."""
     runs = [GoldenRun(name, f"configs/{name}.yaml", _rollout_steps(STEPS)) for name in ("sort_lecture", "sort_grpo")]
     for path in sorted(RECIPES.glob("*.yaml")):
         if path.stem == "sft":
@@ -89,6 +92,9 @@ def golden_runs() -> list[GoldenRun]:
         else:
             overrides = _rollout_steps(STEPS)
         runs.append(GoldenRun(f"recipe_{path.stem}", f"configs/recipes/{path.stem}.yaml", overrides))
+    for name in ("grpo", "dr_grpo", "gfpo"):
+        config = f"configs/length_bias/{name}.yaml"
+        runs.append(GoldenRun(f"length_bias_{name}", config, _rollout_steps(STEPS), in_repository=True))
     return runs
 
 
@@ -106,14 +112,24 @@ def read_metrics(path: Path) -> list[dict[str, float]]:
     """Every row of a Lightning CSV log: its non-empty cells (NaN stays NaN), timings left out."""
     with path.open(newline="") as handle:
         rows = list(csv.DictReader(handle))
-    return [{k: float(v) for k, v in row.items() if v != "" and not k.startswith(IGNORED_PREFIXES)} for row in rows]
+    return [
+        {
+            k: float(v)
+            for k, v in row.items()
+            if v != "" and not k.startswith(IGNORED_PREFIXES) and not k.endswith(IGNORED_SUFFIXES)
+        }
+        for row in rows
+    ]
 
 
 def trajectory(run: GoldenRun) -> list[dict[str, float]]:
     """`run`'s per-step metrics, from a fresh directory."""
     from rlvr_lightning.cli import main
 
-    with tempfile.TemporaryDirectory(prefix=f"golden_{run.name}_") as tmp, contextlib.chdir(tmp):
+    with (
+        tempfile.TemporaryDirectory(prefix=f"golden_{run.name}_") as tmp,
+        contextlib.chdir(ROOT if run.in_repository else tmp),
+    ):
         workdir = Path(tmp)
         if run.name == "recipe_sft":
             write_sft_pairs(workdir / "runs" / "sft_sort" / "train.jsonl")

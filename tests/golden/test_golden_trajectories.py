@@ -1,7 +1,8 @@
 """Golden trajectories: every shipped toy recipe (configs/sort_lecture.yaml, configs/sort_grpo.yaml, every config
-in configs/recipes) rerun for 20 rollout steps on seed 0 and one thread must log, step by step, the metrics
-stored in tests/golden/NAME.json (rewards, loss, gradient norm, KL, entropy, clip fractions, ratios, validation
-accuracy: every column of the CSV log but the timings), up to float noise.
+in configs/recipes) and the length-bias configs' tiny language model (configs/length_bias/) rerun for 20 rollout
+steps on seed 0 and one thread must log, step by step, the metrics stored in tests/golden/NAME.json (rewards,
+loss, gradient norm, KL, entropy, clip fractions, ratios, validation accuracy: every column of the CSV log but the
+timings), up to float noise.
 
 A change that moves a trajectory is deliberate: regenerate the files in the same commit, with its reason,
 
