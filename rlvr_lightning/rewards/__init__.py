@@ -7,6 +7,7 @@ from rlvr_lightning.rewards.format import BoxedFormatReward, R1FormatReward
 from rlvr_lightning.rewards.judge import GenerativeJudgeReward
 from rlvr_lightning.rewards.language import LanguageConsistencyReward
 from rlvr_lightning.rewards.length import CosineLengthReward, LengthReward, OverlongPenalty
+from rlvr_lightning.rewards.log_likelihood import MeanLogProbReward
 from rlvr_lightning.rewards.majority_vote import MajorityVoteReward
 from rlvr_lightning.rewards.math import MathAccuracyReward
 from rlvr_lightning.rewards.model_reward import ModelReward
@@ -27,6 +28,7 @@ __all__ = [
     "LengthReward",
     "MajorityVoteReward",
     "MathAccuracyReward",
+    "MeanLogProbReward",
     "ModelReward",
     "OverlongPenalty",
     "R1FormatReward",
