@@ -58,3 +58,18 @@ def test_a_language_model_trains_on_it_alone(tmp_path, monkeypatch):
     assert (expected < 0).all() and rollout.rewards["sort_and_stop"].max() >= 0
     assert torch.isfinite(cli.trainer.callback_metrics["train/loss"])
     assert cli.trainer.callback_metrics["train/rewards/mean_log_prob"] == pytest.approx(float(expected.mean()))
+
+
+def emrl_sequence_rewards(log_probs, lengths):
+    """The authors' `EMRLSequenceRewardManager.__call__` (chotkrin/EM_PT 8428ba9, EM-RL/verl) restated: each
+    response's `old_log_probs[:valid_response_length].mean()`."""
+    return torch.stack([row[:length].mean() for row, length in zip(log_probs, lengths, strict=True)])
+
+
+def test_equal_to_the_authors_reward_on_random_single_turn_rows():
+    generator = torch.Generator().manual_seed(0)
+    lengths = torch.randint(1, 9, (32,), generator=generator).tolist()
+    rollout = make_rollout(["x" * n for n in lengths], lengths=lengths)
+    log_probs = -torch.rand(32, 8, generator=generator) * 5
+    rollout.sampling_log_probs = log_probs * rollout.response_mask  # 0 where masked, as the generators record
+    assert torch.allclose(MeanLogProbReward()(rollout), emrl_sequence_rewards(log_probs, lengths))
