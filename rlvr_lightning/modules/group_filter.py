@@ -1,9 +1,9 @@
 """GFPO (Shrivastava et al. 2025, arXiv:2508.09726): sample `group_size` responses per prompt, train on `keep`.
 
-After scoring, each group keeps the `keep` responses that `metric` ranks first (the shortest, or the most reward
-per token) and the rest leave the step: advantages are computed over the kept responses alone (GFPO's
-`(r_i - mean_S) / std_S` over the retained set S) and only they are scored for log-probs and trained on. The
-paper's adaptive-difficulty variant, which keeps more of a hard prompt's responses, is not offered: every group
+After scoring, each group keeps the `keep` responses that `metric` ranks first (the shortest, the most reward per
+token, or the first sampled) and the rest leave the step: advantages are computed over the kept responses alone
+(GFPO's `(r_i - mean_S) / std_S` over the retained set S) and only they are scored for log-probs and trained on.
+The paper's adaptive-difficulty variant, which keeps more of a hard prompt's responses, is not offered: every group
 keeps the same number, so the advantage estimators and the update see groups of `keep`.
 """
 

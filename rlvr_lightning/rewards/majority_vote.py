@@ -8,11 +8,11 @@ arXiv:2504.16084, sec. 2): 1 when a response's final answer equals the majority 
         - class_path: rlvr_lightning.rewards.MathAccuracyReward   # the ground truth, watched only
           init_args: {methods: [boxed], numeric_only: true, weight: 0.0}
 
-No ground truth is read. Each response's answer is extracted as `MathAccuracyReward` extracts it; the responses to
-one prompt (equal `group_index`) vote with their normalised answers, the most common wins (a tie goes to the answer
-seen first, `grading.majority_vote`; a response without an answer does not vote), and every response is judged
-against the winner by math-verify, as against a ground truth (`0.5` and `\\frac{1}{2}` agree). A prompt none of
-whose responses has an answer scores 0 throughout.
+The score reads no ground truth. Each response's answer is extracted as `MathAccuracyReward` extracts it; the
+responses to one prompt (equal `group_index`) vote with their normalised answers, the most common wins (a tie goes
+to the answer seen first, `grading.majority_vote`; a response without an answer does not vote), and every response
+is judged against the winner by math-verify, as against a ground truth (`0.5` and `\\frac{1}{2}` agree). A prompt
+none of whose responses has an answer scores 0 throughout.
 
 Logged beside its mean (`train/rewards/majority_vote/...`): `majority_ratio`, the winner's share of its group's
 responses (TTRL's), and with `answer_key`, `label_accuracy`, the share of prompts whose majority answer equals the
