@@ -3,6 +3,7 @@ beside their options (in Python), and `rlvr`'s check of the parsed config before
 lines, exit status 2)."""
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -113,14 +114,15 @@ def test_a_bad_value_in_a_config_file_names_its_line(in_tmp_dir, capsys):
     ]
 
 
-def test_an_absurd_model_size_is_refused_from_an_estimate_before_allocation(capsys, monkeypatch):
+def test_an_absurd_model_size_is_refused_from_an_estimate_before_allocation(capsys, monkeypatch, in_tmp_dir):
     def allocate(*args, **kwargs):
         raise AssertionError("the model was allocated")
 
     monkeypatch.setattr("transformers.AutoModelForCausalLM.from_config", allocate)
     for size in ("num_hidden_layers=1000000", "hidden_size=10000000"):
         option = f"model.init_args.policy.init_args.model.config.{size}"
-        code, lines = run(capsys, "fit", "--config", TINY_LM, f"--{option}", *QUIET)
+        tokenizer = f"--model.init_args.policy.init_args.model.tokenizer={Path(TINY_LM).parent / 'digits_tokenizer'}"
+        code, lines = run(capsys, "fit", "--config", TINY_LM, tokenizer, f"--{option}", *QUIET)
         assert code == 2 and len(lines) <= 5
         assert lines[0].startswith("error: model.config: the model it describes has about "), lines
         assert "GiB of memory is available" in lines[0]

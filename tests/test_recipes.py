@@ -207,11 +207,12 @@ LENGTH_BIAS = {
 
 
 @pytest.mark.parametrize("name", sorted(LENGTH_BIAS))
-def test_length_bias_configs_run_and_log_length_by_correctness(name, monkeypatch):
-    # the configs name their tokenizer relative to the repository root, as scripts/compare.py runs them
-    monkeypatch.chdir(RECIPES_DIR.parents[1])
+def test_length_bias_configs_run_and_log_length_by_correctness(name, in_tmp_dir):
+    # the configs name their tokenizer relative to the repository root, as scripts/compare.py runs them; here, in a
+    # directory of its own (another test may run the same config's name at the same time), it is made absolute
     path = RECIPES_DIR.parent / "length_bias" / f"{name}.yaml"
-    cli = main(["fit", "--config", str(path), *QUICK[:1], "--trainer.limit_val_batches=0", *QUICK[3:]])
+    tokenizer = f"--model.init_args.policy.init_args.model.tokenizer={path.parent / 'digits_tokenizer'}"
+    cli = main(["fit", "--config", str(path), tokenizer, *QUICK[:1], "--trainer.limit_val_batches=0", *QUICK[3:]])
     module, metrics = cli.model, cli.trainer.callback_metrics
     assert type(module.advantage_estimator) is LENGTH_BIAS[name]["advantage"]
     assert module.aggregation.mode == LENGTH_BIAS[name]["aggregation"]

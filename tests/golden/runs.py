@@ -51,7 +51,6 @@ class GoldenRun:
     name: str
     config: str  # relative to the repository
     overrides: tuple[str, ...] = ()
-    in_repository: bool = False  # run from the repository's root (a config naming files relative to it)
 
     def argv(self, workdir: Path) -> list[str]:
         logger = {
@@ -72,8 +71,10 @@ class GoldenRun:
         ]
 
     def command(self) -> str:
-        """The run as a command line (the log and root directory left to `rlvr`'s defaults)."""
-        return " ".join(["rlvr fit --config", self.config, "--seed_everything=0 --torch_threads=1", *self.overrides])
+        """The run as a command line from the repository's root (the log and root directory left to `rlvr`'s
+        defaults)."""
+        overrides = [option.replace(f"{ROOT}{os.sep}", "") for option in self.overrides]
+        return " ".join(["rlvr fit --config", self.config, "--seed_everything=0 --torch_threads=1", *overrides])
 
 
 def _rollout_steps(steps: int) -> tuple[str, ...]:
@@ -92,9 +93,11 @@ def golden_runs() -> list[GoldenRun]:
         else:
             overrides = _rollout_steps(STEPS)
         runs.append(GoldenRun(f"recipe_{path.stem}", f"configs/recipes/{path.stem}.yaml", overrides))
+    # each run in a fresh directory: the configs' tokenizer, named relative to the repository, made absolute
+    tokenizer = ROOT / "configs" / "length_bias" / "digits_tokenizer"
     for name in ("grpo", "dr_grpo", "gfpo"):
-        config = f"configs/length_bias/{name}.yaml"
-        runs.append(GoldenRun(f"length_bias_{name}", config, _rollout_steps(STEPS), in_repository=True))
+        overrides = (*_rollout_steps(STEPS), f"--model.init_args.policy.init_args.model.tokenizer={tokenizer}")
+        runs.append(GoldenRun(f"length_bias_{name}", f"configs/length_bias/{name}.yaml", overrides))
     return runs
 
 
@@ -128,7 +131,7 @@ def trajectory(run: GoldenRun) -> list[dict[str, float]]:
 
     with (
         tempfile.TemporaryDirectory(prefix=f"golden_{run.name}_") as tmp,
-        contextlib.chdir(ROOT if run.in_repository else tmp),
+        contextlib.chdir(tmp),
     ):
         workdir = Path(tmp)
         if run.name == "recipe_sft":

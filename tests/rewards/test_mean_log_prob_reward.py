@@ -38,8 +38,9 @@ def test_a_response_without_tokens_scores_the_failure_value_and_no_log_probs_fai
 
 
 def test_a_language_model_trains_on_it_alone(tmp_path, monkeypatch):
-    monkeypatch.chdir(LENGTH_BIAS.parents[1])  # the config names its tokenizer relative to the repository
+    monkeypatch.chdir(tmp_path)
     config = yaml.safe_load((LENGTH_BIAS / "grpo.yaml").read_text())
+    config["model"]["init_args"]["policy"]["init_args"]["model"]["tokenizer"] = str(LENGTH_BIAS / "digits_tokenizer")
     config["trainer"]["callbacks"] = [
         {"class_path": "rlvr_lightning.rewards.MeanLogProbReward"},
         {"class_path": "rlvr_lightning.rewards.SortAndStopReward", "init_args": {"stop": "any", "weight": 0.0}},
