@@ -147,14 +147,7 @@ class RLVRModule(PolicyModule):
         if rollout_staleness and rollout_is.mode is None:
             rollout_is = dataclasses.replace(rollout_is, mode="token_mask")  # AReaL: tokens over the cap drop out
         self.rollout_is = rollout_is
-        self.reference = policy.create_reference() if kl.coef != 0 or self.loss.reads_reference else None
-        check_distillation(teacher, distillation, policy)
-        self.teacher = make_teacher(teacher, policy)  # frozen: off the module tree; a SelfTeacher's copy: in it
-        self.policy_update = PolicyUpdate(
-            policy, self.loss, aggregation, kl, self.reference, rollout_is, update, entropy_coef, self.sampling,
-            teacher=self.teacher, distillation=distillation, positive_nll_coef=positive_nll_coef,
-        )  # fmt: skip
-        self.loss_constant = self.policy_update.loss_constant  # seq-sum-constant's divisor
+        self._build_update(policy, entropy_coef, teacher, distillation, positive_nll_coef)
         self.replay = replay_buffer(replay, self.policy_update)
         self.advantage_estimator: AdvantageCallback | None = None
         self.topup_prompts = TopUpPrompts()
@@ -162,6 +155,19 @@ class RLVRModule(PolicyModule):
         self.async_rollouts = (
             AsyncRollouts(policy, group_size, self.sampling, rollout_staleness) if rollout_staleness else None
         )
+
+    def _build_update(
+        self, policy: Policy, entropy_coef: float, teacher, distillation, positive_nll_coef: float
+    ) -> None:
+        """The inner update and the frozen models it reads: the KL reference and the distillation teacher."""
+        self.reference = policy.create_reference() if self.kl.coef != 0 or self.loss.reads_reference else None
+        check_distillation(teacher, distillation, policy)
+        self.teacher = make_teacher(teacher, policy)  # frozen: off the module tree; a SelfTeacher's copy: in it
+        self.policy_update = PolicyUpdate(
+            policy, self.loss, self.aggregation, self.kl, self.reference, self.rollout_is, self.update, entropy_coef,
+            self.sampling, teacher=self.teacher, distillation=distillation, positive_nll_coef=positive_nll_coef,
+        )  # fmt: skip
+        self.loss_constant = self.policy_update.loss_constant  # seq-sum-constant's divisor
 
     # ----------------------------------------------------------------- set-up
 
