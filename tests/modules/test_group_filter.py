@@ -5,18 +5,18 @@ from __future__ import annotations
 
 import math
 
-import lightning.pytorch as pl
 import pytest
 import torch
 
 from rlvr_lightning.advantages import GreedyBaselineAdvantage, GroupNormalizedAdvantage, RLOOAdvantage
-from rlvr_lightning.data import RLVRDataModule, SortTask
 from rlvr_lightning.modules import PPOModule, RLVRModule
 from rlvr_lightning.modules.group_filter import GroupFilterConfig
 from rlvr_lightning.modules.options import DynamicSamplingConfig, ReplayConfig, UpdateConfig
 from rlvr_lightning.rewards import SortAndStopReward
 from rlvr_lightning.runtime.option_domains import OptionValueError
+from tests.modules.test_bias_metrics import fit as bias_metrics_fit
 from tests.modules.test_bias_metrics import policy
+from tests.rewards.test_math_reward import Recorder
 
 PROMPTS = 16
 
@@ -33,29 +33,12 @@ class SeenReward(SortAndStopReward):
         return super().score(rollout)
 
 
-class Metrics(pl.Callback):
-    def __init__(self):
-        self.steps = []
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        self.steps.append({k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("train/")})
-
-
 def fit(module, advantage=None, steps=2):
-    """`advantage`: the AdvantageCallback (None: GRPO's; False: none, for PPOModule)."""
-    pl.seed_everything(0)
-    reward, metrics = SeenReward(), Metrics()
-    trainer = pl.Trainer(
-        max_epochs=1,
-        limit_train_batches=steps,
-        limit_val_batches=0,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[reward, *([] if advantage is False else [advantage or GroupNormalizedAdvantage()]), metrics],
-    )
-    trainer.fit(module, RLVRDataModule(SortTask(vocab_size=5, length=3, num_val=0), batch_size=PROMPTS))
+    """`advantage`: the AdvantageCallback (None: GRPO's; False: none, for PPOModule). The rollouts scored (the whole
+    sample) and each step's metrics."""
+    reward, metrics = SeenReward(), Recorder()
+    advantages = [] if advantage is False else [advantage or GroupNormalizedAdvantage()]
+    bias_metrics_fit(module, [reward, *advantages, metrics], steps=steps)  # 16 prompts a step, as PROMPTS says
     return reward.seen, metrics.steps
 
 
