@@ -25,6 +25,8 @@ Shapes (documented here once; everything else refers to them):
     teacher_top_ids long[N, T, k]  ... and their ids (`distillation.mode: topk_logits`; 0 where masked)
     teacher_rows    bool[N]        the rows the teacher scored (`SelfTeacher`: those with a demonstration);
                                    None: every row
+    demonstration_rows bool[N]     the rows whose response is a demonstration from the data, not sampled
+                                   (`RLVRModule`'s `demonstrations`, LUFFY); None: every response was sampled
     sampling_log_probs float[N, T] log-probs the generator recorded while sampling (an inference engine's
                                    kernels and precision may differ from the trainer's; no grad); 0 where masked
     response_source long[N, T]     where each response token came from (`TokenSource`: PAD, SAMPLED, TOOL,
@@ -98,6 +100,7 @@ class Rollout:
     teacher_top_log_probs: Tensor | None = None
     teacher_top_ids: Tensor | None = None
     teacher_rows: Tensor | None = None
+    demonstration_rows: Tensor | None = None
     sampling_log_probs: Tensor | None = None
     response_source: Tensor | None = None
     values: Tensor | None = None
@@ -243,6 +246,7 @@ class Rollout:
             teacher_top_log_probs=cat("teacher_top_log_probs", response_len),
             teacher_top_ids=cat("teacher_top_ids", response_len),
             teacher_rows=cat("teacher_rows"),
+            demonstration_rows=_demonstration_rows(rollouts),
             sampling_log_probs=cat("sampling_log_probs", response_len),
             response_source=cat("response_source", response_len),
             values=cat("values", response_len),
@@ -274,3 +278,17 @@ def _pad_columns(tensor: Tensor, width: int, left: bool) -> Tensor:
         return tensor
     pad = tensor.new_zeros(tensor.shape[0], missing, *tensor.shape[2:])
     return torch.cat([pad, tensor] if left else [tensor, pad], dim=1)
+
+
+def _demonstration_rows(rollouts: list[Rollout]) -> Tensor | None:
+    """The parts' `demonstration_rows` joined, a part without them sampled every row (None: no part has any)."""
+    parts = [r.demonstration_rows for r in rollouts]
+    if all(p is None for p in parts):
+        return None
+    device = next(p.device for p in parts if p is not None)
+    return torch.cat(
+        [
+            p if p is not None else torch.zeros(r.num_rows, dtype=torch.bool, device=device)
+            for p, r in zip(parts, rollouts, strict=True)
+        ]
+    )

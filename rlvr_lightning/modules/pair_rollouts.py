@@ -30,7 +30,7 @@ def _is_token_list(value: Any) -> bool:
     return isinstance(value, (list, tuple)) and all(isinstance(t, int) for t in value)
 
 
-def _response_ids(policy: Policy, response: Any) -> list[int]:
+def response_token_ids(policy: Policy, response: Any) -> list[int]:
     """Token ids of one response. Text is tokenised without special tokens and ends with EOS
     (so the model learns to stop); token-id lists are taken as they are."""
     if _is_token_list(response):
@@ -77,7 +77,7 @@ def pair_rollout(
                     f"{type(policy).__name__} takes prompts as token-id lists; prompt {i} is {type(prompt).__name__}"
                 )
         prompt_ids_list, prompt_text, pad_id = [list(p) for p in prompts], None, 0
-    response_ids_list = [_response_ids(policy, response) for response in responses]
+    response_ids_list = [response_token_ids(policy, response) for response in responses]
     for name, rows, expected in (
         ("prompt", prompt_ids_list, getattr(policy, "prompt_length", None)),
         ("response", response_ids_list, getattr(policy, "response_length", None)),

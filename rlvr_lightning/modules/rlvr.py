@@ -39,6 +39,12 @@ from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.modules.advantage_choice import choose_advantage_estimator
 from rlvr_lightning.modules.async_rollouts import AsyncRollouts
 from rlvr_lightning.modules.bias_metrics import bias_metrics
+from rlvr_lightning.modules.demonstrations import (
+    DemonstrationConfig,
+    add_demonstrations,
+    check_demonstrations,
+    demonstration_metrics,
+)
 from rlvr_lightning.modules.distillation import DistillationConfig, check_distillation, make_teacher
 from rlvr_lightning.modules.dynamic_sampling import TopUpPrompts, keep_informative_groups
 from rlvr_lightning.modules.group_filter import GroupFilterConfig, filter_groups
@@ -56,7 +62,7 @@ from rlvr_lightning.modules.options import (
 )
 from rlvr_lightning.modules.policy_module import PolicyModule
 from rlvr_lightning.modules.replay_buffer import load_ranks_state_dict, ranks_state_dict, replay_buffer
-from rlvr_lightning.modules.scoring import reward_metrics
+from rlvr_lightning.modules.scoring import correct_rows, reward_metrics
 from rlvr_lightning.modules.self_distillation import SelfTeacher
 from rlvr_lightning.modules.step_metrics import publish_step_metrics
 from rlvr_lightning.modules.update.policy_update import PolicyUpdate
@@ -90,8 +96,8 @@ class RLVRModule(PolicyModule):
             PolicyLoss | str,
             Option(
                 "the per-token policy loss: pg | ratio | ppo_clip | gspo | cispo | sapo | luspo | vespo | gmpo | "
-                "dppo | clip_cov | kl_cov | topr | gppo | high_entropy | entropy_shaped | astar_po, or a PolicyLoss by "
-                "class_path (e.g. rlvr_lightning.core.PPOClip)."
+                "dppo | clip_cov | kl_cov | topr | gppo | high_entropy | entropy_shaped | astar_po | luffy, or a "
+                "PolicyLoss by class_path (e.g. rlvr_lightning.core.PPOClip)."
             ),
         ] = "ppo_clip",
         aggregation: Annotated[AggregationConfig, Option("token losses to the scalar.")] = AggregationConfig(),
@@ -114,6 +120,9 @@ class RLVRModule(PolicyModule):
         group_filter: Annotated[
             GroupFilterConfig, Option("GFPO: train on `keep` of the group_size responses sampled per prompt.")
         ] = GroupFilterConfig(),
+        demonstrations: Annotated[
+            DemonstrationConfig, Option("LUFFY: rows of each group that are the prompt's demonstration, not sampled.")
+        ] = DemonstrationConfig(),
         update: Annotated[UpdateConfig, Option("the inner update (epochs, mini- and micro-batches).")] = UpdateConfig(),
         validation: Annotated[ValidationConfig, Option("how validation samples.")] = ValidationConfig(),
         teacher: Annotated[
@@ -143,6 +152,8 @@ class RLVRModule(PolicyModule):
         check_option_groups(self.loss, self.sampling, group_size, self.trained_group_size, dynamic_sampling, update,
                             replay, aggregation)  # fmt: skip
         self.group_size, self.rollout_staleness, self.group_filter = group_size, rollout_staleness, group_filter
+        self.demonstrations, self.sampled_group_size = demonstrations, demonstrations.sampled_group_size(group_size)
+        check_demonstrations(demonstrations, self.loss, group_filter, replay, rollout_is, rollout_staleness, teacher)
         self.aggregation, self.kl, self.dynamic_sampling, self.update = aggregation, kl, dynamic_sampling, update
         if rollout_staleness and rollout_is.mode is None:
             rollout_is = dataclasses.replace(rollout_is, mode="token_mask")  # AReaL: tokens over the cap drop out
@@ -231,6 +242,7 @@ class RLVRModule(PolicyModule):
             report_stage("score")
             self.score(rollout)
             metrics.update(retire_solved_prompts(self, rollout))  # before dynamic sampling drops solved groups
+            metrics.update(demonstration_metrics(rollout))
             rollout = self._filter_groups(rollout, metrics)
             if self.dynamic_sampling.enabled:
                 rollout = self._dynamic_sampling(rollout, metrics)
@@ -248,7 +260,7 @@ class RLVRModule(PolicyModule):
             self._penalize_reward_with_kl(rollout, metrics)
         reads_correctness = getattr(self.advantage_estimator, "reads_correctness", False)  # PPOModule has none
         if self.policy_update.positive_nll_coef or reads_correctness:
-            rollout.correct = self._correct_rows(correct, rollout)
+            rollout.correct = correct_rows(correct, rollout, self.advantage_estimator)
         rollout.advantages = self._advantages(rollout, metrics)
         if self.replay is not None:  # groups whose rewards all agree give way to groups trained on before
             rollout, stats = self.replay.refill(rollout, self.rollout_step)
@@ -276,7 +288,7 @@ class RLVRModule(PolicyModule):
         `rollout_staleness=1` it was sampled during the previous step's update; at the first step there is none
         yet (None): `batch` is sampled for the next step."""
         if self.async_rollouts is None:
-            return self.policy.sample(batch, self.group_size, self.sampling), None
+            return self._with_demonstrations(self.policy.sample(batch, self.sampled_group_size, self.sampling)), None
         sampled = self.async_rollouts.take(batch, self.trainer.global_step)
         if sampled is None:
             return None, None
@@ -288,8 +300,14 @@ class RLVRModule(PolicyModule):
     def _sample_now(self, batch: PromptBatch) -> Rollout:
         """`batch` sampled now with the current weights (dynamic sampling's top-ups)."""
         if self.async_rollouts is None:
-            return self.policy.sample(batch, self.group_size, self.sampling)
+            return self._with_demonstrations(self.policy.sample(batch, self.sampled_group_size, self.sampling))
         return self.async_rollouts.sample_now(batch, self.trainer.global_step).rollout  # nothing is in flight yet
+
+    def _with_demonstrations(self, sampled: Rollout) -> Rollout:
+        """`sampled` with each group's demonstrations added (LUFFY), or as it is."""
+        return (
+            add_demonstrations(self.policy, sampled, self.demonstrations) if self.demonstrations.per_group else sampled
+        )
 
     def _greedy_rewards(self, batch: PromptBatch, metrics: dict) -> Tensor:
         """The reward of a greedy response to each prompt of `batch`, one per row of its rollout (ReMax's baseline);
@@ -300,18 +318,6 @@ class RLVRModule(PolicyModule):
         self.score(greedy)
         metrics["train/greedy_reward_mean"] = greedy.reward.mean()
         return greedy.reward.repeat_interleave(self.group_size)
-
-    def _correct_rows(self, correct: Tensor | None, rollout: Rollout) -> Tensor:
-        if correct is None:
-            estimator = self.advantage_estimator
-            reader = type(estimator).__name__ if getattr(estimator, "reads_correctness", False) else None
-            what = reader or "positive_nll_coef > 0"
-            raise ValueError(
-                f"{what} trains on which responses are correct, but no reward can tell a correct one (is_correct "
-                f"returned None): add the task's reward (MathAccuracyReward, ...)"
-                + ("" if reader else " or set positive_nll_coef 0")
-            )
-        return correct.to(rollout.response_mask.device)
 
     def _advantages(self, rollout: Rollout, metrics: dict) -> Tensor:
         """The rollout's advantages (a hook: `PPOModule` estimates them with GAE from its critic)."""

@@ -45,6 +45,20 @@ def correctness(rollout: Rollout, reward_callbacks: Sequence[RewardCallback], ki
     return None
 
 
+def correct_rows(correct: Tensor | None, rollout: Rollout, estimator) -> Tensor:
+    """`correct` on the rollout's device, for the update or an advantage estimator that reads which responses are
+    correct (VAPO's positive-example loss, W-REINFORCE); an error that names the reader when no reward can tell."""
+    if correct is None:
+        reader = type(estimator).__name__ if getattr(estimator, "reads_correctness", False) else None
+        what = reader or "positive_nll_coef > 0"
+        raise ValueError(
+            f"{what} trains on which responses are correct, but no reward can tell a correct one (is_correct "
+            f"returned None): add the task's reward (MathAccuracyReward, ...)"
+            + ("" if reader else " or set positive_nll_coef 0")
+        )
+    return correct.to(rollout.response_mask.device)
+
+
 def final_answers(rollout: Rollout, reward_callbacks: Sequence[RewardCallback]) -> list[str | None] | None:
     """The answers the first task reward that can extract them reads from the responses (majority vote)."""
     for callback in reward_callbacks:

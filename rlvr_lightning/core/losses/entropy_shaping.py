@@ -49,8 +49,9 @@ class EntropyShapedAdvantage(PolicyLoss):
                 f"EntropyShapedAdvantage: kappa must be > 1 (the cap |A|/kappa keeps A's sign), got {kappa}"
             )
         self.loss = policy_loss(loss, "loss.init_args.loss")
-        if self.loss.selects_tokens:
-            raise ValueError(f"EntropyShapedAdvantage: {type(self.loss).__name__} picks tokens; wrap another loss")
+        if self.loss.selects_tokens or self.loss.reads_demonstrations:
+            what = "picks tokens" if self.loss.selects_tokens else "reads demonstrations"
+            raise ValueError(f"EntropyShapedAdvantage: {type(self.loss).__name__} {what}; wrap another loss")
         self.alpha, self.kappa = alpha, kappa
 
     @property

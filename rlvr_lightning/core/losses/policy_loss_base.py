@@ -66,6 +66,8 @@ class PolicyLossOutput:
     low_clipped: Tensor | None = None  # [N, T] bool, where the lower clip is active
     high_clipped: Tensor | None = None  # [N, T] bool, where the upper clip is active
     extra_stats: dict[str, Tensor] = field(default_factory=dict)  # loss-specific detached scalars
+    # an extra statistic's weight when outputs are merged (e.g. the tokens it is a mean over); unnamed: 1
+    extra_weights: dict[str, Tensor] = field(default_factory=dict)
 
     @property
     def stats(self) -> dict[str, Tensor]:
@@ -75,7 +77,8 @@ class PolicyLossOutput:
 @torch.no_grad()
 def merged_stats(outputs: list[PolicyLossOutput]) -> dict[str, Tensor]:
     """The ``stats`` of all ``outputs`` taken together: fractions and the ratio mean weigh every token
-    alike, min and max are over all tokens; ``extra_stats`` are averaged over the outputs."""
+    alike, min and max are over all tokens; ``extra_stats`` are averaged over the outputs, weighted by their
+    ``extra_weights`` where a loss gives them (0 when every weight is 0)."""
 
     masks = [out.mask for out in outputs]
     ratio, mask = join_masked([out.ratio for out in outputs], masks)
@@ -86,7 +89,12 @@ def merged_stats(outputs: list[PolicyLossOutput]) -> dict[str, Tensor]:
 
     stats = ratio_stats(ratio, mask, clipped("low_clipped"), clipped("high_clipped"))
     for key in outputs[0].extra_stats:
-        stats[key] = torch.stack([out.extra_stats[key] for out in outputs]).mean()
+        values = torch.stack([out.extra_stats[key] for out in outputs])
+        if key not in outputs[0].extra_weights:
+            stats[key] = values.mean()
+            continue
+        weights = torch.stack([out.extra_weights[key] for out in outputs]).to(values.dtype)
+        stats[key] = (values * weights).sum() / weights.sum().clamp(min=torch.finfo(values.dtype).tiny)
     return stats
 
 
@@ -204,6 +212,9 @@ class PolicyLoss:
     #: True: ``__call__`` and ``with_rollout_is`` take the reference's log-probs as ``ref_log_probs=`` (``[N, T]``;
     #: the module builds a reference for such a loss)
     reads_reference: bool = False
+    #: True: ``__call__`` and ``with_rollout_is`` take which rows are demonstrations from the data rather than
+    #: sampled responses as ``demonstration_rows=`` (bool ``[N]`` or None: none; the module's ``demonstrations``)
+    reads_demonstrations: bool = False
 
     def select_tokens(
         self, log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, entropy: Tensor | None, generator

@@ -21,6 +21,7 @@ from torch import Tensor
 from rlvr_lightning.core.losses.covariance_losses import ClipCov, KLCov
 from rlvr_lightning.core.losses.divergence_losses import DPPO
 from rlvr_lightning.core.losses.entropy_shaping import EntropyShapedAdvantage
+from rlvr_lightning.core.losses.off_policy_guidance import LUFFY
 from rlvr_lightning.core.losses.policy_loss_base import (
     PolicyLoss,
     PolicyLossOutput,
@@ -49,6 +50,7 @@ __all__ = [
     "KLCov",
     "ClipCov",
     "HighEntropyTokens",
+    "LUFFY",
     "LUSPO",
     "POLICY_LOSSES",
     "SAPO",
@@ -222,6 +224,7 @@ POLICY_LOSSES: dict[str, type[PolicyLoss]] = {
     "gppo": GPPO,
     "entropy_shaped": EntropyShapedAdvantage,
     "astar_po": AStarPO,
+    "luffy": LUFFY,
 }
 
 

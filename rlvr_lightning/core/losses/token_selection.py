@@ -67,8 +67,9 @@ class HighEntropyTokens(PolicyLoss):
         if not 0.0 <= top_quantile <= 1.0:
             raise ValueError(f"HighEntropyTokens: top_quantile must be in [0, 1], got {top_quantile}")
         self.loss = policy_loss(loss, "loss.init_args.loss")
-        if self.loss.selects_tokens:
-            raise ValueError(f"HighEntropyTokens: {type(self.loss).__name__} picks tokens itself; wrap another loss")
+        if self.loss.selects_tokens or self.loss.reads_demonstrations:
+            what = "picks tokens itself" if self.loss.selects_tokens else "reads demonstrations"
+            raise ValueError(f"HighEntropyTokens: {type(self.loss).__name__} {what}; wrap another loss")
         self.top_quantile = top_quantile
 
     @property

@@ -101,7 +101,8 @@ def loss_keyword_inputs(
 ) -> dict[str, Tensor]:
     """What ``loss`` reads besides log-probs, old log-probs, advantages and mask, as keyword arguments: its pick of
     tokens (``selected``, over the mini-batch; None: picked here within this micro-batch), the tokens' detached
-    entropies (``reads_entropy``) and the reference's log-probs (``reads_reference``)."""
+    entropies (``reads_entropy``), the reference's log-probs (``reads_reference``) and which rows are
+    demonstrations (``reads_demonstrations``)."""
     if loss.selects_tokens and selected is None:
         reads = entropy if loss.selection_reads_entropy else None
         (selected,) = select_over_mini_batch(
@@ -112,4 +113,6 @@ def loss_keyword_inputs(
         inputs["entropy"] = entropy.detach()
     if loss.reads_reference:
         inputs["ref_log_probs"] = micro.ref_log_probs
+    if loss.reads_demonstrations:
+        inputs["demonstration_rows"] = micro.demonstration_rows
     return inputs
