@@ -124,6 +124,15 @@ EXPECTED = {
         loss_constant=4.0,
         kl=None,
     ),
+    "luffy": dict(
+        advantage=advantages.CenteredAdvantage,
+        loss="luffy",
+        aggregation="seq-sum-constant",
+        loss_constant=4.0,
+        kl=None,
+        demonstrations=(1, "answer", 8),
+        luffy=(0.1, "ppo_clip", (0.2, 0.2)),
+    ),
     "dapo": dict(
         advantage=advantages.GroupNormalizedAdvantage,
         loss="ppo_clip",

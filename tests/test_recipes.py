@@ -106,6 +106,12 @@ def test_recipe_runs_two_steps_on_the_sort_task(recipe, in_tmp_dir):
             module.loss.alpha,
             module.loss.kappa,
         ),
+        "demonstrations": lambda: (module.demonstrations.per_group, module.demonstrations.key, module.group_size),
+        "luffy": lambda: (
+            module.loss.gamma,
+            next(k for k, cls in POLICY_LOSSES.items() if type(module.loss.on_policy) is cls),
+            (module.loss.on_policy.clip_low, module.loss.on_policy.clip_high),
+        ),
         "quantile": lambda: (module.advantage_estimator.quantile, module.advantage_estimator.quantile_method),
         "baseline_shift": lambda: module.advantage_estimator.baseline_shift,
         "positive_weight": lambda: (module.advantage_estimator.positive_weight, module.advantage_estimator.correct_at),
@@ -150,6 +156,10 @@ def test_recipe_runs_two_steps_on_the_sort_task(recipe, in_tmp_dir):
             ["--model.init_args.dynamic_sampling.enabled=true"],
             "GreedyBaselineAdvantage decodes a greedy response to each prompt of the step's batch",
         ),
+        # as many demonstrations as the group holds
+        ("luffy", ["--model.init_args.demonstrations.per_group=8"], "per_group=8 must be below group_size=8"),
+        # demonstrations trained as if sampled
+        ("luffy", ["--model.init_args.loss=ppo_clip"], "would train as sampled responses; use loss: luffy"),
         # a divergence DPPO does not know
         ("dppo", ["--model.init_args.loss.init_args.divergence=js"], r"DPPO: divergence='js' is not valid"),
         # GMPO's per-response objective aggregated over tokens

@@ -108,10 +108,23 @@ def check_demonstrations(
             )
 
 
+def check_first_demonstration(config: DemonstrationConfig, datamodule: Any, policy: Policy) -> None:
+    """At set-up, the first training prompt's demonstration made and tokenised as a step will: a wrong `key` or
+    `template` stops the run before any sampling, naming the option."""
+    source = getattr(datamodule, "source", None)
+    if not config.per_group or not callable(source):
+        return
+    example = source()[0]
+    metadata = {name: value for name, value in example.items() if name != "prompt"}
+    _check_lengths(policy, [response_token_ids(policy, config.demonstration(metadata, 0))])
+
+
 def add_demonstrations(policy: Policy, sampled: Rollout, config: DemonstrationConfig) -> Rollout:
     """`sampled` (groups of `group_size - per_group`) with each prompt's demonstration as the last `per_group` rows
-    of its group; `demonstration_rows` marks them."""
+    of its group; `demonstration_rows` marks them (`sampled` itself without demonstrations)."""
     s, k = sampled.group_size, config.per_group
+    if not k:
+        return sampled
     firsts = list(range(0, sampled.num_rows, s))
     responses = [config.demonstration(sampled.metadata[row], group) for group, row in enumerate(firsts)]
     ids = [response_token_ids(policy, response) for response in responses]

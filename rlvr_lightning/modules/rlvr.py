@@ -43,6 +43,7 @@ from rlvr_lightning.modules.demonstrations import (
     DemonstrationConfig,
     add_demonstrations,
     check_demonstrations,
+    check_first_demonstration,
     demonstration_metrics,
 )
 from rlvr_lightning.modules.distillation import DistillationConfig, check_distillation, make_teacher
@@ -188,6 +189,7 @@ class RLVRModule(PolicyModule):
             raise ValueError("no RewardCallback in trainer.callbacks: add at least one reward to the config")
         self._setup_advantage_estimator([cb for cb in self.trainer.callbacks if isinstance(cb, AdvantageCallback)])
         self._check_batch_sizes()
+        check_first_demonstration(self.demonstrations, self.trainer.datamodule, self.policy)
 
     def configure_model(self) -> None:
         super().configure_model()
@@ -288,7 +290,7 @@ class RLVRModule(PolicyModule):
         `rollout_staleness=1` it was sampled during the previous step's update; at the first step there is none
         yet (None): `batch` is sampled for the next step."""
         if self.async_rollouts is None:
-            return self._with_demonstrations(self.policy.sample(batch, self.sampled_group_size, self.sampling)), None
+            return self._sample_now(batch), None
         sampled = self.async_rollouts.take(batch, self.trainer.global_step)
         if sampled is None:
             return None, None
@@ -298,16 +300,11 @@ class RLVRModule(PolicyModule):
         return sampled.rollout, sampled.stats
 
     def _sample_now(self, batch: PromptBatch) -> Rollout:
-        """`batch` sampled now with the current weights (dynamic sampling's top-ups)."""
+        """`batch` sampled now with the current weights (the step's rollout, dynamic sampling's top-ups)."""
         if self.async_rollouts is None:
-            return self._with_demonstrations(self.policy.sample(batch, self.sampled_group_size, self.sampling))
+            sampled = self.policy.sample(batch, self.sampled_group_size, self.sampling)
+            return add_demonstrations(self.policy, sampled, self.demonstrations)  # LUFFY
         return self.async_rollouts.sample_now(batch, self.trainer.global_step).rollout  # nothing is in flight yet
-
-    def _with_demonstrations(self, sampled: Rollout) -> Rollout:
-        """`sampled` with each group's demonstrations added (LUFFY), or as it is."""
-        return (
-            add_demonstrations(self.policy, sampled, self.demonstrations) if self.demonstrations.per_group else sampled
-        )
 
     def _greedy_rewards(self, batch: PromptBatch, metrics: dict) -> Tensor:
         """The reward of a greedy response to each prompt of `batch`, one per row of its rollout (ReMax's baseline);
