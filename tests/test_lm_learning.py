@@ -3,10 +3,10 @@
 The task (`rlvr_lightning/demos/named_digit.py`): repeat the digit the prompt names, 4 tokens; a random model
 earns ~0.05. GRPO must take the mean reward from <= 0.2 (first step) to >= 0.8 (last 5 steps) within 60 steps on
 two seeds and answer >= 80% of held-out prompts greedily; PPO, LoRA, asynchronous rollouts, bf16 sampling
-(alone, and asynchronous with LoRA) and sampling with `StaticCacheGeneration` (its step compiled) must gain at
-least 0.4, far beyond noise (a step averages 16 prompts x 16 responses x 4 positions: a few hundredths), and
-answer half the held-out prompts. The negative tests break the update on purpose and check that the same run
-then does not learn.
+(alone, and asynchronous with LoRA), sampling with `StaticCacheGeneration` (its step compiled) and LUFFY's
+groups with a demonstration must gain at least 0.4, far beyond noise (a step averages 16 prompts x 16 responses
+x 4 positions: a few hundredths), and answer half the held-out prompts. The negative tests break the update on
+purpose and check that the same run then does not learn.
 """
 
 from __future__ import annotations
@@ -32,6 +32,9 @@ STATIC = {
     "class_path": "rlvr_lightning.generation.StaticCacheGeneration",
     "init_args": {"compile": "aot_eager", "sync_every": 3},
 }
+
+# LUFFY: 15 sampled responses and the prompt's demonstration ("7 7 7 7") in each group of 16
+LUFFY = {"demonstrations": {"per_group": 1, "template": " ".join(["{answer}"] * 4)}, "loss": "luffy"}
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +65,7 @@ def test_grpo_learns_to_repeat_the_named_digit(tokenizer_dir, tmp_path, seed):
             id="bf16",
         ),
         pytest.param("RLVRModule", {}, {"generation": {"backend": STATIC}}, 2e-3, id="static"),
+        pytest.param("RLVRModule", LUFFY, {}, 2e-3, id="luffy"),
         pytest.param(
             "RLVRModule",
             {"rollout_staleness": 1},
