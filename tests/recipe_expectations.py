@@ -133,6 +133,13 @@ EXPECTED = {
         demonstrations=(1, "answer", 8),
         luffy=(0.1, "ppo_clip", (0.2, 0.2)),
     ),
+    "m2po": dict(
+        advantage=advantages.GroupNormalizedAdvantage,
+        loss="m2po",
+        aggregation="token-mean",
+        kl=None,
+        m2_threshold=0.04,
+    ),
     "dapo": dict(
         advantage=advantages.GroupNormalizedAdvantage,
         loss="ppo_clip",

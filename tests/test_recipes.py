@@ -112,6 +112,7 @@ def test_recipe_runs_two_steps_on_the_sort_task(recipe, in_tmp_dir):
             next(k for k, cls in POLICY_LOSSES.items() if type(module.loss.on_policy) is cls),
             (module.loss.on_policy.clip_low, module.loss.on_policy.clip_high),
         ),
+        "m2_threshold": lambda: module.loss.m2_threshold,
         "quantile": lambda: (module.advantage_estimator.quantile, module.advantage_estimator.quantile_method),
         "baseline_shift": lambda: module.advantage_estimator.baseline_shift,
         "positive_weight": lambda: (module.advantage_estimator.positive_weight, module.advantage_estimator.correct_at),
@@ -160,6 +161,8 @@ def test_recipe_runs_two_steps_on_the_sort_task(recipe, in_tmp_dir):
         ("luffy", ["--model.init_args.demonstrations.per_group=8"], "per_group=8 must be below group_size=8"),
         # demonstrations trained as if sampled
         ("luffy", ["--model.init_args.loss=ppo_clip"], "would train as sampled responses; use loss: luffy"),
+        # a negative second-moment bound
+        ("m2po", ["--model.init_args.loss.init_args.m2_threshold=-1"], "M2PO: m2_threshold must be >= 0"),
         # a divergence DPPO does not know
         ("dppo", ["--model.init_args.loss.init_args.divergence=js"], r"DPPO: divergence='js' is not valid"),
         # GMPO's per-response objective aggregated over tokens

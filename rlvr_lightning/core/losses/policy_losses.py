@@ -33,6 +33,7 @@ from rlvr_lightning.core.losses.policy_loss_base import (
     zero_masked,
 )
 from rlvr_lightning.core.losses.regression_losses import AStarPO
+from rlvr_lightning.core.losses.second_moment import M2PO
 from rlvr_lightning.core.losses.sequence_losses import GMPO, GSPO, LUSPO, TOPR
 from rlvr_lightning.core.losses.soft_losses import SAPO, VESPO
 from rlvr_lightning.core.losses.token_selection import HighEntropyTokens
@@ -52,6 +53,7 @@ __all__ = [
     "HighEntropyTokens",
     "LUFFY",
     "LUSPO",
+    "M2PO",
     "POLICY_LOSSES",
     "SAPO",
     "TOPR",
@@ -225,6 +227,7 @@ POLICY_LOSSES: dict[str, type[PolicyLoss]] = {
     "entropy_shaped": EntropyShapedAdvantage,
     "astar_po": AStarPO,
     "luffy": LUFFY,
+    "m2po": M2PO,
 }
 
 
