@@ -14,7 +14,7 @@ from rlvr_lightning.core import LUFFY
 from rlvr_lightning.data import InlineTask, RLVRDataModule, SortTask
 from rlvr_lightning.demos.tiny_lm import save_tiny_tokenizer, tiny_llama_config
 from rlvr_lightning.generation.sampling_config import SamplingConfig
-from rlvr_lightning.modules import RLVRModule
+from rlvr_lightning.modules import PPOModule, RLVRModule
 from rlvr_lightning.modules.demonstrations import DemonstrationConfig, add_demonstrations
 from rlvr_lightning.modules.group_filter import GroupFilterConfig
 from rlvr_lightning.modules.options import DynamicSamplingConfig, ImportanceSamplingConfig, ReplayConfig
@@ -46,13 +46,15 @@ class LoggedLUFFY(LUFFY):
         return super().__call__(log_probs, old_log_probs, advantages, mask, demonstration_rows=demonstration_rows)
 
 
-def fit(module, steps=2, batch_size=4, callbacks=(), reward=None):
+def fit(module, steps=2, batch_size=4, callbacks=(), reward=None, advantage=None):
+    """`advantage`: the AdvantageCallback (None: Dr. GRPO's centred one; False: none, for PPOModule)."""
     pl.seed_everything(0)
     metrics = Recorder()
+    advantages = [] if advantage is False else [advantage or CenteredAdvantage()]
     trainer = pl.Trainer(
         max_epochs=1, limit_train_batches=steps, limit_val_batches=0, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False,
-        callbacks=[reward or SortInclusionOrderingReward(), CenteredAdvantage(), metrics, *callbacks],
+        callbacks=[reward or SortInclusionOrderingReward(), *advantages, metrics, *callbacks],
     )  # fmt: skip
     trainer.fit(module, RLVRDataModule(SortTask(vocab_size=5, length=3, num_val=0), batch_size=batch_size))
     return metrics.steps
@@ -192,3 +194,12 @@ def test_a_missing_demonstration_names_the_field_and_what_the_prompt_has():
         add_demonstrations(policy, sampled, DemonstrationConfig(per_group=1, key="long"))
     with pytest.raises(OptionValueError, match="demonstrations.per_group"):
         DemonstrationConfig(per_group=-1)
+
+
+def test_ppo_module_trains_with_demonstrations_and_its_critic_scores_them():
+    module = PPOModule(toy(), group_size=4, loss="luffy", demonstrations=ONE)
+    steps = fit(module, advantage=False)
+    rollout = module.last_rollout
+    assert rollout.demonstration_rows.tolist() == [False, False, False, True] * 4
+    assert rollout.values is not None and rollout.values[rollout.demonstration_rows].abs().sum() > 0
+    assert steps[-1]["train/demonstrations/reward_mean"] == 5.0
