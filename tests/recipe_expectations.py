@@ -20,6 +20,15 @@ EXPECTED = {
         kl=(0.04, "k3", "loss"),
         group=(2, 512),
     ),
+    "pods": dict(
+        advantage=advantages.GroupNormalizedAdvantage,
+        loss="ppo_clip",
+        clip=(0.2, 0.2),
+        aggregation="seq-mean-token-mean",
+        kl=(0.04, "k3", "loss"),
+        group=(16, 128),
+        group_filter=(8, "max_variance"),
+    ),
     "grpo_replay": dict(
         advantage=advantages.GroupNormalizedAdvantage,
         loss="ppo_clip",

@@ -113,6 +113,7 @@ def test_recipe_runs_two_steps_on_the_sort_task(recipe, in_tmp_dir):
             (module.loss.on_policy.clip_low, module.loss.on_policy.clip_high),
         ),
         "m2_threshold": lambda: module.loss.m2_threshold,
+        "group_filter": lambda: (module.group_filter.keep, module.group_filter.metric),
         "quantile": lambda: (module.advantage_estimator.quantile, module.advantage_estimator.quantile_method),
         "baseline_shift": lambda: module.advantage_estimator.baseline_shift,
         "positive_weight": lambda: (module.advantage_estimator.positive_weight, module.advantage_estimator.correct_at),

@@ -1,7 +1,8 @@
 """GFPO (Shrivastava et al. 2025, arXiv:2508.09726): sample `group_size` responses per prompt, train on `keep`.
 
 After scoring, each group keeps the `keep` responses that `metric` ranks first (the shortest, the most reward per
-token, or the first sampled) and the rest leave the step: advantages are computed over the kept responses alone
+token, or the first sampled), or the `keep` whose rewards vary the most (PODS' max-variance down-sampling, Xu et
+al. 2025, arXiv:2504.13818) and the rest leave the step: advantages are computed over the kept responses alone
 (GFPO's `(r_i - mean_S) / std_S` over the retained set S) and only they are scored for log-probs and trained on.
 The paper's adaptive-difficulty variant, which keeps more of a hard prompt's responses, is not offered: every group
 keeps the same number, so the advantage estimators and the update see groups of `keep`.
@@ -15,7 +16,12 @@ from typing import Annotated
 
 from torch import Tensor
 
-from rlvr_lightning.core.group_filter import GROUP_FILTER_METRICS, group_filter_rows, group_filter_scores
+from rlvr_lightning.core.group_filter import (
+    GROUP_FILTER_METRICS,
+    group_filter_rows,
+    group_filter_scores,
+    max_variance_rows,
+)
 from rlvr_lightning.rollout import Rollout
 from rlvr_lightning.runtime.option_declarations import Option, check_options, documented_options
 from rlvr_lightning.runtime.option_domains import OneOf, Range
@@ -36,8 +42,9 @@ class GroupFilterConfig:
     metric: Annotated[
         str,
         Option(
-            "which responses are kept: length (the shortest), token_efficiency (the most reward per token) or "
-            "first (the first sampled: TTRL's downsampling).",
+            "which responses are kept: length (the shortest), token_efficiency (the most reward per token), "
+            "first (the first sampled: TTRL's downsampling) or max_variance (those whose rewards vary the most: "
+            "PODS).",
             OneOf(GROUP_FILTER_METRICS),
         ),
     ] = "length"
@@ -58,8 +65,11 @@ class GroupFilterConfig:
 def filter_groups(rollout: Rollout, config: GroupFilterConfig) -> tuple[Rollout, dict[str, Tensor]]:
     """`rollout` (scored) with each group cut to `config.keep` rows, and the sampled and kept means."""
     lengths = rollout.response_lengths()
-    scores = group_filter_scores(rollout.reward, lengths, config.metric)
-    rows = group_filter_rows(scores, rollout.group_size, config.keep)
+    if config.metric == "max_variance":
+        rows = max_variance_rows(rollout.reward, rollout.group_size, config.keep)
+    else:
+        rows = group_filter_rows(group_filter_scores(rollout.reward, lengths, config.metric), rollout.group_size,
+                                 config.keep)  # fmt: skip
     kept = dataclasses.replace(rollout.select(rows), group_size=config.keep)
     stats = {
         "length_sampled": lengths.mean(),

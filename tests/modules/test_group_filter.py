@@ -42,6 +42,20 @@ def fit(module, advantage=None, steps=2):
     return reward.seen, metrics.steps
 
 
+def max_variance_by_hand(rewards, group_size, keep):
+    """Each group's `keep` rows of largest reward variance (PODS), searched over every subset: of equal variances
+    the one `max_variance_rows` documents (fewest high rewards; ties among rewards by the stable sort)."""
+    rows = []
+    for g in range(len(rewards) // group_size):
+        r = rewards[g * group_size : (g + 1) * group_size]
+        order = sorted(range(group_size), key=lambda i: r[i])  # stable ascending
+        candidates = [sorted(order[: keep - i] + order[group_size - i :]) for i in range(keep + 1)]
+        variances = [torch.tensor([r[i] for i in c], dtype=torch.float64).var(unbiased=False) for c in candidates]
+        best = next(c for c, v in zip(candidates, variances, strict=True) if v >= max(variances) - 1e-12)
+        rows += [g * group_size + i for i in best]
+    return rows
+
+
 def kept_by_hand(scores, group_size, keep):
     """Each group's `keep` highest scores (the earlier row of equal ones), in row order."""
     rows = []
@@ -51,7 +65,7 @@ def kept_by_hand(scores, group_size, keep):
     return rows
 
 
-@pytest.mark.parametrize("metric", ["length", "token_efficiency"])
+@pytest.mark.parametrize("metric", ["length", "token_efficiency", "max_variance"])
 def test_each_group_trains_on_its_kept_responses_with_advantages_over_them(metric):
     module = RLVRModule(policy(), group_size=6, group_filter=GroupFilterConfig(keep=3, metric=metric))
     seen, steps = fit(module)
@@ -60,7 +74,7 @@ def test_each_group_trains_on_its_kept_responses_with_advantages_over_them(metri
     lengths, rewards = sampled.response_mask.sum(-1).tolist(), sampled.reward.tolist()
     assert len(set(lengths)) > 3  # the responses' lengths vary
     scores = [-n if metric == "length" else r / max(n, 1) for n, r in zip(lengths, rewards, strict=True)]
-    rows = kept_by_hand(scores, 6, 3)
+    rows = kept_by_hand(scores, 6, 3) if metric != "max_variance" else max_variance_by_hand(rewards, 6, 3)
     assert torch.equal(trained.response_ids, sampled.response_ids[rows])
     assert torch.equal(trained.reward, sampled.reward[rows])
     # GRPO's advantage over the kept three: (r - mean) / (std + 1e-6), 0 where they agree
@@ -79,6 +93,9 @@ def test_each_group_trains_on_its_kept_responses_with_advantages_over_them(metri
     assert last["train/reward_mean"] == pytest.approx(last["train/group_filter/reward_kept"])
     if metric == "length":
         assert last["train/group_filter/length_kept"] < last["train/group_filter/length_sampled"]
+    if metric == "max_variance":  # no three rows of a group vary more than the kept ones, e.g. its first three
+        kept, first = torch.tensor([rewards[i] for i in rows]).view(-1, 3), torch.tensor(rewards).view(-1, 6)[:, :3]
+        assert (kept.var(-1) >= first.var(-1) - 1e-6).all() and (kept.var(-1) > first.var(-1) + 1e-6).any()
 
 
 def test_dynamic_sampling_top_ups_are_filtered_as_the_batch_is():
