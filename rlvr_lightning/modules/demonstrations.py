@@ -4,8 +4,9 @@ With `demonstrations.per_group: k`, `RLVRModule` samples `group_size - k` respon
 demonstration (its `metadata[key]`, or `template` filled from its metadata) as the last `k` rows of the group
 (the authors' setting: 7 sampled and 1 demonstration). The rewards score a demonstration like any response, the
 advantage estimator sees the whole group, and `rollout.demonstration_rows` tells the loss which rows were not
-sampled (`core.LUFFY` trains them with its policy shaping). A demonstration row has no sampling log-probs; its
-prompt tokens are its group's.
+sampled (`core.LUFFY` trains them with its policy shaping). A demonstration row has no sampling log-probs, so the
+rollout keeps none (where the update needs old log-probs the trainer computes them for every row); its prompt
+tokens are its group's.
 """
 
 from __future__ import annotations
