@@ -45,7 +45,7 @@ class DemonstrationConfig:
         str | None,
         Option(
             "a demonstration written from the prompt's metadata fields instead, e.g. "
-            "'The answer is \\\\boxed{{{answer}}}.' (null: the field `key` as it is)."
+            "'The answer is \\boxed{{{answer}}}.' (null: the field `key` as it is)."
         ),
     ] = None
 
