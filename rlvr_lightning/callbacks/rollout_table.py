@@ -39,9 +39,12 @@ def _shorten(text: str | None, max_chars: int) -> str:
 
 
 def rollout_rows(rollout: Rollout, rows: list[int], max_chars: int = 1000) -> tuple[list[str], list[list[Any]]]:
-    """Columns and rows of a table of `rows` of `rollout`: group, prompt, completion, rewards, advantage."""
+    """Columns and rows of a table of `rows` of `rollout`: group, prompt, completion, rewards, advantage, length, and
+    whether the completion is a demonstration from the data (a column only where the rollout has any)."""
     names = list(rollout.rewards)
+    shown = rollout.demonstration_rows
     columns = ["group", "prompt", "completion", "reward", *names, "advantage", "length"]
+    columns += [] if shown is None else ["demonstration"]
     advantages = rollout.advantages
     if advantages is not None and advantages.dim() == 2:  # token-level: the mean over the response
         mask = rollout.response_mask.float()
@@ -60,6 +63,7 @@ def rollout_rows(rollout: Rollout, rows: list[int], max_chars: int = 1000) -> tu
                 *[float(rollout.rewards[name][i]) for name in names],
                 float(advantages[i]) if advantages is not None else float("nan"),
                 int(lengths[i]),
+                *([] if shown is None else [bool(shown[i])]),
             ]
         )
     return columns, data

@@ -101,6 +101,9 @@ def test_rollout_rows_token_level_advantages_and_shortening():
     assert data[0][5] == 1.0 and data[1][5] == -2.0
     assert data[0][2] == "x" * 8 + " ... " + "x" * 8 and data[1][2] == "short"
     assert data[0][6] == 4 and data[1][6] == 2
+    rollout.demonstration_rows = torch.tensor([False, True])  # LUFFY's groups: a column says which rows
+    columns, data = rollout_rows(rollout, [1, 0])
+    assert columns[-1] == "demonstration" and [row[-1] for row in data] == [True, False]
 
 
 def test_rollout_rows_of_a_multi_turn_response():
