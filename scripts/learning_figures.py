@@ -124,6 +124,13 @@ RECIPE_BANDS: dict[str, tuple[Band, Band]] = {
     "distill_iw_opd": (Band(6.70, 7.00), Band(0.60, 1.00)),
     # from one machine's three seeds (AVX2-pinned, 2026-11-30: 6.97-6.97, 90.6-96.5%), widened as distill's
     "distill_topk": (Band(6.80, 7.00), Band(0.75, 1.00)),
+    # from one machine's three seeds (2026-12-01: 6.72-6.94, 34.8-69.1%; AVX2-pinned 6.76-6.95, 44.5-68.4%), widened
+    # as dapo's: a demonstration in each group gives the widest spread of val exact-sort
+    "luffy": (Band(6.50, 7.00), Band(0.20, 0.85)),
+    # the same (6.56-6.65, 24.2-28.9%; AVX2-pinned 6.50-6.67, 18.0-35.5%), widened by about their spread
+    "m2po": (Band(6.30, 6.85), Band(0.08, 0.50)),
+    # the same (6.26-6.49, 18.4-25.8%; AVX2-pinned 6.23-6.40, 15.2-22.7%), widened by about their spread
+    "pods": (Band(6.00, 6.70), Band(0.05, 0.40)),
 }
 RECIPES = tuple(RECIPE_BANDS)  # configs/recipes/NAME.yaml, each over the seeds
 
