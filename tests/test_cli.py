@@ -9,7 +9,8 @@ import pytest
 from rlvr_lightning.cli.app import main
 
 # configs/gpu/ holds overlays of the GSM8K recipe, parsed on top of it by tests/test_gpu_recipes.py
-CONFIGS = sorted(p for p in (Path(__file__).resolve().parents[1] / "configs").rglob("*.yaml") if p.parent.name != "gpu")
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = sorted(p for p in CONFIG_DIR.rglob("*.yaml") if p.parent.name != "gpu")
 QUICK = [
     "--trainer.limit_train_batches=3",
     "--trainer.limit_val_batches=1",
@@ -29,7 +30,7 @@ def test_print_config(config, capsys):
 
 
 def test_sort_lecture_runs_end_to_end(in_tmp_dir):
-    cli = main(["fit", "--config", str(CONFIGS[0].parent / "sort_lecture.yaml"), *QUICK])
+    cli = main(["fit", "--config", str(CONFIG_DIR / "sort_lecture.yaml"), *QUICK])
     metrics = cli.trainer.callback_metrics
     assert {"train/reward_mean", "train/kl", "val/accuracy"} <= set(metrics)
     assert cli.trainer.fit_loop.epoch_loop._batches_that_stepped == 3
@@ -39,7 +40,7 @@ def test_sort_lecture_runs_end_to_end(in_tmp_dir):
 def test_the_console_script_exits_with_status_zero_after_a_run(in_tmp_dir):
     # `rlvr` as installed: [project.scripts] calls the entry point and exits with what it returns
     script = "import sys; from rlvr_lightning.cli.app import entry_point; sys.argv[0] = 'rlvr'; sys.exit(entry_point())"
-    config = str(CONFIGS[0].parent / "sort_lecture.yaml")
+    config = str(CONFIG_DIR / "sort_lecture.yaml")
     done = subprocess.run(
         [sys.executable, "-c", script, "fit", "--config", config, *QUICK, "--trainer.limit_train_batches=1"],
         capture_output=True,
@@ -54,7 +55,7 @@ def test_default_loggers_write_wandb_offline_and_csv(in_tmp_dir):
         [
             "fit",
             "--config",
-            str(CONFIGS[0].parent / "sort_grpo.yaml"),
+            str(CONFIG_DIR / "sort_grpo.yaml"),
             "--trainer.limit_train_batches=2",
             "--trainer.limit_val_batches=0",
         ]
@@ -67,7 +68,7 @@ def test_default_loggers_write_wandb_offline_and_csv(in_tmp_dir):
 
 def test_wrong_option_names_the_valid_choices(in_tmp_dir):
     with pytest.raises(ValueError, match="loss='ppo' is not valid; choose one of .*'ppo_clip'"):
-        main(["fit", "--config", str(CONFIGS[0].parent / "sort_grpo.yaml"), "--model.init_args.loss=ppo", *QUICK])
+        main(["fit", "--config", str(CONFIG_DIR / "sort_grpo.yaml"), "--model.init_args.loss=ppo", *QUICK])
 
 
 def test_a_single_callback_is_accepted(in_tmp_dir):
@@ -76,7 +77,7 @@ def test_a_single_callback_is_accepted(in_tmp_dir):
         [
             "fit",
             "--config",
-            str(CONFIGS[0].parent / "sort_grpo.yaml"),
+            str(CONFIG_DIR / "sort_grpo.yaml"),
             "--trainer.callbacks=rlvr_lightning.rewards.SortInclusionOrderingReward",
             *QUICK[:2],
             "--trainer.limit_train_batches=1",
@@ -96,7 +97,7 @@ def test_predict_writes_the_checkpoint_completions_and_validate_scores_them(in_t
 
     from rlvr_lightning.generation.sampling_config import SamplingConfig
 
-    config = str(CONFIGS[0].parent / "sort_lecture.yaml")
+    config = str(CONFIG_DIR / "sort_lecture.yaml")
     fitted = main(["fit", "--config", config, *QUICK, "--trainer.limit_train_batches=2"])
     fitted.trainer.save_checkpoint("trained.ckpt")
     args = [
@@ -137,7 +138,7 @@ def test_torch_runs_on_one_thread_unless_the_config_says_otherwise(in_tmp_dir):
     import torch
     import yaml
 
-    config = yaml.safe_load((CONFIGS[0].parent / "sort_lecture.yaml").read_text())
+    config = yaml.safe_load((CONFIG_DIR / "sort_lecture.yaml").read_text())
     del config["torch_threads"]
     Path("no_threads.yaml").write_text(yaml.safe_dump(config))
     before = torch.get_num_threads()
@@ -156,7 +157,7 @@ def test_sort_ddp_is_sort_grpo_on_two_processes():
     """Same algorithm and global batch: only the per-rank sizes and the trainer's strategy differ."""
     import yaml
 
-    grpo, ddp = (yaml.safe_load((CONFIGS[0].parent / f"{name}.yaml").read_text()) for name in ("sort_grpo", "sort_ddp"))
+    grpo, ddp = (yaml.safe_load((CONFIG_DIR / f"{name}.yaml").read_text()) for name in ("sort_grpo", "sort_ddp"))
     devices = ddp["trainer"]["devices"]
     assert ddp["trainer"]["strategy"] == "ddp" and devices == 2
     grpo_model, ddp_model = grpo["model"]["init_args"], ddp["model"]["init_args"]
@@ -180,7 +181,7 @@ def test_default_csv_log_is_on_disk_after_every_step(in_tmp_dir):
     cli = main(
         [
             "--config",
-            str(CONFIGS[0].parent / "sort_lecture.yaml"),
+            str(CONFIG_DIR / "sort_lecture.yaml"),
             "--trainer.limit_train_batches=4",
             "--trainer.limit_val_batches=0",
             "--trainer.enable_progress_bar=false",

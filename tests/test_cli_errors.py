@@ -27,7 +27,7 @@ def test_unknown_option_in_a_config_file_names_file_line_and_the_closest_option(
     assert lines[0] == "error: RLVRModule has no option 'entropy_coeff'"
     assert lines[1] == f"  at model.init_args.entropy_coeff ({bad}:3)"
     assert lines[2] == "  did you mean 'entropy_coef'?"
-    assert lines[3].startswith("  valid: aggregation, distillation, dynamic_sampling, entropy_coef,")
+    assert lines[3].startswith("  valid: aggregation, demonstrations, distillation, dynamic_sampling, entropy_coef,")
     assert "rlvr fit --model.help rlvr_lightning.modules.RLVRModule" in lines[4]
     assert len(lines) <= 6
 
@@ -75,7 +75,7 @@ def test_a_value_the_module_rejects_at_construction(in_tmp_dir, capsys):
     assert lines[0].startswith(
         "error: loss='ppo_clipp' is not valid; choose one of "
         "['pg', 'ratio', 'ppo_clip', 'gspo', 'cispo', 'sapo', 'luspo', 'vespo', 'gmpo', 'dppo', 'clip_cov', "
-        "'kl_cov', 'high_entropy', 'topr', 'gppo', 'entropy_shaped', 'astar_po']"
+        "'kl_cov', 'high_entropy', 'topr', 'gppo', 'entropy_shaped', 'astar_po', 'luffy', 'm2po']"
     )
     assert lines[1] == f"  at model.init_args.loss ({bad}:3)"
     assert lines[2] == "  did you mean 'ppo_clip'?"
