@@ -150,13 +150,19 @@ class Rollout:
         return runs
 
     def select(self, rows: Tensor | slice, host_rows: list[int] | None = None) -> Rollout:
-        """The rows `rows` of every per-row field (mini-/micro-batching, dynamic sampling); `host_rows`: the same
-        indices as a list, when the caller has them (else they are read from `rows`: a host synchronisation).
+        """The rows `rows` (indices, a slice or a bool mask) of every per-row field (mini-/micro-batching, dynamic
+        sampling); `host_rows`: the same indices as a list, when the caller has them (else they are read from `rows`: a
+        host synchronisation).
 
         A selection that is not whole groups keeps `group_size` but `num_groups` then means nothing.
         """
         if isinstance(rows, slice):
             rows = torch.arange(self.num_rows)[rows]
+        elif rows.dtype == torch.bool:  # a mask: its rows' indices (a list indexed by True/False would take rows 1/0)
+            if rows.shape != (self.num_rows,):
+                raise ValueError(f"a row mask must be bool[{self.num_rows}], got shape {tuple(rows.shape)}")
+            rows = rows.nonzero().flatten()
+            host_rows = None
         index_list = rows.tolist() if host_rows is None else host_rows
         values: dict[str, Any] = {}
         for f in dataclasses.fields(self):

@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from rlvr_lightning.rollout import Rollout, TokenSource
@@ -26,6 +27,17 @@ def test_select_keeps_rows_of_every_field():
     assert picked.response_ids.tolist() == [[9, 10, 11], [0, 1, 2]]
     assert picked.group_index.tolist() == [1, 0]
     assert picked.rewards["r"].shape == (2,)
+
+
+def test_a_bool_mask_selects_the_rows_it_marks_in_every_field():
+    r = rollout(2, 3, groups=2)
+    r.response_ids = torch.arange(12).view(4, 3)
+    r.metadata = [{"row": i} for i in range(4)]
+    picked = r.select(torch.tensor([False, True, False, True]))
+    assert picked.response_ids.tolist() == [[3, 4, 5], [9, 10, 11]]
+    assert [m["row"] for m in picked.metadata] == [1, 3]  # not rows 0 and 1, as a list indexed by False/True
+    with pytest.raises(ValueError, match=r"a row mask must be bool\[4\], got shape \(2,\)"):
+        r.select(torch.tensor([True, False]))
 
 
 def test_concat_pads_prompts_left_responses_right_and_renumbers_groups():

@@ -119,7 +119,7 @@ def retire_solved_prompts(module, rollout) -> dict[str, float]:
     if retirement is None:
         return {}
     if rollout.demonstration_rows is not None:  # a demonstration from the data is not a solve of the policy's
-        rollout = rollout.select(torch.nonzero(~rollout.demonstration_rows).flatten())
+        rollout = rollout.select(~rollout.demonstration_rows)
     correct = module.correctness(rollout)
     if correct is None:
         raise ValueError(
