@@ -39,7 +39,10 @@ class DemonstrationConfig:
     ] = 0
     key: Annotated[
         str,
-        Option("the metadata field holding a prompt's demonstration: text, or token ids for a toy policy."),
+        Option(
+            "the metadata field holding a prompt's demonstration: text, or token ids for a toy policy; a list of "
+            "several (texts, or token-id lists) fills the per_group rows in turn."
+        ),
     ] = "solution"
     template: Annotated[
         str | None,
@@ -61,24 +64,28 @@ class DemonstrationConfig:
             )
         return group_size - self.per_group
 
-    def demonstration(self, metadata: dict[str, Any], group: int) -> Any:
-        """The demonstration of the prompt whose metadata is `metadata` (`group`: its place in the batch)."""
+    def demonstrations(self, metadata: dict[str, Any], group: int) -> list[Any]:
+        """The `per_group` demonstrations of the prompt whose metadata is `metadata` (`group`: its place in the
+        batch): its one demonstration repeated, or its several taken in turn."""
         fields = ", ".join(sorted(metadata)) or "none"
         if self.template is not None:
             try:
-                return self.template.format(**metadata)
+                shown = [self.template.format(**metadata)]
             except (KeyError, IndexError) as error:
                 raise ValueError(
                     f"demonstrations.template={self.template!r} names {error}, which prompt {group} of the batch "
                     f"lacks (its metadata fields: {fields})"
                 ) from None
-        value = metadata.get(self.key)
-        if value is None or (isinstance(value, (str, list, tuple)) and len(value) == 0):
-            raise ValueError(
-                f"demonstrations.key={self.key!r}: prompt {group} of the batch has no demonstration there (its "
-                f"metadata fields: {fields}); set demonstrations.key or demonstrations.template"
-            )
-        return value
+        else:
+            value = metadata.get(self.key)
+            several = isinstance(value, (list, tuple)) and any(isinstance(v, (str, list, tuple)) for v in value)
+            shown = list(value) if several else [value]
+            if not shown or any(v is None or (isinstance(v, (str, list, tuple)) and len(v) == 0) for v in shown):
+                raise ValueError(
+                    f"demonstrations.key={self.key!r}: prompt {group} of the batch has no demonstration there (its "
+                    f"metadata fields: {fields}); set demonstrations.key or demonstrations.template"
+                )
+        return [shown[j % len(shown)] for j in range(self.per_group)]
 
 
 def check_demonstrations(
@@ -117,7 +124,8 @@ def check_first_demonstration(config: DemonstrationConfig, datamodule: Any, poli
         return
     example = source()[0]
     metadata = {name: value for name, value in example.items() if name != "prompt"}
-    _check_lengths(policy, [response_token_ids(policy, config.demonstration(metadata, 0))])
+    shown = config.demonstrations(metadata, 0)
+    _check_lengths(policy, [response_token_ids(policy, one) for one in shown], per_group=config.per_group)
 
 
 def add_demonstrations(policy: Policy, sampled: Rollout, config: DemonstrationConfig) -> Rollout:
@@ -127,9 +135,10 @@ def add_demonstrations(policy: Policy, sampled: Rollout, config: DemonstrationCo
     if not k:
         return sampled
     firsts = list(range(0, sampled.num_rows, s))
-    responses = [config.demonstration(sampled.metadata[row], group) for group, row in enumerate(firsts)]
+    groups = len(firsts)
+    responses = [shown for g, row in enumerate(firsts) for shown in config.demonstrations(sampled.metadata[row], g)]
     ids = [response_token_ids(policy, response) for response in responses]
-    _check_lengths(policy, ids)
+    _check_lengths(policy, ids, per_group=k)
     device = sampled.response_ids.device
     width = max(len(row) for row in ids)
     response_ids = torch.zeros(len(ids), width, dtype=torch.long, device=device)
@@ -137,7 +146,8 @@ def add_demonstrations(policy: Policy, sampled: Rollout, config: DemonstrationCo
     for i, row in enumerate(ids):
         response_ids[i, : len(row)] = torch.as_tensor(row, dtype=torch.long)
         response_mask[i, : len(row)] = 1.0
-    first = torch.as_tensor(firsts, device=device)
+    first = torch.as_tensor(firsts, device=device).repeat_interleave(k)  # each demonstration row's group's first row
+    rows = first.tolist()
     demos = Rollout(
         prompt_ids=sampled.prompt_ids[first],
         prompt_mask=sampled.prompt_mask[first],
@@ -146,16 +156,14 @@ def add_demonstrations(policy: Policy, sampled: Rollout, config: DemonstrationCo
         group_index=sampled.group_index[first],
         group_size=s,
         truncated=torch.zeros(len(ids), dtype=torch.bool, device=device),
-        prompt_text=None if sampled.prompt_text is None else [sampled.prompt_text[row] for row in firsts],
+        prompt_text=None if sampled.prompt_text is None else [sampled.prompt_text[row] for row in rows],
         response_text=None if sampled.response_text is None else [_text(policy, r) for r in responses],
-        metadata=[dict(sampled.metadata[row]) for row in firsts],
-        prompts=None if sampled.prompts is None else [sampled.prompts[row] for row in firsts],
+        metadata=[dict(sampled.metadata[row]) for row in rows],
+        prompts=None if sampled.prompts is None else [sampled.prompts[row] for row in rows],
         response_source=None if sampled.response_source is None else _sampled_source(response_mask),
     )
-    demos = demos.select(torch.arange(len(ids), device=device).repeat_interleave(k))
     sampled = dataclasses.replace(sampled, sampling_log_probs=None, old_log_probs=None)  # none for a demonstration
     joined = Rollout.concat([sampled, demos])
-    groups = len(firsts)
     order = torch.cat(
         [torch.arange(s).view(1, s) + s * torch.arange(groups).view(groups, 1),
          sampled.num_rows + torch.arange(k).view(1, k) + k * torch.arange(groups).view(groups, 1)],
@@ -164,7 +172,7 @@ def add_demonstrations(policy: Policy, sampled: Rollout, config: DemonstrationCo
     mixed = joined.select(order.to(device), order.tolist())
     return dataclasses.replace(
         mixed,
-        group_index=sampled.group_index[first].repeat_interleave(s + k),
+        group_index=sampled.group_index[first[::k]].repeat_interleave(s + k),
         group_size=s + k,
         demonstration_rows=torch.tensor([False] * s + [True] * k, device=device).repeat(groups),
     )
@@ -181,9 +189,11 @@ def demonstration_metrics(rollout: Rollout) -> dict[str, torch.Tensor]:
     }
 
 
-def _check_lengths(policy: Policy, ids: list[list[int]]) -> None:
+def _check_lengths(policy: Policy, ids: list[list[int]], per_group: int = 1) -> None:
+    """`ids`: each prompt's `per_group` demonstrations in turn."""
     expected = getattr(policy, "response_length", None)  # a toy policy's fixed response length
-    for group, row in enumerate(ids):
+    for i, row in enumerate(ids):
+        group = i // per_group
         if not row:
             raise ValueError(f"the demonstration of prompt {group} of the batch is empty")
         if expected is not None and not hasattr(policy, "tokenizer") and len(row) > expected:

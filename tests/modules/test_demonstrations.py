@@ -76,6 +76,25 @@ def test_the_demonstration_ends_each_group_of_a_toy_rollout():
     assert [m["answer"] for m in mixed.metadata] == [[0, 2, 3]] * 5 + [[1, 4, 4]] * 5
 
 
+def test_several_demonstrations_of_a_prompt_fill_its_rows_in_turn():
+    policy = toy()
+    several = [[0, 2, 3], [3, 2, 0]]  # token-id lists: two demonstrations (a list of ints would be one)
+    batch = {"prompt": [[3, 0, 2], [1, 1, 1]], "metadata": [{"shown": several}, {"shown": [1, 1, 1]}]}
+    sampled = policy.sample(batch, 2, SamplingConfig())
+    mixed = add_demonstrations(policy, sampled, DemonstrationConfig(per_group=3, key="shown"))
+    assert mixed.group_size == 5 and mixed.demonstration_rows.tolist() == ([False] * 2 + [True] * 3) * 2
+    assert mixed.response_ids[2:5].tolist() == [[0, 2, 3], [3, 2, 0], [0, 2, 3]]
+    assert mixed.response_ids[7:10].tolist() == [[1, 1, 1]] * 3
+    assert mixed.group_index.tolist() == [0] * 5 + [1] * 5 and mixed.prompt_ids[5:].tolist() == [[1, 1, 1]] * 5
+    with pytest.raises(ValueError, match="prompt 1 of the batch has no demonstration"):
+        add_demonstrations(
+            policy,
+            policy.sample({"prompt": batch["prompt"], "metadata": [{"shown": several}, {"shown": [[1, 1, 1], []]}]}, 2,
+                          SamplingConfig()),
+            DemonstrationConfig(per_group=1, key="shown"),
+        )  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory):
     return save_tiny_tokenizer(tmp_path_factory.mktemp("tiny_tokenizer"))
