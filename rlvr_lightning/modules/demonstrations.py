@@ -12,6 +12,7 @@ tokens are its group's.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -128,9 +129,13 @@ def check_first_demonstration(config: DemonstrationConfig, datamodule: Any, poli
     _check_lengths(policy, [response_token_ids(policy, one) for one in shown], per_group=config.per_group)
 
 
-def add_demonstrations(policy: Policy, sampled: Rollout, config: DemonstrationConfig) -> Rollout:
+def add_demonstrations(
+    policy: Policy, sampled: Rollout, config: DemonstrationConfig, max_tokens: int | None = None
+) -> Rollout:
     """`sampled` (groups of `group_size - per_group`) with each prompt's demonstration as the last `per_group` rows
-    of its group; `demonstration_rows` marks them (`sampled` itself without demonstrations)."""
+    of its group; `demonstration_rows` marks them (`sampled` itself without demonstrations). A text demonstration
+    longer than `max_tokens` (the sampling budget) is cut to it and marked truncated, as a sampled response that
+    reaches the budget is, and its text is what is left (the rewards judge what is trained)."""
     s, k = sampled.group_size, config.per_group
     if not k:
         return sampled
@@ -139,6 +144,15 @@ def add_demonstrations(policy: Policy, sampled: Rollout, config: DemonstrationCo
     responses = [shown for g, row in enumerate(firsts) for shown in config.demonstrations(sampled.metadata[row], g)]
     ids = [response_token_ids(policy, response) for response in responses]
     _check_lengths(policy, ids, per_group=k)
+    cut = [hasattr(policy, "tokenizer") and max_tokens is not None and len(row) > max_tokens for row in ids]
+    if any(cut):
+        warnings.warn(
+            f"demonstrations longer than sampling.max_new_tokens={max_tokens} are cut to it and marked truncated "
+            "(train/demonstrations/truncated_frac); shorten them or raise the budget",
+            stacklevel=2,
+        )
+        ids = [row[:max_tokens] if c else row for row, c in zip(ids, cut, strict=True)]
+        responses = [list(row) if c else r for row, r, c in zip(ids, responses, cut, strict=True)]
     device = sampled.response_ids.device
     width = max(len(row) for row in ids)
     response_ids = torch.zeros(len(ids), width, dtype=torch.long, device=device)
@@ -155,7 +169,7 @@ def add_demonstrations(policy: Policy, sampled: Rollout, config: DemonstrationCo
         response_mask=response_mask,
         group_index=sampled.group_index[first],
         group_size=s,
-        truncated=torch.zeros(len(ids), dtype=torch.bool, device=device),
+        truncated=torch.tensor(cut, dtype=torch.bool, device=device),
         prompt_text=None if sampled.prompt_text is None else [sampled.prompt_text[row] for row in rows],
         response_text=None if sampled.response_text is None else [_text(policy, r) for r in responses],
         metadata=[dict(sampled.metadata[row]) for row in rows],
@@ -186,6 +200,7 @@ def demonstration_metrics(rollout: Rollout) -> dict[str, torch.Tensor]:
     return {
         "train/demonstrations/reward_mean": rollout.reward[shown].mean(),
         "train/demonstrations/sampled_reward_mean": rollout.reward[~shown].mean(),
+        "train/demonstrations/truncated_frac": rollout.truncated[shown].float().mean(),
     }
 
 

@@ -303,7 +303,7 @@ class RLVRModule(PolicyModule):
         """`batch` sampled now with the current weights (the step's rollout, dynamic sampling's top-ups)."""
         if self.async_rollouts is None:
             sampled = self.policy.sample(batch, self.sampled_group_size, self.sampling)
-            return add_demonstrations(self.policy, sampled, self.demonstrations)  # LUFFY
+            return add_demonstrations(self.policy, sampled, self.demonstrations, self.sampling.max_new_tokens)
         return self.async_rollouts.sample_now(batch, self.trainer.global_step).rollout  # nothing is in flight yet
 
     def _greedy_rewards(self, batch: PromptBatch, metrics: dict) -> Tensor:

@@ -124,6 +124,23 @@ def test_a_text_demonstration_is_tokenised_with_eos_and_keeps_its_groups_prompt(
     assert mixed.sampling_log_probs is None
 
 
+def test_a_demonstration_over_the_budget_is_cut_and_marked_truncated(tokenizer_dir):
+    torch.manual_seed(0)
+    policy = HFPolicy(
+        model=HFModelOptions(config=tiny_llama_config(), tokenizer=str(tokenizer_dir)),
+        prompt=PromptOptions(template="chat"),
+    )
+    batch = {"prompt": ["What is 2+3?"], "metadata": [{"long": "The answer is five.", "short": "5"}]}
+    sampled = policy.sample(batch, 2, SamplingConfig(max_new_tokens=4))
+    with pytest.warns(UserWarning, match="longer than sampling.max_new_tokens=4 are cut"):
+        mixed = add_demonstrations(policy, sampled, DemonstrationConfig(per_group=1, key="long"), max_tokens=4)
+    ids = policy.tokenizer("The answer is five.", add_special_tokens=False)["input_ids"]
+    assert len(ids) > 4 and mixed.response_ids[2, :4].tolist() == ids[:4] and mixed.response_mask[2].sum() == 4
+    assert mixed.truncated[2] and mixed.response_text[2] == policy.tokenizer.decode(ids[:4], skip_special_tokens=True)
+    fits = add_demonstrations(policy, sampled, DemonstrationConfig(per_group=1, key="short"), max_tokens=4)
+    assert not fits.truncated[2] and fits.response_text[2] == "5"
+
+
 def test_a_fit_scores_the_demonstrations_and_trains_them_as_such():
     loss = LoggedLUFFY()
     module = RLVRModule(toy(), group_size=4, loss=loss, demonstrations=ONE)
@@ -136,6 +153,7 @@ def test_a_fit_scores_the_demonstrations_and_trains_them_as_such():
     assert torch.equal(loss.handed[-1], rollout.demonstration_rows)
     last = steps[-1]
     assert last["train/demonstrations/reward_mean"] == 5.0
+    assert last["train/demonstrations/truncated_frac"] == 0.0
     sampled = rollout.reward[~rollout.demonstration_rows].mean().item()
     assert last["train/demonstrations/sampled_reward_mean"] == pytest.approx(sampled)
     assert 0.0 < last["train/demonstration_prob"] < 1.0
