@@ -177,6 +177,13 @@ class ImportanceSamplingConfig:
         if self.min is not None and not self.min < self.max:
             raise ValueError(f"need 0 <= rollout_is.min < rollout_is.max, got {self.min} and {self.max}")
 
+    def with_staleness(self, rollout_staleness: int) -> ImportanceSamplingConfig:
+        """These options for a run whose rollouts are `rollout_staleness` updates old: with stale rollouts and no mode
+        named, `token_mask` (AReaL: tokens whose weight is over the cap drop out)."""
+        if rollout_staleness and self.mode is None:
+            return dataclasses.replace(self, mode="token_mask")
+        return self
+
 
 @documented_options
 @dataclass(frozen=True)

@@ -149,16 +149,12 @@ class RLVRModule(PolicyModule):
         plain_hyperparameters(self)
         self.automatic_optimization = False
         self.loss = policy_loss(loss)
-        self.trained_group_size = group_filter.trained_group_size(group_size)
+        self._set_group_sizes(group_size, group_filter, demonstrations)
         check_option_groups(self.loss, self.sampling, group_size, self.trained_group_size, dynamic_sampling, update,
                             replay, aggregation)  # fmt: skip
-        self.group_size, self.rollout_staleness, self.group_filter = group_size, rollout_staleness, group_filter
-        self.demonstrations, self.sampled_group_size = demonstrations, demonstrations.sampled_group_size(group_size)
         check_demonstrations(demonstrations, self.loss, group_filter, replay, rollout_is, rollout_staleness, teacher)
         self.aggregation, self.kl, self.dynamic_sampling, self.update = aggregation, kl, dynamic_sampling, update
-        if rollout_staleness and rollout_is.mode is None:
-            rollout_is = dataclasses.replace(rollout_is, mode="token_mask")  # AReaL: tokens over the cap drop out
-        self.rollout_is = rollout_is
+        self.rollout_staleness, self.rollout_is = rollout_staleness, rollout_is.with_staleness(rollout_staleness)
         self._build_update(policy, entropy_coef, teacher, distillation, positive_nll_coef)
         self.replay = replay_buffer(replay, self.policy_update)
         self.advantage_estimator: AdvantageCallback | None = None
@@ -167,6 +163,13 @@ class RLVRModule(PolicyModule):
         self.async_rollouts = (
             AsyncRollouts(policy, group_size, self.sampling, rollout_staleness) if rollout_staleness else None
         )
+
+    def _set_group_sizes(self, group_size: int, group_filter, demonstrations) -> None:
+        """Responses per prompt: `group_size` in a group, of them sampled the rest after the demonstrations, and
+        trained those the group filter keeps."""
+        self.group_size, self.group_filter, self.demonstrations = group_size, group_filter, demonstrations
+        self.sampled_group_size = demonstrations.sampled_group_size(group_size)
+        self.trained_group_size = group_filter.trained_group_size(group_size)
 
     def _build_update(
         self, policy: Policy, entropy_coef: float, teacher, distillation, positive_nll_coef: float
