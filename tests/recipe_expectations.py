@@ -149,6 +149,16 @@ EXPECTED = {
         kl=None,
         m2_threshold=0.04,
     ),
+    "dcpo": dict(
+        advantage=advantages.SmoothStandardizedAdvantage,
+        loss="dynamic_clip",
+        clip=(0.2, 0.28),
+        dynamic_clip=(10.0, 10.0),
+        scale_by_std=True,
+        aggregation="seq-mean-token-mean",
+        dynamic_sampling=False,
+        kl=None,
+    ),
     "dapo": dict(
         advantage=advantages.GroupNormalizedAdvantage,
         loss="ppo_clip",

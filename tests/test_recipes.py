@@ -113,6 +113,8 @@ def test_recipe_runs_two_steps_on_the_sort_task(recipe, in_tmp_dir):
             (module.loss.on_policy.clip_low, module.loss.on_policy.clip_high),
         ),
         "m2_threshold": lambda: module.loss.m2_threshold,
+        "dynamic_clip": lambda: (module.loss.max_ratio, module.loss.dual_clip),
+        "scale_by_std": lambda: module.advantage_estimator.scale_by_std,
         "group_filter": lambda: (module.group_filter.keep, module.group_filter.metric),
         "quantile": lambda: (module.advantage_estimator.quantile, module.advantage_estimator.quantile_method),
         "baseline_shift": lambda: module.advantage_estimator.baseline_shift,
@@ -164,6 +166,10 @@ def test_recipe_runs_two_steps_on_the_sort_task(recipe, in_tmp_dir):
         ("luffy", ["--model.init_args.loss=ppo_clip"], "would train as sampled responses; use loss: luffy"),
         # a negative second-moment bound
         ("m2po", ["--model.init_args.loss.init_args.m2_threshold=-1"], "M2PO: m2_threshold must be >= 0"),
+        # a ratio bound that is no bound
+        ("dcpo", ["--model.init_args.loss.init_args.max_ratio=1"], "DynamicClip: max_ratio must be > 1"),
+        # a standardization within groups of one response
+        ("dcpo", ["--model.init_args.group_size=1"], "SmoothStandardizedAdvantage needs group_size >= 2"),
         # a divergence DPPO does not know
         ("dppo", ["--model.init_args.loss.init_args.divergence=js"], r"DPPO: divergence='js' is not valid"),
         # GMPO's per-response objective aggregated over tokens

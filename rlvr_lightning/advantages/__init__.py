@@ -15,6 +15,7 @@ from rlvr_lightning.advantages.callbacks import (
     RLOOAdvantage,
 )
 from rlvr_lightning.advantages.optimal_value import OptimalValueAdvantage
+from rlvr_lightning.advantages.smooth_standardized import SmoothStandardizedAdvantage
 from rlvr_lightning.advantages.weighted_reinforce import WeightedReinforceAdvantage
 
 __all__ = [
@@ -30,5 +31,6 @@ __all__ = [
     "PassAtKAdvantage",
     "RLOOAdvantage",
     "RawRewardAdvantage",
+    "SmoothStandardizedAdvantage",
     "WeightedReinforceAdvantage",
 ]

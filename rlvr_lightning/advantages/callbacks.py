@@ -39,6 +39,10 @@ class AdvantageCallback(Callback):
     def compute(self, rollout: Rollout) -> Tensor:
         raise NotImplementedError
 
+    def step_metrics(self) -> dict[str, float]:
+        """What the last `compute` measured, logged with the step's metrics (names under ``train/``)."""
+        return {}
+
     def check_group_size(self, group_size: int) -> None:
         if group_size < self.min_group_size:
             raise ValueError(

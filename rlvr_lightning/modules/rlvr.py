@@ -328,7 +328,9 @@ class RLVRModule(PolicyModule):
                     rollout, lambda micro: self.policy.token_energies(micro, temperature)
                 )
             metrics["train/token_energy_mean"] = masked_mean(rollout.token_energy, rollout.response_mask)
-        return self.advantage_estimator.compute(rollout)
+        advantages = self.advantage_estimator.compute(rollout)
+        metrics.update(self.advantage_estimator.step_metrics())
+        return advantages
 
     def _filter_groups(self, rollout: Rollout, metrics: dict) -> Rollout:
         if self.group_filter.keep is None:

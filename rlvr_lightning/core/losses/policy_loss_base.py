@@ -174,13 +174,20 @@ def clipped_surrogate(
     ratio: Tensor, adv: Tensor, clip_low: float, clip_high: float
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The clipped surrogate's per-token loss, the detached ratio and where the lower and upper clips are active."""
-    clipped_ratio = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    return bounded_surrogate(ratio, adv, 1.0 - clip_low, 1.0 + clip_high)
+
+
+def bounded_surrogate(
+    ratio: Tensor, adv: Tensor, lower: float | Tensor, upper: float | Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """`clipped_surrogate` with the ratio's bounds given (numbers, or tensors broadcast to the ratio's shape)."""
+    clipped_ratio = torch.clamp(ratio, lower, upper)
     neg_adv = -adv
     # l_t = -min(r A, clip(r, 1-eps_low, 1+eps_high) A)  (Schulman et al. 2017 PPO eq. 7)
     loss = torch.maximum(neg_adv * ratio, neg_adv * clipped_ratio)
     ratio_value = ratio.detach()
-    low_clipped = (ratio_value < 1.0 - clip_low) & (adv < 0)
-    high_clipped = (ratio_value > 1.0 + clip_high) & (adv > 0)
+    low_clipped = (ratio_value < lower) & (adv < 0)
+    high_clipped = (ratio_value > upper) & (adv > 0)
     return loss, ratio_value, low_clipped, high_clipped
 
 

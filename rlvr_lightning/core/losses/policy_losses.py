@@ -25,6 +25,7 @@ from rlvr_lightning.core.losses.off_policy_guidance import LUFFY
 from rlvr_lightning.core.losses.policy_loss_base import (
     PolicyLoss,
     PolicyLossOutput,
+    bounded_surrogate,
     check_clip,
     clipped_surrogate,
     merged_stats,
@@ -44,6 +45,7 @@ __all__ = [
     "AStarPO",
     "CISPO",
     "DPPO",
+    "DynamicClip",
     "EntropyShapedAdvantage",
     "GMPO",
     "GPPO",
@@ -115,7 +117,7 @@ class PPOClip(PolicyLoss):
         dual_clip = self.dual_clip
         old, adv, m = prepare_inputs(log_probs, old_log_probs, advantages, mask)
         ratio = token_ratio(log_probs, old)
-        loss, ratio_value, low_clipped, high_clipped = self.surrogate(log_probs, ratio, adv)
+        loss, ratio_value, low_clipped, high_clipped = self.surrogate(log_probs, old, ratio, adv)
         extra = {}
         if dual_clip is not None:
             # A < 0: l_t = min(l_t, -A c)  (dual-clip PPO, Ye et al. 2020 "Mastering Complex Control in MOBA Games";
@@ -124,7 +126,9 @@ class PPOClip(PolicyLoss):
             extra["dual_clip_frac"] = masked_mean(((adv < 0) & (ratio_value > dual_clip)).to(ratio.dtype), m)
         return PolicyLossOutput(zero_masked(loss, m), ratio_value, m, low_clipped, high_clipped, extra)
 
-    def surrogate(self, log_probs: Tensor, ratio: Tensor, adv: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    def surrogate(
+        self, log_probs: Tensor, old_log_probs: Tensor, ratio: Tensor, adv: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """The per-token loss before the dual clip, the detached ratio and where the lower and upper clips act."""
         # asymmetric eps = DAPO clip-higher, Yu et al. 2025 §3.1
         return clipped_surrogate(ratio, adv, self.clip_low, self.clip_high)
@@ -163,7 +167,9 @@ class GPPO(PPOClip):
         check_clip("GPPO", "beta_high", beta_high)
         self.beta_low, self.beta_high = beta_low, beta_high
 
-    def surrogate(self, log_probs: Tensor, ratio: Tensor, adv: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    def surrogate(
+        self, log_probs: Tensor, old_log_probs: Tensor, ratio: Tensor, adv: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         _, ratio_value, low_clipped, high_clipped = clipped_surrogate(ratio, adv, self.clip_low, self.clip_high)
         unit = torch.exp(log_probs - log_probs.detach())  # 1 in value, grad log pi in gradient
         # l_t = -beta_low (1 - eps_low) A r/sg(r) if bound below, -beta_high (1 + eps_high) A r/sg(r) if bound above,
@@ -172,6 +178,50 @@ class GPPO(PPOClip):
         high = -self.beta_high * (1.0 + self.clip_high) * adv * unit
         loss = torch.where(low_clipped, low, torch.where(high_clipped, high, -adv * ratio))
         return loss, ratio_value, low_clipped, high_clipped
+
+
+class DynamicClip(PPOClip):
+    """DCPO's dynamic-adaptive clipping (Yang et al. 2025, arXiv:2509.02333, sec. 4.1): PPO's clipped surrogate whose
+    bounds on the ratio depend on each token's probability ``q`` under the policy that sampled it, from
+    ``|(r - 1) r q| <= eps``: ``0.5 + 0.5 sqrt(max(1 - 4 eps_low / q, 0)) <= r <= 0.5 + 0.5 sqrt(1 + 4 eps_high / q)``,
+    the upper bound at most ``max_ratio``. A rare token may rise far more than ``1 + eps_high`` (q = 0.01,
+    eps_high = 0.28: up to 5.8x) and a likely one less; the lower bound is never below 0.5. As the authors'
+    ``get_clip_low_high`` and ``compute_policy_loss_dcpo`` (``clip_type: dynamic``), whose run uses eps 0.2 / 0.28
+    and ``clip_ratio_c`` 10 (the dual clip; the upper bound's cap is 10 whatever it is):
+    ``tests/core/test_dynamic_clip.py``.
+
+    Args:
+        clip_low: eps_low.
+        clip_high: eps_high (None: ``clip_low``).
+        max_ratio: the largest upper bound (the authors' 10).
+        dual_clip: as :class:`PPOClip`'s (the authors' 10; None: none).
+    """
+
+    def __init__(
+        self,
+        clip_low: float = 0.2,
+        clip_high: float | None = 0.28,
+        max_ratio: float = 10.0,
+        dual_clip: float | None = 10.0,
+    ) -> None:
+        super().__init__(clip_low, clip_high, dual_clip)
+        if max_ratio <= 1.0:
+            raise ValueError(f"DynamicClip: max_ratio must be > 1, got {max_ratio}")
+        self.max_ratio = max_ratio
+
+    def bounds(self, old_log_probs: Tensor) -> tuple[Tensor, Tensor]:
+        """The ratio's lower and upper bound for tokens of these old log-probs."""
+        q = old_log_probs.exp()
+        # r in [1/2 + 1/2 sqrt(max(1 - 4 eps_low / q, 0)), 1/2 + 1/2 sqrt(1 + 4 eps_high / q)]
+        # (DCPO, arXiv:2509.02333, sec. 4.1 eq. 6; the authors' get_clip_low_high)
+        lower = 0.5 + 0.5 * torch.sqrt(torch.clamp(1.0 - 4.0 * self.clip_low / q, min=0.0))
+        upper = 0.5 + 0.5 * torch.sqrt(1.0 + 4.0 * self.clip_high / q)
+        return lower, torch.clamp(upper, max=self.max_ratio)
+
+    def surrogate(
+        self, log_probs: Tensor, old_log_probs: Tensor, ratio: Tensor, adv: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        return bounded_surrogate(ratio, adv, *self.bounds(old_log_probs))
 
 
 class CISPO(PolicyLoss):
@@ -228,6 +278,7 @@ POLICY_LOSSES: dict[str, type[PolicyLoss]] = {
     "astar_po": AStarPO,
     "luffy": LUFFY,
     "m2po": M2PO,
+    "dynamic_clip": DynamicClip,
 }
 
 

@@ -1,0 +1,99 @@
+"""`SmoothStandardizedAdvantage`: DCPO's advantage, each prompt's rewards standardized by this step's group and by
+every group the prompt has had, smoothed (`core.smooth_standardization`).
+
+A prompt is known by its token ids (a digest of them): the same text sampled again, in this epoch or a later one,
+is the same prompt. The statistics live in the callback and in checkpoints (`state_dict`), so a resumed run
+standardizes as the uninterrupted one. Under data parallelism every rank gathers the step's groups from all ranks
+and folds them in the same order, so every rank holds the same statistics and a rank's advantages are those one
+process would compute for the global batch. A prompt that appears twice in one step is folded in twice, in order:
+as if its second group came one step later.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Annotated, Any
+
+import torch
+from torch import Tensor
+
+from rlvr_lightning.advantages.callbacks import AdvantageCallback
+from rlvr_lightning.core.smooth_standardization import PromptRewardStats, smooth_standardized_advantages
+from rlvr_lightning.rollout import Rollout
+from rlvr_lightning.runtime.option_declarations import Option, check_options, documented_options
+
+
+def prompt_digests(rollout: Rollout) -> list[str]:
+    """A digest of each group's prompt tokens (its first row's, without the padding)."""
+    first = torch.arange(0, rollout.num_rows, rollout.group_size)
+    ids, mask = rollout.prompt_ids[first].cpu(), rollout.prompt_mask[first].cpu().bool()
+    return [
+        hashlib.blake2b(row[keep].numpy().tobytes(), digest_size=16).hexdigest()
+        for row, keep in zip(ids, mask, strict=True)
+    ]
+
+
+def _all_ranks(digests: list[str], rewards: Tensor) -> tuple[list[str], Tensor, int]:
+    """Every rank's groups, in rank order, and where this rank's begin."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return digests, rewards, 0
+    parts: list[Any] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(parts, (digests, rewards.cpu()))
+    start = sum(len(keys) for keys, _ in parts[: torch.distributed.get_rank()])
+    return [key for keys, _ in parts for key in keys], torch.cat([part for _, part in parts]), start
+
+
+@documented_options
+class SmoothStandardizedAdvantage(AdvantageCallback):
+    """DCPO's smooth advantage standardization (Yang et al. 2025, arXiv:2509.02333, sec. 4.2): a response's reward
+    standardized by its group and by all the rewards its prompt has received in the run, the two mixed with weights
+    1/i and (i-1)/i (i: the steps that have sampled the prompt), the mix smaller in magnitude kept. A group whose
+    rewards all agree still teaches once its prompt has been answered differently before."""
+
+    min_group_size = 2
+
+    def __init__(
+        self,
+        scale_by_std: Annotated[
+            bool, Option("divide by the standard deviations (the authors' norm_adv_by_std_in_grpo).")
+        ] = True,
+    ) -> None:
+        check_options(SmoothStandardizedAdvantage, locals())
+        self.scale_by_std = scale_by_std
+        self.stats: dict[str, tuple[float, float, int]] = {}  # prompt digest -> (mean, std, visits)
+        self._metrics: dict[str, float] = {}
+
+    def compute(self, rollout: Rollout) -> Tensor:
+        digests, rewards, start = _all_ranks(prompt_digests(rollout), rollout.reward.detach().double().cpu())
+        advantages = torch.empty_like(rewards)
+        pending, revisited = list(range(len(digests))), 0
+        while pending:  # in waves: a prompt's second group in this step sees the statistics after its first
+            wave, later, seen = [], [], set()
+            for group in pending:
+                (later if digests[group] in seen else wave).append(group)
+                seen.add(digests[group])
+            revisited += sum(digests[group] in self.stats for group in wave)
+            self._fold([digests[group] for group in wave], wave, rewards, advantages, rollout.group_size)
+            pending = later
+        self._metrics = {"train/sas/revisited_frac": revisited / len(digests)}
+        size = rollout.group_size
+        own = advantages[start * size : start * size + rollout.num_rows]
+        return own.to(device=rollout.reward.device, dtype=rollout.reward.dtype)
+
+    def _fold(self, keys: list[str], groups: list[int], rewards: Tensor, advantages: Tensor, size: int) -> None:
+        """The advantages of `groups` (distinct prompts) into `advantages`, and their prompts' statistics updated."""
+        known = [self.stats.get(key, (0.0, 0.0, 0)) for key in keys]
+        prior = PromptRewardStats(*(torch.tensor(column, dtype=torch.float64) for column in zip(*known, strict=True)))
+        rows = torch.tensor([group * size + k for group in groups for k in range(size)])
+        advantages[rows], after = smooth_standardized_advantages(rewards[rows], size, prior, self.scale_by_std)
+        columns = (after.mean.tolist(), after.std.tolist(), after.visits.long().tolist())
+        self.stats.update(zip(keys, zip(*columns, strict=True), strict=True))
+
+    def step_metrics(self) -> dict[str, float]:
+        return self._metrics
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"stats": dict(self.stats)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.stats = {key: tuple(value) for key, value in state_dict["stats"].items()}
