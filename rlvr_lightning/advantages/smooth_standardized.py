@@ -45,7 +45,7 @@ def _all_ranks(digests: list[str], rewards: Tensor) -> tuple[list[str], Tensor, 
 
 @documented_options
 class SmoothStandardizedAdvantage(AdvantageCallback):
-    """DCPO's smooth advantage standardization (Yang et al. 2025, arXiv:2509.02333, sec. 4.2): a response's reward
+    """DCPO's smooth advantage standardization (Yang et al. 2025, arXiv:2509.02333): a response's reward
     standardized by its group and by all the rewards its prompt has received in the run, the two mixed with weights
     1/i and (i-1)/i (i: the steps that have sampled the prompt), the mix smaller in magnitude kept. A group whose
     rewards all agree still teaches once its prompt has been answered differently before."""

@@ -1,7 +1,7 @@
 """DCPO's smooth advantage standardization: each prompt's rewards standardized by this step's statistics and by
 those of every step it was sampled in, smoothed into one advantage.
 
-DCPO (Yang et al. 2025, "DCPO: Dynamic Clipping Policy Optimization", arXiv:2509.02333, sec. 4.2) keeps, per
+DCPO (Yang et al. 2025, "DCPO: Dynamic Clipping Policy Optimization", arXiv:2509.02333) keeps, per
 prompt, the mean and standard deviation of all the rewards its responses have received over the run. At the
 ``i``-th step that samples a prompt (``t = i - 1`` earlier visits), a response with reward ``R`` gets
 
@@ -38,7 +38,7 @@ def pooled_stats(prior: PromptRewardStats, step_mean: Tensor, step_std: Tensor) 
     t = prior.visits.to(step_mean)
     n = t + 1
     # mu = (t mu_old + mu_step) / (t + 1); var = (t var_old + var_step + t/(t+1) (mu_step - mu_old)^2) / (t + 1)
-    # (DCPO, arXiv:2509.02333, sec. 4.2; the authors' core_algos.get_mean_std)
+    # (DCPO, arXiv:2509.02333; the authors' core_algos.get_mean_std)
     mean = (prior.mean * t + step_mean) / n
     var = (t * prior.std**2 + step_std**2 + t / n * (step_mean - prior.mean) ** 2) / n
     return PromptRewardStats(mean, var.sqrt(), prior.visits + 1)
@@ -66,7 +66,7 @@ def smooth_standardized_advantages(
     a_total = _standardized(grouped, total.mean, total.std, scale_by_std)
     w = 1.0 / total.visits.to(rewards).unsqueeze(-1)  # 1/i
     # SA_new = (i-1)/i A_new + 1/i A_total; SA_total = 1/i A_new + (i-1)/i A_total; A = the smaller in magnitude
-    # (DCPO, arXiv:2509.02333, sec. 4.2, eqs. of SA; the authors' compute_dcpo_outcome_advantage)
+    # (DCPO, arXiv:2509.02333, smooth advantage standardization; the authors' compute_dcpo_outcome_advantage)
     sa_new = (1 - w) * a_new + w * a_total
     sa_total = w * a_new + (1 - w) * a_total
     advantages = torch.where(sa_new.abs() < sa_total.abs(), sa_new, sa_total)

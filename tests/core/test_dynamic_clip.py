@@ -1,4 +1,4 @@
-"""DCPO's dynamic-adaptive clipping (arXiv:2509.02333, sec. 4.1): the bounds by hand, a rare token's gradient
+"""DCPO's dynamic-adaptive clipping (arXiv:2509.02333): the bounds by hand, a rare token's gradient
 where PPO's clip drops it, and equal to the authors' `compute_policy_loss_dcpo` (clip_type dynamic), restated."""
 
 import math

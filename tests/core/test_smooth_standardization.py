@@ -1,4 +1,4 @@
-"""DCPO's smooth advantage standardization (arXiv:2509.02333, sec. 4.2): by hand over three visits of one prompt,
+"""DCPO's smooth advantage standardization (arXiv:2509.02333): by hand over three visits of one prompt,
 and equal to the authors' `compute_dcpo_outcome_advantage` with their trainer's per-prompt store, restated, over
 random runs in which prompts come back."""
 

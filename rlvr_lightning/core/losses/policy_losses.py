@@ -181,7 +181,7 @@ class GPPO(PPOClip):
 
 
 class DynamicClip(PPOClip):
-    """DCPO's dynamic-adaptive clipping (Yang et al. 2025, arXiv:2509.02333, sec. 4.1): PPO's clipped surrogate whose
+    """DCPO's dynamic-adaptive clipping (Yang et al. 2025, arXiv:2509.02333): PPO's clipped surrogate whose
     bounds on the ratio depend on each token's probability ``q`` under the policy that sampled it, from
     ``|(r - 1) r q| <= eps``: ``0.5 + 0.5 sqrt(max(1 - 4 eps_low / q, 0)) <= r <= 0.5 + 0.5 sqrt(1 + 4 eps_high / q)``,
     the upper bound at most ``max_ratio``. A rare token may rise far more than ``1 + eps_high`` (q = 0.01,
@@ -213,7 +213,7 @@ class DynamicClip(PPOClip):
         """The ratio's lower and upper bound for tokens of these old log-probs."""
         q = old_log_probs.exp()
         # r in [1/2 + 1/2 sqrt(max(1 - 4 eps_low / q, 0)), 1/2 + 1/2 sqrt(1 + 4 eps_high / q)]
-        # (DCPO, arXiv:2509.02333, sec. 4.1 eq. 6; the authors' get_clip_low_high)
+        # (DCPO, arXiv:2509.02333, dynamic-adaptive clipping; the authors' get_clip_low_high)
         lower = 0.5 + 0.5 * torch.sqrt(torch.clamp(1.0 - 4.0 * self.clip_low / q, min=0.0))
         upper = 0.5 + 0.5 * torch.sqrt(1.0 + 4.0 * self.clip_high / q)
         return lower, torch.clamp(upper, max=self.max_ratio)
