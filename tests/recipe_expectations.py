@@ -159,6 +159,15 @@ EXPECTED = {
         dynamic_sampling=False,
         kl=None,
     ),
+    "spo": dict(
+        advantage=advantages.ValueTrackerAdvantage,
+        loss="ppo_clip",
+        clip=(0.2, 0.28),
+        aggregation="token-mean",
+        kl=None,
+        group=(1, 1024),
+        tracker=(8, None, 0.875, 0.96, 0.06, 0.0, 7.0),
+    ),
     "dapo": dict(
         advantage=advantages.GroupNormalizedAdvantage,
         loss="ppo_clip",

@@ -3,10 +3,10 @@
 The task (`rlvr_lightning/demos/named_digit.py`): repeat the digit the prompt names, 4 tokens; a random model
 earns ~0.05. GRPO must take the mean reward from <= 0.2 (first step) to >= 0.8 (last 5 steps) within 60 steps on
 two seeds and answer >= 80% of held-out prompts greedily; PPO, LoRA, asynchronous rollouts, bf16 sampling
-(alone, and asynchronous with LoRA), sampling with `StaticCacheGeneration` (its step compiled) and LUFFY's
-groups with a demonstration must gain at least 0.4, far beyond noise (a step averages 16 prompts x 16 responses
-x 4 positions: a few hundredths), and answer half the held-out prompts. The negative tests break the update on
-purpose and check that the same run then does not learn.
+(alone, and asynchronous with LoRA), sampling with `StaticCacheGeneration` (its step compiled), LUFFY's
+groups with a demonstration and SPO's single responses must gain at least 0.4, far beyond noise (a step
+averages 16 prompts x 16 responses x 4 positions: a few hundredths), and answer half the held-out prompts. The
+negative tests break the update on purpose and check that the same run then does not learn.
 """
 
 from __future__ import annotations
@@ -87,6 +87,20 @@ def test_variants_learn(tokenizer_dir, tmp_path, module_class, module, policy, l
     assert curve.accuracy_at_start <= 0.1 and greedy_accuracy(cli.model.policy) >= 0.5
     if policy.get("lora", {}).get("r"):
         assert all(not p.requires_grad for n, p in cli.model.policy.named_parameters() if "lora_" not in n)
+
+
+def test_spo_learns_without_groups(tokenizer_dir, tmp_path):
+    """SPO: one response per prompt (256 prompts a step, the same 256 responses), advantages from each prompt's
+    tracked success probability, started from 4 responses of the policy and forgetting by its drift."""
+    config = fit_config(tokenizer_dir, seed=0, steps=60, module={"group_size": 1}, batch_size=256)
+    tracker = {"class_path": "rlvr_lightning.advantages.ValueTrackerAdvantage", "init_args": {"prior_samples": 4}}
+    config["trainer"]["callbacks"].append(tracker)
+    cli, curve = fit(config, tmp_path)
+    start, end = mean(curve.rewards[:START]), mean(curve.rewards[-END:])
+    assert start <= 0.2 and end >= start + 0.4, curve.rewards
+    assert greedy_accuracy(cli.model.policy) >= 0.5
+    estimator = cli.model.advantage_estimator
+    assert estimator.last and all(record["log_probs"].numel() for record in estimator.last.values())
 
 
 def _advantages_negated(monkeypatch):

@@ -115,6 +115,10 @@ def test_recipe_runs_two_steps_on_the_sort_task(recipe, in_tmp_dir):
         "m2_threshold": lambda: module.loss.m2_threshold,
         "dynamic_clip": lambda: (module.loss.max_ratio, module.loss.dual_clip),
         "scale_by_std": lambda: module.advantage_estimator.scale_by_std,
+        "tracker": lambda: tuple(
+            getattr(module.advantage_estimator, name)
+            for name in ("prior_samples", "rho", "rho_min", "rho_max", "d_half", "reward_low", "reward_high")
+        ),
         "group_filter": lambda: (module.group_filter.keep, module.group_filter.metric),
         "quantile": lambda: (module.advantage_estimator.quantile, module.advantage_estimator.quantile_method),
         "baseline_shift": lambda: module.advantage_estimator.baseline_shift,
@@ -170,6 +174,12 @@ def test_recipe_runs_two_steps_on_the_sort_task(recipe, in_tmp_dir):
         ("dcpo", ["--model.init_args.loss.init_args.max_ratio=1"], "DynamicClip: max_ratio must be > 1"),
         # a standardization within groups of one response
         ("dcpo", ["--model.init_args.group_size=1"], "SmoothStandardizedAdvantage needs group_size >= 2"),
+        # new prompts sampled for the step's batch while dynamic sampling trains on others
+        (
+            "spo",
+            ["--model.init_args.dynamic_sampling.enabled=true", "--model.init_args.group_size=2"],
+            "ValueTrackerAdvantage samples the policy on each prompt met for the first time",
+        ),
         # a divergence DPPO does not know
         ("dppo", ["--model.init_args.loss.init_args.divergence=js"], r"DPPO: divergence='js' is not valid"),
         # GMPO's per-response objective aggregated over tokens

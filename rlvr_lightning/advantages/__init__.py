@@ -16,6 +16,7 @@ from rlvr_lightning.advantages.callbacks import (
 )
 from rlvr_lightning.advantages.optimal_value import OptimalValueAdvantage
 from rlvr_lightning.advantages.smooth_standardized import SmoothStandardizedAdvantage
+from rlvr_lightning.advantages.value_tracker import ValueTrackerAdvantage
 from rlvr_lightning.advantages.weighted_reinforce import WeightedReinforceAdvantage
 
 __all__ = [
@@ -32,5 +33,6 @@ __all__ = [
     "RLOOAdvantage",
     "RawRewardAdvantage",
     "SmoothStandardizedAdvantage",
+    "ValueTrackerAdvantage",
     "WeightedReinforceAdvantage",
 ]
