@@ -127,13 +127,8 @@ class ValueTrackerAdvantage(AdvantageCallback):
             raise ValueError(f"ValueTrackerAdvantage: rho_min={rho_min} must be <= rho_max={rho_max}")
         if reward_high <= reward_low:
             raise ValueError(f"ValueTrackerAdvantage: reward_high={reward_high} must be > reward_low={reward_low}")
-        self.prior_samples, self.rho, self.rho_min, self.rho_max, self.d_half = (
-            prior_samples,
-            rho,
-            rho_min,
-            rho_max,
-            d_half,
-        )
+        self.prior_samples, self.rho, self.d_half = prior_samples, rho, d_half
+        self.rho_min, self.rho_max = rho_min, rho_max
         self.reward_low, self.reward_high, self.eps = reward_low, reward_high, eps
         self.reads_step_batch = "samples the policy on each prompt met for the first time" if prior_samples else None
         self.trackers: dict[str, tuple[float, float, int]] = {}  # prompt digest -> (alpha, beta, steps trained)
