@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from rlvr_lightning.advantages.callbacks import AdvantageCallback
+from rlvr_lightning.advantages.prompt_state import prompt_key
 from rlvr_lightning.rollout import Rollout
 from rlvr_lightning.runtime.option_declarations import Option, check_options, documented_options
 from rlvr_lightning.runtime.option_domains import POSITIVE, POSITIVE_INT
@@ -35,17 +36,6 @@ def optimal_values(rewards: Tensor, beta1: float) -> Tensor:
     # V*(x) = beta1 log mean_i exp(r_i / beta1)  (Brantley et al. 2025 A*-PO, arXiv:2505.20686, stage 1;
     # TRL A2POTrainer._estimate_optimal_values), through logsumexp
     return beta1 * (torch.logsumexp(rewards.double() / beta1, dim=-1) - math.log(rewards.shape[-1]))
-
-
-def prompt_key(prompt: Any) -> Any:
-    """A hashable key for a batch's prompt: text, token ids or chat messages."""
-    if isinstance(prompt, Tensor):
-        return tuple(prompt.tolist())
-    if isinstance(prompt, (list, tuple)):
-        return tuple(prompt_key(part) for part in prompt)
-    if isinstance(prompt, dict):
-        return tuple(sorted((name, prompt_key(value)) for name, value in prompt.items()))
-    return prompt
 
 
 @documented_options

@@ -1,46 +1,25 @@
 """`SmoothStandardizedAdvantage`: DCPO's advantage, each prompt's rewards standardized by this step's group and by
 every group the prompt has had, smoothed (`core.smooth_standardization`).
 
-A prompt is known by its token ids (a digest of them): the same text sampled again, in this epoch or a later one,
-is the same prompt. The statistics live in the callback and in checkpoints (`state_dict`), so a resumed run
-standardizes as the uninterrupted one. Under data parallelism every rank gathers the step's groups from all ranks
-and folds them in the same order, so every rank holds the same statistics and a rank's advantages are those one
-process would compute for the global batch. A prompt that appears twice in one step is folded in twice, in order:
-as if its second group came one step later.
+A prompt is known by a digest of its token ids (`prompt_state.py`). The statistics live in the callback and in
+checkpoints (`state_dict`), so a resumed run standardizes as the uninterrupted one. Under data parallelism every
+rank gathers the step's groups from all ranks and folds them in the same order, so every rank holds the same
+statistics and a rank's advantages are those one process would compute for the global batch. A prompt that
+appears twice in one step is folded in twice, in order: as if its second group came one step later.
 """
 
 from __future__ import annotations
 
-import hashlib
 from typing import Annotated, Any
 
 import torch
 from torch import Tensor
 
 from rlvr_lightning.advantages.callbacks import AdvantageCallback
+from rlvr_lightning.advantages.prompt_state import gathered, in_waves, prompt_digests, rank
 from rlvr_lightning.core.smooth_standardization import PromptRewardStats, smooth_standardized_advantages
 from rlvr_lightning.rollout import Rollout
 from rlvr_lightning.runtime.option_declarations import Option, check_options, documented_options
-
-
-def prompt_digests(rollout: Rollout) -> list[str]:
-    """A digest of each group's prompt tokens (its first row's, without the padding)."""
-    first = torch.arange(0, rollout.num_rows, rollout.group_size)
-    ids, mask = rollout.prompt_ids[first].cpu(), rollout.prompt_mask[first].cpu().bool()
-    return [
-        hashlib.blake2b(row[keep].numpy().tobytes(), digest_size=16).hexdigest()
-        for row, keep in zip(ids, mask, strict=True)
-    ]
-
-
-def _all_ranks(digests: list[str], rewards: Tensor) -> tuple[list[str], Tensor, int]:
-    """Every rank's groups, in rank order, and where this rank's begin."""
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return digests, rewards, 0
-    parts: list[Any] = [None] * torch.distributed.get_world_size()
-    torch.distributed.all_gather_object(parts, (digests, rewards.cpu()))
-    start = sum(len(keys) for keys, _ in parts[: torch.distributed.get_rank()])
-    return [key for keys, _ in parts for key in keys], torch.cat([part for _, part in parts]), start
 
 
 @documented_options
@@ -64,20 +43,15 @@ class SmoothStandardizedAdvantage(AdvantageCallback):
         self._metrics: dict[str, float] = {}
 
     def compute(self, rollout: Rollout) -> Tensor:
-        digests, rewards, start = _all_ranks(prompt_digests(rollout), rollout.reward.detach().double().cpu())
-        advantages = torch.empty_like(rewards)
-        pending, revisited = list(range(len(digests))), 0
-        while pending:  # in waves: a prompt's second group in this step sees the statistics after its first
-            wave, later, seen = [], [], set()
-            for group in pending:
-                (later if digests[group] in seen else wave).append(group)
-                seen.add(digests[group])
+        parts = gathered((prompt_digests(rollout), rollout.reward.detach().double().cpu()))
+        digests, rewards = [key for keys, _ in parts for key in keys], torch.cat([part for _, part in parts])
+        advantages, size, revisited = torch.empty_like(rewards), rollout.group_size, 0
+        for wave in in_waves(digests):  # a prompt's second group in this step sees the statistics after its first
             revisited += sum(digests[group] in self.stats for group in wave)
-            self._fold([digests[group] for group in wave], wave, rewards, advantages, rollout.group_size)
-            pending = later
+            self._fold([digests[group] for group in wave], wave, rewards, advantages, size)
         self._metrics = {"train/sas/revisited_frac": revisited / len(digests)}
-        size = rollout.group_size
-        own = advantages[start * size : start * size + rollout.num_rows]
+        start = sum(len(keys) for keys, _ in parts[: rank()]) * size
+        own = advantages[start : start + rollout.num_rows]
         return own.to(device=rollout.reward.device, dtype=rollout.reward.dtype)
 
     def _fold(self, keys: list[str], groups: list[int], rewards: Tensor, advantages: Tensor, size: int) -> None:

@@ -16,7 +16,6 @@ the same order, so every rank holds the same state and the batch normalisation i
 
 from __future__ import annotations
 
-import hashlib
 from typing import Annotated, Any
 
 import torch
@@ -24,23 +23,13 @@ from torch import Tensor
 from torch.nn.utils.rnn import pad_sequence
 
 from rlvr_lightning.advantages.callbacks import AdvantageCallback
-from rlvr_lightning.advantages.optimal_value import prompt_key
-from rlvr_lightning.advantages.smooth_standardized import prompt_digests
+from rlvr_lightning.advantages.prompt_state import data_prompt_digest, gathered, in_waves, prompt_digests, rank
 from rlvr_lightning.core import value_tracker as tracker
 from rlvr_lightning.rollout import Rollout
 from rlvr_lightning.runtime.option_declarations import Option, check_options, documented_options
 from rlvr_lightning.runtime.option_domains import NON_NEGATIVE_INT, POSITIVE, PROBABILITY, Range
 
 RHO = Range(0, 1, low_open=True, optional=True)
-
-
-def gathered(value: Any) -> list[Any]:
-    """`value` from every rank, in rank order (`[value]` on one process)."""
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return [value]
-    parts: list[Any] = [None] * torch.distributed.get_world_size()
-    torch.distributed.all_gather_object(parts, value)
-    return parts
 
 
 def _records(rollout: Rollout, log_probs: Tensor) -> list[dict[str, Tensor | None]]:
@@ -79,15 +68,6 @@ def _as_rollout(records: list[dict]) -> tuple[Rollout, Tensor]:
         response_source=None if any(r["source"] is None for r in records) else right("source"),
     )
     return rollout, right("log_probs")
-
-
-def _raw_digest(prompt: Any) -> str:
-    return hashlib.blake2b(repr(prompt_key(prompt)).encode(), digest_size=16).hexdigest()
-
-
-def _rank() -> int:
-    initialized = torch.distributed.is_available() and torch.distributed.is_initialized()
-    return torch.distributed.get_rank() if initialized else 0
 
 
 @torch.no_grad()
@@ -145,7 +125,7 @@ class ValueTrackerAdvantage(AdvantageCallback):
         """Start the trackers of the batch's prompts met for the first time from `prior_samples` responses each."""
         if not self.prior_samples:
             return
-        raws = [_raw_digest(prompt) for prompt in batch["prompt"]]
+        raws = [data_prompt_digest(prompt) for prompt in batch["prompt"]]
         new = list(dict.fromkeys(raw for raw in raws if raw not in self.primed))
         found: list[tuple[str, float, float]] = []
         if new:
@@ -169,7 +149,7 @@ class ValueTrackerAdvantage(AdvantageCallback):
         digests, size = prompt_digests(rollout), rollout.group_size
         rewards = self.unit_rewards(rollout.reward.detach().double().cpu())
         parts = gathered((digests, rewards))
-        start = sum(len(keys) for keys, _ in parts[: _rank()]) * size
+        start = sum(len(keys) for keys, _ in parts[: rank()]) * size
         keys = [key for part, _ in parts for key in part]
         values = torch.tensor([self.value(key) for key in keys], dtype=torch.float64).repeat_interleave(size)
         advantages = tracker.single_stream_advantages(torch.cat([r for _, r in parts]), values, self.eps)
@@ -217,18 +197,12 @@ class ValueTrackerAdvantage(AdvantageCallback):
     def _update(self, keys: list[str], totals: Tensor, rates: Tensor, size: int) -> None:
         """Each prompt's tracker forgets and counts its responses; a prompt twice in a step is updated twice, in
         order (in waves, each a set of distinct prompts)."""
-        pending = list(range(len(keys)))
-        while pending:
-            wave, later, seen = [], [], set()
-            for index in pending:
-                (later if keys[index] in seen else wave).append(index)
-                seen.add(keys[index])
+        for wave in in_waves(keys):
             known = torch.tensor([self.trackers.get(keys[i], (0.5, 0.5, 0)) for i in wave], dtype=torch.float64)
             alpha, beta = tracker.tracked(known[:, 0], known[:, 1], rates[wave], totals[wave], size)
             visits = known[:, 2].long() + 1
             columns = (alpha.tolist(), beta.tolist(), visits.tolist())
             self.trackers.update(zip((keys[i] for i in wave), zip(*columns, strict=True), strict=True))
-            pending = later
 
     def step_metrics(self) -> dict[str, float]:
         return self._metrics

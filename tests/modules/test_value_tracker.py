@@ -9,7 +9,7 @@ import torch
 
 from rlvr_lightning.advantages import ValueTrackerAdvantage
 from rlvr_lightning.advantages import value_tracker as module_under_test
-from rlvr_lightning.advantages.smooth_standardized import prompt_digests
+from rlvr_lightning.advantages.prompt_state import prompt_digests
 from rlvr_lightning.core import value_tracker as tracker
 from rlvr_lightning.data import RLVRDataModule, SortTask
 from rlvr_lightning.modules.options import DynamicSamplingConfig
