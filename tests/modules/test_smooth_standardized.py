@@ -1,37 +1,15 @@
 """DCPO's smooth standardization in a run: each prompt's statistics kept across steps and epochs, known by its
 tokens, a prompt twice in one step folded in order, the statistics in checkpoints, the same on every rank."""
 
-import lightning.pytorch as pl
 import pytest
 import torch
 
 from rlvr_lightning.advantages import SmoothStandardizedAdvantage
 from rlvr_lightning.core.smooth_standardization import PromptRewardStats, smooth_standardized_advantages
-from rlvr_lightning.data import RLVRDataModule, SortTask
-from rlvr_lightning.rewards import SortInclusionOrderingReward
 from rlvr_lightning.rollout import Rollout
 from tests.ddp_runs import fit_two_ranks
 
-from .test_algorithm_options import UpdateSpy
-from .test_rlvr_module import policy
-
-
-def rollout_of(prompts: list[list[int]], rewards: list[float], group_size: int, pad: int = 0) -> Rollout:
-    rows = [prompt for prompt in prompts for _ in range(group_size)]
-    ids = torch.tensor([[0] * pad + row for row in rows])
-    mask = torch.tensor([[0] * pad + [1] * len(row) for row in rows])
-    n = len(rows)
-    rollout = Rollout(
-        prompt_ids=ids,
-        prompt_mask=mask,
-        response_ids=torch.zeros(n, 1, dtype=torch.long),
-        response_mask=torch.ones(n, 1),
-        group_index=torch.arange(n) // group_size,
-        group_size=group_size,
-        truncated=torch.zeros(n, dtype=torch.bool),
-    )
-    rollout.reward = torch.tensor(rewards, dtype=torch.float32)
-    return rollout
+from .prompt_pool import pool_ddp_config, pool_fit, rollout_of
 
 
 class Reference:
@@ -54,20 +32,8 @@ class Reference:
 
 
 def test_a_run_standardizes_each_prompt_by_all_its_groups_across_epochs(in_tmp_dir):
-    pl.seed_everything(0)
-    module = UpdateSpy(policy(), group_size=4, loss="dynamic_clip")
     estimator = SmoothStandardizedAdvantage()
-    data = RLVRDataModule(SortTask(vocab_size=5, length=3, num_train=8, num_val=0), batch_size=4)
-    trainer = pl.Trainer(
-        max_epochs=4,
-        limit_val_batches=0,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[SortInclusionOrderingReward(), estimator],
-    )
-    trainer.fit(module, data)
+    module, trainer = pool_fit(estimator, group_size=4, loss="dynamic_clip")
     reference = Reference()
     assert len(module.trained_on) == 8
     for rollout in module.trained_on:
@@ -126,43 +92,11 @@ class StatsRecorder(pl.Callback):
                   open(f"{self.out}/rank{trainer.global_rank}.json", "w"))
 """
 
-CONFIG = """
-seed_everything: 0
-trainer:
-  strategy: ddp
-  accelerator: cpu
-  devices: 2
-  max_epochs: 3
-  limit_val_batches: 0
-  enable_progress_bar: false
-  enable_model_summary: false
-  enable_checkpointing: false
-  logger: false
-  callbacks:
-    - class_path: rlvr_lightning.rewards.SortInclusionOrderingReward
-    - class_path: rlvr_lightning.advantages.SmoothStandardizedAdvantage
-    - class_path: stats_recorder.StatsRecorder
-      init_args: {{out: {out}}}
-model:
-  class_path: rlvr_lightning.modules.RLVRModule
-  init_args:
-    policy:
-      class_path: rlvr_lightning.policies.ToySortPolicy
-      init_args: {{vocab_size: 5, prompt_length: 3, embedding_dim: 4}}
-    group_size: 4
-    loss: dynamic_clip
-data:
-  class_path: rlvr_lightning.data.RLVRDataModule
-  init_args:
-    batch_size: 2
-    task:
-      class_path: rlvr_lightning.data.SortTask
-      init_args: {{vocab_size: 5, length: 3, num_train: 8, num_val: 0}}
-"""
-
 
 def test_every_rank_holds_the_statistics_of_every_ranks_groups(tmp_path):
-    records = fit_two_ranks(tmp_path, "stats_recorder", RECORDER, CONFIG.format(out=tmp_path))
+    estimator = "{class_path: rlvr_lightning.advantages.SmoothStandardizedAdvantage}"
+    config = pool_ddp_config(tmp_path, estimator, "stats_recorder.StatsRecorder", 4, "    loss: dynamic_clip\n")
+    records = fit_two_ranks(tmp_path, "stats_recorder", RECORDER, config)
     assert records[0]["stats"] == records[1]["stats"]
     # 3 epochs of 8 prompts, split between the ranks: every group of both ranks counted once
     assert sum(visits for _, _, visits in records[0]["stats"].values()) == 3 * 8

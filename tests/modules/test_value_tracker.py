@@ -3,7 +3,6 @@ theirs, the KL-adaptive forgetting from the policy's drift on each prompt's last
 
 import io
 
-import lightning.pytorch as pl
 import pytest
 import torch
 
@@ -11,38 +10,20 @@ from rlvr_lightning.advantages import ValueTrackerAdvantage
 from rlvr_lightning.advantages import value_tracker as module_under_test
 from rlvr_lightning.advantages.prompt_state import prompt_digests
 from rlvr_lightning.core import value_tracker as tracker
-from rlvr_lightning.data import RLVRDataModule, SortTask
 from rlvr_lightning.modules.options import DynamicSamplingConfig
 from rlvr_lightning.rewards import SortInclusionOrderingReward
 from tests.ddp_runs import fit_two_ranks
 
+from .prompt_pool import pool_ddp_config, pool_fit, rollout_of
 from .test_algorithm_options import UpdateSpy
 from .test_greedy_baseline import SampleSpy
 from .test_rlvr_module import fit, policy
-from .test_smooth_standardized import rollout_of
 
 
 def assert_trackers(trackers, expected):
     assert trackers.keys() == expected.keys()
     for key, (alpha, beta) in expected.items():
         assert trackers[key][:2] == pytest.approx((alpha, beta))
-
-
-def pool_fit(estimator, epochs=4, group_size=1, policy_=None):
-    pl.seed_everything(0)
-    module = UpdateSpy(policy_ or policy(), group_size=group_size)
-    data = RLVRDataModule(SortTask(vocab_size=5, length=3, num_train=8, num_val=0), batch_size=4)
-    trainer = pl.Trainer(
-        max_epochs=epochs,
-        limit_val_batches=0,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[SortInclusionOrderingReward(), estimator],
-    )
-    trainer.fit(module, data)
-    return module, trainer
 
 
 def test_with_a_fixed_rate_the_advantages_follow_the_trackers_by_hand(in_tmp_dir):
@@ -193,43 +174,13 @@ class TrackerRecorder(pl.Callback):
                    "primed": sorted(estimator.primed)}, open(f"{self.out}/rank{trainer.global_rank}.json", "w"))
 """
 
-CONFIG = """
-seed_everything: 0
-trainer:
-  strategy: ddp
-  accelerator: cpu
-  devices: 2
-  max_epochs: 3
-  limit_val_batches: 0
-  enable_progress_bar: false
-  enable_model_summary: false
-  enable_checkpointing: false
-  logger: false
-  callbacks:
-    - class_path: rlvr_lightning.rewards.SortInclusionOrderingReward
-    - class_path: rlvr_lightning.advantages.ValueTrackerAdvantage
-      init_args: {{prior_samples: 2, reward_high: 7.0}}
-    - class_path: tracker_recorder.TrackerRecorder
-      init_args: {{out: {out}}}
-model:
-  class_path: rlvr_lightning.modules.RLVRModule
-  init_args:
-    policy:
-      class_path: rlvr_lightning.policies.ToySortPolicy
-      init_args: {{vocab_size: 5, prompt_length: 3, embedding_dim: 4}}
-    group_size: 1
-data:
-  class_path: rlvr_lightning.data.RLVRDataModule
-  init_args:
-    batch_size: 2
-    task:
-      class_path: rlvr_lightning.data.SortTask
-      init_args: {{vocab_size: 5, length: 3, num_train: 8, num_val: 0}}
-"""
-
 
 def test_every_rank_holds_every_ranks_trackers_and_responses(tmp_path):
-    records = fit_two_ranks(tmp_path, "tracker_recorder", RECORDER, CONFIG.format(out=tmp_path))
+    estimator = (
+        "{class_path: rlvr_lightning.advantages.ValueTrackerAdvantage, init_args: {prior_samples: 2, reward_high: 7}}"
+    )
+    config = pool_ddp_config(tmp_path, estimator, "tracker_recorder.TrackerRecorder", 1)
+    records = fit_two_ranks(tmp_path, "tracker_recorder", RECORDER, config)
     assert records[0] == records[1]
     assert len(records[0]["primed"]) == len(records[0]["last"]) == 8
     assert sum(visits for _, _, visits in records[0]["trackers"].values()) == 3 * 8  # every rank's prompts
