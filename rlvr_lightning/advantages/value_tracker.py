@@ -7,7 +7,8 @@ first meets the prompt; ``0``: ``alpha = beta = 1/2``). After the step's update 
 and counts the step's rewards: with ``rho: null`` (KL-adaptive, the paper's), ``rho`` comes from how far the
 updated policy has moved on the prompt's previous response since the update after it was sampled, so the tracker
 keeps each prompt's last response and its log-probs; ``rho: x`` forgets at a fixed rate. Rewards are mapped to
-[0, 1] by ``reward_range``. A group of ``G`` responses counts as ``G`` observations (the paper samples one).
+[0, 1] from [``reward_low``, ``reward_high``]. A group of ``G`` responses counts as ``G`` observations (the paper
+samples one).
 
 Trackers, the last responses and the prompts already sampled live in the callback and in checkpoints. Under data
 parallelism every rank gathers the step's prompts, rewards and last responses from every rank and applies them in
