@@ -1,6 +1,9 @@
-"""Callbacks with state of their own resume bitwise: A*-PO's V* per prompt (`OptimalValueAdvantage`) and Skywork-OR1's
-entropy coefficient (`AdaptiveEntropyControl`). Each recipe runs 2 epochs of 3 rollout steps; a run resumed from the
-checkpoint of the first epoch's end ends where the uninterrupted run ends, with every logged step equal."""
+"""Callbacks with state of their own resume bitwise: A*-PO's V* per prompt (`OptimalValueAdvantage`), Skywork-OR1's
+entropy coefficient (`AdaptiveEntropyControl`), DCPO's reward statistics per prompt (`SmoothStandardizedAdvantage`)
+and SPO's trackers, kept responses and sampled prompts (`ValueTrackerAdvantage`; these two over a pool of 24
+prompts, so that the second epoch brings every prompt back). Each recipe runs 2 epochs of 3 rollout steps; a run
+resumed from the checkpoint of the first epoch's end ends where the uninterrupted run ends, with every logged step
+equal."""
 
 from __future__ import annotations
 
@@ -11,13 +14,14 @@ import pytest
 import torch
 import yaml
 
-from rlvr_lightning.advantages import OptimalValueAdvantage
+from rlvr_lightning.advantages import OptimalValueAdvantage, SmoothStandardizedAdvantage, ValueTrackerAdvantage
 from rlvr_lightning.callbacks import AdaptiveEntropyControl
 from rlvr_lightning.cli.app import main
 from tests.test_resume import logged, parameters
 
 RECIPES = Path(__file__).resolve().parents[1] / "configs" / "recipes"
-SIZES = {"astar_po": (32, 16), "adaptive_entropy": (8, 32)}  # prompts a step, mini-batch rows
+SIZES = {"astar_po": (32, 16), "adaptive_entropy": (8, 32), "dcpo": (8, 16), "spo": (8, 4)}  # prompts, mini-batch
+POOLS = {"dcpo": 24, "spo": 24}  # a finite training set: 3 steps an epoch
 
 
 def run(tmp_path: Path, recipe: str, name: str, *extra: str):
@@ -25,6 +29,8 @@ def run(tmp_path: Path, recipe: str, name: str, *extra: str):
     trainer, model = config["trainer"], config["model"]["init_args"]
     prompts, mini_batch = SIZES[recipe]
     config["data"]["init_args"]["batch_size"] = prompts
+    if recipe in POOLS:
+        config["data"]["init_args"]["task"]["init_args"]["num_train"] = POOLS[recipe]
     model["update"]["mini_batch_size"] = mini_batch
     for callback in trainer["callbacks"]:
         if callback["class_path"].endswith("AdaptiveEntropyControl"):
@@ -67,6 +73,12 @@ def controller(cli, kind):
     [
         ("astar_po", OptimalValueAdvantage, lambda c: c.values),
         ("adaptive_entropy", AdaptiveEntropyControl, lambda c: (c.coef, c.enabled)),
+        ("dcpo", SmoothStandardizedAdvantage, lambda c: c.stats),
+        (
+            "spo",
+            ValueTrackerAdvantage,
+            lambda c: (c.trackers, c.primed, {k: r["log_probs"].tolist() for k, r in c.last.items()}),
+        ),
     ],
 )
 def test_resume_is_bitwise(recipe, kind, state, tmp_path, monkeypatch):
