@@ -10,6 +10,11 @@ keeps each prompt's last response and its log-probs; ``rho: x`` forgets at a fix
 [0, 1] from [``reward_low``, ``reward_high``]. A group of ``G`` responses counts as ``G`` observations (the paper
 samples one).
 
+With ``prioritize: k`` (SPO's prioritized sampling) the step trains on ``k`` of each batch's prompts, drawn without
+replacement with probability proportional to ``sqrt(p (1 - p)) + explore``; the data module's ``batch_size`` is then
+the number drawn from, and new prompts are started (``prior_samples``) before the draw, so that every candidate is
+weighed by its own estimate. A prompt whose tracker is unknown weighs as ``p = 1/2``.
+
 Trackers, the last responses and the prompts already sampled live in the callback and in checkpoints. Under data
 parallelism every rank gathers the step's prompts, rewards and last responses from every rank and applies them in
 the same order, so every rank holds the same state and the batch normalisation is over the global batch.
@@ -102,6 +107,17 @@ class ValueTrackerAdvantage(AdvantageCallback):
         reward_low: Annotated[float, Option("the reward mapped to 0 (rewards are clipped to the range).")] = 0.0,
         reward_high: Annotated[float, Option("the reward mapped to 1.")] = 1.0,
         eps: Annotated[float, Option("added to the batch's std.", POSITIVE)] = 1e-8,
+        prioritize: Annotated[
+            int | None,
+            Option(
+                "train on this many of each batch's prompts (per rank), drawn by sqrt(p (1 - p)) + explore "
+                "(SPO's prioritized sampling; data.batch_size is the number drawn from); null: every prompt.",
+                Range(1, integer=True, optional=True),
+            ),
+        ] = None,
+        explore: Annotated[
+            float, Option("the weight each prompt has beyond sqrt(p (1 - p)) in prioritized sampling (0.05).", POSITIVE)
+        ] = 0.05,
     ) -> None:
         check_options(ValueTrackerAdvantage, locals())
         if rho_min > rho_max:
@@ -111,10 +127,20 @@ class ValueTrackerAdvantage(AdvantageCallback):
         self.prior_samples, self.rho, self.d_half = prior_samples, rho, d_half
         self.rho_min, self.rho_max = rho_min, rho_max
         self.reward_low, self.reward_high, self.eps = reward_low, reward_high, eps
-        self.reads_step_batch = "samples the policy on each prompt met for the first time" if prior_samples else None
+        self.prioritize, self.explore = prioritize, explore
+        self.reads_step_batch = None
+        if prior_samples or prioritize:
+            self.reads_step_batch = (
+                "samples the policy on each prompt met for the first time"
+                if prior_samples
+                else "draws the step's prompts from the batch by their trackers"
+            )
         self.trackers: dict[str, tuple[float, float, int]] = {}  # prompt digest -> (alpha, beta, steps trained)
         self.last: dict[str, dict] = {}  # prompt digest -> its last response and log-probs (KL-adaptive rho)
         self.primed: set[str] = set()  # digests of the raw prompts whose prior was sampled
+        self.keys: dict[str, str] = {}  # raw prompt digest -> its tracker's key (prioritized sampling)
+        self._step_raws: list[str] | None = None  # the digests of the prompts the step trains on
+        self._drawn: dict[str, float] = {}
         self._pending: tuple[Rollout, list[str], Tensor] | None = None
         self._metrics: dict[str, float] = {}
         self._rho_mean: float | None = None
@@ -123,10 +149,37 @@ class ValueTrackerAdvantage(AdvantageCallback):
         return ((rewards - self.reward_low) / (self.reward_high - self.reward_low)).clamp(0.0, 1.0)
 
     def on_train_batch_start(self, trainer, pl_module, batch: dict[str, list], batch_idx: int) -> None:
-        """Start the trackers of the batch's prompts met for the first time from `prior_samples` responses each."""
-        if not self.prior_samples:
+        """Start the trackers of the batch's prompts met for the first time from `prior_samples` responses each; with
+        `prioritize`, then keep that many of the batch's prompts (in place), drawn by their trackers."""
+        if not (self.prior_samples or self.prioritize):
             return
         raws = [data_prompt_digest(prompt) for prompt in batch["prompt"]]
+        if self.prioritize is not None and len(raws) <= self.prioritize:
+            raise ValueError(
+                f"ValueTrackerAdvantage: prioritize={self.prioritize} draws from each batch's prompts, and this batch "
+                f"holds {len(raws)}: set data.batch_size above {self.prioritize} (SPO draws 1,024 from far more)"
+            )
+        if self.prior_samples:
+            self._start_trackers(pl_module, batch, raws)
+        if self.prioritize is not None:
+            raws = self._draw(batch, raws)
+        self._step_raws = raws
+
+    def _draw(self, batch: dict[str, list], raws: list[str]) -> list[str]:
+        """Keep `prioritize` of the batch's prompts (SPO's prioritized sampling); the kept prompts' digests."""
+        values = torch.tensor([self.value(self.keys.get(raw, "")) for raw in raws], dtype=torch.float64)
+        weights = tracker.sampling_weights(values, self.explore)
+        kept = tracker.prioritized_draw(weights, self.prioritize).tolist()
+        for name, column in batch.items():
+            batch[name] = [column[i] for i in kept]
+        spread = weights - self.explore
+        self._drawn = {
+            "train/spo/drawn_std_mean": float(spread[kept].mean()),
+            "train/spo/candidate_std_mean": float(spread.mean()),
+        }
+        return [raws[i] for i in kept]
+
+    def _start_trackers(self, pl_module, batch: dict[str, list], raws: list[str]) -> None:
         new = list(dict.fromkeys(raw for raw in raws if raw not in self.primed))
         found: list[tuple[str, float, float]] = []
         if new:
@@ -139,8 +192,10 @@ class ValueTrackerAdvantage(AdvantageCallback):
             found = list(zip(prompt_digests(sampled), alpha.tolist(), beta.tolist(), strict=True))
         for raw_new, part in gathered((new, found)):
             self.primed.update(raw_new)
-            for key, alpha, beta in part:
+            for raw, (key, alpha, beta) in zip(raw_new, part, strict=True):
                 self.trackers.setdefault(key, (alpha, beta, 0))
+                if self.prioritize is not None:
+                    self.keys[raw] = key
 
     def value(self, key: str) -> float:
         alpha, beta, _ = self.trackers.get(key, (0.5, 0.5, 0))
@@ -149,11 +204,19 @@ class ValueTrackerAdvantage(AdvantageCallback):
     def compute(self, rollout: Rollout) -> Tensor:
         digests, size = prompt_digests(rollout), rollout.group_size
         rewards = self.unit_rewards(rollout.reward.detach().double().cpu())
-        parts = gathered((digests, rewards))
-        start = sum(len(keys) for keys, _ in parts[: rank()]) * size
-        keys = [key for part, _ in parts for key in part]
+        raws = self._step_raws if self.prioritize is not None else None
+        if raws is not None and len(raws) != len(digests):
+            raise ValueError(
+                f"ValueTrackerAdvantage: the step's rollout holds {len(digests)} prompts, not the {len(raws)} drawn "
+                "from the batch (prioritize needs the step's own prompts)"
+            )
+        parts = gathered((digests, rewards, raws))
+        start = sum(len(keys) for keys, _, _ in parts[: rank()]) * size
+        keys = [key for part, _, _ in parts for key in part]
+        for part_keys, _, part_raws in parts:
+            self.keys.update(zip(part_raws or [], part_keys, strict=False))
         values = torch.tensor([self.value(key) for key in keys], dtype=torch.float64).repeat_interleave(size)
-        advantages = tracker.single_stream_advantages(torch.cat([r for _, r in parts]), values, self.eps)
+        advantages = tracker.single_stream_advantages(torch.cat([r for _, r, _ in parts]), values, self.eps)
         self._pending = (rollout, digests, rewards)
         self._metrics = {"train/spo/value_mean": float(values.mean())}
         first = sum(self.trackers.get(key, (0, 0, 0))[2] == 0 for key in keys)
@@ -206,15 +269,17 @@ class ValueTrackerAdvantage(AdvantageCallback):
             self.trackers.update(zip((keys[i] for i in wave), zip(*columns, strict=True), strict=True))
 
     def step_metrics(self) -> dict[str, float]:
-        return self._metrics
+        return {**self._metrics, **self._drawn}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"trackers": dict(self.trackers), "last": _packed(self.last), "primed": sorted(self.primed)}
+        state = {"trackers": dict(self.trackers), "last": _packed(self.last), "primed": sorted(self.primed)}
+        return {**state, "keys": dict(self.keys)}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.trackers = {key: tuple(value) for key, value in state_dict["trackers"].items()}
         self.last = _unpacked(state_dict["last"])
         self.primed = set(state_dict["primed"])
+        self.keys = dict(state_dict.get("keys", {}))
 
 
 RECORD_FIELDS = ("prompt", "prompt_mask", "response", "mask", "log_probs", "source")

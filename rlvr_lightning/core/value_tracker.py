@@ -14,6 +14,9 @@ being the one just after the step that sampled it (the authors' ``_get_spo_rho``
 [0.875, 0.96]). A prompt's first tracker comes from ``n`` responses of the policy that meets it: ``alpha = N_0 (s +
 1/2) / (n + 1)``, ``beta = N_0 (n - s + 1/2) / (n + 1)`` with ``s`` their summed rewards and ``N_0 = 1 / (1 -
 rho_min)`` (the effective sample count the forgetting settles at); ``n = 0``: ``alpha = beta = 1/2``.
+
+Prioritized sampling draws a step's prompts, without replacement, from a larger batch with probability
+proportional to ``sqrt(p (1 - p)) + epsilon``: the prompts whose outcome is least certain teach the most.
 """
 
 from __future__ import annotations
@@ -51,6 +54,21 @@ def tracked(
     """The tracker once it has forgotten at ``rho`` and seen ``count`` responses whose rewards sum to ``rewards``."""
     # alpha <- rho alpha + r, beta <- rho beta + (1 - r)  (SPO, arXiv:2509.13232; the authors' spo_ray_trainer.fit)
     return rho * alpha + rewards, rho * beta + (count - rewards)
+
+
+def sampling_weights(values: Tensor, explore: float) -> Tensor:
+    """Each prompt's weight in prioritized sampling: ``sqrt(p (1 - p)) + explore`` for its value ``p``."""
+    # w = sqrt(p (1 - p)) + epsilon  (SPO, arXiv:2509.13232, prioritized sampling; the authors' prompt2weight, 0.05)
+    return (values * (1.0 - values)).clamp_min(0.0).sqrt() + explore
+
+
+def prioritized_draw(weights: Tensor, keep: int, generator: torch.Generator | None = None) -> Tensor:
+    """The positions of ``keep`` of the prompts, drawn one after another without replacement, each draw with
+    probability proportional to the weights left (numpy's ``choice(replace=False, p=...)``, the authors'), in
+    ascending order."""
+    if keep > weights.numel():
+        raise ValueError(f"cannot draw {keep} prompts without replacement from {weights.numel()}")
+    return torch.multinomial(weights.double(), keep, replacement=False, generator=generator).sort().values
 
 
 def single_stream_advantages(rewards: Tensor, values: Tensor, eps: float = 1e-8) -> Tensor:

@@ -85,3 +85,52 @@ def test_equals_the_authors_tracker_over_a_run():
         ours.update({p: (a, b) for p, a, b in zip(prompts, alpha.tolist(), beta.tolist(), strict=True)})
     for p in pool:
         assert ours[p] == pytest.approx((authors_alpha[p], authors_beta[p]), rel=1e-5)
+
+
+def test_sampling_weights_by_hand():
+    values = torch.tensor([0.5, 0.0, 1.0, 0.9], dtype=torch.float64)
+    # sqrt(p (1 - p)) + 0.05: sqrt(0.25) = 0.5; 0; 0; sqrt(0.09) = 0.3
+    assert tracker.sampling_weights(values, 0.05).tolist() == pytest.approx([0.55, 0.05, 0.05, 0.35])
+
+
+def test_sampling_weights_equal_the_authors():
+    """verl-recipe spo/spo_ray_trainer.py, `prompt2phat` and `prompt2weight` (EXPLORATION_EPSILON 0.05), restated."""
+    random.seed(0)
+    prompt2alpha = {f"p{i}": random.uniform(0.01, 9.0) for i in range(50)}
+    prompt2beta = {f"p{i}": random.uniform(0.01, 9.0) for i in range(50)}
+    prompt2phat = {k: float(prompt2alpha[k]) / float(prompt2alpha[k] + prompt2beta[k]) for k in prompt2alpha}
+    prompt2weight = {k: ((prompt2phat[k] * (1.0 - prompt2phat[k])) ** 0.5) + 0.05 for k in prompt2alpha}
+    alpha = torch.tensor(list(prompt2alpha.values()), dtype=torch.float64)
+    beta = torch.tensor(list(prompt2beta.values()), dtype=torch.float64)
+    ours = tracker.sampling_weights(alpha / (alpha + beta), 0.05)
+    assert ours.tolist() == pytest.approx(list(prompt2weight.values()), abs=1e-12)
+
+
+def inclusion_by_hand(weights, keep):
+    """P(prompt i is drawn) when `keep` draws are made one after another, each in proportion to the weights left."""
+    inclusion = [0.0] * len(weights)
+
+    def walk(left, chosen, probability):
+        if len(chosen) == keep:
+            for i in chosen:
+                inclusion[i] += probability
+            return
+        total = sum(weights[i] for i in left)
+        for i in left:
+            walk([j for j in left if j != i], chosen + [i], probability * weights[i] / total)
+
+    walk(list(range(len(weights))), [], 1.0)
+    return inclusion
+
+
+def test_prioritized_draw_keeps_each_prompt_as_often_as_sequential_draws_would():
+    weights = torch.tensor([0.55, 0.05, 0.35, 0.2, 0.45], dtype=torch.float64)
+    # e.g. with 2 draws from 3 weights (1, 1, 2): P(the third) = 2/4 + 2 (1/4)(2/3) = 5/6
+    assert inclusion_by_hand([1.0, 1.0, 2.0], 2)[2] == pytest.approx(5 / 6)
+    generator = torch.Generator().manual_seed(0)
+    draws = torch.stack([tracker.prioritized_draw(weights, 2, generator) for _ in range(40_000)])
+    assert bool((draws[:, 0] < draws[:, 1]).all())  # distinct, in ascending order
+    frequency = torch.bincount(draws.flatten(), minlength=5).double() / 40_000
+    assert frequency.tolist() == pytest.approx(inclusion_by_hand(weights.tolist(), 2), abs=0.01)
+    with pytest.raises(ValueError, match="cannot draw 6 prompts without replacement from 5"):
+        tracker.prioritized_draw(weights, 6)

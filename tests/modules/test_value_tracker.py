@@ -8,7 +8,7 @@ import torch
 
 from rlvr_lightning.advantages import ValueTrackerAdvantage
 from rlvr_lightning.advantages import value_tracker as module_under_test
-from rlvr_lightning.advantages.prompt_state import prompt_digests
+from rlvr_lightning.advantages.prompt_state import data_prompt_digest, prompt_digests
 from rlvr_lightning.core import value_tracker as tracker
 from rlvr_lightning.modules.options import DynamicSamplingConfig
 from rlvr_lightning.rewards import SortInclusionOrderingReward
@@ -159,6 +159,54 @@ def test_sampling_new_prompts_refuses_dynamic_sampling(in_tmp_dir):
         fit(module, [SortInclusionOrderingReward(), ValueTrackerAdvantage(prior_samples=2)], steps=1)
 
 
+def token_key(prompt: list[int]) -> str:
+    """The tracker's key of a sort prompt (the toy policy's prompt ids are the prompt's tokens)."""
+    return prompt_digests(rollout_of([prompt], [0.0], group_size=1))[0]
+
+
+def test_prioritized_sampling_draws_the_step_from_the_batch_by_the_trackers(monkeypatch):
+    estimator = ValueTrackerAdvantage(prior_samples=0, rho=0.5, prioritize=2)
+    estimator._step_raws = [data_prompt_digest([1, 2]), data_prompt_digest([3, 4])]
+    estimator.compute(rollout_of([[1, 2], [3, 4]], [1.0, 0.0], group_size=1))  # learns the raw prompts' keys
+    estimator.on_train_batch_end(None, None, None, None, 0)
+    assert estimator.keys == {data_prompt_digest(p): token_key(p) for p in ([1, 2], [3, 4])}
+    # (1/2, 1/2) -> (1.25, 0.25): p = 5/6 for [1, 2], 1/6 for [3, 4]; [5, 6] unknown: p = 1/2
+    seen = []
+    monkeypatch.setattr(tracker, "prioritized_draw", lambda weights, keep: seen.append(weights) or torch.tensor([0, 2]))
+    batch = {"prompt": [[1, 2], [5, 6], [3, 4]], "metadata": [{"n": 0}, {"n": 1}, {"n": 2}]}
+    estimator.on_train_batch_start(None, None, batch, 1)
+    spread = (5 / 36) ** 0.5  # sqrt(p (1 - p)) for p = 5/6 and 1/6
+    assert seen[0].tolist() == pytest.approx([spread + 0.05, 0.55, spread + 0.05])
+    assert batch == {"prompt": [[1, 2], [3, 4]], "metadata": [{"n": 0}, {"n": 2}]}  # cut in place
+    assert estimator._step_raws == [data_prompt_digest([1, 2]), data_prompt_digest([3, 4])]
+    metrics = estimator.step_metrics()
+    assert metrics["train/spo/drawn_std_mean"] == pytest.approx(spread)
+    assert metrics["train/spo/candidate_std_mean"] == pytest.approx((2 * spread + 0.5) / 3)
+
+
+def test_a_prioritized_run_trains_on_the_drawn_prompts_after_starting_every_candidates_tracker(in_tmp_dir):
+    torch.manual_seed(0)
+    spy = SampleSpy(vocab_size=5, prompt_length=3, embedding_dim=4)
+    estimator = ValueTrackerAdvantage(prior_samples=3, rho=0.9, reward_high=7.0, prioritize=2)
+    module, trainer = pool_fit(estimator, epochs=2, policy_=spy)
+    calls = [(prompts, n) for prompts, n, _, _ in spy.calls]
+    # the first epoch: every step starts its 4 new candidates (3 responses each), then samples 2 of them once
+    for step in range(2):
+        (candidates, n_prior), (drawn, n) = calls[2 * step], calls[2 * step + 1]
+        assert (len(candidates), n_prior, len(drawn), n) == (4, 3, 2, 1)
+        assert all(prompt in candidates for prompt in drawn) and drawn[0] != drawn[1]
+    assert [(len(prompts), n) for prompts, n in calls[4:]] == [(2, 1), (2, 1)]  # then no prompt is new
+    assert [rollout.num_rows for rollout in module.trained_on] == [2] * 4
+    pool = [prompt for prompts, n in calls[:4] if n == 3 for prompt in prompts]
+    assert estimator.keys == {data_prompt_digest(p): token_key(p) for p in pool}
+    assert 0 < float(trainer.callback_metrics["train/spo/drawn_std_mean"]) <= 0.5
+
+
+def test_prioritized_sampling_needs_a_larger_batch(in_tmp_dir):
+    with pytest.raises(ValueError, match=r"prioritize=4 draws from each batch's prompts, and this batch holds 4"):
+        pool_fit(ValueTrackerAdvantage(prior_samples=0, prioritize=4))
+
+
 RECORDER = """
 import json
 import lightning.pytorch as pl
@@ -171,16 +219,24 @@ class TrackerRecorder(pl.Callback):
     def on_train_end(self, trainer, pl_module):
         estimator = pl_module.advantage_estimator
         json.dump({"trackers": {k: list(v) for k, v in estimator.trackers.items()}, "last": sorted(estimator.last),
-                   "primed": sorted(estimator.primed)}, open(f"{self.out}/rank{trainer.global_rank}.json", "w"))
+                   "primed": sorted(estimator.primed), "keys": estimator.keys},
+                  open(f"{self.out}/rank{trainer.global_rank}.json", "w"))
 """
 
 
-def test_every_rank_holds_every_ranks_trackers_and_responses(tmp_path):
+@pytest.mark.parametrize(("options", "trained"), [("prior_samples: 2", 2), ("prior_samples: 0, prioritize: 1", 1)])
+def test_every_rank_holds_every_ranks_trackers_and_responses(tmp_path, options, trained):
     estimator = (
-        "{class_path: rlvr_lightning.advantages.ValueTrackerAdvantage, init_args: {prior_samples: 2, reward_high: 7}}"
+        "{class_path: rlvr_lightning.advantages.ValueTrackerAdvantage, init_args: {"
+        + options
+        + ", reward_high: 7}}"
     )
     config = pool_ddp_config(tmp_path, estimator, "tracker_recorder.TrackerRecorder", 1)
     records = fit_two_ranks(tmp_path, "tracker_recorder", RECORDER, config)
     assert records[0] == records[1]
-    assert len(records[0]["primed"]) == len(records[0]["last"]) == 8
-    assert sum(visits for _, _, visits in records[0]["trackers"].values()) == 3 * 8  # every rank's prompts
+    visits = sum(visits for _, _, visits in records[0]["trackers"].values())
+    assert visits == 3 * 2 * trained * 2  # 3 epochs of 2 steps, `trained` prompts a rank, every rank's
+    if "prioritize" in options:  # each prompt any rank trained on: its tracker, last response and key, on both
+        assert len(records[0]["keys"]) == len(records[0]["trackers"]) == len(records[0]["last"]) >= 4
+    else:
+        assert len(records[0]["primed"]) == len(records[0]["last"]) == 8
