@@ -227,9 +227,7 @@ class TrackerRecorder(pl.Callback):
 @pytest.mark.parametrize(("options", "trained"), [("prior_samples: 2", 2), ("prior_samples: 0, prioritize: 1", 1)])
 def test_every_rank_holds_every_ranks_trackers_and_responses(tmp_path, options, trained):
     estimator = (
-        "{class_path: rlvr_lightning.advantages.ValueTrackerAdvantage, init_args: {"
-        + options
-        + ", reward_high: 7}}"
+        "{class_path: rlvr_lightning.advantages.ValueTrackerAdvantage, init_args: {" + options + ", reward_high: 7}}"
     )
     config = pool_ddp_config(tmp_path, estimator, "tracker_recorder.TrackerRecorder", 1)
     records = fit_two_ranks(tmp_path, "tracker_recorder", RECORDER, config)
