@@ -149,6 +149,13 @@ EXPECTED = {
         kl=None,
         m2_threshold=0.04,
     ),
+    "bapo": dict(
+        advantage=advantages.GroupNormalizedAdvantage,
+        loss="bapo",
+        aggregation="token-mean",
+        kl=None,
+        bapo=(0.4, (0.6, 0.9), (1.2, 3.0), 0.02, 0.05, "upper", True, None),
+    ),
     "dcpo": dict(
         advantage=advantages.SmoothStandardizedAdvantage,
         loss="dynamic_clip",

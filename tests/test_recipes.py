@@ -113,6 +113,19 @@ def test_recipe_runs_two_steps_on_the_sort_task(recipe, in_tmp_dir):
             (module.loss.on_policy.clip_low, module.loss.on_policy.clip_high),
         ),
         "m2_threshold": lambda: module.loss.m2_threshold,
+        "bapo": lambda: tuple(
+            getattr(module.loss, name)
+            for name in (
+                "target",
+                "lower",
+                "upper",
+                "lower_step",
+                "upper_step",
+                "raise_first",
+                "probability_weighted",
+                "dual_clip",
+            )
+        ),  # fmt: skip
         "dynamic_clip": lambda: (module.loss.max_ratio, module.loss.dual_clip),
         "scale_by_std": lambda: module.advantage_estimator.scale_by_std,
         "tracker": lambda: tuple(

@@ -25,6 +25,7 @@ from rlvr_lightning.core.entropy import entropy_from_log_probs, entropy_from_log
 from rlvr_lightning.core.kl import K1, K2, K3, K3IS, KL_ESTIMATORS, KLEstimator, kl_estimator
 from rlvr_lightning.core.log_probs import token_energy_from_logits, token_log_probs_from_logits
 from rlvr_lightning.core.losses.policy_losses import (
+    BAPO,
     CISPO,
     DPPO,
     GMPO,
@@ -60,6 +61,7 @@ __all__ = [
     "KLCov",
     "AGGREGATION_MODES",
     "AStarPO",
+    "BAPO",
     "CISPO",
     "DPPO",
     "DynamicClip",

@@ -1,5 +1,6 @@
 """The pick of a token-selecting loss over a mini-batch split across two data-parallel ranks (gloo, two processes)
-is the pick of one process holding the whole mini-batch: each rank gets its own slice of it."""
+is the pick of one process holding the whole mini-batch: each rank gets its own slice of it. So are BAPO's bounds,
+searched over the whole mini-batch (each token's bound, for a loss that reads a value per token)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,14 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from rlvr_lightning.core.losses.policy_losses import ClipCov, HighEntropyTokens, KLCov
+from rlvr_lightning.core.losses.policy_losses import BAPO, ClipCov, HighEntropyTokens, KLCov
 from rlvr_lightning.modules.update.token_selection import SelectionInputs, select_over_mini_batch
 
 LOSSES = {
     "clip_cov": lambda: ClipCov(clip_cov_ratio=0.2, clip_cov_lb=0.0, clip_cov_ub=100.0),
     "kl_cov": lambda: KLCov(kl_cov_ratio=0.1),
     "high_entropy": lambda: HighEntropyTokens(top_quantile=0.3),
+    "bapo": lambda: BAPO(target=0.7),  # whole: c_high 1.55; rank 1 alone: both bounds at their ranges' ends
 }
 
 
@@ -57,8 +59,11 @@ def test_two_ranks_pick_as_one_process_holding_their_tokens():
         whole = select_over_mini_batch(loss(), micro_batches(0) + micro_batches(1))
         assert results[name, 0] == [s.tolist() for s in whole[:2]], name
         assert results[name, 1] == [s.tolist() for s in whole[2:]], name
-        picked = sum(int(s.sum()) for s in whole)
-        assert 0 < picked < sum(int(part.mask.sum()) for part in micro_batches(0) + micro_batches(1)), name
+        if name == "bapo":
+            assert {round(v, 4) for s in whole for v in s.flatten().tolist()} == {0.0, 0.6, 1.55}
+        else:
+            picked = sum(int(s.sum()) for s in whole)
+            assert 0 < picked < sum(int(part.mask.sum()) for part in micro_batches(0) + micro_batches(1)), name
         # each rank alone would pick otherwise: the gather matters
         torch.manual_seed(0)
         assert [s.tolist() for s in select_over_mini_batch(loss(), micro_batches(1))] != results[name, 1], name

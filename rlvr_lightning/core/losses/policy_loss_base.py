@@ -36,7 +36,8 @@ ratio statistics are 1 and the fractions 0.
 A loss that picks tokens by a statistic of the whole mini-batch (``selects_tokens``: the covariance losses of
 ``core/losses/covariance_losses.py``, ``HighEntropyTokens``) says how in ``select_tokens``; the update computes the
 pick over every micro-batch of the mini-batch and every data-parallel rank and hands each micro-batch its part
-as ``selected`` (``[N, T]`` bool). Called without it, the loss picks within its own inputs.
+as ``selected`` (``[N, T]`` bool; or a value per token, 0 at padding: ``BAPO``'s bound). Called without it, the loss
+picks within its own inputs.
 
 With a correction of the sampler/trainer mismatch (``rollout_is``) the update calls
 :meth:`PolicyLoss.with_rollout_is` instead, which multiplies each token's loss by its weight unless the
@@ -51,7 +52,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from rlvr_lightning.core.masked import join_masked
+from rlvr_lightning.core.masked import join_masked, masked_mean
 
 # |log ratio| is clamped before exp so a stale token cannot produce inf
 # (verl core_algos.compute_policy_loss clamps to [-20, 20])
@@ -191,6 +192,24 @@ def bounded_surrogate(
     return loss, ratio_value, low_clipped, high_clipped
 
 
+def dual_clipped(
+    loss: Tensor, adv: Tensor, ratio_value: Tensor, dual_clip: float | None, mask: Tensor | None
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """A clipped surrogate's per-token loss with the dual clip ``c`` applied (None: as is) and its statistics."""
+    if dual_clip is None:
+        return loss, {}
+    # A < 0: l_t = min(l_t, -A c)  (dual-clip PPO, Ye et al. 2020 "Mastering Complex Control in MOBA Games";
+    # verl core_algos.compute_policy_loss clip_ratio_c)
+    loss = torch.where(adv < 0, torch.minimum(loss, -adv * dual_clip), loss)
+    clipped = ((adv < 0) & (ratio_value > dual_clip)).to(ratio_value.dtype)
+    return loss, {"dual_clip_frac": masked_mean(clipped, mask)}
+
+
+def check_dual_clip(loss: str, dual_clip: float | None) -> None:
+    if dual_clip is not None and dual_clip <= 1.0:
+        raise ValueError(f"{loss}: dual_clip must be > 1 (or None), got {dual_clip}")
+
+
 def check_clip(loss: str, name: str, value: float) -> None:
     if value < 0:
         raise ValueError(f"{loss}: {name} must be >= 0, got {value}")
@@ -226,9 +245,10 @@ class PolicyLoss:
     def select_tokens(
         self, log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, entropy: Tensor | None, generator
     ) -> Tensor:
-        """bool ``[M]``: the tokens this loss picks among ``M`` tokens, given flat ``[M]`` detached current and old
-        log-probs, advantages and entropies (None unless ``selection_reads_entropy``) of the real tokens of a whole
-        mini-batch; ``generator`` (a ``torch.Generator`` seeded alike on every rank) draws any random choice."""
+        """bool ``[M]``: the tokens this loss picks among ``M`` tokens (or a value for each, handed back alike), given
+        flat ``[M]`` detached current and old log-probs, advantages and entropies (None unless
+        ``selection_reads_entropy``) of the real tokens of a whole mini-batch; ``generator`` (a ``torch.Generator``
+        seeded alike on every rank) draws any random choice."""
         raise NotImplementedError
 
     def check(self, aggregation: str) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from rlvr_lightning.core.losses.balanced_clip import BAPO
 from rlvr_lightning.core.losses.covariance_losses import ClipCov, KLCov
 from rlvr_lightning.core.losses.divergence_losses import DPPO
 from rlvr_lightning.core.losses.entropy_shaping import EntropyShapedAdvantage
@@ -27,7 +28,9 @@ from rlvr_lightning.core.losses.policy_loss_base import (
     PolicyLossOutput,
     bounded_surrogate,
     check_clip,
+    check_dual_clip,
     clipped_surrogate,
+    dual_clipped,
     merged_stats,
     prepare_inputs,
     token_ratio,
@@ -38,11 +41,11 @@ from rlvr_lightning.core.losses.second_moment import M2PO
 from rlvr_lightning.core.losses.sequence_losses import GMPO, GSPO, LUSPO, TOPR
 from rlvr_lightning.core.losses.soft_losses import SAPO, VESPO
 from rlvr_lightning.core.losses.token_selection import HighEntropyTokens
-from rlvr_lightning.core.masked import masked_mean
 from rlvr_lightning.core.shorthands import from_shorthand
 
 __all__ = [
     "AStarPO",
+    "BAPO",
     "CISPO",
     "DPPO",
     "DynamicClip",
@@ -109,21 +112,14 @@ class PPOClip(PolicyLoss):
         clip_high = clip_low if clip_high is None else clip_high
         check_clip("PPOClip", "clip_low", clip_low)
         check_clip("PPOClip", "clip_high", clip_high)
-        if dual_clip is not None and dual_clip <= 1.0:
-            raise ValueError(f"PPOClip: dual_clip must be > 1 (or None), got {dual_clip}")
+        check_dual_clip("PPOClip", dual_clip)
         self.clip_low, self.clip_high, self.dual_clip = clip_low, clip_high, dual_clip
 
     def __call__(self, log_probs, old_log_probs, advantages, mask):
-        dual_clip = self.dual_clip
         old, adv, m = prepare_inputs(log_probs, old_log_probs, advantages, mask)
         ratio = token_ratio(log_probs, old)
         loss, ratio_value, low_clipped, high_clipped = self.surrogate(log_probs, old, ratio, adv)
-        extra = {}
-        if dual_clip is not None:
-            # A < 0: l_t = min(l_t, -A c)  (dual-clip PPO, Ye et al. 2020 "Mastering Complex Control in MOBA Games";
-            # verl core_algos.compute_policy_loss clip_ratio_c)
-            loss = torch.where(adv < 0, torch.minimum(loss, -adv * dual_clip), loss)
-            extra["dual_clip_frac"] = masked_mean(((adv < 0) & (ratio_value > dual_clip)).to(ratio.dtype), m)
+        loss, extra = dual_clipped(loss, adv, ratio_value, self.dual_clip, m)
         return PolicyLossOutput(zero_masked(loss, m), ratio_value, m, low_clipped, high_clipped, extra)
 
     def surrogate(
@@ -279,6 +275,7 @@ POLICY_LOSSES: dict[str, type[PolicyLoss]] = {
     "luffy": LUFFY,
     "m2po": M2PO,
     "dynamic_clip": DynamicClip,
+    "bapo": BAPO,
 }
 
 

@@ -20,10 +20,10 @@ def flat_tokens(values: Tensor, mask: Tensor | None) -> Tensor:
 
 
 def unflatten(picked: Tensor, mask: Tensor | None, shape: torch.Size) -> Tensor:
-    """bool ``shape``: ``picked`` (``[M]``, in ``flat_tokens``' order) at the real tokens, False elsewhere."""
+    """``shape``: ``picked`` (``[M]``, in ``flat_tokens``' order) at the real tokens, False (0) elsewhere."""
     if mask is None:
         return picked.reshape(shape)
-    selected = torch.zeros(shape, dtype=torch.bool, device=picked.device)
+    selected = torch.zeros(shape, dtype=picked.dtype, device=picked.device)
     selected[mask.bool()] = picked
     return selected
 
