@@ -156,6 +156,13 @@ EXPECTED = {
         kl=None,
         bapo=(0.4, (0.6, 0.9), (1.2, 3.0), 0.02, 0.05, "upper", True, None),
     ),
+    "gvpo": dict(
+        advantage=advantages.CenteredAdvantage,
+        loss="gvpo",
+        aggregation="seq-mean-token-sum",
+        kl=None,
+        gvpo=(0.1, "prompts"),
+    ),
     "dcpo": dict(
         advantage=advantages.SmoothStandardizedAdvantage,
         loss="dynamic_clip",

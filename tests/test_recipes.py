@@ -113,6 +113,7 @@ def test_recipe_runs_two_steps_on_the_sort_task(recipe, in_tmp_dir):
             (module.loss.on_policy.clip_low, module.loss.on_policy.clip_high),
         ),
         "m2_threshold": lambda: module.loss.m2_threshold,
+        "gvpo": lambda: (module.loss.beta, module.update.shuffle),
         "bapo": lambda: tuple(
             getattr(module.loss, name)
             for name in (

@@ -19,12 +19,7 @@ from rlvr_lightning.core.kl import KLEstimator, kl_estimator
 from rlvr_lightning.core.losses.policy_losses import PolicyLoss
 from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.runtime.option_declarations import Option, check_options, documented_options
-from rlvr_lightning.runtime.option_domains import (
-    NON_NEGATIVE,
-    POSITIVE_INT,
-    OneOf,
-    Range,
-)
+from rlvr_lightning.runtime.option_domains import NON_NEGATIVE, POSITIVE_INT, OneOf, Range
 
 log = logging.getLogger(__name__)
 
@@ -316,6 +311,16 @@ class UpdateConfig:
                 f"{self.mini_batch_size} must be a multiple of {name}={group_size}"
             )
 
+    def check_whole_groups(self, loss: PolicyLoss, group_size: int, name: str = "group_size") -> None:
+        """A loss that `reads_groups` needs each group's rows in one micro-batch."""
+        sizes = (self.mini_batch_size or 0, self.micro_batch_size or 0)
+        cut = self.micro_batch_tokens or (self.shuffle == "rows" and sizes[0]) or any(s % group_size for s in sizes)
+        if loss.reads_groups and cut:
+            raise ValueError(
+                f"{type(loss).__name__} reads whole prompt groups in each micro-batch: set update.shuffle: prompts, "
+                f"update.mini_batch_size and micro_batch_size multiples of {name}={group_size}, micro_batch_tokens null"
+            )
+
     def warn_stale_epochs(self, loss: PolicyLoss) -> None:
         if not loss.needs_old_log_probs and self.epochs > 1:
             log.warning(
@@ -361,6 +366,7 @@ def check_option_groups(
     dynamic_sampling.check_group_size(trained_group_size, trained)
     replay.check_group_size(trained_group_size, trained)
     update.check_group_size(trained_group_size, trained)
+    update.check_whole_groups(loss, trained_group_size, trained)
     loss.check(aggregation.mode)
     update.warn_stale_epochs(loss)
 

@@ -241,6 +241,9 @@ class PolicyLoss:
     #: True: ``__call__`` and ``with_rollout_is`` take which rows are demonstrations from the data rather than
     #: sampled responses as ``demonstration_rows=`` (bool ``[N]`` or None: none; the module's ``demonstrations``)
     reads_demonstrations: bool = False
+    #: True: ``__call__`` takes each row's prompt group as ``group_index=`` (``[N]``) and the rows a group has as
+    #: ``group_size=``; the update keeps every group whole in each micro-batch (``update.shuffle: prompts``)
+    reads_groups: bool = False
 
     def select_tokens(
         self, log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, entropy: Tensor | None, generator

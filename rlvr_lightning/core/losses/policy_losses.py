@@ -22,6 +22,7 @@ from rlvr_lightning.core.losses.balanced_clip import BAPO
 from rlvr_lightning.core.losses.covariance_losses import ClipCov, KLCov
 from rlvr_lightning.core.losses.divergence_losses import DPPO
 from rlvr_lightning.core.losses.entropy_shaping import EntropyShapedAdvantage
+from rlvr_lightning.core.losses.group_variance import GVPO
 from rlvr_lightning.core.losses.off_policy_guidance import LUFFY
 from rlvr_lightning.core.losses.policy_loss_base import (
     PolicyLoss,
@@ -53,6 +54,7 @@ __all__ = [
     "GMPO",
     "GPPO",
     "GSPO",
+    "GVPO",
     "KLCov",
     "ClipCov",
     "HighEntropyTokens",
@@ -276,6 +278,7 @@ POLICY_LOSSES: dict[str, type[PolicyLoss]] = {
     "m2po": M2PO,
     "dynamic_clip": DynamicClip,
     "bapo": BAPO,
+    "gvpo": GVPO,
 }
 
 

@@ -101,8 +101,8 @@ def loss_keyword_inputs(
 ) -> dict[str, Tensor]:
     """What ``loss`` reads besides log-probs, old log-probs, advantages and mask, as keyword arguments: its pick of
     tokens (``selected``, over the mini-batch; None: picked here within this micro-batch), the tokens' detached
-    entropies (``reads_entropy``), the reference's log-probs (``reads_reference``) and which rows are
-    demonstrations (``reads_demonstrations``)."""
+    entropies (``reads_entropy``), the reference's log-probs (``reads_reference``), each row's group and the group
+    size (``reads_groups``) and which rows are demonstrations (``reads_demonstrations``)."""
     if loss.selects_tokens and selected is None:
         reads = entropy if loss.selection_reads_entropy else None
         (selected,) = select_over_mini_batch(
@@ -113,6 +113,8 @@ def loss_keyword_inputs(
         inputs["entropy"] = entropy.detach()
     if loss.reads_reference:
         inputs["ref_log_probs"] = micro.ref_log_probs
+    if loss.reads_groups:
+        inputs["group_index"], inputs["group_size"] = micro.group_index, micro.group_size
     if loss.reads_demonstrations:
         inputs["demonstration_rows"] = micro.demonstration_rows
     return inputs
