@@ -46,8 +46,8 @@ def test_the_first_update_is_centred_reinforce():
 
 
 def _authors_gvpo(old_log_prob, log_prob, advantages, response_mask, beta, uid, n):
-    """github.com/zichongli5/verl f5953e9, recipe/gvpo/gvpo_core_algos.py ``compute_policy_loss_gvpo``, restated
-    for one process (its all-gather of ``rtheta`` and ``uid`` over one rank is the identity)."""
+    """The authors' ``compute_policy_loss_gvpo`` (github.com/jszkc/GVPO; recipe/gvpo/gvpo_core_algos.py of
+    github.com/zichongli5/verl f5953e9), restated for one process (its all-gather over one rank is the identity)."""
     rtheta = ((log_prob * response_mask).sum(dim=-1) - (old_log_prob * response_mask).sum(dim=-1)) * beta
     r_minus_avg = (advantages * response_mask).sum(dim=-1) / response_mask.sum(dim=-1)
     data = {"rtheta": rtheta.clone().detach(), "uid": uid}
