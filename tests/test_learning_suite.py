@@ -13,7 +13,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 # the recipes shipped in configs/recipes (SFT and expert iteration have no reward curve to band)
 RECIPES = sorted(p.stem for p in (REPO / "configs" / "recipes").glob("*.yaml"))
-QUICK = {"sort_lecture", "sort_grpo", "sft_then_grpo"} | {
+QUICK = {"sort_lecture", "sort_grpo", "sft_then_grpo", "gvpo_stale"} | {
     f"recipe_{r}" for r in RECIPES if r not in ("sft", "expert_iteration")
 }
 
