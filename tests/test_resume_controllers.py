@@ -1,7 +1,7 @@
 """Callbacks with state of their own resume bitwise: A*-PO's V* per prompt (`OptimalValueAdvantage`), Skywork-OR1's
 entropy coefficient (`AdaptiveEntropyControl`), DCPO's reward statistics per prompt (`SmoothStandardizedAdvantage`)
-and SPO's trackers, kept responses and sampled prompts (`ValueTrackerAdvantage`; these two over a pool of 24
-prompts, so that the second epoch brings every prompt back). Each recipe runs 2 epochs of 3 rollout steps; a run
+and SPO's trackers, kept responses and sampled prompts (`ValueTrackerAdvantage`, also drawing its prompts by the
+trackers; these over a pool of 24 prompts, so that the second epoch brings every prompt back). Each recipe runs 2 epochs of 3 rollout steps; a run
 resumed from the checkpoint of the first epoch's end ends where the uninterrupted run ends, with every logged step
 equal."""
 
@@ -25,6 +25,8 @@ POOLS = {"dcpo": 24, "spo": 24}  # a finite training set: 3 steps an epoch
 
 
 def run(tmp_path: Path, recipe: str, name: str, *extra: str):
+    prioritized = recipe == "spo_prioritized"  # SPO drawing 4 of each batch's 8 prompts by their trackers
+    recipe = "spo" if prioritized else recipe
     config = yaml.safe_load((RECIPES / f"{recipe}.yaml").read_text())
     trainer, model = config["trainer"], config["model"]["init_args"]
     prompts, mini_batch = SIZES[recipe]
@@ -35,6 +37,8 @@ def run(tmp_path: Path, recipe: str, name: str, *extra: str):
     for callback in trainer["callbacks"]:
         if callback["class_path"].endswith("AdaptiveEntropyControl"):
             callback["init_args"]["target"] = 5.0  # above the entropy: the bonus is on, its coefficient rises
+        if prioritized and callback["class_path"].endswith("ValueTrackerAdvantage"):
+            callback["init_args"]["prioritize"] = 4
     trainer["callbacks"].append(
         {
             "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
@@ -79,6 +83,7 @@ def controller(cli, kind):
             ValueTrackerAdvantage,
             lambda c: (c.trackers, c.primed, {k: r["log_probs"].tolist() for k, r in c.last.items()}),
         ),
+        ("spo_prioritized", ValueTrackerAdvantage, lambda c: (c.trackers, c.primed, c.keys)),
     ],
 )
 def test_resume_is_bitwise(recipe, kind, state, tmp_path, monkeypatch):
