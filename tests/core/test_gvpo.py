@@ -101,3 +101,39 @@ def test_options_and_modes_are_checked():
     with pytest.raises(ValueError, match="GVPO uses no importance ratio"):
         GVPO().with_rollout_is(torch.zeros(2, 2), None, torch.zeros(2), None, torch.ones(2, 2))
     assert type(policy_loss("gvpo")) is GVPO
+
+
+def test_without_centring_the_log_ratio_it_is_kimi_k15s_mirror_descent_by_hand():
+    # s = (1, 0), beta 0.1, advantages (0.5, -0.5): 1/2 (0.1 - 0.5)^2 = 0.08, 1/2 (0 + 0.5)^2 = 0.125; no group read
+    log_ratios = torch.tensor([1.0, 0.0], requires_grad=True)
+    losses, term = group_variance_losses(log_ratios, torch.tensor([0.5, -0.5]), None, 0, 0.1)
+    assert losses.tolist() == pytest.approx([0.08, 0.125])
+    assert term.tolist() == pytest.approx([0.1, 0.0])
+    losses.sum().backward()
+    assert log_ratios.grad.tolist() == pytest.approx([0.1 * (0.1 - 0.5), 0.1 * 0.5])  # beta (beta s - A)
+    assert not GVPO(center_log_ratio=False).reads_groups and GVPO().reads_groups
+
+
+def _kimi_surrogate(log_prob, old_log_prob, rewards, response_mask, tau):
+    """Kimi k1.5 (arXiv:2501.12599), the online mirror descent's gradient for one prompt's k responses, as a
+    surrogate: 1/k sum_j [-(r_j - mean r) log pi(y_j) + tau/2 (log pi(y_j)/pi_old(y_j))^2], restated."""
+    log_ratio = ((log_prob - old_log_prob) * response_mask).sum(-1)
+    log_pi = (log_prob * response_mask).sum(-1)
+    return (-(rewards - rewards.mean()) * log_pi + tau / 2 * log_ratio.square()).mean()
+
+
+def test_without_centring_its_gradient_is_kimi_k15s_times_beta_on_random_groups():
+    generator = torch.Generator().manual_seed(1)
+    loss_fn = GVPO(beta=0.2, center_log_ratio=False)
+    for _ in range(50):
+        k, t = torch.randint(2, 8, (2,), generator=generator).tolist()
+        old = torch.log(torch.rand(k, t, generator=generator).clamp_min(1e-3))
+        log_probs = (old + 0.3 * torch.randn(k, t, generator=generator)).clamp_max(0.0)
+        rewards = torch.rand(k, generator=generator)
+        mask = (torch.rand(k, t, generator=generator) < 0.8).float()
+        mask[:, 0] = 1.0
+        ours_lp, theirs_lp = log_probs.clone().requires_grad_(), log_probs.clone().requires_grad_()
+        out = loss_fn(ours_lp, old, rewards - rewards.mean(), mask)
+        aggregate_loss(out.loss, mask, "seq-mean-token-sum").backward()
+        _kimi_surrogate(theirs_lp, old, rewards, mask, tau=0.2).backward()
+        assert_close(ours_lp.grad, 0.2 * theirs_lp.grad, rtol=1e-5, atol=1e-7)

@@ -44,3 +44,10 @@ def test_options_that_cut_a_group_are_refused_before_any_work(update):
 def test_another_aggregation_is_refused():
     with pytest.raises(ValueError, match="needs aggregation seq-mean-token-sum"):
         RLVRModule(toy(), group_size=4, loss="gvpo")
+
+
+def test_kimi_k15s_mirror_descent_reads_no_group():
+    loss = GVPO(center_log_ratio=False)
+    module = RLVRModule(toy(), group_size=4, loss=loss, aggregation=SUM, update=UpdateConfig(mini_batch_size=8))
+    steps = fit(module, steps=2)
+    assert all(step["train/gvpo_log_ratio_term"] >= 0 for step in steps)

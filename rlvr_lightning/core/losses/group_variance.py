@@ -14,7 +14,10 @@ centred one, ``CenteredAdvantage``); ``k``: the group's size. The group's mean l
 centred REINFORCE; on stale data the ``beta (s_i - mean s)`` term pulls back the responses that have moved most.
 
 The loss needs every response of a group in one micro-batch (``reads_groups``): ``update.shuffle: prompts`` and
-batch sizes that are multiples of the group's.
+batch sizes that are multiples of the group's. Without the log-ratio's centring (``center_log_ratio: false``) it is
+Kimi k1.5's online mirror descent (Kimi Team 2025, arXiv:2501.12599): ``1/2 (r_i - mean r - tau s_i)^2``, the
+partition function's ``tau log Z`` taken as the mean reward, whose gradient ``beta (-(r_i - mean r) + tau s_i) grad
+s_i`` is the paper's times ``tau = beta``; it needs no group.
 """
 
 from __future__ import annotations
@@ -26,11 +29,17 @@ from rlvr_lightning.core.losses.policy_loss_base import PolicyLoss, PolicyLossOu
 
 
 def group_variance_losses(
-    log_ratios: Tensor, advantages: Tensor, group_index: Tensor, group_size: int, beta: float
+    log_ratios: Tensor, advantages: Tensor, group_index: Tensor | None, group_size: int, beta: float
 ) -> tuple[Tensor, Tensor]:
     """Each response's GVPO loss ``[n]`` and its centred log-ratio term ``beta (s_i - mean_g s)`` (detached), from
     its summed log-ratio ``s`` ``[n]`` (differentiable), its advantage ``[n]`` and its group's id ``[n]``; every
-    group of the ``n`` rows must be whole (``group_size`` rows)."""
+    group of the ``n`` rows must be whole (``group_size`` rows). ``group_index`` None: ``1/2 (beta s_i - A_i)^2``, the
+    log-ratio not centred (Kimi k1.5's mirror descent)."""
+    scaled = beta * log_ratios
+    if group_index is None:
+        # 1/2 ((r_i - mean r) - tau log(pi / pi_old)(y_i))^2, tau log Z taken as the mean reward  (Kimi k1.5,
+        # arXiv:2501.12599, online mirror descent)
+        return 0.5 * (scaled - advantages.to(scaled.dtype)).square(), scaled.detach()
     groups, inverse, counts = torch.unique(group_index, return_inverse=True, return_counts=True)
     if bool((counts != group_size).any()):
         raise ValueError(
@@ -38,7 +47,6 @@ def group_variance_losses(
             f"not {group_size} each: set update.shuffle: prompts, update.mini_batch_size and update.micro_batch_size "
             f"to multiples of the group's {group_size} rows, and update.micro_batch_tokens: null"
         )
-    scaled = beta * log_ratios
     means = torch.zeros(len(groups), dtype=scaled.dtype, device=scaled.device)
     means = means.index_add(0, inverse, scaled.detach()) / group_size
     centred = scaled - means[inverse]
@@ -56,14 +64,18 @@ class GVPO(PolicyLoss):
 
     Args:
         beta: the KL constraint's weight (the authors' script 0.1).
+        center_log_ratio: centre each response's log-ratio over its group (GVPO); False: Kimi k1.5's mirror descent
+            (``1/2 (beta s_i - A_i)^2``: the advantage alone centred, by its estimator; no group read).
     """
 
-    reads_groups = True
-
-    def __init__(self, beta: float = 0.1) -> None:
+    def __init__(self, beta: float = 0.1, center_log_ratio: bool = True) -> None:
         if not beta > 0:
             raise ValueError(f"GVPO: beta must be > 0, got {beta}")
-        self.beta = beta
+        self.beta, self.center_log_ratio = beta, center_log_ratio
+
+    @property
+    def reads_groups(self) -> bool:
+        return self.center_log_ratio
 
     def check(self, aggregation: str) -> None:
         if aggregation != "seq-mean-token-sum":
@@ -77,7 +89,7 @@ class GVPO(PolicyLoss):
     ):
         """``group_index`` ``[N]`` and ``group_size``: each row's group and the rows a group has (the update passes
         them; without them every row is a group of its own, which GVPO cannot centre)."""
-        if group_index is None:
+        if group_index is None and self.center_log_ratio:
             raise ValueError("GVPO needs each row's group (group_index=, group_size=); the update passes them")
         old, adv, m = prepare_inputs(log_probs, old_log_probs, advantages, mask)
         real = torch.ones_like(log_probs, dtype=torch.bool) if m is None else m
