@@ -194,6 +194,10 @@ def test_recipe_runs_two_steps_on_the_sort_task(recipe, in_tmp_dir):
             ["--model.init_args.dynamic_sampling.enabled=true", "--model.init_args.group_size=2"],
             "ValueTrackerAdvantage samples the policy on each prompt met for the first time",
         ),
+        # GVPO's groups dealt row by row into mini-batches: a group's log-ratios could not be centred
+        ("gvpo", ["--model.init_args.update.shuffle=rows"], "GVPO reads whole prompt groups in each micro-batch"),
+        # BAPO's lower bound's range above 1
+        ("bapo", ["--model.init_args.loss.init_args.lower=[0.6, 1.1]"], "BAPO: the bounds' ranges must satisfy"),
         # a divergence DPPO does not know
         ("dppo", ["--model.init_args.loss.init_args.divergence=js"], r"DPPO: divergence='js' is not valid"),
         # GMPO's per-response objective aggregated over tokens

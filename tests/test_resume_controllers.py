@@ -1,9 +1,9 @@
 """Callbacks with state of their own resume bitwise: A*-PO's V* per prompt (`OptimalValueAdvantage`), Skywork-OR1's
 entropy coefficient (`AdaptiveEntropyControl`), DCPO's reward statistics per prompt (`SmoothStandardizedAdvantage`)
 and SPO's trackers, kept responses and sampled prompts (`ValueTrackerAdvantage`, also drawing its prompts by the
-trackers; these over a pool of 24 prompts, so that the second epoch brings every prompt back). Each recipe runs 2 epochs of 3 rollout steps; a run
-resumed from the checkpoint of the first epoch's end ends where the uninterrupted run ends, with every logged step
-equal."""
+trackers; these over a pool of 24 prompts, so that the second epoch brings every prompt back). Each recipe runs 2
+epochs of 3 rollout steps; a run resumed from the checkpoint of the first epoch's end ends where the uninterrupted
+run ends, with every logged step equal."""
 
 from __future__ import annotations
 
