@@ -86,8 +86,10 @@ def test_equals_the_authors_loss_and_gradient_on_random_batches(group_size):
 
 
 def test_a_group_cut_across_micro_batches_is_refused():
-    with pytest.raises(ValueError, match=r"holds \[2, 1\] rows of its groups, not 2 each: set update.shuffle: prompts"):
+    with pytest.raises(ValueError, match=r"over its 2 rows, consecutive in one micro-batch: .*holds 3 rows"):
         GVPO()(torch.zeros(3, 2), None, torch.zeros(3), None, group_index=torch.tensor([0, 0, 1]), group_size=2)
+    with pytest.raises(RuntimeError, match="over its 2 rows, consecutive in one micro-batch: set update.shuffle"):
+        GVPO()(torch.zeros(4, 2), None, torch.zeros(4), None, group_index=torch.tensor([0, 1, 0, 1]), group_size=2)
     with pytest.raises(ValueError, match="GVPO needs each row's group"):
         GVPO()(torch.zeros(2, 2), None, torch.zeros(2), None)
 

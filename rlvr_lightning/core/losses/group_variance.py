@@ -32,24 +32,26 @@ def group_variance_losses(
     log_ratios: Tensor, advantages: Tensor, group_index: Tensor | None, group_size: int, beta: float
 ) -> tuple[Tensor, Tensor]:
     """Each response's GVPO loss ``[n]`` and its centred log-ratio term ``beta (s_i - mean_g s)`` (detached), from
-    its summed log-ratio ``s`` ``[n]`` (differentiable), its advantage ``[n]`` and its group's id ``[n]``; every
-    group of the ``n`` rows must be whole (``group_size`` rows). ``group_index`` None: ``1/2 (beta s_i - A_i)^2``, the
+    its summed log-ratio ``s`` ``[n]`` (differentiable), its advantage ``[n]`` and its group's id ``[n]``: whole
+    groups of ``group_size`` consecutive rows (as the update deals them; checked on the device, without waiting for
+    it). ``group_index`` None: ``1/2 (beta s_i - A_i)^2``, the
     log-ratio not centred (Kimi k1.5's mirror descent)."""
     scaled = beta * log_ratios
     if group_index is None:
         # 1/2 ((r_i - mean r) - tau log(pi / pi_old)(y_i))^2, tau log Z taken as the mean reward  (Kimi k1.5,
         # arXiv:2501.12599, online mirror descent)
         return 0.5 * (scaled - advantages.to(scaled.dtype)).square(), scaled.detach()
-    groups, inverse, counts = torch.unique(group_index, return_inverse=True, return_counts=True)
-    if bool((counts != group_size).any()):
-        raise ValueError(
-            f"GVPO centres each group's log-ratios, and this micro-batch holds {counts.tolist()} rows of its groups, "
-            f"not {group_size} each: set update.shuffle: prompts, update.mini_batch_size and update.micro_batch_size "
-            f"to multiples of the group's {group_size} rows, and update.micro_batch_tokens: null"
-        )
-    means = torch.zeros(len(groups), dtype=scaled.dtype, device=scaled.device)
-    means = means.index_add(0, inverse, scaled.detach()) / group_size
-    centred = scaled - means[inverse]
+    cut = (
+        f"GVPO centres each group's log-ratios over its {group_size} rows, consecutive in one micro-batch: set "
+        "update.shuffle: prompts, update.mini_batch_size and update.micro_batch_size to multiples of the group's "
+        "rows, and update.micro_batch_tokens: null"
+    )
+    if group_size < 1 or log_ratios.shape[0] % group_size:
+        raise ValueError(f"{cut} (this micro-batch holds {log_ratios.shape[0]} rows)")
+    groups = group_index.view(-1, group_size)
+    torch._assert_async((groups == groups[:, :1]).all(), cut)  # no host read: a GPU step keeps running ahead
+    means = scaled.detach().view(-1, group_size).mean(-1, keepdim=True)
+    centred = (scaled.view(-1, group_size) - means).view(-1)
     # 1/2 (beta (s_i - mean s) - (R_i - mean R))^2 / (k - 1)  (GVPO, arXiv:2504.19599; the authors'
     # compute_policy_loss_gvpo, the group's mean log-ratio without gradient)
     losses = 0.5 * (centred - advantages.to(scaled.dtype)).square() / max(group_size - 1, 1)
