@@ -129,12 +129,10 @@ class ValueTrackerAdvantage(AdvantageCallback):
         self.reward_low, self.reward_high, self.eps = reward_low, reward_high, eps
         self.prioritize, self.explore = prioritize, explore
         self.reads_step_batch = None
-        if prior_samples or prioritize:
-            self.reads_step_batch = (
-                "samples the policy on each prompt met for the first time"
-                if prior_samples
-                else "draws the step's prompts from the batch by their trackers"
-            )
+        if prioritize:
+            self.reads_step_batch = "draws the step's prompts from the batch by their trackers"
+        if prior_samples:
+            self.reads_step_batch = "samples the policy on each prompt met for the first time"
         self.trackers: dict[str, tuple[float, float, int]] = {}  # prompt digest -> (alpha, beta, steps trained)
         self.last: dict[str, dict] = {}  # prompt digest -> its last response and log-probs (KL-adaptive rho)
         self.primed: set[str] = set()  # digests of the raw prompts whose prior was sampled
@@ -214,7 +212,8 @@ class ValueTrackerAdvantage(AdvantageCallback):
         start = sum(len(keys) for keys, _, _ in parts[: rank()]) * size
         keys = [key for part, _, _ in parts for key in part]
         for part_keys, _, part_raws in parts:
-            self.keys.update(zip(part_raws or [], part_keys, strict=False))
+            if part_raws is not None:
+                self.keys.update(zip(part_raws, part_keys, strict=True))
         values = torch.tensor([self.value(key) for key in keys], dtype=torch.float64).repeat_interleave(size)
         advantages = tracker.single_stream_advantages(torch.cat([r for _, r, _ in parts]), values, self.eps)
         self._pending = (rollout, digests, rewards)

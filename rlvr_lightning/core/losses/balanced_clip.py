@@ -26,7 +26,6 @@ import torch
 from torch import Tensor
 
 from rlvr_lightning.core.losses.policy_loss_base import (
-    LOG_RATIO_CLAMP,
     PolicyLoss,
     PolicyLossOutput,
     bounded_surrogate,
@@ -42,8 +41,11 @@ from rlvr_lightning.core.losses.token_selection import pick_tokens
 RAISE_FIRST = ("upper", "lower")
 
 
-def signed_contributions(ratio: Tensor, advantages: Tensor, weight: Tensor, low: float, high: float) -> Tensor:
-    """Each token's surrogate ``w A min(r, c_high)`` (``A >= 0``) or ``w A max(r, c_low)`` (``A < 0``), float64."""
+def signed_contributions(
+    ratio: Tensor, advantages: Tensor, weight: Tensor, low: float | Tensor, high: float | Tensor
+) -> Tensor:
+    """Each token's surrogate ``w A min(r, c_high)`` (``A >= 0``) or ``w A max(r, c_low)`` (``A < 0``), float64; the
+    bounds numbers or per-token tensors."""
     ratio, advantages, weight = ratio.double(), advantages.double(), weight.double()
     clipped = torch.where(advantages >= 0, torch.clamp(ratio, max=high), torch.clamp(ratio, min=low))
     # min(r A, clip(r, c_low, c_high) A), weighted by pi_rollout(y_t)  (BAPO, arXiv:2510.18927 eq. 8)
@@ -128,14 +130,16 @@ class BAPO(PolicyLoss):
         self.lower_step, self.upper_step = lower_step, upper_step
         self.raise_first, self.probability_weighted, self.dual_clip = raise_first, probability_weighted, dual_clip
 
+    def weight(self, old_log_probs: Tensor) -> Tensor:
+        """Each token's weight in rho: its probability when sampled (eq. 8), or 1."""
+        return old_log_probs.exp() if self.probability_weighted else torch.ones_like(old_log_probs)
+
     def bounds(self, log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor) -> tuple[float, float, float]:
         """``(c_low, c_high, rho)`` for flat ``[M]`` tokens."""
-        ratio = torch.exp(torch.clamp(log_probs - old_log_probs, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-        weight = old_log_probs.exp() if self.probability_weighted else torch.ones_like(ratio)
         return balanced_bounds(
-            ratio,
+            token_ratio(log_probs, old_log_probs),
             advantages,
-            weight,
+            self.weight(old_log_probs),
             self.target,
             self.lower,
             self.upper,
@@ -170,9 +174,7 @@ class BAPO(PolicyLoss):
             count = side.sum().to(bound.dtype)
             out.extra_stats[name] = torch.where(side, bound, 0.0).sum() / count.clamp(min=1.0)
             out.extra_weights[name] = count
-        weight = old.exp() if self.probability_weighted else torch.ones_like(old)
-        clipped = torch.where(adv >= 0, torch.minimum(out.ratio, bound), torch.maximum(out.ratio, bound))
-        values = torch.where(real, weight * adv * clipped, 0.0).double()
+        values = torch.where(real, signed_contributions(out.ratio, adv, self.weight(old), bound, bound), 0.0)
         positive, total = values.clamp(min=0).sum(), values.abs().sum()
         out.extra_stats["bapo_positive_share"] = (positive / total.clamp(min=1e-30)).to(bound.dtype)
         out.extra_weights["bapo_positive_share"] = total.to(bound.dtype)
