@@ -14,7 +14,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from rlvr_lightning.core.bias_diagnostics import group_std_quantiles, length_by_correctness, long_short_token_weights
-from rlvr_lightning.modules.options import AggregationConfig
+from rlvr_lightning.modules.aggregation_options import AggregationConfig
 from rlvr_lightning.rollout import Rollout
 
 

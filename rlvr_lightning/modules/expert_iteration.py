@@ -28,7 +28,8 @@ from torch import Tensor
 
 from rlvr_lightning.core.losses.likelihood import LIKELIHOOD_LOSSES
 from rlvr_lightning.generation.sampling_config import SamplingConfig
-from rlvr_lightning.modules.options import AggregationConfig, UpdateConfig, ValidationConfig, plain_hyperparameters
+from rlvr_lightning.modules.aggregation_options import AggregationConfig
+from rlvr_lightning.modules.options import UpdateConfig, ValidationConfig, plain_hyperparameters
 from rlvr_lightning.modules.pair_rollouts import check_nll_aggregation, response_loss
 from rlvr_lightning.modules.policy_module import PolicyModule
 from rlvr_lightning.modules.step_metrics import publish_step_metrics

@@ -13,11 +13,11 @@ import logging
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from rlvr_lightning.core.aggregation import AGGREGATION_MODES
 from rlvr_lightning.core.importance_sampling import ROLLOUT_IS_MODES
 from rlvr_lightning.core.kl import KLEstimator, kl_estimator
 from rlvr_lightning.core.losses.policy_losses import PolicyLoss
 from rlvr_lightning.generation.sampling_config import SamplingConfig
+from rlvr_lightning.modules.aggregation_options import AggregationConfig
 from rlvr_lightning.runtime.option_declarations import Option, check_options, documented_options
 from rlvr_lightning.runtime.option_domains import NON_NEGATIVE, POSITIVE_INT, OneOf, Range
 
@@ -25,58 +25,6 @@ log = logging.getLogger(__name__)
 
 KL_MODES = ("loss", "reward")
 SHUFFLES = ("rows", "prompts")
-
-
-@documented_options
-@dataclass(frozen=True)
-class AggregationConfig:
-    """How per-token losses become the scalar that is back-propagated (`core/aggregation.py`)."""
-
-    mode: Annotated[
-        str,
-        Option(
-            "seq-mean-token-mean (GRPO) | token-mean (DAPO) | seq-mean-token-sum | seq-sum-constant (Dr. GRPO) | "
-            "prompt-mean-token-mean (ScaleRL: the mean over prompts of each prompt's token mean over its responses).",
-            OneOf(AGGREGATION_MODES),
-        ),
-    ] = "seq-mean-token-mean"
-    constant: Annotated[
-        float | None,
-        Option(
-            "the divisor of seq-sum-constant (null: the policy's fixed response_length if it has one, else "
-            "sampling.max_new_tokens).",
-            Range(0, low_open=True, optional=True),
-        ),
-    ] = None
-    count_empty_rows: Annotated[
-        bool,
-        Option(
-            "whether responses without a token count in the seq-mean modes' divisor, and prompts without one in the "
-            "prompt-mean mode's (verl: false)."
-        ),
-    ] = True
-    mask_truncated: Annotated[
-        bool,
-        Option(
-            "responses that hit max_new_tokens without ending leave the loss: their tokens count in no sum or "
-            "divisor, and in the seq-mean modes they are empty rows (DAPO's overlong filtering; TRL's "
-            "mask_truncated_completions). Their rewards still count in the advantages."
-        ),
-    ] = False
-    mask_zero_variance_groups: Annotated[
-        bool,
-        Option(
-            "the responses of prompts whose rewards all agree leave the loss as mask_truncated's do (ScaleRL's "
-            "zero-variance filtering; unlike dynamic_sampling nothing is sampled in their place): their "
-            "advantage under a group baseline is 0, so what changes is the divisors (with count_empty_rows: false "
-            "the seq-mean and prompt-mean ones too) and their KL and entropy terms."
-        ),
-    ] = False
-
-    def __post_init__(self) -> None:
-        check_options(AggregationConfig, vars(self), "aggregation.")
-        if self.constant is not None and self.mode != "seq-sum-constant":
-            raise ValueError(f"aggregation.constant is the divisor of mode 'seq-sum-constant', not of {self.mode!r}")
 
 
 @documented_options

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from rlvr_lightning.core.aggregation import AGGREGATION_MODES, PROMPT_MODE, aggregate_loss
 from rlvr_lightning.core.losses.likelihood import likelihood_token_loss
-from rlvr_lightning.modules.options import AggregationConfig
+from rlvr_lightning.modules.aggregation_options import AggregationConfig
 from rlvr_lightning.policies.base import Policy
 from rlvr_lightning.rollout import Rollout
 from rlvr_lightning.runtime.devices import compute_device

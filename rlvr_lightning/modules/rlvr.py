@@ -37,6 +37,7 @@ from rlvr_lightning.core.masked import masked_mean, masked_sum
 from rlvr_lightning.data.retire_solved import retire_solved_prompts
 from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.modules.advantage_choice import choose_advantage_estimator
+from rlvr_lightning.modules.aggregation_options import AggregationConfig
 from rlvr_lightning.modules.async_rollouts import AsyncRollouts
 from rlvr_lightning.modules.bias_metrics import bias_metrics
 from rlvr_lightning.modules.demonstrations import (
@@ -50,7 +51,6 @@ from rlvr_lightning.modules.distillation import DistillationConfig, check_distil
 from rlvr_lightning.modules.dynamic_sampling import TopUpPrompts, keep_informative_groups
 from rlvr_lightning.modules.group_filter import GroupFilterConfig, filter_groups
 from rlvr_lightning.modules.options import (
-    AggregationConfig,
     DynamicSamplingConfig,
     ImportanceSamplingConfig,
     KLConfig,

@@ -31,7 +31,8 @@ from torch import Tensor
 
 from rlvr_lightning.core.losses.likelihood import LIKELIHOOD_LOSSES
 from rlvr_lightning.generation.sampling_config import SamplingConfig
-from rlvr_lightning.modules.options import AggregationConfig, ValidationConfig, plain_hyperparameters
+from rlvr_lightning.modules.aggregation_options import AggregationConfig
+from rlvr_lightning.modules.options import ValidationConfig, plain_hyperparameters
 from rlvr_lightning.modules.pair_rollouts import check_nll_aggregation, pair_rollout, response_loss, response_nll
 from rlvr_lightning.modules.policy_checkpoint import policy_from_checkpoint
 from rlvr_lightning.modules.policy_module import PolicyModule

@@ -9,7 +9,7 @@ from torch import Tensor
 
 from rlvr_lightning.core.aggregation import PROMPT_MODE, group_token_table, non_empty_rows
 from rlvr_lightning.core.losses.positive_example import correct_token_count
-from rlvr_lightning.modules.options import AggregationConfig
+from rlvr_lightning.modules.aggregation_options import AggregationConfig
 from rlvr_lightning.rollout import Rollout
 
 

@@ -44,8 +44,9 @@ from rlvr_lightning.core.kl import kl_estimator
 from rlvr_lightning.core.losses.policy_losses import PolicyLoss
 from rlvr_lightning.core.losses.positive_example import correct_token_count, positive_example_nll
 from rlvr_lightning.generation.sampling_config import SamplingConfig
+from rlvr_lightning.modules.aggregation_options import AggregationConfig
 from rlvr_lightning.modules.distillation import DistillationConfig, Teacher, distilled_token_loss, score_with_teacher
-from rlvr_lightning.modules.options import AggregationConfig, ImportanceSamplingConfig, KLConfig, UpdateConfig
+from rlvr_lightning.modules.options import ImportanceSamplingConfig, KLConfig, UpdateConfig
 from rlvr_lightning.modules.self_distillation import SelfTeacher
 from rlvr_lightning.modules.update.gradients import backward_sync, policy_gradient_norm, report_skipped_update
 from rlvr_lightning.modules.update.micro_batches import (
