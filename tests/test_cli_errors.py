@@ -375,5 +375,6 @@ def test_a_value_outside_a_declared_choice_checked_early_gets_the_closest_and_th
     assert lines[0].startswith("error: aggregation.mode='token_mean' is not valid")
     assert lines[2:4] == [
         "  did you mean 'token-mean'?",
-        "  valid: seq-mean-token-mean, token-mean, seq-mean-token-sum, seq-sum-constant, prompt-mean-token-mean",
+        "  valid: seq-mean-token-mean, token-mean, seq-mean-token-sum, seq-sum-constant, prompt-mean-token-mean, "
+        "delta-l",
     ]

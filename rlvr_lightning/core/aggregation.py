@@ -7,7 +7,8 @@ SUM to exactly the loss (and gradient) of the unsplit mini-batch. (Pass
 ``num_sequences`` / ``num_tokens`` as python numbers or tensors.) The prompt-level mode
 reads each row's prompt group (``group_index``); for gradient accumulation pass the
 mini-batch's ``group_tokens`` (each row's group's tokens, ``group_token_table``) and
-``num_groups`` in the same way.
+``num_groups`` in the same way; the length-weighted mode ``delta-l`` reads the mini-batch's
+``length_power_sum`` (``length_powers(...).sum()`` over its rows).
 
 Rows whose mask is all zero contribute 0 (never NaN), but still count in the
 default ``num_sequences``; ``count_empty_rows=False`` counts only rows with at least one
@@ -25,8 +26,10 @@ AGGREGATION_MODES = (
     "seq-mean-token-sum",
     "seq-sum-constant",
     "prompt-mean-token-mean",
+    "delta-l",
 )
 PROMPT_MODE = "prompt-mean-token-mean"
+DELTA_L_MODE = "delta-l"
 
 
 def aggregate_loss(
@@ -40,6 +43,8 @@ def aggregate_loss(
     group_index: Tensor | None = None,
     group_tokens: Tensor | None = None,
     num_groups: int | Tensor | None = None,
+    alpha: float = 0.75,
+    length_power_sum: Tensor | None = None,
 ) -> Tensor:
     """Scalar loss from per-token ``loss`` under ``mask`` (see ``AGGREGATION_MODES``).
 
@@ -51,6 +56,9 @@ def aggregate_loss(
     * "prompt-mean-token-mean": mean over prompts of the token mean over all the responses of each
       prompt (ScaleRL's prompt-level average): every prompt weighs the same, and within a
       prompt every token. Needs ``group_index`` ``[N]`` (or ``group_tokens`` and ``num_groups``).
+    * "delta-l": each response's token sum weighted by ``|o_i|^-alpha`` over the batch's sum of those powers,
+      divided by ``constant`` (He et al. 2025, ΔL Normalization): unbiased, and of least variance at
+      ``alpha = 1``; ``alpha = 0`` is seq-sum-constant over the rows with tokens (``count_empty_rows=False``).
     """
     if mode not in AGGREGATION_MODES:
         raise ValueError(f"unknown aggregation mode {mode!r}; valid choices: {', '.join(AGGREGATION_MODES)}")
@@ -81,6 +89,14 @@ def aggregate_loss(
         # 1/|P| sum_p 1/sum_{i in p} |o_i| sum_{i in p} sum_t l_it  (Khatri et al. 2025, ScaleRL §3.2 prompt average)
         row_sums = per_token.sum(dim=-1) / _clamp_count(group_tokens)
         return row_sums.sum() / _clamp_count(num_groups)
+    if mode == DELTA_L_MODE:
+        _check_constant(mode, constant)
+        counts = token_counts if isinstance(token_counts, Tensor) else loss.new_full(loss.shape[:1], token_counts)
+        powers = length_powers(counts, alpha)
+        total = powers.sum() if length_power_sum is None else length_power_sum
+        # 1/M sum_i |o_i|^-a / sum_j |o_j|^-a sum_t l_it  (He et al. 2025, arXiv:2509.07558, ΔL Normalization;
+        # zerolllin/Delta-L-Normalization core_algos: scores * L^-a / mean(L^-a), then masked_mean_allavg over B x M)
+        return (powers * per_token.sum(dim=-1)).sum() / _nonzero(total) / constant
     if mode == "seq-mean-token-mean":
         # 1/G sum_i 1/|o_i| sum_t l_it  (GRPO, Shao et al. 2024 DeepSeekMath eq. 3; verl core_algos.agg_loss)
         seq_means = per_token.sum(dim=-1) / _clamp_count(token_counts)
@@ -92,8 +108,7 @@ def aggregate_loss(
         # 1/G sum_i sum_t l_it  (verl core_algos.agg_loss "seq-mean-token-sum")
         return per_token.sum() / _positive("num_sequences", num_sequences)
     # mode == "seq-sum-constant"
-    if constant is None or constant <= 0:
-        raise ValueError(f"mode 'seq-sum-constant' needs a constant > 0 (e.g. max_new_tokens), got {constant!r}")
+    _check_constant(mode, constant)
     # 1/G sum_i (sum_t l_it) / C
     # (Dr. GRPO, Liu et al. 2025 "Understanding R1-Zero-Like Training", §3.1: constant instead of |o_i|)
     return per_token.sum() / constant / _positive("num_sequences", num_sequences)
@@ -116,6 +131,13 @@ def group_token_table(
     return tokens, groups
 
 
+def length_powers(token_counts: Tensor, alpha: float) -> Tensor:
+    """``|o_i|^-alpha`` for each row's token count ``[N]``, 0 for a row without tokens (delta-l's row weights, before
+    they are divided by their sum over the mini-batch)."""
+    counts = token_counts.to(torch.get_default_dtype()) if not token_counts.is_floating_point() else token_counts
+    return torch.where(counts > 0, counts.clamp(min=1) ** -alpha, torch.zeros_like(counts))
+
+
 def non_empty_rows(mask: Tensor) -> Tensor:
     """Rows with at least one token, at least 1 (an all-empty batch then has loss 0, not NaN)."""
     # only rows with tokens count in the sequence mean  (verl core_algos.agg_loss: seq_mask = sum(mask, -1) > 0)
@@ -126,6 +148,16 @@ def _positive(name: str, value: int | float | Tensor) -> int | float | Tensor:
     if not isinstance(value, Tensor) and value <= 0:
         raise ValueError(f"{name} must be > 0, got {value}")
     return value
+
+
+def _check_constant(mode: str, constant: float | None) -> None:
+    if constant is None or constant <= 0:
+        raise ValueError(f"mode {mode!r} needs a constant > 0 (e.g. max_new_tokens), got {constant!r}")
+
+
+def _nonzero(value: Tensor) -> Tensor:
+    """A sum of 0 (no row with a token: every term is 0 too) becomes 1, so the loss is 0 instead of NaN."""
+    return torch.where(value > 0, value, torch.ones_like(value))
 
 
 def _clamp_count(value: int | float | Tensor) -> int | float | Tensor:
@@ -140,14 +172,15 @@ def token_weights(
     constant: float | None = None,
     count_empty_rows: bool = True,
     group_index: Tensor | None = None,
+    alpha: float = 0.75,
 ) -> Tensor:
     """``[N]``: the weight ``aggregate_loss`` gives each token of row ``i``, i.e. ``d loss / d loss_it``.
 
     The weight depends on the row only through its length ``|o_i|``: ``1 / (G |o_i|)`` for
     seq-mean-token-mean (a token of a long response counts less: Dr. GRPO's length bias),
     ``1 / sum_j |o_j|`` for token-mean, ``1 / G`` for seq-mean-token-sum and ``1 / (G C)`` for
-    seq-sum-constant and ``1 / (P sum_{j in p(i)} |o_j|)`` for prompt-mean-token-mean (``group_index``: each
-    row's prompt). Rows without tokens get 0.
+    seq-sum-constant, ``1 / (P sum_{j in p(i)} |o_j|)`` for prompt-mean-token-mean (``group_index``: each
+    row's prompt) and ``|o_i|^-alpha / (C sum_j |o_j|^-alpha)`` for delta-l. Rows without tokens get 0.
     """
     if mode not in AGGREGATION_MODES:
         raise ValueError(f"unknown aggregation mode {mode!r}; valid choices: {', '.join(AGGREGATION_MODES)}")
@@ -170,8 +203,11 @@ def token_weights(
         weights = 1.0 / (table[group_index].clamp(min=1) * groups)
     elif mode == "seq-mean-token-sum":
         weights = torch.full_like(lengths, 1.0) / num_sequences
+    elif mode == DELTA_L_MODE:
+        _check_constant(mode, constant)
+        powers = length_powers(lengths, alpha)
+        weights = powers / (_nonzero(powers.sum()) * constant)
     else:
-        if constant is None or constant <= 0:
-            raise ValueError(f"mode 'seq-sum-constant' needs a constant > 0 (e.g. max_new_tokens), got {constant!r}")
+        _check_constant(mode, constant)
         weights = torch.full_like(lengths, 1.0) / (constant * num_sequences)
     return torch.where(has_tokens, weights, torch.zeros_like(weights))

@@ -54,19 +54,20 @@ def long_short_token_weights(
     constant: float | None = None,
     count_empty_rows: bool = True,
     group_index: Tensor | None = None,
+    alpha: float = 0.75,
 ) -> dict[str, Tensor]:
     """The per-token weight ``mode`` gives the longer and the shorter half of the responses.
 
     Weights are relative to token-mean's (every token of the batch weighs the same: 1), averaged over
     the rows of each half (rows sorted by length); ``token_weight_long_over_short`` is their ratio:
     1 without length bias, below 1 where a long response's tokens count less (seq-mean-token-mean).
-    ``group_index``: each row's prompt (prompt-mean-token-mean).
+    ``group_index``: each row's prompt (prompt-mean-token-mean); ``alpha``: delta-l's exponent.
     """
     num_rows = response_mask.shape[0]
     if num_rows < 2:
         raise ValueError(f"long and short halves need at least 2 responses, got {num_rows}")
     weights = token_weights(
-        response_mask, mode, constant=constant, count_empty_rows=count_empty_rows, group_index=group_index
+        response_mask, mode, constant=constant, count_empty_rows=count_empty_rows, group_index=group_index, alpha=alpha
     )
     lengths = response_mask.bool().sum(dim=-1)
     relative = weights * lengths.sum().clamp(min=1)

@@ -20,18 +20,28 @@ class AggregationConfig:
         str,
         Option(
             "seq-mean-token-mean (GRPO) | token-mean (DAPO) | seq-mean-token-sum | seq-sum-constant (Dr. GRPO) | "
-            "prompt-mean-token-mean (ScaleRL: the mean over prompts of each prompt's token mean over its responses).",
+            "prompt-mean-token-mean (ScaleRL: the mean over prompts of each prompt's token mean over its responses) | "
+            "delta-l (ΔL Normalization: each response's token sum weighted by its length to the power -alpha, "
+            "normalised over the mini-batch, divided by constant).",
             OneOf(AGGREGATION_MODES),
         ),
     ] = "seq-mean-token-mean"
     constant: Annotated[
         float | None,
         Option(
-            "the divisor of seq-sum-constant (null: the policy's fixed response_length if it has one, else "
-            "sampling.max_new_tokens).",
+            "the divisor of seq-sum-constant and delta-l (null: the policy's fixed response_length if it has "
+            "one, else sampling.max_new_tokens).",
             Range(0, low_open=True, optional=True),
         ),
     ] = None
+    alpha: Annotated[
+        float,
+        Option(
+            "delta-l's exponent: a response weighs |o|^-alpha (1: the least variance; 0: seq-sum-constant over the "
+            "rows with tokens; the authors' default 0.75 weighs long responses more than 1 does).",
+            Range(0),
+        ),
+    ] = 0.75
     count_empty_rows: Annotated[
         bool,
         Option(
@@ -59,5 +69,9 @@ class AggregationConfig:
 
     def __post_init__(self) -> None:
         check_options(AggregationConfig, vars(self), "aggregation.")
-        if self.constant is not None and self.mode != "seq-sum-constant":
-            raise ValueError(f"aggregation.constant is the divisor of mode 'seq-sum-constant', not of {self.mode!r}")
+        if self.constant is not None and self.mode not in ("seq-sum-constant", "delta-l"):
+            raise ValueError(
+                f"aggregation.constant is the divisor of modes 'seq-sum-constant' and 'delta-l', not of {self.mode!r}"
+            )
+        if self.alpha != 0.75 and self.mode != "delta-l":
+            raise ValueError(f"aggregation.alpha is the exponent of mode 'delta-l', not of {self.mode!r}")

@@ -31,7 +31,7 @@ def bias_metrics(
         rollout: the scored batch that is trained on.
         correct: `bool[N]`, which responses are correct (None: no reward tells; no length by correctness).
         aggregation: the module's aggregation, whose per-token weights are compared.
-        loss_constant: the divisor of aggregation mode seq-sum-constant.
+        loss_constant: the divisor of aggregation modes seq-sum-constant and delta-l.
         prefix: the metrics' prefix.
     """
     metrics: dict[str, Tensor] = {}
@@ -47,6 +47,7 @@ def bias_metrics(
                 loss_constant,
                 aggregation.count_empty_rows,
                 rollout.group_index,
+                aggregation.alpha,
             )
         )
     return {f"{prefix}/{key}": value for key, value in metrics.items()}

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rlvr_lightning.core.aggregation import AGGREGATION_MODES, PROMPT_MODE, aggregate_loss
+from rlvr_lightning.core.aggregation import AGGREGATION_MODES, DELTA_L_MODE, PROMPT_MODE, aggregate_loss
 from rlvr_lightning.core.losses.likelihood import likelihood_token_loss
 from rlvr_lightning.modules.aggregation_options import AggregationConfig
 from rlvr_lightning.policies.base import Policy
@@ -137,9 +137,9 @@ def response_loss(
 
 
 def check_nll_aggregation(aggregation: AggregationConfig) -> None:
-    """The likelihood losses have no fixed response length to divide by (seq-sum-constant) and their pairs no prompt
-    groups (prompt-mean-token-mean)."""
-    invalid = ("seq-sum-constant", PROMPT_MODE)
+    """The likelihood losses have no fixed response length to divide by (seq-sum-constant, delta-l) and their pairs no
+    prompt groups (prompt-mean-token-mean)."""
+    invalid = ("seq-sum-constant", PROMPT_MODE, DELTA_L_MODE)
     if aggregation.mode in invalid:
         choices = [m for m in AGGREGATION_MODES if m not in invalid]
         raise ValueError(

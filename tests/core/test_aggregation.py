@@ -2,7 +2,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from rlvr_lightning.core.aggregation import AGGREGATION_MODES, aggregate_loss, group_token_table
+from rlvr_lightning.core.aggregation import AGGREGATION_MODES, aggregate_loss, group_token_table, length_powers
 
 LOSS = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
 MASK = torch.tensor([[1, 1, 0], [1, 0, 0]])  # row sums 3 and 4, lengths 2 and 1
@@ -94,7 +94,8 @@ def test_micro_batches_with_global_normalisers_match_full_batch(mode):
 
     micro_loss = values.clone().requires_grad_(True)
     table, num_groups = group_token_table(mask.sum(-1), groups)
-    totals = dict(num_sequences=4, num_tokens=mask.sum(), constant=3, num_groups=num_groups)
+    power_sum = length_powers(mask.sum(-1), 0.75).sum()  # delta-l: the mini-batch's sum of |o_i|^-alpha
+    totals = dict(num_sequences=4, num_tokens=mask.sum(), constant=3, num_groups=num_groups, length_power_sum=power_sum)
     micro = sum(
         aggregate_loss(micro_loss[rows], mask[rows], mode, group_tokens=table[groups[rows]], **totals)
         for rows in (slice(0, 1), slice(1, 4))
@@ -127,13 +128,15 @@ def test_unknown_mode_lists_choices():
 def test_no_mask_equals_an_all_ones_mask(mode):
     loss = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
     # by hand: seq-mean-token-mean (2 + 5) / 2 = 3.5; token-mean 21 / 6 = 3.5; seq-mean-token-sum 21 / 2 = 10.5;
-    # seq-sum-constant with C = 4: (6 / 4 + 15 / 4) / 2 = 2.625; prompt-mean-token-mean, one prompt: 21 / 6
+    # seq-sum-constant with C = 4: (6 / 4 + 15 / 4) / 2 = 2.625; prompt-mean-token-mean, one prompt: 21 / 6;
+    # delta-l, equal lengths: weights 1/2 each, (6 + 15) / 2 / 4 = 2.625
     expected = {
         "seq-mean-token-mean": 3.5,
         "token-mean": 3.5,
         "seq-mean-token-sum": 10.5,
         "seq-sum-constant": 2.625,
         "prompt-mean-token-mean": 3.5,
+        "delta-l": 2.625,
     }[mode]
     groups = torch.tensor([0, 0])
     assert aggregate_loss(loss, None, mode, constant=4.0, group_index=groups).item() == pytest.approx(expected)

@@ -83,7 +83,8 @@ def _rollout_steps(steps: int) -> tuple[str, ...]:
 
 def golden_runs() -> list[GoldenRun]:
     """sort_lecture, sort_grpo, every RL recipe in configs/recipes, SFT and expert iteration, and the length-bias
-    configs (GRPO, Dr. GRPO, GFPO: a tiny Llama, the language-model path of sampling, scoring and update)."""
+    configs (GRPO, Dr. GRPO, GFPO, ΔL Normalization: a tiny Llama, the language-model path of sampling, scoring
+    and update)."""
     runs = [GoldenRun(name, f"configs/{name}.yaml", _rollout_steps(STEPS)) for name in ("sort_lecture", "sort_grpo")]
     for path in sorted(RECIPES.glob("*.yaml")):
         if path.stem == "sft":
@@ -95,7 +96,7 @@ def golden_runs() -> list[GoldenRun]:
         runs.append(GoldenRun(f"recipe_{path.stem}", f"configs/recipes/{path.stem}.yaml", overrides))
     # each run in a fresh directory: the configs' tokenizer, named relative to the repository, made absolute
     tokenizer = ROOT / "configs" / "length_bias" / "digits_tokenizer"
-    for name in ("grpo", "dr_grpo", "gfpo"):
+    for name in ("grpo", "dr_grpo", "gfpo", "delta_l"):
         overrides = (*_rollout_steps(STEPS), f"--model.init_args.policy.init_args.model.tokenizer={tokenizer}")
         runs.append(GoldenRun(f"length_bias_{name}", f"configs/length_bias/{name}.yaml", overrides))
     return runs

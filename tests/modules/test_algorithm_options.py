@@ -184,7 +184,7 @@ def test_gspo_builds_with_areals_token_mean():
         (lambda: KLConfig(coef=0.1, mixup_alpha=0.5), "kl.refresh_every is not set"),
         (
             lambda: AggregationConfig(mode="token-mean", constant=4.0),
-            "aggregation.constant is the divisor of mode 'seq-sum-constant'",
+            "aggregation.constant is the divisor of modes 'seq-sum-constant' and 'delta-l'",
         ),
         (lambda: AggregationConfig(mode="mean"), "aggregation.mode='mean' is not valid; choose one of"),
         (lambda: DynamicSamplingConfig(enabled=True, max_rounds=1), "dynamic sampling needs >= 2 rounds"),

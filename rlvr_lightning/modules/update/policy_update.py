@@ -103,6 +103,7 @@ class PolicyUpdate:
         # the divisor of seq-sum-constant: the policy's fixed response length, else the longest response
         response_length = getattr(policy, "response_length", None)
         self.loss_constant = float(aggregation.constant or response_length or sampling.max_new_tokens)
+        self.aggregation_args = {"constant": self.loss_constant, "alpha": aggregation.alpha}
         self.kl, self.kl_estimator, self.reference = kl, kl_estimator(kl.estimator), reference
         # a reference without a KL term (a loss that reads it: A*-PO) costs no KL pass
         self.kl_in_loss = reference is not None and kl.coef != 0 and kl.mode == "loss"
@@ -304,9 +305,7 @@ class PolicyUpdate:
             token_loss = token_loss + self.kl.coef * kl
         if self.entropy_coef != 0:
             token_loss = token_loss - self.entropy_coef * entropy
-        loss = aggregate_loss(
-            token_loss, mask, self.aggregation.mode, constant=self.loss_constant, **sizes.of_rows(micro)
-        )
+        loss = aggregate_loss(token_loss, mask, self.aggregation.mode, **self.aggregation_args, **sizes.of_rows(micro))
         positive_nll = None
         num_correct = sizes.num_correct
         if num_correct is not None:
