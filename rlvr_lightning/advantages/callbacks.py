@@ -26,7 +26,7 @@ class AdvantageCallback(Callback):
 
     #: smallest group size the estimator is defined for (checked at start-up)
     min_group_size: int = 1
-    #: the estimator reads `rollout.token_energy` (the module fills it from `Policy.token_energies`)
+    #: the estimator reads `rollout.token_energy` (the module fills it from `Policy.logit_statistics`)
     reads_token_energy: bool = False
     #: the estimator reads `rollout.greedy_reward` (the module samples a greedy response to each prompt and scores it)
     reads_greedy_reward: bool = False
@@ -353,7 +353,7 @@ class OptimalTokenBaseline(AdvantageCallback):
     response has accumulated up to that token (`core.advantage_estimators.optimal_token_baseline_advantages`).
 
     The energy of a token is ``1 - 2 p(y_t) + sum_v p(v)^2`` under the policy when the rollout is scored
-    (`Policy.token_energies`: one forward without gradients per step). Steps count sampled tokens, so a
+    (`Policy.logit_statistics`: one forward without gradients per step). Steps count sampled tokens, so a
     multi-turn response's tool observations are skipped (verl's ``tir_optimal_token_baseline``; the two agree on
     single-turn responses).
     """
@@ -373,7 +373,7 @@ class OptimalTokenBaseline(AdvantageCallback):
 
     def compute(self, rollout: Rollout) -> Tensor:
         if rollout.token_energy is None:
-            raise ValueError("OptimalTokenBaseline needs rollout.token_energy (Policy.token_energies)")
+            raise ValueError("OptimalTokenBaseline needs rollout.token_energy (Policy.logit_statistics)")
         return estimators.optimal_token_baseline_advantages(
             rollout.reward, rollout.response_mask, rollout.token_energy, rollout.group_size, self.zero_tail, self.eps
         )

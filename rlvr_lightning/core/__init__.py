@@ -23,7 +23,11 @@ from rlvr_lightning.core.advantage_estimators import (
 from rlvr_lightning.core.aggregation import AGGREGATION_MODES, aggregate_loss
 from rlvr_lightning.core.entropy import entropy_from_log_probs, entropy_from_logits
 from rlvr_lightning.core.kl import K1, K2, K3, K3IS, KL_ESTIMATORS, KLEstimator, kl_estimator
-from rlvr_lightning.core.log_probs import token_energy_from_logits, token_log_probs_from_logits
+from rlvr_lightning.core.log_probs import (
+    self_certainty_from_logits,
+    token_energy_from_logits,
+    token_log_probs_from_logits,
+)
 from rlvr_lightning.core.losses.policy_losses import (
     BAPO,
     CISPO,
@@ -113,6 +117,7 @@ __all__ = [
     "policy_loss",
     "raw_advantages",
     "rloo_advantages",
+    "self_certainty_from_logits",
     "token_energy_from_logits",
     "token_log_probs_from_logits",
     "valid_group_scale",

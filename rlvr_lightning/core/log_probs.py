@@ -7,6 +7,7 @@ shifted by one position) and the response token ids.
 from __future__ import annotations
 
 import contextlib
+import math
 
 import torch
 import torch.nn.functional as F
@@ -110,6 +111,22 @@ def token_energy_from_logits(logits: Tensor, token_ids: Tensor, temperature: flo
         return 1.0 - 2.0 * chosen.exp() + sum_squares
 
     return _by_row_chunks(energy, logits, token_ids)
+
+
+@torch.no_grad()
+def self_certainty_from_logits(logits: Tensor, token_ids: Tensor | None = None, temperature: float = 1.0) -> Tensor:
+    """``KL(U || p) = logsumexp(l) - mean_v l_v - log V`` per position, ``p = softmax(l)``, ``l = logits /
+    temperature``, ``U`` uniform over the ``V`` tokens: 0 for a uniform distribution, growing as ``p`` concentrates
+    (INTUITOR's self-certainty). ``token_ids`` is not read (the signature of `Policy.logit_statistics`' statistics).
+    In row chunks that bound its ``[.., V]`` temporaries."""
+
+    def certainty(chunk: Tensor) -> Tensor:
+        chunk = _scaled(chunk, temperature)
+        # KL(U || p) = -log V - (1/V) sum_v log p_v = logsumexp(l) - mean(l) - log V  (Zhao et al. 2025,
+        # arXiv:2505.19590 eq. 4; sunblaze-ucb/Intuitor self_certainty_from_logits, which omits the constant log V)
+        return torch.logsumexp(chunk, dim=-1) - chunk.mean(dim=-1) - math.log(chunk.shape[-1])
+
+    return _by_row_chunks(certainty, logits)
 
 
 #: bytes the backward's per-chunk temporaries may take on a GPU: the `[rows, V]` float32 logit gradient, and its

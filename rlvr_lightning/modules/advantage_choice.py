@@ -34,10 +34,10 @@ def choose_advantage_estimator(module, estimators: list[AdvantageCallback]) -> A
             f"prompt), but group_filter.keep={keep} trains on {keep} per prompt"
         )
     estimator.check_group_size(trained)
-    if estimator.reads_token_energy and type(module.policy).token_energies is Policy.token_energies:
+    if estimator.reads_token_energy and type(module.policy).logit_statistics is Policy.logit_statistics:
         raise ValueError(
             f"{name} reads each token's energy, which {type(module.policy).__name__} does not compute: "
-            "implement Policy.token_energies"
+            "implement Policy.logit_statistics"
         )
     reads_batch = estimator.reads_step_batch
     if reads_batch and (module.dynamic_sampling.enabled or module.rollout_staleness):

@@ -32,8 +32,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 
 from rlvr_lightning.advantages import AdvantageCallback
-from rlvr_lightning.core.losses.policy_losses import PolicyLoss, policy_loss
-from rlvr_lightning.core.masked import masked_mean, masked_sum
+from rlvr_lightning.core import PolicyLoss, masked_mean, masked_sum, policy_loss, token_energy_from_logits
 from rlvr_lightning.data.retire_solved import retire_solved_prompts
 from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.modules.advantage_choice import choose_advantage_estimator
@@ -322,10 +321,10 @@ class RLVRModule(PolicyModule):
     def _advantages(self, rollout: Rollout, metrics: dict) -> Tensor:
         """The rollout's advantages (a hook: `PPOModule` estimates them with GAE from its critic)."""
         if self.advantage_estimator.reads_token_energy:
-            temperature = self.policy_update.temperature
+            temperature, energy = self.policy_update.temperature, token_energy_from_logits
             with torch.no_grad():
                 rollout.token_energy = self.policy_update.by_micro_batch(
-                    rollout, lambda micro: self.policy.token_energies(micro, temperature)
+                    rollout, lambda micro: self.policy.logit_statistics(micro, energy, temperature)
                 )
             metrics["train/token_energy_mean"] = masked_mean(rollout.token_energy, rollout.response_mask)
         advantages = self.advantage_estimator.compute(rollout)

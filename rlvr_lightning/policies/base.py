@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import copy
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -23,6 +23,9 @@ from torch import Tensor, nn
 
 from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.rollout import Rollout
+
+#: a statistic of each position's logits: `(logits [N, T, V], token_ids [N, T], temperature) -> [N, T]`
+LogitStatistic = Callable[[Tensor, Tensor, float], Tensor]
 
 PromptBatch = dict[str, list[Any]]
 
@@ -75,11 +78,12 @@ class Policy(nn.Module, ABC):
         positions): logit-level distillation's teacher."""
         raise NotImplementedError(f"{type(self).__name__} does not give its top-k log-probs (logit distillation)")
 
-    def token_energies(self, rollout: Rollout, temperature: float = 1.0) -> Tensor:
-        """``1 - 2 p(y_t) + sum_v p(v)^2`` `[N, T]` for the tokens of `rollout` at `temperature` (no grad; 0 on masked
-        positions): the squared norm of the gradient of ``log p(y_t)`` in the logits, which `OptimalTokenBaseline`
-        reads (`core.log_probs.token_energy_from_logits` computes it from a policy's logits)."""
-        raise NotImplementedError(f"{type(self).__name__} does not compute token energies (Policy.token_energies)")
+    def logit_statistics(self, rollout: Rollout, statistic: LogitStatistic, temperature: float = 1.0) -> Tensor:
+        """No grad: `statistic(logits, token_ids, temperature)` `[N, T]` from the logits `[N, T, V]` that score
+        `rollout.response_ids` (0 on masked positions). `OptimalTokenBaseline` reads the token energies
+        (`core.log_probs.token_energy_from_logits`), `SelfCertaintyReward` the self-certainty
+        (`core.log_probs.self_certainty_from_logits`)."""
+        raise NotImplementedError(f"{type(self).__name__} does not compute statistics of its logits")
 
     def sampling_copy(self) -> Policy:
         """A policy that samples as this one does from weights of its own, so that it can sample in a

@@ -21,9 +21,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from rlvr_lightning.core.float32_head import Float32Head
-from rlvr_lightning.core.log_probs import token_energy_from_logits
 from rlvr_lightning.generation.kv_cache import cache_argument, returned_cache
 from rlvr_lightning.generation.loop import position_ids_from_mask
+from rlvr_lightning.policies.base import LogitStatistic
 from rlvr_lightning.policies.flex_packing import (
     FLEX_IMPLEMENTATION,
     attention_implementation,
@@ -257,14 +257,14 @@ class HFScoring:
         return packed_cost(lengths) <= distinct * width + rollout.num_rows * responses
 
     @torch.no_grad()
-    def token_energies(self, rollout: Rollout, temperature: float = 1.0) -> Tensor:
-        """`Policy.token_energies` from the logits of one forward over the padded rows."""
+    def logit_statistics(self, rollout: Rollout, statistic: LogitStatistic, temperature: float = 1.0) -> Tensor:
+        """`Policy.logit_statistics` from the logits of one forward over the padded rows."""
         num_rows, width = rollout.response_ids.shape
         if width == 0:
             return rollout.response_mask.new_zeros((num_rows, 0))
         logits, _, t = self._forward_response(rollout)
-        energy = token_energy_from_logits(logits, rollout.response_ids[:, :t], temperature)
-        return F.pad(torch.where(rollout.response_mask[:, :t] > 0, energy, 0.0), (0, width - t))
+        values = statistic(logits, rollout.response_ids[:, :t], temperature)
+        return F.pad(torch.where(rollout.response_mask[:, :t] > 0, values, 0.0), (0, width - t))
 
     def _forward_response(
         self, rollout: Rollout, with_logits: bool = True, with_hidden: bool = False

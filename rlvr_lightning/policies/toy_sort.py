@@ -24,9 +24,8 @@ import torch
 from torch import Tensor, nn
 
 from rlvr_lightning.core.entropy import entropy_from_log_probs
-from rlvr_lightning.core.log_probs import token_energy_from_logits
 from rlvr_lightning.generation.sampling_config import SamplingConfig
-from rlvr_lightning.policies.base import Policy, PromptBatch
+from rlvr_lightning.policies.base import LogitStatistic, Policy, PromptBatch
 from rlvr_lightning.policies.memory_estimate import check_fits_in_memory
 from rlvr_lightning.policies.token_scores import Scores, Support, support_scores
 from rlvr_lightning.rollout import Rollout
@@ -181,11 +180,11 @@ class ToySortPolicy(Policy):
         return scores.log_probs, scores.support, scores.support_ids
 
     @torch.no_grad()
-    def token_energies(self, rollout: Rollout, temperature: float = 1.0) -> Tensor:
+    def logit_statistics(self, rollout: Rollout, statistic: LogitStatistic, temperature: float = 1.0) -> Tensor:
         runs = rollout.prompt_runs()
         logits = self(rollout.prompt_ids[runs.first_rows])[runs.row_run]  # [N, R, V]
-        energy = token_energy_from_logits(logits, rollout.response_ids, temperature)
-        return torch.where(rollout.response_mask > 0, energy, 0.0)
+        values = statistic(logits, rollout.response_ids, temperature)
+        return torch.where(rollout.response_mask > 0, values, 0.0)
 
     def _score(
         self,

@@ -19,8 +19,8 @@ from .test_rlvr_module import fit
 class EnergySpy(ToySortPolicy):
     """Records the energies it computes and the rows it computed them for."""
 
-    def token_energies(self, rollout, temperature=1.0):
-        energy = super().token_energies(rollout, temperature)
+    def logit_statistics(self, rollout, statistic, temperature=1.0):
+        energy = super().logit_statistics(rollout, statistic, temperature)
         self.computed = getattr(self, "computed", []) + [(rollout.response_ids.clone(), energy, temperature)]
         return energy
 
@@ -45,7 +45,7 @@ def test_the_advantages_are_otbs_of_the_policys_energies(in_tmp_dir):
 
 
 class NoEnergies(ToySortPolicy):
-    token_energies = Policy.token_energies
+    logit_statistics = Policy.logit_statistics
 
 
 def test_a_policy_without_token_energies_fails_at_start_up(in_tmp_dir):
