@@ -14,6 +14,7 @@ from rlvr_lightning.rewards.model_reward import ModelReward
 from rlvr_lightning.rewards.reasoning_gym import ReasoningGymReward
 from rlvr_lightning.rewards.repetition import RepetitionPenalty
 from rlvr_lightning.rewards.reward_model import SequenceClassifierReward
+from rlvr_lightning.rewards.self_certainty import SelfCertaintyReward
 from rlvr_lightning.rewards.sort import SortAndStopReward, SortDistanceReward, SortInclusionOrderingReward
 from rlvr_lightning.rewards.text import ContainsReward
 from rlvr_lightning.rewards.verifiers_rubric import VerifiersRubricReward
@@ -35,6 +36,7 @@ __all__ = [
     "ReasoningGymReward",
     "RepetitionPenalty",
     "RewardCallback",
+    "SelfCertaintyReward",
     "SequenceClassifierReward",
     "SortAndStopReward",
     "SortDistanceReward",
