@@ -26,6 +26,7 @@ from rlvr_lightning.core.kl import K1, K2, K3, K3IS, KL_ESTIMATORS, KLEstimator,
 from rlvr_lightning.core.log_probs import (
     self_certainty_from_logits,
     token_energy_from_logits,
+    token_entropy_from_logits,
     token_log_probs_from_logits,
 )
 from rlvr_lightning.core.losses.policy_losses import (
@@ -119,6 +120,7 @@ __all__ = [
     "rloo_advantages",
     "self_certainty_from_logits",
     "token_energy_from_logits",
+    "token_entropy_from_logits",
     "token_log_probs_from_logits",
     "valid_group_scale",
     "zero_variance_group_fraction",

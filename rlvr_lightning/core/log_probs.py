@@ -114,6 +114,19 @@ def token_energy_from_logits(logits: Tensor, token_ids: Tensor, temperature: flo
 
 
 @torch.no_grad()
+def token_entropy_from_logits(logits: Tensor, token_ids: Tensor | None = None, temperature: float = 1.0) -> Tensor:
+    """The entropy of ``softmax(logits / temperature)`` per position (nats), without autograd, in row chunks that bound
+    its ``[.., V]`` temporaries (RENT's confidence, negated). ``token_ids`` is not read (the signature of
+    `Policy.logit_statistics`' statistics)."""
+
+    def entropy(chunk: Tensor) -> Tensor:
+        chunk = _scaled(chunk, temperature)
+        return _entropy(chunk, torch.logsumexp(chunk, dim=-1))
+
+    return _by_row_chunks(entropy, logits)
+
+
+@torch.no_grad()
 def self_certainty_from_logits(logits: Tensor, token_ids: Tensor | None = None, temperature: float = 1.0) -> Tensor:
     """``KL(U || p) = logsumexp(l) - mean_v l_v - log V`` per position, ``p = softmax(l)``, ``l = logits /
     temperature``, ``U`` uniform over the ``V`` tokens: 0 for a uniform distribution, growing as ``p`` concentrates

@@ -3,6 +3,7 @@ their weighted sum is the reward."""
 
 from rlvr_lightning.rewards.base import RewardCallback
 from rlvr_lightning.rewards.code import CodeExecutionReward
+from rlvr_lightning.rewards.confidence import ConfidenceReward, NegativeEntropyReward, SelfCertaintyReward
 from rlvr_lightning.rewards.format import BoxedFormatReward, R1FormatReward
 from rlvr_lightning.rewards.judge import GenerativeJudgeReward
 from rlvr_lightning.rewards.language import LanguageConsistencyReward
@@ -14,7 +15,6 @@ from rlvr_lightning.rewards.model_reward import ModelReward
 from rlvr_lightning.rewards.reasoning_gym import ReasoningGymReward
 from rlvr_lightning.rewards.repetition import RepetitionPenalty
 from rlvr_lightning.rewards.reward_model import SequenceClassifierReward
-from rlvr_lightning.rewards.self_certainty import SelfCertaintyReward
 from rlvr_lightning.rewards.sort import SortAndStopReward, SortDistanceReward, SortInclusionOrderingReward
 from rlvr_lightning.rewards.text import ContainsReward
 from rlvr_lightning.rewards.verifiers_rubric import VerifiersRubricReward
@@ -22,6 +22,7 @@ from rlvr_lightning.rewards.verifiers_rubric import VerifiersRubricReward
 __all__ = [
     "BoxedFormatReward",
     "CodeExecutionReward",
+    "ConfidenceReward",
     "ContainsReward",
     "CosineLengthReward",
     "GenerativeJudgeReward",
@@ -31,6 +32,7 @@ __all__ = [
     "MathAccuracyReward",
     "MeanLogProbReward",
     "ModelReward",
+    "NegativeEntropyReward",
     "OverlongPenalty",
     "R1FormatReward",
     "ReasoningGymReward",

@@ -8,7 +8,11 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from rlvr_lightning.core.log_probs import self_certainty_from_logits, token_energy_from_logits
+from rlvr_lightning.core.log_probs import (
+    self_certainty_from_logits,
+    token_energy_from_logits,
+    token_entropy_from_logits,
+)
 from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.policies.hf_options import GenerationOptions
 from rlvr_lightning.policies.toy_sort import ToySortPolicy
@@ -58,6 +62,9 @@ def test_self_certainty_by_hand():
     logits = torch.tensor([[[0.5, 0.25, 0.25], [0.8, 0.1, 0.1]]]).log()
     assert_close(self_certainty_from_logits(logits), torch.tensor([[0.056633, 0.510826]]), atol=1e-6, rtol=0)
     assert_close(self_certainty_from_logits(torch.zeros(1, 2, 5)), torch.zeros(1, 2))  # uniform: 0
+    # entropies: 1.5 ln 2 = 1.039721 and -0.8 ln 0.8 - 0.2 ln 0.1 = 0.639032; uniform over 5: ln 5
+    assert_close(token_entropy_from_logits(logits), torch.tensor([[1.039721, 0.639032]]), atol=1e-6, rtol=0)
+    assert_close(token_entropy_from_logits(torch.zeros(1, 1, 5)), torch.tensor([[math.log(5)]]))
     hot = self_certainty_from_logits(torch.tensor([[[0.5, 0.25, 0.25]]]).log(), temperature=0.5)
     assert_close(hot, _certainty_from(torch.tensor([[[0.5, 0.25, 0.25]]]).log() / 0.5))  # p^2 renormalised
 

@@ -1,6 +1,7 @@
-"""SelfCertaintyReward, INTUITOR's label-free reward (arXiv:2505.19590): each response's mean KL(U || p) by hand,
-its group-normalised advantages equal to the authors' code's, a policy without logits refused at start-up, and a run
-whose rewards are the rolled-out policy's own self-certainty, micro-batch by micro-batch at the sampling temperature."""
+"""The confidence rewards, label-free: SelfCertaintyReward (INTUITOR, arXiv:2505.19590: each response's mean
+KL(U || p)) and NegativeEntropyReward (RENT, arXiv:2505.22660: minus its mean entropy) by hand, their group-normalised
+advantages equal to the authors' code's, RENT's format rule, a policy without logits refused at start-up, and a run
+whose rewards are the rolled-out policy's own statistics, micro-batch by micro-batch at the sampling temperature."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from rlvr_lightning.modules import RLVRModule
 from rlvr_lightning.modules.options import UpdateConfig
 from rlvr_lightning.policies.base import Policy
 from rlvr_lightning.policies.toy_sort import ToySortPolicy
-from rlvr_lightning.rewards import SelfCertaintyReward, SortInclusionOrderingReward
+from rlvr_lightning.rewards import NegativeEntropyReward, SelfCertaintyReward, SortInclusionOrderingReward
 from tests.modules.test_algorithm_options import UpdateSpy
 from tests.modules.test_rlvr_module import fit
 from tests.rewards.test_math_reward import make_rollout
@@ -37,8 +38,8 @@ class _Fixed:
         self.sampling = type("Sampling", (), {"temperature": temperature})()
 
 
-def _reward(module) -> SelfCertaintyReward:
-    reward = SelfCertaintyReward()
+def _reward(module, kind=SelfCertaintyReward, **kwargs):
+    reward = kind(**kwargs)
     reward.setup(None, module, "fit")
     return reward
 
@@ -95,6 +96,44 @@ def test_its_advantages_equal_the_authors_code():
         assert_close(ours, theirs, atol=1e-5, rtol=0)  # the constant log V they leave in cancels in the group
 
 
+def test_the_negative_mean_entropy_of_each_response_by_hand():
+    # V = 3; entropies of (1/2, 1/4, 1/4): 1.5 ln 2 = 1.039721 and of (0.8, 0.1, 0.1): 0.639032 nats
+    p = torch.tensor([[0.5, 0.25, 0.25], [0.8, 0.1, 0.1]])
+    rollout = make_rollout(["ab", "c"], lengths=[2, 1])
+    reward = _reward(_Fixed(torch.stack([p, p]).log()), NegativeEntropyReward)
+    assert_close(reward(rollout), torch.tensor([-(1.039721 + 0.639032) / 2, -1.039721]), atol=1e-6, rtol=0)
+    assert reward.kind == "shaping" and reward.name == "negative_entropy"
+
+
+def test_rents_format_rule_scores_a_response_without_an_answer():
+    p = torch.tensor([[0.8, 0.1, 0.1]]).expand(2, 3, 3)
+    rollout = make_rollout(["so \\boxed{4}", "no answer"], lengths=[3, 3])
+    reward = _reward(_Fixed(p.log()), NegativeEntropyReward, unanswered_score=-7.0)
+    assert_close(reward(rollout), torch.tensor([-0.639032, -7.0]), atol=1e-6, rtol=0)
+
+
+def rent_advantages(logits, response_mask, group_size, temperature):
+    """The authors' verl code (satrams/rent-rl 5d4d38a) restated: `entropy_from_logits` (torch_functional.py) on the
+    temperature-scaled logits, `entropys[i, :valid_response_length].mean() * -1.0` as each response's score
+    (ray_trainer.py, minimize_entropy), then GRPO's `(score - mean) / (std + 1e-6)` over each group."""
+    logits = logits / temperature
+    pd = torch.nn.functional.softmax(logits, dim=-1)
+    entropy = torch.logsumexp(logits, dim=-1) - torch.sum(pd * logits, dim=-1)
+    scores = torch.stack([-row[: int(n)].mean() for row, n in zip(entropy, response_mask.sum(-1), strict=True)])
+    grouped = scores.view(-1, group_size)
+    return ((grouped - grouped.mean(1, keepdim=True)) / (grouped.std(1, keepdim=True) + 1e-6)).flatten()
+
+
+def test_rents_advantages_equal_the_authors_code():
+    g = torch.Generator().manual_seed(1)
+    for _ in range(50):
+        lengths = torch.randint(1, 7, (10,), generator=g).tolist()
+        rollout = make_rollout(["x" * n for n in lengths], lengths=lengths, group_size=5)
+        logits = 3 * torch.randn(10, max(lengths), 11, generator=g, dtype=torch.float64)
+        ours = normalized_advantages(_reward(_Fixed(logits, 0.9), NegativeEntropyReward)(rollout).double(), 5)
+        assert_close(ours, rent_advantages(logits, rollout.response_mask.double(), 5, 0.9), atol=1e-5, rtol=0)
+
+
 class CertaintySpy(ToySortPolicy):
     """Records the statistics it computes, the rows and the temperature."""
 
@@ -104,31 +143,36 @@ class CertaintySpy(ToySortPolicy):
         return values
 
 
-def test_a_run_rewards_the_policys_own_self_certainty(in_tmp_dir):
+@pytest.mark.parametrize(
+    ("kind", "name", "sign"),
+    [(SelfCertaintyReward, "self_certainty", 1.0), (NegativeEntropyReward, "negative_entropy", -1.0)],
+)
+def test_a_run_rewards_the_policys_own_statistic(in_tmp_dir, kind, name, sign):
     torch.manual_seed(0)
     policy = CertaintySpy(vocab_size=5, prompt_length=3, embedding_dim=4, eos_token=4)
     module = UpdateSpy(
         policy, group_size=4, update=UpdateConfig(micro_batch_size=8), sampling=SamplingConfig(temperature=0.8)
     )
     task = SortInclusionOrderingReward(weight=0.0)  # watched only
-    _, recorder = fit(module, [SelfCertaintyReward(), task, GroupNormalizedAdvantage()], steps=2, batch_size=4)
+    _, recorder = fit(module, [kind(), task, GroupNormalizedAdvantage()], steps=2, batch_size=4)
     assert len(policy.computed) == 4  # two micro-batches of 8 rows per step
     for step, rollout in enumerate(module.trained_on):
         parts = policy.computed[2 * step : 2 * step + 2]
         assert torch.equal(torch.cat([ids for ids, _, _ in parts]), rollout.response_ids)
         assert all(temperature == 0.8 for _, _, temperature in parts)
         per_token, mask = torch.cat([values for _, values, _ in parts]), rollout.response_mask
-        expected = (per_token * mask).sum(-1) / mask.sum(-1)
-        assert_close(rollout.rewards["self_certainty"], expected)
+        expected = sign * (per_token * mask).sum(-1) / mask.sum(-1)
+        assert_close(rollout.rewards[name], expected)
         assert_close(rollout.reward, expected)  # the task reward's weight is 0
-        assert recorder.steps[step]["train/rewards/self_certainty"] == pytest.approx(float(expected.mean()), rel=1e-6)
+        assert recorder.steps[step][f"train/rewards/{name}"] == pytest.approx(float(expected.mean()), rel=1e-6)
 
 
 class NoLogits(ToySortPolicy):
     logit_statistics = Policy.logit_statistics
 
 
-def test_a_policy_without_logit_statistics_fails_at_start_up(in_tmp_dir):
+@pytest.mark.parametrize("kind", [SelfCertaintyReward, NegativeEntropyReward])
+def test_a_policy_without_logit_statistics_fails_at_start_up(in_tmp_dir, kind):
     module = RLVRModule(NoLogits(vocab_size=5, prompt_length=3, embedding_dim=4), group_size=4)
-    with pytest.raises(ValueError, match="SelfCertaintyReward reads the trained policy's logits, which NoLogits does"):
-        fit(module, [SelfCertaintyReward(), GroupNormalizedAdvantage()], steps=1)
+    with pytest.raises(ValueError, match=f"{kind.__name__} reads the trained policy's logits, which NoLogits does"):
+        fit(module, [kind(), GroupNormalizedAdvantage()], steps=1)
