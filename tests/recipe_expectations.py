@@ -156,6 +156,13 @@ EXPECTED = {
         kl=None,
         bapo=(0.4, (0.6, 0.9), (1.2, 3.0), 0.02, 0.05, "upper", True, None),
     ),
+    "archer": dict(
+        advantage=advantages.GroupNormalizedAdvantage,
+        loss="archer",
+        aggregation="seq-mean-token-mean",
+        kl=None,
+        archer=(0.8, 0.2, 0.5, 10.0, 0.001, 0.0),
+    ),
     "gvpo": dict(
         advantage=advantages.CenteredAdvantage,
         loss="gvpo",

@@ -128,6 +128,17 @@ def test_recipe_runs_two_steps_on_the_sort_task(recipe, in_tmp_dir):
             )
         ),  # fmt: skip
         "dynamic_clip": lambda: (module.loss.max_ratio, module.loss.dual_clip),
+        "archer": lambda: tuple(
+            getattr(module.loss, name)
+            for name in (
+                "quantile",
+                "clip_low_entropy",
+                "clip_high_entropy",
+                "dual_clip",
+                "kl_coef",
+                "high_entropy_kl_coef",
+            )
+        ),
         "scale_by_std": lambda: module.advantage_estimator.scale_by_std,
         "tracker": lambda: tuple(
             getattr(module.advantage_estimator, name)
@@ -196,6 +207,8 @@ def test_recipe_runs_two_steps_on_the_sort_task(recipe, in_tmp_dir):
         ),
         # GVPO's groups dealt row by row into mini-batches: a group's log-ratios could not be centred
         ("gvpo", ["--model.init_args.update.shuffle=rows"], "GVPO reads whole prompt groups in each micro-batch"),
+        # Archer's entropy quantile outside [0, 1]
+        ("archer", ["--model.init_args.loss.init_args.quantile=1.5"], "Archer: quantile must be in"),
         # BAPO's lower bound's range above 1
         ("bapo", ["--model.init_args.loss.init_args.lower=[0.6, 1.1]"], "BAPO: the bounds' ranges must satisfy"),
         # a divergence DPPO does not know
