@@ -163,6 +163,13 @@ EXPECTED = {
         kl=None,
         archer=(0.8, 0.2, 0.5, 10.0, 0.001, 0.0),
     ),
+    "aspo": dict(
+        advantage=advantages.GroupNormalizedAdvantage,
+        loss="aspo",
+        aggregation="seq-mean-token-mean",
+        kl=None,
+        archer=(0.8, 0.2, 0.4, 3.0, 0.001, 0.0),
+    ),
     "gvpo": dict(
         advantage=advantages.CenteredAdvantage,
         loss="gvpo",

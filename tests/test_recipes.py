@@ -209,6 +209,8 @@ def test_recipe_runs_two_steps_on_the_sort_task(recipe, in_tmp_dir):
         ("gvpo", ["--model.init_args.update.shuffle=rows"], "GVPO reads whole prompt groups in each micro-batch"),
         # Archer's entropy quantile outside [0, 1]
         ("archer", ["--model.init_args.loss.init_args.quantile=1.5"], "Archer: quantile must be in"),
+        # ASPO's weight without a cap
+        ("aspo", ["--model.init_args.loss.init_args.dual_clip=null"], "ASPO: dual_clip must be a number > 1"),
         # BAPO's lower bound's range above 1
         ("bapo", ["--model.init_args.loss.init_args.lower=[0.6, 1.1]"], "BAPO: the bounds' ranges must satisfy"),
         # a divergence DPPO does not know

@@ -30,6 +30,7 @@ from rlvr_lightning.core.log_probs import (
     token_log_probs_from_logits,
 )
 from rlvr_lightning.core.losses.policy_losses import (
+    ASPO,
     BAPO,
     CISPO,
     DPPO,
@@ -67,6 +68,7 @@ __all__ = [
     "HighEntropyTokens",
     "KLCov",
     "AGGREGATION_MODES",
+    "ASPO",
     "AStarPO",
     "Archer",
     "BAPO",

@@ -1,4 +1,5 @@
-"""Archer (dual-token constraints, arXiv:2507.15778) by hand and against the authors' code, restated."""
+"""Archer (dual-token constraints, arXiv:2507.15778) and ASPO (arXiv:2510.06062) by hand and against the authors'
+code, restated."""
 
 import pytest
 import torch
@@ -6,7 +7,7 @@ from torch.testing import assert_close
 
 from rlvr_lightning.core.aggregation import aggregate_loss
 from rlvr_lightning.core.losses.entropy_clip import low_entropy_tokens
-from rlvr_lightning.core.losses.policy_losses import Archer, PPOClip
+from rlvr_lightning.core.losses.policy_losses import ASPO, Archer, PPOClip
 
 ENTROPY = torch.tensor([[0.1, 0.5, 2.0]])  # the 0.8-quantile: 0.5 + 0.6 x 1.5 = 1.4: tokens 0 and 1 are low-entropy
 
@@ -107,3 +108,77 @@ def test_bad_options_are_refused():
         Archer(quantile=1.5)
     with pytest.raises(ValueError, match="Archer: clip_high_entropy must be >= 0"):
         Archer(clip_high_entropy=-0.1)
+
+
+def test_aspo_by_hand():
+    # A = +1, r = (1.3, 0.25, 0.8), eps (0.2, 0.2, 0.4): token 0 above 1.2 (value -1/1.2, no gradient); token 1's
+    # weight 1/0.25 = 4 > 3: the soft dual clip, -3 log(0.2), gradient -3; token 2's weight 1/0.8: -1/0.8, gradient
+    # -1.25; the mean over 3 tokens
+    old = torch.log(torch.tensor([[0.5, 0.8, 0.5]]))
+    log_probs = old + torch.log(torch.tensor([[1.3, 0.25, 0.8]]))
+    out, total, grad = _run(ASPO(kl_coef=0.0), log_probs, old, torch.tensor([1.0]), old)
+    assert total == pytest.approx((-1 / 1.2 - 3 * torch.log(torch.tensor(0.2)).item() - 1 / 0.8) / 3)
+    assert_close(grad, torch.tensor([[0.0, -1.0, -1.25 / 3]]))
+    # A = -1, r = (0.7, 4.0, 0.7): token 0 below 0.8 (no gradient), token 1 past c = 3 (gradient 3), token 2 within
+    # its 0.4 (gradient 0.7)
+    old = torch.log(torch.tensor([[0.5, 0.1, 0.5]]))
+    log_probs = old + torch.log(torch.tensor([[0.7, 4.0, 0.7]]))
+    out, total, grad = _run(ASPO(kl_coef=0.0), log_probs, old, torch.tensor([-1.0]), old)
+    assert_close(grad, torch.tensor([[0.0, 1.0, 0.7 / 3]]))
+    assert out.stats["dual_clip_frac"].item() == pytest.approx(1 / 3)
+
+
+def authors_aspo_loss(log_prob, old_log_prob, advantages, entropy, response_mask):
+    """wizard-III/Archer2.0 b08d963 restated, one response per micro-batch: dp_actor.py's entropy masks (the 0.8
+    quantile), core_algos.compute_policy_loss_archer with the call's clips (0.2 / 0.4 on both sides) and c = 3."""
+    total = 0.0
+    for i in range(log_prob.shape[0]):
+        log_prob_i, adv, mask = log_prob[i], advantages[i], response_mask[i]
+        masked_entropy = torch.where(mask.bool(), entropy[i], torch.nan)
+        q80 = torch.nanquantile(masked_entropy, q=0.8, dim=-1, keepdim=True)
+        high_entropy_mask = (masked_entropy <= q80) & mask.bool()  # only low entropy token is True
+        ratio = torch.exp(torch.clamp(log_prob_i - old_log_prob[i], min=-20.0, max=20.0))
+        negative_clip_ratio = torch.where(
+            high_entropy_mask, torch.clamp(ratio, min=1 - 0.2, max=None), torch.clamp(ratio, min=1 - 0.4, max=None)
+        )
+        positive_clip_ratio = torch.where(
+            high_entropy_mask, torch.clamp(ratio, min=None, max=1 + 0.2), torch.clamp(ratio, min=None, max=1 + 0.4)
+        )
+        negative_pg_losses_clip = -adv * negative_clip_ratio
+        positive_pg_losses_clip = (
+            -adv * (positive_clip_ratio / positive_clip_ratio.detach()) / positive_clip_ratio.detach()
+        )
+        negative_dual_clip_ratio = torch.clamp(negative_clip_ratio, min=None, max=3.0)
+        negative_clipped_mask = torch.gt(negative_clip_ratio, negative_dual_clip_ratio)
+        negative_pg_losses_dual = -adv * negative_dual_clip_ratio.detach() * log_prob_i
+        negative_pg_losses = torch.where(negative_clipped_mask, negative_pg_losses_dual, negative_pg_losses_clip)
+        positive_dual_clip_ratio = torch.clamp(1 / positive_clip_ratio, min=None, max=3.0)
+        positive_clipped_mask = torch.gt(1 / positive_clip_ratio, positive_dual_clip_ratio)
+        positive_pg_losses_dual = -adv * positive_dual_clip_ratio.detach() * log_prob_i
+        positive_pg_losses = torch.where(positive_clipped_mask, positive_pg_losses_dual, positive_pg_losses_clip)
+        pg_losses = torch.where(adv < 0, negative_pg_losses, positive_pg_losses)
+        total = total + _masked_mean(pg_losses, mask)
+    return total / log_prob.shape[0]
+
+
+def test_aspo_equals_the_authors_code():
+    g = torch.Generator().manual_seed(2)
+    for _ in range(200):
+        rows, width = 4, int(torch.randint(1, 9, (1,), generator=g))
+        lengths = torch.randint(1, width + 1, (rows,), generator=g)
+        mask = torch.arange(width)[None] < lengths[:, None]
+        old = -torch.rand(rows, width, generator=g, dtype=torch.float64) * 3
+        log_probs = old + 1.2 * torch.randn(rows, width, generator=g, dtype=torch.float64)  # some past c = 3
+        adv = torch.randn(rows, generator=g, dtype=torch.float64)
+        entropy = torch.rand(rows, width, generator=g, dtype=torch.float64) * 4
+        theirs_lp = log_probs.clone().requires_grad_()
+        theirs = authors_aspo_loss(theirs_lp, old, adv, entropy, mask.double())
+        theirs.backward()
+        _, ours, grad = _run(ASPO(kl_coef=0.0), log_probs, old, adv, old, entropy, mask)
+        assert ours == pytest.approx(theirs.item(), rel=1e-7, abs=1e-7)
+        assert_close(grad, theirs_lp.grad, atol=1e-7, rtol=1e-6)
+
+
+def test_aspo_needs_a_dual_clip():
+    with pytest.raises(ValueError, match="ASPO: dual_clip must be a number > 1"):
+        ASPO(dual_clip=None)

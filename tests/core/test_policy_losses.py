@@ -250,7 +250,7 @@ def test_registry_names():
     assert list(POLICY_LOSSES) == [
         "pg", "ratio", "ppo_clip", "gspo", "cispo", "sapo", "luspo", "vespo", "gmpo", "dppo", "clip_cov",
         "kl_cov", "high_entropy", "topr", "gppo", "entropy_shaped", "astar_po", "luffy", "m2po", "dynamic_clip", "bapo",
-        "gvpo", "archer",
+        "gvpo", "archer", "aspo",
     ]  # fmt: skip
 
 

@@ -87,11 +87,7 @@ class Archer(PolicyLoss):
         low = low_entropy_tokens(entropy, m, self.quantile)
         real = torch.ones_like(low) if m is None else m
         eps = torch.where(low, self.clip_low_entropy, self.clip_high_entropy).to(log_probs.dtype)
-        ratio = token_ratio(log_probs, old)
-        # l_t = max(-A r, -A clip(r, 1 - eps_t, 1 + eps_t)), eps_t by the token's entropy class, then the dual clip
-        # (ArcherCodeR core_algos.compute_policy_loss with use_token_entropy_separate)
-        loss, ratio_value, low_clipped, high_clipped = bounded_surrogate(ratio, adv, 1.0 - eps, 1.0 + eps)
-        loss, extra = dual_clipped(loss, adv, ratio_value, self.dual_clip, m)
+        loss, ratio_value, low_clipped, high_clipped, extra = self.surrogate(log_probs, old, adv, eps, m)
         kl = K3().estimate(log_probs, ref_log_probs, clamp=_KL_CLAMP)
         lengths = real.sum(-1, keepdim=True).to(log_probs.dtype)
         for coef, tokens in ((self.kl_coef, low), (self.high_entropy_kl_coef, real & ~low)):
@@ -106,3 +102,61 @@ class Archer(PolicyLoss):
         extra["archer_kl"] = torch.where(low, kl.detach(), 0.0).sum() / num_low.clamp(min=1)
         weights = {"archer_low_entropy_frac": num_real, "archer_kl": num_low}
         return PolicyLossOutput(zero_masked(loss, m), ratio_value, m, low_clipped, high_clipped, extra, weights)
+
+    def surrogate(
+        self, log_probs: Tensor, old_log_probs: Tensor, adv: Tensor, eps: Tensor, mask: Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Tensor]]:
+        """The per-token policy loss at each token's clip range ``eps``, the detached ratio, where the lower and upper
+        clips act, and the statistics."""
+        ratio = token_ratio(log_probs, old_log_probs)
+        # l_t = max(-A r, -A clip(r, 1 - eps_t, 1 + eps_t)), eps_t by the token's entropy class, then the dual clip
+        # (ArcherCodeR core_algos.compute_policy_loss with use_token_entropy_separate)
+        loss, ratio_value, low_clipped, high_clipped = bounded_surrogate(ratio, adv, 1.0 - eps, 1.0 + eps)
+        loss, extra = dual_clipped(loss, adv, ratio_value, self.dual_clip, mask)
+        return loss, ratio_value, low_clipped, high_clipped, extra
+
+
+class ASPO(Archer):
+    """ASPO (arXiv:2510.06062, Asymmetric Importance Sampling Policy Optimization): Archer's entropy classes, with the
+    importance weight of the positive-advantage tokens flipped and a soft dual clip.
+
+    A positive token's gradient is weighted by ``1 / r`` instead of ``r`` (a token already made likelier weighs less,
+    an unlikely one more), up to ``dual_clip``: its loss is ``-A r^/(sg(r^) sg(r^))``, ``r^ = min(r, 1 + eps_t)``, or
+    ``-A c log pi`` once ``1 / r^ > c``. A negative token keeps PPO's ``-A max(r, 1 - eps_t)`` up to ``c``, then
+    ``-A c log pi``: past the dual clip both keep a gradient of weight ``c`` (verl's dual clip keeps none). As the
+    authors' ``compute_policy_loss_archer`` (wizard-III/Archer2.0 b08d963, clips 0.2 / 0.4, ``c = 3``). The loss
+    values are surrogates (only their gradients mean anything); the KL term is Archer's.
+
+    Args: as :class:`Archer`'s, with the authors' ``clip_high_entropy`` 0.4 and ``dual_clip`` 3 (needed: > 1).
+    """
+
+    def __init__(
+        self,
+        quantile: float = 0.8,
+        clip_low_entropy: float = 0.2,
+        clip_high_entropy: float = 0.4,
+        dual_clip: float = 3.0,
+        kl_coef: float = 0.001,
+        high_entropy_kl_coef: float = 0.0,
+    ) -> None:
+        if dual_clip is None:
+            raise ValueError("ASPO: dual_clip must be a number > 1 (the weight's cap), got None")
+        super().__init__(quantile, clip_low_entropy, clip_high_entropy, dual_clip, kl_coef, high_entropy_kl_coef)
+
+    def surrogate(self, log_probs, old_log_probs, adv, eps, mask):
+        ratio = token_ratio(log_probs, old_log_probs)
+        c = self.dual_clip
+        positive = torch.clamp(ratio, max=1.0 + eps)  # r^ = min(r, 1 + eps_t)
+        negative = torch.clamp(ratio, min=1.0 - eps)  # r~ = max(r, 1 - eps_t)
+        soft = -adv * c * log_probs  # past the dual clip: weight c, with a gradient
+        # A > 0: -A r^/(sg(r^) sg(r^)), or -A c log pi where 1/r^ > c; A < 0: -A r~, or -A c log pi where r~ > c
+        # (Archer2.0 core_algos.compute_policy_loss_archer)
+        positive_loss = torch.where(1.0 / positive.detach() > c, soft, -adv * positive / positive.detach().square())
+        negative_loss = torch.where(negative.detach() > c, soft, -adv * negative)
+        loss = torch.where(adv < 0, negative_loss, positive_loss)
+        ratio_value = ratio.detach()
+        low_clipped, high_clipped = (adv < 0) & (ratio_value < 1.0 - eps), (adv > 0) & (ratio_value > 1.0 + eps)
+        dual = torch.where(adv < 0, negative.detach() > c, 1.0 / positive.detach() > c)
+        real = torch.ones_like(dual) if mask is None else mask
+        extra = {"dual_clip_frac": (dual & real).sum().to(ratio.dtype) / real.sum().clamp(min=1).to(ratio.dtype)}
+        return loss, ratio_value, low_clipped, high_clipped, extra

@@ -8,9 +8,9 @@ losses that weigh instead of clipping (``SAPO``, ``VESPO``) in ``core/losses/sof
 trust region in ``core/losses/divergence_losses.py``, the entropy-shaped advantages (``EntropyShapedAdvantage``) in
 ``core/losses/entropy_shaping.py``, the losses that pick tokens over the mini-batch
 (``ClipCov``, ``KLCov``, ``HighEntropyTokens``) in ``core/losses/covariance_losses.py`` and
-``core/losses/token_selection.py``, Archer's clip by each token's entropy (``Archer``) in
-``core/losses/entropy_clip.py``, A*-PO's regression onto the optimal advantage (``AStarPO``) in
-``core/losses/regression_losses.py``.
+``core/losses/token_selection.py``, Archer's clip by each token's entropy (``Archer``, and ``ASPO``'s flipped
+weight on positive tokens) in ``core/losses/entropy_clip.py``, A*-PO's regression onto the optimal advantage
+(``AStarPO``) in ``core/losses/regression_losses.py``.
 Every built-in loss can be imported from here.
 """
 
@@ -22,7 +22,7 @@ from torch import Tensor
 from rlvr_lightning.core.losses.balanced_clip import BAPO
 from rlvr_lightning.core.losses.covariance_losses import ClipCov, KLCov
 from rlvr_lightning.core.losses.divergence_losses import DPPO
-from rlvr_lightning.core.losses.entropy_clip import Archer
+from rlvr_lightning.core.losses.entropy_clip import ASPO, Archer
 from rlvr_lightning.core.losses.entropy_shaping import EntropyShapedAdvantage
 from rlvr_lightning.core.losses.group_variance import GVPO
 from rlvr_lightning.core.losses.off_policy_guidance import LUFFY
@@ -47,6 +47,7 @@ from rlvr_lightning.core.losses.token_selection import HighEntropyTokens
 from rlvr_lightning.core.shorthands import from_shorthand
 
 __all__ = [
+    "ASPO",
     "AStarPO",
     "Archer",
     "BAPO",
@@ -283,6 +284,7 @@ POLICY_LOSSES: dict[str, type[PolicyLoss]] = {
     "bapo": BAPO,
     "gvpo": GVPO,
     "archer": Archer,
+    "aspo": ASPO,
 }
 
 
