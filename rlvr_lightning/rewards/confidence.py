@@ -32,7 +32,7 @@ from rlvr_lightning.core.log_probs import self_certainty_from_logits, token_entr
 from rlvr_lightning.core.masked import masked_mean
 from rlvr_lightning.grading.answers import extract_boxed
 from rlvr_lightning.policies.base import LogitStatistic, Policy
-from rlvr_lightning.rewards.base import RewardCallback
+from rlvr_lightning.rewards.base import DEFAULT_ROW_TIMEOUT_S, RewardCallback
 from rlvr_lightning.rewards.math import response_texts
 from rlvr_lightning.rollout import Rollout
 
@@ -45,14 +45,21 @@ class ConfidenceReward(RewardCallback):
     statistic: LogitStatistic
     sign = 1.0
 
-    def __init__(self, unanswered_score: float | None = None, **kwargs) -> None:
+    def __init__(
+        self,
+        unanswered_score: float | None = None,
+        weight: float = 1.0,
+        name: str | None = None,
+        on_error: str = "zero",
+        timeout_s: float | None = DEFAULT_ROW_TIMEOUT_S,
+    ) -> None:
         """
         Args:
             unanswered_score: the score of a response without a `\\boxed{...}` answer (RENT: -7.0); None: every
                 response scores its confidence.
-            **kwargs: `RewardCallback`'s (`weight`, `name`, `on_error`, `timeout_s`).
+            weight: as `RewardCallback`'s (and `name`, `on_error`, `timeout_s`).
         """
-        super().__init__(**kwargs)
+        super().__init__(weight=weight, name=name, on_error=on_error, timeout_s=timeout_s)
         self.unanswered_score = unanswered_score
 
     def setup(self, trainer, pl_module, stage: str) -> None:
