@@ -305,6 +305,15 @@ EXPECTED = {
         advantage=advantages.CenteredAdvantage, loss="pg", aggregation="seq-mean-token-sum", kl=None
     ),
     "max_reward": dict(advantage=advantages.MaxOnlyAdvantage, loss="ppo_clip", kl=(0.08, "k3", "loss")),
+    # GRPO with the correct responses' rewards scaled by 1 - 0.25 rank / G, the likeliest ranked highest
+    "unlikeliness": dict(
+        advantage=advantages.GroupNormalizedAdvantage,
+        loss="ppo_clip",
+        clip=(0.2, 0.2),
+        aggregation="seq-mean-token-mean",
+        kl=(0.04, "k3", "loss"),
+        unlikeliness=0.25,
+    ),
     # the reward's advantages are computed but weighed 0: the scripted teacher's reverse KL alone
     "distill": dict(
         advantage=advantages.GroupNormalizedAdvantage,

@@ -14,6 +14,7 @@ from rlvr_lightning import advantages
 from rlvr_lightning.callbacks import AdaptiveEntropyControl
 from rlvr_lightning.cli.app import main
 from rlvr_lightning.core.losses.policy_losses import POLICY_LOSSES
+from rlvr_lightning.rewards import UnlikelinessReward
 from tests.recipe_expectations import EXPECTED
 
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "configs" / "recipes"
@@ -140,6 +141,7 @@ def test_recipe_runs_two_steps_on_the_sort_task(recipe, in_tmp_dir):
             )
         ),
         "scale_by_std": lambda: module.advantage_estimator.scale_by_std,
+        "unlikeliness": lambda: next(c.penalty for c in cli.trainer.callbacks if isinstance(c, UnlikelinessReward)),
         "tracker": lambda: tuple(
             getattr(module.advantage_estimator, name)
             for name in ("prior_samples", "rho", "rho_min", "rho_max", "d_half", "reward_low", "reward_high")
@@ -231,6 +233,8 @@ def test_recipe_runs_two_steps_on_the_sort_task(recipe, in_tmp_dir):
         ("grpo", ["--model.init_args.kl.coef=0"], "kl.refresh_every refreshes the KL reference, but kl.coef=0"),
         # a mixup weight outside (0, 1]
         ("max_reward", ["--model.init_args.kl.mixup_alpha=1.5"], r"kl.mixup_alpha=1.5 is not valid: .* in \(0, 1\]"),
+        # likelihood ranks within groups of one response
+        ("unlikeliness", ["--model.init_args.group_size=1"], "UnlikelinessReward ranks the responses within each"),
         # a group baseline with a single response per prompt
         ("reinforce_baseline", ["--model.init_args.group_size=1"], "CenteredAdvantage needs group_size >= 2"),
         # pass@k with k as large as the group: every draw is the whole group

@@ -17,6 +17,7 @@ from rlvr_lightning.rewards.repetition import RepetitionPenalty
 from rlvr_lightning.rewards.reward_model import SequenceClassifierReward
 from rlvr_lightning.rewards.sort import SortAndStopReward, SortDistanceReward, SortInclusionOrderingReward
 from rlvr_lightning.rewards.text import ContainsReward
+from rlvr_lightning.rewards.unlikeliness import UnlikelinessReward
 from rlvr_lightning.rewards.verifiers_rubric import VerifiersRubricReward
 
 __all__ = [
@@ -43,5 +44,6 @@ __all__ = [
     "SortAndStopReward",
     "SortDistanceReward",
     "SortInclusionOrderingReward",
+    "UnlikelinessReward",
     "VerifiersRubricReward",
 ]
