@@ -18,7 +18,8 @@ logged by every RL module) as `OUT_lengths.png` and a table of their final value
 
 Table columns, per recipe, over seeds (mean ± sample std):
   final reward     mean of the metric (`--metric`, default train/reward_mean) over the last `--final_window` steps
-  val accuracy     the last validation accuracy (`val/accuracy`) of the run
+  val accuracy     the last validation accuracy (`val/accuracy`, or `--val_metric`: e.g. val/pass@32 with sampled
+                   validation) of the run
   steps to X       first rollout step at which the metric reaches `--threshold` (mean over the seeds that
                    reached it; "k/n" when only k of n seeds did)
   wall time        seconds per run (process start to exit: includes Python and Lightning start-up and validation)
@@ -154,6 +155,11 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
         "--metric", default="train/reward_mean", help="the logged metric to compare (default: %(default)s)"
     )
     parser.add_argument(
+        "--val_metric",
+        default="val/accuracy",
+        help="the validation metric of the table's and the plot's accuracy column (default: %(default)s)",
+    )
+    parser.add_argument(
         "--threshold", type=float, default=6.5, help="'steps to threshold' level of --metric (default: %(default)s)"
     )
     parser.add_argument(
@@ -207,9 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     def one(job: tuple[Path, int]) -> Run:
         recipe, seed = job
         run = launch(recipe, seed, workdir, args.steps, extra, args.in_process)
-        run = summarise_run(
-            run, workdir / recipe.stem / f"seed_{seed}" / "metrics.csv", args.metric, args.threshold, args.final_window
-        )
+        csv_path = workdir / recipe.stem / f"seed_{seed}" / "metrics.csv"
+        run = summarise_run(run, csv_path, args.metric, args.threshold, args.final_window, args.val_metric)
         status = f"final {run.final:.3f}, val acc {run.final_val_accuracy:.3f}" if run.ok else f"FAILED ({run.error})"
         print(f"  {recipe.stem} seed {seed}: {status}, {run.wall_s:.1f} s", flush=True)
         return run
@@ -222,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     total = time.perf_counter() - started
 
     md_path, png_path = args.out.with_suffix(".md"), args.out.with_suffix(".png")
-    plot(runs, args.metric, png_path, args.title, smooth=args.smooth)
+    plot(runs, args.metric, png_path, args.title, smooth=args.smooth, val_metric=args.val_metric)
     if args.lengths:
         lengths.plot_lengths(runs, recipe_order(runs), lengths.lengths_path(args.out), args.title, smooth=args.smooth)
     text = write_report(runs, args, extra, command, total, md_path, png_path)
@@ -250,7 +255,7 @@ def report_from_summary(args: argparse.Namespace, extra: list[str]) -> int:
         if key in summary:
             setattr(args, key, summary[key])
     md_path, png_path = args.out.with_suffix(".md"), args.out.with_suffix(".png")
-    plot(runs, args.metric, png_path, args.title, smooth=args.smooth)
+    plot(runs, args.metric, png_path, args.title, smooth=args.smooth, val_metric=args.val_metric)
     if args.lengths:
         lengths.plot_lengths(runs, recipe_order(runs), lengths.lengths_path(args.out), args.title, smooth=args.smooth)
     print(

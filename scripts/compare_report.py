@@ -59,12 +59,14 @@ def read_metrics(
     return steps, values, val_steps, val_values
 
 
-def summarise_run(run: Run, csv_path: Path, metric: str, threshold: float, final_window: int) -> Run:
+def summarise_run(
+    run: Run, csv_path: Path, metric: str, threshold: float, final_window: int, val_metric: str = "val/accuracy"
+) -> Run:
     if not csv_path.is_file():
         run.ok = False
         run.error = run.error or f"no metrics at {csv_path}"
         return run
-    run.steps, run.metric, run.val_steps, run.val_accuracy = read_metrics(csv_path, metric)
+    run.steps, run.metric, run.val_steps, run.val_accuracy = read_metrics(csv_path, metric, val_metric)
     run.length_steps, run.length_correct, run.length_incorrect = lengths.read_lengths(csv_path)
     if not run.metric:
         run.ok = False
@@ -127,9 +129,15 @@ def recipe_order(runs: list[Run]) -> list[str]:
     return [row["recipe"] for row in recipe_rows(runs)]
 
 
-def markdown_table(runs: list[Run], metric: str, threshold: float, final_window: int) -> str:
+def val_column(val_metric: str) -> str:
+    return "val accuracy" if val_metric == "val/accuracy" else f"last {val_metric}"
+
+
+def markdown_table(
+    runs: list[Run], metric: str, threshold: float, final_window: int, val_metric: str = "val/accuracy"
+) -> str:
     lines = [
-        f"| recipe | final {metric} | val accuracy | steps to {metric} ≥ {threshold:g} | wall time / run |",
+        f"| recipe | final {metric} | {val_column(val_metric)} | steps to {metric} ≥ {threshold:g} | wall time / run |",
         "| --- | ---: | ---: | ---: | ---: |",
     ]
     for row in recipe_rows(runs):
@@ -148,7 +156,9 @@ def markdown_table(runs: list[Run], metric: str, threshold: float, final_window:
     return "\n".join(lines)
 
 
-def plot(runs: list[Run], metric: str, path: Path, title: str, smooth: int = 1) -> None:
+def plot(
+    runs: list[Run], metric: str, path: Path, title: str, smooth: int = 1, val_metric: str = "val/accuracy"
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -190,8 +200,8 @@ def plot(runs: list[Run], metric: str, path: Path, title: str, smooth: int = 1) 
     left.grid(alpha=0.3)
     left.legend(fontsize=8, loc="lower right")
     right.set_xlabel("rollout step")
-    right.set_ylabel("validation accuracy (%)")
-    right.set_title("validation accuracy: mean ± 1 std")
+    right.set_ylabel(("validation accuracy" if val_metric == "val/accuracy" else val_metric) + " (%)")
+    right.set_title(("validation accuracy" if val_metric == "val/accuracy" else val_metric) + ": mean ± 1 std")
     right.grid(alpha=0.3)
     figure.suptitle(title)
     figure.tight_layout()
@@ -231,11 +241,12 @@ def write_report(
             + (f", overrides `{' '.join(extra)}`" if extra else "")
             + ".",
             "",
-            markdown_table(runs, args.metric, args.threshold, args.final_window),
+            markdown_table(runs, args.metric, args.threshold, args.final_window, args.val_metric),
             "",
             f"- final {args.metric}: mean over the last {args.final_window} logged steps of each run; "
             "then mean ± sample std over seeds.",
-            "- val accuracy: the run's last validation (`val/accuracy`); mean ± sample std over seeds.",
+            f"- {val_column(args.val_metric)}: the run's last validation (`{args.val_metric}`); mean ± sample std "
+            "over seeds.",
             f"- steps to {args.metric} ≥ {args.threshold:g}: first rollout step reaching it, "
             "mean over the seeds that did.",
             (

@@ -62,6 +62,17 @@ def test_table_numbers_by_hand(compare, tmp_path):
     assert runs[3].error == "boom" and math.isnan(runs[3].final)
 
 
+def test_another_validation_metric_fills_the_accuracy_column(compare, tmp_path):
+    path = tmp_path / "a" / "seed_0" / "metrics.csv"
+    path.parent.mkdir(parents=True)
+    path.write_text("epoch,step,train/reward_mean,val/accuracy,val/pass@32\n0,0,5.0,,\n0,0,,0.25,0.75\n")
+    run = compare.Run(recipe="a", seed=0, ok=True, wall_s=3.0)
+    run = compare.summarise_run(run, path, "train/reward_mean", 6.5, 1, val_metric="val/pass@32")
+    assert run.final_val_accuracy == 0.75
+    table = compare.markdown_table([run], "train/reward_mean", 6.5, 1, val_metric="val/pass@32").splitlines()
+    assert "| last val/pass@32 |" in table[0] and table[2] == "| a | 5.00 | 75.0% | never | 3 s |"
+
+
 def test_a_real_comparison_writes_the_table_and_the_plot(compare, tmp_path, capsys):
     out = tmp_path / "docs" / "cmp"
     status = compare.main(
