@@ -1,7 +1,8 @@
 """Callbacks with state of their own resume bitwise: A*-PO's V* per prompt (`OptimalValueAdvantage`), Skywork-OR1's
 entropy coefficient (`AdaptiveEntropyControl`), DCPO's reward statistics per prompt (`SmoothStandardizedAdvantage`)
 and SPO's trackers, kept responses and sampled prompts (`ValueTrackerAdvantage`, also drawing its prompts by the
-trackers; these over a pool of 24 prompts, so that the second epoch brings every prompt back). Each recipe runs 2
+trackers; these over a pool of 24 prompts, so that the second epoch brings every prompt back), and the averaged weights
+of `BEMA` (on Dr. GRPO's recipe, the reference following them). Each recipe runs 2
 epochs of 3 rollout steps; a run resumed from the checkpoint of the first epoch's end ends where the uninterrupted
 run ends, with every logged step equal."""
 
@@ -15,18 +16,19 @@ import torch
 import yaml
 
 from rlvr_lightning.advantages import OptimalValueAdvantage, SmoothStandardizedAdvantage, ValueTrackerAdvantage
-from rlvr_lightning.callbacks import AdaptiveEntropyControl
+from rlvr_lightning.callbacks import BEMA, AdaptiveEntropyControl
 from rlvr_lightning.cli.app import main
 from tests.test_resume import logged, parameters
 
 RECIPES = Path(__file__).resolve().parents[1] / "configs" / "recipes"
-SIZES = {"astar_po": (32, 16), "adaptive_entropy": (8, 32), "dcpo": (8, 16), "spo": (8, 4)}  # prompts, mini-batch
+SIZES = {"astar_po": (32, 16), "adaptive_entropy": (8, 32), "dcpo": (8, 16), "spo": (8, 4), "grpo": (8, 32)}
 POOLS = {"dcpo": 24, "spo": 24}  # a finite training set: 3 steps an epoch
 
 
 def run(tmp_path: Path, recipe: str, name: str, *extra: str):
     prioritized = recipe == "spo_prioritized"  # SPO drawing 4 of each batch's 8 prompts by their trackers
-    recipe = "spo" if prioritized else recipe
+    averaged = recipe == "grpo_bema"  # BEMA after one step of burn-in, every second step, as the reference
+    recipe = "spo" if prioritized else "grpo" if averaged else recipe
     config = yaml.safe_load((RECIPES / f"{recipe}.yaml").read_text())
     trainer, model = config["trainer"], config["model"]["init_args"]
     prompts, mini_batch = SIZES[recipe]
@@ -34,6 +36,10 @@ def run(tmp_path: Path, recipe: str, name: str, *extra: str):
     if recipe in POOLS:
         config["data"]["init_args"]["task"]["init_args"]["num_train"] = POOLS[recipe]
     model["update"]["mini_batch_size"] = mini_batch
+    if averaged:
+        model["kl"]["refresh_every"] = None
+        bema = {"update_after": 1, "update_freq": 2, "update_reference": True}
+        trainer["callbacks"].append({"class_path": "rlvr_lightning.callbacks.BEMA", "init_args": bema})
     for callback in trainer["callbacks"]:
         if callback["class_path"].endswith("AdaptiveEntropyControl"):
             callback["init_args"]["target"] = 5.0  # above the entropy: the bonus is on, its coefficient rises
@@ -84,6 +90,11 @@ def controller(cli, kind):
             lambda c: (c.trackers, c.primed, {k: r["log_probs"].tolist() for k, r in c.last.items()}),
         ),
         ("spo_prioritized", ValueTrackerAdvantage, lambda c: (c.trackers, c.primed, c.keys)),
+        (
+            "grpo_bema",
+            BEMA,
+            lambda c: (c.step, [[t.tolist() for t in getattr(c, k)] for k in ("theta0", "ema", "bema")]),
+        ),
     ],
 )
 def test_resume_is_bitwise(recipe, kind, state, tmp_path, monkeypatch):

@@ -1,6 +1,7 @@
 """Lightning callbacks and plugins of rlvr_lightning."""
 
 from rlvr_lightning.callbacks.adaptive_entropy import AdaptiveEntropyControl
+from rlvr_lightning.callbacks.bema import BEMA
 from rlvr_lightning.callbacks.checkpointing import (
     AtomicCheckpointIO,
     CheckpointReadError,
@@ -13,6 +14,7 @@ from rlvr_lightning.callbacks.rollout_table import RolloutTableLogger
 __all__ = [
     "AdaptiveEntropyControl",
     "AtomicCheckpointIO",
+    "BEMA",
     "CheckpointReadError",
     "ResumeState",
     "RolloutCheckpoint",
