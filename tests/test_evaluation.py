@@ -159,3 +159,22 @@ def test_validation_wiring_logs_every_metric(in_tmp_dir):
         "val/format_rate": 0.75,
         "val/response_length": round(sum(len(r) for r in responses) / 4, 6),
     }
+
+
+def test_the_validation_logs_each_pass_at_k_asked_for(in_tmp_dir):
+    responses = [r"\boxed{4}", r"\boxed{5}", "4", r"\boxed{4}"]  # per prompt: 2 of 4 correct
+    val = [{"prompt": f"p{i}", "answer": "4", "responses": responses} for i in range(2)]
+    train = [{"prompt": "t", "answer": "4", "responses": responses}] * 2
+    validation = ValidationConfig(group_size=4, greedy=False, pass_at_k=[1, 2, 4])
+    module = RLVRModule(ScriptedTextPolicy(), group_size=4, validation=validation)
+    trainer, _ = run_trainer(
+        module, [MathAccuracyReward(methods=["boxed"])], train, val=val, batch_size=2, steps=1, val_check_interval=1
+    )
+    metrics = {k: round(float(v), 6) for k, v in trainer.callback_metrics.items() if k.startswith("val/pass@")}
+    # pass@k = 1 - C(2, k) / C(4, k) with 2 wrong of 4: 1 - 2/4, 1 - 1/6, 1
+    assert metrics == {"val/pass@1": 0.5, "val/pass@2": round(5 / 6, 6), "val/pass@4": 1.0}
+    for bad in ([5], [], [0]):
+        with pytest.raises(
+            ValueError, match=r"validation.pass_at_k=.* each k must be in \[1, validation.group_size=4\]"
+        ):
+            ValidationConfig(group_size=4, greedy=False, pass_at_k=bad)

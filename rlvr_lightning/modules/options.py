@@ -287,6 +287,9 @@ class ValidationConfig:
     greedy: Annotated[
         bool, Option("decode greedily (only with group_size 1: greedy responses to a prompt are identical).")
     ] = True
+    pass_at_k: Annotated[
+        list[int] | None, Option("the k of the logged val/pass@k, each in [1, group_size] (null: group_size).")
+    ] = None
 
     def __post_init__(self) -> None:
         check_options(ValidationConfig, vars(self), "validation.")
@@ -294,6 +297,13 @@ class ValidationConfig:
             raise ValueError(
                 f"validation.greedy decodes the {self.group_size} validation responses of a prompt identically; "
                 "set validation.greedy: false to measure pass@k and majority vote"
+            )
+        if self.pass_at_k is not None and (
+            not self.pass_at_k or any(isinstance(k, bool) or not 1 <= k <= self.group_size for k in self.pass_at_k)
+        ):
+            raise ValueError(
+                f"validation.pass_at_k={self.pass_at_k} is not valid: each k must be in [1, "
+                f"validation.group_size={self.group_size}] (the unbiased estimator draws k of the group's responses)"
             )
 
 

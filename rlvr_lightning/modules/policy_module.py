@@ -152,7 +152,8 @@ class PolicyModule(pl.LightningModule):
     def validation_metrics(self) -> ValidationMetrics:
         if getattr(self, "_validation_metrics", None) is None:
             with torch.inference_mode(False):
-                self._validation_metrics = ValidationMetrics(group_size=self.validation.group_size).to(self.device)
+                metrics = ValidationMetrics(self.validation.group_size, self.validation.pass_at_k)
+                self._validation_metrics = metrics.to(self.device)
         return self._validation_metrics
 
     def on_validation_epoch_end(self) -> None:
