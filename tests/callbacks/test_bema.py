@@ -175,3 +175,38 @@ def test_the_averaged_policy_is_saved_at_the_end_of_fit(tmp_path, monkeypatch):
         key = name.removeprefix("model.")
         assert torch.equal(loaded[key], averaged.to(loaded[key].dtype)), name
         assert not torch.equal(live[name].detach(), loaded[key])  # the live policy keeps its own weights
+
+
+def test_a_lora_policys_adapter_reference_follows_the_averaged_adapters(tmp_path, monkeypatch):
+    pytest.importorskip("peft")
+    monkeypatch.chdir(tmp_path)
+    length_bias = RECIPES.parent / "length_bias"
+    config = yaml.safe_load((length_bias / "grpo.yaml").read_text())
+    policy = config["model"]["init_args"]["policy"]["init_args"]
+    policy["model"]["tokenizer"] = str(length_bias / "digits_tokenizer")
+    policy["lora"] = {"r": 4, "alpha": 8}
+    config["model"]["init_args"]["kl"] = {"coef": 0.04}
+    config["trainer"]["callbacks"].append(
+        {"class_path": "rlvr_lightning.callbacks.BEMA", "init_args": {"update_reference": True, "validate": False}}
+    )
+    path = tmp_path / "bema_lora.yaml"
+    path.write_text(yaml.safe_dump(config))
+    quick = ["--trainer.limit_train_batches=2", "--trainer.limit_val_batches=0", "--trainer.logger=false"]
+    quick += [
+        "--trainer.enable_checkpointing=false",
+        "--data.init_args.batch_size=8",
+        "--model.update.mini_batch_size=32",
+    ]
+    cli = main(["fit", "--config", str(path), *quick])
+    bema = next(c for c in cli.trainer.callbacks if isinstance(c, BEMA))
+    trainable = [name for name, p in cli.model.policy.named_parameters() if p.requires_grad]
+    assert trainable and all("lora" in name for name in trainable)
+    # scoring as the reference is scoring with the averaged adapters
+    rollout = cli.model.last_rollout
+    reference = cli.model.policy.reference_log_probs(cli.model.reference, rollout, 1.0)
+    with bema.averaged(cli.model):
+        averaged, _ = cli.model.policy.token_log_probs(rollout, temperature=1.0)
+    live, _ = cli.model.policy.token_log_probs(rollout, temperature=1.0)
+    mask = rollout.response_mask.bool()
+    assert torch.allclose(reference[mask], averaged[mask], atol=1e-6)
+    assert not torch.allclose(reference[mask], live[mask], atol=1e-6)
