@@ -12,9 +12,10 @@ Each run is `rlvr fit --config RECIPE --seed_everything SEED` with a CSV logger 
 bar and no checkpoints, in a subprocess with OMP_NUM_THREADS=1 (`--in_process` runs them in this
 process instead; `--jobs N` runs N subprocesses at a time). Arguments after `--` go to every run.
 The runs' logs land in `--workdir/RECIPE/seed_SEED/metrics.csv`; the table goes to `OUT.md`, the
-plot to `OUT.png`, every number per run to `--workdir/summary.json`. `--lengths` adds Dr. GRPO's view:
-the mean response length of correct and of incorrect responses over training (`train/bias/length_*`,
-logged by every RL module) as `OUT_lengths.png` and a table of their final values.
+plot to `OUT.png`, every number per run to `--workdir/summary.json`. `--pass_at_k` adds a table of the last
+validation's pass@k for every k the runs logged (sampled validation with `validation.pass_at_k`). `--lengths` adds
+Dr. GRPO's view: the mean response length of correct and of incorrect responses over training
+(`train/bias/length_*`, logged by every RL module) as `OUT_lengths.png` and a table of their final values.
 
 Table columns, per recipe, over seeds (mean ± sample std):
   final reward     mean of the metric (`--metric`, default train/reward_mean) over the last `--final_window` steps
@@ -182,6 +183,11 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--title", default="Recipes on the sort task")
     parser.add_argument(
         "--report_only", action="store_true", help="rebuild OUT.md and OUT.png from --workdir/summary.json, run nothing"
+    )
+    parser.add_argument(
+        "--pass_at_k",
+        action="store_true",
+        help="also tabulate the last validation's pass@k for every k the runs logged (validation.pass_at_k)",
     )
     parser.add_argument(
         "--lengths",

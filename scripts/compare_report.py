@@ -15,6 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import length_by_correctness as lengths  # noqa: E402  (the --lengths plot and table)
+import pass_at_k_report  # noqa: E402  (the --pass_at_k table)
 
 
 @dataclass
@@ -263,6 +264,11 @@ def write_report(
         + (
             lengths.report_section(runs, recipe_order(runs), args.out, args.final_window, md_path)
             if args.lengths
+            else []
+        )
+        + (
+            pass_at_k_report.report_section(runs, recipe_order(runs), args.workdir)
+            if getattr(args, "pass_at_k", False)
             else []
         )
         + (["Failed runs:", *failures, ""] if failures else [])

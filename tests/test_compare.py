@@ -73,6 +73,28 @@ def test_another_validation_metric_fills_the_accuracy_column(compare, tmp_path):
     assert "| last val/pass@32 |" in table[0] and table[2] == "| a | 5.00 | 75.0% | never | 3 s |"
 
 
+def test_the_pass_at_k_table_by_hand(compare, tmp_path):
+    import pass_at_k_report
+
+    logs = {("a", 0): (0.25, 0.5), ("a", 1): (0.35, 0.7), ("b", 0): (0.5, 0.6)}
+    runs = []
+    for (recipe, seed), (at1, at4) in logs.items():
+        path = tmp_path / recipe / f"seed_{seed}" / "metrics.csv"
+        path.parent.mkdir(parents=True)
+        path.write_text(
+            f"epoch,step,train/reward_mean,val/pass@1,val/pass@4\n0,0,1.0,,\n0,0,,0.0,0.0\n0,1,,{at1},{at4}\n"
+        )
+        runs.append(compare.Run(recipe=recipe, seed=seed, ok=True))
+    table = pass_at_k_report.pass_at_k_table(runs, ["a", "b"], tmp_path)
+    # a: the last validation of each seed, (25 + 35) / 2 = 30 ± 7.1, (50 + 70) / 2 = 60 ± 14.1; b: one seed
+    assert table == [
+        "| recipe | pass@1 | pass@4 |",
+        "| --- | ---: | ---: |",
+        "| a | 30.0% ± 7.1% | 60.0% ± 14.1% |",
+        "| b | 50.0% | 60.0% |",
+    ]
+
+
 def test_a_real_comparison_writes_the_table_and_the_plot(compare, tmp_path, capsys):
     out = tmp_path / "docs" / "cmp"
     status = compare.main(
