@@ -137,7 +137,7 @@ class EngineGeneration(GenerationBackend):
     ) -> GenerationOutput:
         started = time.perf_counter()
         prepared = self._prepare(model, tokenizer)
-        self._last_filtered = sampling.do_sample and (sampling.top_k > 0 or sampling.top_p < 1.0)
+        self._last_filtered = sampling.filters
         # one seed per prompt from torch's generator (or the caller's): seed_everything governs sampling, a resume
         # draws the same
         seeds = torch.randint(0, 2**31 - 1, (len(prompt_token_ids),), generator=generator).tolist()

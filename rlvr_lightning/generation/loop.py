@@ -57,8 +57,9 @@ def position_ids_from_mask(mask: Tensor) -> Tensor:
     return (mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
-def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
-    """Top-k then nucleus (top-p) filtering of `logits [B, V]`: removed entries become -inf."""
+def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0) -> Tensor:
+    """Top-k, then nucleus (top-p), then min-p filtering of `logits [B, V]` (transformers' order of its warpers):
+    removed entries become -inf."""
     if 0 < top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -69,6 +70,11 @@ def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
         remove = (probs.cumsum(-1) - probs) > top_p
         sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
         logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+    if min_p > 0.0:
+        probs = torch.softmax(logits, dim=-1)
+        # remove a token less likely than min_p times the likeliest one (Nguyen et al. 2024, arXiv:2407.01082;
+        # transformers' MinPLogitsWarper): the likeliest always stays
+        logits = logits.masked_fill(probs < min_p * probs.amax(dim=-1, keepdim=True), float("-inf"))
     return logits
 
 
@@ -109,6 +115,7 @@ def sample_next_token(
     do_sample: bool = True,
     suppress: Tensor | None = None,
     generator: torch.Generator | None = None,
+    min_p: float = 0.0,
 ) -> tuple[Tensor, Tensor]:
     """Sample one token per row of `logits [B, V]` (the argmax when `do_sample` is False).
 
@@ -124,7 +131,7 @@ def sample_next_token(
     if suppress is not None and suppress.numel():
         choose_from = scaled.index_fill(-1, suppress, float("-inf"))
     if do_sample:
-        filtered = filter_logits(choose_from, top_k=top_k, top_p=top_p)
+        filtered = filter_logits(choose_from, top_k=top_k, top_p=top_p, min_p=min_p)
         probs = torch.softmax(filtered, dim=-1)
         tokens = _sample_categorical(probs, generator)
         if filtered is scaled:  # nothing filtered: the sampling distribution is the unfiltered one
@@ -160,6 +167,7 @@ def _generate(
     temperature: float = 1.0,
     top_k: int = 0,
     top_p: float = 1.0,
+    min_p: float = 0.0,
     stop: StopStringChecker | None = None,
     compact: bool = True,
     do_sample: bool = True,
@@ -201,7 +209,9 @@ def _generate(
     for step in range(max_new_tokens):
         steps = step + 1
         suppress = eos if step < min_new_tokens else None
-        token, token_log_prob = sample_next_token(logits, temperature, top_k, top_p, do_sample, suppress, generator)
+        token, token_log_prob = sample_next_token(
+            logits, temperature, top_k, top_p, do_sample, suppress, generator, min_p=min_p
+        )
         tokens_out[active_rows, step] = token  # rows that ended earlier are overwritten with pad at the end
         log_probs_out[active_rows, step] = token_log_prob
         report_tokens(step + 1, max_new_tokens)
@@ -391,6 +401,7 @@ class KVCacheGeneration(GenerationBackend):
             temperature=sampling.temperature,
             top_k=sampling.top_k,
             top_p=sampling.top_p,
+            min_p=sampling.min_p,
             do_sample=sampling.do_sample,
             min_new_tokens=sampling.min_new_tokens,
             **kwargs,

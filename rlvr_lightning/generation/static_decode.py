@@ -35,10 +35,11 @@ class StepOptions:
     do_sample: bool = True
     suppress_eos: bool = False  # min_new_tokens > 0 and the tokenizer has EOS ids
     pad_token_id: int = 0
+    min_p: float = 0.0
 
     @property
     def filters(self) -> bool:
-        return self.top_k > 0 or self.top_p < 1.0
+        return self.top_k > 0 or self.top_p < 1.0 or self.min_p > 0.0
 
 
 def next_tokens(logits: Tensor, ws: DecodeWorkspace, options: StepOptions) -> tuple[Tensor, Tensor]:
@@ -52,7 +53,8 @@ def next_tokens(logits: Tensor, ws: DecodeWorkspace, options: StepOptions) -> tu
         early = ws.step < ws.min_new_tokens  # bool[1]: the eager loop excluded EOS at this step
         choose_from = torch.where(early, scaled.index_fill(-1, ws.eos, float("-inf")), scaled)
     if options.do_sample:
-        probs = torch.softmax(filter_logits(choose_from, top_k=options.top_k, top_p=options.top_p), dim=-1)
+        filtered = filter_logits(choose_from, top_k=options.top_k, top_p=options.top_p, min_p=options.min_p)
+        probs = torch.softmax(filtered, dim=-1)
         tokens = categorical_from_uniform(probs, ws.uniform)
         if not options.filters:  # the eager loop reads the log-prob off `probs` when it sampled the unfiltered ones
             from_probs = probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).log()

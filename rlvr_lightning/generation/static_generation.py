@@ -186,6 +186,7 @@ def static_generate(
         sampling.do_sample,
         suppress_eos=sampling.min_new_tokens > 0 and eos.numel() > 0,
         pad_token_id=pad_token_id,
+        min_p=sampling.min_p,
     )
     per_prompt = max_new_tokens_per_prompt
     caps = [max_new] * used if per_prompt is None else [cap for cap in per_prompt for _ in range(n)]

@@ -19,6 +19,7 @@ def sampling_request(
         "temperature": sampling.temperature if sampling.do_sample else 0.0,
         "top_p": sampling.top_p if sampling.do_sample else 1.0,
         "top_k": sampling.top_k if sampling.do_sample and sampling.top_k > 0 else 0,
+        "min_p": sampling.min_p if sampling.do_sample else 0.0,
         "max_tokens": max_tokens,
         "min_tokens": sampling.min_new_tokens,
         "stop": list(sampling.stop_strings) or None,

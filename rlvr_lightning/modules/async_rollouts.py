@@ -238,8 +238,8 @@ class AsyncRollouts:
         if rollout.sampling_log_probs is None:
             raise ValueError(
                 "rollout_staleness: 1 weights each token by the sampler's log-probs, and this sampler recorded none "
-                "(VLLMGeneration with sampling.top_k or sampling.top_p renormalises them over the kept tokens); "
-                "sample with top_p: 1 and top_k: 0, or with KVCacheGeneration"
+                "(VLLMGeneration with sampling.top_k, top_p or min_p renormalises them over the kept tokens); "
+                "sample with top_p: 1, top_k: 0 and min_p: 0, or with KVCacheGeneration"
             )
         rollout.old_log_probs = None
         stats = dict(getattr(self._sampler, "last_generation_stats", None) or {})

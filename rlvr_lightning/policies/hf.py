@@ -84,9 +84,9 @@ from rlvr_lightning.runtime.option_declarations import Option, documented_option
 @functools.cache
 def warn_renormalised_log_probs(backend: str) -> None:
     warnings.warn(
-        f"{backend}: with top_k/top_p the engine's log-probs are renormalised over the kept tokens, so the "
+        f"{backend}: with top_k/top_p/min_p the engine's log-probs are renormalised over the kept tokens, so the "
         "rollouts record no sampling log-probs: no train/mismatch metrics and no rollout_is weights. Sample with "
-        "top_p: 1 and top_k: 0, or with KVCacheGeneration, which records the unfiltered log-probs",
+        "top_p: 1, top_k: 0 and min_p: 0, or with KVCacheGeneration, which records the unfiltered log-probs",
         stacklevel=3,
     )
 

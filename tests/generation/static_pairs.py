@@ -73,6 +73,7 @@ def run_pair(
             temperature=sampling.temperature,
             top_k=sampling.top_k,
             top_p=sampling.top_p,
+            min_p=sampling.min_p,
             stop=stop,
             compact=False,
             do_sample=sampling.do_sample,

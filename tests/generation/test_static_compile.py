@@ -34,6 +34,12 @@ def test_the_compiled_step_is_one_graph_and_samples_as_the_eager_loop(compile_co
     assert compile_counts["stats"]["unique_graphs"] == 1  # the same graph, not a recompilation
 
 
+def test_filtered_sampling_compiles_as_one_graph(compile_counts):
+    sampling = SamplingConfig(max_new_tokens=12, top_k=12, top_p=0.95, min_p=0.3, temperature=0.3)
+    assert_same(run_pair(tiny_model("llama"), sampling, mode="aot_eager"))
+    assert compile_counts["stats"]["unique_graphs"] == 1 and not compile_counts["graph_break"]
+
+
 def test_greedy_decoding_compiles_its_own_graph(compile_counts):
     pair = run_pair(tiny_model("qwen2"), SamplingConfig(max_new_tokens=12, do_sample=False), mode="aot_eager")
     assert_same(pair)

@@ -42,6 +42,14 @@ def test_top_k_top_p_and_min_new_tokens(llama):
     assert (pair.static.response_mask.sum(-1) >= 6).all() and (~pair.static.truncated).any()
 
 
+def test_min_p_with_top_k(llama):
+    sampling = SamplingConfig(max_new_tokens=16, top_k=12, min_p=0.3, temperature=0.3)
+    pair = run_pair(llama, sampling, sync_every=4)
+    assert_same(pair)
+    unfiltered = run_pair(llama, SamplingConfig(max_new_tokens=16, top_k=12, temperature=0.3), sync_every=4)
+    assert not torch.equal(pair.eager.response_ids, unfiltered.eager.response_ids)  # min-p removed some draws
+
+
 def test_min_new_tokens_without_filters(llama):
     """EOS excluded before step 6: the log-prob switches formula at that step, as the eager loop's does."""
     assert_same(run_pair(llama, SamplingConfig(max_new_tokens=16, min_new_tokens=6), sync_every=4))

@@ -13,6 +13,7 @@ from rlvr_lightning.generation.loop import (
     sample_next_token,
 )
 from rlvr_lightning.generation.output import StopStringChecker
+from rlvr_lightning.generation.sampling_config import SamplingConfig
 
 
 def test_left_pad_and_positions():
@@ -41,6 +42,45 @@ def test_top_k_and_top_p_filtering():
     # unsorted input keeps the same tokens
     shuffled = logits[:, [2, 0, 3, 1]]
     assert torch.isfinite(filter_logits(shuffled, top_p=0.7)).tolist() == [[False, True, False, True]]
+
+
+def test_min_p_filtering_by_hand_and_against_transformers_warpers():
+    logits = torch.log(torch.tensor([[0.5, 0.25, 0.15, 0.1]]))
+    # kept: p >= min_p * 0.5; min_p 0.3 -> p >= 0.15; 0.5 -> p >= 0.25; 1 -> the likeliest alone
+    assert torch.isfinite(filter_logits(logits, min_p=0.3)).tolist() == [[True, True, True, False]]
+    assert torch.isfinite(filter_logits(logits, min_p=0.5)).tolist() == [[True, True, False, False]]
+    assert torch.isfinite(filter_logits(logits, min_p=1.0)).tolist() == [[True, False, False, False]]
+    # after top-p 0.76 kept (0.5, 0.25, 0.15), renormalised: min-p compares with the likeliest kept, the same ratios
+    assert torch.isfinite(filter_logits(logits, top_p=0.76, min_p=0.35)).tolist() == [[True, True, False, False]]
+    from transformers.generation.logits_process import (
+        LogitsProcessorList,
+        MinPLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    generator = torch.Generator().manual_seed(0)
+    for top_k, top_p, min_p in [(0, 1.0, 0.05), (0, 1.0, 0.3), (20, 1.0, 0.1), (0, 0.9, 0.1), (8, 0.8, 0.2)]:
+        logits = torch.randn(16, 64, generator=generator) * 3
+        warpers = [TopKLogitsWarper(top_k)] if top_k else []
+        warpers += [TopPLogitsWarper(top_p)] if top_p < 1.0 else []
+        warpers.append(MinPLogitsWarper(min_p))
+        expected = LogitsProcessorList(warpers)(torch.zeros(16, 1, dtype=torch.long), logits.clone())
+        ours = filter_logits(logits, top_k=top_k, top_p=top_p, min_p=min_p)
+        assert torch.equal(torch.isfinite(ours), torch.isfinite(expected)), (top_k, top_p, min_p)
+
+
+def test_min_p_samples_only_the_kept_tokens_and_records_unfiltered_log_probs():
+    torch.manual_seed(0)
+    logits = torch.log(torch.tensor([0.5, 0.25, 0.15, 0.1])).expand(20_000, -1)
+    tokens, log_probs = sample_next_token(logits, min_p=0.3)
+    freq = torch.bincount(tokens, minlength=4).float() / tokens.numel()
+    # renormalised over the kept 0.9: 0.556, 0.278, 0.167, 0
+    assert freq[3] == 0 and (freq[:3] - torch.tensor([0.5, 0.25, 0.15]) / 0.9).abs().max() < 0.01
+    assert torch.allclose(log_probs, logits.log_softmax(-1).gather(-1, tokens[:, None]).squeeze(-1))
+    with pytest.raises(ValueError, match=r"min_p=1\.5 is not valid"):
+        SamplingConfig(min_p=1.5)
+    assert SamplingConfig(min_p=0.1).filters and not SamplingConfig(min_p=0.1, do_sample=False).filters
 
 
 @pytest.mark.parametrize("top_k, temperature", [(3, 0.5), (0, 0.5), (0, 1.0)])

@@ -44,6 +44,7 @@ def test_requests_are_spread_over_the_servers_with_seeds_and_token_ids(servers):
     body = sent[0]
     assert (body["n"], body["max_tokens"], body["temperature"], body["logprobs"]) == (2, 3, 0.7, 0)
     assert body["stop_token_ids"] == [2] and body["ignore_eos"] and body["return_token_ids"]
+    assert (body["top_p"], body["top_k"], body["min_p"]) == (1.0, 0, 0.0)  # the vLLM request's filters: off
 
     # rows i*n .. i*n+n-1 belong to prompt i; the server's token ids and log-probs as they came
     assert out.response_ids[:, 0].tolist() == [2, 3, 3, 4, 1, 2, 4, 5]
@@ -174,7 +175,8 @@ def test_bad_options_are_refused_before_any_work(kwargs, message):
         ServerGeneration(**kwargs)
 
 
-def test_filtered_sampling_records_no_sampling_log_probs_and_warns(servers, make_policy):
+@pytest.mark.parametrize("filters", [{"top_p": 0.9}, {"min_p": 0.1}])
+def test_filtered_sampling_records_no_sampling_log_probs_and_warns(servers, make_policy, filters):
     # with top-p/top-k the servers' processed log-probs are renormalised over the kept tokens, as the colocated
     # engine's are: recorded as sampling log-probs, they would bias the mismatch metrics and rollout_is weights
     from rlvr_lightning.policies import hf
@@ -182,7 +184,7 @@ def test_filtered_sampling_records_no_sampling_log_probs_and_warns(servers, make
     backend = ServerGeneration([servers[0].address])
     policy = make_policy(prompt=PromptOptions(template="raw"), generation=GenerationOptions(backend=backend))
     hf.warn_renormalised_log_probs.cache_clear()
-    filtered = SamplingConfig(max_new_tokens=3, top_p=0.9)
+    filtered = SamplingConfig(max_new_tokens=3, **filters)
     with pytest.warns(UserWarning, match="renormalised over the kept tokens, so the rollouts record no sampling"):
         rollout = policy.sample({"prompt": ["a b", "c"]}, 2, filtered)
     assert backend.log_probs_renormalised and not backend.exact_log_probs
