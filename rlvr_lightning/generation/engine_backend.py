@@ -5,8 +5,8 @@ and the response tensors. A subclass says how its engine is started and fed weig
 round of requests is answered (`_complete_all`); everything else is here, so the two cannot drift apart.
 
 The log-probs: vLLM's processed log-probs are after temperature, as the trainer computes them. They are exact
-enough to serve as old log-probs only from an fp32 engine without top-k/top-p filtering (`exact_log_probs`).
-With top-k/top-p they are renormalised over the tokens the filter kept (vLLM's sampler takes the log-softmax of
+enough to serve as old log-probs only from an fp32 engine without top-k/top-p/min-p filtering (`exact_log_probs`).
+With top-k/top-p/min-p they are renormalised over the tokens the filter kept (vLLM's sampler takes the log-softmax of
 the filtered logits) while the trainer's are over the whole vocabulary: their ratio would carry the kept mass,
 which is no policy change, so such rollouts record no sampling log-probs (`log_probs_renormalised`).
 """
