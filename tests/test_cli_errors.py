@@ -89,7 +89,7 @@ def test_a_misspelled_option_of_an_option_group(in_tmp_dir, capsys):
     assert lines[0] == "error: kl has no option 'cof'"
     assert lines[1] == f"  at model.init_args.kl.cof ({bad}:4)"
     assert lines[2] == "  did you mean 'coef'?"
-    assert lines[3] == "  valid: clamp, coef, estimator, mixup_alpha, mode, refresh_every"
+    assert lines[3] == "  valid: clamp, coef, estimator, mixup_alpha, mode, refresh_every, reset_optimizer"
 
 
 def test_a_value_an_option_group_rejects_names_the_nested_option(in_tmp_dir, capsys):

@@ -69,6 +69,9 @@ class KLConfig:
             Range(0, 1, low_open=True),
         ),
     ] = 1.0
+    reset_optimizer: Annotated[
+        bool, Option("at each refresh the optimizer also forgets its state for the policy (ProRL's reset).")
+    ] = False
 
     def __post_init__(self) -> None:
         kl_estimator(self.estimator, "kl.estimator")
@@ -77,6 +80,10 @@ class KLConfig:
             raise ValueError("kl.mode='reward' shapes the reward by kl.coef * KL, but kl.coef=0")
         if self.mixup_alpha != 1 and not self.refresh_every:
             raise ValueError("kl.mixup_alpha sets how the reference is refreshed, but kl.refresh_every is not set")
+        if self.reset_optimizer and not self.refresh_every:
+            raise ValueError(
+                "kl.reset_optimizer resets the optimizer at each reference refresh, but kl.refresh_every is not set"
+            )
         if self.refresh_every and self.coef == 0:
             raise ValueError("kl.refresh_every refreshes the KL reference, but kl.coef=0 means there is no reference")
 

@@ -61,6 +61,7 @@ from rlvr_lightning.modules.options import (
     plain_hyperparameters,
 )
 from rlvr_lightning.modules.policy_module import PolicyModule
+from rlvr_lightning.modules.reference_refresh import refresh_reference
 from rlvr_lightning.modules.replay_buffer import load_ranks_state_dict, ranks_state_dict, replay_buffer
 from rlvr_lightning.modules.scoring import correct_rows, reward_metrics
 from rlvr_lightning.modules.self_distillation import SelfTeacher
@@ -231,7 +232,7 @@ class RLVRModule(PolicyModule):
 
     def training_step(self, batch: PromptBatch, batch_idx: int) -> None:
         started = clock(self.device)
-        self._maybe_update_reference()
+        refresh_reference(self)
         metrics: dict[str, Tensor | float] = {}
         with gathered_params(self.policy):  # sharded (FSDP2): gathered once for all of the step's sampling
             report_stage("generate")
@@ -390,10 +391,3 @@ class RLVRModule(PolicyModule):
     def rollout_step(self) -> int:
         """Rollout steps completed so far (Lightning's logging step; restored from checkpoints)."""
         return self.trainer.fit_loop.epoch_loop._batches_that_stepped
-
-    def _maybe_update_reference(self) -> None:
-        if self.reference is None or not self.kl.refresh_every:
-            return
-        if self.rollout_step > 0 and self.rollout_step % self.kl.refresh_every == 0:
-            self.policy.update_reference(self.reference, alpha=self.kl.mixup_alpha)
-            torch.clear_autocast_cache()  # no cast of the old reference weights may outlive the refresh
