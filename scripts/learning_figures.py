@@ -152,6 +152,9 @@ RECIPE_BANDS: dict[str, tuple[Band, Band]] = {
     # from one machine's three seeds (2026-12-01: 5.53-5.70, 12.1-21.9%; AVX2-pinned 5.58-5.64, 10.5-21.9%), widened
     # by about their spread; its train reward is the shaped one (the task reward less the unlikeliness penalty)
     "unlikeliness": (Band(5.35, 5.90), Band(0.05, 0.40)),
+    # from one machine's three seeds (2026-12-01: 6.85-6.94, 60.2-68.4%; AVX2-pinned 6.77-6.87, 55.1-57.4%), dapo's
+    # band widened by about their spread
+    "prorl": (Band(6.55, 7.00), Band(0.35, 0.85)),
 }
 RECIPES = tuple(RECIPE_BANDS)  # configs/recipes/NAME.yaml, each over the seeds
 

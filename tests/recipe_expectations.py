@@ -305,6 +305,17 @@ EXPECTED = {
         advantage=advantages.CenteredAdvantage, loss="pg", aggregation="seq-mean-token-sum", kl=None
     ),
     "max_reward": dict(advantage=advantages.MaxOnlyAdvantage, loss="ppo_clip", kl=(0.08, "k3", "loss")),
+    # DAPO with clip-higher 0.4, temperature 1.2 and a k3 KL (1e-4, clamped at 10) to a reference reset every 50
+    # steps together with the optimizer's state
+    "prorl": dict(
+        advantage=advantages.GroupNormalizedAdvantage,
+        loss="ppo_clip",
+        clip=(0.2, 0.4),
+        aggregation="token-mean",
+        kl=(0.0001, "k3", "loss"),
+        dynamic_sampling=True,
+        prorl=(1.2, 10.0, 50, True),
+    ),
     # GRPO with the correct responses' rewards scaled by 1 - 0.25 rank / G, the likeliest ranked highest
     "unlikeliness": dict(
         advantage=advantages.GroupNormalizedAdvantage,

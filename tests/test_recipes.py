@@ -142,6 +142,12 @@ def test_recipe_runs_two_steps_on_the_sort_task(recipe, in_tmp_dir):
         ),
         "scale_by_std": lambda: module.advantage_estimator.scale_by_std,
         "unlikeliness": lambda: next(c.penalty for c in cli.trainer.callbacks if isinstance(c, UnlikelinessReward)),
+        "prorl": lambda: (
+            module.sampling.temperature,
+            module.kl.clamp,
+            module.kl.refresh_every,
+            module.kl.reset_optimizer,
+        ),
         "tracker": lambda: tuple(
             getattr(module.advantage_estimator, name)
             for name in ("prior_samples", "rho", "rho_min", "rho_max", "d_half", "reward_low", "reward_high")
@@ -233,6 +239,8 @@ def test_recipe_runs_two_steps_on_the_sort_task(recipe, in_tmp_dir):
         ("grpo", ["--model.init_args.kl.coef=0"], "kl.refresh_every refreshes the KL reference, but kl.coef=0"),
         # a mixup weight outside (0, 1]
         ("max_reward", ["--model.init_args.kl.mixup_alpha=1.5"], r"kl.mixup_alpha=1.5 is not valid: .* in \(0, 1\]"),
+        # an optimizer reset without the reference resets it goes with
+        ("prorl", ["--model.init_args.kl.refresh_every=null"], "kl.reset_optimizer resets the optimizer at each"),
         # likelihood ranks within groups of one response
         ("unlikeliness", ["--model.init_args.group_size=1"], "UnlikelinessReward ranks the responses within each"),
         # a group baseline with a single response per prompt
