@@ -2,7 +2,7 @@
 
 Everything a step reads or writes lives in a `DecodeWorkspace` (`static_cache.py`) and is updated in place; the
 step has no shape that changes, no Python value that depends on the device and no host read. It computes what
-a step of our eager loop (`generation/loop.py`, `sample_next_token`) computes for every row, with the same
+a step of our eager loop (`loop.py`, `token_sampling.sample_next_token`) computes for every row, with the same
 operations in the same order:
 
 * the forward of the token each row feeds (`alive` rows their last token, finished rows pad, as the eager loop
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from rlvr_lightning.generation.loop import categorical_from_uniform, filter_logits
 from rlvr_lightning.generation.static_cache import DecodeWorkspace
+from rlvr_lightning.generation.token_sampling import categorical_from_uniform, filter_logits
 
 
 @dataclass(frozen=True)

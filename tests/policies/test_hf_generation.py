@@ -5,15 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlvr_lightning.generation.loop import (
-    _sample_categorical,
-    filter_logits,
-    left_pad,
-    position_ids_from_mask,
-    sample_next_token,
-)
+from rlvr_lightning.generation.loop import left_pad, position_ids_from_mask
 from rlvr_lightning.generation.output import StopStringChecker
 from rlvr_lightning.generation.sampling_config import SamplingConfig
+from rlvr_lightning.generation.token_sampling import _sample_categorical, filter_logits, sample_next_token
 
 
 def test_left_pad_and_positions():

@@ -12,6 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from rlvr_lightning.demos.tiny_lm import tiny_llama_config
 from rlvr_lightning.generation import loop as generation
+from rlvr_lightning.generation import token_sampling
 from rlvr_lightning.generation.loop import generate, left_pad
 from rlvr_lightning.generation.output import StopStringChecker
 
@@ -69,7 +70,7 @@ def counted(monkeypatch):
 
     counter = HostSyncCounter()
     counter.count_tolist(monkeypatch)
-    monkeypatch.setattr(generation, "host_reads_are_free", lambda device: False, raising=False)
+    monkeypatch.setattr(token_sampling, "host_reads_are_free", lambda device: False)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**tiny_llama_config(vocab_size=64))).eval()
     monkeypatch.setattr(model, "forward", counter.uncounted(model.forward))
@@ -105,9 +106,9 @@ def test_sampling_reads_nothing_on_the_host_on_an_accelerator(counted):
     counter, _ = counted
     probs = torch.softmax(torch.randn(8, 64), -1)
     with counter:
-        generation.sample_next_token(torch.randn(8, 64), temperature=0.7, top_k=5)
-        generation.sample_next_token(torch.randn(8, 64), top_p=0.9, suppress=torch.tensor([3]))
-        generation._sample_categorical(probs)
+        token_sampling.sample_next_token(torch.randn(8, 64), temperature=0.7, top_k=5)
+        token_sampling.sample_next_token(torch.randn(8, 64), top_p=0.9, suppress=torch.tensor([3]))
+        token_sampling._sample_categorical(probs)
     assert not counter.counts
 
 

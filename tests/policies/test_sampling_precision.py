@@ -9,8 +9,9 @@ import math
 import pytest
 import torch
 
-from rlvr_lightning.generation.loop import KVCacheGeneration, sample_next_token
+from rlvr_lightning.generation.loop import KVCacheGeneration
 from rlvr_lightning.generation.sampling_config import SamplingConfig
+from rlvr_lightning.generation.token_sampling import sample_next_token
 from rlvr_lightning.policies.hf_options import GenerationOptions, LoRAOptions, PromptOptions
 
 PROMPTS = {"prompt": ["What is 2+3?", "The quick brown"], "metadata": [{}, {}]}
