@@ -147,26 +147,28 @@ def test_contradictory_options_fail_at_start_up(tmp_path, monkeypatch):
         BEMA(update_freq=0)
 
 
+def fit_language_model(tmp_path, bema: dict, **model_options):
+    """Two steps of the length-bias config's tiny Llama with `BEMA(**bema)` (and model options set as given)."""
+    length_bias = RECIPES.parent / "length_bias"
+    config = yaml.safe_load((length_bias / "grpo.yaml").read_text())
+    policy = config["model"]["init_args"]["policy"]["init_args"]
+    policy["model"]["tokenizer"] = str(length_bias / "digits_tokenizer")
+    policy.update(model_options.pop("policy", {}))
+    config["model"]["init_args"].update(model_options)
+    config["trainer"]["callbacks"].append({"class_path": "rlvr_lightning.callbacks.BEMA", "init_args": bema})
+    path = tmp_path / "bema_lm.yaml"
+    path.write_text(yaml.safe_dump(config))
+    quick = ["--trainer.limit_train_batches=2", "--trainer.limit_val_batches=0", "--trainer.logger=false"]
+    quick += ["--trainer.enable_checkpointing=false", "--data.init_args.batch_size=8"]
+    return main(["fit", "--config", str(path), *quick, "--model.update.mini_batch_size=32"])
+
+
 def test_the_averaged_policy_is_saved_at_the_end_of_fit(tmp_path, monkeypatch):
     from transformers import AutoModelForCausalLM
 
     monkeypatch.chdir(tmp_path)
-    length_bias = RECIPES.parent / "length_bias"
-    config = yaml.safe_load((length_bias / "grpo.yaml").read_text())
-    config["model"]["init_args"]["policy"]["init_args"]["model"]["tokenizer"] = str(length_bias / "digits_tokenizer")
     saved = tmp_path / "bema_policy"
-    config["trainer"]["callbacks"].append(
-        {"class_path": "rlvr_lightning.callbacks.BEMA", "init_args": {"save_to": str(saved), "validate": False}}
-    )
-    path = tmp_path / "bema.yaml"
-    path.write_text(yaml.safe_dump(config))
-    quick = ["--trainer.limit_train_batches=2", "--trainer.limit_val_batches=0", "--trainer.logger=false"]
-    quick += [
-        "--trainer.enable_checkpointing=false",
-        "--data.init_args.batch_size=8",
-        "--model.update.mini_batch_size=32",
-    ]
-    cli = main(["fit", "--config", str(path), *quick])
+    cli = fit_language_model(tmp_path, {"save_to": str(saved), "validate": False})
     bema = next(c for c in cli.trainer.callbacks if isinstance(c, BEMA))
     loaded = dict(AutoModelForCausalLM.from_pretrained(saved).named_parameters())
     trainable = [name for name, p in cli.model.policy.named_parameters() if p.requires_grad]
@@ -180,24 +182,8 @@ def test_the_averaged_policy_is_saved_at_the_end_of_fit(tmp_path, monkeypatch):
 def test_a_lora_policys_adapter_reference_follows_the_averaged_adapters(tmp_path, monkeypatch):
     pytest.importorskip("peft")
     monkeypatch.chdir(tmp_path)
-    length_bias = RECIPES.parent / "length_bias"
-    config = yaml.safe_load((length_bias / "grpo.yaml").read_text())
-    policy = config["model"]["init_args"]["policy"]["init_args"]
-    policy["model"]["tokenizer"] = str(length_bias / "digits_tokenizer")
-    policy["lora"] = {"r": 4, "alpha": 8}
-    config["model"]["init_args"]["kl"] = {"coef": 0.04}
-    config["trainer"]["callbacks"].append(
-        {"class_path": "rlvr_lightning.callbacks.BEMA", "init_args": {"update_reference": True, "validate": False}}
-    )
-    path = tmp_path / "bema_lora.yaml"
-    path.write_text(yaml.safe_dump(config))
-    quick = ["--trainer.limit_train_batches=2", "--trainer.limit_val_batches=0", "--trainer.logger=false"]
-    quick += [
-        "--trainer.enable_checkpointing=false",
-        "--data.init_args.batch_size=8",
-        "--model.update.mini_batch_size=32",
-    ]
-    cli = main(["fit", "--config", str(path), *quick])
+    bema = {"update_reference": True, "validate": False}
+    cli = fit_language_model(tmp_path, bema, policy={"lora": {"r": 4, "alpha": 8}}, kl={"coef": 0.04})
     bema = next(c for c in cli.trainer.callbacks if isinstance(c, BEMA))
     trainable = [name for name, p in cli.model.policy.named_parameters() if p.requires_grad]
     assert trainable and all("lora" in name for name in trainable)
