@@ -117,8 +117,12 @@ class CorrectnessShaping(RewardCallback):
             )
         return super().__call__(rollout)
 
+    def task_scores(self, rollout: Rollout) -> Tensor:
+        """The raw scores of the reward that tells correct responses (``correct_reward``), ``[N]``."""
+        return rollout.rewards[self._resolved]
+
     def correct(self, rollout: Rollout) -> Tensor:
-        return rollout.rewards[self._resolved] >= self.correct_threshold
+        return self.task_scores(rollout) >= self.correct_threshold
 
 
 class LengthReward(CorrectnessShaping):

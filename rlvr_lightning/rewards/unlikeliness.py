@@ -93,7 +93,7 @@ class UnlikelinessReward(CorrectnessShaping):
         mask = rollout.response_mask
         mean_log_probs = masked_mean(log_probs.float(), mask, dim=-1)
         mean_log_probs = torch.where(mask.sum(-1) > 0, mean_log_probs, torch.full_like(mean_log_probs, float("nan")))
-        task_scores = rollout.rewards[self._resolved].float()
+        task_scores = self.task_scores(rollout).float()
         return unlikeliness_scores(task_scores, mean_log_probs, rollout.group_size, self.penalty)
 
     def _trainer_log_probs(self, rollout: Rollout) -> Tensor:
