@@ -7,7 +7,8 @@ Each run goes through `rlvr fit` in-process (`rlvr_lightning.cli.app`) in its ow
 configs' relative paths (checkpoint folders, the SFT data file) land there. The process must be started with
 `pinned_environment()`: torch and MKL choose their kernels by CPU (AVX-512 or AVX2, Intel or AMD), and
 kernels of another instruction set give other last bits, which a few rollout steps turn into another
-trajectory; pinned to AVX2 every x86-64 machine with AVX2 computes the same numbers.
+trajectory; pinned to AVX2 every x86-64 machine with AVX2 of one vendor computes the same numbers
+(`cpu_vendor`: the machines of another vendor differ in MKL's last bits, and have their own golden files).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ VAL_EVERY = 10
 EI_ROUNDS = 4  # an expert-iteration round samples 8 responses to 512 prompts and fine-tunes 2 epochs on them
 SFT_PAIRS = 200  # SFT: 200 pairs / 32 a batch = 7 steps an epoch, 3 epochs
 PINNED = {
-    **PINNED_CPU_KERNELS,  # the same numbers on every x86-64 machine with AVX2
+    **PINNED_CPU_KERNELS,  # the same numbers on every x86-64 machine with AVX2 of one vendor
     "OMP_NUM_THREADS": "1",
     "MKL_NUM_THREADS": "1",
     "PYTHONHASHSEED": "0",
@@ -145,6 +146,20 @@ def cpu_capability() -> str:
     import torch
 
     return torch.backends.cpu.get_cpu_capability()
+
+
+def cpu_vendor(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The folder of this CPU's golden files: "amd" or "intel" from /proc/cpuinfo's vendor_id ("AuthenticAMD",
+    "GenuineIntel"), else that id lower-cased ("unknown" without one). Pinned to AVX2 and MKL's COMPATIBLE branch,
+    one vendor's CPUs repeat each other's trajectories to the bit, but an AMD EPYC and an Intel Xeon, which agree on
+    the first forward pass, differ in the last bits from the first update on, and a few rollout steps later the
+    trajectories part."""
+    try:
+        lines = cpuinfo.read_text(errors="replace").splitlines()
+    except OSError:
+        lines = []
+    vendor = next((v.strip() for k, _, v in (line.partition(":") for line in lines) if k.strip() == "vendor_id"), "")
+    return {"AuthenticAMD": "amd", "GenuineIntel": "intel"}.get(vendor, vendor.lower() or "unknown")
 
 
 def pinned_environment() -> dict[str, str]:

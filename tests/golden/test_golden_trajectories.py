@@ -2,23 +2,26 @@
 in configs/recipes) and the length-bias configs' tiny language model (configs/length_bias/) rerun for 20 rollout
 steps on seed 0 and one thread must log, step by step, the metrics stored in tests/golden/NAME.json (rewards,
 loss, gradient norm, KL, entropy, clip fractions, ratios, validation accuracy: every column of the CSV log but the
-timings), up to float noise.
+timings), up to float noise, as recorded on a CPU of this machine's vendor (tests/golden/VENDOR/NAME.json).
 
 A change that moves a trajectory is deliberate: regenerate the files in the same commit, with its reason,
 
     python -m tests.golden.update --reason "what changed and why the trajectories move"
 
 and the diff of the files shows which runs and steps moved. The runs are made in one fresh process with torch's
-and MKL's kernels pinned (tests/golden/runs.py: PINNED), so every x86-64 machine with AVX2 computes the same
-numbers; two runs on one machine are bitwise equal.
+and MKL's kernels pinned (tests/golden/runs.py: PINNED), so every x86-64 machine with AVX2 of one vendor computes
+the same numbers; two runs on one machine are bitwise equal. An AMD EPYC and an Intel Xeon do not (they agree on
+the first forward pass and differ in the last bits from the first update on), so each vendor has its files. A run
+whose trajectory a change moved on one vendor's CPU has no file for the others until it is remade on theirs: there
+it is skipped, named.
 """
 
 import json
 
 import pytest
 
-from tests.golden.runs import golden_runs, run_pinned, same
-from tests.golden.update import GOLDEN_DIR, read_golden
+from tests.golden.runs import cpu_vendor, golden_runs, run_pinned, same
+from tests.golden.update import GOLDEN_DIR, read_golden, vendors
 
 # The pinned runs are bitwise reproducible; the tolerance only absorbs last-bit differences another libm or
 # compiler could give: float32 metrics (machine epsilon 1.2e-7) averaged over up to 1,024 responses carry a
@@ -51,18 +54,28 @@ def first_difference(golden: list[dict], rows: list[dict]) -> str | None:
     return None
 
 
-def test_every_golden_run_has_its_file_and_every_file_its_run():
-    files = {path.stem for path in GOLDEN_DIR.glob("*.json")}
-    assert files == set(NAMES), (
-        f"golden runs without a file: {sorted(set(NAMES) - files)}, files without a run: {sorted(files - set(NAMES))}; "
-        "python -m tests.golden.update --reason '...' writes and removes them"
+def test_every_golden_run_has_a_file_and_every_file_its_run():
+    assert not list(GOLDEN_DIR.glob("*.json")), "golden files live in a folder per CPU vendor (tests/golden/VENDOR/)"
+    files = {vendor: {path.stem for path in (GOLDEN_DIR / vendor).glob("*.json")} for vendor in vendors()}
+    recorded = set().union(*files.values())
+    assert recorded >= set(NAMES), (
+        f"golden runs without a file on any CPU: {sorted(set(NAMES) - recorded)}; "
+        "python -m tests.golden.update NAME --reason '...' writes them"
     )
+    for vendor, names in files.items():
+        assert names <= set(NAMES), f"{vendor} files without a run: {sorted(names - set(NAMES))}; update removes them"
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_trajectory_is_the_golden_one(fresh, name):
     golden = read_golden(name)
-    assert golden is not None, f"no tests/golden/{name}.json: python -m tests.golden.update {name} --reason '...'"
+    if golden is None:
+        others = [vendor for vendor in vendors() if read_golden(name, vendor) is not None]
+        assert others, f"no golden file for {name}: python -m tests.golden.update {name} --reason '...'"
+        pytest.skip(
+            f"{name} is recorded on {others} CPUs only (a change moved it there); on this {cpu_vendor()} CPU "
+            f"`python -m tests.golden.update {name} --reason '...'` records it"
+        )
     rows = fresh["runs"][name]
     difference = first_difference(golden["rows"], rows)
     assert difference is None, (
@@ -82,3 +95,37 @@ def test_first_difference_names_the_step_and_metric():
     assert first_difference(golden, moved) == "row 1 (step 1): train/loss 0.5 -> 0.5001"
     assert "logs ['val/accuracy']" in first_difference(golden, [golden[0], {"step": 1.0, "train/loss": 0.5}])
     assert first_difference(golden, golden[:1]) == "1 rows logged, the golden file has 2"
+
+
+def test_cpu_vendor_reads_the_vendor_id(tmp_path):
+    from tests.golden.runs import cpu_vendor
+
+    for vendor_id, folder in (("AuthenticAMD", "amd"), ("GenuineIntel", "intel"), ("HygonGenuine", "hygongenuine")):
+        (tmp_path / "cpuinfo").write_text(f"processor\t: 0\nvendor_id\t: {vendor_id}\nmodel name\t: x\n")
+        assert cpu_vendor(tmp_path / "cpuinfo") == folder
+    (tmp_path / "cpuinfo").write_text("processor\t: 0\n")
+    assert cpu_vendor(tmp_path / "cpuinfo") == "unknown"
+
+
+def test_update_writes_this_vendors_file_and_drops_the_others_of_a_moved_run(tmp_path, monkeypatch):
+    from tests.golden import update
+
+    rows = {"a": [{"step": 0.0, "train/loss": 1.0}], "b": [{"step": 0.0, "train/loss": 2.0}]}
+    monkeypatch.setattr(update, "GOLDEN_DIR", tmp_path)
+    monkeypatch.setattr(update, "cpu_vendor", lambda: "intel")
+    runs = [type("Run", (), {"name": name, "command": lambda: "rlvr fit"}) for name in "ab"]
+    monkeypatch.setattr(update, "golden_runs", lambda: runs)
+    monkeypatch.setattr(update, "run_pinned", lambda names, out: {"torch": "t", "cpu_capability": "AVX2", "runs": rows})
+    (tmp_path / "amd").mkdir()
+    for name in ("a", "b", "gone"):
+        (tmp_path / "amd" / f"{name}.json").write_text(update.render({"run": name, "rows": rows.get(name, [])}))
+    update.main(["--reason", "first recording on intel"])  # new files: the amd ones stay, but the run-less one
+    assert sorted(p.name for p in (tmp_path / "intel").iterdir()) == ["a.json", "b.json"]
+    assert sorted(p.name for p in (tmp_path / "amd").iterdir()) == ["a.json", "b.json"]
+    rows["a"] = [{"step": 0.0, "train/loss": 1.5}]  # a change moves run a
+    update.main(["--reason", "moved a"])
+    moved = update.read_golden("a", "intel")
+    assert moved["rows"] == rows["a"] and moved["reason"] == "moved a"
+    assert update.read_golden("a", "amd") is None  # recorded before the change
+    assert update.read_golden("b", "amd") is not None
+    assert update.read_golden("b", "intel")["reason"] == "first recording on intel"

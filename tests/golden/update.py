@@ -3,9 +3,11 @@
     python -m tests.golden.update --reason "PPOClip clips the ratio before the mean (was after)"
     python -m tests.golden.update recipe_ppo recipe_grpo --reason "..."     # only these runs
 
-Makes the golden runs (tests/golden/runs.py) in a fresh pinned process and writes tests/golden/NAME.json for
-each run whose trajectory differs from its file (or has none); a file whose trajectory is unchanged is left
-as it is, its reason too. With every run made, the files of runs that no longer exist are removed.
+Makes the golden runs (tests/golden/runs.py) in a fresh pinned process and writes tests/golden/VENDOR/NAME.json
+(VENDOR: this CPU's, `runs.cpu_vendor`) for each run whose trajectory differs from its file (or has none); a file
+whose trajectory is unchanged is left as it is, its reason too. A changed trajectory removes the run's files of
+the other vendors, which were recorded before the change and can only be remade on their CPUs (there the test
+skips the run until then). With every run made, the files of runs that no longer exist are removed.
 Commit the files with the change that moved the trajectories.
 """
 
@@ -18,17 +20,22 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tests.golden.runs import PINNED, golden_runs, run_pinned
+from tests.golden.runs import PINNED, cpu_vendor, golden_runs, run_pinned
 
 GOLDEN_DIR = Path(__file__).resolve().parent
 
 
-def golden_path(name: str) -> Path:
-    return GOLDEN_DIR / f"{name}.json"
+def vendors() -> list[str]:
+    """The CPU vendors with golden files (tests/golden/VENDOR/)."""
+    return sorted(path.name for path in GOLDEN_DIR.iterdir() if path.is_dir() and any(path.glob("*.json")))
 
 
-def read_golden(name: str) -> dict | None:
-    path = golden_path(name)
+def golden_path(name: str, vendor: str | None = None) -> Path:
+    return GOLDEN_DIR / (vendor or cpu_vendor()) / f"{name}.json"
+
+
+def read_golden(name: str, vendor: str | None = None) -> dict | None:
+    path = golden_path(name, vendor)
     return json.loads(path.read_text()) if path.is_file() else None
 
 
@@ -71,12 +78,21 @@ def main(argv: list[str] | None = None) -> int:
             "reason": args.reason,
             "rows": rows,
         }
-        golden_path(name).write_text(render(record))
-        print(f"{name}: {'written' if old is None else 'changed'} ({len(rows)} rows)")
+        path = golden_path(name)
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(render(record))
+        print(f"{name}: {'written' if old is None else 'changed'} ({len(rows)} rows, {path.parent.name})")
+        if old is None:
+            continue
+        for other in set(vendors()) - {cpu_vendor()}:  # recorded before the change: only their CPUs can remake them
+            if golden_path(name, other).is_file():
+                golden_path(name, other).unlink()
+                print(f"{name}: removed the {other} file (recorded before this change; remake it on such a CPU)")
     if not args.names:
-        for stale in sorted(set(p.stem for p in GOLDEN_DIR.glob("*.json")) - set(runs)):
-            golden_path(stale).unlink()
-            print(f"{stale}: removed (no such golden run)")
+        for vendor in vendors():
+            for stale in sorted({p.stem for p in (GOLDEN_DIR / vendor).glob("*.json")} - set(runs)):
+                golden_path(stale, vendor).unlink()
+                print(f"{stale}: removed the {vendor} file (no such golden run)")
     return 0
 
 
