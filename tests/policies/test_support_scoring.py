@@ -81,7 +81,9 @@ def test_support_log_probs_equal_the_whole_softmax(make_policy, path, packed):
     assert entropy is not None and entropy.shape == mask.shape
     assert len(ours) == len(theirs) > 0
     for a, b in zip(ours, theirs, strict=True):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+        # summed over every position, a weight's gradient reaches ~6: float32 rounding of that order is ~1e-6
+        # relative, and AVX-512 kernels sum in another order than AVX2's
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
     with torch.no_grad():
         top_chosen, top, ids = policy.top_log_probs(rollout, K, TEMPERATURE)
