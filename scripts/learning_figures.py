@@ -155,6 +155,9 @@ RECIPE_BANDS: dict[str, tuple[Band, Band]] = {
     # from one machine's three seeds (2026-12-01: 6.85-6.94, 60.2-68.4%; AVX2-pinned 6.77-6.87, 55.1-57.4%), dapo's
     # band widened by about their spread
     "prorl": (Band(6.55, 7.00), Band(0.35, 0.85)),
+    # from one machine's three seeds (Intel Xeon, 2026-12-01: 6.40-6.65, 13.3-36.3%; AVX2-pinned 6.36-6.64,
+    # 12.5-30.9%), widened by about their spread
+    "flowrl": (Band(6.05, 6.90), Band(0.04, 0.60)),
 }
 RECIPES = tuple(RECIPE_BANDS)  # configs/recipes/NAME.yaml, each over the seeds
 

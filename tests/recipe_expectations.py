@@ -177,6 +177,13 @@ EXPECTED = {
         kl=None,
         gvpo=(0.1, "prompts"),
     ),
+    "flowrl": dict(
+        advantage=advantages.GroupNormalizedAdvantage,
+        loss="flowrl",
+        aggregation="seq-mean-token-mean",
+        kl=None,
+        flowrl=(15.0, 0.2, 0.28, "prompts"),
+    ),
     "dcpo": dict(
         advantage=advantages.SmoothStandardizedAdvantage,
         loss="dynamic_clip",

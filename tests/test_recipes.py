@@ -115,6 +115,7 @@ def test_recipe_runs_two_steps_on_the_sort_task(recipe, in_tmp_dir):
         ),
         "m2_threshold": lambda: module.loss.m2_threshold,
         "gvpo": lambda: (module.loss.beta, module.update.shuffle),
+        "flowrl": lambda: (module.loss.beta, module.loss.clip_low, module.loss.clip_high, module.update.shuffle),
         "bapo": lambda: tuple(
             getattr(module.loss, name)
             for name in (
@@ -215,6 +216,8 @@ def test_recipe_runs_two_steps_on_the_sort_task(recipe, in_tmp_dir):
         ),
         # GVPO's groups dealt row by row into mini-batches: a group's log-ratios could not be centred
         ("gvpo", ["--model.init_args.update.shuffle=rows"], "GVPO reads whole prompt groups in each micro-batch"),
+        # FlowRL's log Z estimated over groups dealt row by row into mini-batches
+        ("flowrl", ["--model.init_args.update.shuffle=rows"], "FlowRL reads whole prompt groups in each micro-batch"),
         # Archer's entropy quantile outside [0, 1]
         ("archer", ["--model.init_args.loss.init_args.quantile=1.5"], "Archer: quantile must be in"),
         # ASPO's weight without a cap

@@ -98,7 +98,8 @@ class RLVRModule(PolicyModule):
             Option(
                 "the per-token policy loss: pg | ratio | ppo_clip | gspo | cispo | sapo | luspo | vespo | gmpo | "
                 "dppo | clip_cov | kl_cov | topr | gppo | high_entropy | entropy_shaped | astar_po | luffy | m2po | "
-                "dynamic_clip | bapo | gvpo | archer | aspo, or a PolicyLoss by class_path (e.g. ...core.PPOClip)."
+                "dynamic_clip | bapo | gvpo | archer | aspo | flowrl, or a PolicyLoss by class_path "
+                "(e.g. ...core.PPOClip)."
             ),
         ] = "ppo_clip",
         aggregation: Annotated[AggregationConfig, Option("token losses to the scalar.")] = AggregationConfig(),

@@ -136,12 +136,10 @@ def _call(kind, log_probs, old, advantages, mask):
         inputs["entropy"] = torch.linspace(0.1, 1.0, log_probs.numel()).view_as(log_probs)
     if loss.reads_reference:  # the update hands it the reference's log-probs
         inputs["ref_log_probs"] = old - 0.3
-    if inputs:
-        return loss(log_probs, old, advantages, mask, **inputs)
     if loss.reads_groups:  # the update hands it each row's group: here every row in one group
         rows = log_probs.shape[0]
-        return loss(log_probs, old, advantages, mask, group_index=torch.zeros(rows, dtype=torch.long), group_size=rows)
-    return loss(log_probs, old, advantages, mask)
+        inputs.update(group_index=torch.zeros(rows, dtype=torch.long), group_size=rows)
+    return loss(log_probs, old, advantages, mask, **inputs)
 
 
 @pytest.mark.parametrize("kind", sorted(POLICY_LOSSES))
@@ -250,7 +248,7 @@ def test_registry_names():
     assert list(POLICY_LOSSES) == [
         "pg", "ratio", "ppo_clip", "gspo", "cispo", "sapo", "luspo", "vespo", "gmpo", "dppo", "clip_cov",
         "kl_cov", "high_entropy", "topr", "gppo", "entropy_shaped", "astar_po", "luffy", "m2po", "dynamic_clip", "bapo",
-        "gvpo", "archer", "aspo",
+        "gvpo", "archer", "aspo", "flowrl",
     ]  # fmt: skip
 
 

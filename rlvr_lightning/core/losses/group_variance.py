@@ -28,6 +28,21 @@ from torch import Tensor
 from rlvr_lightning.core.losses.policy_loss_base import PolicyLoss, PolicyLossOutput, prepare_inputs, token_ratio
 
 
+def check_whole_groups(group_index: Tensor, group_size: int, what: str) -> None:
+    """Raise unless the rows are whole groups of ``group_size`` consecutive rows (as the update deals them with
+    ``update.shuffle: prompts``), checked on the device without waiting for it. ``what``: the loss's need, which
+    the error names."""
+    cut = (
+        f"{what} over its {group_size} rows, consecutive in one micro-batch: set update.shuffle: prompts, "
+        "update.mini_batch_size and update.micro_batch_size to multiples of the group's rows, and "
+        "update.micro_batch_tokens: null"
+    )
+    if group_size < 1 or group_index.shape[0] % group_size:
+        raise ValueError(f"{cut} (this micro-batch holds {group_index.shape[0]} rows)")
+    groups = group_index.view(-1, group_size)
+    torch._assert_async((groups == groups[:, :1]).all(), cut)  # no host read: a GPU step keeps running ahead
+
+
 def group_variance_losses(
     log_ratios: Tensor, advantages: Tensor, group_index: Tensor | None, group_size: int, beta: float
 ) -> tuple[Tensor, Tensor]:
@@ -41,15 +56,7 @@ def group_variance_losses(
         # 1/2 ((r_i - mean r) - tau log(pi / pi_old)(y_i))^2, tau log Z taken as the mean reward  (Kimi k1.5,
         # arXiv:2501.12599, online mirror descent)
         return 0.5 * (scaled - advantages.to(scaled.dtype)).square(), scaled.detach()
-    cut = (
-        f"GVPO centres each group's log-ratios over its {group_size} rows, consecutive in one micro-batch: set "
-        "update.shuffle: prompts, update.mini_batch_size and update.micro_batch_size to multiples of the group's "
-        "rows, and update.micro_batch_tokens: null"
-    )
-    if group_size < 1 or log_ratios.shape[0] % group_size:
-        raise ValueError(f"{cut} (this micro-batch holds {log_ratios.shape[0]} rows)")
-    groups = group_index.view(-1, group_size)
-    torch._assert_async((groups == groups[:, :1]).all(), cut)  # no host read: a GPU step keeps running ahead
+    check_whole_groups(group_index, group_size, "GVPO centres each group's log-ratios")
     means = scaled.detach().view(-1, group_size).mean(-1, keepdim=True)
     centred = (scaled.view(-1, group_size) - means).view(-1)
     # 1/2 (beta (s_i - mean s) - (R_i - mean R))^2 / (k - 1)  (GVPO, arXiv:2504.19599; the authors'

@@ -24,6 +24,7 @@ from rlvr_lightning.core.losses.covariance_losses import ClipCov, KLCov
 from rlvr_lightning.core.losses.divergence_losses import DPPO
 from rlvr_lightning.core.losses.entropy_clip import ASPO, Archer
 from rlvr_lightning.core.losses.entropy_shaping import EntropyShapedAdvantage
+from rlvr_lightning.core.losses.flow_balance import FlowRL
 from rlvr_lightning.core.losses.group_variance import GVPO
 from rlvr_lightning.core.losses.off_policy_guidance import LUFFY
 from rlvr_lightning.core.losses.policy_loss_base import (
@@ -55,6 +56,7 @@ __all__ = [
     "DPPO",
     "DynamicClip",
     "EntropyShapedAdvantage",
+    "FlowRL",
     "GMPO",
     "GPPO",
     "GSPO",
@@ -285,6 +287,7 @@ POLICY_LOSSES: dict[str, type[PolicyLoss]] = {
     "gvpo": GVPO,
     "archer": Archer,
     "aspo": ASPO,
+    "flowrl": FlowRL,
 }
 
 
