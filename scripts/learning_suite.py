@@ -14,7 +14,8 @@ seed of every figure runs in fresh processes (its command(s), in an empty direct
 `--workdir/FIGURE/seed_SEED`), with one torch thread (OMP_NUM_THREADS=1, MKL_NUM_THREADS=1; `rlvr`
 pins torch's intra-op threads to 1 too), so no run can inherit another's RNG state, and with torch's and MKL's
 CPU kernels pinned to AVX2 as `tests/golden` pins them (`PINNED_CPU_KERNELS`), so that a seed gives the same
-trajectory on every x86-64 machine with AVX2; `--native_kernels` lets torch pick (AVX-512 where the CPU has it).
+trajectory on every x86-64 machine with AVX2 of one vendor (an Intel Xeon's part from an AMD EPYC's after a few
+steps; the bands hold both); `--native_kernels` lets torch pick (AVX-512 where the CPU has it).
 Each metric is read from the run's CSV/JSON output and checked against its band; a table (figure, metric, seed,
 value, band, PASS/FAIL) is printed, and the exit status is 1 when anything failed.
 

@@ -22,7 +22,8 @@ import torch
 # AVX2 (the same instructions on Intel and AMD), MKL's BLAS to its COMPATIBLE branch (conditional numerical
 # reproducibility: MKL_CBWR=AVX2 holds on Intel CPUs only, an AMD CPU then takes its own branch), oneDNN capped.
 # Kernels of another instruction set round the last bits differently, which a few rollout steps turn into another
-# trajectory; pinned, every x86-64 machine with AVX2 computes the same numbers.
+# trajectory; pinned, every x86-64 machine with AVX2 of one vendor computes the same numbers (an AMD EPYC and an
+# Intel Xeon agree on a first forward pass, not on the last bits of an update: tests/golden keeps one per vendor).
 PINNED_CPU_KERNELS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 
 # distribution name (as pip knows it) -> key in the record
