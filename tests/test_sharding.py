@@ -166,6 +166,7 @@ def test_lora_with_a_refreshed_reference_is_refused_before_sharding(hf_policy):
         trainer=SimpleNamespace(strategy=None),
         policy=policy,
         reference=None,
+        loss_module=None,
         kl=SimpleNamespace(refresh_every=5),
         async_rollouts=None,
     )

@@ -349,8 +349,8 @@ def plain(value: Any) -> Any:
     (checkpoints keep their hyper-parameters so, and load with `torch.load(weights_only=True)`)."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {field.name: plain(getattr(value, field.name)) for field in dataclasses.fields(value)}
-    if isinstance(value, (PolicyLoss, KLEstimator)):
-        init_args = {key: plain(item) for key, item in vars(value).items()}
+    if isinstance(value, (PolicyLoss, KLEstimator)):  # an underscored attribute is built state, not an option
+        init_args = {key: plain(item) for key, item in vars(value).items() if not key.startswith("_")}
         return {"class_path": f"{type(value).__module__}.{type(value).__qualname__}", "init_args": init_args}
     return value
 

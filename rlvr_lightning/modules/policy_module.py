@@ -37,7 +37,7 @@ from rlvr_lightning.rollout import Rollout
 from rlvr_lightning.runtime.checkpoint_files import CheckpointReadError
 
 #: state-dict prefixes of what a module trains with but does not evaluate with
-TRAINING_COMPANIONS = ("reference.", "teacher.", "critic.", "value_head.")
+TRAINING_COMPANIONS = ("reference.", "teacher.", "critic.", "value_head.", "loss_module.")
 
 
 class PolicyModule(pl.LightningModule):
@@ -64,14 +64,17 @@ class PolicyModule(pl.LightningModule):
         self.sampling = sampling or SamplingConfig()
         self.validation = validation
         self.reference: Policy | None = None  # a frozen copy of the policy (RLVRModule's KL reference)
+        self.loss_module: torch.nn.Module | None = None  # a loss's own trainable parameters (`PolicyLoss.attach`)
         self.reward_callbacks: list[RewardCallback] = []
         self._cudnn_attention_was_on: bool | None = None
 
     # ----------------------------------------------------------------- set-up
 
     def optimized_parameters(self) -> list:
-        """What the optimizer steps: the policy's parameters (`PPOModule`: two parameter groups)."""
-        return list(self.policy.parameters())
+        """What the optimizer steps: the policy's parameters and the loss's own (`PPOModule`: two parameter
+        groups)."""
+        own = [] if self.loss_module is None else list(self.loss_module.parameters())
+        return [*self.policy.parameters(), *own]
 
     def configure_optimizers(self):
         optimizer = self.optimizer_factory(self.optimized_parameters())
@@ -90,6 +93,11 @@ class PolicyModule(pl.LightningModule):
     def configure_model(self) -> None:
         """Record where the modules compute; shard the policy (and reference) under FSDP2 (`parallel/fsdp.py`)."""
         if data_parallel_mesh(self) is not None:
+            if self.loss_module is not None:
+                raise NotImplementedError(
+                    "a loss with trainable parameters of its own (FlowRL's log_z: learned) is not sharded with the "
+                    "policy under FSDP2: use log_z: group, or a DDP strategy"
+                )
             self.check_sharding()
         shard_for_training(self, self.policy, self.reference)
 

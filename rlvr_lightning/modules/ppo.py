@@ -96,7 +96,7 @@ class PPOModule(RLVRModule):
         critic_group: dict = {"params": self.critic_parameters()}
         if self.value.lr is not None:
             critic_group["lr"] = self.value.lr
-        return [{"params": list(self.policy.parameters())}, critic_group]
+        return [{"params": super().optimized_parameters()}, critic_group]
 
     def configure_model(self) -> None:
         super().configure_model()

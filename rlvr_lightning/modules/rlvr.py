@@ -177,6 +177,7 @@ class RLVRModule(PolicyModule):
     ) -> None:
         """The inner update and the frozen models it reads: the KL reference and the distillation teacher."""
         self.reference = policy.create_reference() if self.kl.coef != 0 or self.loss.reads_reference else None
+        self.loss_module = self.loss.attach(policy)  # a loss's own parameters: optimised and saved beside the policy
         check_distillation(teacher, distillation, policy)
         self.teacher = make_teacher(teacher, policy)  # frozen: off the module tree; a SelfTeacher's copy: in it
         self.policy_update = PolicyUpdate(

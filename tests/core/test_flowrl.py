@@ -8,6 +8,7 @@ import torch
 from torch.testing import assert_close
 
 from rlvr_lightning.core import FlowRL, aggregate_loss
+from rlvr_lightning.core.losses.flow_balance import PartitionHead
 from rlvr_lightning.core.losses.policy_losses import policy_loss
 
 GROUP = dict(group_index=torch.tensor([5, 5]), group_size=2)
@@ -127,3 +128,77 @@ def test_options_modes_and_inputs_are_checked():
     with pytest.raises(ValueError, match=r"FlowRL estimates each group's log Z over its 2 rows.*holds 3 rows"):
         FlowRL()(torch.zeros(3, 2), None, torch.zeros(3), None, **cut)
     assert type(policy_loss("flowrl")) is FlowRL
+
+
+class _AuthorsProjZ(torch.nn.Module):
+    """The authors' ``ProjZModule`` (verl's recipe/flowrl ``flowrl_actor.py`` at 40dc8ef), restated."""
+
+    def __init__(self, hidden_size, num_layers=3, dropout=0.1):
+        super().__init__()
+        layers = []
+        for _ in range(num_layers - 1):
+            layers.extend(
+                [
+                    torch.nn.Linear(hidden_size, hidden_size),
+                    torch.nn.GELU(),
+                    torch.nn.LayerNorm(hidden_size),
+                    torch.nn.Dropout(dropout),
+                ]
+            )
+        layers.append(torch.nn.Linear(hidden_size, 1))
+        self.net = torch.nn.Sequential(*layers)
+
+    def forward(self, x):
+        return self.net(x)
+
+
+@pytest.mark.parametrize("layers", [1, 3])
+def test_the_partition_head_is_the_authors_projz_module(layers):
+    torch.manual_seed(0)
+    ours, theirs = PartitionHead(6, layers, 0.1).eval(), _AuthorsProjZ(6, layers, 0.1).eval()
+    theirs.load_state_dict(ours.state_dict())  # the same layers, in the same order
+    hidden = torch.randn(5, 6)
+    assert_close(ours(hidden), theirs(hidden).squeeze(-1))
+
+
+class _Hidden(torch.nn.Module):
+    hidden_size = 2
+
+
+def test_a_learned_log_z_by_hand_and_its_gradient():
+    loss_fn = FlowRL(beta=1.0, log_z="learned", z_layers=1)
+    head = loss_fn.attach(_Hidden())
+    assert isinstance(head, PartitionHead) and not loss_fn.reads_groups and loss_fn.reads_hidden
+    with torch.no_grad():  # log Z = h_0 + h_1 + 0.5 of the state the first token is drawn from
+        head.net[0].weight.fill_(1.0)
+        head.net[0].bias.fill_(0.5)
+    hidden = torch.tensor([[[0.25, 0.25], [9.0, 9.0]], [[-1.0, 0.0], [9.0, 9.0]]], requires_grad=True)
+    log_probs = torch.tensor([[-1.0, -1.0], [-2.0, -2.0]], requires_grad=True)
+    ref = torch.tensor([[-1.5, -1.5], [-1.0, -1.0]])
+    out = loss_fn(log_probs, None, torch.tensor([0.5, -0.5]), None, ref_log_probs=ref, hidden=hidden)
+    # log Z = 1.0 and -0.5; residuals -1 - 0.5 + 1.5 = 0 and -2 + 0.5 + 1 = -0.5: delta = 1.0 and -1.0
+    assert out.stats["flowrl_log_z"].item() == pytest.approx(0.25)
+    assert out.loss.tolist() == [pytest.approx([1.0, 1.0]), pytest.approx([1.0, 1.0])]
+    aggregate_loss(out.loss, None, "seq-mean-token-mean").backward()
+    # the head learns from the same loss: d/d bias = mean_i 2 w delta_i = 0, d/d w_j = mean_i 2 delta_i h_ij
+    assert head.net[0].bias.grad.item() == pytest.approx(0.0)
+    assert head.net[0].weight.grad.tolist() == [pytest.approx([1.25, 0.25])]
+    assert hidden.grad[:, 1].abs().sum().item() == 0.0  # only the first response position is read
+    assert log_probs.grad.tolist() == [pytest.approx([0.5, 0.5]), pytest.approx([-0.5, -0.5])]
+
+
+def test_a_learned_log_z_needs_a_policy_with_hidden_states():
+    class NoHidden:
+        @property
+        def hidden_size(self):
+            raise NotImplementedError("NoHidden does not expose hidden states")
+
+    with pytest.raises(ValueError, match="log_z: learned reads the policy's hidden states: NoHidden does not"):
+        FlowRL(log_z="learned").attach(NoHidden())
+    assert FlowRL().attach(_Hidden()) is None  # log_z: group trains nothing beside the policy
+    with pytest.raises(ValueError, match=r"log_z='fixed' is not valid; choose one of \['group', 'learned'\]"):
+        FlowRL(log_z="fixed")
+    with pytest.raises(ValueError, match="builds its head in attach"):
+        FlowRL(log_z="learned")(
+            torch.zeros(1, 1), None, torch.zeros(1), None, torch.zeros(1, 1), hidden=torch.zeros(1, 1, 2)
+        )

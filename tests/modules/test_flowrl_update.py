@@ -63,3 +63,52 @@ def test_options_that_cut_a_group_are_refused_before_any_work(update):
 def test_another_aggregation_is_refused():
     with pytest.raises(ValueError, match="FlowRL's loss is one squared error per response"):
         RLVRModule(toy(), group_size=4, loss="flowrl", aggregation=AggregationConfig(mode="token-mean"))
+
+
+def test_a_learned_log_z_trains_with_the_policy_and_reads_no_group():
+    # rows shuffled across mini-batches: a learned log Z needs no whole group
+    module = RLVRModule(toy(), group_size=4, loss=FlowRL(log_z="learned"), update=UpdateConfig(mini_batch_size=8))
+    head = module.loss_module
+    assert head is module.loss._head and {id(p) for p in head.parameters()} <= {
+        id(p) for p in module.optimized_parameters()
+    }
+    start = flat(head)
+    steps = fit(module, steps=3)
+    assert not torch.equal(flat(head), start)  # the same loss trains it
+    assert any(key.startswith("loss_module.") for key in module.state_dict())  # checkpointed with the module
+    assert len({round(step["train/flowrl_log_z"], 6) for step in steps}) == 3
+
+
+def test_a_learned_log_z_is_refused_under_fsdp2_before_anything_is_sharded():
+    from types import SimpleNamespace
+
+    from rlvr_lightning.modules.policy_module import PolicyModule
+
+    module = RLVRModule(toy(), group_size=4, loss=FlowRL(log_z="learned"), update=UpdateConfig(mini_batch_size=8))
+    module._device_mesh = SimpleNamespace(mesh_dim_names=None)  # as ModelParallelStrategy sets it
+    with pytest.raises(NotImplementedError, match="FlowRL's log_z: learned.*use log_z: group, or a DDP strategy"):
+        PolicyModule.configure_model(module)
+
+
+def test_a_run_with_a_learned_log_z_resumes_bitwise(tmp_path, monkeypatch):
+    import shutil
+
+    from tests.test_resume import logged, parameters
+    from tests.test_resume_controllers import SIZES, run
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(SIZES, "flowrl", (8, 32))
+    learned = "--model.init_args.loss.init_args.log_z=learned"
+    full = run(tmp_path, "flowrl", "full", learned)
+    (tmp_path / "ckpt_resumed").mkdir()
+    shutil.copy(tmp_path / "ckpt_full" / "epoch=0.ckpt", tmp_path / "ckpt_resumed" / "last.ckpt")
+    resumed = run(tmp_path, "flowrl", "resumed", learned, "--ckpt_path", "last")
+    state = parameters(full.model)
+    assert any(key.startswith("loss_module.") for key in state)
+    for key, value in state.items():
+        assert torch.equal(value, resumed.model.state_dict()[key]), key
+    full_log, resumed_log = (
+        logged(tmp_path, "full", "train/flowrl_log_z"),
+        logged(tmp_path, "resumed", "train/flowrl_log_z"),
+    )
+    assert sorted(resumed_log) == [3, 4, 5] and resumed_log == {step: full_log[step] for step in resumed_log}

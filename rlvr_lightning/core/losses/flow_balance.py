@@ -7,36 +7,61 @@ balance, length-normalised, importance-weighted and with the group-normalised re
     loss_i = w_i (log Z(x) + 1/|y_i| log pi(y_i|x) - beta A_i - 1/|y_i| log pi_ref(y_i|x))^2
     w_i    = clip(pi(y_i|x) / pi_old(y_i|x), 1 - clip_low, 1 + clip_high), without gradient
 
-(``A_i``: the response's advantage averaged over its tokens, as the authors' code takes it.) The paper learns
-``log Z(x)`` with a small network on the prompt's hidden states. Here ``log Z`` is, for each prompt, the value that
-minimises the loss over its group: the ``w``-weighted mean of ``beta A_i - 1/|y_i| log(pi / pi_ref)(y_i)``, taken
-without gradient (the batch estimate of VarGrad, Richter et al. 2020, which Trajectory Balance with Asynchrony,
-Bartoldson et al. 2025, arXiv:2503.18929, uses for LLM post-training). It is the learned ``log Z``'s own target, so
-nothing is trained beside the policy, and the gradient is the same with or without it detached (the loss is at its
-minimum in ``log Z``). Each response's residual then compares its length-normalised log-ratio to the reference,
-centred over its group, with ``beta`` times its centred advantage.
+(``A_i``: the response's advantage averaged over its tokens, as the authors' code takes it.) ``log Z(x)``:
 
-The loss needs every response of a group in one micro-batch (``reads_groups``: ``update.shuffle: prompts``) and the
-reference's log-probs (``reads_reference``: the module keeps a frozen reference). One number per response, spread
-over its tokens: ``seq-mean-token-mean`` gives the mean over responses, the authors' ``torch.mean``.
+* ``log_z: group`` (default): for each prompt, the value that minimises the loss over its group, the ``w``-weighted
+  mean of ``beta A_i - 1/|y_i| log(pi / pi_ref)(y_i)``, taken without gradient (the batch estimate of VarGrad,
+  Richter et al. 2020, which Trajectory Balance with Asynchrony, Bartoldson et al. 2025, arXiv:2503.18929, uses
+  for LLM post-training). It is the learned ``log Z``'s own target, nothing is trained beside the policy, and the
+  gradient is the same with or without it detached (the loss is at its minimum in ``log Z``). Each response's
+  residual then compares its length-normalised log-ratio to the reference, centred over its group, with ``beta``
+  times its centred advantage. Every response of a group must be in one micro-batch (``reads_groups``:
+  ``update.shuffle: prompts``).
+* ``log_z: learned``: the paper's, a network ``Z_phi`` (``PartitionHead``: ``z_layers - 1`` blocks of Linear, GELU,
+  LayerNorm and dropout, then a Linear to one number, the authors' ``ProjZModule``) trained with the policy by the
+  same loss, on the policy's last hidden state at the prompt's last token (the state the response's first token is
+  drawn from; the authors average the prompt's hidden states, which the policy's scoring forward does not return).
+
+The loss reads the reference's log-probs (``reads_reference``: the module keeps a frozen reference). One number per
+response, spread over its tokens: ``seq-mean-token-mean`` gives the mean over responses, the authors' ``torch.mean``.
 """
 
 from __future__ import annotations
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from rlvr_lightning.core.losses.group_variance import check_whole_groups
 from rlvr_lightning.core.losses.policy_loss_base import (
     LOG_RATIO_CLAMP,
     PolicyLoss,
     PolicyLossOutput,
+    check_choice,
     check_clip,
     prepare_inputs,
 )
 
 #: the aggregations FlowRL accepts: each response's squared error counts once
 FLOWRL_AGGREGATIONS = ("seq-mean-token-mean",)
+#: where log Z comes from: each group's minimiser, or a network trained with the policy
+LOG_Z_SOURCES = ("group", "learned")
+
+
+class PartitionHead(nn.Module):
+    """``log Z_phi(x)`` from a hidden state ``[..., H]``: ``layers - 1`` blocks of Linear(H, H), GELU, LayerNorm and
+    Dropout, then Linear(H, 1) (FlowRL's ``ProjZModule``, verl's recipe/flowrl), in float32 whatever the trunk's
+    dtype."""
+
+    def __init__(self, hidden_size: int, layers: int = 3, dropout: float = 0.1) -> None:
+        super().__init__()
+        blocks = []
+        for _ in range(layers - 1):
+            blocks += [nn.Linear(hidden_size, hidden_size), nn.GELU(), nn.LayerNorm(hidden_size), nn.Dropout(dropout)]
+        self.net = nn.Sequential(*blocks, nn.Linear(hidden_size, 1))
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        """``[...]`` log Z from hidden states ``[..., H]``."""
+        return self.net(hidden.to(self.net[-1].weight.dtype)).squeeze(-1)
 
 
 def group_log_partition(residuals: Tensor, weights: Tensor, group_index: Tensor, group_size: int) -> Tensor:
@@ -59,19 +84,52 @@ class FlowRL(PolicyLoss):
         beta: the reward's inverse temperature in the target ``pi_ref exp(beta A)`` (the paper's 15).
         clip_low, clip_high: the trajectory weight's clip ``[1 - clip_low, 1 + clip_high]`` (the authors' recipe in
             verl: 0.2 and 0.28).
+        log_z: ``group`` (each group's minimiser) or ``learned`` (the paper's ``PartitionHead``).
+        z_layers, z_dropout: the learned head's layers and dropout (the authors' 3 and 0.1).
     """
 
     reads_reference = True
-    reads_groups = True
 
-    def __init__(self, beta: float = 15.0, clip_low: float = 0.2, clip_high: float = 0.28) -> None:
+    def __init__(
+        self,
+        beta: float = 15.0,
+        clip_low: float = 0.2,
+        clip_high: float = 0.28,
+        log_z: str = "group",
+        z_layers: int = 3,
+        z_dropout: float = 0.1,
+    ) -> None:
         if not beta > 0:
             raise ValueError(f"FlowRL: beta must be > 0, got {beta}")
         check_clip("FlowRL", "clip_low", clip_low)
         check_clip("FlowRL", "clip_high", clip_high)
         if clip_low >= 1:
             raise ValueError(f"FlowRL: clip_low must be < 1 (the weight's lower bound 1 - clip_low), got {clip_low}")
+        check_choice("FlowRL", "log_z", log_z, LOG_Z_SOURCES)
+        if z_layers < 1 or not 0 <= z_dropout < 1:
+            raise ValueError(f"FlowRL: z_layers must be >= 1 and z_dropout in [0, 1), got {z_layers}, {z_dropout}")
         self.beta, self.clip_low, self.clip_high = beta, clip_low, clip_high
+        self.log_z, self.z_layers, self.z_dropout = log_z, z_layers, z_dropout
+        self._head: PartitionHead | None = None
+
+    @property
+    def reads_groups(self) -> bool:
+        return self.log_z == "group"
+
+    @property
+    def reads_hidden(self) -> bool:
+        return self.log_z == "learned"
+
+    def attach(self, policy) -> nn.Module | None:
+        """The learned ``log Z``'s head, on the policy's hidden states (``log_z: learned``; None otherwise)."""
+        if self.log_z != "learned":
+            return None
+        try:
+            hidden_size = policy.hidden_size
+        except NotImplementedError as error:
+            raise ValueError(f"FlowRL's log_z: learned reads the policy's hidden states: {error}") from None
+        self._head = PartitionHead(hidden_size, self.z_layers, self.z_dropout)
+        return self._head
 
     def check(self, aggregation: str) -> None:
         if aggregation not in FLOWRL_AGGREGATIONS:
@@ -89,10 +147,16 @@ class FlowRL(PolicyLoss):
         ref_log_probs: Tensor | None = None,
         group_index: Tensor | None = None,
         group_size: int = 0,
+        hidden: Tensor | None = None,
     ):
-        """``ref_log_probs`` ``[N, T]``, ``group_index`` ``[N]`` and ``group_size``: the update passes them."""
-        if ref_log_probs is None or group_index is None:
-            raise ValueError("FlowRL needs the reference's log-probs and each row's group; the update passes them")
+        """``ref_log_probs`` ``[N, T]``, and ``group_index`` ``[N]`` with ``group_size`` (``log_z: group``) or the
+        policy's ``hidden`` states ``[N, T, H]`` (``log_z: learned``): the update passes them."""
+        learned = self.log_z == "learned"
+        if ref_log_probs is None or (hidden is None if learned else group_index is None):
+            needs = "hidden states (log_z: learned)" if learned else "each row's group"
+            raise ValueError(f"FlowRL needs the reference's log-probs and {needs}; the update passes them")
+        if learned and self._head is None:
+            raise ValueError("FlowRL's log_z: learned builds its head in attach(policy); the module calls it")
         old, adv, m = prepare_inputs(log_probs, old_log_probs, advantages, mask)
         real = torch.ones_like(log_probs, dtype=torch.bool) if m is None else m
         zero = torch.zeros((), dtype=log_probs.dtype, device=log_probs.device)
@@ -108,8 +172,11 @@ class FlowRL(PolicyLoss):
         # delta = log Z + 1/|y| log pi - beta A - 1/|y| log pi_ref; loss = w delta^2  (FlowRL, arXiv:2509.15207 eq. 9;
         # the authors' compute_flowrl_objective in verl's recipe/flowrl)
         residual = response_mean(log_probs) - self.beta * response_mean(adv) - response_mean(ref_log_probs)
-        counts = torch.where(tokens > 0, weight, zero)  # an empty response has no residual to balance
-        log_z = group_log_partition(residual.detach(), counts, group_index, group_size)
+        if learned:  # Z_phi on the state the first response token is drawn from
+            log_z = self._head(hidden[:, 0]).to(residual.dtype)
+        else:
+            counts = torch.where(tokens > 0, weight, zero)  # an empty response has no residual to balance
+            log_z = group_log_partition(residual.detach(), counts, group_index, group_size)
         delta = log_z + residual
         loss = torch.where(real, (weight * delta.square()).unsqueeze(-1), zero)
         out = PolicyLossOutput(
@@ -120,7 +187,12 @@ class FlowRL(PolicyLoss):
             high_clipped=(raw > 1 + self.clip_high).unsqueeze(-1).expand_as(real),
         )
         rows = log_probs.new_tensor(float(len(delta)))
-        for name, value in (("log_z", log_z), ("weight", weight), ("residual", delta.detach().abs())):
+        for name, value in (("log_z", log_z.detach()), ("weight", weight), ("residual", delta.detach().abs())):
             out.extra_stats[f"flowrl_{name}"] = value.mean()
             out.extra_weights[f"flowrl_{name}"] = rows
+        return out
+
+    def with_rollout_is(self, log_probs, old_log_probs, advantages, mask, weights, **inputs):
+        out = self(log_probs, old_log_probs, advantages, mask, **inputs)
+        out.loss = out.loss * weights  # each token's share of its response's loss times the token's weight
         return out

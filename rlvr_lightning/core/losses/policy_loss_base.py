@@ -244,6 +244,15 @@ class PolicyLoss:
     #: True: ``__call__`` takes each row's prompt group as ``group_index=`` (``[N]``) and the rows a group has as
     #: ``group_size=``; the update keeps every group whole in each micro-batch (``update.shuffle: prompts``)
     reads_groups: bool = False
+    #: True: ``__call__`` takes the policy forward's last hidden states at the response positions as ``hidden=``
+    #: (``[N, T, H]``, differentiable; position t: the state token t is drawn from; ``Policy.hidden_size`` wide)
+    reads_hidden: bool = False
+
+    def attach(self, policy) -> torch.nn.Module | None:
+        """Called once by the module that trains ``policy`` with this loss. A loss with trainable parameters of its
+        own builds them here (e.g. from ``policy.hidden_size``) and returns the ``nn.Module`` that holds them: the
+        module then moves, optimises and checkpoints it beside the policy. Here: None."""
+        return None
 
     def select_tokens(
         self, log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, entropy: Tensor | None, generator
@@ -289,5 +298,5 @@ class PolicyLoss:
         return out
 
     def __repr__(self) -> str:
-        options = ", ".join(f"{key}={value!r}" for key, value in vars(self).items())
+        options = ", ".join(f"{key}={value!r}" for key, value in vars(self).items() if not key.startswith("_"))
         return f"{type(self).__name__}({options})"

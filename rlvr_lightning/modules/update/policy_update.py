@@ -111,6 +111,7 @@ class PolicyUpdate:
         self.logs_entropy_coef = False  # True when a callback sets entropy_coef each step (AdaptiveEntropyControl)
         self.masks_off_policy = rollout_is.off_policy_mask_threshold is not None
         self.teacher, self.distillation, self.positive_nll_coef = teacher, distillation, positive_nll_coef
+        self._hidden: Tensor | None = None  # the last policy forward's hidden states, for a loss that reads them
         self.skipped_updates = 0  # non-finite updates skipped so far
         self.consecutive_skips = 0
         if update.micro_batch_tokens is not None:
@@ -119,20 +120,9 @@ class PolicyUpdate:
 
     def options(self) -> dict:
         """The arguments this update was built with (a subclass is built from them)."""
-        return dict(
-            policy=self.policy,
-            loss=self.loss,
-            aggregation=self.aggregation,
-            kl=self.kl,
-            reference=self.reference,
-            rollout_is=self.rollout_is,
-            update=self.update,
-            entropy_coef=self.entropy_coef,
-            sampling=self.sampling,
-            teacher=self.teacher,
-            distillation=self.distillation,
-            positive_nll_coef=self.positive_nll_coef,
-        )
+        names = ("policy", "loss", "aggregation", "kl", "reference", "rollout_is", "update", "entropy_coef")
+        names += ("sampling", "teacher", "distillation", "positive_nll_coef")
+        return {name: getattr(self, name) for name in names}
 
     def micro_batch_rows(self, rollout: Rollout) -> list[Tensor] | list[slice]:
         """The rows of each micro-batch of `rollout` (`modules/update/micro_batches.py`)."""
@@ -278,7 +268,8 @@ class PolicyUpdate:
         with_entropy = first_epoch or self.entropy_coef != 0 or reads_entropy
         support = micro.teacher_top_ids if self.teacher is not None and self.distillation.support_size else None
         log_probs, entropy, on_support = self.policy_forward(micro, with_entropy, self.entropy_coef != 0, support)
-        selection = loss_keyword_inputs(self.loss, micro, log_probs, entropy, mask, selected)
+        hidden, self._hidden = self._hidden, None
+        selection = loss_keyword_inputs(self.loss, micro, log_probs, entropy, mask, selected, hidden)
         sampled = micro.sampling_log_probs
         sampler_pair = (log_probs.detach(), sampled) if first_update and sampled is not None else None
         weights = self.sampler_weights(micro, log_probs, mask)
@@ -351,6 +342,11 @@ class PolicyUpdate:
         """The trained log-probs (and entropy) of a micro-batch, and those of the token ids `support` `[n, T, k]`."""
         if support is not None:
             return self.policy.support_log_probs(micro, support, self.temperature, with_entropy, entropy_grad)
+        if self.loss.reads_hidden:  # kept for the loss (FlowRL's learned log Z)
+            log_probs, entropy, self._hidden = self.policy.token_log_probs_and_hidden(
+                micro, self.temperature, with_entropy=with_entropy, entropy_grad=entropy_grad
+            )
+            return log_probs, entropy, None
         return (*self.policy.token_log_probs(micro, self.temperature, with_entropy, entropy_grad), None)
 
     # ------------------------------------------------------------------ the optimizer step

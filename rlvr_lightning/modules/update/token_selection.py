@@ -97,12 +97,19 @@ def mini_batch_selection(
 
 
 def loss_keyword_inputs(
-    loss: PolicyLoss, micro: Rollout, log_probs: Tensor, entropy: Tensor | None, mask: Tensor | None, selected
+    loss: PolicyLoss,
+    micro: Rollout,
+    log_probs: Tensor,
+    entropy: Tensor | None,
+    mask: Tensor | None,
+    selected,
+    hidden: Tensor | None = None,
 ) -> dict[str, Tensor]:
     """What ``loss`` reads besides log-probs, old log-probs, advantages and mask, as keyword arguments: its pick of
     tokens (``selected``, over the mini-batch; None: picked here within this micro-batch), the tokens' detached
     entropies (``reads_entropy``), the reference's log-probs (``reads_reference``), each row's group and the group
-    size (``reads_groups``) and which rows are demonstrations (``reads_demonstrations``)."""
+    size (``reads_groups``), which rows are demonstrations (``reads_demonstrations``) and the policy forward's
+    ``hidden`` states (``reads_hidden``)."""
     if loss.selects_tokens and selected is None:
         reads = entropy if loss.selection_reads_entropy else None
         (selected,) = select_over_mini_batch(
@@ -117,4 +124,6 @@ def loss_keyword_inputs(
         inputs["group_index"], inputs["group_size"] = micro.group_index, micro.group_size
     if loss.reads_demonstrations:
         inputs["demonstration_rows"] = micro.demonstration_rows
+    if loss.reads_hidden:
+        inputs["hidden"] = hidden
     return inputs

@@ -92,6 +92,7 @@ class ValueUpdate(PolicyUpdate):
         log_probs, entropy, self._shared_hidden = self.policy.token_log_probs_and_hidden(
             micro, self.temperature, with_entropy=with_entropy, entropy_grad=entropy_grad
         )
+        self._hidden = self._shared_hidden if self.loss.reads_hidden else None  # the policy loss may read them too
         return log_probs, entropy, None
 
     def micro_batch_loss(
