@@ -21,7 +21,7 @@ The module owns one and hands itself to `run` for Lightning's manual optimisatio
 
 The loss counts the sampled tokens (`response_mask`), less those of truncated responses with
 `aggregation.mask_truncated` and those of prompts whose rewards all agree with `aggregation.mask_zero_variance_groups`
-(`loss_mask`); the scoring forwards read the whole responses either way.
+(`modules/update/loss_masks.py`); the scoring forwards read the whole responses either way.
 
 Micro-batches hold `update.micro_batch_size` rows, or with `update.micro_batch_tokens` at most that many tokens
 (`micro_batch_rows`): rows grouped by length into balanced micro-batches (`core/packing.py`), as many on every
@@ -37,7 +37,6 @@ import lightning.pytorch as pl
 import torch
 from torch import Tensor
 
-from rlvr_lightning.core.advantage_estimators import uniform_reward_groups
 from rlvr_lightning.core.aggregation import aggregate_loss
 from rlvr_lightning.core.importance_sampling import mask_off_policy_sequences, rollout_is_weights
 from rlvr_lightning.core.kl import kl_estimator
@@ -49,6 +48,7 @@ from rlvr_lightning.modules.distillation import DistillationConfig, Teacher, dis
 from rlvr_lightning.modules.options import ImportanceSamplingConfig, KLConfig, UpdateConfig
 from rlvr_lightning.modules.self_distillation import SelfTeacher
 from rlvr_lightning.modules.update.gradients import backward_sync, policy_gradient_norm, report_skipped_update
+from rlvr_lightning.modules.update.loss_masks import loss_mask, zero_variance_groups
 from rlvr_lightning.modules.update.micro_batches import (
     check_token_budget,
     micro_batch_parts,
@@ -190,8 +190,8 @@ class PolicyUpdate:
         scheduler = module.lr_schedulers()
         mini_size = self.update.mini_batch_size or rollout.num_rows
         # Fixed-length responses (every token real) skip all the masking ops of the loss.
-        dropped = self.zero_variance_groups(rollout)
-        masked = not bool(self.loss_mask(rollout, dropped).all())
+        dropped = zero_variance_groups(rollout, self.aggregation)
+        masked = not bool(loss_mask(rollout, self.aggregation, dropped).all())
         # casts that the step's no-grad forwards (sampling, old log-probs, values) left in a cached autocast carry
         # no gradient, and torch < 2.11 hands them to the training forwards (pytorch#112583): drop them
         torch.clear_autocast_cache()
@@ -202,14 +202,14 @@ class PolicyUpdate:
             order = mini_batch_order(rollout, self.update.shuffle) if mini_size < rollout.num_rows else None
             for start in range(0, rollout.num_rows, mini_size):
                 minibatch = rollout if order is None else rollout.select(order[start : start + mini_size])
-                mini_mask = self.loss_mask(minibatch, dropped) if masked else None
+                mini_mask = loss_mask(minibatch, self.aggregation, dropped) if masked else None
                 # VAPO's LM loss is normalised by the mini-batch's correct tokens
                 sizes = mini_batch_sizes(
                     minibatch, mini_mask, self.aggregation, rollout.num_rows, bool(self.positive_nll_coef)
                 )
                 micro_losses = []
                 micros = list(self.micro_batches(minibatch))
-                masks = [self.loss_mask(micro, dropped) if masked else None for micro in micros]
+                masks = [loss_mask(micro, self.aggregation, dropped) if masked else None for micro in micros]
                 # a token-selecting loss's pick over the whole mini-batch (when it is several micro-batches)
                 selections = mini_batch_selection(self.loss, self.selection_forward, micros, masks)
                 for i, micro in enumerate(micros):
@@ -228,27 +228,6 @@ class PolicyUpdate:
         if self.logs_entropy_coef:
             metrics["train/entropy_coef"] = self.entropy_coef
         return metrics
-
-    def loss_mask(self, part: Rollout, dropped_groups: Tensor | None = None) -> Tensor:
-        """bool `[n, T]`: the tokens the loss counts: the sampled ones, less those of truncated responses with
-        `aggregation.mask_truncated` (DAPO's overlong filtering: `response_mask * ~truncated`, TRL) and those of the
-        prompts `dropped_groups` marks (bool, by `group_index`: `zero_variance_groups`)."""
-        mask = part.response_mask.bool()
-        if self.aggregation.mask_truncated:
-            mask = mask & ~part.truncated.to(mask.device).unsqueeze(-1)
-        if dropped_groups is not None:
-            mask = mask & ~dropped_groups[part.group_index].unsqueeze(-1)
-        return mask
-
-    def zero_variance_groups(self, rollout: Rollout) -> Tensor | None:
-        """bool `[N]` by `group_index`: the prompts whose rewards all agree, with
-        `aggregation.mask_zero_variance_groups` (None without it)."""
-        if not self.aggregation.mask_zero_variance_groups:
-            return None
-        if rollout.reward is None:
-            raise ValueError("aggregation.mask_zero_variance_groups reads the rewards, and this rollout has none")
-        # ScaleRL (Khatri et al. 2025) zero-variance filtering: prompts with equal rewards leave the loss
-        return uniform_reward_groups(rollout.reward, rollout.group_index, rollout.num_rows)
 
     def micro_batch_loss(
         self,
