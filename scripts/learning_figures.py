@@ -158,6 +158,9 @@ RECIPE_BANDS: dict[str, tuple[Band, Band]] = {
     # from one machine's three seeds (Intel Xeon, 2026-12-01: 6.40-6.65, 13.3-36.3%; AVX2-pinned 6.36-6.64,
     # 12.5-30.9%), widened by about their spread
     "flowrl": (Band(6.05, 6.90), Band(0.04, 0.60)),
+    # from one machine's three seeds (Intel Xeon, AVX2-pinned, 2026-12-01: 6.55-6.71, 23.4-40.2%), widened by about
+    # their spread
+    "simko": (Band(6.25, 6.95), Band(0.08, 0.65)),
 }
 RECIPES = tuple(RECIPE_BANDS)  # configs/recipes/NAME.yaml, each over the seeds
 

@@ -184,6 +184,13 @@ EXPECTED = {
         kl=None,
         flowrl=(15.0, 0.2, 0.28, "prompts"),
     ),
+    "simko": dict(
+        advantage=advantages.GroupNormalizedAdvantage,
+        loss="simko",
+        aggregation="token-mean",
+        kl=None,
+        simko=(3, 0.01, 0.8, 1.1, 0.2, 0.2),
+    ),
     "dcpo": dict(
         advantage=advantages.SmoothStandardizedAdvantage,
         loss="dynamic_clip",

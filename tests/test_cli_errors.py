@@ -76,7 +76,7 @@ def test_a_value_the_module_rejects_at_construction(in_tmp_dir, capsys):
         "error: loss='ppo_clipp' is not valid; choose one of "
         "['pg', 'ratio', 'ppo_clip', 'gspo', 'cispo', 'sapo', 'luspo', 'vespo', 'gmpo', 'dppo', 'clip_cov', "
         "'kl_cov', 'high_entropy', 'topr', 'gppo', 'entropy_shaped', 'astar_po', 'luffy', 'm2po', 'dynamic_clip', "
-        "'bapo', 'gvpo', 'archer', 'aspo', 'flowrl']"
+        "'bapo', 'gvpo', 'archer', 'aspo', 'flowrl', 'simko']"
     )
     assert lines[1] == f"  at model.init_args.loss ({bad}:3)"
     assert lines[2] == "  did you mean 'ppo_clip'?"

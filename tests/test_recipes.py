@@ -116,6 +116,10 @@ def test_recipe_runs_two_steps_on_the_sort_task(recipe, in_tmp_dir):
         "m2_threshold": lambda: module.loss.m2_threshold,
         "gvpo": lambda: (module.loss.beta, module.update.shuffle),
         "flowrl": lambda: (module.loss.beta, module.loss.clip_low, module.loss.clip_high, module.update.shuffle),
+        "simko": lambda: tuple(
+            getattr(module.loss, name)
+            for name in ("top_k", "mix_coef", "entropy_quantile", "negative_scale", "clip_low", "clip_high")
+        ),
         "bapo": lambda: tuple(
             getattr(module.loss, name)
             for name in (
@@ -218,6 +222,8 @@ def test_recipe_runs_two_steps_on_the_sort_task(recipe, in_tmp_dir):
         ("gvpo", ["--model.init_args.update.shuffle=rows"], "GVPO reads whole prompt groups in each micro-batch"),
         # FlowRL's log Z estimated over groups dealt row by row into mini-batches
         ("flowrl", ["--model.init_args.update.shuffle=rows"], "FlowRL reads whole prompt groups in each micro-batch"),
+        # SimKO without a candidate to spread a correct response's push over
+        ("simko", ["--model.init_args.loss.init_args.top_k=0"], "SimKO: top_k must be >= 1"),
         # Archer's entropy quantile outside [0, 1]
         ("archer", ["--model.init_args.loss.init_args.quantile=1.5"], "Archer: quantile must be in"),
         # ASPO's weight without a cap

@@ -58,6 +58,7 @@ from rlvr_lightning.core.losses.policy_losses import (
     PolicyLoss,
     PolicyLossOutput,
     PPOClip,
+    SimKO,
     merged_stats,
     policy_loss,
 )
@@ -92,6 +93,7 @@ __all__ = [
     "M2PO",
     "POLICY_LOSSES",
     "SAPO",
+    "SimKO",
     "QUANTILE_METHODS",
     "STD_SCOPES",
     "TOPR",

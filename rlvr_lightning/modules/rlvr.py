@@ -98,7 +98,7 @@ class RLVRModule(PolicyModule):
             Option(
                 "the per-token policy loss: pg | ratio | ppo_clip | gspo | cispo | sapo | luspo | vespo | gmpo | "
                 "dppo | clip_cov | kl_cov | topr | gppo | high_entropy | entropy_shaped | astar_po | luffy | m2po | "
-                "dynamic_clip | bapo | gvpo | archer | aspo | flowrl, or a PolicyLoss by class_path "
+                "dynamic_clip | bapo | gvpo | archer | aspo | flowrl | simko, or a PolicyLoss by class_path "
                 "(e.g. ...core.PPOClip)."
             ),
         ] = "ppo_clip",
@@ -266,8 +266,8 @@ class RLVRModule(PolicyModule):
         if self.reference is not None and self.kl.coef != 0 and self.kl.mode == "reward":
             self._penalize_reward_with_kl(rollout, metrics)
         reads_correctness = getattr(self.advantage_estimator, "reads_correctness", False)  # PPOModule has none
-        if self.policy_update.positive_nll_coef or reads_correctness:
-            rollout.correct = correct_rows(correct, rollout, self.advantage_estimator)
+        if self.policy_update.positive_nll_coef or reads_correctness or self.loss.reads_correctness:
+            rollout.correct = correct_rows(correct, rollout, self.advantage_estimator, self.loss)
         rollout.advantages = self._advantages(rollout, metrics)
         if self.replay is not None:  # groups whose rewards all agree give way to groups trained on before
             rollout, stats = self.replay.refill(rollout, self.rollout_step)

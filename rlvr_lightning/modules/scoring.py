@@ -45,11 +45,13 @@ def correctness(rollout: Rollout, reward_callbacks: Sequence[RewardCallback], ki
     return None
 
 
-def correct_rows(correct: Tensor | None, rollout: Rollout, estimator) -> Tensor:
-    """`correct` on the rollout's device, for the update or an advantage estimator that reads which responses are
-    correct (VAPO's positive-example loss, W-REINFORCE); an error that names the reader when no reward can tell."""
+def correct_rows(correct: Tensor | None, rollout: Rollout, estimator, loss=None) -> Tensor:
+    """`correct` on the rollout's device, for the update, an advantage estimator or a loss that reads which responses
+    are correct (VAPO's positive-example loss, W-REINFORCE, SimKO); an error that names the reader when no reward can
+    tell."""
     if correct is None:
-        reader = type(estimator).__name__ if getattr(estimator, "reads_correctness", False) else None
+        readers = [r for r in (estimator, loss) if getattr(r, "reads_correctness", False)]
+        reader = type(readers[0]).__name__ if readers else None
         what = reader or "positive_nll_coef > 0"
         raise ValueError(
             f"{what} trains on which responses are correct, but no reward can tell a correct one (is_correct "

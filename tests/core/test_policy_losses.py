@@ -136,6 +136,11 @@ def _call(kind, log_probs, old, advantages, mask):
         inputs["entropy"] = torch.linspace(0.1, 1.0, log_probs.numel()).view_as(log_probs)
     if loss.reads_reference:  # the update hands it the reference's log-probs
         inputs["ref_log_probs"] = old - 0.3
+    if loss.reads_top_k:  # the update hands it the policy's top-K candidates: here the sampled token first
+        inputs["top_log_probs"] = log_probs.unsqueeze(-1) - torch.arange(loss.reads_top_k, dtype=log_probs.dtype)
+        inputs["top_is_sampled"] = torch.arange(loss.reads_top_k).expand(*log_probs.shape, -1) == 0
+    if loss.reads_correctness:  # and which responses are correct: here every one
+        inputs["correct"] = torch.ones(log_probs.shape[0], dtype=torch.bool)
     if loss.reads_groups:  # the update hands it each row's group: here every row in one group
         rows = log_probs.shape[0]
         inputs.update(group_index=torch.zeros(rows, dtype=torch.long), group_size=rows)
@@ -248,7 +253,7 @@ def test_registry_names():
     assert list(POLICY_LOSSES) == [
         "pg", "ratio", "ppo_clip", "gspo", "cispo", "sapo", "luspo", "vespo", "gmpo", "dppo", "clip_cov",
         "kl_cov", "high_entropy", "topr", "gppo", "entropy_shaped", "astar_po", "luffy", "m2po", "dynamic_clip", "bapo",
-        "gvpo", "archer", "aspo", "flowrl",
+        "gvpo", "archer", "aspo", "flowrl", "simko",
     ]  # fmt: skip
 
 

@@ -247,6 +247,12 @@ class PolicyLoss:
     #: True: ``__call__`` takes the policy forward's last hidden states at the response positions as ``hidden=``
     #: (``[N, T, H]``, differentiable; position t: the state token t is drawn from; ``Policy.hidden_size`` wide)
     reads_hidden: bool = False
+    #: K > 0: ``__call__`` takes the policy's current top-K candidates at each position: their log-probs from the
+    #: training forward as ``top_log_probs=`` (``[N, T, K]``, differentiable) and which is the sampled token as
+    #: ``top_is_sampled=`` (bool ``[N, T, K]``); the update finds them with one no-grad forward more
+    reads_top_k: int = 0
+    #: True: ``__call__`` takes which responses the task reward calls correct as ``correct=`` (bool ``[N]``)
+    reads_correctness: bool = False
 
     def attach(self, policy) -> torch.nn.Module | None:
         """Called once by the module that trains ``policy`` with this loss. A loss with trainable parameters of its

@@ -45,6 +45,7 @@ from rlvr_lightning.core.losses.second_moment import M2PO
 from rlvr_lightning.core.losses.sequence_losses import GMPO, GSPO, LUSPO, TOPR
 from rlvr_lightning.core.losses.soft_losses import SAPO, VESPO
 from rlvr_lightning.core.losses.token_selection import HighEntropyTokens
+from rlvr_lightning.core.losses.top_k_boost import SimKO
 from rlvr_lightning.core.shorthands import from_shorthand
 
 __all__ = [
@@ -69,6 +70,7 @@ __all__ = [
     "M2PO",
     "POLICY_LOSSES",
     "SAPO",
+    "SimKO",
     "TOPR",
     "VESPO",
     "ImportanceRatio",
@@ -288,6 +290,7 @@ POLICY_LOSSES: dict[str, type[PolicyLoss]] = {
     "archer": Archer,
     "aspo": ASPO,
     "flowrl": FlowRL,
+    "simko": SimKO,
 }
 
 

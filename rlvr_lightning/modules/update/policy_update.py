@@ -114,6 +114,10 @@ class PolicyUpdate:
         self._hidden: Tensor | None = None  # the last policy forward's hidden states, for a loss that reads them
         self.skipped_updates = 0  # non-finite updates skipped so far
         self.consecutive_skips = 0
+        if loss.reads_top_k and teacher is not None and distillation.support_size:
+            raise ValueError(
+                "a loss that reads the policy's top-K candidates cannot share the forward with a top-k teacher"
+            )
         if update.micro_batch_tokens is not None:
             check_token_budget(update.micro_batch_tokens, int(response_length or sampling.max_new_tokens))
             pack_sequences(policy, reference, None if teacher is None else teacher.policy)
@@ -246,9 +250,12 @@ class PolicyUpdate:
         reads_entropy = self.loss.selection_reads_entropy or self.loss.reads_entropy
         with_entropy = first_epoch or self.entropy_coef != 0 or reads_entropy
         support = micro.teacher_top_ids if self.teacher is not None and self.distillation.support_size else None
+        if self.loss.reads_top_k:  # the policy's current top-K candidates (SimKO)
+            support = self.policy.top_log_probs(micro, self.loss.reads_top_k, self.temperature)[2]
         log_probs, entropy, on_support = self.policy_forward(micro, with_entropy, self.entropy_coef != 0, support)
         hidden, self._hidden = self._hidden, None
-        selection = loss_keyword_inputs(self.loss, micro, log_probs, entropy, mask, selected, hidden)
+        top = (support, on_support) if self.loss.reads_top_k else None
+        selection = loss_keyword_inputs(self.loss, micro, log_probs, entropy, mask, selected, hidden, top)
         sampled = micro.sampling_log_probs
         sampler_pair = (log_probs.detach(), sampled) if first_update and sampled is not None else None
         weights = self.sampler_weights(micro, log_probs, mask)

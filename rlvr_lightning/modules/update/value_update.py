@@ -47,10 +47,11 @@ class ValueUpdate(PolicyUpdate):
             **options: `PolicyUpdate`'s arguments.
         """
         super().__init__(**options)
-        if critic is None and self.teacher is not None and self.distillation.support_size:
+        if critic is None and ((self.teacher is not None and self.distillation.support_size) or self.loss.reads_top_k):
             raise ValueError(
-                "distillation.mode=topk_logits scores the teacher's top-k with the policy's forward, which "
-                "value.model=shared reads for its hidden states: use value.model=separate or mode sampled_token"
+                "distillation.mode=topk_logits (or a loss reading the policy's top-K, SimKO) scores a top-k support "
+                "with the policy's forward, which value.model=shared reads for its hidden states: use "
+                "value.model=separate (or mode sampled_token)"
             )
         self.critic, self.value_head, self.value = critic, value_head, value
         if self.update.micro_batch_tokens is not None:
