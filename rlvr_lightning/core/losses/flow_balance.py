@@ -82,10 +82,11 @@ class FlowRL(PolicyLoss):
 
     Args:
         beta: the reward's inverse temperature in the target ``pi_ref exp(beta A)`` (the paper's 15).
-        clip_low, clip_high: the trajectory weight's clip ``[1 - clip_low, 1 + clip_high]`` (the authors' recipe in
-            verl: 0.2 and 0.28).
+        clip_low: the trajectory weight's clip below, ``1 - clip_low`` (the authors' recipe in verl: 0.2).
+        clip_high: the trajectory weight's clip above, ``1 + clip_high`` (the authors' recipe in verl: 0.28).
         log_z: ``group`` (each group's minimiser) or ``learned`` (the paper's ``PartitionHead``).
-        z_layers, z_dropout: the learned head's layers and dropout (the authors' 3 and 0.1).
+        z_layers: the learned head's layers (the authors' 3).
+        z_dropout: the learned head's dropout (the authors' 0.1).
     """
 
     reads_reference = True

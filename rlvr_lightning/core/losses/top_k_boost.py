@@ -50,7 +50,8 @@ class SimKO(PolicyLoss):
         mix_coef: the share ``a`` of that push on the candidates (the authors' 0.01).
         entropy_quantile: a response's tokens above this quantile of its entropies are acted on (the authors' 0.8).
         negative_scale: an incorrect response's top-1 tokens' advantage factor (the authors' 1.1).
-        clip_low, clip_high: PPO's clip (the authors' 0.2).
+        clip_low: PPO's clip below (the authors' 0.2).
+        clip_high: PPO's clip above (the authors' 0.2).
     """
 
     reads_entropy = True
