@@ -35,6 +35,8 @@ STATIC = {
 
 # LUFFY: 15 sampled responses and the prompt's demonstration ("7 7 7 7") in each group of 16
 LUFFY = {"demonstrations": {"per_group": 1, "template": " ".join(["{answer}"] * 4)}, "loss": "luffy"}
+# FlowRL with the paper's learned log Z: a head on the language model's hidden states
+FLOWRL_LEARNED = {"loss": {"class_path": "rlvr_lightning.core.FlowRL", "init_args": {"log_z": "learned"}}}
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +68,8 @@ def test_grpo_learns_to_repeat_the_named_digit(tokenizer_dir, tmp_path, seed):
         ),
         pytest.param("RLVRModule", {}, {"generation": {"backend": STATIC}}, 2e-3, id="static"),
         pytest.param("RLVRModule", LUFFY, {}, 2e-3, id="luffy"),
+        pytest.param("RLVRModule", FLOWRL_LEARNED, {}, 2e-3, id="flowrl_learned"),
+        pytest.param("RLVRModule", {"loss": "simko", "aggregation": {"mode": "token-mean"}}, {}, 2e-3, id="simko"),
         pytest.param(
             "RLVRModule",
             {"rollout_staleness": 1},
