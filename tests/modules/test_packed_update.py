@@ -101,6 +101,7 @@ def _rollout(policy, seed=0):
     rollout = uneven_rollout(policy.hf_config.vocab_size, seed=seed)
     g = torch.Generator().manual_seed(seed)
     rollout.advantages = torch.randn(ROWS, generator=g)
+    rollout.correct = rollout.advantages > 0  # for a loss that reads which responses are correct (SimKO)
     with torch.no_grad():  # old log-probs off the current policy: ratios away from 1, some clipped
         old, _ = policy.token_log_probs(rollout, SAMPLING.temperature)
     rollout.old_log_probs = (old + 0.3 * torch.randn(old.shape, generator=g)) * rollout.response_mask
