@@ -61,7 +61,7 @@ def test_an_empty_response_leaves_log_z_alone():
 
 def _authors_flowrl(log_prob, ref_log_prob, old_log_prob, log_z, reward, response_mask, beta, low, high):
     """The authors' ``compute_flowrl_objective`` with its clipped trajectory weight (verl's recipe/flowrl
-    ``flowrl_actor.py``, ``compute_flowrl_cispo_clip_ablation`` at 40dc8ef; the paper's eq. 9), restated."""
+    ``flowrl_actor.py``, ``compute_flowrl_cispo_clip_ablation`` at 40dc8ef), restated."""
 
     def masked_mean(x, m):
         return (x * m).sum(-1) / m.sum(-1)

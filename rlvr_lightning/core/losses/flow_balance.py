@@ -170,7 +170,7 @@ class FlowRL(PolicyLoss):
         log_w = torch.where(real, log_probs.detach() - old, zero).sum(-1).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
         raw = log_w.exp()
         weight = raw.clamp(1 - self.clip_low, 1 + self.clip_high)
-        # delta = log Z + 1/|y| log pi - beta A - 1/|y| log pi_ref; loss = w delta^2  (FlowRL, arXiv:2509.15207 eq. 9;
+        # delta = log Z + 1/|y| log pi - beta A - 1/|y| log pi_ref; loss = w delta^2  (FlowRL, arXiv:2509.15207;
         # the authors' compute_flowrl_objective in verl's recipe/flowrl)
         residual = response_mean(log_probs) - self.beta * response_mean(adv) - response_mean(ref_log_probs)
         if learned:  # Z_phi on the state the first response token is drawn from
