@@ -179,7 +179,9 @@ def sort_figures() -> list[Figure]:
             "sort_grpo",
             "docs/benchmarks.md: The sort task",
             (rlvr_fit("configs/sort_grpo.yaml"),),
-            toy_metrics(reward=Band(6.7, 7.0), accuracy=Band(0.50, 0.85)),
+            # val exact-sort seen from 47.7% (seed 1 pinned on an Intel Xeon, 2026-12-01, and unpinned with AVX-512
+            # kernels on an AMD EPYC) to 78.5%
+            toy_metrics(reward=Band(6.7, 7.0), accuracy=Band(0.40, 0.85)),
             quick=True,
             curves=(Curve("sort_grpo", CSV_LOG),),
         ),
