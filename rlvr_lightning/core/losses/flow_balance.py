@@ -192,8 +192,3 @@ class FlowRL(PolicyLoss):
             out.extra_stats[f"flowrl_{name}"] = value.mean()
             out.extra_weights[f"flowrl_{name}"] = rows
         return out
-
-    def with_rollout_is(self, log_probs, old_log_probs, advantages, mask, weights, **inputs):
-        out = self(log_probs, old_log_probs, advantages, mask, **inputs)
-        out.loss = out.loss * weights  # each token's share of its response's loss times the token's weight
-        return out

@@ -288,17 +288,14 @@ class PolicyLoss:
         advantages: Tensor,
         mask: Tensor | None,
         weights: Tensor,
-        selected: Tensor | None = None,
+        **inputs: Tensor,
     ) -> PolicyLossOutput:
         """The loss corrected by the sampler/trainer importance weights ``weights`` (detached, ``[N, T]`` for the
         token modes of ``core/importance_sampling.py``, ``[N, 1]`` for the sequence modes; 1 where ``mask`` is 0).
-        ``selected``: the tokens picked over the mini-batch (losses that ``selects_tokens`` only).
+        ``inputs``: what the loss reads besides, as ``__call__`` takes them (``selected``, ``ref_log_probs``, ...).
 
         Here: each token's loss times its weight. A loss that folds the weights in otherwise overrides this."""
-        if selected is None:
-            out = self(log_probs, old_log_probs, advantages, mask)
-        else:
-            out = self(log_probs, old_log_probs, advantages, mask, selected=selected)
+        out = self(log_probs, old_log_probs, advantages, mask, **inputs)
         # l_t <- w_t l_t  (Yao et al. 2025 TIS; verl rollout_is, TRL vllm_importance_sampling_correction)
         out.loss = out.loss * weights
         return out

@@ -53,8 +53,3 @@ class AStarPO(PolicyLoss):
         loss = (implicit_reward - adv).square().expand_as(log_probs)
         stats = {"implicit_reward": implicit_reward.detach().mean()}
         return PolicyLossOutput(zero_masked(loss, m), log_probs.new_ones(log_probs.shape), m, extra_stats=stats)
-
-    def with_rollout_is(self, log_probs, old_log_probs, advantages, mask, weights, ref_log_probs=None):
-        out = self(log_probs, old_log_probs, advantages, mask, ref_log_probs=ref_log_probs)
-        out.loss = out.loss * weights
-        return out

@@ -122,8 +122,3 @@ class SimKO(PolicyLoss):
         for name in ("simko_boosted", "simko_pressed"):
             out.extra_weights[name] = tokens
         return out
-
-    def with_rollout_is(self, log_probs, old_log_probs, advantages, mask, weights, **inputs):
-        out = self(log_probs, old_log_probs, advantages, mask, **inputs)
-        out.loss = out.loss * weights
-        return out
