@@ -36,19 +36,19 @@ WORDS = [PAD, EOS, *DIGITS, *FILLER, "say"]
 RESPONSE_LENGTH = 4  # the task's max_new_tokens
 
 
-def build_word_tokenizer() -> Any:
-    """Whitespace-separated words, one id each (pad 0, EOS 1); no BOS."""
+def build_word_tokenizer(words: list[str] = WORDS) -> Any:
+    """Whitespace-separated `words`, one id each (pad 0, EOS 1); no BOS."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    tokenizer = Tokenizer(models.WordLevel({word: i for i, word in enumerate(WORDS)}, unk_token=PAD))
+    tokenizer = Tokenizer(models.WordLevel({word: i for i, word in enumerate(words)}, unk_token=PAD))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token=PAD, eos_token=EOS)
 
 
-def save_word_tokenizer(directory: str | Path) -> Path:
+def save_word_tokenizer(directory: str | Path, words: list[str] = WORDS) -> Path:
     directory = Path(directory)
-    build_word_tokenizer().save_pretrained(str(directory))
+    build_word_tokenizer(words).save_pretrained(str(directory))
     return directory
 
 

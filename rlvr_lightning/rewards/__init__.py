@@ -2,6 +2,7 @@
 their weighted sum is the reward."""
 
 from rlvr_lightning.rewards.base import RewardCallback
+from rlvr_lightning.rewards.calibration import CalibrationReward
 from rlvr_lightning.rewards.code import CodeExecutionReward
 from rlvr_lightning.rewards.confidence import ConfidenceReward, NegativeEntropyReward, SelfCertaintyReward
 from rlvr_lightning.rewards.format import BoxedFormatReward, R1FormatReward
@@ -22,6 +23,7 @@ from rlvr_lightning.rewards.verifiers_rubric import VerifiersRubricReward
 
 __all__ = [
     "BoxedFormatReward",
+    "CalibrationReward",
     "CodeExecutionReward",
     "ConfidenceReward",
     "ContainsReward",

@@ -1,0 +1,120 @@
+"""CalibrationReward (RLCR): the stated confidence read from the text, minus its Brier score against the task
+reward's verdict, the penalty for stating none, and the calibration metrics of training and validation passes."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from rlvr_lightning.rewards.calibration import CalibrationReward, parse_confidence
+from rlvr_lightning.rollout import Rollout
+
+
+@pytest.mark.parametrize(
+    "text, value",
+    [
+        ("<answer>4</answer><confidence>0.85</confidence>", 0.85),
+        ("<confidence> .85 </confidence>", 0.85),
+        ("<confidence>85%</confidence>", 0.85),
+        ("<confidence>1</confidence>", 1.0),
+        ("<confidence>0.2</confidence> on second thought <confidence>0.9</confidence>", 0.9),  # the last counts
+        ("<confidence>\n0.4\n</confidence>", 0.4),
+        ("<confidence>1.5</confidence>", None),  # outside [0, 1]
+        ("<confidence>150%</confidence>", None),
+        ("<confidence>high</confidence>", None),
+        ("<confidence>__import__('os').system('x')</confidence>", None),  # read, never evaluated
+        ("<confidence>1e-3</confidence>", None),
+        ("confidence: 0.9", None),
+        ("", None),
+    ],
+)
+def test_parse_confidence(text, value):
+    assert parse_confidence(text) == (None if value is None else pytest.approx(value))
+
+
+def _scored(texts, task_scores, **options):
+    rollout = Rollout.from_texts(texts)
+    rollout.rewards["math_accuracy"] = torch.tensor(task_scores)
+    reward = CalibrationReward(correct_reward="math_accuracy", **options)
+    return reward, reward(rollout)
+
+
+def test_score_is_minus_the_brier_score_and_the_total_is_rlcrs_reward():
+    texts = [
+        "<confidence>0.9</confidence>",  # right, 0.9: -(0.1)^2
+        "<confidence>0.9</confidence>",  # wrong, 0.9: -(0.9)^2
+        "<confidence>0</confidence>",  # wrong, 0: 0
+        "<confidence>0.3</confidence>",  # right, 0.3: -(0.7)^2
+        "no confidence",  # -1 however right
+        "<confidence>2</confidence>",  # -1: not a confidence
+    ]
+    task = [1.0, 0.0, 0.0, 1.0, 1.0, 0.0]
+    reward, scores = _scored(texts, task)
+    assert reward.kind == "shaping" and reward.name == "calibration"
+    torch.testing.assert_close(scores, torch.tensor([-0.01, -0.81, 0.0, -0.49, -1.0, -1.0]))
+    # with the task reward at weight 1: RLCR's 1[c] - (q - c)^2
+    torch.testing.assert_close(torch.tensor(task) + scores, torch.tensor([0.99, -0.81, 0.0, 0.51, 0.0, -1.0]))
+    _, lenient = _scored(texts, task, missing_penalty=0.25)
+    assert lenient[-2:].tolist() == [-0.25, -0.25]
+
+
+def test_custom_pattern_and_threshold():
+    texts = ["answer 3, sure at 0.8", "answer 4, sure at 0.2"]
+    _, scores = _scored(texts, [0.5, 0.4], pattern=r"sure at ([\d.]+)", correct_threshold=0.5)
+    torch.testing.assert_close(scores, torch.tensor([-0.04, -0.04]))  # right at 0.8, wrong at 0.2
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"pattern": "(unclosed"}, r"pattern='\(unclosed' is not a regular expression"),
+        ({"pattern": "<c>.*</c>"}, r"pattern='<c>.\*</c>' has no group"),
+        ({"missing_penalty": -1.0}, r"missing_penalty=-1.0 is not valid"),
+    ],
+)
+def test_a_wrong_option_names_itself(options, message):
+    with pytest.raises(ValueError, match=message):
+        CalibrationReward(**options)
+
+
+def test_training_metrics_by_hand():
+    texts = ["<confidence>0.95</confidence>", "<confidence>0.85</confidence>", "none", "<confidence>0.25</confidence>"]
+    reward, _ = _scored(texts, [1.0, 0.0, 1.0, 1.0])
+    metrics = reward.pop_metrics()
+    # stated: 3 of 4; Brier (0.05^2 + 0.85^2 + 0.75^2) / 3; ECE (0.05 + 0.85 + 0.75) / 3; confidence 2.05 / 3
+    assert metrics == pytest.approx(
+        {"stated": 0.75, "brier": (0.0025 + 0.7225 + 0.5625) / 3, "ece": 1.65 / 3, "confidence": 2.05 / 3}
+    )
+    assert reward.pop_metrics() == {}  # counted once
+
+
+def test_validation_rows_are_logged_as_validation_metrics_not_training_ones():
+    logged = {}
+    trainer = SimpleNamespace(
+        validating=True,
+        sanity_checking=False,
+        callbacks=[],
+        strategy=SimpleNamespace(reduce=lambda tensor, reduce_op: tensor * 2),  # two ranks with the same rows
+    )
+    module = SimpleNamespace(device=torch.device("cpu"), log_dict=lambda metrics: logged.update(metrics))
+    reward = CalibrationReward(correct_reward="math_accuracy")
+    reward.setup(trainer, module, "fit")
+    rollout = Rollout.from_texts(["<confidence>1</confidence>", "<confidence>0.5</confidence>"])
+    rollout.rewards["math_accuracy"] = torch.tensor([1.0, 0.0])
+    reward.on_validation_epoch_start(trainer, module)
+    reward(rollout)
+    reward.on_validation_epoch_end(trainer, module)
+    assert logged == pytest.approx(
+        {
+            "val/rewards/calibration/stated": 1.0,
+            "val/rewards/calibration/brier": 0.125,
+            "val/rewards/calibration/ece": 0.25,
+            "val/rewards/calibration/confidence": 0.75,
+        }
+    )
+    assert reward.pop_metrics() == {}
+    trainer.validating = False
+    reward(rollout)
+    assert reward.pop_metrics()["brier"] == pytest.approx(0.125)
