@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Train the SmolLM2 arithmetic recipe on a CPU, one torch thread, logging to a CSV file flushed every step:
-#   1. the format warm-up (configs/smollm2_arithmetic_warmup.yaml, SFT on 1-digit sums, ~1.5 min),
-#      skipped when RUN_DIR/checkpoints/warmup/warmup.ckpt exists;
+#   1. the format warm-up ($WARMUP_CONFIG, by default configs/smollm2_arithmetic_warmup.yaml: SFT on 1-digit sums,
+#      ~1.5 min), skipped when RUN_DIR/checkpoints/warmup/warmup.ckpt exists;
 #   2. GRPO from it (configs/smollm2_arithmetic.yaml, or $CONFIG).
 #
 #   scripts/train_smollm2_arithmetic.sh /tmp/smollm2_arith                      # seed 0
 #   scripts/train_smollm2_arithmetic.sh /tmp/smollm2_arith_s1 --seed_everything 1
 #   CONFIG=configs/smollm2_calculator.yaml scripts/train_smollm2_arithmetic.sh /tmp/calc   # another recipe (no warm-up)
+#   WARMUP_CONFIG=configs/smollm2_rlcr_warmup.yaml CONFIG=configs/smollm2_rlcr.yaml scripts/train_smollm2_arithmetic.sh /tmp/rlcr
 #
 # Extra arguments go to the RL stage (and --seed_everything to both). The RL stage's log is
 # RUN_DIR/csv/version_0/metrics.csv (the warm-up's RUN_DIR/csv_warmup/...); its checkpoints
@@ -18,6 +19,8 @@ RUN_DIR=$(realpath -m "${1:-/tmp/smollm2_arith}")
 shift || true
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 CONFIG=$(realpath "${CONFIG:-$REPO/configs/smollm2_arithmetic.yaml}")
+WARMUP_CONFIG=$(realpath "${WARMUP_CONFIG:-$REPO/configs/smollm2_arithmetic_warmup.yaml}")
+WARMUP_DATA=$(sed -n 's/^ *train_file: *//p' "$WARMUP_CONFIG" | head -1)  # relative to the repository
 PYTHON=${PYTHON:-python}
 mkdir -p "$RUN_DIR"
 cd "$RUN_DIR"
@@ -43,9 +46,9 @@ for ((i = 1; i <= $#; i++)); do
 done
 if grep -q "checkpoints/warmup/warmup.ckpt" "$CONFIG" && [ ! -f checkpoints/warmup/warmup.ckpt ]; then
   logging csv_warmup
-  "$PYTHON" -m rlvr_lightning.cli fit --config "$REPO/configs/smollm2_arithmetic_warmup.yaml" \
+  "$PYTHON" -m rlvr_lightning.cli fit --config "$WARMUP_CONFIG" \
     --config "$RUN_DIR/logging_csv_warmup.yaml" \
-    --data.init_args.train_file "$REPO/configs/data/arithmetic_format_warmup.jsonl" "${seed[@]}"
+    --data.init_args.train_file "$REPO/$WARMUP_DATA" "${seed[@]}"
 fi
 logging csv
 exec "$PYTHON" -m rlvr_lightning.cli fit --config "$CONFIG" --config "$RUN_DIR/logging_csv.yaml" "$@"

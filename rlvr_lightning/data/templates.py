@@ -7,6 +7,8 @@ A task applies its `template` to each question; the policy then renders the prom
 task `template`    the example's prompt                                HFPolicy `prompt.template`
 =================  ==================================================  =========================
 ``"chat_boxed"``   the question plus an instruction to box the answer  ``chat`` (the model's chat template)
+``"chat_boxed_``   ``chat_boxed`` plus an instruction to state one's     ``chat``
+``confidence"``    confidence in ``<confidence>`` tags (RLCR)
 ``"r1_zero"``      the full R1-Zero text, ending in ``Assistant: <think>``  ``raw``
 ``"plain"``        ``Question: ...\\nAnswer:``                           ``raw``
 ``"question"``     the question as is                                  ``chat`` (or a policy template)
@@ -32,17 +34,28 @@ R1_ZERO_TEMPLATE = (
 )
 BOXED_INSTRUCTION = "Put your final answer within \\boxed{}."
 CHAT_BOXED_TEMPLATE = "{question}\n" + BOXED_INSTRUCTION
+CONFIDENCE_INSTRUCTION = (
+    "Then state how confident you are that it is right, a number from 0 to 1, in <confidence></confidence> tags."
+)
+CHAT_BOXED_CONFIDENCE_TEMPLATE = CHAT_BOXED_TEMPLATE + " " + CONFIDENCE_INSTRUCTION
 PLAIN_TEMPLATE = "Question: {question}\nAnswer:"
 
 TEMPLATES: dict[str, str] = {
     "chat_boxed": CHAT_BOXED_TEMPLATE,
+    "chat_boxed_confidence": CHAT_BOXED_CONFIDENCE_TEMPLATE,
     "r1_zero": R1_ZERO_TEMPLATE,
     "plain": PLAIN_TEMPLATE,
     "question": "{question}",
 }
 
 #: the HFPolicy `prompt.template` each named template is meant for
-POLICY_PROMPT_TEMPLATE: dict[str, str] = {"chat_boxed": "chat", "r1_zero": "raw", "plain": "raw", "question": "chat"}
+POLICY_PROMPT_TEMPLATE: dict[str, str] = {
+    "chat_boxed": "chat",
+    "chat_boxed_confidence": "chat",
+    "r1_zero": "raw",
+    "plain": "raw",
+    "question": "chat",
+}
 
 
 def resolve_template(template: str) -> str:
