@@ -111,6 +111,11 @@ class Policy(nn.Module, ABC):
         """The hidden states of `token_log_probs_and_hidden` alone; a policy may skip its output layer here."""
         return self.token_log_probs_and_hidden(rollout)[2]
 
+    def prompt_state(self, rollout: Rollout) -> Tensor:
+        """`[N, H]` a summary of each row's prompt (differentiable, `hidden_size` wide), e.g. for a head that
+        estimates a value of the prompt (FlowRL's partition function)."""
+        raise NotImplementedError(f"{type(self).__name__} does not summarise its prompts (Policy.prompt_state)")
+
     def create_reference(self) -> nn.Module:
         """A frozen copy used as the KL reference. Policies with adapters override this to share weights."""
         reference = copy.deepcopy(self)

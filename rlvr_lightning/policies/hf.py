@@ -75,6 +75,7 @@ from rlvr_lightning.policies.lora_reference import (
     merged_copy,
     scoring_as_reference,
 )
+from rlvr_lightning.policies.prompt_summary import mean_prompt_state
 from rlvr_lightning.rollout import Rollout
 from rlvr_lightning.runtime.devices import compute_device
 from rlvr_lightning.runtime.model_cache import resolve_model_path
@@ -264,6 +265,10 @@ class HFPolicy(HFScoring, Policy):
             sampling_log_probs=sampling_log_probs,
             response_source=out.response_source,
         )
+
+    def prompt_state(self, rollout: Rollout) -> Tensor:
+        """The mean of the decoder's last hidden states over each prompt's tokens but its last (`prompt_summary.py`)."""
+        return mean_prompt_state(self.base_model.get_decoder(), rollout.prompt_ids, rollout.prompt_mask)
 
     def sampling_copy(self) -> Policy:
         """An engine that holds its own weights samples for this policy as it is (`push_weights` refreshes it);

@@ -83,11 +83,14 @@ class ToySortPolicy(Policy):
     def hidden_size(self) -> int:
         return self.embedding_dim
 
+    def encode(self, prompt_ids: Tensor) -> Tensor:
+        """`[B, D]`: the prompt's encoding, which every response position is decoded from."""
+        embedded = self.embedding(prompt_ids)  # [B, P, D]
+        return self.activation(torch.einsum("bpd,pde->be", embedded, self.encode_weights))
+
     def hidden_states(self, prompt_ids: Tensor) -> Tensor:
         """`[B, response_length, D]`: the vector each response position's logits are projected from."""
-        embedded = self.embedding(prompt_ids)  # [B, P, D]
-        encoded = self.activation(torch.einsum("bpd,pde->be", embedded, self.encode_weights))
-        return torch.einsum("be,red->brd", encoded, self.decode_weights)
+        return torch.einsum("be,red->brd", self.encode(prompt_ids), self.decode_weights)
 
     def project(self, hidden: Tensor) -> Tensor:
         """Logits from hidden states (the tied embedding, or the output layer)."""
@@ -166,6 +169,10 @@ class ToySortPolicy(Policy):
         self, rollout: Rollout, temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = True
     ) -> tuple[Tensor, Tensor | None, Tensor]:
         return self._score(rollout, temperature, with_entropy, with_hidden=True)[:3]
+
+    def prompt_state(self, rollout: Rollout) -> Tensor:
+        """`[N, D]` each row's prompt encoding (`encode`)."""
+        return self.encode(rollout.prompt_ids)
 
     def support_log_probs(
         self, rollout: Rollout, support: Tensor, temperature: float = 1.0, with_entropy: bool = False,

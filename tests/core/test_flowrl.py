@@ -165,17 +165,20 @@ class _Hidden(torch.nn.Module):
     hidden_size = 2
 
 
-def test_a_learned_log_z_by_hand_and_its_gradient():
-    loss_fn = FlowRL(beta=1.0, log_z="learned", z_layers=1)
+@pytest.mark.parametrize("z_input", ["prompt", "response_start"])
+def test_a_learned_log_z_by_hand_and_its_gradient(z_input):
+    loss_fn = FlowRL(beta=1.0, log_z="learned", z_layers=1, z_input=z_input)
     head = loss_fn.attach(_Hidden())
-    assert isinstance(head, PartitionHead) and not loss_fn.reads_groups and loss_fn.reads_hidden
-    with torch.no_grad():  # log Z = h_0 + h_1 + 0.5 of the state the first token is drawn from
+    assert isinstance(head, PartitionHead) and not loss_fn.reads_groups
+    assert (loss_fn.reads_prompt_state, loss_fn.reads_hidden) == (z_input == "prompt", z_input == "response_start")
+    with torch.no_grad():  # log Z = h_0 + h_1 + 0.5 of the prompt's summary, or the state the first token is drawn from
         head.net[0].weight.fill_(1.0)
         head.net[0].bias.fill_(0.5)
     hidden = torch.tensor([[[0.25, 0.25], [9.0, 9.0]], [[-1.0, 0.0], [9.0, 9.0]]], requires_grad=True)
     log_probs = torch.tensor([[-1.0, -1.0], [-2.0, -2.0]], requires_grad=True)
     ref = torch.tensor([[-1.5, -1.5], [-1.0, -1.0]])
-    out = loss_fn(log_probs, None, torch.tensor([0.5, -0.5]), None, ref_log_probs=ref, hidden=hidden)
+    state = {"prompt_state": hidden[:, 0]} if z_input == "prompt" else {"hidden": hidden}
+    out = loss_fn(log_probs, None, torch.tensor([0.5, -0.5]), None, ref_log_probs=ref, **state)
     # log Z = 1.0 and -0.5; residuals -1 - 0.5 + 1.5 = 0 and -2 + 0.5 + 1 = -0.5: delta = 1.0 and -1.0
     assert out.stats["flowrl_log_z"].item() == pytest.approx(0.25)
     assert out.loss.tolist() == [pytest.approx([1.0, 1.0]), pytest.approx([1.0, 1.0])]
@@ -198,7 +201,11 @@ def test_a_learned_log_z_needs_a_policy_with_hidden_states():
     assert FlowRL().attach(_Hidden()) is None  # log_z: group trains nothing beside the policy
     with pytest.raises(ValueError, match=r"log_z='fixed' is not valid; choose one of \['group', 'learned'\]"):
         FlowRL(log_z="fixed")
+    with pytest.raises(ValueError, match=r"z_input='mean' is not valid; choose one of \['prompt', 'response_start'\]"):
+        FlowRL(z_input="mean")
+    with pytest.raises(ValueError, match="needs the reference's log-probs and the policy's prompt state"):
+        FlowRL(log_z="learned")(torch.zeros(1, 1), None, torch.zeros(1), None, torch.zeros(1, 1))
     with pytest.raises(ValueError, match="builds its head in attach"):
         FlowRL(log_z="learned")(
-            torch.zeros(1, 1), None, torch.zeros(1), None, torch.zeros(1, 1), hidden=torch.zeros(1, 1, 2)
+            torch.zeros(1, 1), None, torch.zeros(1), None, torch.zeros(1, 1), prompt_state=torch.zeros(1, 2)
         )

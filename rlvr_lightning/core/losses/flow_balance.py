@@ -19,8 +19,11 @@ balance, length-normalised, importance-weighted and with the group-normalised re
   ``update.shuffle: prompts``).
 * ``log_z: learned``: the paper's, a network ``Z_phi`` (``PartitionHead``: ``z_layers - 1`` blocks of Linear, GELU,
   LayerNorm and dropout, then a Linear to one number, the authors' ``ProjZModule``) trained with the policy by the
-  same loss, on the policy's last hidden state at the prompt's last token (the state the response's first token is
-  drawn from; the authors average the prompt's hidden states, which the policy's scoring forward does not return).
+  same loss. It reads (``z_input``) ``prompt``, the policy's summary of the prompt, ``Policy.prompt_state`` (a
+  language model's: the mean of its last hidden states over the prompt's tokens but its last, as the authors' code
+  takes it; one forward over the prompts more per micro-batch), or ``response_start``, the policy's last hidden state
+  at the prompt's last token (the state the response's first token is drawn from, from the scoring forward itself).
+  Either way the loss's gradient reaches the policy through that state too, as in the authors' code.
 
 The loss reads the reference's log-probs (``reads_reference``: the module keeps a frozen reference). One number per
 response, spread over its tokens: ``seq-mean-token-mean`` gives the mean over responses, the authors' ``torch.mean``.
@@ -45,6 +48,8 @@ from rlvr_lightning.core.losses.policy_loss_base import (
 FLOWRL_AGGREGATIONS = ("seq-mean-token-mean",)
 #: where log Z comes from: each group's minimiser, or a network trained with the policy
 LOG_Z_SOURCES = ("group", "learned")
+#: what the learned log Z reads: the policy's summary of the prompt, or its state at the first response position
+Z_INPUTS = ("prompt", "response_start")
 
 
 class PartitionHead(nn.Module):
@@ -87,6 +92,8 @@ class FlowRL(PolicyLoss):
         log_z: ``group`` (each group's minimiser) or ``learned`` (the paper's ``PartitionHead``).
         z_layers: the learned head's layers (the authors' 3).
         z_dropout: the learned head's dropout (the authors' 0.1).
+        z_input: what the learned head reads: ``prompt`` (``Policy.prompt_state``, the authors') or
+            ``response_start`` (the hidden state the response's first token is drawn from).
     """
 
     reads_reference = True
@@ -99,6 +106,7 @@ class FlowRL(PolicyLoss):
         log_z: str = "group",
         z_layers: int = 3,
         z_dropout: float = 0.1,
+        z_input: str = "prompt",
     ) -> None:
         if not beta > 0:
             raise ValueError(f"FlowRL: beta must be > 0, got {beta}")
@@ -107,10 +115,11 @@ class FlowRL(PolicyLoss):
         if clip_low >= 1:
             raise ValueError(f"FlowRL: clip_low must be < 1 (the weight's lower bound 1 - clip_low), got {clip_low}")
         check_choice("FlowRL", "log_z", log_z, LOG_Z_SOURCES)
+        check_choice("FlowRL", "z_input", z_input, Z_INPUTS)
         if z_layers < 1 or not 0 <= z_dropout < 1:
             raise ValueError(f"FlowRL: z_layers must be >= 1 and z_dropout in [0, 1), got {z_layers}, {z_dropout}")
         self.beta, self.clip_low, self.clip_high = beta, clip_low, clip_high
-        self.log_z, self.z_layers, self.z_dropout = log_z, z_layers, z_dropout
+        self.log_z, self.z_layers, self.z_dropout, self.z_input = log_z, z_layers, z_dropout, z_input
         self._head: PartitionHead | None = None
 
     @property
@@ -119,7 +128,11 @@ class FlowRL(PolicyLoss):
 
     @property
     def reads_hidden(self) -> bool:
-        return self.log_z == "learned"
+        return self.log_z == "learned" and self.z_input == "response_start"
+
+    @property
+    def reads_prompt_state(self) -> bool:
+        return self.log_z == "learned" and self.z_input == "prompt"
 
     def attach(self, policy) -> nn.Module | None:
         """The learned ``log Z``'s head, on the policy's hidden states (``log_z: learned``; None otherwise)."""
@@ -149,12 +162,15 @@ class FlowRL(PolicyLoss):
         group_index: Tensor | None = None,
         group_size: int = 0,
         hidden: Tensor | None = None,
+        prompt_state: Tensor | None = None,
     ):
-        """``ref_log_probs`` ``[N, T]``, and ``group_index`` ``[N]`` with ``group_size`` (``log_z: group``) or the
-        policy's ``hidden`` states ``[N, T, H]`` (``log_z: learned``): the update passes them."""
+        """``ref_log_probs`` ``[N, T]``, and ``group_index`` ``[N]`` with ``group_size`` (``log_z: group``), or the
+        policy's ``prompt_state`` ``[N, H]`` or ``hidden`` states ``[N, T, H]`` (``log_z: learned``, by
+        ``z_input``): the update passes them."""
         learned = self.log_z == "learned"
-        if ref_log_probs is None or (hidden is None if learned else group_index is None):
-            needs = "hidden states (log_z: learned)" if learned else "each row's group"
+        state = (prompt_state if self.z_input == "prompt" else hidden) if learned else group_index
+        if ref_log_probs is None or state is None:
+            needs = f"the policy's {self.z_input} state (log_z: learned)" if learned else "each row's group"
             raise ValueError(f"FlowRL needs the reference's log-probs and {needs}; the update passes them")
         if learned and self._head is None:
             raise ValueError("FlowRL's log_z: learned builds its head in attach(policy); the module calls it")
@@ -173,8 +189,8 @@ class FlowRL(PolicyLoss):
         # delta = log Z + 1/|y| log pi - beta A - 1/|y| log pi_ref; loss = w delta^2  (FlowRL, arXiv:2509.15207;
         # the authors' compute_flowrl_objective in verl's recipe/flowrl)
         residual = response_mean(log_probs) - self.beta * response_mean(adv) - response_mean(ref_log_probs)
-        if learned:  # Z_phi on the state the first response token is drawn from
-            log_z = self._head(hidden[:, 0]).to(residual.dtype)
+        if learned:  # Z_phi on the prompt's summary, or on the state the first response token is drawn from
+            log_z = self._head(state if self.z_input == "prompt" else state[:, 0]).to(residual.dtype)
         else:
             counts = torch.where(tokens > 0, weight, zero)  # an empty response has no residual to balance
             log_z = group_log_partition(residual.detach(), counts, group_index, group_size)

@@ -247,6 +247,9 @@ class PolicyLoss:
     #: True: ``__call__`` takes the policy forward's last hidden states at the response positions as ``hidden=``
     #: (``[N, T, H]``, differentiable; position t: the state token t is drawn from; ``Policy.hidden_size`` wide)
     reads_hidden: bool = False
+    #: True: ``__call__`` takes a differentiable summary of each row's prompt, ``Policy.prompt_state``, as
+    #: ``prompt_state=`` (``[N, H]``; the update computes it beside the policy forward)
+    reads_prompt_state: bool = False
     #: K > 0: ``__call__`` takes the policy's current top-K candidates at each position: their log-probs from the
     #: training forward as ``top_log_probs=`` (``[N, T, K]``, differentiable) and which is the sampled token as
     #: ``top_is_sampled=`` (bool ``[N, T, K]``); the update finds them with one no-grad forward more

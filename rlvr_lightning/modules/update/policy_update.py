@@ -255,7 +255,8 @@ class PolicyUpdate:
         log_probs, entropy, on_support = self.policy_forward(micro, with_entropy, self.entropy_coef != 0, support)
         hidden, self._hidden = self._hidden, None
         top = (support, on_support) if self.loss.reads_top_k else None
-        selection = loss_keyword_inputs(self.loss, micro, log_probs, entropy, mask, selected, hidden, top)
+        prompt_state = self.policy.prompt_state(micro) if self.loss.reads_prompt_state else None
+        selection = loss_keyword_inputs(self.loss, micro, log_probs, entropy, mask, selected, hidden, top, prompt_state)
         sampled = micro.sampling_log_probs
         sampler_pair = (log_probs.detach(), sampled) if first_update and sampled is not None else None
         weights = self.sampler_weights(micro, log_probs, mask)

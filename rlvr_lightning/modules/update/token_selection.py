@@ -105,13 +105,15 @@ def loss_keyword_inputs(
     selected,
     hidden: Tensor | None = None,
     top: tuple[Tensor, Tensor] | None = None,
+    prompt_state: Tensor | None = None,
 ) -> dict[str, Tensor]:
     """What ``loss`` reads besides log-probs, old log-probs, advantages and mask, as keyword arguments: its pick of
     tokens (``selected``, over the mini-batch; None: picked here within this micro-batch), the tokens' detached
     entropies (``reads_entropy``), the reference's log-probs (``reads_reference``), each row's group and the group
     size (``reads_groups``), which rows are demonstrations (``reads_demonstrations``) and the policy forward's
-    ``hidden`` states (``reads_hidden``), the policy's ``top`` candidates (their ids and log-probs, ``reads_top_k``)
-    and which responses are correct (``reads_correctness``)."""
+    ``hidden`` states (``reads_hidden``), the summary of each row's prompt (``prompt_state``, ``reads_prompt_state``),
+    the policy's ``top`` candidates (their ids and log-probs, ``reads_top_k``) and which responses are correct
+    (``reads_correctness``)."""
     if loss.selects_tokens and selected is None:
         reads = entropy if loss.selection_reads_entropy else None
         (selected,) = select_over_mini_batch(
@@ -128,6 +130,8 @@ def loss_keyword_inputs(
         inputs["demonstration_rows"] = micro.demonstration_rows
     if loss.reads_hidden:
         inputs["hidden"] = hidden
+    if loss.reads_prompt_state:
+        inputs["prompt_state"] = prompt_state
     if loss.reads_top_k:
         ids, inputs["top_log_probs"] = top
         inputs["top_is_sampled"] = ids == micro.response_ids.to(ids.device).unsqueeze(-1)
