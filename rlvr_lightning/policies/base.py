@@ -72,11 +72,20 @@ class Policy(nn.Module, ABC):
         position from the same forward (differentiable; 0 on masked positions): logit-level distillation's student."""
         raise NotImplementedError(f"{type(self).__name__} does not score a support of tokens (logit distillation)")
 
-    def top_log_probs(self, rollout: Rollout, k: int, temperature: float = 1.0) -> tuple[Tensor, Tensor, Tensor]:
-        """No grad: the log-probs `[N, T]` of `rollout.response_ids`, and at each response position the log-probs
-        `[N, T, k]` of the `k` most probable tokens (most probable first) and their ids `[N, T, k]` (0 on masked
-        positions): logit-level distillation's teacher."""
+    def top_k_scores(
+        self, rollout: Rollout, k: int, temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = True
+    ) -> tuple[Tensor, Tensor | None, Tensor, Tensor]:
+        """The log-probs `[N, T]` of `rollout.response_ids` (and entropies, as `token_log_probs`), and at each
+        response position the log-probs `[N, T, k]` of the `k` most probable tokens (most probable first) and their
+        ids `[N, T, k]` (0 on masked positions), all from one forward: the log-probs differentiable, the ids found
+        without gradient (SimKO's candidates; logit-level distillation's teacher, under `top_log_probs`)."""
         raise NotImplementedError(f"{type(self).__name__} does not give its top-k log-probs (logit distillation)")
+
+    @torch.no_grad()
+    def top_log_probs(self, rollout: Rollout, k: int, temperature: float = 1.0) -> tuple[Tensor, Tensor, Tensor]:
+        """`top_k_scores` without gradients or entropies: the log-probs, the top-k's log-probs and their ids."""
+        log_probs, _, values, ids = self.top_k_scores(rollout, k, temperature)
+        return log_probs, values, ids
 
     def logit_statistics(self, rollout: Rollout, statistic: LogitStatistic, temperature: float = 1.0) -> Tensor:
         """No grad: `statistic(logits, token_ids, temperature)` `[N, T]` from the logits `[N, T, V]` that score

@@ -96,11 +96,12 @@ class HFScoring:
         scores = self._score(rollout, temperature, with_entropy, entropy_grad, False, Support(ids=support))
         return scores.log_probs, scores.entropy, scores.support
 
-    @torch.no_grad()
-    def top_log_probs(self, rollout: Rollout, k: int, temperature: float = 1.0) -> tuple[Tensor, Tensor, Tensor]:
-        """`Policy.top_log_probs`."""
-        scores = self._score(rollout, temperature, False, False, False, Support(top_k=k))
-        return scores.log_probs, scores.support, scores.support_ids
+    def top_k_scores(
+        self, rollout: Rollout, k: int, temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = True
+    ) -> tuple[Tensor, Tensor | None, Tensor, Tensor]:
+        """`Policy.top_k_scores` from one forward: the candidates found in its own logits."""
+        scores = self._score(rollout, temperature, with_entropy, entropy_grad, False, Support(top_k=k))
+        return scores.log_probs, scores.entropy, scores.support, scores.support_ids
 
     def response_hidden_states(self, rollout: Rollout) -> Tensor:
         """The hidden states of `token_log_probs_and_hidden` from the decoder alone (no LM head, no logits)."""

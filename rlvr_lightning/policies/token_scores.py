@@ -20,8 +20,8 @@ from rlvr_lightning.policies.packing import PackedOutput
 
 
 class Support(NamedTuple):
-    """Which tokens beyond the sampled one to score at each position: the `ids` `[N, T, k]` given (differentiable
-    log-probs), or the `top_k` most probable (no grad; their ids are returned)."""
+    """Which tokens beyond the sampled one to score at each position: the `ids` `[N, T, k]` given, or the `top_k`
+    most probable (found without gradient; their ids are returned); their log-probs differentiable either way."""
 
     ids: Tensor | None = None
     top_k: int = 0
@@ -66,7 +66,8 @@ def support_scores(logits: Tensor, support: Support | None, temperature: float) 
         return None, None
     if support.ids is not None:
         return support_log_probs_from_logits(logits, support.ids, temperature), None
-    return top_log_probs_from_logits(logits, support.top_k, temperature)
+    ids = top_log_probs_from_logits(logits, support.top_k, temperature)[1]  # which tokens: no gradient
+    return support_log_probs_from_logits(logits, ids, temperature), ids
 
 
 def last_positions(values: Tensor | None, count: int) -> Tensor | None:

@@ -24,10 +24,11 @@ import torch
 from torch import Tensor, nn
 
 from rlvr_lightning.core.entropy import entropy_from_log_probs
+from rlvr_lightning.core.log_probs import top_log_probs_from_logits
 from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.policies.base import LogitStatistic, Policy, PromptBatch
 from rlvr_lightning.policies.memory_estimate import check_fits_in_memory
-from rlvr_lightning.policies.token_scores import Scores, Support, support_scores
+from rlvr_lightning.policies.token_scores import Scores, Support
 from rlvr_lightning.rollout import Rollout
 from rlvr_lightning.runtime.devices import compute_device
 from rlvr_lightning.runtime.option_declarations import Option, check_options, documented_options
@@ -181,10 +182,11 @@ class ToySortPolicy(Policy):
         scores = self._score(rollout, temperature, with_entropy, False, Support(ids=support))
         return scores.log_probs, scores.entropy, scores.support
 
-    @torch.no_grad()
-    def top_log_probs(self, rollout: Rollout, k: int, temperature: float = 1.0) -> tuple[Tensor, Tensor, Tensor]:
-        scores = self._score(rollout, temperature, False, False, Support(top_k=k))
-        return scores.log_probs, scores.support, scores.support_ids
+    def top_k_scores(
+        self, rollout: Rollout, k: int, temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = True
+    ) -> tuple[Tensor, Tensor | None, Tensor, Tensor]:
+        scores = self._score(rollout, temperature, with_entropy, False, Support(top_k=k))
+        return scores.log_probs, scores.entropy, scores.support, scores.support_ids
 
     @torch.no_grad()
     def logit_statistics(self, rollout: Rollout, statistic: LogitStatistic, temperature: float = 1.0) -> Tensor:
@@ -220,7 +222,8 @@ class ToySortPolicy(Policy):
         scores = Scores(log_probs, entropy, per_row(hidden) if with_hidden else None)
         if support is None:
             return scores
+        rows = log_softmax[runs.row_run]
         if support.ids is not None:  # [N, R, k]
-            return scores._replace(support=log_softmax[runs.row_run].gather(-1, support.ids.long()))
-        values, ids = support_scores(log_softmax[runs.row_run], support, temperature=1.0)  # already scaled
-        return scores._replace(support=values, support_ids=ids)
+            return scores._replace(support=rows.gather(-1, support.ids.long()))
+        ids = top_log_probs_from_logits(rows, support.top_k)[1]  # which tokens: no gradient
+        return scores._replace(support=rows.gather(-1, ids), support_ids=ids)

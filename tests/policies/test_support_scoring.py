@@ -94,6 +94,38 @@ def test_support_log_probs_equal_the_whole_softmax(make_policy, path, packed):
     assert bool((top[:, :, :-1] >= top[:, :, 1:]).all())  # most probable first
 
 
+@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("path", list(PATHS))
+def test_top_k_scores_find_and_score_the_candidates_in_one_forward(make_policy, path, packed):
+    """SimKO's candidates: the top-K of the training forward's own logits, scored with gradients, as the no-grad
+    `top_log_probs` finds them and `support_log_probs` scores them in two forwards: the same ids, values and
+    gradients, from one forward of the decoder."""
+    policy = make_policy(**PATHS[path])
+    policy.packed_sequences = packed
+    rollout = uneven_rollout(policy.hf_config.vocab_size)
+    weights = torch.linspace(0.5, 1.5, K)
+    forwards = []
+    decoder = policy.base_model.get_decoder()
+    hook = decoder.register_forward_hook(lambda *_: forwards.append(1))
+    log_probs, entropy, top, ids = policy.top_k_scores(rollout, K, TEMPERATURE, with_entropy=True)
+    hook.remove()
+    ours = gradients_of(policy, (top * weights).sum() + log_probs.sum())
+    assert top.requires_grad and not ids.requires_grad and entropy.shape == log_probs.shape
+
+    one_pass, forwards = len(forwards), []
+    hook = decoder.register_forward_hook(lambda *_: forwards.append(1))
+    expected_ids = policy.top_log_probs(rollout, K, TEMPERATURE)[2]
+    expected_log_probs, _, expected_top = policy.support_log_probs(rollout, expected_ids, TEMPERATURE)
+    hook.remove()
+    assert one_pass >= 1 and len(forwards) == 2 * one_pass
+    theirs = gradients_of(policy, (expected_top * weights).sum() + expected_log_probs.sum())
+    assert torch.equal(ids, expected_ids)
+    torch.testing.assert_close(top.detach(), expected_top.detach(), atol=1e-6, rtol=0)
+    torch.testing.assert_close(log_probs.detach(), expected_log_probs.detach(), atol=1e-6, rtol=0)
+    for a, b in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
 def test_the_toy_policy_scores_a_support_and_its_top_k():
     torch.manual_seed(0)
     policy = ToySortPolicy(vocab_size=10, prompt_length=4, embedding_dim=16)

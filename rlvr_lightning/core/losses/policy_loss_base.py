@@ -252,7 +252,7 @@ class PolicyLoss:
     reads_prompt_state: bool = False
     #: K > 0: ``__call__`` takes the policy's current top-K candidates at each position: their log-probs from the
     #: training forward as ``top_log_probs=`` (``[N, T, K]``, differentiable) and which is the sampled token as
-    #: ``top_is_sampled=`` (bool ``[N, T, K]``); the update finds them with one no-grad forward more
+    #: ``top_is_sampled=`` (bool ``[N, T, K]``), found in the training forward's logits (``Policy.top_k_scores``)
     reads_top_k: int = 0
     #: True: ``__call__`` takes which responses the task reward calls correct as ``correct=`` (bool ``[N]``)
     reads_correctness: bool = False

@@ -12,8 +12,8 @@ is above the ``entropy_quantile``-quantile of their response's (the forking toke
   ``negative_scale``;
 
 then ``-min(r A, clip(r, 1 - clip_low, 1 + clip_high) A)``, over ``token-mean`` as the authors. The update hands
-the loss the policy's current top-K at each position (``reads_top_k``: their differentiable log-probs from the
-training forward, one no-grad forward more to find them), the tokens' entropies (``reads_entropy``) and which
+the loss the policy's current top-K at each position (``reads_top_k``: found in the training forward's own logits,
+``Policy.top_k_scores``, their log-probs differentiable), the tokens' entropies (``reads_entropy``) and which
 responses are correct (``reads_correctness``).
 """
 

@@ -250,9 +250,12 @@ class PolicyUpdate:
         reads_entropy = self.loss.selection_reads_entropy or self.loss.reads_entropy
         with_entropy = first_epoch or self.entropy_coef != 0 or reads_entropy
         support = micro.teacher_top_ids if self.teacher is not None and self.distillation.support_size else None
-        if self.loss.reads_top_k:  # the policy's current top-K candidates (SimKO)
-            support = self.policy.top_log_probs(micro, self.loss.reads_top_k, self.temperature)[2]
-        log_probs, entropy, on_support = self.policy_forward(micro, with_entropy, self.entropy_coef != 0, support)
+        if self.loss.reads_top_k:  # the policy's current top-K candidates, from the training forward (SimKO)
+            log_probs, entropy, on_support, support = self.policy.top_k_scores(
+                micro, self.loss.reads_top_k, self.temperature, with_entropy, self.entropy_coef != 0
+            )
+        else:
+            log_probs, entropy, on_support = self.policy_forward(micro, with_entropy, self.entropy_coef != 0, support)
         hidden, self._hidden = self._hidden, None
         top = (support, on_support) if self.loss.reads_top_k else None
         prompt_state = self.policy.prompt_state(micro) if self.loss.reads_prompt_state else None
