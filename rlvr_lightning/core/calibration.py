@@ -6,8 +6,8 @@ arXiv:2507.16806) rewards a response that states a confidence `q` in [0, 1] with
     R = 1[correct] - (q - 1[correct])^2
 
 the correctness reward plus minus the Brier score. For a fixed answer its expectation is highest at `q` equal to the
-answer's chance of being right, and among calibrated responses at the likeliest answer (the paper's Theorem 1), so
-the confidence term neither pays for guessing nor for a wrong answer stated with confidence 0.
+answer's chance of being right, and among calibrated responses at the likeliest answer (the paper's Theorem 1): a
+confident guess loses, and a wrong answer stated at confidence 0 (reward 0) never beats a likelier right one.
 """
 
 from __future__ import annotations
