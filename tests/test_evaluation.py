@@ -48,6 +48,20 @@ def test_majority_vote(answers, winner):
     assert majority_vote(answers) == winner
 
 
+@pytest.mark.parametrize(
+    "answers, weights, winner",
+    [
+        (["1", "2", "2", "1"], [0.9, 0.3, 0.4, 0.0], "1"),  # 0.9 against 0.7: one confident vote beats two
+        (["1", "2", "2"], [0.9, 0.5, 0.5], "2"),  # 1.0 against 0.9
+        (["1", "2"], [0.5, 0.5], "1"),  # tie: the first seen
+        ([None, "3"], [1.0, 0.0], "3"),  # no answer, no vote, whatever its weight
+        ([None, None], [1.0, 1.0], None),
+    ],
+)
+def test_confidence_weighted_majority_vote(answers, weights, winner):
+    assert majority_vote(answers, weights) == winner
+
+
 def test_majority_vote_accuracy_by_hand():
     answers = [
         "4",

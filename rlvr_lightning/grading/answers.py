@@ -386,9 +386,13 @@ def normalize_answer(s: str | None) -> str:
     return s
 
 
-def majority_vote(answers: Sequence[str | None]) -> str | None:
-    """The most common non-None answer; ties go to the one seen first; None if there is none."""
-    counts = Counter(a for a in answers if a is not None)
+def majority_vote(answers: Sequence[str | None], weights: Sequence[float] | None = None) -> str | None:
+    """The most common non-None answer, or with `weights` (one per answer) the one whose votes weigh most (RLCR's
+    confidence-weighted vote, Damani et al. 2025); ties go to the one seen first; None if there is none."""
+    counts: Counter = Counter()
+    for i, answer in enumerate(answers):
+        if answer is not None:
+            counts[answer] += 1.0 if weights is None else float(weights[i])
     if not counts:
         return None
     best = max(counts.values())

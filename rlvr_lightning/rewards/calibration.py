@@ -15,8 +15,13 @@ reward listed before this one). A response that states no confidence, or one out
 untrusted: the number is read by a regular expression and `float`, never evaluated.
 
 Each step logs, under `train/rewards/<name>/` (and `val/rewards/<name>/` for a validation pass): `brier` (mean over
-the responses that state a confidence), `ece` (expected calibration error over 10 equal-width bins),
-`confidence` (the mean stated) and `stated` (the share of responses that state one).
+the responses that state a confidence), `ece` (expected calibration error over 10 equal-width bins), `auroc` (how
+well the confidence tells right answers from wrong ones: 0.5 not at all; logged when both occur), `confidence` (the
+mean stated) and `stated` (the share of responses that state one). With several responses per prompt and a
+correctness reward that reads answers (`extract_answers`), also RLCR's test-time uses of the confidence, as the share
+of prompts they solve: `vote_weighted` (the answer whose responses state the most confidence in total wins; ties:
+the first seen) and `vote_max_confidence` (the answer of the response that states the most); `vote` is the plain
+majority vote of the same responses, to compare with.
 
     trainer:
       callbacks:
@@ -33,7 +38,15 @@ from typing import Annotated
 import torch
 from torch import Tensor
 
-from rlvr_lightning.core.calibration import brier_scores, calibration_bins, expected_calibration_error
+from rlvr_lightning.core.calibration import (
+    auroc,
+    brier_scores,
+    calibration_bins,
+    confidence_histogram,
+    expected_calibration_error,
+)
+from rlvr_lightning.grading.answers import majority_vote
+from rlvr_lightning.rewards.base import RewardCallback
 from rlvr_lightning.rewards.length import CorrectnessShaping
 from rlvr_lightning.rewards.math import response_texts
 from rlvr_lightning.rollout import Rollout
@@ -43,6 +56,7 @@ from rlvr_lightning.runtime.option_domains import Range
 CONFIDENCE_TAG = r"<confidence>\s*(.*?)\s*</confidence>"
 _NUMBER = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(%?)")
 ECE_BINS = 10
+AUROC_LEVELS = 1000  # stated confidences are read to 1/1000
 
 
 def parse_confidence(text: str, pattern: str | re.Pattern = CONFIDENCE_TAG) -> float | None:
@@ -118,8 +132,19 @@ class CalibrationReward(CorrectnessShaping):
         penalty = torch.full_like(confidence, -self.missing_penalty)
         scores = torch.where(stated, -brier_scores(confidence.nan_to_num(0.0), correct), penalty)
         validating = self._trainer is not None and (self._trainer.validating or self._trainer.sanity_checking)
-        (self._val if validating else self._train).update(confidence, correct)
+        sums = self._val if validating else self._train
+        sums.update(confidence, correct)
+        answers = self._answers(rollout) if rollout.group_size > 1 else None
+        if answers is not None:
+            sums.update_votes(vote_outcomes(answers, confidence, correct, rollout.group_size))
         return scores.to(rollout.response_ids.device)
+
+    def _answers(self, rollout: Rollout) -> list[str | None] | None:
+        """The answers the correctness reward reads from the responses, None where it reads none."""
+        for callback in getattr(self._trainer, "callbacks", None) or ():
+            if isinstance(callback, RewardCallback) and callback.name == self._resolved:
+                return callback.extract_answers(rollout)
+        return None
 
     def pop_metrics(self) -> dict[str, float]:
         return self._train.pop()
@@ -134,35 +159,69 @@ class CalibrationReward(CorrectnessShaping):
             pl_module.log_dict({f"val/rewards/{self.name}/{key}": value for key, value in metrics.items()})
 
 
+def vote_outcomes(answers: list[str | None], confidence: Tensor, correct: Tensor, group_size: int) -> Tensor:
+    """`[4]`: the prompts, and those the plain majority vote, the confidence-weighted vote and the most confident
+    response solve (a prompt is solved when a response with the chosen answer is correct; a response without a
+    stated confidence weighs 0 and is chosen last)."""
+    solved = torch.zeros(4)
+    weights = confidence.nan_to_num(-1.0)
+    for start in range(0, len(answers), group_size):
+        group = answers[start : start + group_size]
+        right = {a for a, ok in zip(group, correct[start : start + group_size].tolist(), strict=True) if ok}
+        q = weights[start : start + group_size]
+        chosen = (majority_vote(group), majority_vote(group, q.clamp_min(0).tolist()), group[int(q.argmax())])
+        solved += torch.tensor([1.0] + [float(a is not None and a in right) for a in chosen])
+    return solved
+
+
 class _CalibrationSums:
-    """The sums behind the Brier score, ECE, mean confidence and stated share of the rows since the last `pop`."""
+    """The sums behind the metrics of the rows since the last `pop`; one flat vector, summed over ranks."""
 
     def __init__(self) -> None:
         self.bins = torch.zeros(ECE_BINS, 3)  # calibration_bins: rows, summed confidence, correct
+        self.histogram = torch.zeros(AUROC_LEVELS + 1, 2)  # confidence_histogram: wrong, right
         self.totals = torch.zeros(3)  # rows, rows that state a confidence, summed Brier score
+        self.votes = torch.zeros(4)  # vote_outcomes: prompts, solved by the plain, weighted and max-confidence choice
 
     def update(self, confidence: Tensor, correct: Tensor) -> None:
         stated = ~confidence.isnan()
         q, c = confidence[stated], correct[stated]
         self.bins += calibration_bins(q, c, ECE_BINS)
+        self.histogram += confidence_histogram(q, c, AUROC_LEVELS)
         self.totals += torch.stack(
             (torch.tensor(float(confidence.numel())), stated.sum().float(), brier_scores(q, c).sum())
         )
 
+    def update_votes(self, outcomes: Tensor) -> None:
+        self.votes += outcomes
+
     def pop(self, reduce=None) -> dict[str, float]:
         """The metrics, with the sums first reduced (summed) over ranks by `reduce` where given; then zeroed."""
-        sums = torch.cat((self.bins.flatten(), self.totals))
+        parts = (self.bins, self.histogram, self.totals, self.votes)
+        sums = torch.cat([part.flatten() for part in parts])
         if reduce is not None:
             sums = reduce(sums)
-        bins, (rows, stated, brier) = sums[:-3].view(ECE_BINS, 3), sums[-3:].tolist()
-        self.bins.zero_(), self.totals.zero_()
+        bins, histogram, totals, votes = (
+            chunk.view_as(part) for chunk, part in zip(sums.split([p.numel() for p in parts]), parts, strict=True)
+        )
+        for part in parts:
+            part.zero_()
+        rows, stated, brier = totals.tolist()
         if not rows:
             return {}
         metrics = {"stated": stated / rows}
         if stated:
             ece = float(expected_calibration_error(bins))
             metrics.update(brier=brier / stated, ece=ece, confidence=float(bins[:, 1].sum()) / stated)
+            area = float(auroc(histogram))
+            if math.isfinite(area):
+                metrics["auroc"] = area
+        prompts, plain, weighted, most_confident = votes.tolist()
+        if prompts:
+            metrics.update(
+                vote=plain / prompts, vote_weighted=weighted / prompts, vote_max_confidence=most_confident / prompts
+            )
         return metrics
 
 
-__all__ = ["CONFIDENCE_TAG", "CalibrationReward", "parse_confidence"]
+__all__ = ["CONFIDENCE_TAG", "CalibrationReward", "parse_confidence", "vote_outcomes"]

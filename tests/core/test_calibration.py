@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlvr_lightning.core.calibration import brier_scores, calibration_bins, expected_calibration_error, rlcr_rewards
+from rlvr_lightning.core.calibration import (
+    auroc,
+    brier_scores,
+    calibration_bins,
+    confidence_histogram,
+    expected_calibration_error,
+    rlcr_rewards,
+)
 
 
 def test_brier_scores_and_rlcr_rewards_by_hand():
@@ -49,3 +56,30 @@ def test_expected_calibration_error_equals_torchmetrics_and_adds_over_batches():
         torch.testing.assert_close(ece, binary_calibration_error(confidence, correct, n_bins=10, norm="l1"))
         halves = calibration_bins(confidence[:30], correct[:30]) + calibration_bins(confidence[30:], correct[30:])
         torch.testing.assert_close(expected_calibration_error(halves), ece)
+
+
+def test_auroc_by_hand():
+    # right at 0.9 and 0.6, wrong at 0.6 and 0.2: pairs (0.9, 0.6) 1, (0.9, 0.2) 1, (0.6, 0.6) 1/2, (0.6, 0.2) 1
+    confidence = torch.tensor([0.9, 0.6, 0.6, 0.2])
+    correct = torch.tensor([True, True, False, False])
+    assert auroc(confidence_histogram(confidence, correct)).item() == pytest.approx(3.5 / 4)
+    # a constant confidence tells nothing: 1/2; reversed: 0; without a wrong row: undefined
+    assert auroc(confidence_histogram(torch.full((4,), 0.4), correct)).item() == pytest.approx(0.5)
+    assert auroc(confidence_histogram(1 - confidence, correct)).item() == pytest.approx(0.5 / 4)
+    assert auroc(confidence_histogram(confidence, torch.ones(4, dtype=torch.bool))).isnan()
+
+
+def test_auroc_equals_torchmetrics_and_adds_over_batches():
+    from torchmetrics.functional.classification import binary_auroc
+
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        confidence = (torch.rand(64, generator=generator) * 20).round() / 20  # stated confidences repeat
+        correct = (torch.rand(64, generator=generator) < confidence).long()
+        correct[:2] = torch.tensor([0, 1])
+        area = auroc(confidence_histogram(confidence, correct))
+        torch.testing.assert_close(area, binary_auroc(confidence, correct))
+        halves = confidence_histogram(confidence[:30], correct[:30]) + confidence_histogram(
+            confidence[30:], correct[30:]
+        )
+        torch.testing.assert_close(auroc(halves), area)
