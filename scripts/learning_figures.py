@@ -100,6 +100,8 @@ RECIPE_BANDS: dict[str, tuple[Band, Band]] = {
     "entropy_advantage": (Band(6.25, 6.90), Band(0.10, 0.50)),
     # the same (6.70-6.88, 43.0-57.0%), dapo's band: the recipe is dapo's with another baseline
     "qae": (Band(6.50, 7.00), Band(0.30, 0.80)),
+    # from one machine's three seeds (AVX2-pinned, 2026-12-01: 5.87-6.06, 6.6-9.4%), widened by about their spread
+    "mapo": (Band(5.55, 6.40), Band(0.02, 0.22)),
     # the same (6.40-6.63, 16.8-38.7%), widened as gppo's
     "asymre": (Band(6.15, 6.90), Band(0.05, 0.55)),
     # the same (2.70-3.23, 0%): no exact sort early, so every advantage is -1 and the policy stays at its start

@@ -3,38 +3,29 @@
 from rlvr_lightning import advantages
 from rlvr_lightning.policies.sort_teacher import SortTeacher
 
+# GRPO's settings (configs/recipes/grpo.yaml), which several recipes keep and add to
+GRPO = dict(
+    advantage=advantages.GroupNormalizedAdvantage,
+    loss="ppo_clip",
+    clip=(0.2, 0.2),
+    aggregation="seq-mean-token-mean",
+    kl=(0.04, "k3", "loss"),
+)
+
 # What each paper prescribes (the part a recipe must not lose to an edit).
 EXPECTED = {
-    "grpo": dict(
-        advantage=advantages.GroupNormalizedAdvantage,
-        loss="ppo_clip",
-        clip=(0.2, 0.2),
-        aggregation="seq-mean-token-mean",
-        kl=(0.04, "k3", "loss"),
-    ),
+    "grpo": GRPO,
     "grpo_2": dict(
-        advantage=advantages.GroupNormalizedAdvantage,
-        loss="ppo_clip",
-        clip=(0.2, 0.2),
-        aggregation="seq-mean-token-mean",
-        kl=(0.04, "k3", "loss"),
+        **GRPO,
         group=(2, 512),
     ),
     "pods": dict(
-        advantage=advantages.GroupNormalizedAdvantage,
-        loss="ppo_clip",
-        clip=(0.2, 0.2),
-        aggregation="seq-mean-token-mean",
-        kl=(0.04, "k3", "loss"),
+        **GRPO,
         group=(16, 128),
         group_filter=(8, "max_variance"),
     ),
     "grpo_replay": dict(
-        advantage=advantages.GroupNormalizedAdvantage,
-        loss="ppo_clip",
-        clip=(0.2, 0.2),
-        aggregation="seq-mean-token-mean",
-        kl=(0.04, "k3", "loss"),
+        **GRPO,
         replay=64,
     ),
     "grpo_k3_is": dict(
@@ -84,6 +75,13 @@ EXPECTED = {
         dynamic_sampling=True,
         quantile=(0.4, "inverted_cdf"),
     ),
+    "mapo": dict(
+        advantage=advantages.MixedAdvantage,
+        loss="ppo_clip",
+        clip=(0.2, 0.3),
+        aggregation="token-mean",
+        kl=(0.01, "k3", "loss"),
+    ),
     "high_entropy": dict(
         advantage=advantages.GroupNormalizedAdvantage,
         loss="high_entropy",
@@ -103,11 +101,7 @@ EXPECTED = {
         advantage=advantages.GroupNormalizedAdvantage, loss="kl_cov", aggregation="token-mean", kl=None, cov=(2e-3, 1.0)
     ),
     "grpo_opsm": dict(
-        advantage=advantages.GroupNormalizedAdvantage,
-        loss="ppo_clip",
-        clip=(0.2, 0.2),
-        aggregation="seq-mean-token-mean",
-        kl=(0.04, "k3", "loss"),
+        **GRPO,
         off_policy_mask_threshold=0.01,
     ),
     "gdpo": dict(
@@ -332,11 +326,7 @@ EXPECTED = {
     ),
     # GRPO with the correct responses' rewards scaled by 1 - 0.25 rank / G, the likeliest ranked highest
     "unlikeliness": dict(
-        advantage=advantages.GroupNormalizedAdvantage,
-        loss="ppo_clip",
-        clip=(0.2, 0.2),
-        aggregation="seq-mean-token-mean",
-        kl=(0.04, "k3", "loss"),
+        **GRPO,
         unlikeliness=0.25,
     ),
     # the reward's advantages are computed but weighed 0: the scripted teacher's reverse KL alone

@@ -14,6 +14,7 @@ from rlvr_lightning.advantages.callbacks import (
     RawRewardAdvantage,
     RLOOAdvantage,
 )
+from rlvr_lightning.advantages.mixed import MixedAdvantage
 from rlvr_lightning.advantages.optimal_value import OptimalValueAdvantage
 from rlvr_lightning.advantages.smooth_standardized import SmoothStandardizedAdvantage
 from rlvr_lightning.advantages.value_tracker import ValueTrackerAdvantage
@@ -26,6 +27,7 @@ __all__ = [
     "GreedyBaselineAdvantage",
     "GroupNormalizedAdvantage",
     "MaxOnlyAdvantage",
+    "MixedAdvantage",
     "NormalizeThenSumAdvantage",
     "OptimalTokenBaseline",
     "OptimalValueAdvantage",

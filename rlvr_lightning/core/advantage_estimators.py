@@ -210,6 +210,22 @@ def normalized_advantages(
     return advantages.view_as(rewards)
 
 
+def mixed_advantages(rewards: Tensor, correct: Tensor, group_size: int | None = None, eps: float = 1e-6) -> Tensor:
+    """MAPO's advantage: GRPO's `(r - mean) / (std + eps)` and the advantage percent deviation `(r - mean) /
+    (mean + eps)` mixed by the group's trajectory certainty, `lambda(p) = 1 - 4 p (1 - p)` with `p` the share of
+    correct responses: a group right (or wrong) nearly every time weighs the percent deviation, an even one GRPO's.
+    Groups whose rewards are equal get exactly 0 (as `normalized_advantages`)."""
+    grouped = _grouped(rewards, group_size)
+    normalized = normalized_advantages(grouped, eps=eps)
+    mean = grouped.mean(dim=1, keepdim=True)
+    percent = ((grouped - mean) / (mean + eps)).masked_fill(_all_equal(grouped, dim=1).unsqueeze(1), 0.0)
+    p = correct.reshape(grouped.shape).float().mean(dim=1, keepdim=True)
+    certainty = 1 - 4 * p * (1 - p)
+    # A = (1 - lambda(p)) (r - mu) / sigma + lambda(p) (r - mu) / mu  (Huang et al. 2025 MAPO, arXiv:2509.18849;
+    # the authors' code, WenkeHuang/MAPO ray_trainer.py `grpomixpro`, p = the share of rewards equal to 1)
+    return ((1 - certainty) * normalized + certainty * percent).view_as(rewards)
+
+
 def normalize_then_sum_advantages(rewards: Tensor, weights: Tensor, group_size: int, eps: float = 1e-4) -> Tensor:
     """GDPO: ``[N]`` advantages from ``[N, K]`` rewards (one column per reward) and their ``[K]`` weights.
 
