@@ -6,6 +6,10 @@ r"""Evaluate a policy on the held-out problems of a recipe's task, and plot a ru
         --ckpt /tmp/run/csv/checkpoints/final.ckpt
     # a tool-use recipe: tool use rate and calls are reported too; --no-tools takes the tools away
     python scripts/eval_arithmetic.py eval --config configs/smollm2_calculator.yaml --num 100 --no-tools
+    # options after `--` go to `rlvr eval` as they are (here: the problems of a run trained on another task)
+    python scripts/eval_arithmetic.py eval --config configs/smollm2_rlcr.yaml \
+        --ckpt /tmp/run/csv/checkpoints/final.ckpt \
+        -- --data.init_args.task.init_args.min_digits 1 --data.init_args.task.init_args.digits 3
 
     # the curve of a run (its CSV log) as a PNG
     python scripts/eval_arithmetic.py plot --csv /tmp/run/csv/version_0/metrics.csv --out runs/smollm2_arithmetic.png
@@ -28,6 +32,7 @@ import argparse
 import csv
 import json
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -66,6 +71,7 @@ def eval_args(args, mode: str, output: Path, root: str) -> list[str]:
     ]  # fmt: skip
     if args.ckpt:
         argv += ["--ckpt_path", args.ckpt]
+    argv += args.overrides
     if args.max_new_tokens:
         argv += ["--model.init_args.sampling.max_new_tokens", str(args.max_new_tokens)]
     if mode == "greedy":
@@ -209,7 +215,10 @@ def main(argv: list[str] | None = None) -> None:
     pl.add_argument("--x", choices=["minutes", "step"], default="minutes")
     pl.add_argument("--title", default="GRPO, SmolLM2-135M-Instruct, 2-digit addition, 2-core CPU")
     pl.set_defaults(fn=cmd_plot)
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    split = argv.index("--") if "--" in argv else len(argv)
+    args = parser.parse_args(argv[:split])
+    args.overrides = argv[split + 1 :]
     args.fn(args)
 
 

@@ -25,7 +25,7 @@ def load_script(name: str = "eval_arithmetic"):
 def options(**overrides) -> argparse.Namespace:
     values = dict(
         config=str(REPO / "configs" / "smollm2_arithmetic.yaml"), ckpt=None, num=200, temperature=1.0, samples=1,
-        max_new_tokens=None, batch_size=50, threads=1, seed=0, no_tools=False,
+        max_new_tokens=None, batch_size=50, threads=1, seed=0, no_tools=False, overrides=[],
     )  # fmt: skip
     return argparse.Namespace(**{**values, **overrides})
 
@@ -67,6 +67,19 @@ def test_the_command_lines_of_each_mode():
         and policy["init_args"]["generation"]["tools"] is None
     )
     assert batches(no_tools) == (25, 4)  # the largest divisor of 100 up to 40
+
+
+def test_options_after_a_double_dash_go_to_rlvr_eval(monkeypatch):
+    script = load_script()
+    seen = {}
+    monkeypatch.setattr(script, "cmd_eval", lambda args: seen.update(vars(args)))
+    task = ["--data.init_args.task.init_args.min_digits", "1", "--data.init_args.task.init_args.digits", "3"]
+    script.main(["eval", "--config", "c.yaml", "--samples", "8", "--", *task])
+    assert seen["samples"] == 8 and seen["overrides"] == task
+    argv = script.eval_args(options(overrides=task), "greedy", Path("out.json"), "root")
+    assert value_of(argv, task[0]) == "1" and value_of(argv, task[2]) == "3"
+    script.main(["eval", "--config", "c.yaml"])
+    assert seen["overrides"] == []
 
 
 def test_a_run_reports_both_modes(in_tmp_dir):
