@@ -51,6 +51,23 @@ class AdvantageCallback(Callback):
             )
 
 
+class CorrectnessAdvantage(AdvantageCallback):
+    """Base of the estimators that read which responses are correct: the task reward's ``is_correct``, or with
+    ``correct_at`` set, a total reward at least that high (for graded rewards)."""
+
+    correct_at: float | None = None
+
+    @property
+    def reads_correctness(self) -> bool:
+        return self.correct_at is None
+
+    def correct(self, rollout: Rollout) -> Tensor:
+        correct = rollout.correct if self.correct_at is None else rollout.reward >= self.correct_at
+        if correct is None:
+            raise ValueError(f"{type(self).__name__} needs rollout.correct (which responses are correct)")
+        return correct
+
+
 class RawRewardAdvantage(AdvantageCallback):
     """A = r: REINFORCE without a baseline."""
 

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from torch import Tensor
 
-from rlvr_lightning.advantages.callbacks import AdvantageCallback
+from rlvr_lightning.advantages.callbacks import CorrectnessAdvantage
 from rlvr_lightning.core import advantage_estimators as estimators
 from rlvr_lightning.rollout import Rollout
 from rlvr_lightning.runtime.option_declarations import Option, check_options, documented_options
@@ -14,7 +14,7 @@ from rlvr_lightning.runtime.option_domains import NON_NEGATIVE, Range
 
 
 @documented_options
-class MixedAdvantage(AdvantageCallback):
+class MixedAdvantage(CorrectnessAdvantage):
     """MAPO (Huang et al. 2025, "MAPO: Mixed Advantage Policy Optimization", arXiv:2509.18849):
 
         A = (1 - lambda(p)) (r - mean) / (std + eps) + lambda(p) (r - mean) / (mean + eps),  lambda(p) = 1 - 4 p (1 - p)
@@ -41,12 +41,5 @@ class MixedAdvantage(AdvantageCallback):
         check_options(MixedAdvantage, locals())
         self.eps, self.correct_at = eps, correct_at
 
-    @property
-    def reads_correctness(self) -> bool:
-        return self.correct_at is None
-
     def compute(self, rollout: Rollout) -> Tensor:
-        correct = rollout.correct if self.correct_at is None else rollout.reward >= self.correct_at
-        if correct is None:
-            raise ValueError("MixedAdvantage needs rollout.correct (which responses are correct)")
-        return estimators.mixed_advantages(rollout.reward, correct, rollout.group_size, eps=self.eps)
+        return estimators.mixed_advantages(rollout.reward, self.correct(rollout), rollout.group_size, eps=self.eps)

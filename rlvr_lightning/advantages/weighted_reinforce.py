@@ -6,7 +6,7 @@ from typing import Annotated
 
 from torch import Tensor
 
-from rlvr_lightning.advantages.callbacks import AdvantageCallback
+from rlvr_lightning.advantages.callbacks import CorrectnessAdvantage
 from rlvr_lightning.core import advantage_estimators as estimators
 from rlvr_lightning.rollout import Rollout
 from rlvr_lightning.runtime.option_declarations import Option, check_options, documented_options
@@ -16,7 +16,7 @@ FINITE_OR_NULL = Range(optional=True)
 
 
 @documented_options
-class WeightedReinforceAdvantage(AdvantageCallback):
+class WeightedReinforceAdvantage(CorrectnessAdvantage):
     """A = lambda for a correct response, -1 for a wrong one: W-REINFORCE (Zhu et al. 2025, "The Surprising
     Effectiveness of Negative Reinforcement in LLM Reasoning", arXiv:2506.01347).
 
@@ -41,12 +41,5 @@ class WeightedReinforceAdvantage(AdvantageCallback):
         check_options(WeightedReinforceAdvantage, locals())
         self.positive_weight, self.correct_at = positive_weight, correct_at
 
-    @property
-    def reads_correctness(self) -> bool:
-        return self.correct_at is None
-
     def compute(self, rollout: Rollout) -> Tensor:
-        correct = rollout.correct if self.correct_at is None else rollout.reward >= self.correct_at
-        if correct is None:
-            raise ValueError("WeightedReinforceAdvantage needs rollout.correct (which responses are correct)")
-        return estimators.weighted_reinforce_advantages(correct, self.positive_weight)
+        return estimators.weighted_reinforce_advantages(self.correct(rollout), self.positive_weight)
