@@ -206,19 +206,34 @@ class Case:
 
 def measure_case(case: Case, variants: list[str], repeats: int, peak: float) -> list[list[str]]:
     """Each variant's first generation (compilation, capture, warm-up), then `repeats` rounds that run the
-    variants in turn (machine load falls on all alike); the figures of each variant's median round."""
-    first = {}
-    for variant in variants:
-        started = clock(case.device)
-        case.decode(variant)
-        first[variant] = clock(case.device) - started
+    variants in turn (machine load falls on all alike); the figures of each variant's median round. A variant
+    that raises (a compiler error, out of memory) gets a row that says so, and the others still run."""
+    first, failed = {}, {}
     runs: dict[str, list] = {variant: [] for variant in variants}
-    for _ in range(repeats):
-        for variant in variants:
-            runs[variant].append(case.decode(variant))
-    medians = {name: sorted(outs, key=decode_seconds)[len(outs) // 2] for name, outs in runs.items()}
+    for round_ in range(repeats + 1):
+        for variant in [v for v in variants if v not in failed]:
+            started = clock(case.device)
+            try:
+                out = case.decode(variant)
+            except Exception as error:  # noqa: BLE001 - reported in the variant's row; the table goes on
+                failed[variant] = f"{type(error).__name__}: {error}".splitlines()[0]
+                print(f"# {variant} failed: {failed[variant][:300]}", flush=True)
+                if case.device.type == "cuda":
+                    torch.cuda.empty_cache()
+                continue
+            if round_ == 0:
+                first[variant] = clock(case.device) - started
+            else:
+                runs[variant].append(out)
+    medians = {name: sorted(outs, key=decode_seconds)[len(outs) // 2] for name, outs in runs.items() if outs}
     reference = medians.get("eager")
-    return [figures(case, name, out, first[name], reference, peak) for name, out in medians.items()]
+    rows = []
+    for name in variants:
+        if name in medians:
+            rows.append(figures(case, name, medians[name], first[name], reference, peak))
+        else:
+            rows.append([name, "failed", *["-"] * (len(COLUMNS) - 4)])
+    return rows
 
 
 def decode_seconds(out) -> float:
@@ -330,7 +345,7 @@ def best_lines(rows: list[list[str]]) -> list[str]:
     """Per model and batch: the eager loop's ms/step beside the fastest static variant's."""
     lines = []
     for key in dict.fromkeys((row[0], row[1]) for row in rows):
-        group = {row[2]: float(row[3]) for row in rows if (row[0], row[1]) == key}
+        group = {row[2]: float(row[3]) for row in rows if (row[0], row[1]) == key and row[3] != "failed"}
         others = {name: ms for name, ms in group.items() if name != "eager"}
         if "eager" in group and others:
             name = min(others, key=others.get)

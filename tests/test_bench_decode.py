@@ -50,3 +50,28 @@ def test_rows_that_first_differ_by_a_neighbouring_token_are_counted():
         ]
     )
     assert bench.adjacent_first_differences(ids, reference) == 2
+
+
+def test_a_variant_that_raises_gets_a_failed_row_and_the_others_still_run(capsys, monkeypatch):
+    from tests.generation.static_pairs import static_decoding_unsupported
+
+    if static_decoding_unsupported():
+        pytest.skip(static_decoding_unsupported())
+    bench = load_bench()
+    decode = bench.Case.decode
+
+    def decode_or_fail(case, variant, *args, **kwargs):
+        if variant == "static":
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return decode(case, variant, *args, **kwargs)
+
+    monkeypatch.setattr(bench.Case, "decode", decode_or_fail)
+    args = ["--device", "cpu", "--rows", "4", "8", "--new-tokens", "4", "--prompt-tokens", "8", "--group", "2"]
+    assert bench.main([*args, "--variants", "eager", "static", "aot_eager", "--repeats", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.split()[:3] == ["model", "rows", "variant"])
+    rows = [line.split() for line in lines[header + 1 :] if not line.startswith("#")]
+    assert [row[2:4] for row in rows if row[2] == "static"] == [["static", "failed"]] * 2  # each batch size
+    assert [row[2] for row in rows if row[3] != "failed"] == ["eager", "aot_eager"] * 2
+    assert "# static failed: OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB" in lines
+    assert lines[-1].startswith("# best: tiny 8 rows: eager ") and "aot_eager" in lines[-1]
