@@ -67,6 +67,7 @@ import argparse
 import functools
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import warnings
@@ -91,6 +92,7 @@ from bench_step_cases import (  # noqa: E402
     StepTimer,
     digit_reward,
     make_tiny_model,
+    prompt_lengths,
     smollm2_dir,
 )
 from bench_step_trl import run_trl  # noqa: E402
@@ -196,19 +198,6 @@ def run_ours(
 # ----------------------------------------------------------------------------- main
 
 
-def _prompt_lengths(model_dir: Path, case: dict) -> list[int]:
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    if case["template"] == "chat":
-        texts = [
-            tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
-            for p in case["prompts"]
-        ]
-        return [len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
-    return [len(tokenizer(p)["input_ids"]) for p in case["prompts"]]
-
-
 def fmt_row(label: str, m: dict[str, float]) -> str:
     cells = " ".join(f"{m[k]:>9.3f}" for k in ["step", *SECTIONS, "other", "cpu", "generation_cpu"])
     cells += f" {m['peak_rss_mb']:>9.0f}"
@@ -217,8 +206,6 @@ def fmt_row(label: str, m: dict[str, float]) -> str:
 
 def run_leg(leg: str, case: str, model_dir: Path, args, steps: int, tmp: Path) -> list[dict]:
     """One leg in a process of its own: no memory, allocator state or engine carries over between legs."""
-    import subprocess
-
     out = tmp / f"{leg}.json"
     python = args.vllm_python if leg == "vllm" and args.vllm_python else sys.executable
     command = [
@@ -340,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         return worker(args)
     cases = ["tiny", "smollm2"] if "all" in args.case else args.case
-    results = {}
+    results, failed = {}, set()
     with tempfile.TemporaryDirectory(prefix="bench_step-") as tmp:
         for name in cases:
             case = CASES[name]
@@ -353,15 +340,19 @@ def main(argv: list[str] | None = None) -> int:
             model_dir = make_tiny_model(Path(tmp) / "tiny") if name == "tiny" else smollm2_dir()
             recorded: dict[str, list[dict]] = {leg: [] for leg in LEGS if leg in args.legs}
             for _ in range(args.rounds):
-                for leg in recorded:
-                    recorded[leg] += run_leg(leg, name, model_dir, args, steps, Path(tmp))[args.warmup :]
+                for leg in [leg for leg in recorded if (name, leg) not in failed]:
+                    try:
+                        recorded[leg] += run_leg(leg, name, model_dir, args, steps, Path(tmp))[args.warmup :]
+                    except subprocess.CalledProcessError as error:  # the other legs and cases still run
+                        print(f"# {name}: the {leg} leg failed (exit {error.returncode}; its error is above)")
+                        failed.add((name, leg))
             summary = {}
-            for label, leg_steps in recorded.items():
+            for label, leg_steps in [(label, steps) for label, steps in recorded.items() if steps]:
                 timer = StepTimer()
                 timer.steps = leg_steps
                 summary[label] = timer.medians(0)
             rows = len(case["prompts"]) * case["generations"]
-            prompt_tokens = _prompt_lengths(model_dir, case)
+            prompt_tokens = prompt_lengths(model_dir, case)
             print(
                 f"\n== {name}: {len(case['prompts'])} prompts x {case['generations']} completions x "
                 f"{case['new_tokens']} tokens ({rows} rows), {steps} measured steps x {args.rounds} round(s), "
@@ -393,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
             results[name] = summary
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

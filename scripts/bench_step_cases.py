@@ -145,3 +145,17 @@ def smollm2_dir() -> Path:
     if not is_fetched("smollm2-135m-instruct"):
         raise SystemExit("SmolLM2 is not fetched: run `rlvr-models fetch smollm2-135m-instruct` first")
     return model_dir("smollm2-135m-instruct")
+
+
+def prompt_lengths(model_dir: Path, case: dict) -> list[int]:
+    """The token count of each of the case's prompts as both sides feed it (its chat template where it has one)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    if case["template"] == "chat":
+        texts = [
+            tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+            for p in case["prompts"]
+        ]
+        return [len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
+    return [len(tokenizer(p)["input_ids"]) for p in case["prompts"]]
