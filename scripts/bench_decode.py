@@ -331,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"# {name}: {time.perf_counter() - started:.0f} s")
     for line in best_lines(table):
         print(line)
-    return 0
+    return 1 if any(row[3] == "failed" for row in table) else 0
 
 
 WIDTHS = (12, 4, 15, 8, 7, 6, 7, 9, 10, 8, 10, 8, 7)

@@ -191,20 +191,34 @@ def main(argv: list[str] | None = None) -> int:
         f"{tokens} real tokens, padded to {rows} x {prompt + response}, groups of {group}"
     )
     clock = Clock(device)
-    results = {}
+    results, failed = {}, {}
+
+    def attempt(dtype: str, variant: str, autocast) -> dict | None:
+        """One pass; a variant that raises (a compiler error, out of memory) is reported and left out."""
+        try:
+            return one_pass(policies, rollout, variant, autocast, clock, kernels)
+        except Exception as error:  # noqa: BLE001 - reported in the table; the other variants still run
+            failed[dtype, variant] = f"{type(error).__name__}: {error}".splitlines()[0][:200]
+            print(f"# {dtype} {variant} failed: {failed[dtype, variant]}", flush=True)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            return None
+
     for dtype in args.dtypes:
         autocast = torch.bfloat16 if dtype == "bf16" else None
         for variant in variants:
             started = time.perf_counter()
             for _ in range(args.warmup):
-                one_pass(policies, rollout, variant, autocast, clock, kernels)
+                if (dtype, variant) not in failed:
+                    attempt(dtype, variant, autocast)
             print(f"# {dtype} {variant}: warm-up {time.perf_counter() - started:.1f} s", flush=True)
         passes = {variant: [] for variant in variants}
         for _ in range(args.repeats):
-            for variant in variants:
-                passes[variant].append(one_pass(policies, rollout, variant, autocast, clock, kernels))
+            for variant in [v for v in variants if (dtype, v) not in failed]:
+                passes[variant].append(attempt(dtype, variant, autocast))
         for variant, runs in passes.items():
-            results[dtype, variant] = runs
+            if (dtype, variant) not in failed:
+                results[dtype, variant] = runs
     print(f"{'dtype':5} {'variant':22} {'forward ms':>10} {'backward ms':>11} {'peak MiB':>9} {'max |dlp|':>9}  kernel")
     for (dtype, variant), runs in results.items():
         forward = statistics.median(r["forward"] for r in runs)
@@ -213,13 +227,16 @@ def main(argv: list[str] | None = None) -> int:
         reference = results.get((dtype, "padded"))
         diff = "-" if reference is None else f"{(runs[0]['log_probs'] - reference[0]['log_probs']).abs().max():.1e}"
         print(f"{dtype:5} {variant:22} {forward:10.2f} {backward:11.2f} {peak:>9} {diff:>9}  {runs[0]['kernel']}")
+    for dtype, variant in failed:
+        print(f"{dtype:5} {variant:22} {'failed':>10} {'-':>11} {'-':>9} {'-':>9}  {failed[dtype, variant][:60]}")
     for dtype in args.dtypes:
         if (dtype, "packed-flex") not in results:
             continue
-        total = {v: statistics.median(r["forward"] + r["backward"] for r in results[dtype, v]) for v in variants}
-        ratios = ", ".join(f"{v} {total[v] / total['packed-flex']:.2f}x" for v in variants if v != "packed-flex")
+        ran = [v for v in variants if (dtype, v) in results]
+        total = {v: statistics.median(r["forward"] + r["backward"] for r in results[dtype, v]) for v in ran}
+        ratios = ", ".join(f"{v} {total[v] / total['packed-flex']:.2f}x" for v in ran if v != "packed-flex")
         print(f"# {dtype} forward + backward over packed-flex's: {ratios}")
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -145,30 +145,37 @@ fit_figure() {  # step time and sampling speed of a fit_recipe run
         train/generation/tokens_per_second) tok/s"
 }
 
+# The parts that run a script several times go on after a failed run (a failed variant or leg is marked in its table)
+# and end with the status of the last run that failed.
 score_variants() {  # bench_score.py as the layers are written, then (inductor compiles a while) compiled
-    "$python" scripts/bench_score.py --device cuda --no-compiled || return
-    "$python" scripts/bench_score.py --device cuda --compiled --no-plain --variants padded packed-flex --dtypes bf16
+    local code=0
+    "$python" scripts/bench_score.py --device cuda --no-compiled || code=$?
+    "$python" scripts/bench_score.py --device cuda --compiled --no-plain --variants padded packed-flex --dtypes bf16 \
+        || code=$?
+    return $code
 }
 
 bench_precisions() {  # bench_step.py in fp32, then with each side's GPU precision
-    local precision
+    local precision code=0
     for precision in ${BENCH_PRECISIONS:-fp32 gpu}; do
         echo "## precision $precision"
         # shellcheck disable=SC2046,SC2086 - the cases are words; the flag is there or not
         "$python" scripts/bench_step.py --case ${BENCH_CASES:-smollm2 smollm2_long} --device cuda \
             --steps "${BENCH_STEPS:-4}" --legs ${BENCH_LEGS:-ours trl} $([ "$precision" = gpu ] && echo --gpu-precision) \
-            || return
+            || code=$?
     done
+    return $code
 }
 
 equal_dtypes() {  # the static step's tokens against the eager loop's in fp32, then in fp64
-    local dtype
+    local dtype code=0
     for dtype in float32 float64; do
         echo "## $dtype"
         # shellcheck disable=SC2046 - the compiled variant in fp32 only (the default on CUDA; fp64 settles rounding)
         "$python" scripts/bench_decode.py --device cuda --dtype "$dtype" --rows "${EQUAL_ROWS:-128}" --new-tokens 16 \
-            --repeats 1 --variants eager static cuda-graph $([ "$dtype" = float32 ] && echo reduce-overhead) || return
+            --repeats 1 --variants eager static cuda-graph $([ "$dtype" = float32 ] && echo reduce-overhead) || code=$?
     done
+    return $code
 }
 
 vllm_tests() {

@@ -48,3 +48,23 @@ def test_compiled_layers_score_as_the_layers_as_written(capsys):
     rows = fp32_rows(capsys, "--compiled", "--variants", "padded", "shared")
     assert list(rows) == ["padded", "shared", "padded-compiled"]  # shared passes a cache: no compiled variant
     assert all(float(row[5]) <= 1e-5 for row in rows.values())
+
+
+def test_a_variant_that_raises_gets_a_failed_row_the_others_still_run_and_the_status_is_1(capsys, monkeypatch):
+    bench = load_bench()
+    one_pass = bench.one_pass
+
+    def one_pass_or_fail(policies, rollout, variant, autocast, *args):
+        if variant == "packed-flex" and autocast is not None:
+            raise RuntimeError("flex_attention: no kernel for this block size\nmore lines")
+        return one_pass(policies, rollout, variant, autocast, *args)
+
+    monkeypatch.setattr(bench, "one_pass", one_pass_or_fail)
+    assert bench.main(["--device", "cpu", "--tiny", "--warmup", "1", "--repeats", "1"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    rows = {tuple(line.split()[:2]): line.split() for line in lines if line.startswith(("fp32 ", "bf16 "))}
+    assert len(rows) == 2 * len(bench.VARIANTS)  # every dtype and variant has its row
+    assert rows["bf16", "packed-flex"][2:7] == ["failed", "-", "-", "-", "RuntimeError:"]
+    assert all(float(row[2]) > 0 for key, row in rows.items() if key != ("bf16", "packed-flex"))
+    assert "# bf16 packed-flex failed: RuntimeError: flex_attention: no kernel for this block size" in lines
+    assert lines[-1].startswith("# fp32 forward + backward over packed-flex's: padded ")  # bf16 has no ratio line

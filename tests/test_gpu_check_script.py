@@ -1,0 +1,45 @@
+"""scripts/gpu_check.sh's control flow, with a stand-in for Python that records its calls: a part that runs a
+script several times goes on after a failed run, the summary marks the part FAILED with the last failure's status,
+and the check exits non-zero; the other parts still run."""
+
+import os
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+FAKE_PYTHON = r"""#!/usr/bin/env bash
+echo "$*" >> "$CALLS"
+case "$*" in
+  -) cat >/dev/null; echo "torch (stand-in)" ;;
+  "-c import xdist"|-m\ rlvr_lightning.runtime.model_cache*) exit 1 ;;
+  *bench_score.py*--no-compiled*) echo "# fp32 forward + backward over packed-flex's: padded 1.50x"; exit 3 ;;
+  *bench_score.py*) echo "# bf16 forward + backward over packed-flex's: padded 1.20x" ;;
+  *bench_step.py*--gpu-precision*) echo "trl / ours (medians): step 3.10x wall"; exit 1 ;;
+  *bench_step.py*) echo "== smollm2: stand-in"; echo "trl / ours (medians): step 1.10x wall" ;;
+  *bench_decode.py*) echo "# best: smollm2 128 rows: eager 9.00 ms/step, static 1.00 ms/step (9.00x)" ;;
+esac
+exit 0
+"""
+
+
+def test_a_failed_run_does_not_stop_its_part_and_the_summary_says_failed(tmp_path):
+    python = tmp_path / "python"
+    python.write_text(FAKE_PYTHON)
+    python.chmod(0o755)
+    calls, out = tmp_path / "calls.txt", tmp_path / "out"
+    env = {**os.environ, "PYTHON": str(python), "CALLS": str(calls), "GPU_CHECK_OUT": str(out)}
+    env |= {"GPU_BUNDLE": str(tmp_path / "no_bundle"), "PART_LIMIT_S": "60"}
+    parts = ["score", "bench", "decode"]
+    done = subprocess.run(["bash", "scripts/gpu_check.sh", *parts], cwd=REPO, env=env, capture_output=True, text=True)
+    assert done.returncode == 1, done.stdout + done.stderr
+    runs = [line for line in calls.read_text().splitlines() if "scripts/" in line]
+    assert [line.split()[0] for line in runs] == ["scripts/bench_score.py"] * 2 + ["scripts/bench_step.py"] * 2 + [
+        "scripts/bench_decode.py"
+    ]
+    assert "--compiled" in runs[1] and "--gpu-precision" in runs[3]  # the run after each failure still happened
+    summary = {line.split()[0]: line for line in (out / "summary.txt").read_text().splitlines()[2:]}
+    assert summary["score"].split()[1:3] == ["FAILED", "(3)"]
+    assert "bf16 forward + backward over packed-flex's: padded 1.20x" in summary["score"]  # the later run's figure
+    assert summary["bench"].split()[1:3] == ["FAILED", "(1)"]
+    assert summary["decode"].split()[1] == "ok" and "static 1.00 ms/step" in summary["decode"]
