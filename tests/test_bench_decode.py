@@ -1,22 +1,14 @@
 """scripts/bench_decode.py runs on a CPU (tiny shapes) and prints one row per variant, the static ones checked
 against the eager loop's tokens, and counts the operations a step launches from Python."""
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.script_modules import load_script
+
 REPO = Path(__file__).resolve().parents[1]
-
-
-def load_bench():
-    spec = importlib.util.spec_from_file_location("scripts_bench_decode", REPO / "scripts" / "bench_decode.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_the_table_has_every_variant_and_their_tokens_equal_the_eager_loops(capsys):
@@ -24,7 +16,7 @@ def test_the_table_has_every_variant_and_their_tokens_equal_the_eager_loops(caps
 
     if static_decoding_unsupported():
         pytest.skip(static_decoding_unsupported())
-    bench = load_bench()
+    bench = load_script("bench_decode")
     args = ["--device", "cpu", "--rows", "4", "--new-tokens", "6", "--prompt-tokens", "8", "--group", "2"]
     assert bench.main([*args, "--variants", "eager", "static", "--sync-every", "4", "--count-launches"]) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -39,7 +31,7 @@ def test_the_table_has_every_variant_and_their_tokens_equal_the_eager_loops(caps
 
 
 def test_rows_that_first_differ_by_a_neighbouring_token_are_counted():
-    bench = load_bench()
+    bench = load_script("bench_decode")
     reference = torch.tensor([[5, 9, 2], [5, 9, 2], [5, 9, 2], [5, 9, 2]])
     ids = torch.tensor(
         [
@@ -57,7 +49,7 @@ def test_a_variant_that_raises_gets_a_failed_row_the_others_still_run_and_the_st
 
     if static_decoding_unsupported():
         pytest.skip(static_decoding_unsupported())
-    bench = load_bench()
+    bench = load_script("bench_decode")
     decode = bench.Case.decode
 
     def decode_or_fail(case, variant, *args, **kwargs):

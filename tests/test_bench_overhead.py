@@ -1,22 +1,13 @@
 """scripts/bench_overhead.py: the plain loop it runs alongside a fit must not change the fit."""
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import torch
 
 from rlvr_lightning.cli.app import main as rlvr_cli
+from tests.script_modules import load_script
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def load_bench():
-    spec = importlib.util.spec_from_file_location("scripts_bench_overhead", REPO / "scripts" / "bench_overhead.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def lecture_fit(steps: int, callbacks: list) -> tuple[float, torch.Tensor]:
@@ -38,7 +29,7 @@ def lecture_fit(steps: int, callbacks: list) -> tuple[float, torch.Tensor]:
 
 
 def test_paired_plain_loop_leaves_the_run_unchanged_and_times_both(in_tmp_dir):
-    bench = load_bench()
+    bench = load_script("bench_overhead")
     paired = bench.PairedPlainLoop(seed=0, block=5)
     reward, parameters = lecture_fit(12, [paired])
     alone_reward, alone_parameters = lecture_fit(12, [])
@@ -50,7 +41,7 @@ def test_paired_plain_loop_leaves_the_run_unchanged_and_times_both(in_tmp_dir):
 
 def test_paired_plain_loop_is_the_plain_loop(in_tmp_dir):
     """Its steps are the plain loop's steps: same seed, same rewards as running them on their own."""
-    bench = load_bench()
+    bench = load_script("bench_overhead")
     paired = bench.PairedPlainLoop(seed=0, block=3)
     torch.manual_seed(123)  # the surrounding run's stream must not matter
     for batch_idx in range(3):  # the third batch end runs a block of 3 plain steps

@@ -1,23 +1,15 @@
 """scripts/bench_score.py runs on a CPU (tiny shapes) and prints one row per dtype and variant: the kernel that
 ran, and packed and prefix-shared log-probs equal to the padded ones."""
 
-import importlib.util
-import sys
 from pathlib import Path
+
+from tests.script_modules import load_script
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def load_bench():
-    spec = importlib.util.spec_from_file_location("scripts_bench_score", REPO / "scripts" / "bench_score.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_table_has_every_variant_with_its_kernel(capsys):
-    bench = load_bench()
+    bench = load_script("bench_score")
     assert bench.main(["--device", "cpu", "--tiny", "--warmup", "1", "--repeats", "1"]) == 0
     lines = capsys.readouterr().out.splitlines()
     header = next(i for i, line in enumerate(lines) if line.split()[:2] == ["dtype", "variant"])
@@ -33,7 +25,7 @@ def test_the_table_has_every_variant_with_its_kernel(capsys):
 def fp32_rows(capsys, *options: str) -> dict[str, list[str]]:
     """bench_score's fp32 table on the tiny shape with `options`, by variant."""
     argv = ["--device", "cpu", "--tiny", "--warmup", "1", "--repeats", "1", "--dtypes", "fp32", *options]
-    assert load_bench().main(argv) == 0
+    assert load_script("bench_score").main(argv) == 0
     lines = capsys.readouterr().out.splitlines()
     return {line.split()[1]: line.split() for line in lines if line.startswith("fp32 ")}
 
@@ -51,7 +43,7 @@ def test_compiled_layers_score_as_the_layers_as_written(capsys):
 
 
 def test_a_variant_that_raises_gets_a_failed_row_the_others_still_run_and_the_status_is_1(capsys, monkeypatch):
-    bench = load_bench()
+    bench = load_script("bench_score")
     one_pass = bench.one_pass
 
     def one_pass_or_fail(policies, rollout, variant, autocast, *args):

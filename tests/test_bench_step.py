@@ -1,24 +1,16 @@
 """scripts/bench_step.py's table: a leg whose process fails costs its row, not the other legs' or cases' figures,
 and the script then exits with status 1 (so a CI smoke run of it fails)."""
 
-import importlib.util
 import subprocess
-import sys
 from pathlib import Path
+
+from tests.script_modules import load_script
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def load_bench():
-    spec = importlib.util.spec_from_file_location("scripts_bench_step", REPO / "scripts" / "bench_step.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_a_failed_leg_costs_its_row_and_the_exit_status(capsys, monkeypatch):
-    bench = load_bench()
+    bench = load_script("bench_step")
     calls = []
 
     def fake_leg(leg, case, model_dir, args, steps, tmp):

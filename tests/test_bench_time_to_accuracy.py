@@ -1,20 +1,16 @@
 """scripts/bench_time_to_accuracy.py's reports, on legs written by hand (no model is run)."""
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_time_to_accuracy.py"
+from tests.script_modules import load_script
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_time_to_accuracy", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench_time_to_accuracy")
 
 
 def write_leg(out: Path, leg: str, seed: int, accuracy: list[float], step_s: float) -> None:

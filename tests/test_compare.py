@@ -1,22 +1,18 @@
 """scripts/compare.py: the numbers of its table on hand-made logs, and a tiny real comparison end to end."""
 
-import importlib.util
 import math
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.script_modules import load_script
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def compare():
-    spec = importlib.util.spec_from_file_location("scripts_compare", REPO / "scripts" / "compare.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_script("compare")
 
 
 def write_log(path: Path, rewards: list[float], accuracies: dict[int, float]) -> Path:

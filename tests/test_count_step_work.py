@@ -1,23 +1,20 @@
 """scripts/count_step_work.py counts what a wrapped section launches: matrix-product FLOPs and the aten operations
 below autograd that reach the device (views, allocations and operations returning no tensor left out)."""
 
-import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.script_modules import load_script as load_script_module
+
 REPO = Path(__file__).resolve().parents[1]
 
 
 def load_script():
-    sys.path.insert(0, str(REPO / "scripts"))
-    spec = importlib.util.spec_from_file_location("scripts_count_step_work", REPO / "scripts" / "count_step_work.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    sys.path.insert(0, str(REPO / "scripts"))  # its sibling modules
+    return load_script_module("count_step_work")
 
 
 def test_kernels_leave_views_and_allocations_out():

@@ -4,22 +4,15 @@ plot_reasoning_gym_run.py reads its reports."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 from pathlib import Path
 
 import yaml
 
 from rlvr_lightning.demos.named_digit import fit_config, save_word_tokenizer
+from tests.script_modules import load_script
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def load_script(name: str = "eval_arithmetic"):
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def options(**overrides) -> argparse.Namespace:
@@ -40,7 +33,7 @@ def batches(argv: list[str]) -> tuple[int, int]:
 
 
 def test_the_command_lines_of_each_mode():
-    script = load_script()
+    script = load_script("eval_arithmetic")
     greedy = script.eval_args(options(ckpt="run.ckpt"), "greedy", Path("out.json"), "root")
     assert value_of(greedy, "--ckpt_path") == "run.ckpt" and value_of(greedy, "--eval.greedy") == "true"
     assert batches(greedy) == (50, 4)
@@ -70,7 +63,7 @@ def test_the_command_lines_of_each_mode():
 
 
 def test_options_after_a_double_dash_go_to_rlvr_eval(monkeypatch):
-    script = load_script()
+    script = load_script("eval_arithmetic")
     seen = {}
     monkeypatch.setattr(script, "cmd_eval", lambda args: seen.update(vars(args)))
     task = ["--data.init_args.task.init_args.min_digits", "1", "--data.init_args.task.init_args.digits", "3"]
@@ -90,7 +83,7 @@ def test_a_run_reports_both_modes(in_tmp_dir):
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     out = in_tmp_dir / "report.json"
     argv = ["eval", "--config", str(path), "--num", "10", "--samples", "2", "--batch-size", "5", "--out", str(out)]
-    load_script().main(argv)
+    load_script("eval_arithmetic").main(argv)
     report = json.loads(out.read_text())
     assert report["problems"] == 10 and report["greedy"]["samples"] == 1 and report["greedy"]["greedy"] is True
     sampled = report["temperature"]

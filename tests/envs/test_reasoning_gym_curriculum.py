@@ -3,13 +3,13 @@ per dataset, logged; the levels are in the checkpoint and shape the prompts draw
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
 from rlvr_lightning.data.reasoning_gym_curriculum import CurriculumRule
 from tests.envs.rg_support import USED_DATASETS, small_task
+from tests.script_modules import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -63,17 +63,10 @@ def test_too_few_candidates_leave_a_dataset_where_it_is():
     assert stats["curriculum/leg_counting/move"] == 0.0 and stats["curriculum/leg_counting/candidates"] == 7.0
 
 
-def _demo():
-    spec = importlib.util.spec_from_file_location("demo", ROOT / "scripts" / "reasoning_gym_curriculum_demo.py")
-    demo = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(demo)
-    return demo
-
-
 def test_difficulty_rises_through_the_data_modules_refresh_as_a_scripted_learner_improves():
     """The real refresh path: candidates at the current levels, sampled, scored by the datasets' own scorers,
     pass counts to the task; a learner whose skill grows by one level every two refreshes is followed."""
-    history = _demo().run_demo(refreshes=6, skill_per_refresh=0.5, candidates=16)
+    history = load_script("reasoning_gym_curriculum_demo").run_demo(refreshes=6, skill_per_refresh=0.5, candidates=16)
     for name in ("basic_arithmetic", "leg_counting"):
         levels = [row[f"curriculum/{name}/level"] for row in history]
         assert levels == sorted(levels) and levels[-1] >= 2, f"{name} rose: {levels}"

@@ -1,8 +1,6 @@
 """ExpertIterationModule: which responses are kept, that rounds fine-tune only on them, start-up checks."""
 
 import copy
-import importlib.util
-import sys
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -16,6 +14,7 @@ from rlvr_lightning.modules.options import AggregationConfig, UpdateConfig
 from rlvr_lightning.modules.pair_rollouts import pair_rollout
 from rlvr_lightning.policies.toy_sort import ToySortPolicy
 from rlvr_lightning.rewards import RewardCallback, SortInclusionOrderingReward
+from tests.script_modules import load_script
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -168,10 +167,7 @@ def test_no_task_reward_and_no_threshold_fails_at_start_up(in_tmp_dir):
 
 
 def test_expert_iteration_stage_config_runs_through_the_cli(in_tmp_dir):
-    spec = importlib.util.spec_from_file_location("scripts_sft_then_grpo", REPO / "scripts" / "sft_then_grpo.py")
-    pipeline = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = pipeline
-    spec.loader.exec_module(pipeline)
+    pipeline = load_script("sft_then_grpo")
     cli = pipeline.stage_cli(
         [
             "fit",

@@ -1,8 +1,6 @@
 """SFTModule, its JSONL data module, teacher-forced pair rollouts and policy_from_checkpoint."""
 
 import json
-import sys
-from pathlib import Path
 
 import lightning.pytorch as pl
 import pytest
@@ -17,6 +15,7 @@ from rlvr_lightning.modules.sft import SFTModule, policy_from_checkpoint
 from rlvr_lightning.policies.hf_options import HFModelOptions, PromptOptions
 from rlvr_lightning.policies.toy_sort import ToySortPolicy
 from rlvr_lightning.rewards import SortInclusionOrderingReward
+from tests.script_modules import load_script
 
 
 def toy(seed=0):
@@ -180,7 +179,7 @@ def test_sft_options_are_checked():
         SFTModule(toy(), save_pretrained_dir="out")
 
 
-def test_sft_stage_config_runs_through_the_cli(in_tmp_dir, load_script):
+def test_sft_stage_config_runs_through_the_cli(in_tmp_dir):
     pipeline = load_script("sft_then_grpo")
     write_jsonl(pipeline.sort_pairs(40), in_tmp_dir / "train.jsonl")
     cli = pipeline.stage_cli(
@@ -200,21 +199,6 @@ def test_sft_stage_config_runs_through_the_cli(in_tmp_dir, load_script):
     assert cli.trainer.global_step == 2  # 40 pairs / 32 per batch
     assert "val/accuracy" in cli.trainer.callback_metrics
     assert (in_tmp_dir / "runs" / "sft_sort" / "sft.ckpt").is_file()
-
-
-@pytest.fixture
-def load_script():
-    import importlib.util
-
-    def load(name):
-        path = Path(__file__).resolve().parents[2] / "scripts" / f"{name}.py"
-        spec = importlib.util.spec_from_file_location(f"scripts_{name}", path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-        return module
-
-    return load
 
 
 def test_jsonl_lines_can_be_text_for_language_models(tmp_path):

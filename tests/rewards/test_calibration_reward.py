@@ -189,17 +189,13 @@ def test_the_rlcr_warm_up_data_is_in_the_format_the_rewards_read():
     """configs/data/arithmetic_confidence_warmup.jsonl (scripts/make_arithmetic_warmup.py --confidence): the prompt asks
     for the tags, each response boxes the right sum and states a confidence from 0.1 to 0.9, and the file is the
     script's output."""
-    import importlib.util
     import json
     from pathlib import Path
 
+    from tests.script_modules import load_script
+
     repo = Path(__file__).resolve().parents[2]
-    spec = importlib.util.spec_from_file_location(
-        "make_arithmetic_warmup", repo / "scripts" / "make_arithmetic_warmup.py"
-    )
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    pairs = script.warmup_pairs(confidence=True)
+    pairs = load_script("make_arithmetic_warmup").warmup_pairs(confidence=True)
     with open(repo / "configs" / "data" / "arithmetic_confidence_warmup.jsonl", encoding="utf-8") as handle:
         assert [json.loads(line) for line in handle] == pairs
     from rlvr_lightning.grading.answers import extract_boxed
