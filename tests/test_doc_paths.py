@@ -42,3 +42,18 @@ def test_every_mentioned_repository_file_exists():
     assert len(found) >= 100, len(found)  # the pattern still finds the docs' paths
     missing = {path: where[:3] for path, where in found.items() if not (REPO / path).exists()}
     assert not missing, missing
+
+
+def test_every_snippet_include_is_well_formed_and_names_an_example():
+    """The docs' `--8<-- "file"` lines (pymdownx.snippets, base path docs/examples) include files that exist; a
+    formatter that rewrites one inside a Python block (`--8 < --"file"`) would leave the page without its code."""
+    includes, mangled = [], []
+    for path in REPO.glob("docs/**/*.md"):
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if re.match(r"--8<-- \"[^\"]+\"$", line):
+                includes.append((f"{path.relative_to(REPO)}:{number}", line.split('"')[1]))
+            elif re.match(r"-+\s*8\s*<", line):
+                mangled.append(f"{path.relative_to(REPO)}:{number}: {line}")
+    assert not mangled, mangled
+    assert len(includes) >= 12, includes
+    assert [where for where, name in includes if not (REPO / "docs" / "examples" / name).is_file()] == []
