@@ -1,5 +1,5 @@
 """`DeviceDefaultGeneration`: the backend `HFPolicy` samples with when its config names none, chosen by the device at
-each generation: `StaticCacheGeneration`'s decoding on a CUDA device (where launching a step's ~1,300 kernels
+each generation: `StaticCacheGeneration`'s decoding on a CUDA device (where launching a step's ~1,100 operators
 from Python bounds the eager loop), our eager loop (`KVCacheGeneration`) elsewhere, where it is the faster one
 and its sampled tokens stay those of earlier releases."""
 
@@ -31,21 +31,28 @@ class DeviceDefaultGeneration(KVCacheGeneration):
         self._said_why_eager = False
 
     @staticmethod
-    def decodes_statically(device: torch.device, model: nn.Module) -> bool:
-        """On a CUDA device, for a model with full-attention layers only that is not sharded (FSDP2 gathers its
-        weights into new storage for every rollout, which a captured graph would not follow)."""
+    def why_eager(device: torch.device, model: nn.Module) -> str | None:
+        """Why `model` decodes with the eager loop on `device`; None where it decodes statically: on a CUDA device, for
+        a model with full-attention layers only that is not sharded."""
         from torch.distributed.fsdp import FSDPModule
 
-        sharded = any(isinstance(module, FSDPModule) for module in model.modules())
-        return device.type == "cuda" and not sharded and static_cache_support(model) is None
+        if device.type != "cuda":
+            return f"{device} is not a CUDA device"
+        if any(isinstance(module, FSDPModule) for module in model.modules()):
+            return "the model is sharded by FSDP2, which gathers its weights into new storage for every rollout"
+        return static_cache_support(model)
+
+    @classmethod
+    def decodes_statically(cls, device: torch.device, model: nn.Module) -> bool:
+        return cls.why_eager(device, model) is None
 
     def say_why_eager(self, device: torch.device, model: nn.Module) -> None:
-        """Warn once where a CUDA device decodes eagerly because the model or transformers cannot hold a static
-        cache (the eager loop is several times slower there)."""
+        """Warn once where a CUDA device decodes eagerly (the eager loop is several times slower there): the model is
+        sharded, or it or transformers cannot hold a static cache."""
         if device.type != "cuda" or self._said_why_eager:
             return
         self._said_why_eager = True
-        reason = static_cache_support(model)
+        reason = self.why_eager(device, model)
         if reason is not None:
             message = f"DeviceDefaultGeneration decodes eagerly on {device}, not statically: {reason}"
             warnings.warn(message, stacklevel=3)

@@ -21,8 +21,8 @@ from typing import Annotated, Any, Literal
 import torch
 
 from rlvr_lightning.generation.backend import GenerationBackend
+from rlvr_lightning.multiturn.segmented_generation import SegmentRule
 from rlvr_lightning.multiturn.thinking_budget import ThinkingBudget
-from rlvr_lightning.multiturn.tool_use import ToolUse
 from rlvr_lightning.policies import prompt_encoding
 from rlvr_lightning.policies.compiled_layers import COMPILE_LAYERS
 from rlvr_lightning.policies.flex_packing import PACKED_ATTENTION
@@ -170,8 +170,11 @@ class GenerationOptions:
         ),
     ] = None
     tools: Annotated[
-        ToolUse | None,
-        Option("tool use in rollouts (`ToolUse`: the tools, call format, turns); null: single-turn."),
+        SegmentRule | None,
+        Option(
+            "what makes a response multi-turn: tool use (`ToolUse`: the tools, call format, turns), a verifiers "
+            "environment's turns (`VerifiersTurns`) or another `SegmentRule`; null: single-turn."
+        ),
     ] = None
     thinking_budget: Annotated[
         ThinkingBudget | None,

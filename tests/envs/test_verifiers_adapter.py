@@ -13,6 +13,7 @@ from rlvr_lightning.data.task import collate_examples  # noqa: I001
 from rlvr_lightning.data.verifiers_task import VerifiersTask
 from rlvr_lightning.demos.tiny_lm import save_tiny_tokenizer, tiny_llama_config
 from rlvr_lightning.generation.sampling_config import SamplingConfig
+from rlvr_lightning.multiturn.tool_use import ToolUse
 from rlvr_lightning.multiturn.verifiers_turns import VerifiersTurns
 from rlvr_lightning.policies.hf_options import GenerationOptions, HFModelOptions, PromptOptions
 from rlvr_lightning.rewards.verifiers_rubric import VerifiersRubricReward
@@ -168,3 +169,19 @@ def test_a_rollout_with_environment_state_pickles(tokenizer):
     )
     again = pickle.loads(pickle.dumps(rollout.metadata))
     assert again[0]["vf_state"]["guesses"] == 2 and again[0]["vf_completion"] == rollout.metadata[0]["vf_completion"]
+
+
+def test_a_config_names_the_environments_turns_as_the_policys_multi_turn_rule():
+    """`generation.tools` takes any segment rule from YAML, as environments.md shows: `VerifiersTurns` too."""
+    from jsonargparse import ArgumentParser
+
+    parser = ArgumentParser()
+    parser.add_argument("--generation", type=GenerationOptions)
+    turns = {"class_path": "rlvr_lightning.multiturn.VerifiersTurns", "init_args": {"environment": MULTI}}
+    tools = {
+        "class_path": "rlvr_lightning.multiturn.ToolUse",
+        "init_args": {"tools": ["rlvr_lightning.tools.Calculator"]},
+    }
+    for rule, kind in [(turns, VerifiersTurns), (tools, ToolUse)]:
+        config = parser.parse_object({"generation": {"tools": rule}})
+        assert isinstance(parser.instantiate_classes(config).generation.tools, kind)

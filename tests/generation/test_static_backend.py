@@ -204,3 +204,19 @@ def test_the_static_cache_holds_values_in_the_autocast_dtype():
     assert (layer.keys.dtype, layer.values.dtype) == (torch.float32, torch.bfloat16)
     layer = DecodeWorkspace(model, 4, 64, keys, keys.clone()).cache.layers[0]
     assert (layer.keys.dtype, layer.values.dtype) == (torch.float32, torch.float32)
+
+
+def test_a_sharded_model_decodes_eagerly_on_cuda_and_the_default_says_why(make_policy):
+    """FSDP2 gathers a sharded model's weights into new storage for every rollout, which a captured graph would not
+    follow: the default backend keeps the eager loop there, and says so once."""
+    from torch.distributed.fsdp import FSDPModule
+
+    model = make_policy().model
+    cuda = torch.device("cuda", 0)
+    assert DeviceDefaultGeneration.why_eager(cuda, model) is None
+    layer = model.get_decoder().layers[0]
+    layer.__class__ = type("FSDPLlamaDecoderLayer", (FSDPModule, type(layer)), {})  # what fully_shard does
+    assert DeviceDefaultGeneration.why_eager(cuda, model).startswith("the model is sharded by FSDP2")
+    assert not DeviceDefaultGeneration.decodes_statically(cuda, model)
+    with pytest.warns(UserWarning, match=r"decodes eagerly on cuda:0, not statically: the model is sharded by FSDP2"):
+        DeviceDefaultGeneration().say_why_eager(cuda, model)
