@@ -11,6 +11,7 @@ change to the step costs where timings on a shared machine cannot.
 
 from __future__ import annotations
 
+import argparse
 import cProfile
 import os
 import pstats
@@ -75,7 +76,8 @@ def count_bare_lightning(kind: str) -> float:
     return window.per_step()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args(argv)
     torch.set_num_threads(1)
     rows = []
     with tempfile.TemporaryDirectory() as run_dir:

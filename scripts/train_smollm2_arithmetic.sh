@@ -9,7 +9,8 @@
 #   CONFIG=configs/smollm2_calculator.yaml scripts/train_smollm2_arithmetic.sh /tmp/calc   # another recipe (no warm-up)
 #   WARMUP_CONFIG=configs/smollm2_rlcr_warmup.yaml CONFIG=configs/smollm2_rlcr.yaml scripts/train_smollm2_arithmetic.sh /tmp/rlcr
 #
-# Extra arguments go to the RL stage (and --seed_everything to both). The RL stage's log is
+# Extra arguments go to the RL stage (and --seed_everything to both; --config and --ckpt_path files may be relative to
+# where the script is called). The RL stage's log is
 # RUN_DIR/csv/version_0/metrics.csv (the warm-up's RUN_DIR/csv_warmup/...); its checkpoints
 # (last.ckpt every 10 steps, final.ckpt at the end) are in RUN_DIR/csv/checkpoints/ (run name csv).
 # Then: python scripts/eval_arithmetic.py eval --config configs/smollm2_arithmetic.yaml --ckpt RUN_DIR/csv/checkpoints/final.ckpt
@@ -17,6 +18,16 @@
 set -euo pipefail
 RUN_DIR=$(realpath -m "${1:-/tmp/smollm2_arith}")
 shift || true
+# the stages run inside RUN_DIR: a file named by a relative path (--config, --ckpt_path) is made absolute first
+args=()
+for arg in "$@"; do
+  case "$arg" in
+    --config=*|--ckpt_path=*) value=${arg#*=}; [ -e "$value" ] && arg="${arg%%=*}=$(realpath "$value")" ;;
+    *) [ -e "$arg" ] && [[ "${args[-1]:-}" == --config || "${args[-1]:-}" == --ckpt_path ]] && arg=$(realpath "$arg") ;;
+  esac
+  args+=("$arg")
+done
+set -- "${args[@]}"
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 CONFIG=$(realpath "${CONFIG:-$REPO/configs/smollm2_arithmetic.yaml}")
 WARMUP_CONFIG=$(realpath "${WARMUP_CONFIG:-$REPO/configs/smollm2_arithmetic_warmup.yaml}")
