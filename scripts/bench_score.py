@@ -56,7 +56,8 @@ from rlvr_lightning.policies.hf_options import GenerationOptions, HFModelOptions
 from rlvr_lightning.rollout import Rollout  # noqa: E402
 from rlvr_lightning.runtime.devices import set_compute_device  # noqa: E402
 
-TINY = tiny_llama_config(hidden_size=72, num_attention_heads=9, num_key_value_heads=3, vocab_size=320)
+# SmolLM2's 9:3 heads, each 16 wide: the narrowest FlexAttention's CUDA kernel takes
+TINY = tiny_llama_config(hidden_size=144, num_attention_heads=9, num_key_value_heads=3, vocab_size=320)
 VARIANTS = {  # name: (packed_sequences, packed_attention, share_prompt_prefix)
     "padded": (False, "model", False),
     "packed-model": (True, "model", False),

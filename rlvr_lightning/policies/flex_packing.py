@@ -44,8 +44,8 @@ FLEX_IMPLEMENTATION = "rlvr_packed_flex"
 BLOCK_SIZE = 128
 
 
-def flex_refusal(model: nn.Module, config: Any, checkpointing: bool) -> str | None:
-    """Why `model` cannot score packed rows through FlexAttention (None: it can)."""
+def flex_refusal(model: nn.Module, config: Any, checkpointing: bool, device: torch.device) -> str | None:
+    """Why `model` cannot score packed rows through FlexAttention on `device` (None: it can)."""
     from rlvr_lightning.policies.packing import builds_packed_mask
 
     if not flex_available():
@@ -65,6 +65,9 @@ def flex_refusal(model: nn.Module, config: Any, checkpointing: bool) -> str | No
         return "the model soft-caps its attention logits"
     if any(getattr(module, "sinks", None) is not None for module in model.modules()):
         return "the model's attention has sinks"
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    if device.type == "cuda" and head_dim < 16:  # inductor's flex kernel (tl.dot) refuses E < 16 on CUDA
+        return f"FlexAttention's CUDA kernel needs a head size of at least 16, and the model's is {head_dim}"
     return None
 
 
@@ -74,7 +77,7 @@ def use_flex(choice: str, model: nn.Module, config: Any, device: torch.device, c
         return False
     if choice == "auto" and config._attn_implementation not in ("sdpa", "eager"):
         return False  # flash attention's varlen kernel needs no mask either
-    refusal = flex_refusal(model, config, checkpointing)
+    refusal = flex_refusal(model, config, checkpointing, device)
     if refusal is None:
         return True
     if choice == "flex":

@@ -16,7 +16,8 @@ def _policy(tokenizer: str, compile_layers: str):
     from rlvr_lightning.policies.hf_options import GenerationOptions, HFModelOptions
     from rlvr_lightning.runtime.devices import set_compute_device
 
-    config = tiny_llama_config(hidden_size=72, num_attention_heads=9, num_key_value_heads=3, num_hidden_layers=3)
+    # 9:3 heads as SmolLM2's, 16 wide: the narrowest FlexAttention's CUDA kernel takes
+    config = tiny_llama_config(hidden_size=144, num_attention_heads=9, num_key_value_heads=3, num_hidden_layers=3)
     torch.manual_seed(0)
     policy = HFPolicy(
         model=HFModelOptions(config=config, tokenizer=tokenizer, compile_layers=compile_layers),
@@ -46,6 +47,8 @@ def _scores(policy, packed: bool, dtype: torch.dtype):
         log_probs, _ = policy.token_log_probs(rollout, 0.8)
     (log_probs.sum() / rollout.response_mask.sum()).backward()
     grads = {n: p.grad.float() for n, p in policy.model.named_parameters() if p.grad is not None}
+    if packed:  # not the model's kernel after a failed compile (`auto` falls back with a warning)
+        assert policy.packed_attention_kernel(torch.device("cuda")) == "rlvr_packed_flex"
     return log_probs.detach().float(), grads
 
 

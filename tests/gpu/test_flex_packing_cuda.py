@@ -24,7 +24,7 @@ def policy(tmp_path_factory):
     from rlvr_lightning.runtime.devices import set_compute_device
 
     tokenizer = str(save_tiny_tokenizer(tmp_path_factory.mktemp("tok")))
-    heads = dict(hidden_size=72, num_attention_heads=9, num_key_value_heads=3)
+    heads = dict(hidden_size=144, num_attention_heads=9, num_key_value_heads=3)  # heads 16 wide: the kernel's least
     config = tiny_llama_config(**heads, max_position_embeddings=1024)
     torch.manual_seed(0)
     policy = HFPolicy(
@@ -52,7 +52,14 @@ def _scores(policy, rollout, packed: bool, dtype: torch.dtype):
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
         log_probs, _ = policy.token_log_probs(rollout, 0.8)
     (log_probs.sum() / rollout.response_mask.sum()).backward()
+    _assert_flex_ran(policy)
     return log_probs.detach().float(), [p.grad.float() for p in policy.model.parameters() if p.grad is not None]
+
+
+def _assert_flex_ran(policy):
+    """`auto` falls back to the model's kernel (with a warning) where FlexAttention fails to compile: that would
+    leave these tests comparing the model's kernel with itself."""
+    assert policy.packed_attention_kernel(torch.device("cuda")) == "rlvr_packed_flex", "FlexAttention fell back"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -90,5 +97,6 @@ def test_more_micro_batches_add_no_host_synchronisation(policy):
     policy.packed_sequences = True
     syncs(6), syncs(12)  # compiles for these shapes
     (few, few_syncs), (many, many_syncs) = syncs(6), syncs(12)
+    _assert_flex_ran(policy)
     assert many > few, (few, many)
     assert many_syncs <= few_syncs, (few, few_syncs, many, many_syncs)

@@ -88,6 +88,21 @@ def test_the_kernel_follows_the_option(make_policy):
     assert other.packed_attention_kernel(cuda) == "sdpa"
 
 
+def test_heads_narrower_than_16_keep_the_model_kernel_on_cuda(make_policy):
+    """Inductor's FlexAttention kernel refuses a head size under 16 on CUDA (`tl.dot`): `auto` keeps the model's
+    kernel there without a failed compile, `flex` says why; on a CPU the head size does not matter."""
+    narrow = tiny_llama_config(hidden_size=72, num_attention_heads=9, num_key_value_heads=3)  # head size 8
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    policy = make_policy(model=HFModelOptions(config=narrow, packed_attention="auto"))
+    assert policy.packed_attention_kernel(cuda) == "sdpa"
+    policy.packed_attention = "flex"
+    assert policy.packed_attention_kernel(cpu) == flex_packing.FLEX_IMPLEMENTATION
+    with pytest.raises(ValueError, match="packed_attention='flex': .* head size of at least 16, and the model's is 8"):
+        policy.packed_attention_kernel(cuda)
+    wide = make_policy(model=HFModelOptions(config=tiny_llama_config(num_attention_heads=4), packed_attention="auto"))
+    assert wide.packed_attention_kernel(cuda) == flex_packing.FLEX_IMPLEMENTATION  # head size 16
+
+
 def test_a_bad_value_names_the_option_and_the_choices(make_policy, monkeypatch):
     loaded = []
     monkeypatch.setattr("rlvr_lightning.policies.hf_loading.model_from_config", lambda *a: loaded.append(a))
