@@ -109,6 +109,7 @@ def capacity_for(length: int) -> int:
 class DecodeWorkspace:
     """Static decoding's device state for `rows` rows and `capacity` cache slots (see the module's docstring)."""
 
+    @torch.inference_mode(False)  # built during validation (Lightning's inference mode), updated in place outside it
     def __init__(self, model: nn.Module, rows: int, capacity: int, key_like: Tensor, value_like: Tensor) -> None:
         from transformers.cache_utils import StaticCache
 
@@ -116,11 +117,7 @@ class DecodeWorkspace:
         self.rows, self.capacity, self.device = rows, capacity, device
         self.cache = StaticCache(config=text_config(model), max_cache_len=capacity)
         heads, key_dim, value_dim = key_like.shape[1], key_like.shape[-1], value_like.shape[-1]
-        # under autocast a step's values leave their projection in the autocast dtype and its keys leave RoPE in
-        # float32; transformers < 5.20 gives the values the keys' dtype (the prefill's cache and the static one)
-        value_dtype = value_like.dtype
-        if torch.is_autocast_enabled(device.type):
-            value_dtype = torch.get_autocast_dtype(device.type)
+        value_dtype = step_value_dtype(value_like)
         for layer in self.cache.layers:  # allocated now (and marked as static addresses), not at the first write
             layer.lazy_initialization(
                 key_like.new_empty((rows, heads, 1, key_dim)), value_like.new_empty((rows, heads, 1, value_dim))
@@ -159,10 +156,18 @@ class DecodeWorkspace:
         for tensor in (self.uniform, self.alive, self.tokens, self.log_probs, self.eos):
             torch._dynamo.mark_static_address(tensor)
 
-    def fits(self, rows: int, length: int, key_like: Tensor) -> bool:
-        keys = self.cache.layers[0].keys
+    def fits(self, rows: int, length: int, key_like: Tensor, value_like: Tensor) -> bool:
+        """Whether a generation of `rows` rows and `length` positions, whose prefill's cache holds keys and values
+        like `key_like` and `value_like`, can run here (autocast switched on or off changes the values' dtype)."""
+        keys, values = self.cache.layers[0].keys, self.cache.layers[0].values
         same = keys.dtype == key_like.dtype and keys.device == key_like.device and keys.shape[1] == key_like.shape[1]
+        same = same and values.dtype == step_value_dtype(value_like)
         return same and row_bucket(rows) == self.rows and length <= self.capacity
+
+    def release(self) -> None:
+        """Drop the decoding steps, which refer back to the workspace: its buffers are freed with the last reference
+        to it, not at the garbage collector's next pass."""
+        self.steps.clear()
 
     def load(self, cache, logits: Tensor, prompt_mask: Tensor, positions: Tensor, n: int) -> Tensor:
         """Step 0's state from a prefill of the distinct prompts (`prefill`): their keys and values copied `n` times
@@ -193,7 +198,8 @@ class DecodeWorkspace:
         self.caps.fill_(self.capacity)
         self.caps[:used].copy_(host_to_device(list(caps), self.device, torch.long))
         if self.eos.shape != eos.shape:  # a new tokenizer's EOS ids: a new static buffer, and new steps to read it
-            self.eos = eos.clone()
+            with torch.inference_mode(False):
+                self.eos = eos.clone()
             torch._dynamo.mark_static_address(self.eos)
             self.steps.clear()
         self.eos.copy_(eos)
@@ -215,11 +221,24 @@ class WorkspacePool:
             self._by_model[id(model)] = entry
         workspaces = entry[1]
         found = workspaces.get(row_bucket(rows))
-        if found is None or not found.fits(rows, length, key_like):
-            workspaces.pop(row_bucket(rows), None)  # free the old buffers before allocating the new ones
+        if found is None or not found.fits(rows, length, key_like, value_like):
+            if found is not None:  # free the old buffers before allocating the new ones
+                workspaces.pop(found.rows).release()
             found = DecodeWorkspace(model, row_bucket(rows), capacity_for(length), key_like, value_like)
             workspaces[found.rows] = found
         return found
 
     def clear(self) -> None:
+        for _, workspaces in self._by_model.values():
+            for workspace in workspaces.values():
+                workspace.release()
         self._by_model = {}
+
+
+def step_value_dtype(value_like: Tensor) -> torch.dtype:
+    """The dtype of the values a decoding step writes, for a prefill whose values are like `value_like`: under
+    autocast they leave their projection in the autocast dtype (keys leave RoPE in float32); transformers < 5.20
+    gives a prefill's values its keys' dtype."""
+    if torch.is_autocast_enabled(value_like.device.type):
+        return torch.get_autocast_dtype(value_like.device.type)
+    return value_like.dtype

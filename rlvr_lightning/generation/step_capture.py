@@ -19,7 +19,10 @@ state inside a graph.
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import functools
+import threading
 from collections.abc import Callable
 from typing import Literal
 
@@ -73,6 +76,8 @@ def runnable_step(ws: DecodeWorkspace, model: nn.Module, options: StepOptions, m
     """The workspace's decoding step for `options` in `mode`, built once per workspace and kept in it (a `cuda-graph`
     step is captured here: `capture_pending`)."""
     key = (options, mode)
+    if mode == "reduce-overhead":
+        cudagraph_trees_in_this_thread()  # background rollouts decode in a thread of their own
     if key not in ws.steps:
         step = functools.partial(decode_step, ws, model, options)
         if mode == "none":
@@ -105,16 +110,41 @@ def captured_cuda_graph(step: Callable[[], None], warmup: int = 2) -> Callable[[
     capture: lazy initialisations and the allocator's pool settle first); calling the result replays it."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
+    with torch.cuda.stream(stream), uncached_autocast("cuda"):
         for _ in range(warmup):
             step()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     try:
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):  # other threads (the update) may run kernels
+        # thread_local: other threads (the update) may run kernels meanwhile
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"), uncached_autocast("cuda"):
             step()
     except RuntimeError as error:
         if isinstance(error, torch.OutOfMemoryError):
             raise
         raise CaptureFailed(f"capturing the decoding step in a CUDA graph failed: {error}") from error
     return graph.replay
+
+
+def uncached_autocast(device_type: str) -> contextlib.AbstractContextManager:
+    """The caller's autocast without its cache of cast weights: a captured graph must record the casts, not read
+    the cached copies, which are freed when the cache is cleared (after every optimizer step) and miss in-place
+    updates. PyTorch refuses the cache in `make_graphed_callables` for the same reason."""
+    if not torch.is_autocast_enabled(device_type):
+        return contextlib.nullcontext()
+    return torch.autocast(device_type, dtype=torch.get_autocast_dtype(device_type), cache_enabled=False)
+
+
+def cudagraph_trees_in_this_thread() -> None:
+    """Inductor's CUDA graphs (`reduce-overhead`) keep their trees in per-thread state set up when torch imports
+    them, for that thread only: before torch 2.12 a graph first recorded in another Python thread fails an
+    assertion (pytorch/pytorch#123177). Set this thread's state up as later releases do (`_initialize_tls`,
+    pytorch/pytorch#184357); a no-op there and in a thread that has it."""
+    from torch._inductor import cudagraph_trees as trees
+
+    if hasattr(trees, "_initialize_tls") or torch._C._is_key_in_tls("tree_manager_containers"):
+        return
+    trees.local.tree_manager_containers = {}
+    trees.local.tree_manager_locks = collections.defaultdict(threading.Lock)
+    torch._C._stash_obj_in_tls("tree_manager_containers", trees.local.tree_manager_containers)
+    torch._C._stash_obj_in_tls("tree_manager_locks", trees.local.tree_manager_locks)

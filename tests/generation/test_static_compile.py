@@ -142,3 +142,44 @@ def test_the_fallback_after_a_failed_compiler_is_a_cuda_graph_on_a_cuda_device_o
         "none",
     ]
     assert [fallback_mode(mode, cpu) for mode in ("reduce-overhead", "default", "aot_eager")] == ["none"] * 3
+
+
+def test_a_graph_is_captured_without_the_autocast_cache():
+    """Under `bf16-mixed` autocast caches its cast of each weight; a graph captured on the cached copy would go on
+    reading it after the cache is cleared (freed memory) and miss in-place updates. The capture runs uncached: its
+    casts read the weights as they are now."""
+    from rlvr_lightning.generation.step_capture import uncached_autocast
+
+    linear, x = torch.nn.Linear(8, 8), torch.randn(2, 8)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        linear(x)  # the cache now holds the bf16 weight
+        linear.weight.mul_(2.0)  # an update in place
+        stale = linear(x)
+        with uncached_autocast("cpu"):
+            fresh = linear(x)
+            assert torch.is_autocast_enabled("cpu") and not torch.is_autocast_cache_enabled()
+        assert torch.is_autocast_cache_enabled()
+    expected = torch.nn.functional.linear(x.bfloat16(), linear.weight.bfloat16(), linear.bias.bfloat16())
+    assert torch.equal(fresh, expected) and not torch.equal(stale, expected)
+    with uncached_autocast("cpu"):
+        assert not torch.is_autocast_enabled("cpu")  # no autocast where the caller had none
+
+
+def test_cuda_graph_trees_can_be_recorded_in_a_background_thread():
+    """Background rollouts decode in their own thread: inductor's graph trees must find their per-thread state
+    there (torch before 2.12 set it up only in the importing thread and failed an assertion)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from torch._inductor import cudagraph_trees
+
+    from rlvr_lightning.generation.step_capture import cudagraph_trees_in_this_thread
+
+    def in_a_thread():
+        cudagraph_trees_in_this_thread()
+        return cudagraph_trees.get_container(0)  # what recording a graph looks up first
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        container = pool.submit(in_a_thread).result()
+    assert container.device_index == 0
+    cudagraph_trees_in_this_thread()  # the importing thread keeps its own state
+    assert cudagraph_trees.get_container(0) is not container

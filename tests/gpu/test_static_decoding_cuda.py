@@ -122,3 +122,67 @@ def test_the_default_runs_a_cuda_graph_where_its_compiler_fails(tmp_path, monkey
     assert "cuda-graph" in {mode for workspace in workspaces for _, mode in workspace.steps}
     assert torch.equal(graphed.response_ids, eager.response_ids)
     torch.testing.assert_close(graphed.sampling_log_probs, eager.sampling_log_probs, atol=1e-4, rtol=0)
+
+
+def _static(model, pool, mode: str, seed: int = 0):
+    from rlvr_lightning.generation.loop import left_pad
+    from rlvr_lightning.generation.output import StopStringChecker
+    from rlvr_lightning.generation.static_generation import static_generate
+
+    ids, mask = left_pad([[5, 6, 7, 8], [9, 10], [11, 12, 13]], pad_id=0)
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        return static_generate(
+            model,
+            ids.cuda(),
+            mask.cuda(),
+            4,
+            SamplingConfig(max_new_tokens=24, temperature=0.9),
+            pool=pool,
+            mode=mode,
+            sync_every=8,
+            stop=StopStringChecker([], lambda rows: []),
+            eos_token_ids=[3],
+            pad_token_id=0,
+        )
+
+
+def test_a_cuda_graph_captured_under_cached_autocast_reads_the_weights_after_an_update():
+    """`bf16-mixed` with `dtype: auto` samples the fp32 model under Lightning's autocast, whose cache holds a bf16
+    cast of each weight: the graph records its own casts (an uncached capture), so after an update in place it
+    samples what the eager step samples from the new weights, not from the cached copies of the old ones."""
+    from rlvr_lightning.generation.static_cache import WorkspacePool
+
+    model, pool = tiny_model("llama").cuda(), WorkspacePool()
+    with torch.autocast("cuda", dtype=torch.bfloat16):  # cache_enabled, as Lightning's
+        _static(model, pool, "cuda-graph")  # captures
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.mul_(1.5)  # the cache still holds the old casts
+        with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
+            graphed, eager = _static(model, pool, "cuda-graph", 1), _static(model, WorkspacePool(), "none", 1)
+    assert torch.equal(graphed.response_ids, eager.response_ids)
+    assert torch.equal(graphed.log_probs, eager.log_probs)
+
+
+def test_a_graph_first_recorded_in_a_background_thread_samples_the_eager_loops_tokens():
+    """Background rollouts (`rollout_staleness: 1`) decode in their own thread, where a new row bucket or a longer
+    cache records a new graph (inductor's graph trees failed there before torch 2.12 without our set-up)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    model = tiny_model("llama").cuda()
+    sampling = SamplingConfig(max_new_tokens=16, temperature=0.8)
+    with ThreadPoolExecutor(max_workers=1) as worker:
+        pair = worker.submit(run_pair, model, sampling, mode="reduce-overhead", device="cuda").result()
+    assert_same(pair, log_prob_tolerance=1e-4)
+
+
+def test_a_workspace_built_during_validation_serves_the_next_training_rollout():
+    """Lightning validates under `torch.inference_mode`; the workspace it builds is updated in place afterwards."""
+    from rlvr_lightning.generation.static_cache import WorkspacePool
+
+    model, pool = tiny_model("llama").cuda(), WorkspacePool()
+    with torch.inference_mode():
+        validation = _static(model, pool, "reduce-overhead")
+    training = _static(model, pool, "reduce-overhead")
+    assert torch.equal(validation.response_ids, training.response_ids)

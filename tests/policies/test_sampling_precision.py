@@ -109,6 +109,23 @@ def test_the_bf16_copy_is_refreshed_after_the_weights_change(make_policy, how):
     assert ((trainer - after.sampling_log_probs).abs() * after.response_mask).max().item() < 0.1
 
 
+def test_a_copy_built_in_inference_mode_is_refreshed_after_an_update(make_policy):
+    """Lightning validates under `torch.inference_mode` (the sanity check runs before the first update): a copy built
+    there must still take the next update in place outside it."""
+    policy = bf16_policy(make_policy)
+    with torch.inference_mode():
+        policy.sample(PROMPTS, 2, SAMPLING)  # builds the copy
+    rollout = policy.sample(PROMPTS, 2, SAMPLING)
+    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=0.5)
+    log_probs, _ = policy.token_log_probs(rollout)
+    (-(log_probs * rollout.response_mask).sum()).backward()
+    optimizer.step()
+    policy.sample(PROMPTS, 2, SAMPLING)  # refreshes the copy
+    cast = policy.generation._weights.model_for(policy.model, torch.bfloat16)
+    for (name, copied), p in zip(cast.named_parameters(), policy.model.parameters(), strict=True):
+        assert torch.equal(copied, p.detach().to(torch.bfloat16)), name
+
+
 def test_a_sampling_copy_samples_in_bf16_from_its_own_weights(make_policy):
     from rlvr_lightning.modules.async_rollouts import copy_weights
 
