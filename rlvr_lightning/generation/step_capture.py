@@ -31,12 +31,15 @@ from torch import nn
 
 from rlvr_lightning.generation.static_cache import DecodeWorkspace
 from rlvr_lightning.generation.static_decode import StepOptions, decode_step
+from rlvr_lightning.runtime.global_random import GLOBAL_RANDOM_LOCK
 from rlvr_lightning.runtime.recompile_limit import raise_recompile_limit
 
 COMPILE_MODES = ("auto", "none", "aot_eager", "default", "reduce-overhead", "cuda-graph")
 CompileMode = Literal["auto", "none", "aot_eager", "default", "reduce-overhead", "cuda-graph"]
 # one compiled step per (row bucket, sampling options, model): more than dynamo's default of 8 in a long run
 RECOMPILE_LIMIT = 64
+# the calls of a compiled step that may compile or record (inductor's CUDA graphs: a warm-up run, then the recording)
+RECORDING_CALLS = 3
 
 
 def check_compile_mode(value: str) -> None:
@@ -90,19 +93,27 @@ def runnable_step(ws: DecodeWorkspace, model: nn.Module, options: StepOptions, m
 
 
 def compiled(step: Callable[[], None], mode: str) -> Callable[[], None]:
-    """`torch.compile(step, fullgraph=True, dynamic=False)`: each row bucket is its own static-shape graph."""
+    """`torch.compile(step, fullgraph=True, dynamic=False)`: each row bucket is its own static-shape graph. Its
+    first calls (compilation, then inductor's CUDA-graph warm-up and recording) hold `GLOBAL_RANDOM_LOCK`."""
     raise_recompile_limit(RECOMPILE_LIMIT)
     if mode == "aot_eager":
-        return torch.compile(step, fullgraph=True, dynamic=False, backend="aot_eager")
-    graph = torch.compile(step, fullgraph=True, dynamic=False, mode=None if mode == "default" else mode)
-    if mode != "reduce-overhead":
-        return graph
+        graph = torch.compile(step, fullgraph=True, dynamic=False, backend="aot_eager")
+    else:
+        graph = torch.compile(step, fullgraph=True, dynamic=False, mode=None if mode == "default" else mode)
+    calls = 0
 
-    def replay() -> None:
-        torch.compiler.cudagraph_mark_step_begin()  # the previous step's graph outputs are no longer read
-        graph()
+    def run() -> None:
+        nonlocal calls
+        if mode == "reduce-overhead":
+            torch.compiler.cudagraph_mark_step_begin()  # the previous step's graph outputs are no longer read
+        if calls >= RECORDING_CALLS:
+            graph()
+            return
+        calls += 1
+        with GLOBAL_RANDOM_LOCK:
+            graph()
 
-    return replay
+    return run
 
 
 def captured_cuda_graph(step: Callable[[], None], warmup: int = 2) -> Callable[[], None]:
@@ -110,14 +121,14 @@ def captured_cuda_graph(step: Callable[[], None], warmup: int = 2) -> Callable[[
     capture: lazy initialisations and the allocator's pool settle first); calling the result replays it."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream), uncached_autocast("cuda"):
+    with GLOBAL_RANDOM_LOCK, torch.cuda.stream(stream), uncached_autocast("cuda"):
         for _ in range(warmup):
             step()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     try:
         # thread_local: other threads (the update) may run kernels meanwhile
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"), uncached_autocast("cuda"):
+        with GLOBAL_RANDOM_LOCK, torch.cuda.graph(graph, capture_error_mode="thread_local"), uncached_autocast("cuda"):
             step()
     except RuntimeError as error:
         if isinstance(error, torch.OutOfMemoryError):

@@ -46,7 +46,9 @@ may free it while the next rollout samples. Clocks read in the thread wait for t
 Randomness. Each rollout draws one seed from torch's global generator when it is launched (main thread,
 a deterministic point of the step) and samples from a `torch.Generator` of its own seeded with it (our
 loops; vLLM's per-request seeds come from it too), so the background thread never touches the global
-generator the update draws from (mini-batch order), and a resumed run draws the same seeds.
+generator the update draws from (mini-batch order), and a resumed run draws the same seeds. A compilation does
+(`torch.compile` puts the global generators back as it found them when it ends): a decoding step compiles in the
+thread only under `runtime/global_random.py`'s lock, which the training step holds from the launch to the wait.
 
 Loss: AReaL's decoupled PPO (Fu et al. 2025, "AReaL: a large-scale asynchronous reinforcement learning
 system for language reasoning", sec. 5.2, after Hilton et al. 2022, "Batch size-invariance for policy

@@ -70,6 +70,7 @@ from rlvr_lightning.modules.update.policy_update import PolicyUpdate
 from rlvr_lightning.parallel.fsdp import gathered_params
 from rlvr_lightning.policies.base import Policy, PromptBatch
 from rlvr_lightning.rollout import Rollout
+from rlvr_lightning.runtime.global_random import GLOBAL_RANDOM_LOCK
 from rlvr_lightning.runtime.option_declarations import Option, check_options, documented_options
 from rlvr_lightning.runtime.option_domains import NON_NEGATIVE, POSITIVE_INT
 from rlvr_lightning.runtime.stage_reports import report_stage
@@ -256,27 +257,29 @@ class RLVRModule(PolicyModule):
         if self.async_rollouts is not None:  # the next rollout is sampled while this one trains
             metrics["time/weight_push_s"] = self.async_rollouts.launch(batch, self.trainer.global_step)
         scored = clock(self.device)
-        if generation_stats is None:  # sampled in this thread: the policy's last generation (top-ups included)
-            generation_stats = getattr(self.policy, "last_generation_stats", None)
-        metrics.update(reward_metrics(rollout, self.reward_callbacks, generation_stats, prefix="train"))
-        correct = self.correctness(rollout)
-        metrics.update(bias_metrics(rollout, correct, self.aggregation, self.loss_constant))
-        report_stage("log-probs")
-        self.policy_update.add_old_and_reference_log_probs(rollout)
-        if self.reference is not None and self.kl.coef != 0 and self.kl.mode == "reward":
-            self._penalize_reward_with_kl(rollout, metrics)
-        reads_correctness = getattr(self.advantage_estimator, "reads_correctness", False)  # PPOModule has none
-        if self.policy_update.positive_nll_coef or reads_correctness or self.loss.reads_correctness:
-            rollout.correct = correct_rows(correct, rollout, self.advantage_estimator, self.loss)
-        rollout.advantages = self._advantages(rollout, metrics)
-        if self.replay is not None:  # groups whose rewards all agree give way to groups trained on before
-            rollout, stats = self.replay.refill(rollout, self.rollout_step)
-            metrics.update({f"train/replay/{key}": value for key, value in stats.items()})
-        self.last_rollout = rollout
-        metrics["train/advantage_mean"] = rollout.advantages.mean()
-        metrics["train/advantage_std"] = rollout.advantages.std() if rollout.advantages.numel() > 1 else 0.0
-        report_stage("update")
-        update_stats = self.policy_update.run(rollout, self)
+        # a compilation in the rollout thread spans none of these draws (`runtime/global_random.py`)
+        with GLOBAL_RANDOM_LOCK:
+            if generation_stats is None:  # sampled in this thread: the policy's last generation (top-ups included)
+                generation_stats = getattr(self.policy, "last_generation_stats", None)
+            metrics.update(reward_metrics(rollout, self.reward_callbacks, generation_stats, prefix="train"))
+            correct = self.correctness(rollout)
+            metrics.update(bias_metrics(rollout, correct, self.aggregation, self.loss_constant))
+            report_stage("log-probs")
+            self.policy_update.add_old_and_reference_log_probs(rollout)
+            if self.reference is not None and self.kl.coef != 0 and self.kl.mode == "reward":
+                self._penalize_reward_with_kl(rollout, metrics)
+            reads_correctness = getattr(self.advantage_estimator, "reads_correctness", False)  # PPOModule has none
+            if self.policy_update.positive_nll_coef or reads_correctness or self.loss.reads_correctness:
+                rollout.correct = correct_rows(correct, rollout, self.advantage_estimator, self.loss)
+            rollout.advantages = self._advantages(rollout, metrics)
+            if self.replay is not None:  # groups whose rewards all agree give way to groups trained on before
+                rollout, stats = self.replay.refill(rollout, self.rollout_step)
+                metrics.update({f"train/replay/{key}": value for key, value in stats.items()})
+            self.last_rollout = rollout
+            metrics["train/advantage_mean"] = rollout.advantages.mean()
+            metrics["train/advantage_std"] = rollout.advantages.std() if rollout.advantages.numel() > 1 else 0.0
+            report_stage("update")
+            update_stats = self.policy_update.run(rollout, self)
         if self.async_rollouts is not None:  # 0 when sampling took no longer than the update
             self.async_rollouts.updated()
             metrics["time/rollout_wait_s"] = self.async_rollouts.wait()

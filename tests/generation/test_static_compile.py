@@ -163,23 +163,3 @@ def test_a_graph_is_captured_without_the_autocast_cache():
     assert torch.equal(fresh, expected) and not torch.equal(stale, expected)
     with uncached_autocast("cpu"):
         assert not torch.is_autocast_enabled("cpu")  # no autocast where the caller had none
-
-
-def test_cuda_graph_trees_can_be_recorded_in_a_background_thread():
-    """Background rollouts decode in their own thread: inductor's graph trees must find their per-thread state
-    there (torch before 2.12 set it up only in the importing thread and failed an assertion)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from torch._inductor import cudagraph_trees
-
-    from rlvr_lightning.generation.step_capture import cudagraph_trees_in_this_thread
-
-    def in_a_thread():
-        cudagraph_trees_in_this_thread()
-        return cudagraph_trees.get_container(0)  # what recording a graph looks up first
-
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        container = pool.submit(in_a_thread).result()
-    assert container.device_index == 0
-    cudagraph_trees_in_this_thread()  # the importing thread keeps its own state
-    assert cudagraph_trees.get_container(0) is not container

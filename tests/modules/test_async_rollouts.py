@@ -168,3 +168,29 @@ def test_what_the_sampler_computed_becomes_the_behaviour_log_probs():
     rollout = rollouts.sample_now({"prompt": [[1, 2, 3]]}, version=0).rollout
     assert rollout.old_log_probs is None  # the trainer's own, at the weights it trains from, come later
     torch.testing.assert_close(rollout.sampling_log_probs, policy.token_log_probs(rollout)[0].detach())
+
+
+def test_the_update_holds_the_global_random_lock_and_the_wait_does_not(in_tmp_dir, monkeypatch):
+    """A decoding step compiling in the rollout thread must not span the update's draws (`torch.compile` puts the
+    global generators back when it ends): the update holds `GLOBAL_RANDOM_LOCK`, the wait for the rollout (which
+    may be compiling) does not."""
+    from rlvr_lightning.modules.update.policy_update import PolicyUpdate
+    from rlvr_lightning.runtime.global_random import GLOBAL_RANDOM_LOCK
+
+    held = {"update": [], "wait": []}
+    run, wait = PolicyUpdate.run, AsyncRollouts.wait
+
+    def recording_run(self, *args, **kwargs):
+        held["update"].append(GLOBAL_RANDOM_LOCK._is_owned())
+        return run(self, *args, **kwargs)
+
+    def recording_wait(self):
+        held["wait"].append(GLOBAL_RANDOM_LOCK._is_owned())
+        return wait(self)
+
+    monkeypatch.setattr(PolicyUpdate, "run", recording_run)
+    monkeypatch.setattr(AsyncRollouts, "wait", recording_wait)
+    module = RLVRModule(recording_policy(), group_size=4, rollout_staleness=1)
+    fit(module, [SortInclusionOrderingReward()], steps=3)
+    assert held["update"] == [True, True] and held["wait"] and not any(held["wait"])
+    assert not GLOBAL_RANDOM_LOCK._is_owned()
