@@ -81,8 +81,11 @@ for name in ("lightning", "transformers", "jsonargparse", "math_verify", "flash_
         print(f"{name} not importable ({type(error).__name__}: {error})")
 EOF
 
-# SmolLM2 with random weights where only its config and tokenizer are in the cache
-smollm2_dir="$("$python" -m rlvr_lightning.runtime.model_cache path smollm2-135m-instruct 2>/dev/null)"
+# SmolLM2 with random weights where only its config and tokenizer are in the cache (drawn on the GPU), for the
+# parts that load it
+smollm2_dir=""
+[[ " ${parts[*]} " =~ \ (smollm2|bench)\  ]] &&
+    smollm2_dir="$("$python" -m rlvr_lightning.runtime.model_cache path smollm2-135m-instruct 2>/dev/null)"
 if [ -n "$smollm2_dir" ] && [ -f "$smollm2_dir/config.json" ] && ! ls "$smollm2_dir"/*.safetensors >/dev/null 2>&1; then
     random_cache="${TMPDIR:-/tmp}/rlvr_gpu_random_cache"  # outside $out, which may be a folder sent back
     "$python" - "$smollm2_dir" "$random_cache/models/smollm2-135m-instruct" <<'EOF'
@@ -91,7 +94,9 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 source, target = sys.argv[1:]
 torch.manual_seed(0)
-AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(source)).save_pretrained(target)
+with torch.device("cuda" if torch.cuda.is_available() else "cpu"):  # a CPU draws them on one thread
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(source))
+model.save_pretrained(target)
 AutoTokenizer.from_pretrained(source).save_pretrained(target)
 print(f"SmolLM2: random weights of its shape in {target}")
 EOF
@@ -124,12 +129,25 @@ run_part() {  # name, figure command, command...
     tail -n 3 "$out/$name.log"
 }
 
+# the GSM8K recipe's callbacks without its checkpoint (a last.ckpt at the end: 1.6 GB for SmolLM2, 18 GB at
+# Qwen2.5-1.5B's size with AdamW's state, written inside the part's time and onto a small disk)
+recipe=configs/gsm8k_qwen2.5_math_1.5b.yaml
+no_checkpoints="${TMPDIR:-/tmp}/rlvr_gpu_no_checkpoints.yaml"
+"$python" - "$recipe" "$no_checkpoints" <<'EOF'
+import sys
+import yaml
+trainer = yaml.safe_load(open(sys.argv[1]))["trainer"]
+callbacks = [c for c in trainer["callbacks"] if not c["class_path"].endswith("ModelCheckpoint")]
+yaml.safe_dump({"trainer": {"callbacks": callbacks, "enable_checkpointing": False}}, open(sys.argv[2], "w"))
+EOF
+
 fit_recipe() {  # name, steps, overlays... : the GSM8K recipe with a CSV logger in $out/$name
     local name=$1 n=$2
     shift 2
     local overlays=()
     for overlay in "$@"; do overlays+=(--config "configs/gpu/$overlay.yaml"); done
-    "$python" -m rlvr_lightning.cli fit --config configs/gsm8k_qwen2.5_math_1.5b.yaml "${overlays[@]}" \
+    [ "$name" = qwen_fsdp2 ] || overlays+=(--config "$no_checkpoints")  # qwen_fsdp2 checks the sharded checkpoint
+    "$python" -m rlvr_lightning.cli fit --config "$recipe" "${overlays[@]}" \
         --run_name "gpu_check_$name" --trainer.default_root_dir "$out/$name" \
         --trainer.logger "{class_path: lightning.pytorch.loggers.CSVLogger, init_args: {save_dir: $out/$name}}" \
         --trainer.limit_train_batches "$n" --trainer.limit_val_batches 0 \
@@ -184,7 +202,7 @@ vllm_tests() {
     "$python" -m pytest -q tests/engines
 }
 
-export out steps new_tokens gsm8k python
+export out steps new_tokens gsm8k python recipe no_checkpoints
 export -f fit_recipe bench_precisions score_variants equal_dtypes vllm_tests
 
 for part in "${parts[@]}"; do
