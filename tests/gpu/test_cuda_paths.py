@@ -60,6 +60,7 @@ def test_background_rollouts_on_a_side_stream(override, in_tmp_dir):
         + ["--trainer.max_epochs=3", *CALLBACKS]  # one batch an epoch
     )
     assert cli.trainer.global_step == 2 * 2 and moved_fraction(cli) > 0.5  # step 0 only samples
+    assert cli.model.async_rollouts._stream is not None  # the background rollouts ran on the side stream
 
 
 class StepRewards(WeightsAtStart):
@@ -130,7 +131,7 @@ def test_decoding_synchronises_the_host_at_most_once_per_step():
 
     (short_steps, short_syncs), (long_steps, long_syncs) = steps_and_syncs(8), steps_and_syncs(40)
     assert long_steps - short_steps >= 16, (short_steps, long_steps)
-    assert long_syncs - short_syncs <= long_steps - short_steps, (short_steps, short_syncs, long_steps, long_syncs)
+    assert short_syncs < long_syncs <= short_syncs + long_steps - short_steps, (short_syncs, long_syncs)  # counted
 
 
 IMPLEMENTATIONS = ["eager", "sdpa"] + (["flash_attention_2"] if importlib.util.find_spec("flash_attn") else [])

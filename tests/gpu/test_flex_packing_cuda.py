@@ -99,4 +99,4 @@ def test_more_micro_batches_add_no_host_synchronisation(policy):
     (few, few_syncs), (many, many_syncs) = syncs(6), syncs(12)
     _assert_flex_ran(policy)
     assert many > few, (few, many)
-    assert many_syncs <= few_syncs, (few, few_syncs, many, many_syncs)
+    assert 0 < many_syncs <= few_syncs, (few, few_syncs, many, many_syncs)  # the lengths' read is counted

@@ -71,7 +71,7 @@ def test_the_host_synchronises_once_per_eight_steps(mode):
         syncs_and_steps(model, pool, 40, mode),
     )
     assert long_steps - short_steps == 32
-    assert long - short <= 4, (short, long)
+    assert 0 < long - short <= 4, (short, long)  # the block reads are counted
 
 
 def test_a_policy_without_a_named_backend_decodes_statically(tmp_path):
