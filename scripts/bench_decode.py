@@ -48,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
+from bench_failures import reported_failure  # noqa: E402
 
 from rlvr_lightning.demos.model_shapes import QWEN2_5_1_5B, SMOLLM2_135M  # noqa: E402
 
@@ -217,10 +218,7 @@ def measure_case(case: Case, variants: list[str], repeats: int, peak: float) -> 
             try:
                 out = case.decode(variant)
             except Exception as error:  # noqa: BLE001 - reported in the variant's row; the table goes on
-                failed[variant] = f"{type(error).__name__}: {error}".splitlines()[0]
-                print(f"# {variant} failed: {failed[variant][:300]}", flush=True)
-                if case.device.type == "cuda":
-                    torch.cuda.empty_cache()
+                failed[variant] = reported_failure(variant, error, case.device)
                 continue
             if round_ == 0:
                 first[variant] = clock(case.device) - started

@@ -46,8 +46,10 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
+from bench_failures import reported_failure  # noqa: E402
 
 from rlvr_lightning.demos.model_shapes import SMOLLM2_135M  # noqa: E402
 from rlvr_lightning.demos.tiny_lm import save_tiny_tokenizer, tiny_llama_config  # noqa: E402
@@ -199,10 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             return one_pass(policies, rollout, variant, autocast, clock, kernels)
         except Exception as error:  # noqa: BLE001 - reported in the table; the other variants still run
-            failed[dtype, variant] = f"{type(error).__name__}: {error}".splitlines()[0][:200]
-            print(f"# {dtype} {variant} failed: {failed[dtype, variant]}", flush=True)
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
+            failed[dtype, variant] = reported_failure(f"{dtype} {variant}", error, device, width=200)
             return None
 
     for dtype in args.dtypes:
