@@ -14,7 +14,7 @@
 #             the legs BENCH_LEGS (default: ours trl; plain: ours without lean activations)
 #   static    tests/gpu/test_static_decoding_cuda.py alone: static decoding in each compile mode samples the eager
 #             loop's tokens, one host sync per 8 steps, the default backend decodes statically on CUDA; a graph
-#             captured under cached autocast, one first recorded in a background thread, a workspace from validation
+#             captured under cached autocast, one first recorded in a background thread, a workspace from `validate`
 #   decode    scripts/bench_decode.py: ms per decoding step, tokens/s, bandwidth as a fraction of the device's,
 #             compile seconds, host syncs per step and tokens equal to the eager loop for each decoding variant
 #             (eager loop, static cache, inductor + CUDA graphs, a captured CUDA graph) at DECODE_ROWS

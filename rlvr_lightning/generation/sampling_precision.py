@@ -89,8 +89,8 @@ class SamplingWeights:
 
 def _cast_copy(model: nn.Module, dtype: torch.dtype) -> nn.Module:
     """A frozen copy of `model` in eval mode whose floating-point parameters are `dtype` (buffers as they are), but
-    for a float32 output layer's (`core/float32_head.py`), which stay float32. Never inference tensors (Lightning
-    validates in `torch.inference_mode`): the copy is refreshed in place outside it."""
+    for a float32 output layer's (`core/float32_head.py`), which stay float32. Never inference tensors
+    (`trainer.validate` runs in `torch.inference_mode`): the copy is refreshed in place outside it."""
     with torch.no_grad(), torch.inference_mode(False):
         params = {id(p): p for p in model.parameters()}
         # share nothing with the model, but do not copy the parameters twice: each copy is built by the cast

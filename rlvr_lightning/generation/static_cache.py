@@ -109,7 +109,7 @@ def capacity_for(length: int) -> int:
 class DecodeWorkspace:
     """Static decoding's device state for `rows` rows and `capacity` cache slots (see the module's docstring)."""
 
-    @torch.inference_mode(False)  # built during validation (Lightning's inference mode), updated in place outside it
+    @torch.inference_mode(False)  # built under `trainer.validate` (inference mode), updated in place by training
     def __init__(self, model: nn.Module, rows: int, capacity: int, key_like: Tensor, value_like: Tensor) -> None:
         from transformers.cache_utils import StaticCache
 

@@ -150,7 +150,7 @@ class PolicyModule(pl.LightningModule):
         self.log_dict(metrics, on_step=False, on_epoch=True, batch_size=rollout.num_rows, prog_bar=True, sync_dist=True)
         format_ok = self.correctness(rollout, kind="format")
         answers = scoring.final_answers(rollout, self.reward_callbacks)
-        # Lightning validates in inference mode; metric states must stay ordinary tensors across passes.
+        # `trainer.validate` runs in inference mode; metric states must stay ordinary tensors across passes.
         with torch.inference_mode(False):
             plain = lambda t: None if t is None else t.clone()  # noqa: E731
             masked = dataclasses.replace(rollout, response_mask=rollout.response_mask.clone())

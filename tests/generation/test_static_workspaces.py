@@ -1,5 +1,5 @@
 """A workspace (`generation/static_cache.py`) is kept between generations of one row bucket, so it meets the states
-a run switches between: validation under `torch.inference_mode` (Lightning's), rollouts under `bf16-mixed` autocast
+a run switches between: `trainer.validate` under `torch.inference_mode`, rollouts under `bf16-mixed` autocast
 and without it (a value baseline sampled outside `training_step`). Each generation samples what the eager loop
 samples in its own state; a workspace replaced by a larger one is freed at once, without waiting for the garbage
 collector."""
@@ -32,7 +32,7 @@ def only_workspace(pool: WorkspacePool):
 
 def test_a_workspace_built_in_inference_mode_serves_a_rollout_outside_it(llama):
     pool = WorkspacePool()
-    with torch.inference_mode():  # validation first (Lightning's sanity check)
+    with torch.inference_mode():  # `trainer.validate` first (a baseline before training)
         assert_same(run_pair(llama, SAMPLING, pool=pool))
     built = only_workspace(pool)
     assert_same(run_pair(llama, SAMPLING, pool=pool, seed=2))  # a training rollout in the same bucket

@@ -177,8 +177,8 @@ def test_a_graph_first_recorded_in_a_background_thread_samples_the_eager_loops_t
     assert_same(pair, log_prob_tolerance=1e-4)
 
 
-def test_a_workspace_built_during_validation_serves_the_next_training_rollout():
-    """Lightning validates under `torch.inference_mode`; the workspace it builds is updated in place afterwards."""
+def test_a_workspace_built_in_inference_mode_serves_the_next_training_rollout():
+    """`trainer.validate` runs in `torch.inference_mode`; the workspace it builds is updated in place by training."""
     from rlvr_lightning.generation.static_cache import WorkspacePool
 
     model, pool = tiny_model("llama").cuda(), WorkspacePool()

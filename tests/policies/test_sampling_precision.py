@@ -110,8 +110,8 @@ def test_the_bf16_copy_is_refreshed_after_the_weights_change(make_policy, how):
 
 
 def test_a_copy_built_in_inference_mode_is_refreshed_after_an_update(make_policy):
-    """Lightning validates under `torch.inference_mode` (the sanity check runs before the first update): a copy built
-    there must still take the next update in place outside it."""
+    """`trainer.validate` runs in `torch.inference_mode` (a baseline measured before training): a copy built there
+    must still take the next update in place outside it (tests/test_validate_then_fit.py does it through fit)."""
     policy = bf16_policy(make_policy)
     with torch.inference_mode():
         policy.sample(PROMPTS, 2, SAMPLING)  # builds the copy
