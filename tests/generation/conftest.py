@@ -3,6 +3,7 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # the tiny model, tokenizers and policies of the policy tests (one torch thread, offline)
@@ -18,6 +19,17 @@ def eager_without_compaction(monkeypatch):
     from rlvr_lightning.generation import loop
 
     monkeypatch.setattr(loop, "generate", functools.partial(loop.generate, compact=False))
+
+
+@pytest.fixture
+def compile_counts():
+    """Graphs dynamo compiled and graph breaks it met during the test."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    yield counters
+    torch._dynamo.reset()
 
 
 def pytest_collection_modifyitems(config, items) -> None:

@@ -100,6 +100,37 @@ def run_pair(
     return Pair(eager, static, torch.equal(after_eager, torch.rand(4, device=device)))
 
 
+def static_only(
+    model,
+    sampling: SamplingConfig,
+    *,
+    prompts: list[list[int]] = PROMPTS,
+    n: int = 4,
+    pool: WorkspacePool | None = None,
+    mode: str = "none",
+    sync_every: int = 8,
+    device: str = "cpu",
+    generator: torch.Generator | None = None,
+) -> GenerationOutput:
+    """Static decoding alone (no eager run beside it), without stop strings, EOS id 3."""
+    ids, mask = left_pad(prompts, pad_id=0)
+    with torch.no_grad():
+        return static_generate(
+            model,
+            ids.to(device),
+            mask.to(device),
+            n,
+            sampling,
+            pool=pool or WorkspacePool(),
+            mode=mode,
+            sync_every=sync_every,
+            stop=StopStringChecker([], lambda rows: []),
+            eos_token_ids=[3],
+            pad_token_id=0,
+            generator=generator,
+        )
+
+
 def assert_same(pair: Pair, log_prob_tolerance: float = 1e-5) -> None:
     """Tokens, masks, ends and steps identical; log-probs within the tolerance; the same stream afterwards."""
     eager, static = pair.eager, pair.static

@@ -13,17 +13,6 @@ from rlvr_lightning.generation.static_cache import WorkspacePool
 from .static_pairs import assert_same, run_pair, tiny_model
 
 
-@pytest.fixture
-def compile_counts():
-    """Graphs dynamo compiled and graph breaks it met during the test."""
-    from torch._dynamo.utils import counters
-
-    torch._dynamo.reset()
-    counters.clear()
-    yield counters
-    torch._dynamo.reset()
-
-
 def test_the_compiled_step_is_one_graph_and_samples_as_the_eager_loop(compile_counts):
     model, pool = tiny_model("llama"), WorkspacePool()
     sampling = SamplingConfig(max_new_tokens=24, temperature=0.8, min_new_tokens=3)

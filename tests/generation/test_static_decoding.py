@@ -10,7 +10,7 @@ import torch
 from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.generation.static_cache import WorkspacePool, row_bucket
 
-from .static_pairs import assert_same, run_pair, tiny_model
+from .static_pairs import assert_same, run_pair, static_only, tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -92,31 +92,13 @@ def test_rows_continue_after_a_stop_string_only_on_the_device(llama):
 
 
 def test_generation_draws_from_the_generator_it_is_given(llama):
-    from rlvr_lightning.generation.loop import left_pad
-    from rlvr_lightning.generation.output import StopStringChecker
-    from rlvr_lightning.generation.static_generation import static_generate
-
-    ids, mask = left_pad([[5, 6], [7]], pad_id=0)
     outs, global_state = [], torch.get_rng_state()
     for _ in range(2):
         generator = torch.Generator().manual_seed(3)
-        outs.append(
-            static_generate(
-                llama,
-                ids,
-                mask,
-                2,
-                SamplingConfig(max_new_tokens=8),
-                pool=WorkspacePool(),
-                mode="none",
-                sync_every=3,
-                stop=StopStringChecker([], lambda rows: []),
-                eos_token_ids=[3],
-                pad_token_id=0,
-                generator=generator,
-            ).response_ids
-        )
-    assert torch.equal(outs[0], outs[1]) and torch.equal(global_state, torch.get_rng_state())
+        sampling = SamplingConfig(max_new_tokens=8)
+        outs.append(static_only(llama, sampling, prompts=[[5, 6], [7]], n=2, sync_every=3, generator=generator))
+    assert torch.equal(outs[0].response_ids, outs[1].response_ids)
+    assert torch.equal(global_state, torch.get_rng_state())
 
 
 def test_steps_past_the_end_leave_no_trace_in_the_random_stream(llama):

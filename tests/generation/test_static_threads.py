@@ -7,31 +7,17 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import pytest
 import torch
 
 from rlvr_lightning.generation.sampling_config import SamplingConfig
-from rlvr_lightning.generation.static_cache import WorkspacePool
 from rlvr_lightning.runtime.global_random import GLOBAL_RANDOM_LOCK
 
-from .static_pairs import tiny_model
-
-
-@pytest.fixture
-def compile_counts():
-    from torch._dynamo.utils import counters
-
-    torch._dynamo.reset()
-    counters.clear()
-    yield counters
-    torch._dynamo.reset()
+from .static_pairs import static_only, tiny_model
 
 
 def test_cuda_graph_trees_can_be_recorded_in_a_background_thread():
     """Background rollouts decode in their own thread: inductor's graph trees must find their per-thread state
     there (torch before 2.12 set it up only in the importing thread and failed an assertion)."""
-    from concurrent.futures import ThreadPoolExecutor
-
     from torch._inductor import cudagraph_trees
 
     from rlvr_lightning.generation.step_capture import cudagraph_trees_in_this_thread
@@ -51,29 +37,11 @@ def test_a_step_compiled_in_a_rollout_thread_does_not_rewind_the_training_thread
     """torch.compile puts torch's global generators back as it found them when a compilation ends: in a rollout
     thread that undid the draws the training thread made meanwhile (its mini-batch orders came again). The training
     thread draws under `GLOBAL_RANDOM_LOCK`, and a compilation waits for it."""
-    from rlvr_lightning.generation.loop import left_pad
-    from rlvr_lightning.generation.output import StopStringChecker
-    from rlvr_lightning.generation.static_generation import static_generate
-
     model = tiny_model("llama")
-    ids, mask = left_pad([[5, 6, 7], [8, 9]], pad_id=0)
 
-    def rollout():
-        with torch.no_grad():
-            return static_generate(
-                model,
-                ids,
-                mask,
-                2,
-                SamplingConfig(max_new_tokens=8),
-                pool=WorkspacePool(),
-                mode="aot_eager",
-                sync_every=4,
-                stop=StopStringChecker([], lambda rows: []),
-                eos_token_ids=[2],
-                pad_token_id=0,
-                generator=torch.Generator().manual_seed(1),  # the rollout's own stream, as asynchronous rollouts'
-            )
+    def rollout():  # from the rollout's own stream, as asynchronous rollouts sample
+        sampling, generator = SamplingConfig(max_new_tokens=8), torch.Generator().manual_seed(1)
+        return static_only(model, sampling, prompts=[[5, 6, 7], [8, 9]], n=2, mode="aot_eager", generator=generator)
 
     torch.manual_seed(0)
     expected = torch.Generator().manual_seed(0)

@@ -13,7 +13,7 @@ import torch
 from rlvr_lightning.generation.sampling_config import SamplingConfig
 from rlvr_lightning.policies.hf_options import HFModelOptions
 
-from ..generation.static_pairs import assert_same, run_pair, tiny_model
+from ..generation.static_pairs import assert_same, run_pair, static_only, tiny_model
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (scripts/gpu_check.sh)")
 
@@ -30,29 +30,12 @@ def test_every_mode_samples_the_eager_loops_tokens(mode):
 
 def syncs_and_steps(model, pool, max_new_tokens: int, mode: str) -> tuple[int, int]:
     """Synchronisations of one static generation (EOS excluded: every row decodes `max_new_tokens`) and its steps."""
-    from rlvr_lightning.generation.loop import left_pad
-    from rlvr_lightning.generation.output import StopStringChecker
-    from rlvr_lightning.generation.static_generation import static_generate
-
-    ids, mask = left_pad([[5, 6, 7, 8], [9, 10], [11, 12, 13]], pad_id=0)
     sampling = SamplingConfig(max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens)
-    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+    with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode(1)
         try:
-            out = static_generate(
-                model,
-                ids.cuda(),
-                mask.cuda(),
-                4,
-                sampling,
-                pool=pool,
-                mode=mode,
-                sync_every=8,
-                stop=StopStringChecker([], lambda rows: []),
-                eos_token_ids=[3],
-                pad_token_id=0,
-            )
+            out = static_only(model, sampling, pool=pool, mode=mode, device="cuda")
         finally:
             torch.cuda.set_sync_debug_mode(0)
     return sum("called a synchronizing CUDA operation" in str(w.message) for w in caught), out.steps
@@ -125,26 +108,9 @@ def test_the_default_runs_a_cuda_graph_where_its_compiler_fails(tmp_path, monkey
 
 
 def _static(model, pool, mode: str, seed: int = 0):
-    from rlvr_lightning.generation.loop import left_pad
-    from rlvr_lightning.generation.output import StopStringChecker
-    from rlvr_lightning.generation.static_generation import static_generate
-
-    ids, mask = left_pad([[5, 6, 7, 8], [9, 10], [11, 12, 13]], pad_id=0)
     torch.manual_seed(seed)
-    with torch.no_grad():
-        return static_generate(
-            model,
-            ids.cuda(),
-            mask.cuda(),
-            4,
-            SamplingConfig(max_new_tokens=24, temperature=0.9),
-            pool=pool,
-            mode=mode,
-            sync_every=8,
-            stop=StopStringChecker([], lambda rows: []),
-            eos_token_ids=[3],
-            pad_token_id=0,
-        )
+    sampling = SamplingConfig(max_new_tokens=24, temperature=0.9)
+    return static_only(model, sampling, pool=pool, mode=mode, device="cuda")
 
 
 def test_a_cuda_graph_captured_under_cached_autocast_reads_the_weights_after_an_update():
