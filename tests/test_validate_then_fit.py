@@ -19,7 +19,7 @@ BACKENDS = {
 
 
 @pytest.mark.parametrize("backend", list(BACKENDS))
-def test_a_model_validated_first_then_trains(in_tmp_dir, backend):
+def test_a_model_validated_first_then_trains(in_tmp_dir, monkeypatch, backend):
     generation = "--model.init_args.policy.init_args.generation.backend"
     cli = main(
         [
@@ -49,13 +49,10 @@ def test_a_model_validated_first_then_trains(in_tmp_dir, backend):
         seen.append(torch.is_inference_mode_enabled())
         return generate(self, *args, **kwargs)
 
-    type(cli.model.policy.generation).generate = recording
-    try:
-        cli.trainer.validate(cli.model, datamodule=cli.datamodule)
-        assert seen == [True]  # the copy (and the workspace) were built in inference mode
-        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
-    finally:
-        type(cli.model.policy.generation).generate = generate
+    monkeypatch.setattr(type(cli.model.policy.generation), "generate", recording)
+    cli.trainer.validate(cli.model, datamodule=cli.datamodule)
+    assert seen == [True]  # the copy (and the workspace) were built in inference mode
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     assert cli.trainer.global_step > 0 and seen[1:] and not any(seen[1:])
     policy = cli.model.policy
     cast = policy.generation._weights.model_for(policy.model, torch.bfloat16)
