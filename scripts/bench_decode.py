@@ -214,7 +214,7 @@ def measure_case(case: Case, variants: list[str], repeats: int, peak: float) -> 
     runs: dict[str, list] = {variant: [] for variant in variants}
     for round_ in range(repeats + 1):
         for variant in [v for v in variants if v not in failed]:
-            started = clock(case.device)
+            started, skips = clock(case.device), cuda_graph_skips()
             try:
                 out = case.decode(variant)
             except Exception as error:  # noqa: BLE001 - reported in the variant's row; the table goes on
@@ -222,6 +222,8 @@ def measure_case(case: Case, variants: list[str], repeats: int, peak: float) -> 
                 continue
             if round_ == 0:
                 first[variant] = clock(case.device) - started
+                if cuda_graph_skips() > skips:  # its kernels then run launched from Python
+                    print(f"# {case.rows} rows, {variant}: inductor skipped its CUDA graphs (its warning says why)")
             else:
                 runs[variant].append(out)
     medians = {name: sorted(outs, key=decode_seconds)[len(outs) // 2] for name, outs in runs.items() if outs}
@@ -233,6 +235,13 @@ def measure_case(case: Case, variants: list[str], repeats: int, peak: float) -> 
         else:
             rows.append([name, "failed", *["-"] * (len(COLUMNS) - 4)])
     return rows
+
+
+def cuda_graph_skips() -> int:
+    """The graphs inductor has run without CUDA graphs (`reduce-overhead`'s fallback: a warning says why)."""
+    from torch._dynamo.utils import counters
+
+    return counters["inductor"]["cudagraph_skips"]
 
 
 def decode_seconds(out) -> float:
@@ -326,10 +335,10 @@ def main(argv: list[str] | None = None) -> int:
             for cells in measure_case(case, args.variants, args.repeats, peak):
                 table.append([name, str(rows), *cells])
                 print_row(table[-1])  # as it is measured: a part cut short by its time limit keeps its rows
+            for line in best_lines([row for row in table if row[:2] == [name, str(rows)]]):
+                print(line, flush=True)
         del model
         print(f"# {name}: {time.perf_counter() - started:.0f} s")
-    for line in best_lines(table):
-        print(line)
     return 1 if any(row[3] == "failed" for row in table) else 0
 
 

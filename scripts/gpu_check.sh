@@ -218,7 +218,7 @@ for part in "${parts[@]}"; do
         bench_precisions ;;
     static) run_part static "grep -E '[0-9]+ (passed|failed)' $out/static.log | tail -n 1" \
         "$python" -m pytest -q -p no:cacheprovider tests/gpu/test_static_decoding_cuda.py ;;
-    decode) run_part decode "grep -E '^# best' $out/decode.log | sed 's/^# best: //' | tail -n 2 | tr '\n' ' '" \
+    decode) run_part decode "grep -E '^# best' $out/decode.log | sed 's/^# best: //' | tail -n 2 | tr '\n' ' '; grep -m 1 -o 'inductor skipped its CUDA graphs' $out/decode.log" \
         "$python" scripts/bench_decode.py --device cuda --rows ${DECODE_ROWS:-64 128} ;;
     equal) run_part equal "awk '/^## /{d=\$2} !/^#/ && \$(NF-3) == \"of\" {printf \"%s %s %s %s/%s (%s adjacent); \", d, \$1, \$3, \$(NF-4), \$(NF-2), \$(NF-1)}' $out/equal.log" \
         equal_dtypes ;;
