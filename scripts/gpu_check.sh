@@ -19,9 +19,10 @@
 #             compile seconds, host syncs per step and tokens equal to the eager loop for each decoding variant
 #             (eager loop, static cache, inductor + CUDA graphs, a captured CUDA graph) at DECODE_ROWS
 #             (default 64 128) rows on SmolLM2-135M's and Qwen2.5-1.5B's shapes (random weights)
-#   equal     scripts/bench_decode.py in fp32 and fp64 at EQUAL_ROWS (default 128) rows, 16 tokens, both shapes: the
-#             static step's tokens against the eager loop's, and of those that differ, how many first differ by a
-#             neighbouring token id (a draw moved across one step of the CDF by rounding; fp64 settles it)
+#   equal     scripts/bench_decode.py in EQUAL_DTYPES (default: float32 float64) at EQUAL_ROWS (default 128) rows,
+#             16 tokens, both shapes: the static step's tokens against the eager loop's, and of those that differ,
+#             how many first differ by a neighbouring token id (a draw moved across one step of the CDF by rounding;
+#             fp64 settles it)
 #   score     scripts/bench_score.py: forward and backward ms of one scoring micro-batch (32 rows, uneven lengths),
 #             padded vs packed with the model's SDPA vs packed through FlexAttention vs prefix-shared, the kernel
 #             that ran, fp32 and bf16 autocast, lean and plain activations, at SmolLM2-135M's shape (random
@@ -188,7 +189,7 @@ bench_precisions() {  # bench_step.py in fp32, then with each side's GPU precisi
 
 equal_dtypes() {  # the static step's tokens against the eager loop's in fp32, then in fp64
     local dtype code=0
-    for dtype in float32 float64; do
+    for dtype in ${EQUAL_DTYPES:-float32 float64}; do
         echo "## $dtype"
         # shellcheck disable=SC2046 - the compiled variant in fp32 only (the default on CUDA; fp64 settles rounding)
         "$python" scripts/bench_decode.py --device cuda --dtype "$dtype" --rows "${EQUAL_ROWS:-128}" --new-tokens 16 \
