@@ -28,8 +28,9 @@
 #             that ran, fp32 and bf16 autocast, lean and plain activations, at SmolLM2-135M's shape (random
 #             weights); then in bf16 padded and packed through inductor-compiled decoder layers (compile_layers)
 #   vllm      the vLLM engine tests on CUDA (sleep mode, weight pushes), where vLLM is installed
-# Each part runs under a time limit (PART_LIMIT_S, default 600 s; LIMIT_<part> for one part); logs go to
-# $GPU_CHECK_OUT (runs/gpu_check).
+# Each part runs under a time limit (PART_LIMIT_S, default 600 s; LIMIT_<part> for one part); with TOTAL_LIMIT_S the
+# whole check ends within that many seconds: each part gets at most what is left (less 30 s for the summary), in the
+# order named, and a part with under 30 s left is not run. Logs go to $GPU_CHECK_OUT (runs/gpu_check).
 #
 #   bash scripts/gpu_check.sh                       # every part
 #   bash scripts/gpu_check.sh tests smollm2         # some parts
@@ -121,6 +122,14 @@ run_part() {  # name, figure command, command...
     echo "== $name: $*" | tee -a "$out/commands.txt"
     local seconds
     seconds=$(eval echo "\${LIMIT_$name:-$limit}")  # LIMIT_<part>=seconds overrides PART_LIMIT_S
+    if [ -n "${TOTAL_LIMIT_S:-}" ]; then  # what is left of the whole check's time, less 30 s: the kill grace, the summary
+        local left=$((TOTAL_LIMIT_S - SECONDS - 30))
+        if [ "$left" -lt 30 ]; then
+            rows+=("$(printf '%-13s %-18s %6s s  %s' "$name" "not run (time)" 0 "TOTAL_LIMIT_S=$TOTAL_LIMIT_S spent")")
+            return
+        fi
+        [ "$left" -lt "$seconds" ] && seconds=$left
+    fi
     timeout -k 20 "$seconds" bash -c '"$@"' "$name" "$@" >"$out/$name.log" 2>&1  # bash: the parts' functions
     local code=$? status=ok
     [ $code -eq 124 ] && status="timed out (${seconds} s)"
@@ -234,4 +243,4 @@ echo
 echo "GPU check ($(head -n 1 "$out/environment.txt"))" | tee "$out/summary.txt"
 printf '%-13s %-18s %8s  %s\n' part status time figure | tee -a "$out/summary.txt"
 printf '%s\n' "${rows[@]}" | tee -a "$out/summary.txt"
-! printf '%s\n' "${rows[@]}" | grep -qE 'FAILED|timed out'
+! printf '%s\n' "${rows[@]}" | grep -qE 'FAILED|timed out|not run'
