@@ -239,6 +239,7 @@ def step_value_dtype(value_like: Tensor) -> torch.dtype:
     """The dtype of the values a decoding step writes, for a prefill whose values are like `value_like`: under
     autocast they leave their projection in the autocast dtype (keys leave RoPE in float32); transformers < 5.20
     gives a prefill's values its keys' dtype."""
-    if torch.is_autocast_enabled(value_like.device.type):
-        return torch.get_autocast_dtype(value_like.device.type)
+    device_type = value_like.device.type
+    if torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
     return value_like.dtype
