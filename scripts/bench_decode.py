@@ -23,7 +23,8 @@ launches from Python (`kernel_counter.py`: eager variants only, from two more ge
 equal the `eager` variant's for the same random stream (n of N), how many of the others first differ by a token
 whose id neighbours the eager one's (`adjacent`: a draw moved across one step of the CDF by rounding, as in fp32
 at a vocabulary of 151,936 near-uniform entries; `--dtype float64` then gives equal tokens) and the largest log-prob
-difference on the equal rows.
+difference on the equal rows. A line says when inductor ran a variant's step without its CUDA graphs (its warning
+above it says why: the kernels are then launched from Python).
 
     python scripts/bench_decode.py --device cpu                         # tiny shapes, a quick check
     python scripts/bench_decode.py --device cpu --models smollm2 --rows 8 --new-tokens 16
