@@ -27,7 +27,7 @@ def test_the_table_has_every_variant_and_their_tokens_equal_the_eager_loops(caps
     assert rows[1][-2] == "0"  # no row differs, so none by a neighbouring token
     assert all(float(row[3]) > 0 and float(row[4]) > 0 for row in rows)  # ms/step, tokens/s
     assert all(int(row[9]) > 4 * 10 for row in rows)  # launches per step: at least ten per layer of 4
-    assert lines[-1].startswith("# best: tiny 4 rows: eager ")
+    assert lines[-2].startswith("# best: tiny 4 rows: eager ") and lines[-1].startswith("# tiny: ")
 
 
 def test_rows_that_first_differ_by_a_neighbouring_token_are_counted():
@@ -66,4 +66,8 @@ def test_a_variant_that_raises_gets_a_failed_row_the_others_still_run_and_the_st
     assert [row[2:4] for row in rows if row[2] == "static"] == [["static", "failed"]] * 2  # each batch size
     assert [row[2] for row in rows if row[3] != "failed"] == ["eager", "aot_eager"] * 2
     assert "# static failed: OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB" in lines
-    assert lines[-1].startswith("# best: tiny 8 rows: eager ") and "aot_eager" in lines[-1]
+    best = [i for i, line in enumerate(lines) if line.startswith("# best: ")]
+    assert [lines[i].split()[2:4] for i in best] == [["tiny", "4"], ["tiny", "8"]]
+    assert all("aot_eager" in lines[i] for i in best)
+    first_of_8 = next(i for i, line in enumerate(lines) if line.split()[:2] == ["tiny", "8"])
+    assert best[0] < first_of_8 < best[1]  # each batch's line as soon as it is measured

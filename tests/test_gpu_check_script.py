@@ -43,3 +43,36 @@ def test_a_failed_run_does_not_stop_its_part_and_the_summary_says_failed(tmp_pat
     assert "bf16 forward + backward over packed-flex's: padded 1.20x" in summary["score"]  # the later run's figure
     assert summary["bench"].split()[1:3] == ["FAILED", "(1)"]
     assert summary["decode"].split()[1] == "ok" and "static 1.00 ms/step" in summary["decode"]
+
+
+FAKE_TIMEOUT = r"""#!/usr/bin/env bash
+echo "timeout $*" >> "$CALLS"
+shift 3  # -k 20 SECONDS
+exec "$@"
+"""
+
+
+def run_within(tmp_path, total: int, parts: list[str]) -> tuple[subprocess.CompletedProcess, list[str], dict]:
+    """gpu_check.sh with TOTAL_LIMIT_S=total, the stand-in Python and a `timeout` that records its limit."""
+    tmp_path = tmp_path / f"within_{total}"
+    tmp_path.mkdir()
+    for name, text in (("python", FAKE_PYTHON), ("timeout", FAKE_TIMEOUT)):
+        (tmp_path / name).write_text(text)
+        (tmp_path / name).chmod(0o755)
+    calls, out = tmp_path / "calls.txt", tmp_path / "out"
+    env = {**os.environ, "PYTHON": str(tmp_path / "python"), "CALLS": str(calls), "GPU_CHECK_OUT": str(out)}
+    env |= {"GPU_BUNDLE": str(tmp_path / "no_bundle"), "TOTAL_LIMIT_S": str(total)}
+    env["PATH"] = f"{tmp_path}{os.pathsep}{env['PATH']}"
+    done = subprocess.run(["bash", "scripts/gpu_check.sh", *parts], cwd=REPO, env=env, capture_output=True, text=True)
+    limits = [line.split()[3] for line in calls.read_text().splitlines() if line.startswith("timeout ")]
+    summary = [line.split() for line in (out / "summary.txt").read_text().splitlines()[2:]]
+    return done, limits, summary
+
+
+def test_a_total_limit_gives_each_part_what_is_left_and_skips_the_parts_it_cannot_hold(tmp_path):
+    done, limits, summary = run_within(tmp_path, 90, ["decode", "decode"])
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert len(limits) == 2 and all(55 <= int(seconds) <= 60 for seconds in limits)  # 90 s less 30, less set-up
+    done, limits, summary = run_within(tmp_path, 50, ["decode", "bench"])  # 20 s left: under the 30 a part needs
+    assert done.returncode == 1 and limits == []
+    assert [row[:4] for row in summary] == [["decode", "not", "run", "(time)"], ["bench", "not", "run", "(time)"]]
