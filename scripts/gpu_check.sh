@@ -17,8 +17,8 @@
 #             captured under cached autocast, one first recorded in a background thread, a workspace from `validate`
 #   decode    scripts/bench_decode.py: ms per decoding step, tokens/s, bandwidth as a fraction of the device's,
 #             compile seconds, host syncs per step and tokens equal to the eager loop for each decoding variant
-#             (eager loop, static cache, inductor + CUDA graphs, a captured CUDA graph) at DECODE_ROWS
-#             (default 64 128) rows on SmolLM2-135M's and Qwen2.5-1.5B's shapes (random weights)
+#             (DECODE_VARIANTS, default: eager loop, static cache, inductor + CUDA graphs, a captured CUDA graph)
+#             at DECODE_ROWS (default 64 128) rows on SmolLM2-135M's and Qwen2.5-1.5B's shapes (random weights)
 #   equal     scripts/bench_decode.py in EQUAL_DTYPES (default: float32 float64) at EQUAL_ROWS (default 128) rows,
 #             16 tokens, both shapes: the static step's tokens against the eager loop's, and of those that differ,
 #             how many first differ by a neighbouring token id (a draw moved across one step of the CDF by rounding;
@@ -229,7 +229,8 @@ for part in "${parts[@]}"; do
     static) run_part static "grep -E '[0-9]+ (passed|failed)' $out/static.log | tail -n 1" \
         "$python" -m pytest -q -p no:cacheprovider tests/gpu/test_static_decoding_cuda.py ;;
     decode) run_part decode "grep -E '^# best' $out/decode.log | sed 's/^# best: //' | tail -n 2 | tr '\n' ' '; grep -m 1 -o 'inductor skipped its CUDA graphs' $out/decode.log" \
-        "$python" scripts/bench_decode.py --device cuda --rows ${DECODE_ROWS:-64 128} ;;
+        "$python" scripts/bench_decode.py --device cuda --rows ${DECODE_ROWS:-64 128} \
+        ${DECODE_VARIANTS:+--variants $DECODE_VARIANTS} ;;
     equal) run_part equal "awk '/^## /{d=\$2} !/^#/ && \$(NF-3) == \"of\" {printf \"%s %s %s %s/%s (%s adjacent); \", d, \$1, \$3, \$(NF-4), \$(NF-2), \$(NF-1)}' $out/equal.log" \
         equal_dtypes ;;
     score) run_part score "grep -E '^# (fp32|bf16) forward' $out/score.log | sed 's/^# //' | tr '\n' ' '" \

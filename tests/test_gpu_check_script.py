@@ -52,8 +52,11 @@ exec "$@"
 """
 
 
-def run_within(tmp_path, total: int, parts: list[str]) -> tuple[subprocess.CompletedProcess, list[str], dict]:
-    """gpu_check.sh with TOTAL_LIMIT_S=total, the stand-in Python and a `timeout` that records its limit."""
+def run_within(
+    tmp_path, total: int, parts: list[str], **variables: str
+) -> tuple[subprocess.CompletedProcess, list[str], list[list[str]]]:
+    """gpu_check.sh with TOTAL_LIMIT_S=total (and `variables`), the stand-in Python and a `timeout` that records its
+    limit; (the run, the parts' limits, the summary's rows)."""
     tmp_path = tmp_path / f"within_{total}"
     tmp_path.mkdir()
     for name, text in (("python", FAKE_PYTHON), ("timeout", FAKE_TIMEOUT)):
@@ -61,7 +64,7 @@ def run_within(tmp_path, total: int, parts: list[str]) -> tuple[subprocess.Compl
         (tmp_path / name).chmod(0o755)
     calls, out = tmp_path / "calls.txt", tmp_path / "out"
     env = {**os.environ, "PYTHON": str(tmp_path / "python"), "CALLS": str(calls), "GPU_CHECK_OUT": str(out)}
-    env |= {"GPU_BUNDLE": str(tmp_path / "no_bundle"), "TOTAL_LIMIT_S": str(total)}
+    env |= {"GPU_BUNDLE": str(tmp_path / "no_bundle"), "TOTAL_LIMIT_S": str(total), **variables}
     env["PATH"] = f"{tmp_path}{os.pathsep}{env['PATH']}"
     done = subprocess.run(["bash", "scripts/gpu_check.sh", *parts], cwd=REPO, env=env, capture_output=True, text=True)
     limits = [line.split()[3] for line in calls.read_text().splitlines() if line.startswith("timeout ")]
@@ -76,3 +79,11 @@ def test_a_total_limit_gives_each_part_what_is_left_and_skips_the_parts_it_canno
     done, limits, summary = run_within(tmp_path, 50, ["decode", "bench"])  # 20 s left: under the 30 a part needs
     assert done.returncode == 1 and limits == []
     assert [row[:4] for row in summary] == [["decode", "not", "run", "(time)"], ["bench", "not", "run", "(time)"]]
+
+
+def test_the_decode_part_runs_the_variants_named(tmp_path):
+    done, _, _ = run_within(tmp_path, 90, ["decode"], DECODE_VARIANTS="eager reduce-overhead", DECODE_ROWS="128")
+    assert done.returncode == 0, done.stdout + done.stderr
+    calls = (tmp_path / "within_90" / "calls.txt").read_text().splitlines()
+    runs = [line for line in calls if line.startswith("scripts/bench_decode.py")]
+    assert runs == ["scripts/bench_decode.py --device cuda --rows 128 --variants eager reduce-overhead"]
