@@ -81,9 +81,11 @@ def test_a_total_limit_gives_each_part_what_is_left_and_skips_the_parts_it_canno
     assert [row[:4] for row in summary] == [["decode", "not", "run", "(time)"], ["bench", "not", "run", "(time)"]]
 
 
-def test_the_decode_part_runs_the_variants_named(tmp_path):
-    done, _, _ = run_within(tmp_path, 90, ["decode"], DECODE_VARIANTS="eager reduce-overhead", DECODE_ROWS="128")
+def test_the_decode_and_equal_parts_run_the_variants_and_precisions_named(tmp_path):
+    variables = dict(DECODE_VARIANTS="eager reduce-overhead", DECODE_ROWS="128", EQUAL_DTYPES="float32")
+    done, _, _ = run_within(tmp_path, 90, ["decode", "equal"], **variables)
     assert done.returncode == 0, done.stdout + done.stderr
     calls = (tmp_path / "within_90" / "calls.txt").read_text().splitlines()
     runs = [line for line in calls if line.startswith("scripts/bench_decode.py")]
-    assert runs == ["scripts/bench_decode.py --device cuda --rows 128 --variants eager reduce-overhead"]
+    assert runs[0] == "scripts/bench_decode.py --device cuda --rows 128 --variants eager reduce-overhead"
+    assert len(runs) == 2 and "--dtype float32" in runs[1]  # the equal part in fp32 alone
