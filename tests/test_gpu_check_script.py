@@ -1,6 +1,7 @@
 """scripts/gpu_check.sh's control flow, with a stand-in for Python that records its calls: a part that runs a
 script several times goes on after a failed run, the summary marks the part FAILED with the last failure's status,
-and the check exits non-zero; the other parts still run."""
+and the check exits non-zero; the other parts still run. With TOTAL_LIMIT_S each part gets what is left of it (a
+stand-in `timeout` records the limit), and the parts' variables reach their scripts."""
 
 import os
 import subprocess
@@ -22,18 +23,31 @@ esac
 exit 0
 """
 
+FAKE_TIMEOUT = r"""#!/usr/bin/env bash
+echo "timeout $*" >> "$CALLS"
+shift 3  # -k 20 SECONDS
+exec "$@"
+"""
+
+
+def run_check(folder: Path, parts: list[str], **variables: str) -> tuple[subprocess.CompletedProcess, list[str], Path]:
+    """gpu_check.sh `parts` in `folder` with the stand-in Python and a `timeout` that records its arguments and
+    runs the part; (the run, the calls recorded, the output folder)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in (("python", FAKE_PYTHON), ("timeout", FAKE_TIMEOUT)):
+        (folder / name).write_text(text)
+        (folder / name).chmod(0o755)
+    calls, out = folder / "calls.txt", folder / "out"
+    env = {**os.environ, "PYTHON": str(folder / "python"), "CALLS": str(calls), "GPU_CHECK_OUT": str(out)}
+    env |= {"GPU_BUNDLE": str(folder / "no_bundle"), "PATH": f"{folder}{os.pathsep}{os.environ['PATH']}", **variables}
+    done = subprocess.run(["bash", "scripts/gpu_check.sh", *parts], cwd=REPO, env=env, capture_output=True, text=True)
+    return done, calls.read_text().splitlines(), out
+
 
 def test_a_failed_run_does_not_stop_its_part_and_the_summary_says_failed(tmp_path):
-    python = tmp_path / "python"
-    python.write_text(FAKE_PYTHON)
-    python.chmod(0o755)
-    calls, out = tmp_path / "calls.txt", tmp_path / "out"
-    env = {**os.environ, "PYTHON": str(python), "CALLS": str(calls), "GPU_CHECK_OUT": str(out)}
-    env |= {"GPU_BUNDLE": str(tmp_path / "no_bundle"), "PART_LIMIT_S": "60"}
-    parts = ["score", "bench", "decode"]
-    done = subprocess.run(["bash", "scripts/gpu_check.sh", *parts], cwd=REPO, env=env, capture_output=True, text=True)
+    done, calls, out = run_check(tmp_path, ["score", "bench", "decode"], PART_LIMIT_S="60")
     assert done.returncode == 1, done.stdout + done.stderr
-    runs = [line for line in calls.read_text().splitlines() if "scripts/" in line]
+    runs = [line for line in calls if line.startswith("scripts/")]
     assert [line.split()[0] for line in runs] == ["scripts/bench_score.py"] * 2 + ["scripts/bench_step.py"] * 2 + [
         "scripts/bench_decode.py"
     ]
@@ -45,29 +59,12 @@ def test_a_failed_run_does_not_stop_its_part_and_the_summary_says_failed(tmp_pat
     assert summary["decode"].split()[1] == "ok" and "static 1.00 ms/step" in summary["decode"]
 
 
-FAKE_TIMEOUT = r"""#!/usr/bin/env bash
-echo "timeout $*" >> "$CALLS"
-shift 3  # -k 20 SECONDS
-exec "$@"
-"""
-
-
 def run_within(
     tmp_path, total: int, parts: list[str], **variables: str
 ) -> tuple[subprocess.CompletedProcess, list[str], list[list[str]]]:
-    """gpu_check.sh with TOTAL_LIMIT_S=total (and `variables`), the stand-in Python and a `timeout` that records its
-    limit; (the run, the parts' limits, the summary's rows)."""
-    tmp_path = tmp_path / f"within_{total}"
-    tmp_path.mkdir()
-    for name, text in (("python", FAKE_PYTHON), ("timeout", FAKE_TIMEOUT)):
-        (tmp_path / name).write_text(text)
-        (tmp_path / name).chmod(0o755)
-    calls, out = tmp_path / "calls.txt", tmp_path / "out"
-    env = {**os.environ, "PYTHON": str(tmp_path / "python"), "CALLS": str(calls), "GPU_CHECK_OUT": str(out)}
-    env |= {"GPU_BUNDLE": str(tmp_path / "no_bundle"), "TOTAL_LIMIT_S": str(total), **variables}
-    env["PATH"] = f"{tmp_path}{os.pathsep}{env['PATH']}"
-    done = subprocess.run(["bash", "scripts/gpu_check.sh", *parts], cwd=REPO, env=env, capture_output=True, text=True)
-    limits = [line.split()[3] for line in calls.read_text().splitlines() if line.startswith("timeout ")]
+    """`run_check` with TOTAL_LIMIT_S=total; (the run, the parts' limits, the summary's rows)."""
+    done, calls, out = run_check(tmp_path / f"within_{total}", parts, TOTAL_LIMIT_S=str(total), **variables)
+    limits = [line.split()[3] for line in calls if line.startswith("timeout ")]
     summary = [line.split() for line in (out / "summary.txt").read_text().splitlines()[2:]]
     return done, limits, summary
 
@@ -83,9 +80,8 @@ def test_a_total_limit_gives_each_part_what_is_left_and_skips_the_parts_it_canno
 
 def test_the_decode_and_equal_parts_run_the_variants_and_precisions_named(tmp_path):
     variables = dict(DECODE_VARIANTS="eager reduce-overhead", DECODE_ROWS="128", EQUAL_DTYPES="float32")
-    done, _, _ = run_within(tmp_path, 90, ["decode", "equal"], **variables)
+    done, calls, _ = run_check(tmp_path, ["decode", "equal"], **variables)
     assert done.returncode == 0, done.stdout + done.stderr
-    calls = (tmp_path / "within_90" / "calls.txt").read_text().splitlines()
     runs = [line for line in calls if line.startswith("scripts/bench_decode.py")]
     assert runs[0] == "scripts/bench_decode.py --device cuda --rows 128 --variants eager reduce-overhead"
     assert len(runs) == 2 and "--dtype float32" in runs[1]  # the equal part in fp32 alone
