@@ -46,16 +46,18 @@ class Recorder:
 
     def stale_calls(self, replay: Callable | None = None) -> list[int]:
         """The calls whose output is not what `replay` (default: the wrapped fn under a cache-free bf16 autocast)
-        gives with the weights of the call."""
+        gives with the weights and the grad mode of the call."""
         replay = replay or self.replay_under_autocast
         now = weights(self.modules)
         stale = []
         try:
             for i, call in enumerate(self.calls):
                 load(self.modules, call.weights)
-                with torch.no_grad():
+                # in the call's own grad mode: a forward may pick other kernels in grad mode (CUDA's fused
+                # RMSNorm of the lean layers, SDPA's backend), whose last bits can move a bf16 rounding
+                with torch.set_grad_enabled(call.grad):
                     out = replay(*call.args, **call.kwargs)
-                fresh = (out[0] if isinstance(out, tuple) else out).float()
+                fresh = (out[0] if isinstance(out, tuple) else out).detach().float()
                 if not torch.allclose(fresh, call.output, atol=TOL, rtol=0):
                     stale.append(i)
         finally:
