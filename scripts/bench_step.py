@@ -43,12 +43,15 @@ settings), `release` (ours with `RLVR_MALLOC=release`: freed memory returned to 
 backward), `compiled` (ours with `model.compile_layers: default` and `generation.share_prompt_prefix: false`: the
 scoring forwards pass no cache and run through inductor-compiled decoder layers), `vllm` (the same module with
 `VLLMGeneration`, an engine in the leg's process, weights pushed after every update; needs vLLM:
-scripts/vllm_cpu_env.sh), `trl`. Run the vllm leg with `--vllm-python` from the main environment rather than the
-whole script inside .venv-vllm: vllm-cpu pins transformers < 5.20, whose SDPA path copies the grouped-query keys
-and values at every decoding step (measured: our loop samples 1.55x slower there, 27.7 s against 17.8 s of CPU
-for SmolLM2, 8 prompts x 8 x 64 tokens), which would handicap our loop and TRL against the engine. With several
-rounds the legs are interleaved (ours, vllm, trl, ours, ...) so that a busy machine slows them alike.
-Each leg runs in a fresh process (no memory, allocator state or engine carries over).
+scripts/vllm_cpu_env.sh), `trl`, `trl_cb` (TRL generating through transformers' continuous batching, its fast path
+without vLLM: EOS off instead of `min_new_tokens`, which it ignores; its paged cache sized to the step; with
+`--trl-bf16` TRL casts the model to bf16 to generate and trains the bf16 weights, trl 1.16). Run the vllm leg
+with `--vllm-python` from the main environment rather than the whole script inside .venv-vllm: vllm-cpu pins
+transformers < 5.20, whose SDPA path copies the grouped-query keys and values at every decoding step (measured: our
+loop samples 1.55x slower there, 27.7 s against 17.8 s of CPU for SmolLM2, 8 prompts x 8 x 64 tokens), which would
+handicap our loop and TRL against the engine. With several rounds the legs are interleaved (ours, vllm, trl, ours,
+...) so that a busy machine slows them alike. Each leg runs in a fresh process (no memory, allocator state or
+engine carries over).
 
 Cases: `tiny` = a random Llama (hidden 128, 2 layers, 4 heads, byte-level BPE vocabulary of 512
 trained on the spot), 8 raw-text prompts x 8 completions x 16 tokens; the prompts are an instruction
@@ -99,7 +102,7 @@ from bench_step_trl import run_trl  # noqa: E402
 
 from rlvr_lightning.policies.hf_options import GenerationOptions, HFModelOptions, PromptOptions
 
-LEGS = ("ours", "release", "plain", "compiled", "vllm", "trl")
+LEGS = ("ours", "release", "plain", "compiled", "vllm", "trl", "trl_cb")
 
 
 # ----------------------------------------------------------------------------- ours
@@ -244,9 +247,10 @@ def run_leg(leg: str, case: str, model_dir: Path, args, steps: int, tmp: Path) -
 def worker(args) -> int:
     case = CASES[args.case[0]]
     model_dir = Path(args.model_dir)
-    if args.worker == "trl":
+    if args.worker in ("trl", "trl_cb"):
         with tempfile.TemporaryDirectory(prefix="bench_step-trl-") as tmp:
-            timer = run_trl(model_dir, case, args.steps, args.seed, tmp, bf16=args.trl_bf16, device=args.device)
+            cb = args.worker == "trl_cb"
+            timer = run_trl(model_dir, case, args.steps, args.seed, tmp, args.trl_bf16, args.device, cb)
     else:
         engine = args.worker == "vllm"
         precision = {"sampling_dtype": args.sampling_dtype, "device": args.device, "precision": args.precision}
@@ -370,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(fmt_row(label, m))
             ratios = {}
             pairs = [("ours", "trl"), ("vllm", "trl"), ("ours", "vllm"), ("ours", "plain"), ("ours", "release")]
-            for a, b in [*pairs, ("compiled", "trl"), ("ours", "compiled")]:
+            for a, b in [*pairs, ("ours", "trl_cb"), ("compiled", "trl"), ("ours", "compiled")]:
                 if a in summary and b in summary:
                     keys = ("step", "cpu", "generation", "generation_cpu", "peak_rss_mb")
                     ratio = {k: summary[b][k] / summary[a][k] for k in keys}

@@ -5,15 +5,32 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from bench_step_cases import LR, StepTimer, digit_reward
+from bench_step_cases import LR, StepTimer, digit_reward, prompt_lengths
 
 from rlvr_lightning.runtime.timing import clock  # waits for the device's queued work before reading the time
 
 
+def paged_cache_for(model_dir: Path, case: dict, block_size: int = 256) -> dict:
+    """Continuous batching's paged cache and batch sized to one step: every prompt prefilled in one forward (TRL's
+    default sizes both to half the device's memory: 12 GB of a 24 GB host, whose allocation made a tiny step take
+    20-27 s on a CPU)."""
+    rows, longest = len(case["prompts"]) * case["generations"], max(prompt_lengths(model_dir, case))
+    blocks_per_row = -(-(longest + case["new_tokens"]) // block_size)
+    return {"block_size": block_size, "num_blocks": rows * blocks_per_row, "max_batch_tokens": rows * longest}
+
+
 def run_trl(
-    model_dir: Path, case: dict, steps: int, seed: int, output_dir: str, bf16: bool = False, device: str = "cpu"
+    model_dir: Path,
+    case: dict,
+    steps: int,
+    seed: int,
+    output_dir: str,
+    bf16: bool = False,
+    device: str = "cpu",
+    continuous_batching: bool = False,
 ) -> StepTimer:
-    """`bf16`: GRPOConfig(bf16=True), the Trainer's bf16 autocast over fp32 weights (on a CPU too), else fp32."""
+    """`bf16`: GRPOConfig(bf16=True), the Trainer's bf16 autocast over fp32 weights (on a CPU too), else fp32.
+    `continuous_batching`: TRL's generation through transformers' continuous batching (`generate_batch`)."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -52,7 +69,8 @@ def run_trl(
         gradient_accumulation_steps=len(prompts) * group // (case.get("micro_batch") or len(prompts) * group),
         num_generations=group,
         max_completion_length=new_tokens,
-        generation_kwargs={"min_new_tokens": new_tokens},
+        # every completion `new_tokens` long; continuous batching ignores `min_new_tokens`, and -1 turns EOS off there
+        generation_kwargs={"eos_token_id": -1} if continuous_batching else {"min_new_tokens": new_tokens},
         temperature=1.0,
         top_p=1.0,
         top_k=0,
@@ -78,6 +96,8 @@ def run_trl(
         dataloader_num_workers=0,
         seed=seed,
         shuffle_dataset=False,
+        use_transformers_continuous_batching=continuous_batching,
+        transformers_continuous_batching_config=paged_cache_for(model_dir, case) if continuous_batching else None,
     )
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, attn_implementation="sdpa")

@@ -1,5 +1,6 @@
 """scripts/bench_step.py's table: a leg whose process fails costs its row, not the other legs' or cases' figures,
-and the script then exits with status 1 (so a CI smoke run of it fails)."""
+and the script then exits with status 1 (so a CI smoke run of it fails); the `trl_cb` leg is TRL with continuous
+batching, its paged cache sized to the step."""
 
 import subprocess
 from pathlib import Path
@@ -38,3 +39,33 @@ def test_a_failed_leg_costs_its_row_and_the_exit_status(capsys, monkeypatch):
 
     assert rows(tiny) == ["ours"] and rows(smollm2) == ["ours", "trl"]
     assert "trl / ours (medians): step 2.00x wall" in smollm2 and "trl / ours" not in tiny
+
+
+def test_the_continuous_batching_leg_sizes_its_paged_cache_to_the_step(monkeypatch):
+    bench_trl = load_script("bench_step_trl")
+    monkeypatch.setattr(bench_trl, "prompt_lengths", lambda model_dir, case: [40, 44])
+    case = {"prompts": ["a", "b"], "generations": 8, "new_tokens": 300}
+    # 16 rows; the longest row, 44 + 300 tokens, takes 2 blocks of 256; the prefill feeds 16 x 44 tokens at once
+    expected = {"block_size": 256, "num_blocks": 32, "max_batch_tokens": 704}
+    assert bench_trl.paged_cache_for(Path("unused"), case) == expected
+
+
+def test_the_trl_cb_leg_runs_trl_with_continuous_batching(monkeypatch, tmp_path):
+    bench = load_script("bench_step")
+    seen = []
+
+    class Timer:
+        steps = [{"step": 1.0}]
+
+    def fake_trl(model_dir, case, steps, seed, output_dir, bf16, device, continuous_batching):
+        seen.append(continuous_batching)
+        return Timer()
+
+    monkeypatch.setattr(bench, "run_trl", fake_trl)
+    for leg in ("trl", "trl_cb"):
+        args = bench.argparse.Namespace(
+            worker=leg, case=["tiny"], model_dir="unused", steps=1, seed=0, trl_bf16=False, device="cpu"
+        )
+        args.json = str(tmp_path / f"{leg}.json")
+        assert bench.worker(args) == 0
+    assert seen == [False, True]
