@@ -4,7 +4,9 @@ searched over the whole mini-batch (each token's bound, for a loss that reads a 
 
 from __future__ import annotations
 
+import json
 import socket
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -35,14 +37,20 @@ def micro_batches(rank: int, rows: int = 3, tokens: int = 6) -> list[SelectionIn
     return parts
 
 
-def _rank(rank: int, port: int, results) -> None:
+def _rank(rank: int, port: int, folder: Path) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
+        picks = {}
         for name, loss in LOSSES.items():
             torch.manual_seed(rank)  # only rank 0's RNG seeds the shared random pick
-            results[name, rank] = [s.tolist() for s in select_over_mini_batch(loss(), micro_batches(rank))]
+            picks[name] = [s.tolist() for s in select_over_mini_batch(loss(), micro_batches(rank))]
+        (folder / f"rank{rank}.json").write_text(json.dumps(picks))
     finally:
         dist.destroy_process_group()
+
+
+def read_picks(folder: Path, rank: int) -> dict[str, list]:
+    return json.loads((folder / f"rank{rank}.json").read_text())
 
 
 def _free_port() -> int:
@@ -51,9 +59,10 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_two_ranks_pick_as_one_process_holding_their_tokens():
-    results = mp.Manager().dict()
-    mp.spawn(_rank, args=(_free_port(), results), nprocs=2, join=True)
+def test_two_ranks_pick_as_one_process_holding_their_tokens(tmp_path):
+    # each rank writes its picks to a file (a Manager would fork a server from this threaded process)
+    mp.spawn(_rank, args=(_free_port(), tmp_path), nprocs=2, join=True)
+    results = {(name, rank): picks for rank in (0, 1) for name, picks in read_picks(tmp_path, rank).items()}
     for name, loss in LOSSES.items():
         torch.manual_seed(0)
         whole = select_over_mini_batch(loss(), micro_batches(0) + micro_batches(1))
