@@ -5,7 +5,10 @@ Legs (fp32 master weights in every leg; the trainer's log-probs are always the f
 
 * `fp32`: `KVCacheGeneration(dtype="float32")`, the model as it is;
 * `bf16_copy`: `KVCacheGeneration(dtype="bfloat16")`, a bf16 copy of the weights (what the option does);
-* `bf16_autocast`: the model under `torch.autocast(dtype=bfloat16)` (the alternative the copy was chosen over);
+* `bf16_autocast`: the model itself under `torch.autocast(dtype=bfloat16)`, every fp32 weight cast at every step
+  (the alternative the copy was chosen over);
+* `bf16_autocast_copy`: `KVCacheGeneration(dtype="auto")` under the same autocast (what `bf16-mixed` samples
+  with): its autocast copy, the linear layers' weights in bf16, the same numbers as `bf16_autocast`;
 * `bf16_copy_fp32_head`: `bf16_copy` of the same weights with `model.lm_head_fp32` (the copy's output layer, and
   so its logits, in float32): what part of the mismatch the output layer's precision makes (MiniMax-M1, ScaleRL).
 
@@ -41,9 +44,17 @@ import torch  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_step_cases  # noqa: E402
 
+from rlvr_lightning.generation.sampling_precision import SamplingWeights
 from rlvr_lightning.policies.hf_options import GenerationOptions, HFModelOptions, PromptOptions
 
-LEGS = ("fp32", "bf16_copy", "bf16_autocast", "bf16_copy_fp32_head")
+LEGS = ("fp32", "bf16_copy", "bf16_autocast", "bf16_autocast_copy", "bf16_copy_fp32_head")
+
+
+class ModelItself(SamplingWeights):
+    """Sampling from the model as it is, whatever autocast says (the `bf16_autocast` leg)."""
+
+    def model_for(self, model, dtype):
+        return model
 
 
 def cpu_bf16_flags() -> list[str]:
@@ -105,8 +116,10 @@ def main(argv: list[str] | None = None) -> int:
         "fp32": KVCacheGeneration(dtype="float32"),
         "bf16_copy": KVCacheGeneration(dtype="bfloat16"),
         "bf16_autocast": KVCacheGeneration(dtype="auto"),
+        "bf16_autocast_copy": KVCacheGeneration(dtype="auto"),
         "bf16_copy_fp32_head": KVCacheGeneration(dtype="bfloat16"),
     }
+    backends["bf16_autocast"]._weights = ModelItself()
     device_type = torch.device(args.device).type
 
     # one-off costs of the copy: building it, and refreshing it after the weights changed
@@ -126,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
             policy.generation = backends[leg]
             precision = (
                 torch.autocast(device_type, dtype=torch.bfloat16)
-                if leg == "bf16_autocast"
+                if leg.startswith("bf16_autocast")
                 else contextlib.nullcontext()
             )
             torch.manual_seed(round_index)
@@ -142,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
             row.update({key: float(value) for key, value in stats.items()})
             if round_index:
                 results[leg].append(row)
-            print(f"round {round_index} {leg:<14} {tokens / wall:8.1f} tok/s  k3 {row['k3_kl']:.2e}", flush=True)
+            print(f"round {round_index} {leg:<18} {tokens / wall:8.1f} tok/s  k3 {row['k3_kl']:.2e}", flush=True)
 
     summary = {}
     for leg, rows in results.items():
@@ -161,11 +174,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}")
     print(f"weights: {'random (config only)' if 'config' in source else model_dir}")
     print(f"bf16 copy: built in {build_seconds:.3f} s, refreshed in {refresh_seconds:.3f} s")
-    print(f"{'leg':<14} {'tok/s median [min-max]':>26} {'cpu s':>8} {'k3 KL':>10} {'IS max':>8} {'IS mean':>8}")
+    print(f"{'leg':<18} {'tok/s median [min-max]':>26} {'cpu s':>8} {'k3 KL':>10} {'IS max':>8} {'IS mean':>8}")
     for leg, s in summary.items():
         tps = s["tokens_per_s"]
         print(
-            f"{leg:<14} {tps['median']:9.1f} [{tps['min']:.1f}-{tps['max']:.1f}]".ljust(41)
+            f"{leg:<18} {tps['median']:9.1f} [{tps['min']:.1f}-{tps['max']:.1f}]".ljust(45)
             + f"{s['cpu_s']['median']:8.2f} {s['k3_kl']['median']:10.2e} {s['is_weight_max']['median']:8.3f}"
             f" {s['is_weight_mean']['median']:8.4f}"
         )

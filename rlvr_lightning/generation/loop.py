@@ -15,7 +15,6 @@ Everything here is model-agnostic: it needs a transformers-style causal LM that 
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import time
 from collections.abc import Sequence
@@ -275,8 +274,7 @@ class KVCacheGeneration(GenerationBackend):
     ):
         device = compute_device(model)
         sampler = self._weights.model_for(model, resolve_sampling_dtype(self.dtype, model))
-        # a cast copy computes in its own dtype: autocast (`bf16-mixed`) would cast it again
-        precision = contextlib.nullcontext() if sampler is model else torch.autocast(device.type, enabled=False)
+        precision = self._weights.precision(model, sampler, device.type)
         model = sampler
         prompt_ids, prompt_mask = left_pad(prompt_token_ids, pad_token_id)
         stop = StopStringChecker(

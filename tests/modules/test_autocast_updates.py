@@ -7,7 +7,9 @@ micro-batches, LoRA, PPO's critic, a Lightning fit, and the bf16 sampling copy o
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -179,18 +181,24 @@ def test_the_detector_catches_a_stale_path(path, tokenizer_dir, monkeypatch):
     assert set(stale) <= set(recorder.moved_calls())  # (a row with an empty response has no log-probs to differ)
 
 
-def _sampling_copy_path(tokenizer_dir) -> tuple[Recorder, torch.Tensor]:
-    """A policy trained in fp32 samples from its bf16 copy (`KVCacheGeneration(dtype="bfloat16")`): the copy's
-    logits before and after an optimizer step, replayed with a fresh cast of the weights of the time."""
+def _sampling_copy_path(tokenizer_dir, under_autocast: bool) -> tuple[Recorder, Callable]:
+    """A policy trained in fp32 samples from its bf16 copy: a cast copy (`KVCacheGeneration(dtype="bfloat16")`), or
+    under bf16 autocast the autocast copy (`dtype: auto` under `bf16-mixed`). The copy's logits before and after an
+    optimizer step, replayed with a fresh cast copy (or the model itself under autocast) of the weights of the time."""
     policy = _policy(tokenizer_dir)
     model, copies = policy.model, SamplingWeights()
     ids = torch.randint(10, policy.hf_config.vocab_size, (2, 7), generator=torch.Generator().manual_seed(0))
+    precision = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if under_autocast else contextlib.nullcontext
 
     def sample_logits(input_ids):
-        return copies.model_for(model, torch.bfloat16)(input_ids=input_ids).logits
+        with precision():
+            return copies.model_for(model, torch.bfloat16)(input_ids=input_ids).logits
 
     def fresh_logits(input_ids):
-        return _cast_copy(model, torch.bfloat16)(input_ids=input_ids).logits
+        if under_autocast:
+            with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
+                return model(input_ids=input_ids).logits
+        return _cast_copy(model, torch.bfloat16)[0](input_ids=input_ids).logits
 
     recorder = Recorder(sample_logits, [model])
     with torch.no_grad():
@@ -203,15 +211,17 @@ def _sampling_copy_path(tokenizer_dir) -> tuple[Recorder, torch.Tensor]:
     return recorder, fresh_logits
 
 
-def test_the_bf16_sampling_copy_follows_an_optimizer_step(tokenizer_dir):
-    recorder, fresh = _sampling_copy_path(tokenizer_dir)
+@pytest.mark.parametrize("under_autocast", [False, True], ids=["cast_copy", "autocast_copy"])
+def test_the_bf16_sampling_copy_follows_an_optimizer_step(tokenizer_dir, under_autocast):
+    recorder, fresh = _sampling_copy_path(tokenizer_dir, under_autocast)
     assert recorder.moved_calls() == [1]
     assert recorder.stale_calls(fresh) == []
 
 
-def test_the_detector_catches_a_sampling_copy_left_stale(tokenizer_dir, monkeypatch):
+@pytest.mark.parametrize("under_autocast", [False, True], ids=["cast_copy", "autocast_copy"])
+def test_the_detector_catches_a_sampling_copy_left_stale(tokenizer_dir, monkeypatch, under_autocast):
     monkeypatch.setattr(sampling_precision, "_refresh", lambda *args: None)
-    recorder, fresh = _sampling_copy_path(tokenizer_dir)
+    recorder, fresh = _sampling_copy_path(tokenizer_dir, under_autocast)
     assert recorder.moved_calls() == [1]
     assert recorder.stale_calls(fresh) == [1]
 

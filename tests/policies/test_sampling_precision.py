@@ -74,12 +74,13 @@ def test_float32_sampling_of_fp32_weights_uses_the_model_itself(make_policy):
     assert ((trainer - rollout.sampling_log_probs).abs() * rollout.response_mask).max().item() < 1e-4
 
 
-def test_auto_samples_in_the_autocast_dtype_without_a_copy(make_policy):
+def test_auto_samples_in_the_autocast_dtype(make_policy):
+    """Under autocast through the autocast copy (tests/policies/test_autocast_copy.py), without it the model."""
     policy = make_policy(prompt=PromptOptions(template="raw"))  # KVCacheGeneration(dtype="auto")
     seen = record_head_dtypes(policy)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         policy.sample(PROMPTS, 2, SAMPLING)
-    assert set(seen) == {torch.bfloat16} and not policy.generation._weights._copies
+    assert set(seen) == {torch.bfloat16} and list(policy.generation._weights._copies) == [(id(policy.model), True)]
     seen.clear()
     policy.sample(PROMPTS, 2, SAMPLING)
     assert set(seen) == {torch.float32}
