@@ -17,6 +17,7 @@ same buffers (and graph) while `P + max_new_tokens <= capacity`.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Sequence
 
@@ -117,11 +118,15 @@ class DecodeWorkspace:
         self.rows, self.capacity, self.device = rows, capacity, device
         self.cache = StaticCache(config=text_config(model), max_cache_len=capacity)
         heads, key_dim, value_dim = key_like.shape[1], key_like.shape[-1], value_like.shape[-1]
-        value_dtype = step_value_dtype(value_like)
+        key_dtype, value_dtype = step_key_dtype(key_like), step_value_dtype(value_like)
         for layer in self.cache.layers:  # allocated now (and marked as static addresses), not at the first write
             layer.lazy_initialization(
                 key_like.new_empty((rows, heads, 1, key_dim)), value_like.new_empty((rows, heads, 1, value_dim))
             )
+            if layer.keys.dtype != key_dtype:
+                layer.keys = torch.zeros_like(layer.keys, dtype=key_dtype)
+                torch._dynamo.mark_static_address(layer.keys)
+                layer.update = functools.partial(_update_casting_keys, layer.update, key_dtype)
             if layer.values.dtype != value_dtype:
                 layer.values = torch.zeros_like(layer.values, dtype=value_dtype)
                 torch._dynamo.mark_static_address(layer.values)
@@ -160,7 +165,8 @@ class DecodeWorkspace:
         """Whether a generation of `rows` rows and `length` positions, whose prefill's cache holds keys and values
         like `key_like` and `value_like`, can run here (autocast switched on or off changes the values' dtype)."""
         keys, values = self.cache.layers[0].keys, self.cache.layers[0].values
-        same = keys.dtype == key_like.dtype and keys.device == key_like.device and keys.shape[1] == key_like.shape[1]
+        same = keys.dtype == step_key_dtype(key_like) and keys.device == key_like.device
+        same = same and keys.shape[1] == key_like.shape[1]
         same = same and values.dtype == step_value_dtype(value_like)
         return same and row_bucket(rows) == self.rows and length <= self.capacity
 
@@ -233,6 +239,21 @@ class WorkspacePool:
             for workspace in workspaces.values():
                 workspace.release()
         self._by_model = {}
+
+
+def step_key_dtype(key_like: Tensor) -> torch.dtype:
+    """The dtype the cache keeps keys in, for a prefill whose keys are like `key_like`: under autocast its dtype
+    (keys leave RoPE in float32, and every reader, SDPA or a matrix product, casts them to the autocast dtype anyway:
+    cast once when written, the same rounding, instead of the whole cache at every layer of every step)."""
+    device_type = key_like.device.type
+    if torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return key_like.dtype
+
+
+def _update_casting_keys(update, key_dtype: torch.dtype, key_states: Tensor, value_states: Tensor, *args, **kwargs):
+    """A cache layer's `update` that writes the step's keys in the cache's key dtype (`step_key_dtype`)."""
+    return update(key_states.to(key_dtype), value_states, *args, **kwargs)
 
 
 def step_value_dtype(value_like: Tensor) -> torch.dtype:

@@ -192,7 +192,7 @@ def test_under_autocast_over_float32_weights(make_policy, eager_without_compacti
     assert_same_rollout(eager, static, log_prob_tolerance=1e-2)  # the same tokens; bf16 rounding in other orders
 
 
-def test_the_static_cache_holds_values_in_the_autocast_dtype():
+def test_the_static_cache_holds_keys_and_values_in_the_autocast_dtype():
     from rlvr_lightning.generation.static_cache import DecodeWorkspace
 
     from .static_pairs import tiny_model
@@ -201,7 +201,7 @@ def test_the_static_cache_holds_values_in_the_autocast_dtype():
     keys = torch.zeros(1, 2, 3, 8)  # a prefill's float32 keys and values (transformers < 5.20 promotes both)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         layer = DecodeWorkspace(model, 4, 64, keys, keys.clone()).cache.layers[0]
-    assert (layer.keys.dtype, layer.values.dtype) == (torch.float32, torch.bfloat16)
+    assert (layer.keys.dtype, layer.values.dtype) == (torch.bfloat16, torch.bfloat16)
     layer = DecodeWorkspace(model, 4, 64, keys, keys.clone()).cache.layers[0]
     assert (layer.keys.dtype, layer.values.dtype) == (torch.float32, torch.float32)
 
@@ -220,3 +220,25 @@ def test_a_sharded_model_decodes_eagerly_on_cuda_and_the_default_says_why(make_p
     assert not DeviceDefaultGeneration.decodes_statically(cuda, model)
     with pytest.warns(UserWarning, match=r"decodes eagerly on cuda:0, not statically: the model is sharded by FSDP2"):
         DeviceDefaultGeneration().say_why_eager(cuda, model)
+
+
+def test_under_autocast_the_cache_keeps_bf16_keys_and_samples_as_with_fp32_keys(make_policy, monkeypatch):
+    """Keys leave RoPE in fp32 under autocast; the static cache keeps them in bf16, the rounding SDPA's autocast
+    applies to them anyway: the same tokens and bit-identical log-probs as a cache that keeps them in fp32."""
+    from rlvr_lightning.generation import static_cache
+
+    def sample(backend):
+        policy = make_policy(generation=GenerationOptions(backend=backend), prompt=PromptOptions(template="raw"))
+        torch.manual_seed(1)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            rollout = policy.sample(PROMPTS, 3, SamplingConfig(max_new_tokens=12, temperature=0.9))
+        (workspaces,) = [workspaces for _, workspaces in backend._workspaces._by_model.values()]
+        return rollout, next(iter(workspaces.values())).cache.layers[0]
+
+    bf16_keys, layer = sample(StaticCacheGeneration())
+    assert layer.keys.dtype == layer.values.dtype == torch.bfloat16
+    monkeypatch.setattr(static_cache, "step_key_dtype", lambda key_like: key_like.dtype)
+    fp32_keys, layer = sample(StaticCacheGeneration())
+    assert layer.keys.dtype == torch.float32
+    assert torch.equal(bf16_keys.response_ids, fp32_keys.response_ids)
+    assert torch.equal(bf16_keys.sampling_log_probs, fp32_keys.sampling_log_probs)
