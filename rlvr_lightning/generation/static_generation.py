@@ -137,7 +137,8 @@ class RandomStream:
         if generator is None:
             generator = torch.default_generator
             if device.type == "cuda":
-                generator = torch.cuda.default_generators[device.index or torch.cuda.current_device()]
+                index = device.index if device.index is not None else torch.cuda.current_device()  # cuda:0 is index 0
+                generator = torch.cuda.default_generators[index]
         self.generator = generator
         self.states: dict[int, Tensor] = {}
 

@@ -56,7 +56,8 @@ def resolve_compile_mode(mode: str, device: torch.device) -> str:
 
 
 class CaptureFailed(RuntimeError):
-    """Recording the step in a CUDA graph failed (an operator that cannot be captured)."""
+    """Recording the step in a CUDA graph failed (an operator that cannot be captured), or a compiled step failed in
+    its first calls (compilation, inductor's recording: a recompile limit hit, a kernel that cannot launch)."""
 
 
 def fallback_mode(failed: str, device: torch.device) -> str:
@@ -111,7 +112,13 @@ def compiled(step: Callable[[], None], mode: str) -> Callable[[], None]:
             return
         calls += 1
         with GLOBAL_RANDOM_LOCK:
-            graph()
+            try:
+                graph()
+            except (torch.OutOfMemoryError, torch._dynamo.exc.TorchDynamoException):
+                raise  # the caller's fallback takes a compiler's errors as they are; memory is no mode's fault
+            except Exception as error:  # noqa: BLE001 - any other failure while compiling or recording
+                message = f"the compiled decoding step ({mode}) failed in its first calls: {error}"
+                raise CaptureFailed(message) from error
 
     return run
 

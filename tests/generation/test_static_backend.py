@@ -242,3 +242,13 @@ def test_under_autocast_the_cache_keeps_bf16_keys_and_samples_as_with_fp32_keys(
     assert layer.keys.dtype == torch.float32
     assert torch.equal(bf16_keys.response_ids, fp32_keys.response_ids)
     assert torch.equal(bf16_keys.sampling_log_probs, fp32_keys.sampling_log_probs)
+
+
+def test_the_random_stream_of_cuda_0_is_device_0s_generator(monkeypatch):
+    from rlvr_lightning.generation.static_generation import RandomStream
+
+    generators = (torch.Generator(), torch.Generator())
+    monkeypatch.setattr(torch.cuda, "default_generators", generators)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)  # a thread whose current device is cuda:1
+    assert RandomStream(None, torch.device("cuda", 0)).generator is generators[0]
+    assert RandomStream(None, torch.device("cuda")).generator is generators[1]

@@ -152,3 +152,38 @@ def test_a_graph_is_captured_without_the_autocast_cache():
     assert torch.equal(fresh, expected) and not torch.equal(stale, expected)
     with uncached_autocast("cpu"):
         assert not torch.is_autocast_enabled("cpu")  # no autocast where the caller had none
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        RuntimeError("CUDA error: operation not permitted when stream is capturing"),
+        torch._dynamo.exc.FailOnRecompileLimitHit("recompile_limit reached with fullgraph=True"),
+    ],
+    ids=["recording", "recompile_limit"],
+)
+def test_a_compiled_step_failing_in_its_first_calls_is_a_failed_capture(monkeypatch, error):
+    """`compile: auto` falls back on `CaptureFailed`: any failure of a compiled step's first calls (compilation,
+    inductor's recording) becomes one; memory running out does not, nor a failure after them."""
+    from rlvr_lightning.generation import step_capture
+
+    raised = [error]
+
+    def graph():
+        if raised:
+            raise raised.pop()
+
+    monkeypatch.setattr(torch, "compile", lambda step, **options: graph)
+    run = step_capture.compiled(lambda: None, "default")
+    with pytest.raises(step_capture.CaptureFailed, match="failed in its first calls") as caught:
+        run()
+    assert caught.value.__cause__ is error
+    raised.append(torch.OutOfMemoryError("CUDA out of memory"))
+    with pytest.raises(torch.OutOfMemoryError):
+        run()
+    for _ in range(step_capture.RECORDING_CALLS):
+        run()
+    raised.append(RuntimeError("a later failure"))
+    with pytest.raises(RuntimeError, match="a later failure") as later:
+        run()
+    assert type(later.value) is RuntimeError
