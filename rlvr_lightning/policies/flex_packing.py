@@ -126,9 +126,19 @@ def document_block_mask(document_ids: Tensor, block_size: int | None = None):
 
 @functools.cache
 def _compiled_flex_attention():
+    """`torch.compile(flex_attention)` whose backward is compiled with its forward, not at the first backward: a
+    kernel that cannot build on this machine fails inside the forward, where `packed_attention="auto"` falls back
+    to the model's own attention (`flex_compile_failed`), not later in `loss.backward()`."""
+    from torch._functorch import config as functorch_config
     from torch.nn.attention.flex_attention import flex_attention
 
-    return torch.compile(flex_attention)
+    compiled = torch.compile(flex_attention)
+
+    def run(*args: Any, **kwargs: Any) -> Tensor:
+        with functorch_config.patch(force_non_lazy_backward_lowering=True):
+            return compiled(*args, **kwargs)
+
+    return run
 
 
 def _flex_kernel():

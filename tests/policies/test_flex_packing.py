@@ -161,3 +161,22 @@ def test_auto_scores_with_the_models_kernel_after_flex_failed_to_compile(make_po
     named = make_policy(model=HFModelOptions(packed_attention="flex"), **kwargs)
     with pytest.raises(CompileFailure, match="no working Triton here"):
         _log_probs_and_grads(named, rollout, packed=True)
+
+
+def test_the_compiled_kernel_builds_its_backward_with_its_forward(monkeypatch):
+    """A FlexAttention backward that cannot build on the machine fails inside the forward (where `auto` falls back to
+    the model's kernel), not at the first `loss.backward()`: AOTAutograd lowers the backward eagerly in the call."""
+    from torch._functorch import config as functorch_config
+
+    from rlvr_lightning.policies import flex_packing
+
+    seen = []
+    monkeypatch.setattr(
+        torch, "compile", lambda fn: lambda *a, **k: seen.append(functorch_config.force_non_lazy_backward_lowering)
+    )
+    flex_packing._compiled_flex_attention.cache_clear()
+    try:
+        flex_packing._compiled_flex_attention()(None)
+    finally:
+        flex_packing._compiled_flex_attention.cache_clear()
+    assert seen == [True] and functorch_config.force_non_lazy_backward_lowering is False
