@@ -22,6 +22,7 @@ MODELS = {
     "tied": {"model": HFModelOptions(config=tiny_llama_config(tie_word_embeddings=True))},
     "qwen2_biases": {"model": HFModelOptions(config=tiny_llama_config(model_type="qwen2"))},
     "float32_head": {"model": HFModelOptions(lm_head_fp32=True)},
+    "plain_layers": {"model": HFModelOptions(lean_activations=False)},
     "lora": {"lora": LoRAOptions(r=4)},
 }
 BACKENDS = {"eager": KVCacheGeneration, "static": StaticCacheGeneration}
