@@ -52,6 +52,7 @@ import torch  # noqa: E402
 from bench_failures import reported_failure  # noqa: E402
 
 from rlvr_lightning.demos.model_shapes import QWEN2_5_1_5B, SMOLLM2_135M  # noqa: E402
+from rlvr_lightning.modules.attention_kernels import turn_off_cudnn_attention  # noqa: E402
 
 SHAPES = {  # the models' configs, random weights
     "smollm2": SMOLLM2_135M,
@@ -309,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     cuda = device.type == "cuda"
+    turn_off_cudnn_attention(device)  # as fit does (modules/attention_kernels.py), so the kernels are fit's
     args.models = args.models or (["smollm2", "qwen2.5-1.5b"] if cuda else ["tiny"])
     args.rows = args.rows or ([64, 128] if cuda else [8, 16])
     args.variants = args.variants or (

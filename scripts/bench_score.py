@@ -53,6 +53,7 @@ from bench_failures import reported_failure  # noqa: E402
 
 from rlvr_lightning.demos.model_shapes import SMOLLM2_135M  # noqa: E402
 from rlvr_lightning.demos.tiny_lm import save_tiny_tokenizer, tiny_llama_config  # noqa: E402
+from rlvr_lightning.modules.attention_kernels import turn_off_cudnn_attention  # noqa: E402
 from rlvr_lightning.policies.hf import HFPolicy  # noqa: E402
 from rlvr_lightning.policies.hf_options import GenerationOptions, HFModelOptions  # noqa: E402
 from rlvr_lightning.rollout import Rollout  # noqa: E402
@@ -162,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     plain = device.type == "cuda" if args.plain is None else args.plain
+    turn_off_cudnn_attention(device)  # as fit does (modules/attention_kernels.py), so the kernels are fit's
     compiled = device.type == "cuda" if args.compiled is None else args.compiled
     rows = args.rows or (4 if args.tiny else 32)
     prompt, response = args.prompt or (12 if args.tiny else 256), args.response or (20 if args.tiny else 512)
