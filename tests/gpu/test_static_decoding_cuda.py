@@ -118,9 +118,10 @@ def _static(model, pool, mode: str, seed: int = 0):
 
 
 def test_a_cuda_graph_captured_under_cached_autocast_reads_the_weights_after_an_update():
-    """`bf16-mixed` with `dtype: auto` samples the fp32 model under Lightning's autocast, whose cache holds a bf16
-    cast of each weight: the graph records its own casts (an uncached capture), so after an update in place it
-    samples what the eager step samples from the new weights, not from the cached copies of the old ones."""
+    """An fp32 model sampled under Lightning's autocast (`dtype: auto` of a sharded model; the autocast copy of an
+    unsharded one leaves autocast no linear weight to cast), whose cache holds a bf16 cast of each weight: the graph
+    records its own casts (an uncached capture), so after an update in place it samples what the eager step
+    samples from the new weights, not from the cached copies of the old ones."""
     from rlvr_lightning.generation.static_cache import WorkspacePool
 
     model, pool = tiny_model("llama").cuda(), WorkspacePool()
