@@ -118,8 +118,8 @@ def _static(model, pool, mode: str, seed: int = 0):
 
 
 def test_a_cuda_graph_captured_under_cached_autocast_reads_the_weights_after_an_update():
-    """An fp32 model sampled under Lightning's autocast (`dtype: auto` of a sharded model; the autocast copy of an
-    unsharded one leaves autocast no linear weight to cast), whose cache holds a bf16 cast of each weight: the graph
+    """An fp32 model sampled as it is under Lightning's autocast (`dtype: auto` samples through an autocast copy, whose
+    linear weights need no cast, where it can copy the model), whose cache holds a bf16 cast of each weight: the graph
     records its own casts (an uncached capture), so after an update in place it samples what the eager step
     samples from the new weights, not from the cached copies of the old ones."""
     from rlvr_lightning.generation.static_cache import WorkspacePool
