@@ -72,7 +72,6 @@ class SamplingWeights:
         # (id(model), autocast copy?) -> the copy: the policy's (first rollout, top-ups, validation) and, with
         # asynchronous rollouts, the sampling copy's
         self._copies: dict[tuple[int, bool], _Copy] = {}
-        self._under_autocast: set[int] = set()  # id of each autocast copy
         count_optimizer_steps()
 
     def model_for(self, model: nn.Module, dtype: torch.dtype) -> nn.Module:
@@ -98,9 +97,6 @@ class SamplingWeights:
             build = _autocast_copy if under_autocast else _cast_copy
             sampler, sources, targets = build(model, dtype)
             entry = _Copy(weakref.ref(model), sampler, sources, targets, version)
-            self._under_autocast = {id(e.sampler) for k, e in self._copies.items() if k[1]}
-            if under_autocast:
-                self._under_autocast.add(id(sampler))
         self._copies[key] = entry._replace(version=version)
         return entry.sampler
 
@@ -108,12 +104,13 @@ class SamplingWeights:
         """What to sample from `sampler` (`model_for(model, ...)`) on `device_type` under: the caller's autocast for
         the model itself and its autocast copy, autocast off for a cast copy (which computes in its own dtype:
         autocast would cast it again)."""
-        if sampler is model or id(sampler) in self._under_autocast:
+        autocast_copy = self._copies.get((id(model), True))
+        if sampler is model or (autocast_copy is not None and autocast_copy.sampler is sampler):
             return contextlib.nullcontext()
         return torch.autocast(device_type, enabled=False)
 
     def __getstate__(self) -> dict:
-        return {"_copies": {}, "_under_autocast": set()}  # a copy never travels (deepcopy, pickling): rebuilt
+        return {"_copies": {}}  # a copy never travels (deepcopy, pickling): it is rebuilt on first use
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
@@ -127,8 +124,6 @@ def _plain_linear_layers(model: nn.Module) -> list[nn.Linear]:
 
 
 def _autocast_casts_weights(model: nn.Module, dtype: torch.dtype) -> bool:
-    if fsdp_param_dtype(model) is not None:
-        return False
     try:
         if not torch.is_autocast_enabled(next(model.parameters()).device.type):
             return False

@@ -118,7 +118,7 @@ class DecodeWorkspace:
         self.rows, self.capacity, self.device = rows, capacity, device
         self.cache = StaticCache(config=text_config(model), max_cache_len=capacity)
         heads, key_dim, value_dim = key_like.shape[1], key_like.shape[-1], value_like.shape[-1]
-        key_dtype, value_dtype = step_key_dtype(key_like), step_value_dtype(value_like)
+        key_dtype, value_dtype = step_cache_dtype(key_like), step_cache_dtype(value_like)
         for layer in self.cache.layers:  # allocated now (and marked as static addresses), not at the first write
             layer.lazy_initialization(
                 key_like.new_empty((rows, heads, 1, key_dim)), value_like.new_empty((rows, heads, 1, value_dim))
@@ -165,9 +165,9 @@ class DecodeWorkspace:
         """Whether a generation of `rows` rows and `length` positions, whose prefill's cache holds keys and values
         like `key_like` and `value_like`, can run here (autocast switched on or off changes the values' dtype)."""
         keys, values = self.cache.layers[0].keys, self.cache.layers[0].values
-        same = keys.dtype == step_key_dtype(key_like) and keys.device == key_like.device
+        same = keys.dtype == step_cache_dtype(key_like) and keys.device == key_like.device
         same = same and keys.shape[1] == key_like.shape[1]
-        same = same and values.dtype == step_value_dtype(value_like)
+        same = same and values.dtype == step_cache_dtype(value_like)
         return same and row_bucket(rows) == self.rows and length <= self.capacity
 
     def release(self) -> None:
@@ -241,26 +241,17 @@ class WorkspacePool:
         self._by_model = {}
 
 
-def step_key_dtype(key_like: Tensor) -> torch.dtype:
-    """The dtype the cache keeps keys in, for a prefill whose keys are like `key_like`: under autocast its dtype
-    (keys leave RoPE in float32, and every reader, SDPA or a matrix product, casts them to the autocast dtype anyway:
-    cast once when written, the same rounding, instead of the whole cache at every layer of every step)."""
-    device_type = key_like.device.type
+def step_cache_dtype(like: Tensor) -> torch.dtype:
+    """The dtype the cache keeps keys or values in, for a prefill whose keys or values are like `like`: under autocast
+    its dtype (values leave their projection in it; keys leave RoPE in float32, and every reader, SDPA or a matrix
+    product, casts them to it anyway: cast once when written, the same rounding, instead of the whole cache at every
+    layer of every step), else `like`'s (transformers < 5.20 gives a prefill's values its keys' dtype)."""
+    device_type = like.device.type
     if torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type):
         return torch.get_autocast_dtype(device_type)
-    return key_like.dtype
+    return like.dtype
 
 
 def _update_casting_keys(update, key_dtype: torch.dtype, key_states: Tensor, value_states: Tensor, *args, **kwargs):
-    """A cache layer's `update` that writes the step's keys in the cache's key dtype (`step_key_dtype`)."""
+    """A cache layer's `update` that writes the step's keys in the cache's key dtype (`step_cache_dtype`)."""
     return update(key_states.to(key_dtype), value_states, *args, **kwargs)
-
-
-def step_value_dtype(value_like: Tensor) -> torch.dtype:
-    """The dtype of the values a decoding step writes, for a prefill whose values are like `value_like`: under
-    autocast they leave their projection in the autocast dtype (keys leave RoPE in float32); transformers < 5.20
-    gives a prefill's values its keys' dtype."""
-    device_type = value_like.device.type
-    if torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type):
-        return torch.get_autocast_dtype(device_type)
-    return value_like.dtype

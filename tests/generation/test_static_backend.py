@@ -237,7 +237,7 @@ def test_under_autocast_the_cache_keeps_bf16_keys_and_samples_as_with_fp32_keys(
 
     bf16_keys, layer = sample(StaticCacheGeneration())
     assert layer.keys.dtype == layer.values.dtype == torch.bfloat16
-    monkeypatch.setattr(static_cache, "step_key_dtype", lambda key_like: key_like.dtype)
+    monkeypatch.setattr(static_cache, "step_cache_dtype", lambda like: like.dtype)
     fp32_keys, layer = sample(StaticCacheGeneration())
     assert layer.keys.dtype == torch.float32
     assert torch.equal(bf16_keys.response_ids, fp32_keys.response_ids)
