@@ -125,25 +125,29 @@ def test_masked_tokens_are_exactly_zero_even_with_garbage():
     assert _stat(out, "ratio_max") == 1.0  # masked token ignored
 
 
-def _call(kind, log_probs, old, advantages, mask):
-    loss = policy_loss(kind)
-    if loss.selection_reads_entropy:  # the update hands it its pick by entropy
+def call_loss(kind, log_probs, old, advantages, mask, selected=None):
+    """The loss `kind` on these inputs, with what the update hands it besides (made on `log_probs`' device):
+    `selected`, the pick of a loss that picks tokens, or for one that picks by entropy, its pick here."""
+    loss, device = policy_loss(kind), log_probs.device
+    if selected is None and loss.selection_reads_entropy:  # the update hands it its pick by entropy
         entropy = torch.linspace(0.1, 1.0, log_probs.numel()).view_as(log_probs)
         selected = pick_tokens(loss, log_probs, old, advantages, mask, entropy)
+    if selected is not None:
         return loss(log_probs, old, advantages, mask, selected=selected)
     inputs = {}
     if loss.reads_entropy:  # the update hands it the tokens' entropies
-        inputs["entropy"] = torch.linspace(0.1, 1.0, log_probs.numel()).view_as(log_probs)
+        inputs["entropy"] = torch.linspace(0.1, 1.0, log_probs.numel(), device=device).view_as(log_probs)
     if loss.reads_reference:  # the update hands it the reference's log-probs
         inputs["ref_log_probs"] = old - 0.3
     if loss.reads_top_k:  # the update hands it the policy's top-K candidates: here the sampled token first
-        inputs["top_log_probs"] = log_probs.unsqueeze(-1) - torch.arange(loss.reads_top_k, dtype=log_probs.dtype)
-        inputs["top_is_sampled"] = torch.arange(loss.reads_top_k).expand(*log_probs.shape, -1) == 0
+        ranks = torch.arange(loss.reads_top_k, device=device)
+        inputs["top_log_probs"] = log_probs.unsqueeze(-1) - ranks.to(log_probs.dtype)
+        inputs["top_is_sampled"] = ranks.expand(*log_probs.shape, -1) == 0
     if loss.reads_correctness:  # and which responses are correct: here every one
-        inputs["correct"] = torch.ones(log_probs.shape[0], dtype=torch.bool)
+        inputs["correct"] = torch.ones(log_probs.shape[0], dtype=torch.bool, device=device)
     if loss.reads_groups:  # the update hands it each row's group: here every row in one group
         rows = log_probs.shape[0]
-        inputs.update(group_index=torch.zeros(rows, dtype=torch.long), group_size=rows)
+        inputs.update(group_index=torch.zeros(rows, dtype=torch.long, device=device), group_size=rows)
     return loss(log_probs, old, advantages, mask, **inputs)
 
 
@@ -154,8 +158,8 @@ def test_a_bool_mask_masks_like_an_int_mask(kind):
     log_probs = torch.tensor([[-1.0, -2.0, -3.0]], requires_grad=True)
     old = log_probs.detach() + torch.tensor([[0.1, -0.2, 5.0]])
     adv = torch.tensor([1.0])
-    as_int = _call(kind, log_probs, old, adv, torch.tensor([[1, 1, 0]]))
-    as_bool = _call(kind, log_probs, old, adv, torch.tensor([[True, True, False]]))
+    as_int = call_loss(kind, log_probs, old, adv, torch.tensor([[1, 1, 0]]))
+    as_bool = call_loss(kind, log_probs, old, adv, torch.tensor([[True, True, False]]))
     assert as_bool.loss[0, 2].item() == 0.0
     assert_close(as_bool.loss, as_int.loss)
     for key, value in as_int.stats.items():
@@ -319,8 +323,8 @@ def test_no_mask_equals_an_all_ones_mask(kind):
     log_probs = torch.randn(3, 4).clamp(max=-0.1)
     old = log_probs + 0.3 * torch.randn(3, 4)
     advantages = torch.tensor([1.0, -0.5, 2.0])
-    with_mask = _call(kind, log_probs, old, advantages, torch.ones(3, 4))
-    without = _call(kind, log_probs, old, advantages, None)
+    with_mask = call_loss(kind, log_probs, old, advantages, torch.ones(3, 4))
+    without = call_loss(kind, log_probs, old, advantages, None)
     assert_close(without.loss, with_mask.loss)
     for key, value in with_mask.stats.items():
         assert_close(without.stats[key], value, msg=key)

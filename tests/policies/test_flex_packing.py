@@ -7,22 +7,15 @@ around the kernel combines a tensor left on the CPU with them."""
 from __future__ import annotations
 
 import contextlib
-import os
-import traceback
-from pathlib import Path
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
-import rlvr_lightning
 from rlvr_lightning.demos.tiny_lm import tiny_llama_config
 from rlvr_lightning.policies import flex_packing
 from rlvr_lightning.policies.hf_options import GenerationOptions, HFModelOptions
+from tests.device_mixes import MixedDevices
 from tests.packed_rows import uneven_rollout
-
-OURS = str(Path(rlvr_lightning.__file__).parent) + os.sep
 
 
 def _log_probs_and_grads(policy, rollout, packed: bool):
@@ -191,25 +184,6 @@ def test_the_compiled_kernel_builds_its_backward_with_its_forward(monkeypatch):
     finally:
         flex_packing._compiled_flex_attention.cache_clear()
     assert seen == [True] and functorch_config.force_non_lazy_backward_lowering is False
-
-
-class MixedDevices(TorchDispatchMode):
-    """Each operator given tensors on two devices where CUDA's rule refuses it (a 0-dim CPU tensor is a scalar; a
-    copy moves, an index may be on the CPU), with the line of ours that called it."""
-
-    CROSSING = {"_to_copy", "copy_", "index", "index_put_", "_index_put_impl_"}
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.mixed: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        tensors = [t for t in tree_leaves((args, kwargs or {})) if isinstance(t, torch.Tensor)]
-        devices = {t.device for t in tensors if t.device.type != "cpu" or t.dim() > 0}
-        if len(devices) > 1 and func.__name__.split(".")[0] not in self.CROSSING:
-            frames = [f for f in traceback.extract_stack() if f.filename.startswith(OURS)]
-            self.mixed.append(f"{func} at {frames[-1].filename}:{frames[-1].lineno}" if frames else str(func))
-        return func(*args, **(kwargs or {}))
 
 
 def packed_scoring_elsewhere(policy, monkeypatch) -> list[str]:
