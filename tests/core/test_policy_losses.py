@@ -125,14 +125,12 @@ def test_masked_tokens_are_exactly_zero_even_with_garbage():
     assert _stat(out, "ratio_max") == 1.0  # masked token ignored
 
 
-def call_loss(kind, log_probs, old, advantages, mask, selected=None):
-    """The loss `kind` on these inputs, with what the update hands it besides (made on `log_probs`' device):
-    `selected`, the pick of a loss that picks tokens, or for one that picks by entropy, its pick here."""
+def call_loss(kind, log_probs, old, advantages, mask):
+    """The loss `kind` on these inputs, with what the update hands it besides (made on `log_probs`' device)."""
     loss, device = policy_loss(kind), log_probs.device
-    if selected is None and loss.selection_reads_entropy:  # the update hands it its pick by entropy
-        entropy = torch.linspace(0.1, 1.0, log_probs.numel()).view_as(log_probs)
+    if loss.selection_reads_entropy:  # the update hands it its pick by entropy
+        entropy = torch.linspace(0.1, 1.0, log_probs.numel(), device=device).view_as(log_probs)
         selected = pick_tokens(loss, log_probs, old, advantages, mask, entropy)
-    if selected is not None:
         return loss(log_probs, old, advantages, mask, selected=selected)
     inputs = {}
     if loss.reads_entropy:  # the update hands it the tokens' entropies

@@ -1,12 +1,10 @@
 """Packed scoring through FlexAttention (`model.packed_attention: flex`, `policies/flex_packing.py`) gives the
 padded forward's log-probs and parameter gradients, grouped key/value heads included; tiles small enough here that
 the block mask has skipped, full and partial tiles (on a CPU the tiles are expanded into a mask: the reference of
-what the GPU kernel computes); with the model and the rows on another device (meta, standing for the GPU), nothing
-around the kernel combines a tensor left on the CPU with them."""
+what the GPU kernel computes); with the model and the rows on another device than the CPU, nothing around the kernel
+combines a tensor left on the CPU with them."""
 
 from __future__ import annotations
-
-import contextlib
 
 import pytest
 import torch
@@ -14,7 +12,7 @@ import torch
 from rlvr_lightning.demos.tiny_lm import tiny_llama_config
 from rlvr_lightning.policies import flex_packing
 from rlvr_lightning.policies.hf_options import GenerationOptions, HFModelOptions
-from tests.device_mixes import MixedDevices
+from tests.emulated_device import DEVICE, emulated_device, move_onto_emulated_device
 from tests.packed_rows import uneven_rollout
 
 
@@ -186,49 +184,37 @@ def test_the_compiled_kernel_builds_its_backward_with_its_forward(monkeypatch):
     assert seen == [True] and functorch_config.force_non_lazy_backward_lowering is False
 
 
-def packed_scoring_elsewhere(policy, monkeypatch) -> list[str]:
-    """Forward and backward of packed micro-batches with the model and the rows on the meta device, which stands for
-    the GPU (the attention is the CPU's reference there, not the compiled kernel); the operators that mixed a CPU
-    tensor with them (`MixedDevices`; the meta device refuses most such mixes itself). The row lengths are read on
-    the host first, as the sampler remembers them; a CPU-only torch can neither pin memory nor autocast on the meta
-    device, so pinning returns the tensor and autocast there does nothing."""
+def packed_scoring_elsewhere(policy) -> list[str]:
+    """Forward and backward of packed micro-batches with the model and the rows on another device than the CPU
+    (`tests/emulated_device.py`; the attention is the CPU's reference there, not the compiled kernel): the operators
+    that combined a tensor left on the CPU with them."""
     from rlvr_lightning.modules.options import UpdateConfig
     from rlvr_lightning.modules.update.micro_batches import micro_batches
-    from rlvr_lightning.policies.packing import remember_row_lengths, row_lengths
 
-    autocast = torch.autocast
-    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda tensor, *args, **kwargs: tensor)
-    monkeypatch.setattr(
-        torch, "autocast", lambda kind, *a, **k: contextlib.nullcontext() if kind == "meta" else autocast(kind, *a, **k)
-    )
     policy.packed_sequences = True
-    micros = list(micro_batches(uneven_rollout(policy.hf_config.vocab_size), UpdateConfig(micro_batch_tokens=24)))
-    assert len(micros) >= 3
-    policy.model.to("meta")
-    mixes = MixedDevices()
-    for micro in micros:
-        moved = micro.to("meta")
-        remember_row_lengths(moved, row_lengths(micro))
-        with mixes:
-            log_probs, entropy = policy.token_log_probs(moved, 0.7, with_entropy=True, entropy_grad=False)
+    with emulated_device() as device:
+        move_onto_emulated_device(policy.model)
+        rollout = uneven_rollout(policy.hf_config.vocab_size).to(DEVICE)
+        micros = list(micro_batches(rollout, UpdateConfig(micro_batch_tokens=24)))
+        for micro in micros:
+            log_probs, entropy = policy.token_log_probs(micro, 0.7, with_entropy=True, entropy_grad=False)
             (log_probs.sum() + entropy.sum()).backward()
-        assert log_probs.device.type == "meta" and next(policy.model.parameters()).grad.device.type == "meta"
-    return mixes.mixed
+            assert log_probs.device == DEVICE and next(policy.model.parameters()).grad.device == DEVICE
+    assert len(micros) >= 3
+    return device.mixed
 
 
 @pytest.mark.parametrize("shape", [{}, {"hidden_size": 72, "num_attention_heads": 9, "num_key_value_heads": 3}])
-def test_packed_flex_scoring_leaves_no_tensor_on_the_cpu(make_policy, monkeypatch, shape):
+def test_packed_flex_scoring_leaves_no_tensor_on_the_cpu(make_policy, shape):
     """The block mask, the layout moved in one copy, the LM head's chunked backward (with its GPU chunk size): every
     tensor they combine on the model's device."""
     policy = make_policy(model=HFModelOptions(config=tiny_llama_config(**shape), packed_attention="flex"))
-    assert packed_scoring_elsewhere(policy, monkeypatch) == []
+    assert packed_scoring_elsewhere(policy) == []
 
 
 def test_a_tensor_left_on_the_cpu_is_found(make_policy, monkeypatch):
-    """A block mask whose tile counts are made without naming a device: the meta device refuses it. Exponentials in
-    `core/log_probs.py` scaled in place by a 1-element CPU tensor: CUDA refuses it, the meta device lets it through,
-    `MixedDevices` finds it."""
-    from rlvr_lightning.core import log_probs, packing
+    """A block mask whose tile counts are made without naming a device."""
+    from rlvr_lightning.core import packing
 
     listed = packing._listed
 
@@ -236,19 +222,6 @@ def test_a_tensor_left_on_the_cpu_is_found(make_policy, monkeypatch):
         counts, order = listed(tiles)
         return torch.zeros(counts.shape, dtype=counts.dtype) + counts, order
 
-    with monkeypatch.context() as patch:
-        patch.setattr(packing, "_listed", counts_made_on_the_cpu)
-        with pytest.raises(RuntimeError, match="not on the expected device"):
-            packed_scoring_elsewhere(make_policy(model=HFModelOptions(packed_attention="flex")), monkeypatch)
-
-    class TorchWithACPUFactor:  # `torch` as `core/log_probs.py` sees it, its `exp` scaled in place by a CPU tensor
-        def __getattr__(self, name):
-            return getattr(torch, name)
-
-        @staticmethod
-        def exp(x):
-            return torch.exp(x).mul_(torch.ones(1))
-
-    monkeypatch.setattr(log_probs, "torch", TorchWithACPUFactor())
-    mixed = packed_scoring_elsewhere(make_policy(model=HFModelOptions(packed_attention="flex")), monkeypatch)
-    assert mixed and all("log_probs.py" in line for line in mixed), mixed
+    monkeypatch.setattr(packing, "_listed", counts_made_on_the_cpu)
+    mixed = packed_scoring_elsewhere(make_policy(model=HFModelOptions(packed_attention="flex")))
+    assert mixed and all("packing.py" in line for line in mixed), mixed
