@@ -6,7 +6,8 @@ tensors moved or made on the meta device are `OnDevice` tensors: they report `me
 values (so host reads, `.item()` and `.tolist()`, work and a whole training step runs), and every operator that
 combines one with a CPU tensor CUDA would refuse (more than a 0-dim scalar, outside the copies and indexing that
 cross devices) is recorded with the line of ours that ran it. `OntoEmulatedDevice` moves a training module there
-once Lightning has placed it, and makes it build its tensors there (`runtime.devices.set_compute_device`).
+once Lightning has placed it, and makes it build its tensors there (`runtime.devices.set_compute_device`). The
+emulation holds in the thread that enters it (dispatch modes are per thread): not in background rollouts.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""Training on a device other than the CPU, checked on a CPU (`tests/emulated_device.py`): every recipe, and a
-language model's step with a KL reference and packed micro-batches, builds each tensor it combines with the model's
-on the model's device, as a GPU requires; the emulation computes what the CPU computes and finds a tensor left on
-the CPU."""
+"""Training on a device other than the CPU, checked on a CPU (`tests/emulated_device.py`): every recipe, a language
+model's step with a KL reference and packed micro-batches, and sampling through our loop and static decoding build
+each tensor they combine with the model's on the model's device, as a GPU requires; the emulation computes what the
+CPU computes and finds a tensor left on the CPU."""
 
 from __future__ import annotations
 
@@ -66,6 +66,40 @@ def test_a_recipe_trains_on_another_device(recipe, in_tmp_dir):
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory) -> str:
     return str(save_tiny_tokenizer(tmp_path_factory.mktemp("tokenizer")))
+
+
+@pytest.mark.parametrize("backend", ["eager", "static"])
+def test_sampling_on_another_device(tokenizer_dir, backend):
+    """Our loop and static decoding (the CUDA default; here its step runs eagerly), stop strings and
+    `min_new_tokens` included: the CPU's texts, and no tensor left on the CPU."""
+    from rlvr_lightning.generation import KVCacheGeneration, StaticCacheGeneration
+    from rlvr_lightning.generation.sampling_config import SamplingConfig
+    from rlvr_lightning.policies.hf import HFPolicy
+    from rlvr_lightning.policies.hf_options import GenerationOptions, HFModelOptions, PromptOptions
+    from rlvr_lightning.runtime.devices import set_compute_device
+
+    sampling = SamplingConfig(max_new_tokens=12, stop_strings=["e"], temperature=0.9, min_new_tokens=2)
+    prompts = {"prompt": ["What is 2+3?", "The quick brown fox", "Say ab."]}
+    texts = []
+    for elsewhere in (False, True):
+        torch.manual_seed(0)
+        generation = GenerationOptions(
+            backend=KVCacheGeneration() if backend == "eager" else StaticCacheGeneration(compile="none", sync_every=3)
+        )
+        policy = HFPolicy(
+            model=HFModelOptions(config=tiny_llama_config(), tokenizer=tokenizer_dir),
+            generation=generation,
+            prompt=PromptOptions(template="raw"),
+        )
+        with emulated_device() as device:
+            if elsewhere:
+                move_onto_emulated_device(policy.model)
+                set_compute_device(policy, DEVICE)
+            torch.manual_seed(1)
+            out = policy.sample(prompts, 3, sampling)
+        assert out.response_ids.device.type == ("meta" if elsewhere else "cpu") and device.mixed == []
+        texts.append(out.response_text)
+    assert texts[0] == texts[1]
 
 
 @pytest.mark.parametrize("packed_attention", ["model", "flex"])
