@@ -103,7 +103,7 @@ class EmulatedDevice(TorchDispatchMode):
             self.mixed.append(f"{func} at {_caller()}")
         devices = [d for d in tree_leaves((args, kwargs)) if isinstance(d, torch.device)]
         to_device = any(d.type == DEVICE.type for d in devices)
-        to_host = name in ("_to_copy", "to") and any(d.type == "cpu" for d in devices)
+        to_host = any(d.type == "cpu" for d in devices)  # asked for the CPU by name: `.cpu()`, `new_zeros(device=)`
         out = func(*tree_map(_unwrap, tree_map(_to_cpu, args)), **tree_map(_unwrap, tree_map(_to_cpu, kwargs)))
         if name == "_local_scalar_dense" or to_host or not (on_device or to_device):
             return out
