@@ -169,13 +169,26 @@ def move_onto_emulated_device(module: torch.nn.Module) -> None:
                 submodule._buffers[name] = OnDevice(buffer.clone())
 
 
+def held_outside_the_tree(pl_module) -> list[torch.nn.Module]:
+    """The frozen models a training module holds outside its module tree, which its `configure_model` placed on the
+    strategy's device (a distillation teacher, a self-teacher's copy): models among its attributes or theirs."""
+    found = []
+    for value in vars(pl_module).values():
+        if isinstance(value, pl.Trainer):
+            continue
+        values = [value] if isinstance(value, torch.nn.Module) else list(getattr(value, "__dict__", {}).values())
+        found += [model for model in values if isinstance(model, torch.nn.Module)]
+    return found
+
+
 class OntoEmulatedDevice(pl.Callback):
     """Once the strategy has placed the module (on the CPU): its weights onto the emulated device, where it computes
     and builds its tensors from then on, as it would on a GPU."""
 
     def on_fit_start(self, trainer, pl_module) -> None:
-        move_onto_emulated_device(pl_module)
-        set_compute_device(pl_module, DEVICE)
+        for module in (pl_module, *held_outside_the_tree(pl_module)):
+            move_onto_emulated_device(module)
+            set_compute_device(module, DEVICE)
         pl_module._device = DEVICE
         for optimizer in trainer.optimizers:  # fused kernels refuse the meta device: the for-loop ones
             for group in optimizer.param_groups:

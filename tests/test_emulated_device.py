@@ -1,7 +1,7 @@
 """Training on a device other than the CPU, checked on a CPU (`tests/emulated_device.py`): every recipe, a language
-model's step with a KL reference and packed micro-batches, and sampling through our loop and static decoding build
-each tensor they combine with the model's on the model's device, as a GPU requires; the emulation computes what the
-CPU computes and finds a tensor left on the CPU."""
+model's step with a KL reference and packed micro-batches (and a distillation teacher), and sampling through our
+loop and static decoding build each tensor they combine with the model's on the model's device, as a GPU requires;
+the emulation computes what the CPU computes and finds a tensor left on the CPU."""
 
 from __future__ import annotations
 
@@ -102,8 +102,9 @@ def test_sampling_on_another_device(tokenizer_dir, backend):
     assert texts[0] == texts[1]
 
 
-@pytest.mark.parametrize("packed_attention", ["model", "flex"])
-def test_a_language_model_trains_on_another_device(tokenizer_dir, in_tmp_dir, packed_attention):
+@pytest.mark.parametrize("packed_attention, teacher", [("model", False), ("flex", False), ("model", True)])
+def test_a_language_model_trains_on_another_device(tokenizer_dir, in_tmp_dir, packed_attention, teacher):
+    """With a KL reference and packed micro-batches; with a distillation teacher (held outside the module tree)."""
     import lightning.pytorch as pl
 
     from rlvr_lightning.data import RLVRDataModule
@@ -124,6 +125,7 @@ def test_a_language_model_trains_on_another_device(tokenizer_dir, in_tmp_dir, pa
         sampling=SamplingConfig(max_new_tokens=6),
         update=UpdateConfig(micro_batch_tokens=64),
         kl=KLConfig(coef=0.1, estimator="k3"),
+        teacher=HFPolicy(model=options) if teacher else None,
     )
     examples = [{"prompt": "What is 2+3?", "answer": "5"}, {"prompt": "The quick brown", "answer": "fox"}]
     trainer = pl.Trainer(
