@@ -7,7 +7,8 @@ model's device (on a GPU, each an error) or the error the run ended with. Exit s
 
 Extra `rlvr fit` options after `--` replace the defaults below (e.g. `-- --trainer.limit_train_batches=2`). A
 config that starts from an earlier stage's checkpoint (`policy_from_checkpoint`) needs that file, as `rlvr fit`
-does; with `enable_checkpointing: false` leave out configs that name a `ModelCheckpoint`.
+does. Single-process runs only: under DDP the parameters cannot be swapped for emulated ones once the strategy
+holds them (and the launched ranks run this script again).
 """
 
 from __future__ import annotations
