@@ -337,12 +337,14 @@ FIGURES: tuple[Figure, ...] = (
         toy_metrics(reward=Band(6.7, 7.0), accuracy=Band(0.45, 0.80)),
         curves=(Curve("sort_ddp", CSV_LOG),),
     ),
+    # the curriculum bands hold seeds 0-2 on an Intel Xeon (2026-11-25) and an AMD EPYC (2026-12-02); min_kept and
+    # fail_all have no consistent effect (gains of either sign over seeds 0-7), so their gains are banded both ways
     curriculum_figure("curriculum", (), Band(0.18, 0.38), Band(0.18, 0.50), Band(-0.05)),
     curriculum_figure(
-        "curriculum_min_kept", ("--filter-arg", "min_kept=32"), Band(0.18, 0.38), Band(0.10, 0.50), Band(-0.15, 0.15)
+        "curriculum_min_kept", ("--filter-arg", "min_kept=32"), Band(0.18, 0.38), Band(0.05, 0.50), Band(-0.20, 0.15)
     ),
     curriculum_figure(
-        "curriculum_fail_all", ("--mode", "fail_all"), Band(0.18, 0.38), Band(0.15, 0.28), Band(hi=-0.02)
+        "curriculum_fail_all", ("--mode", "fail_all"), Band(0.18, 0.38), Band(0.15, 0.28), Band(-0.15, 0.15)
     ),
     *language_model_figures(),
 )
