@@ -34,6 +34,7 @@ import fnmatch
 import json
 import math
 import os
+import re
 import resource
 import shlex
 import shutil
@@ -60,6 +61,8 @@ ONE_THREAD = {
     "WANDB_SILENT": "true",
 }
 ENVIRONMENT_FILE = "environment.json"
+# a failed command's own words: an exception's line in a traceback, or the `rlvr` console script's `error:`
+EXCEPTION_LINE = re.compile(r"^(error: |[\w.]*(Error|Exception|Interrupt)(: |$))")
 
 
 @dataclass
@@ -128,6 +131,16 @@ def runs_environment(repo: Path, native_kernels: bool = False) -> dict:
     return json.loads(done.stdout)
 
 
+def failure(log: Path) -> str:
+    """What a failed command's log says went wrong: the first exception of a traceback (Python prints a chain's
+    root cause first, and a parser's wrapper of it last) or an `error:` line, else the log's last three lines."""
+    lines = log.read_text(errors="replace").strip().splitlines()
+    for line in lines:
+        if EXCEPTION_LINE.match(line):
+            return line.strip()
+    return " | ".join(lines[-3:])
+
+
 def run_seed(
     figure: Figure, seed: int, workdir: Path, repo: Path, environment: dict, native_kernels: bool = False
 ) -> SeedRun:
@@ -148,8 +161,7 @@ def run_seed(
                 argv, cwd=repo if command.cwd == "repo" else run_dir, env=env, stdout=handle, stderr=subprocess.STDOUT
             )
         if done.returncode != 0:
-            tail = " | ".join(log.read_text(errors="replace").strip().splitlines()[-3:])
-            result.error = f"command {index + 1} exited with {done.returncode} ({log}): {tail}"
+            result.error = f"command {index + 1} exited with {done.returncode} ({log}): {failure(log)}"
             break
     result.wall_s = time.perf_counter() - started
     return result

@@ -135,6 +135,40 @@ def test_a_mean_band_a_failed_command_and_no_run(suite, figures, tmp_path, capsy
     )
 
 
+# A failure wrapped by another exception, with more output after it: the root cause is what a reader needs.
+WRAPPED_FAILURE = """
+import sys
+print("Seed set to 0")
+try:
+    raise FileNotFoundError("Model alias 'tiny' is not in the local cache: fetch it once")
+except FileNotFoundError as error:
+    print("a warning on stderr", file=sys.stderr)
+    raise ValueError("Does not validate against any of the Union subtypes\\nGiven value: Namespace(...)") from error
+"""
+
+
+def test_a_failed_command_is_summarised_by_its_root_cause(suite, figures, tmp_path, capsys):
+    wrapped = figures.Figure(
+        "wrapped",
+        "nowhere",
+        (figures.Command(("{python}", "-c", WRAPPED_FAILURE)),),
+        (figures.Metric("val", figures.csv_final(figures.CSV_LOG, "val/accuracy"), figures.Band(0.0), "x"),),
+        seeds=(0,),
+    )
+    workdir, docs = str(tmp_path / "runs"), str(tmp_path / "docs")
+    assert suite.main(["--workdir", workdir, "--figures_dir", docs], figures=(wrapped,)) == 1
+    error = json.loads((tmp_path / "docs" / "wrapped.json").read_text())["errors"]["0"]
+    assert error.startswith("command 1 exited with 1 (")
+    assert error.endswith("): FileNotFoundError: Model alias 'tiny' is not in the local cache: fetch it once")
+    assert "wrapped seed 0: FAILED: command 1 exited with 1" in capsys.readouterr().out
+
+    log = tmp_path / "plain.log"  # no exception in the log: its last three lines
+    log.write_text("one\ntwo\nthree\nfour\n")
+    assert suite.failure(log) == "two | three | four"
+    log.write_text("Seed set to 0\nerror: Model alias 'tiny' is not in the local cache\n  at model.name_or_path\n")
+    assert suite.failure(log) == "error: Model alias 'tiny' is not in the local cache"
+
+
 def test_list_and_unknown_names(suite, capsys):
     assert suite.main(["--list", "--only", "smollm2_*"]) == 0
     out = capsys.readouterr().out
