@@ -79,6 +79,9 @@ class Figure:
     quick: bool = False
     curves: tuple[Curve, ...] = field(default_factory=tuple)
     ylabel: str = ""  # what the curves show, when they are not one column's
+    # its seeds run with no other run beside them, whatever --jobs says: its bands read wall-clock time (a training
+    # budget in minutes, step times), which a second run on the machine's cores would change
+    alone: bool = False
 
 
 # ------------------------------------------------------------------ reading one run's output

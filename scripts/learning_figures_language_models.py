@@ -130,6 +130,7 @@ def time_to_accuracy_figures() -> list[Figure]:
                 ),
                 Metric("step_speedup", step_speedup, Band(2.5), "TRL's median step time / ours"),
             ),
+            alone=True,
         ),
         Figure(
             "bf16_sampling_smollm2",
@@ -299,5 +300,6 @@ def language_model_figures() -> list[Figure]:
                     ),
                 )
             ),
+            alone=True,  # the staleness-1 leg samples beside the update on the core a second run would take
         ),
     ]

@@ -264,7 +264,8 @@ def select(args: argparse.Namespace, figures: tuple[Figure, ...]) -> list[Figure
 def list_figures(figures: list[Figure]) -> None:
     for figure in figures:
         print(
-            f"{figure.name}{'  [quick]' if figure.quick else ''}  seeds {' '.join(map(str, figure.seeds))}  "
+            f"{figure.name}{'  [quick]' if figure.quick else ''}{'  [alone]' if figure.alone else ''}  "
+            f"seeds {' '.join(map(str, figure.seeds))}  "
             f"({figure.published})"
         )
         for line in shown(figure):
@@ -286,7 +287,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--plot", action="store_true", help="also draw each figure's curves over seeds (FIGURE.png)")
     parser.add_argument("--no_run", action="store_true", help="check, record and plot the runs already in --workdir")
     parser.add_argument(
-        "--jobs", type=int, default=1, help="seed runs at a time (each on one thread; default %(default)s)"
+        "--jobs",
+        type=int,
+        default=1,
+        help="seed runs at a time (each on one thread; default %(default)s); a figure listed [alone] runs its seeds "
+        "one at a time after the others",
     )
     parser.add_argument(
         "--native_kernels",
@@ -330,7 +335,8 @@ def main(argv: list[str] | None = None, figures: tuple[Figure, ...] | None = Non
 
     print(f"learning_suite.py: {len(selected)} figures, {len(jobs)} seed runs -> {args.workdir}", flush=True)
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        runs = list(pool.map(one, jobs))
+        runs = list(pool.map(one, [job for job in jobs if not job[0].alone]))
+    runs += [one(job) for job in jobs if job[0].alone]  # after the others, one at a time
     total, cpu = time.perf_counter() - started, children_cpu_s() - cpu_started
     rows, failed = [], []
     args.figures_dir.mkdir(parents=True, exist_ok=True)

@@ -169,6 +169,46 @@ def test_a_failed_command_is_summarised_by_its_root_cause(suite, figures, tmp_pa
     assert suite.failure(log) == "error: Model alias 'tiny' is not in the local cache"
 
 
+# A run that records when it ran, long enough for two at once to overlap.
+TIMED_RUN = """
+import json, sys, time
+started = time.time()
+time.sleep(1.0)
+json.dump([started, time.time()], open(sys.argv[1] + "/interval.json", "w"))
+"""
+
+
+def test_a_figure_that_reads_wall_clock_time_runs_its_seeds_alone(suite, figures, tmp_path, capsys):
+    def timed(name, alone):
+        return figures.Figure(
+            name,
+            "nowhere",
+            (figures.Command(("{python}", "-c", TIMED_RUN, "{run_dir}")),),
+            (figures.Metric("t", figures.json_value("interval.json", "0"), figures.Band(0.0), "start"),),
+            seeds=(0, 1),
+            alone=alone,
+        )
+
+    workdir = tmp_path / "runs"
+    shared, alone = timed("shared", False), timed("budget", True)
+    args = ["--workdir", str(workdir), "--figures_dir", str(tmp_path / "docs"), "--jobs", "2"]
+    suite.main(args, figures=(alone, shared))
+    interval = {
+        (name, seed): json.loads((workdir / name / f"seed_{seed}" / "interval.json").read_text())
+        for name in ("shared", "budget")
+        for seed in (0, 1)
+    }
+
+    def overlap(a, b):
+        return interval[a][0] < interval[b][1] and interval[b][0] < interval[a][1]
+
+    assert overlap(("shared", 0), ("shared", 1))  # --jobs 2 runs two at once
+    for seed in (0, 1):
+        assert not any(overlap(("budget", seed), other) for other in interval if other != ("budget", seed))
+    suite.main(["--list"], figures=(alone, shared))
+    assert "budget  [alone]  seeds 0 1" in capsys.readouterr().out
+
+
 def test_list_and_unknown_names(suite, capsys):
     assert suite.main(["--list", "--only", "smollm2_*"]) == 0
     out = capsys.readouterr().out
