@@ -137,6 +137,16 @@ def difference(
     return lambda run_dir, seed: first(run_dir, seed) - second(run_dir, seed)
 
 
+def ratio(first: Callable[[Path, int], float], second: Callable[[Path, int], float]) -> Callable[[Path, int], float]:
+    """first / second, on the same seed's run (NaN, which holds no band, where second is 0)."""
+
+    def read(run_dir: Path, seed: int) -> float:
+        denominator = second(run_dir, seed)
+        return first(run_dir, seed) / denominator if denominator else math.nan
+
+    return read
+
+
 # ------------------------------------------------------------------ how runs are made
 
 CSV_LOG = "csv/version_0/metrics.csv"

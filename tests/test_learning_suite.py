@@ -386,3 +386,25 @@ def test_the_reasoning_gym_entry_reads_validation_before_and_after(suite, figure
     assert values["letter_counting_after"]["1"] == pytest.approx(0.25)
     assert values["leg_counting_before"]["0"] == 0.0
     capsys.readouterr()
+
+
+def test_the_async_entry_checks_the_update_ratio_not_the_machine_speed(suite, figures, tmp_path, capsys):
+    # seed 0: a slow machine (17 and 27 updates, alone); seed 1: two runs at once (18 and 19); seed 2: no updates
+    workdir = tmp_path / "runs"
+    legs = {0: (17, 27), 1: (18, 19), 2: (0, 5)}
+    for seed, counts in legs.items():
+        run_dir = workdir / "async_curves" / f"seed_{seed}"
+        run_dir.mkdir(parents=True)
+        for leg, updates in zip(("staleness0", "staleness1"), counts, strict=True):
+            result = {"updates": updates, "heldout_greedy/last_number_accuracy": 0.6}
+            (run_dir / f"{leg}_seed{seed}.json").write_text(json.dumps(result))
+    argv = ["--only", "async_curves", "--no_run", "--workdir", str(workdir), "--figures_dir", str(tmp_path)]
+    suite.main(argv)
+    metrics = json.loads((tmp_path / "async_curves.json").read_text())["metrics"]
+    ratio = metrics["updates_ratio"]["values"]
+    assert ratio["0"] == pytest.approx(27 / 17) and ratio["1"] == pytest.approx(19 / 18)
+    assert ratio["2"] is None or math.isnan(ratio["2"])  # no updates at staleness 0: no ratio, and no pass
+    assert not metrics["updates_ratio"]["pass"]
+    bands = sys.modules["learning_figures_language_models"]
+    assert bands.ASYNC_MIN_UPDATES <= 17 and bands.ASYNC_MIN_UPDATES_RATIO <= 27 / 17  # the slow machine's seed holds
+    capsys.readouterr()
