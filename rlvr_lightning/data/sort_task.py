@@ -10,6 +10,7 @@ ending in token 0, a validation set unlike anything trained on.)
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from typing import Annotated
 
 import torch
@@ -53,7 +54,7 @@ class SortTask(Task):
         self.seed = seed
 
     def is_held_out(self, prompt: list[int]) -> bool:
-        return bool(prompt_hash(torch.tensor([prompt]))[0] % self.holdout_every == 0)
+        return prompt_hash_of(prompt) % self.holdout_every == 0
 
     def example(self, prompt: list[int]) -> Example:
         return {"prompt": prompt, "answer": sorted(prompt)}
@@ -80,10 +81,19 @@ class SortTask(Task):
 def prompt_hash(prompts: Tensor) -> Tensor:
     """A well-mixed 16-bit hash of each row of `prompts` [B, L].
 
-    A polynomial hash mod 2^31 - 1, then Knuth's multiplicative mix."""
+    A polynomial hash mod 2^31 - 1, then Knuth's multiplicative mix (no product leaves int64: h < 2^31)."""
     h = torch.zeros(prompts.shape[0], dtype=torch.int64)
     for column in prompts.long().unbind(dim=1):
         h = (h * 1_000_003 + column + 1) % 2_147_483_647
+    return ((h * 2_654_435_761) % 2**32) >> 16
+
+
+def prompt_hash_of(prompt: Sequence[int]) -> int:
+    """`prompt_hash` of one prompt in Python integers: a hundred times faster than a one-row tensor, for the
+    prompt-by-prompt draws of a fixed dataset."""
+    h = 0
+    for token in prompt:
+        h = (h * 1_000_003 + token + 1) % 2_147_483_647
     return ((h * 2_654_435_761) % 2**32) >> 16
 
 

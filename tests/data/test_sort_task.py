@@ -1,7 +1,9 @@
 import itertools
 
+import torch
+
 from rlvr_lightning.data import RLVRDataModule, SortTask, collate_examples
-from rlvr_lightning.data.sort_task import SortStream
+from rlvr_lightning.data.sort_task import SortStream, prompt_hash, prompt_hash_of
 
 
 def test_validation_prompts_never_appear_in_training():
@@ -22,6 +24,15 @@ def test_held_out_prompts_are_spread_over_every_position_and_token():
         / 10**4
     )
     assert 0.08 < fraction < 0.12
+
+
+def test_the_scalar_prompt_hash_is_the_tensor_one():
+    # [1, 2]: h = 0 * 1000003 + 1 + 1 = 2, then 2 * 1000003 + 2 + 1 = 2000009 (both under 2^31 - 1);
+    # 2000009 * 2654435761 = 5308895411921849, mod 2^32 = 2301453241, >> 16 = 35117
+    assert prompt_hash_of([1, 2]) == 35117 == prompt_hash(torch.tensor([[1, 2]])).item()
+    generator = torch.Generator().manual_seed(0)
+    prompts = torch.randint(0, 50_000, (64, 9), generator=generator)  # token ids as large as a real vocabulary's
+    assert [prompt_hash_of(row) for row in prompts.tolist()] == prompt_hash(prompts).tolist()
 
 
 def test_answers_are_the_sorted_prompts():
