@@ -33,11 +33,13 @@ CALCULATOR_MIN_GREEDY_ACCURACY = 0.60
 ASYNC_MIN_HELDOUT_ACCURACY = 0.50  # async_curves: held-out greedy last-number accuracy of both legs, every seed
 # async_curves trains for a wall-clock budget, so the updates a leg makes follow the machine: under the suite's pinned
 # AVX2 kernels with one thread, alone on a 2-core AMD EPYC, 22-25 (staleness 0) and 31-42 (staleness 1) where a
-# synchronous step took ~30 s (2026-11-29), 17 and 27 where it took 43.5 s (2026-12-03; held-out 61.0% and 69.5%).
-# The claim is the ratio: staleness 1 makes more updates in the same minutes (1.24-1.91 alone; two runs at once
-# share the memory bandwidth and made 1.0-1.1). Fewer updates than the floor leave the accuracy band without meaning.
+# synchronous step took ~30 s (2026-11-29), 17 and 27 where it took 43.5 s (2026-12-03; held-out 61.0% and 69.5%),
+# 12 at staleness 0 where it took 61 s (an AVX2-only EPYC, 2026-12-03; held-out 60.0%). The claim is the ratio:
+# staleness 1 makes more updates in the same minutes (1.24-1.91 alone; two runs at once share the memory bandwidth
+# and made 1.0-1.1). The untrained model scores 12% held-out (greedy, the same 200 problems, 2026-12-04), so the 50%
+# band shows learning whatever the count; the floor only asks that a leg had updates enough to learn from.
 ASYNC_MIN_UPDATES_RATIO = 1.2
-ASYNC_MIN_UPDATES = 15
+ASYNC_MIN_UPDATES = 10
 
 
 REASONING_GYM_DATASETS = ("basic_arithmetic", "leg_counting", "letter_counting")
@@ -303,7 +305,7 @@ def language_model_figures() -> list[Figure]:
                             f"{leg}_updates",
                             updates(leg),
                             Band(ASYNC_MIN_UPDATES),
-                            "updates in the 12-minute budget (fewer: the accuracy band does not apply)",
+                            "updates in the 12-minute budget (fewer: too slow a machine for the accuracy band)",
                         ),
                         Metric(
                             f"{leg}_heldout_last_number",
