@@ -18,3 +18,13 @@ def load_script(name: str) -> ModuleType:
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def load_script_as_itself(name: str) -> ModuleType:
+    """`scripts/<name>.py` run as the module `<name>`, the name the scripts import each other by (scripts/ on
+    sys.path), so a test reads the same module objects the script under test uses."""
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
