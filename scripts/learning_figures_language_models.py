@@ -31,15 +31,18 @@ ARITHMETIC_MIN_VAL_ACCURACY = 0.70  # smollm2_arithmetic: final greedy val/accur
 # smollm2_calculator: greedy accuracy on 100 held-out problems after training, every seed
 CALCULATOR_MIN_GREEDY_ACCURACY = 0.60
 ASYNC_MIN_HELDOUT_ACCURACY = 0.50  # async_curves: held-out greedy last-number accuracy of both legs, every seed
-# async_curves trains for a wall-clock budget, so the updates a leg makes follow the machine: under the suite's pinned
-# AVX2 kernels with one thread, alone on a 2-core AMD EPYC, 22-25 (staleness 0) and 31-42 (staleness 1) where a
-# synchronous step took ~30 s (2026-11-29), 17 and 27 where it took 43.5 s (2026-12-03; held-out 61.0% and 69.5%),
-# 12 at staleness 0 where it took 61 s (an AVX2-only EPYC, 2026-12-03; held-out 60.0%). The claim is the ratio:
-# staleness 1 makes more updates in the same minutes (1.24-1.91 alone; two runs at once share the memory bandwidth
-# and made 1.0-1.1). The untrained model scores 12% held-out (greedy, the same 200 problems, 2026-12-04), so the 50%
-# band shows learning whatever the count; the floor only asks that a leg had updates enough to learn from.
+# async_curves trains for a wall-clock budget, so the updates a leg makes follow the machine, and its held-out
+# accuracy follows the updates (seed 0 gave the same 16 and 24 updates, 60.5% and 65.5%, on one machine on two days).
+# Under the suite's pinned AVX2 kernels with one thread, alone on a 2-core AMD EPYC: a ~30 s synchronous step made
+# 22-25 (staleness 0) and 31-42 (staleness 1) updates and every leg passed 50% (2026-11-29); a 46.6 s step (an
+# AVX2-only EPYC, 2026-12-04) made 16-17 and 24-28, and two legs of six stayed near 35%, their training reward still
+# climbing (seed 2 at staleness 0 after 16 updates; seed 1 at staleness 1 after 24, a leg that reached 52.5% after 31
+# on the faster machine); the untrained model scores 12% on the same 200 problems, greedy. So the accuracy band holds
+# only where a leg made the updates it was set with: fewer than the floor reads "too slow a machine", not a learning
+# regression. The claim is the ratio: staleness 1 makes more updates in the same minutes (1.24-1.91 alone, on both
+# machines; two runs at once share the memory bandwidth and made 1.0-1.1).
 ASYNC_MIN_UPDATES_RATIO = 1.2
-ASYNC_MIN_UPDATES = 10
+ASYNC_MIN_UPDATES = 20
 
 
 REASONING_GYM_DATASETS = ("basic_arithmetic", "leg_counting", "letter_counting")

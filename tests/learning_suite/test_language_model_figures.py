@@ -134,10 +134,10 @@ def test_the_reasoning_gym_entry_reads_validation_before_and_after(suite, figure
     capsys.readouterr()
 
 
-def test_the_async_entry_checks_the_update_ratio_not_the_machine_speed(suite, figures, tmp_path, capsys):
-    # seed 0: a slow machine (17 and 27 updates, alone); seed 1: two runs at once (18 and 19); seed 2: no updates
+def test_the_async_entry_checks_the_update_ratio_and_flags_a_slow_machine(suite, figures, tmp_path, capsys):
+    # seed 0: a slow machine alone (16 and 24 updates); seed 1: two runs at once (18 and 19); seed 2: no updates
     workdir = tmp_path / "runs"
-    legs = {0: (17, 27), 1: (18, 19), 2: (0, 5)}
+    legs = {0: (16, 24), 1: (18, 19), 2: (0, 5)}
     for seed, counts in legs.items():
         run_dir = workdir / "async_curves" / f"seed_{seed}"
         run_dir.mkdir(parents=True)
@@ -148,9 +148,11 @@ def test_the_async_entry_checks_the_update_ratio_not_the_machine_speed(suite, fi
     suite.main(argv)
     metrics = json.loads((tmp_path / "async_curves.json").read_text())["metrics"]
     ratio = metrics["updates_ratio"]["values"]
-    assert ratio["0"] == pytest.approx(27 / 17) and ratio["1"] == pytest.approx(19 / 18)
+    assert ratio["0"] == pytest.approx(24 / 16) and ratio["1"] == pytest.approx(19 / 18)
     assert ratio["2"] is None or math.isnan(ratio["2"])  # no updates at staleness 0: no ratio, and no pass
     assert not metrics["updates_ratio"]["pass"]
+    # 16 updates (a 46.6 s step) are too few for the accuracy band, and the record says so beside the accuracy
+    assert not metrics["staleness0_updates"]["pass"] and metrics["staleness0_heldout_last_number"]["pass"]
     bands = sys.modules["learning_figures_language_models"]
-    assert bands.ASYNC_MIN_UPDATES <= 12 and bands.ASYNC_MIN_UPDATES_RATIO <= 27 / 17  # the slow machine's seed holds
+    assert 16 < bands.ASYNC_MIN_UPDATES <= 22 and bands.ASYNC_MIN_UPDATES_RATIO <= 24 / 16
     capsys.readouterr()
