@@ -4,14 +4,14 @@ import sys
 
 import pytest
 
-from tests.script_modules import SCRIPTS, load_script_as_itself
+from tests.script_modules import SCRIPTS, load_script
 
 
 @pytest.fixture(scope="module")
 def suite():
     sys.path.insert(0, str(SCRIPTS))
     try:
-        yield load_script_as_itself("learning_suite")
+        yield load_script("learning_suite", module_name="learning_suite")
     finally:
         sys.path.remove(str(SCRIPTS))
 

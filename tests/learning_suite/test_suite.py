@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.script_modules import load_script_as_itself
+from tests.script_modules import load_script
 
 REPO = Path(__file__).resolve().parents[2]
 # the recipes shipped in configs/recipes (SFT and expert iteration have no reward curve to band)
@@ -218,7 +218,7 @@ def test_the_registry_quick_set_and_bands(suite, figures):
 def test_curves_over_seeds_by_hand(tmp_path):
     sys.path.insert(0, str(REPO / "scripts"))
     try:
-        curves = load_script_as_itself("seed_curves")
+        curves = load_script("seed_curves", module_name="seed_curves")
     finally:
         sys.path.remove(str(REPO / "scripts"))
     path = tmp_path / "metrics.csv"
