@@ -8,8 +8,10 @@ tables off).
           rounds (same seed for both legs of a round), one torch thread (the asynchronous leg runs a second
           Python thread). Prints per leg the median over rounds of each round's median step time (steps
           after the first: the first is warm-up, or with staleness 1 only samples), its parts, the speed-up.
-  curves  each leg trains for the same wall-clock budget (`--minutes`, trainer.max_time) with each of
-          `--seeds` (legs alternating), then the trained policy decodes `--num` held-out problems greedily
+  curves  each leg trains for the same wall-clock budget with each of `--seeds`: `--minutes` (trainer.max_time;
+          legs alternating), or with `--sync-steps K` the time the staleness-0 leg takes for K updates on this
+          machine (it runs first; the staleness-1 leg gets its training time as max_time, so the updates no longer
+          follow the machine's speed); then the trained policy decodes `--num` held-out problems greedily
           (scored by the recipe's boxed accuracy and its last-number accuracy). Writes OUT/<leg>_seed<s>.json
           per run (reruns skip finished runs), OUT/results.json, the curves of the training reward and
           last-number accuracy (T = 1) against minutes to OUT/curves.png, and prints a table.
@@ -17,6 +19,7 @@ tables off).
     rlvr-models fetch smollm2-135m-instruct      # once
     python scripts/bench_async.py steps --rounds 3 --steps 6
     python scripts/bench_async.py curves --seeds 0 1 2 --minutes 12 --out runs/bench_async
+    python scripts/bench_async.py curves --seeds 0 1 2 --sync-steps 24 --out runs/bench_async_steps
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import os
 import statistics
 import time
@@ -84,11 +88,17 @@ def leg_config(base: Path, out: Path, name: str, staleness: int, seed: int, trai
 
 
 class StepClock(Callback):
-    """Wall and process CPU seconds (every thread: the background sampler's too) of each training step."""
+    """Wall and process CPU seconds (every thread: the background sampler's too) of each training step, and the
+    training time at the last step's end as Lightning's `Timer` reads it for `max_time` (`time.monotonic` from
+    `on_train_start`)."""
 
     def __init__(self) -> None:
         self.wall: list[float] = []
         self.cpu: list[float] = []
+        self.train_elapsed = 0.0
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._train_started = time.monotonic()
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self._started = (clock(pl_module.device), time.process_time())
@@ -96,6 +106,7 @@ class StepClock(Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self.wall.append(clock(pl_module.device) - self._started[0])
         self.cpu.append(time.process_time() - self._started[1])
+        self.train_elapsed = time.monotonic() - self._train_started
 
 
 def fit(config: Path):
@@ -191,16 +202,34 @@ def heldout_accuracy(cli, num: int) -> tuple[dict[str, float], float]:
     return {name: count / len(examples) for name, count in correct.items()}, time.perf_counter() - started
 
 
+def leg_order(index: int, sync_steps: int | None) -> tuple[int, int]:
+    """The stalenesses of a seed's legs in the order they run: alternating between seeds under a wall-clock budget
+    (neither leg always meets the machine first), staleness 0 first when its run sets the budget."""
+    return (0, 1) if sync_steps or index % 2 == 0 else (1, 0)
+
+
+def leg_budget(args, out: Path, staleness: int, seed: int) -> dict:
+    """The trainer options that bound a leg: `--minutes` of max_time; with `--sync-steps K`, K updates for staleness
+    0 and its measured training time (`train_elapsed_s`, whole seconds up) as max_time for staleness 1. Lightning
+    stops a leg at the first step end past its max_time, so staleness 1 may run into one step more than the time."""
+    if not args.sync_steps:
+        return {"max_time": time.strftime("00:%H:%M:%S", time.gmtime(args.minutes * 60))}
+    if staleness == 0:
+        return {"max_time": None, "max_steps": args.sync_steps}
+    synchronous = json.loads((out / f"{LEGS[0]}_seed{seed}.json").read_text())
+    return {"max_time": {"seconds": math.ceil(synchronous["train_elapsed_s"])}}
+
+
 def cmd_curves(args) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    budget = time.strftime("00:%H:%M:%S", time.gmtime(args.minutes * 60))
     for index, seed in enumerate(args.seeds):
-        for staleness in (0, 1) if index % 2 == 0 else (1, 0):
+        for staleness in leg_order(index, args.sync_steps):
             name = f"{LEGS[staleness]}_seed{seed}"
             if (out / f"{name}.json").exists():
                 continue
-            config = leg_config(Path(args.config), out, name, staleness, seed, {"max_time": budget})
+            budget = leg_budget(args, out, staleness, seed)
+            config = leg_config(Path(args.config), out, name, staleness, seed, budget)
             started, load = time.perf_counter(), os.getloadavg()[0]
             cli, clock = fit(config)
             wall = time.perf_counter() - started
@@ -210,9 +239,11 @@ def cmd_curves(args) -> None:
             result = {
                 "leg": LEGS[staleness],
                 "seed": seed,
+                "budget": budget,
                 "steps": len(rows),
                 "updates": cli.trainer.global_step,
                 "fit_wall_s": round(wall, 1),
+                "train_elapsed_s": round(clock.train_elapsed, 1),
                 "train_minutes": round(sum(row["time/step_s"] for row in rows) / 60, 2),
                 **{f"{key}_last10": round(statistics.mean(values), 4) for key, values in last10.items()},
                 **{f"heldout_greedy/{name}": rate for name, rate in heldout.items()},
@@ -227,7 +258,8 @@ def cmd_curves(args) -> None:
     results = [json.loads((out / f"{LEGS[s]}_seed{seed}.json").read_text()) for s in (0, 1) for seed in args.seeds]
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     table(results)
-    plot(out, args.seeds, args.minutes)
+    budget_s = max(result["train_elapsed_s"] for result in results) if args.sync_steps else args.minutes * 60
+    plot(out, args.seeds, budget_s / 60)
 
 
 def table(results: list[dict]) -> None:
@@ -309,7 +341,14 @@ def main(argv: list[str] | None = None) -> None:
     steps.set_defaults(fn=cmd_steps)
     curves = sub.add_parser("curves", help="learning of both legs in the same wall-clock budget")
     curves.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    curves.add_argument("--minutes", type=float, default=12.0, help="trainer.max_time of every run")
+    budget = curves.add_mutually_exclusive_group()
+    budget.add_argument("--minutes", type=float, default=12.0, help="trainer.max_time of every run")
+    budget.add_argument(
+        "--sync-steps",
+        type=int,
+        default=None,
+        help="budget each seed by the time its staleness-0 leg takes for this many updates (instead of --minutes)",
+    )
     curves.add_argument("--num", type=int, default=200, help="held-out problems decoded greedily after training")
     curves.add_argument("--out", default="runs/bench_async")
     curves.set_defaults(fn=cmd_curves)
