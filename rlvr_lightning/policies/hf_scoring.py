@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from rlvr_lightning.core.float32_head import Float32Head
-from rlvr_lightning.generation.kv_cache import cache_argument, returned_cache
+from rlvr_lightning.generation.kv_cache import returned_cache
 from rlvr_lightning.generation.loop import position_ids_from_mask
 from rlvr_lightning.policies.base import LogitStatistic
 from rlvr_lightning.policies.flex_packing import (
@@ -32,7 +32,12 @@ from rlvr_lightning.policies.flex_packing import (
     use_flex,
 )
 from rlvr_lightning.policies.packing import PackedOutput, layout_and_ids, packed_cost, packed_inputs, row_lengths
-from rlvr_lightning.policies.prefix_sharing import layers_allow_prefix_sharing, prefix_sharing_default
+from rlvr_lightning.policies.prefix_sharing import (
+    NotAPlainCache,
+    layers_allow_prefix_sharing,
+    prefix_sharing_default,
+    shared_prefix_forward,
+)
 from rlvr_lightning.policies.token_scores import (
     Scores,
     Support,
@@ -318,67 +323,17 @@ class HFScoring:
         return _Output(out.logits if with_logits else None, hidden, returned_cache(out))
 
     def _shared_prefix_forward(
-        self,
-        prompt_ids: Tensor,
-        prompt_mask: Tensor,
-        responses: Tensor,
-        with_logits: bool = True,
-        with_hidden: bool = False,
+        self, prompt_ids: Tensor, prompt_mask: Tensor, responses: Tensor, with_logits: bool, with_hidden: bool
     ) -> tuple[Tensor | None, Tensor | None] | None:
-        """The logits and/or hidden states of `_forward_response`, with each distinct prompt run through the model once.
-
-        The rows of a group share their prompt: its key/value cache is computed once (with gradients)
-        and gathered for every row, then the responses run on top of it. Same numbers as the joint
-        forward, about `len(prompt) * (rows - distinct prompts)` fewer token positions. None when the
-        rows do not share prompts (nothing to gain) or the model's cache is not a plain KV cache.
-        """
-        from transformers import DynamicCache
-        from transformers.cache_utils import DynamicLayer
-
-        num_rows = prompt_ids.shape[0]
-        distinct, inverse = torch.unique(torch.cat([prompt_ids, prompt_mask], dim=1), dim=0, return_inverse=True)
-        if distinct.shape[0] * 4 > num_rows * 3:  # under 25% of the prompt tokens saved: one joint forward
-            return None
-        width = prompt_ids.shape[1]
-        unique_ids, unique_mask = distinct[:, :width], distinct[:, width:]
-        unique_positions = position_ids_from_mask(unique_mask)
-        cache = DynamicCache(config=self.hf_config)
-        out = self._run(
-            with_logits,
-            with_hidden,
-            keep=1,
-            input_ids=unique_ids,
-            attention_mask=unique_mask,
-            position_ids=unique_positions,
-            **cache_argument(self.model, cache),
-            use_cache=True,
-        )
-        cache = out.cache
-        if not all(type(layer) is DynamicLayer for layer in getattr(cache, "layers", [None])):
+        """`shared_prefix_forward` of this policy's model; None where the rows share no prompts or the model's
+        cache proves not a plain KV cache (then never again)."""
+        try:
+            return shared_prefix_forward(
+                self._run, self.model, self.hf_config, prompt_ids, prompt_mask, responses, with_logits, with_hidden
+            )
+        except NotAPlainCache:
             self._prefix_sharing = False  # sliding windows, linear attention, ...: always the joint forward
             return None
-        first_logits, first_hidden = last_positions(out.logits, 1), last_positions(out.hidden, 1)
-        first_logits = None if first_logits is None else first_logits[inverse]
-        first_hidden = None if first_hidden is None else first_hidden[inverse]
-        del out
-        if responses.shape[1] == 0:
-            return first_logits, first_hidden
-        cache.batch_select_indices(inverse)
-        mask = torch.cat([prompt_mask, torch.ones_like(responses, dtype=prompt_mask.dtype)], dim=1)
-        start = unique_positions[:, -1][inverse] + 1
-        positions = start.unsqueeze(1) + torch.arange(responses.shape[1], device=responses.device)
-        out = self._run(
-            with_logits,
-            with_hidden,
-            keep=0,
-            input_ids=responses,
-            attention_mask=mask,
-            position_ids=positions,
-            **cache_argument(self.model, cache),
-            use_cache=True,
-        )
-        join = lambda first, rest: None if first is None else torch.cat([first, rest], dim=1)  # noqa: E731
-        return join(first_logits, out.logits), join(first_hidden, out.hidden)
 
     def _shares_prefixes(self, device: torch.device) -> bool:
         """Whether the rows' prompts are scored once per group: `share_prompt_prefix`, else by `device`, where the
