@@ -51,7 +51,9 @@ def next_tokens(logits: Tensor, ws: DecodeWorkspace, options: StepOptions) -> tu
     choose_from, early = scaled, None
     if options.suppress_eos:
         early = ws.step < ws.min_new_tokens  # bool[1]: the eager loop excluded EOS at this step
-        choose_from = torch.where(early, scaled.index_fill(-1, ws.eos, float("-inf")), scaled)
+        # EOS columns as a pointwise mask (no scatter into a copy of the logits): one fused pass with the softmax
+        eos_columns = (torch.arange(scaled.shape[-1], device=scaled.device).unsqueeze(-1) == ws.eos).any(-1)
+        choose_from = scaled.masked_fill(early & eos_columns, float("-inf"))
     if options.do_sample:
         filtered = filter_logits(choose_from, top_k=options.top_k, top_p=options.top_p, min_p=options.min_p)
         probs = torch.softmax(filtered, dim=-1)

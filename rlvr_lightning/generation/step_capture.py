@@ -3,7 +3,8 @@
 * `none`: the step as Python calls it (every operator launched from Python: the reference, and a CPU's fastest).
 * `aot_eager`: `torch.compile(fullgraph=True, backend="aot_eager")`: the step traced as one graph and run by
   torch's own operators (no code generation; checks on any machine that the step traces without a graph break).
-* `default`: `torch.compile(fullgraph=True)` with inductor (fused kernels, launched from Python).
+* `default`: `torch.compile(fullgraph=True)` with inductor (fused kernels, launched from Python), its reductions
+  left whole (`inductor_options`).
 * `reduce-overhead`: the same with inductor's CUDA graphs (gpt-fast's `decode_one_token`): one graph launch per
   step, the workspace's buffers marked as static addresses so nothing is copied in.
 * `cuda-graph`: the eager step captured by `torch.cuda.CUDAGraph` (no compiler): one graph launch per step with
@@ -100,7 +101,7 @@ def compiled(step: Callable[[], None], mode: str) -> Callable[[], None]:
     if mode == "aot_eager":
         graph = torch.compile(step, fullgraph=True, dynamic=False, backend="aot_eager")
     else:
-        graph = torch.compile(step, fullgraph=True, dynamic=False, mode=None if mode == "default" else mode)
+        graph = torch.compile(step, fullgraph=True, dynamic=False, options=inductor_options(mode))
     calls = 0
 
     def run() -> None:
@@ -121,6 +122,18 @@ def compiled(step: Callable[[], None], mode: str) -> Callable[[], None]:
                 raise CaptureFailed(message) from error
 
     return run
+
+
+def inductor_options(mode: str) -> dict:
+    """Inductor's options for `mode` ("default", "reduce-overhead") with its reductions left whole. At a large
+    vocabulary and few rows inductor splits the softmax's reductions over the vocabulary in two; on torch 2.11 with
+    CUDA generating the split softmax of the EOS-suppressed logits failed (`InductorError: TypeError: list indices
+    must be integers or slices, not NoneType`; SmolLM2's and Qwen2.5-1.5B's shapes at 128 rows on an H200,
+    2026-12-04) while the tiny models' unsplit ones compiled. One block per row still fills the device at such row
+    counts."""
+    from torch._inductor import list_mode_options
+
+    return {**list_mode_options(mode), "split_reductions": False}
 
 
 def captured_cuda_graph(step: Callable[[], None], warmup: int = 2) -> Callable[[], None]:

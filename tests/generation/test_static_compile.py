@@ -187,3 +187,12 @@ def test_a_compiled_step_failing_in_its_first_calls_is_a_failed_capture(monkeypa
     with pytest.raises(RuntimeError, match="a later failure") as later:
         run()
     assert type(later.value) is RuntimeError
+
+
+def test_inductor_keeps_the_modes_options_and_its_reductions_whole():
+    """The compiled step's reductions over the vocabulary stay whole (a split softmax failed to compile on torch 2.11
+    with CUDA at 128 rows of a 49,152-token vocabulary); the mode's own options (CUDA graphs) stay."""
+    from rlvr_lightning.generation.step_capture import inductor_options
+
+    assert inductor_options("reduce-overhead") == {"triton.cudagraphs": True, "split_reductions": False}
+    assert inductor_options("default") == {"split_reductions": False}
