@@ -9,6 +9,8 @@ Variants (`--variants`):
 * `static`: `StaticCacheGeneration` with `compile: none` (static cache and device state, the step eager);
 * `aot_eager`, `compiled`, `reduce-overhead`: the static step under `torch.compile(fullgraph=True)` with the
   `aot_eager` backend, inductor, inductor with CUDA graphs;
+* `compiled-forward`: the model's forward compiled by inductor, the rest of the step eager, the whole captured in a
+  `torch.cuda.CUDAGraph` (what the default runs where inductor cannot compile the whole step);
 * `cuda-graph`: the eager static step captured in a `torch.cuda.CUDAGraph`.
 
 Every row decodes `--new-tokens` tokens (EOS is excluded by `min_new_tokens`), so all variants run the same
@@ -69,7 +71,8 @@ SHAPES = {  # the models' configs, random weights
     ),
 }
 STATIC_MODES = {"static": "none", "aot_eager": "aot_eager", "compiled": "default"}
-STATIC_MODES.update({"reduce-overhead": "reduce-overhead", "cuda-graph": "cuda-graph"})
+STATIC_MODES.update({"reduce-overhead": "reduce-overhead", "compiled-forward": "compiled-forward"})
+STATIC_MODES["cuda-graph"] = "cuda-graph"
 VARIANTS = ("eager", *STATIC_MODES)
 COLUMNS = (
     "model",
@@ -314,7 +317,9 @@ def main(argv: list[str] | None = None) -> int:
     args.models = args.models or (["smollm2", "qwen2.5-1.5b"] if cuda else ["tiny"])
     args.rows = args.rows or ([64, 128] if cuda else [8, 16])
     args.variants = args.variants or (
-        ["eager", "static", "reduce-overhead", "cuda-graph"] if cuda else ["eager", "static", "aot_eager"]
+        ["eager", "static", "reduce-overhead", "compiled-forward", "cuda-graph"]
+        if cuda
+        else ["eager", "static", "aot_eager"]
     )
     args.new_tokens = args.new_tokens or (64 if cuda else 32)
     args.repeats = args.repeats or (1 if cuda else 3)

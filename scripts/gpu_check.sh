@@ -18,7 +18,8 @@
 #             captured under cached autocast, one first recorded in a background thread, a workspace from `validate`
 #   decode    scripts/bench_decode.py: ms per decoding step, tokens/s, bandwidth as a fraction of the device's,
 #             compile seconds, host syncs per step and tokens equal to the eager loop for each decoding variant
-#             (DECODE_VARIANTS, default: eager loop, static cache, inductor + CUDA graphs, a captured CUDA graph)
+#             (DECODE_VARIANTS, default: eager loop, static cache, inductor + CUDA graphs, the inductor-compiled forward
+#             in a captured CUDA graph, a captured CUDA graph of the eager step)
 #             at DECODE_ROWS (default 64 128) rows on SmolLM2-135M's and Qwen2.5-1.5B's shapes (random weights)
 #   equal     scripts/bench_decode.py in EQUAL_DTYPES (default: float32 float64) at EQUAL_ROWS (default 128) rows,
 #             16 tokens, both shapes: the static step's tokens against the eager loop's, and of those that differ,
@@ -203,7 +204,8 @@ equal_dtypes() {  # the static step's tokens against the eager loop's in fp32, t
         echo "## $dtype"
         # shellcheck disable=SC2046 - the compiled variant in fp32 only (the default on CUDA; fp64 settles rounding)
         "$python" scripts/bench_decode.py --device cuda --dtype "$dtype" --rows "${EQUAL_ROWS:-128}" --new-tokens 16 \
-            --repeats 1 --variants eager static cuda-graph $([ "$dtype" = float32 ] && echo reduce-overhead) || code=$?
+            --repeats 1 --variants eager static cuda-graph $([ "$dtype" = float32 ] && echo reduce-overhead compiled-forward) \
+            || code=$?
     done
     return $code
 }

@@ -68,9 +68,9 @@ class StaticCacheGeneration(KVCacheGeneration):
             CompileMode,
             Option(
                 'how the step runs (`generation/step_capture.py`): "auto" (the default: "reduce-overhead" on a '
-                'CUDA device, "none" elsewhere; where the compiler fails, a warning and "cuda-graph" on a CUDA '
-                'device, "none" elsewhere or where the capture fails too), "none", "aot_eager", "default", '
-                '"reduce-overhead", "cuda-graph".'
+                'CUDA device, "none" elsewhere; where the compiler fails, a warning and, on a CUDA device, '
+                '"compiled-forward", then "cuda-graph", then "none"), "none", "aot_eager", "default", '
+                '"reduce-overhead", "compiled-forward", "cuda-graph".'
             ),
         ] = "auto",
         sync_every: Annotated[
@@ -118,7 +118,10 @@ class StaticCacheGeneration(KVCacheGeneration):
 
     def _fall_back(self, failed: str, fallback: str, error: Exception) -> str:
         """Warn that the default's `failed` mode does not work on this machine and run `fallback` from now on."""
-        how = "as a CUDA graph of the eager step (no compiler)" if fallback == "cuda-graph" else "eagerly"
+        how = {
+            "compiled-forward": "as a CUDA graph of the step around the compiled forward",
+            "cuda-graph": "as a CUDA graph of the eager step (no compiler)",
+        }.get(fallback, "eagerly")
         warnings.warn(
             f"StaticCacheGeneration: {'capturing' if failed == 'cuda-graph' else 'compiling'} the decoding step "
             f"({failed!r}) failed, so it runs {how} from now on (`compile: {fallback}` chooses that without "

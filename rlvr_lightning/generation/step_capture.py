@@ -7,11 +7,15 @@
   left whole (`inductor_options`).
 * `reduce-overhead`: the same with inductor's CUDA graphs (gpt-fast's `decode_one_token`): one graph launch per
   step, the workspace's buffers marked as static addresses so nothing is copied in.
+* `compiled-forward`: the model's forward compiled by inductor (its layers' kernels fused), the rest of the step
+  (sampling, the rows' bookkeeping) as Python writes it, the whole captured by `torch.cuda.CUDAGraph`: one graph
+  launch per step that needs no code generated for the sampling.
 * `cuda-graph`: the eager step captured by `torch.cuda.CUDAGraph` (no compiler): one graph launch per step with
   the same kernels as `none`.
 * `auto`: `reduce-overhead` on a CUDA device, `none` elsewhere. Where the compiler fails (no working Triton, an
   operator inductor cannot lower), `StaticCacheGeneration` warns and runs the step as `fallback_mode` says from then
-  on: `cuda-graph` on a CUDA device (it needs no compiler), then `none` if the capture fails too.
+  on: on a CUDA device `compiled-forward` (the compiler left only the model), then `cuda-graph` (it needs no
+  compiler), then `none` if the capture fails too.
 
 Every mode is `fullgraph=True`: a graph break is an error, not a silent slow path. Random draws stay outside the
 step (`StaticCacheGeneration` draws each step's uniforms into the workspace), so no mode needs the generator's
@@ -35,8 +39,9 @@ from rlvr_lightning.generation.static_decode import StepOptions, decode_step
 from rlvr_lightning.runtime.global_random import GLOBAL_RANDOM_LOCK
 from rlvr_lightning.runtime.recompile_limit import raise_recompile_limit
 
-COMPILE_MODES = ("auto", "none", "aot_eager", "default", "reduce-overhead", "cuda-graph")
-CompileMode = Literal["auto", "none", "aot_eager", "default", "reduce-overhead", "cuda-graph"]
+COMPILE_MODES = ("auto", "none", "aot_eager", "default", "reduce-overhead", "compiled-forward", "cuda-graph")
+CompileMode = Literal["auto", "none", "aot_eager", "default", "reduce-overhead", "compiled-forward", "cuda-graph"]
+CAPTURED_MODES = ("compiled-forward", "cuda-graph")  # captured by `captured_cuda_graph` (needs a CUDA device)
 # one compiled step per (row bucket, sampling options, model): more than dynamo's default of 8 in a long run
 RECOMPILE_LIMIT = 64
 # the calls of a compiled step that may compile or record (inductor's CUDA graphs: a warm-up run, then the recording)
@@ -51,7 +56,7 @@ def check_compile_mode(value: str) -> None:
 def resolve_compile_mode(mode: str, device: torch.device) -> str:
     if mode == "auto":
         return "reduce-overhead" if device.type == "cuda" else "none"
-    if mode in ("reduce-overhead", "cuda-graph") and device.type != "cuda":
+    if mode in ("reduce-overhead", *CAPTURED_MODES) and device.type != "cuda":
         raise ValueError(f"StaticCacheGeneration compile={mode!r} needs a CUDA device; the model is on {device}")
     return mode
 
@@ -62,15 +67,18 @@ class CaptureFailed(RuntimeError):
 
 
 def fallback_mode(failed: str, device: torch.device) -> str:
-    """The mode `compile="auto"` runs the step in once `failed` failed on `device`: a CUDA graph of the eager step
-    (one launch per step, no compiler) after a failed compiler on a CUDA device, else the step as Python calls it."""
-    return "cuda-graph" if device.type == "cuda" and failed not in ("cuda-graph", "none") else "none"
+    """The mode `compile="auto"` runs the step in once `failed` failed on `device`. On a CUDA device: after a failed
+    compiled step, the compiled forward in a CUDA graph; after that, a CUDA graph of the eager step (one launch per
+    step, no compiler); else, and elsewhere, the step as Python calls it."""
+    if device.type != "cuda" or failed in ("cuda-graph", "none"):
+        return "none"
+    return "cuda-graph" if failed == "compiled-forward" else "compiled-forward"
 
 
 def capture_pending(ws: DecodeWorkspace, model: nn.Module, options: StepOptions, mode: str) -> bool:
     """Whether `runnable_step` will capture a CUDA graph, which runs warm-up steps on the workspace (load it again
     after). A graph holds the addresses of the weights it read: when they moved, the workspace's graphs go."""
-    if mode != "cuda-graph":
+    if mode not in CAPTURED_MODES:
         return False
     if ws.weights_moved(model):
         ws.steps.clear()
@@ -78,7 +86,7 @@ def capture_pending(ws: DecodeWorkspace, model: nn.Module, options: StepOptions,
 
 
 def runnable_step(ws: DecodeWorkspace, model: nn.Module, options: StepOptions, mode: str) -> Callable[[], None]:
-    """The workspace's decoding step for `options` in `mode`, built once per workspace and kept in it (a `cuda-graph`
+    """The workspace's decoding step for `options` in `mode`, built once per workspace and kept in it (a captured
     step is captured here: `capture_pending`)."""
     key = (options, mode)
     if mode == "reduce-overhead":
@@ -89,6 +97,9 @@ def runnable_step(ws: DecodeWorkspace, model: nn.Module, options: StepOptions, m
             ws.steps[key] = step
         elif mode == "cuda-graph":
             ws.steps[key] = captured_cuda_graph(step)
+        elif mode == "compiled-forward":
+            forward = compiled_forward(model)
+            ws.steps[key] = captured_cuda_graph(functools.partial(decode_step, ws, forward, options), compiles=True)
         else:
             ws.steps[key] = compiled(step, mode)
     return ws.steps[key]
@@ -124,6 +135,12 @@ def compiled(step: Callable[[], None], mode: str) -> Callable[[], None]:
     return run
 
 
+def compiled_forward(model: nn.Module) -> nn.Module:
+    """`model` whose forward inductor compiles as one static-shape graph (`fullgraph=True`, its reductions whole)."""
+    raise_recompile_limit(RECOMPILE_LIMIT)
+    return torch.compile(model, fullgraph=True, dynamic=False, options=inductor_options("default"))
+
+
 def inductor_options(mode: str) -> dict:
     """Inductor's options for `mode` ("default", "reduce-overhead") with its reductions left whole. At a large
     vocabulary and few rows inductor splits the softmax's reductions over the vocabulary in two; on torch 2.11 with
@@ -136,14 +153,22 @@ def inductor_options(mode: str) -> dict:
     return {**list_mode_options(mode), "split_reductions": False}
 
 
-def captured_cuda_graph(step: Callable[[], None], warmup: int = 2) -> Callable[[], None]:
+def captured_cuda_graph(step: Callable[[], None], warmup: int = 2, compiles: bool = False) -> Callable[[], None]:
     """`step` recorded in a `torch.cuda.CUDAGraph` after `warmup` runs on a side stream (PyTorch's recipe for
-    capture: lazy initialisations and the allocator's pool settle first); calling the result replays it."""
+    capture: lazy initialisations, the allocator's pool and, where `step` `compiles`, compilation settle first);
+    calling the result replays it."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with GLOBAL_RANDOM_LOCK, torch.cuda.stream(stream), uncached_autocast("cuda"):
         for _ in range(warmup):
-            step()
+            try:
+                step()
+            except (torch.OutOfMemoryError, torch._dynamo.exc.TorchDynamoException):
+                raise
+            except Exception as error:  # noqa: BLE001 - a compiled forward that fails in its first calls
+                if not compiles:
+                    raise
+                raise CaptureFailed(f"the compiled forward failed in its warm-up: {error}") from error
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     try:

@@ -72,8 +72,9 @@ def test_the_default_decodes_eagerly_after_its_compiler_failed(make_policy, monk
 
 
 def test_a_cuda_devices_default_falls_back_to_a_cuda_graph_then_to_the_eager_step(make_policy, monkeypatch):
-    """On a CUDA device a failed compiler leaves the step to a CUDA graph (no compiler), and a failed capture to the
-    eager step; each fallback warns once, and the next generation starts at the mode that worked."""
+    """On a CUDA device a failed compiler leaves the step to a CUDA graph around the compiled forward, a failed one
+    of those to a CUDA graph of the eager step (no compiler), and a failed capture to the eager step; each fallback
+    warns once, and the next generation starts at the mode that worked."""
     from rlvr_lightning.generation import StaticCacheGeneration, static_generation, step_capture
     from rlvr_lightning.policies.hf_options import GenerationOptions, PromptOptions
 
@@ -83,6 +84,8 @@ def test_a_cuda_devices_default_falls_back_to_a_cuda_graph_then_to_the_eager_ste
         tried.append(mode)
         if mode == "reduce-overhead":
             raise torch._dynamo.exc.TorchDynamoException("no working Triton")
+        if mode == "compiled-forward":
+            raise step_capture.CaptureFailed("the compiled forward failed in its warm-up: no kernel")
         if mode == "cuda-graph":
             raise step_capture.CaptureFailed("capturing the decoding step in a CUDA graph failed: not capturable")
         return real(*args, mode=mode, **kwargs)
@@ -111,22 +114,25 @@ def test_a_cuda_devices_default_falls_back_to_a_cuda_graph_then_to_the_eager_ste
     with pytest.warns(UserWarning) as caught:
         fell_back = policy.sample(prompts, 2, sampling)
     messages = [str(w.message) for w in caught if "StaticCacheGeneration" in str(w.message)]
-    assert tried == ["reduce-overhead", "cuda-graph", "none"]
-    assert "compiling the decoding step ('reduce-overhead') failed, so it runs as a CUDA graph" in messages[0]
-    assert "capturing the decoding step ('cuda-graph') failed, so it runs eagerly" in messages[1]
-    assert len(messages) == 2
+    assert tried == ["reduce-overhead", "compiled-forward", "cuda-graph", "none"]
+    assert "('reduce-overhead') failed, so it runs as a CUDA graph of the step around the compiled" in messages[0]
+    assert "('compiled-forward') failed, so it runs as a CUDA graph of the eager step" in messages[1]
+    assert "capturing the decoding step ('cuda-graph') failed, so it runs eagerly" in messages[2]
+    assert len(messages) == 3
     assert torch.equal(fell_back.response_ids, eager.response_ids)
     assert torch.equal(fell_back.sampling_log_probs, eager.sampling_log_probs)
     policy.sample(prompts, 2, sampling)
-    assert tried[3:] == ["none"]
+    assert tried[4:] == ["none"]
 
 
 def test_the_fallback_after_a_failed_compiler_is_a_cuda_graph_on_a_cuda_device_only():
     from rlvr_lightning.generation.step_capture import fallback_mode
 
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
-    assert [fallback_mode(mode, cuda) for mode in ("reduce-overhead", "default", "cuda-graph")] == [
-        "cuda-graph",
+    failed = ("reduce-overhead", "default", "compiled-forward", "cuda-graph")
+    assert [fallback_mode(mode, cuda) for mode in failed] == [
+        "compiled-forward",
+        "compiled-forward",
         "cuda-graph",
         "none",
     ]

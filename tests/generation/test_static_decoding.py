@@ -144,3 +144,30 @@ def test_a_graph_capture_runs_on_a_workspace_loaded_again_afterwards(llama, monk
         llama.lm_head.weight.data = llama.lm_head.weight.data.clone()
     assert_same(run_pair(llama, sampling, stop_strings=("dd",), mode="cuda-graph", pool=pool, seed=3))
     assert len(captures) == 2
+
+
+def test_a_compiled_forward_in_a_captured_step_samples_the_eager_loops_tokens(llama, monkeypatch):
+    """`compiled-forward` on a CPU with the stand-in capture: the model's forward compiled by inductor (one graph per
+    row bucket, its warm-up runs compiling it) inside the step as Python writes it samples the eager loop's tokens
+    (the compiled kernels' rounding: log-probs within 1e-5)."""
+    from rlvr_lightning.generation import step_capture
+
+    captures, compiled_models = [], []
+    real_compiled_forward = step_capture.compiled_forward
+
+    def stand_in(step, warmup=2, compiles=False):
+        captures.append(compiles)
+        for _ in range(warmup):
+            step()
+        return step
+
+    def counted_compiled_forward(model):
+        compiled_models.append(model)
+        return real_compiled_forward(model)
+
+    monkeypatch.setattr(step_capture, "captured_cuda_graph", stand_in)
+    monkeypatch.setattr(step_capture, "compiled_forward", counted_compiled_forward)
+    pool, sampling = WorkspacePool(), SamplingConfig(max_new_tokens=12, min_new_tokens=2)
+    for seed in (1, 2):
+        assert_same(run_pair(llama, sampling, stop_strings=("dd",), mode="compiled-forward", pool=pool, seed=seed))
+    assert captures == [True] and compiled_models == [llama]

@@ -18,7 +18,7 @@ from ..generation.static_pairs import assert_same, run_pair, static_only, tiny_m
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (scripts/gpu_check.sh)")
 
 
-@pytest.mark.parametrize("mode", ["none", "default", "reduce-overhead", "cuda-graph"])
+@pytest.mark.parametrize("mode", ["none", "default", "reduce-overhead", "compiled-forward", "cuda-graph"])
 def test_every_mode_samples_the_eager_loops_tokens(mode):
     """`reduce-overhead` runs its step in inductor's CUDA graphs: a skipped graph (otherwise a warning, and the
     kernels launched from Python) is an error here (tests/generation/test_static_cuda_graph_rules.py checks the
@@ -45,7 +45,7 @@ def syncs_and_steps(model, pool, max_new_tokens: int, mode: str) -> tuple[int, i
     return sum("called a synchronizing CUDA operation" in str(w.message) for w in caught), out.steps
 
 
-@pytest.mark.parametrize("mode", ["none", "reduce-overhead", "cuda-graph"])
+@pytest.mark.parametrize("mode", ["none", "reduce-overhead", "compiled-forward", "cuda-graph"])
 def test_the_host_synchronises_once_per_eight_steps(mode):
     """A generation also synchronises a few times outside its loop (the prefill's mask check, its clock), the same
     in both: 32 more steps add 4 reads of the sampled tokens."""
@@ -73,9 +73,9 @@ def test_a_policy_without_a_named_backend_decodes_statically(tmp_path):
 
 
 def test_the_default_runs_a_cuda_graph_where_its_compiler_fails(tmp_path, monkeypatch):
-    """`compile: auto` whose compiler fails on a CUDA device captures the eager step in a CUDA graph instead (the
-    workspace holds it beside the step that failed), which samples the eager step's tokens from the same random
-    state."""
+    """`compile: auto` whose compiler fails on a CUDA device (the whole step's, then the forward's) captures the eager
+    step in a CUDA graph instead (the workspace holds it beside the steps that failed), which samples the eager
+    step's tokens from the same random state."""
     from rlvr_lightning.demos.tiny_lm import save_tiny_tokenizer, tiny_llama_config
     from rlvr_lightning.generation import StaticCacheGeneration, step_capture
     from rlvr_lightning.policies.hf import HFPolicy
@@ -88,6 +88,11 @@ def test_the_default_runs_a_cuda_graph_where_its_compiler_fails(tmp_path, monkey
         step_capture,
         "compiled",
         lambda step, mode: torch.compile(step, fullgraph=True, dynamic=False, backend=failing_backend),
+    )
+    monkeypatch.setattr(
+        step_capture,
+        "compiled_forward",
+        lambda model: torch.compile(model, fullgraph=True, dynamic=False, backend=failing_backend),
     )
     tokenizer = str(save_tiny_tokenizer(tmp_path / "tok"))
     prompts, sampling = {"prompt": ["a", "The quick brown fox"]}, SamplingConfig(max_new_tokens=16, temperature=0.9)
@@ -102,7 +107,7 @@ def test_the_default_runs_a_cuda_graph_where_its_compiler_fails(tmp_path, monkey
         return policy.generation, policy.sample(prompts, n=4, sampling=sampling)
 
     _, eager = sample(StaticCacheGeneration(compile="none"))
-    with pytest.warns(UserWarning, match=r"\('reduce-overhead'\) failed, so it runs as a CUDA graph"):
+    with pytest.warns(UserWarning, match=r"\('compiled-forward'\) failed, so it runs as a CUDA graph of the eager"):
         backend, graphed = sample(StaticCacheGeneration())
     assert backend._compile_failed == "cuda-graph"
     workspaces = next(iter(backend._workspaces._by_model.values()))[1].values()
