@@ -152,6 +152,8 @@ class HFPolicy(HFScoring, Policy):
                 network, lora.r, lora.alpha, lora.dropout, lora.target_modules
             )
             self._register_load_state_dict_pre_hook(self._add_reference_adapter_to_load)
+        if model.gradient_checkpointing:  # after LoRA, whose wrapper adds one over a checkpointed model
+            hf_loading.drop_input_grad_hooks(network)
         if model.lm_head_fp32:  # after LoRA: an adapter on the head is refused
             hf_loading.float32_output_layer(network.get_base_model() if lora.r > 0 else network)
         self.model = network

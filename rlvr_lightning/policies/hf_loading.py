@@ -12,6 +12,7 @@ Where the model comes from (exactly one of):
 
 from __future__ import annotations
 
+import inspect
 import os
 import warnings
 from collections.abc import Sequence
@@ -170,6 +171,25 @@ def enable_gradient_checkpointing(model: nn.Module) -> None:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=non_reentrant)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=non_reentrant)
+
+
+#: the forward hooks that make the input embeddings' output require grad: transformers' `enable_input_require_grads`
+#: (added by its checkpointing) and PEFT's fallback (`get_peft_model` over a checkpointed model)
+INPUT_GRAD_HOOKS = ("make_inputs_require_grads", "make_inputs_require_grad")
+
+
+def drop_input_grad_hooks(model: nn.Module) -> None:
+    """Remove the hooks of `INPUT_GRAD_HOOKS` from `model`'s modules where its checkpointing is non-reentrant (ours,
+    `enable_gradient_checkpointing`; a model of transformers' pre-4.35 checkpointing format ignores those arguments and
+    keeps them). Only reentrant checkpointing needs an input that requires grad to reach the weights, and the hook's
+    `requires_grad_` is an operation dynamo cannot trace: it kept the compiled decoding step off checkpointed models."""
+    setter = getattr(model, "_set_gradient_checkpointing", None)
+    if setter is not None and "value" in inspect.signature(setter).parameters:
+        return
+    for module in model.modules():
+        for key, hook in list(module._forward_hooks.items()):
+            if getattr(hook, "__name__", None) in INPUT_GRAD_HOOKS:
+                del module._forward_hooks[key]
 
 
 PEFT_MISSING = (
