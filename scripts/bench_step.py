@@ -61,7 +61,8 @@ tokens) x 8 completions x 32 tokens; `smollm2_long` = 8 chat prompts x 8 complet
 update in 4 micro-batches of 16 completions on both sides (one optimizer step). `natural` = the tiny Llama with
 EOS allowed (responses of very uneven lengths), ours only: padded row micro-batches against packed ones on one
 replayed rollout (scripts/bench_step_packing.py).
-Threads are pinned (`--threads`, default 1).
+Threads are pinned (`--threads`, default 1). `BENCH_PROFILE=1` adds a step to each leg that `torch.profiler` records
+and reports on the leg's standard error, outside the timings (`step_profile.py`).
 """
 
 from __future__ import annotations
@@ -95,6 +96,7 @@ from bench_step_cases import (  # noqa: E402
     StepTimer,
     digit_reward,
     make_tiny_model,
+    profiled_steps,
     prompt_lengths,
     smollm2_dir,
 )
@@ -247,6 +249,7 @@ def run_leg(leg: str, case: str, model_dir: Path, args, steps: int, tmp: Path) -
 def worker(args) -> int:
     case = CASES[args.case[0]]
     model_dir = Path(args.model_dir)
+    measured, args.steps = args.steps, profiled_steps(args.steps, f"{args.worker}, {args.case[0]}")
     if args.worker in ("trl", "trl_cb"):
         with tempfile.TemporaryDirectory(prefix="bench_step-trl-") as tmp:
             cb = args.worker == "trl_cb"
@@ -271,7 +274,7 @@ def worker(args) -> int:
             compile_layers="default" if args.worker == "compiled" else "none",
             **precision,
         )
-    Path(args.json).write_text(json.dumps(timer.steps))
+    Path(args.json).write_text(json.dumps(timer.steps[:measured]))
     return 0
 
 

@@ -10,12 +10,17 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+import step_profile
 import torch
 
 from rlvr_lightning.runtime.timing import clock  # waits for the device's queued work before reading the time
 
 LR = 1e-5
 SECTIONS = ("generation", "reward", "logprob_forward", "backward", "optimizer")
+#: the step (0-based) a leg records with `torch.profiler` (`step_profile.py`, `BENCH_PROFILE=1`; None: none), and
+#: the leg's name in its report
+PROFILE_STEP: int | None = None
+PROFILE_LABEL = ""
 
 PAIRS = [(3, 4), (12, 7), (25, 17), (8, 9), (101, 5), (64, 36), (7, 70), (250, 250)]
 # "task": an RLVR-style prompt (instruction + question, ~40 tokens); "short": the bare question (~10 tokens)
@@ -67,6 +72,16 @@ def digit_reward(text: str) -> float:
 # ----------------------------------------------------------------------------- timing
 
 
+def profiled_steps(steps: int, label: str) -> int:
+    """The steps a leg runs: with `BENCH_PROFILE=1` one more (its last), which `StepTimer` has `torch.profiler`
+    record and report as `label`; the leg then leaves it out of the steps it writes."""
+    global PROFILE_STEP, PROFILE_LABEL
+    if not step_profile.profiling():
+        return steps
+    PROFILE_STEP, PROFILE_LABEL = steps, label
+    return steps + 1
+
+
 class StepTimer:
     """Per-step wall time and time spent inside wrapped functions (sections), on `device`'s clock."""
 
@@ -75,6 +90,7 @@ class StepTimer:
         self.current: dict[str, float] = defaultdict(float)
         self.started = 0.0
         self.device = device
+        self.profiler = None
 
     def wrap(self, obj, attr: str, section: str) -> None:
         fn = getattr(obj, attr)
@@ -83,7 +99,8 @@ class StepTimer:
         def timed(*args, **kwargs):
             t0, c0 = clock(self.device), time.process_time()
             try:
-                return fn(*args, **kwargs)
+                with torch.profiler.record_function(step_profile.SECTION_MARK + section):
+                    return fn(*args, **kwargs)
             finally:
                 self.current[section] += clock(self.device) - t0
                 self.current[f"{section}_cpu"] += time.process_time() - c0
@@ -91,6 +108,8 @@ class StepTimer:
         setattr(obj, attr, timed)
 
     def begin(self) -> None:
+        if PROFILE_STEP is not None and len(self.steps) == PROFILE_STEP:
+            self.profiler = step_profile.start(str(self.device))
         self.current = defaultdict(float)
         self.started = clock(self.device)
         self.started_cpu = time.process_time()
@@ -101,6 +120,9 @@ class StepTimer:
         step["other"] = total - sum(self.current.get(s, 0.0) for s in SECTIONS)
         step["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # the process's peak so far
         self.steps.append(step)
+        if self.profiler is not None:
+            step_profile.finish(self.profiler, str(self.device), PROFILE_LABEL)
+            self.profiler = None
 
     def medians(self, warmup: int) -> dict[str, float]:
         kept = self.steps[warmup:] or self.steps

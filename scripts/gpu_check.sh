@@ -12,7 +12,8 @@
 #             GRPOTrainer on the GPU (needs TRL), the cases BENCH_CASES (default: smollm2 smollm2_long), BENCH_STEPS
 #             measured steps (default 4), in each of BENCH_PRECISIONS (default: fp32 gpu; gpu: each side's bf16),
 #             the legs BENCH_LEGS (default: ours trl; plain: ours without lean activations; trl_cb: TRL generating
-#             through transformers' continuous batching, its fast path without vLLM)
+#             through transformers' continuous batching, its fast path without vLLM); BENCH_PROFILE=1: one more step
+#             per leg recorded by torch.profiler, its report in the log (scripts/step_profile.py)
 #   static    tests/gpu/test_static_decoding_cuda.py alone: static decoding in each compile mode samples the eager
 #             loop's tokens, one host sync per 8 steps, the default backend decodes statically on CUDA; a graph
 #             captured under cached autocast, one first recorded in a background thread, a workspace from `validate`
