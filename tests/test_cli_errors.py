@@ -230,7 +230,7 @@ def test_a_token_budget_no_row_fits(in_tmp_dir, capsys):
             "{class_path: rlvr_lightning.generation.StaticCacheGeneration, init_args: {compile: reduce_overhead}}",
             "compile",
             "reduce_overhead",
-            "auto, none, aot_eager, default, reduce-overhead, cuda-graph",
+            "auto, none, aot_eager, default, reduce-overhead, compiled-forward, cuda-graph",
         ),
     ],
 )
