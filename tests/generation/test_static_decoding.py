@@ -146,10 +146,11 @@ def test_a_graph_capture_runs_on_a_workspace_loaded_again_afterwards(llama, monk
     assert len(captures) == 2
 
 
-def test_a_compiled_forward_in_a_captured_step_samples_the_eager_loops_tokens(llama, monkeypatch):
+@pytest.mark.parametrize("model_type", ["llama", "qwen2"])
+def test_a_compiled_forward_in_a_captured_step_samples_the_eager_loops_tokens(model_type, monkeypatch):
     """`compiled-forward` on a CPU with the stand-in capture: the model's forward compiled by inductor (one graph per
     row bucket, its warm-up runs compiling it) inside the step as Python writes it samples the eager loop's tokens
-    (the compiled kernels' rounding: log-probs within 1e-5)."""
+    (the compiled kernels' rounding: log-probs within 1e-5), sampled and greedy."""
     from rlvr_lightning.generation import step_capture
 
     captures, compiled_models = [], []
@@ -167,7 +168,11 @@ def test_a_compiled_forward_in_a_captured_step_samples_the_eager_loops_tokens(ll
 
     monkeypatch.setattr(step_capture, "captured_cuda_graph", stand_in)
     monkeypatch.setattr(step_capture, "compiled_forward", counted_compiled_forward)
-    pool, sampling = WorkspacePool(), SamplingConfig(max_new_tokens=12, min_new_tokens=2)
+    model, pool = tiny_model(model_type), WorkspacePool()
+    sampling = SamplingConfig(max_new_tokens=12, min_new_tokens=2, temperature=0.8)
     for seed in (1, 2):
-        assert_same(run_pair(llama, sampling, stop_strings=("dd",), mode="compiled-forward", pool=pool, seed=seed))
-    assert captures == [True] and compiled_models == [llama]
+        assert_same(run_pair(model, sampling, stop_strings=("dd",), mode="compiled-forward", pool=pool, seed=seed))
+    assert captures == [True] and compiled_models == [model]
+    greedy = SamplingConfig(max_new_tokens=8, do_sample=False)
+    assert_same(run_pair(model, greedy, stop_strings=("dd",), mode="compiled-forward", pool=pool))
+    assert captures == [True, True] and compiled_models == [model, model]  # other options: a step of their own
