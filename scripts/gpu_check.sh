@@ -21,11 +21,12 @@
 #             compile seconds, host syncs per step and tokens equal to the eager loop for each decoding variant
 #             (DECODE_VARIANTS, default: eager loop, static cache, inductor + CUDA graphs, the inductor-compiled forward
 #             in a captured CUDA graph, a captured CUDA graph of the eager step)
-#             at DECODE_ROWS (default 64 128) rows on SmolLM2-135M's and Qwen2.5-1.5B's shapes (random weights)
+#             at DECODE_ROWS (default 64 128) rows on DECODE_MODELS (default: SmolLM2-135M's and Qwen2.5-1.5B's shapes,
+#             random weights)
 #   equal     scripts/bench_decode.py in EQUAL_DTYPES (default: float32 float64) at EQUAL_ROWS (default 128) rows,
-#             16 tokens, both shapes: the static step's tokens against the eager loop's, and of those that differ,
-#             how many first differ by a neighbouring token id (a draw moved across one step of the CDF by rounding;
-#             fp64 settles it)
+#             16 tokens, on DECODE_MODELS, EQUAL_VARIANTS (default: each static variant, the compiled ones in fp32
+#             only): the static step's tokens against the eager loop's, and of those that differ, how many first
+#             differ by a neighbouring token id (a draw moved across one step of the CDF by rounding; fp64 settles it)
 #   score     scripts/bench_score.py: forward and backward ms of one scoring micro-batch (32 rows, uneven lengths),
 #             padded vs packed with the model's SDPA vs packed through FlexAttention vs prefix-shared, the kernel
 #             that ran, fp32 and bf16 autocast, lean and plain activations, at SmolLM2-135M's shape (random
@@ -203,10 +204,11 @@ equal_dtypes() {  # the static step's tokens against the eager loop's in fp32, t
     local dtype code=0
     for dtype in ${EQUAL_DTYPES:-float32 float64}; do
         echo "## $dtype"
-        # shellcheck disable=SC2046 - the compiled variant in fp32 only (the default on CUDA; fp64 settles rounding)
+        # shellcheck disable=SC2046,SC2086 - the compiled variants in fp32 only (the default on CUDA; fp64 settles
+        # rounding); the variants and models are words
         "$python" scripts/bench_decode.py --device cuda --dtype "$dtype" --rows "${EQUAL_ROWS:-128}" --new-tokens 16 \
-            --repeats 1 --variants eager static cuda-graph $([ "$dtype" = float32 ] && echo reduce-overhead compiled-forward) \
-            || code=$?
+            --repeats 1 --variants ${EQUAL_VARIANTS:-eager static cuda-graph $([ "$dtype" = float32 ] && echo \
+            reduce-overhead compiled-forward)} ${DECODE_MODELS:+--models $DECODE_MODELS} || code=$?
     done
     return $code
 }
@@ -234,7 +236,7 @@ for part in "${parts[@]}"; do
         "$python" -m pytest -q -p no:cacheprovider tests/gpu/test_static_decoding_cuda.py ;;
     decode) run_part decode "grep -E '^# best' $out/decode.log | sed 's/^# best: //' | tail -n 2 | tr '\n' ' '; grep -m 1 -o 'inductor skipped its CUDA graphs' $out/decode.log" \
         "$python" scripts/bench_decode.py --device cuda --rows ${DECODE_ROWS:-64 128} \
-        ${DECODE_VARIANTS:+--variants $DECODE_VARIANTS} ;;
+        ${DECODE_VARIANTS:+--variants $DECODE_VARIANTS} ${DECODE_MODELS:+--models $DECODE_MODELS} ;;
     equal) run_part equal "awk '/^## /{d=\$2} !/^#/ && \$(NF-3) == \"of\" {printf \"%s %s %s %s/%s (%s adjacent); \", d, \$1, \$3, \$(NF-4), \$(NF-2), \$(NF-1)}' $out/equal.log" \
         equal_dtypes ;;
     score) run_part score "grep -E '^# (fp32|bf16) forward' $out/score.log | sed 's/^# //' | tr '\n' ' '" \

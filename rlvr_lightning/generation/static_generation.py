@@ -67,10 +67,10 @@ class StaticCacheGeneration(KVCacheGeneration):
         compile: Annotated[
             CompileMode,
             Option(
-                'how the step runs (`generation/step_capture.py`): "auto" (the default: "reduce-overhead" on a '
+                'how the step runs (`generation/step_capture.py`): "auto" (the default: "compiled-forward" on a '
                 'CUDA device, "none" elsewhere; where the compiler fails, a warning and, on a CUDA device, '
-                '"compiled-forward", then "cuda-graph", then "none"), "none", "aot_eager", "default", '
-                '"reduce-overhead", "compiled-forward", "cuda-graph".'
+                '"cuda-graph", then "none"), "none", "aot_eager", "default", "reduce-overhead", '
+                '"compiled-forward", "cuda-graph".'
             ),
         ] = "auto",
         sync_every: Annotated[

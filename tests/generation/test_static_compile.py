@@ -72,9 +72,9 @@ def test_the_default_decodes_eagerly_after_its_compiler_failed(make_policy, monk
 
 
 def test_a_cuda_devices_default_falls_back_to_a_cuda_graph_then_to_the_eager_step(make_policy, monkeypatch):
-    """On a CUDA device a failed compiler leaves the step to a CUDA graph around the compiled forward, a failed one
-    of those to a CUDA graph of the eager step (no compiler), and a failed capture to the eager step; each fallback
-    warns once, and the next generation starts at the mode that worked."""
+    """On a CUDA device `auto` compiles the forward inside a CUDA graph; a failed compiler leaves the step to a CUDA
+    graph of the eager step (no compiler), and a failed capture to the eager step; each fallback warns once, and the
+    next generation starts at the mode that worked."""
     from rlvr_lightning.generation import StaticCacheGeneration, static_generation, step_capture
     from rlvr_lightning.policies.hf_options import GenerationOptions, PromptOptions
 
@@ -91,7 +91,7 @@ def test_a_cuda_devices_default_falls_back_to_a_cuda_graph_then_to_the_eager_ste
         return real(*args, mode=mode, **kwargs)
 
     monkeypatch.setattr(
-        static_generation, "resolve_compile_mode", lambda mode, device: mode.replace("auto", "reduce-overhead")
+        static_generation, "resolve_compile_mode", lambda mode, device: mode.replace("auto", "compiled-forward")
     )
     monkeypatch.setattr(
         static_generation,
@@ -114,15 +114,14 @@ def test_a_cuda_devices_default_falls_back_to_a_cuda_graph_then_to_the_eager_ste
     with pytest.warns(UserWarning) as caught:
         fell_back = policy.sample(prompts, 2, sampling)
     messages = [str(w.message) for w in caught if "StaticCacheGeneration" in str(w.message)]
-    assert tried == ["reduce-overhead", "compiled-forward", "cuda-graph", "none"]
-    assert "('reduce-overhead') failed, so it runs as a CUDA graph of the step around the compiled" in messages[0]
-    assert "('compiled-forward') failed, so it runs as a CUDA graph of the eager step" in messages[1]
-    assert "capturing the decoding step ('cuda-graph') failed, so it runs eagerly" in messages[2]
-    assert len(messages) == 3
+    assert tried == ["compiled-forward", "cuda-graph", "none"]
+    assert "('compiled-forward') failed, so it runs as a CUDA graph of the eager step" in messages[0]
+    assert "capturing the decoding step ('cuda-graph') failed, so it runs eagerly" in messages[1]
+    assert len(messages) == 2
     assert torch.equal(fell_back.response_ids, eager.response_ids)
     assert torch.equal(fell_back.sampling_log_probs, eager.sampling_log_probs)
     policy.sample(prompts, 2, sampling)
-    assert tried[4:] == ["none"]
+    assert tried[3:] == ["none"]
 
 
 def test_the_fallback_after_a_failed_compiler_is_a_cuda_graph_on_a_cuda_device_only():
@@ -130,12 +129,7 @@ def test_the_fallback_after_a_failed_compiler_is_a_cuda_graph_on_a_cuda_device_o
 
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     failed = ("reduce-overhead", "default", "compiled-forward", "cuda-graph")
-    assert [fallback_mode(mode, cuda) for mode in failed] == [
-        "compiled-forward",
-        "compiled-forward",
-        "cuda-graph",
-        "none",
-    ]
+    assert [fallback_mode(mode, cuda) for mode in failed] == ["cuda-graph", "cuda-graph", "cuda-graph", "none"]
     assert [fallback_mode(mode, cpu) for mode in ("reduce-overhead", "default", "aot_eager")] == ["none"] * 3
 
 
