@@ -39,8 +39,9 @@ on a CUDA device, our eager loop on a CPU); `eager` and `static` name one.
 Legs: `ours` (our KV-cache loop, in a process set up as `rlvr` sets up its own by default: glibc's allocator
 settings), `release` (ours with `RLVR_MALLOC=release`: freed memory returned to the OS,
 `runtime/process_memory.py`), `plain` (ours with
-`model.lean_activations: false`: transformers' own RMSNorm and SwiGLU forwards, which keep more activations for the
-backward), `compiled` (ours with `model.compile_layers: default` and `generation.share_prompt_prefix: false`: the
+`model.lean_activations: false` and `model.compile_layers: none`: transformers' own RMSNorm and SwiGLU forwards,
+which keep more activations for the backward; on a GPU `ours` compiles its layers, `compile_layers: auto`),
+`compiled` (ours with `model.compile_layers: default` and `generation.share_prompt_prefix: false`, on a CPU too: the
 scoring forwards pass no cache and run through inductor-compiled decoder layers), `vllm` (the same module with
 `VLLMGeneration`, an engine in the leg's process, weights pushed after every update; needs vLLM:
 scripts/vllm_cpu_env.sh), `trl`, `trl_cb` (TRL generating through transformers' continuous batching, its fast path
@@ -121,7 +122,7 @@ def run_ours(
     device: str = "cpu",
     generation_name: str = "default",
     precision: str = "32-true",
-    compile_layers: str = "none",
+    compile_layers: str = "auto",
 ) -> StepTimer:
     import lightning.pytorch as pl
 
@@ -156,7 +157,7 @@ def run_ours(
         from rlvr_lightning.policies import VLLMGeneration
 
         generation = VLLMGeneration(dtype=sampling_dtype, kv_cache_memory_gib=1.0, max_model_len=512)
-    share = False if compile_layers != "none" else None  # compiled layers run where no cache (prefix) is passed
+    share = False if compile_layers == "default" else None  # compiled layers run where no cache (prefix) is passed
     policy = HFPolicy(
         generation=GenerationOptions(generation, min_new_tokens=new_tokens, share_prompt_prefix=share),
         model=HFModelOptions(str(model_dir), lean_activations=lean_activations, compile_layers=compile_layers),
@@ -271,7 +272,7 @@ def worker(args) -> int:
             engine,
             lean_activations=lean,
             generation_name=args.generation,
-            compile_layers="default" if args.worker == "compiled" else "none",
+            compile_layers={"compiled": "default", "plain": "none"}.get(args.worker, "auto"),
             **precision,
         )
     Path(args.json).write_text(json.dumps(timer.steps[:measured]))

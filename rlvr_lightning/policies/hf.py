@@ -143,7 +143,8 @@ class HFPolicy(HFScoring, Policy):
         else:
             network = hf_loading.load_model(model_source, gguf_name, model_kwargs)
         # compiled layers keep transformers' norms and MLPs: a lean forward per module would be a graph per layer
-        lean_layers = model.lean_activations and model.compile_layers == "none"
+        # (`auto` drops them where it compiles)
+        lean_layers = model.lean_activations and model.compile_layers in ("none", "auto")
         _prepare_for_training(network, model.disable_dropout, model.gradient_checkpointing, lean_layers)
         compile_decoder_layers(network, model.compile_layers)
         self.lean_activations = model.lean_activations  # also the output layer's (`hf_scoring.py`)

@@ -87,16 +87,16 @@ class HFModelOptions:
         ),
     ] = False
     compile_layers: Annotated[
-        Literal["none", "default", "aot_eager"],
+        Literal["auto", "none", "default", "aot_eager"],
         Option(
             "run the decoder layers of the forwards without a key/value cache (scoring without prefix sharing, "
-            "packed micro-batches) through torch.compile: default (inductor), aot_eager (traced, run by torch's "
-            "operators), none. Compiled layers run transformers' norms and MLPs (the "
-            "compiler picks what their backward keeps); lean_activations then applies to the output layer alone "
-            "(`policies/compiled_layers.py`).",
+            "packed micro-batches) through torch.compile: auto (inductor on a CUDA device, unsharded layers; as "
+            "written elsewhere), default (inductor), aot_eager (traced, run by torch's operators), none. Compiled "
+            "layers run transformers' norms and MLPs (the compiler picks what their backward keeps); "
+            "lean_activations then applies to the output layer alone (`policies/compiled_layers.py`).",
             OneOf(COMPILE_LAYERS),
         ),
-    ] = "none"
+    ] = "auto"
 
     def __post_init__(self) -> None:
         check_options(HFModelOptions, vars(self), "model.")

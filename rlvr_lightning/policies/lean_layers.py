@@ -103,3 +103,14 @@ def apply_lean_layers(model: nn.Module) -> int:
             module.forward = functools.partial(_lean_mlp_forward, module)
             changed += 1
     return changed
+
+
+def remove_lean_layers(model: nn.Module) -> int:
+    """Give the modules of `model` that `apply_lean_layers` changed their class's forward back; how many."""
+    changed = 0
+    for module in model.modules():
+        forward = module.__dict__.get("forward")
+        if isinstance(forward, functools.partial) and forward.func in (_lean_norm_forward, _lean_mlp_forward):
+            del module.forward
+            changed += 1
+    return changed

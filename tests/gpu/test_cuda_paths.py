@@ -152,7 +152,9 @@ def test_every_attention_kernel_scores_the_same(dtype, tmp_path):
             continue
         torch.manual_seed(0)
         policy = HFPolicy(
-            model=HFModelOptions(config=tiny_llama_config(), tokenizer=tokenizer, attn_implementation=name)
+            model=HFModelOptions(
+                config=tiny_llama_config(), tokenizer=tokenizer, attn_implementation=name, compile_layers="none"
+            )
         )
         policy = policy.to("cuda").eval()
         if rollout is None:

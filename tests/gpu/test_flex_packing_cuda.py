@@ -28,7 +28,7 @@ def policy(tmp_path_factory):
     config = tiny_llama_config(**heads, max_position_embeddings=1024)
     torch.manual_seed(0)
     policy = HFPolicy(
-        model=HFModelOptions(config=config, tokenizer=tokenizer),
+        model=HFModelOptions(config=config, tokenizer=tokenizer, compile_layers="none"),  # compiled: its own test
         generation=GenerationOptions(share_prompt_prefix=False),
     ).cuda()
     set_compute_device(policy, torch.device("cuda"))

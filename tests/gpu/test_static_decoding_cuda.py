@@ -73,7 +73,7 @@ def test_a_policy_without_a_named_backend_decodes_statically(tmp_path):
 
 
 def test_the_default_runs_a_cuda_graph_where_its_compiler_fails(tmp_path, monkeypatch):
-    """`compile: auto` whose compiler fails on a CUDA device (the forward's, as the whole step's would) captures the eager
+    """`compile: auto` whose compiler fails on a CUDA device (the forward's) captures the eager
     step in a CUDA graph instead (the workspace holds it beside the steps that failed), which samples the eager
     step's tokens from the same random state."""
     from rlvr_lightning.demos.tiny_lm import save_tiny_tokenizer, tiny_llama_config

@@ -5,12 +5,15 @@ inductor would but runs torch's own operators, so it checks the tracing on a CPU
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from torch._dynamo.utils import counters
 
 from rlvr_lightning.demos.tiny_lm import tiny_llama_config
 from rlvr_lightning.generation.sampling_config import SamplingConfig
+from rlvr_lightning.policies import compiled_layers
 from rlvr_lightning.policies.compiled_layers import compile_decoder_layers
 from rlvr_lightning.policies.hf_options import GenerationOptions, HFModelOptions, LoRAOptions
 from tests.packed_rows import uneven_rollout
@@ -24,6 +27,13 @@ def _fresh_compiler():
     counters.clear()
     yield
     torch._dynamo.reset()
+    compiled_layers._FAILED.clear()
+
+
+def _lean_modules(policy) -> int:
+    return sum(isinstance(m.__dict__.get("forward"), functools.partial) for m in policy.model.modules()) - len(
+        policy.model.get_decoder().layers
+    )
 
 
 def _graphs() -> int:
@@ -116,3 +126,65 @@ def test_a_wrong_mode_names_the_option_and_the_choices():
         HFModelOptions(compile_layers="inductor")
     with pytest.raises(ValueError, match=r"compile_layers='default'.*Linear has no decoder layers"):
         compile_decoder_layers(torch.nn.Linear(2, 2), "default")
+
+
+def test_auto_runs_the_layers_as_written_with_their_lean_forwards_off_a_cuda_device(make_policy):
+    policy = make_policy(model=HFModelOptions(config=CONFIG), generation=GenerationOptions(share_prompt_prefix=False))
+    assert (
+        _lean_modules(policy) == 3 * CONFIG["num_hidden_layers"] + 1
+    )  # two norms and the MLP per layer, the last norm
+    _scored(policy, uneven_rollout(policy.hf_config.vocab_size, seed=5))
+    assert _graphs() == 0 and _lean_modules(policy) == 3 * CONFIG["num_hidden_layers"] + 1
+
+
+def test_auto_compiles_each_layer_without_its_lean_forwards_where_it_compiles(make_policy, monkeypatch):
+    """On a CUDA device (stood in for here) `auto` drops a layer's lean forwards, then compiles it: one graph for every
+    layer, the lean policy's log-probs and gradients."""
+    monkeypatch.setattr(compiled_layers, "auto_compiles", lambda layer, hidden: True)
+    monkeypatch.setattr(compiled_layers, "AUTO_MODE", "aot_eager")  # inductor's tracing, torch's operators
+    policies = [
+        make_policy(
+            model=HFModelOptions(config=CONFIG, compile_layers=mode),
+            generation=GenerationOptions(share_prompt_prefix=False),
+        )
+        for mode in ("none", "auto")
+    ]
+    rollout = uneven_rollout(policies[0].hf_config.vocab_size, seed=5)
+    (eager, eager_grads), (compiled, compiled_grads) = (_scored(policy, rollout) for policy in policies)
+    assert _graphs() == 1
+    assert _lean_modules(policies[1]) == 1  # the final norm runs outside the layers
+    torch.testing.assert_close(compiled, eager, atol=1e-6, rtol=0)
+    assert compiled_grads.keys() == eager_grads.keys() and len(eager_grads) > 0
+    for name, grad in eager_grads.items():
+        torch.testing.assert_close(compiled_grads[name], grad, atol=1e-6, rtol=0)
+
+
+def test_auto_warns_once_and_runs_the_layers_as_written_where_the_compiler_fails(make_policy, monkeypatch):
+    def failing_backend(graph, example_inputs):
+        raise RuntimeError("no working compiler here")
+
+    monkeypatch.setattr(
+        compiled_layers, "auto_compiles", lambda layer, hidden: type(layer) not in compiled_layers._FAILED
+    )
+    monkeypatch.setattr(
+        compiled_layers, "compiled_forward", lambda forward, mode: torch.compile(forward, backend=failing_backend)
+    )
+    policies = [
+        make_policy(
+            model=HFModelOptions(config=CONFIG, compile_layers=mode),
+            generation=GenerationOptions(share_prompt_prefix=False),
+        )
+        for mode in ("none", "auto")
+    ]
+    rollout = uneven_rollout(policies[0].hf_config.vocab_size, seed=5)
+    eager, _ = _scored(policies[0], rollout)
+    with pytest.warns(
+        UserWarning, match=r"compile_layers='auto': compiling LlamaDecoderLayer failed.*no working compiler"
+    ):
+        fell_back, _ = _scored(policies[1], rollout)
+    torch.testing.assert_close(fell_back, eager, atol=1e-6, rtol=0)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _scored(policies[1], rollout)  # as written from then on, without trying again
