@@ -7,7 +7,7 @@ and backward of 8 rows took 0.97x the time padded and 1.02x packed, docs/benchma
 
 * `auto` (default): `default` where the forward's hidden states are on a CUDA device and the layer is not sharded
   by FSDP2, `none` elsewhere. On a CUDA device it first drops the layer's lean forwards (`lean_layers.py`), which
-  would cost a graph per layer; where inductor fails to compile, it warns and runs the layers as written from then
+  would cost a graph per layer; where inductor fails to compile, it warns and runs the layers uncompiled from then
   on. At SmolLM2-135M's shape on an H200 (bf16 autocast, 8 x 8 x 128 tokens, 2026-12-04) compiled layers took a
   step's scoring forward and backward from 0.503 s (lean activations) to 0.375 s, TRL's 0.481 s;
 * `none`: the layers run as transformers wrote them;
@@ -41,7 +41,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from rlvr_lightning.policies.lean_layers import remove_lean_layers
+from rlvr_lightning.policies.lean_layers import apply_lean_layers, remove_lean_layers
 from rlvr_lightning.runtime.recompile_limit import raise_recompile_limit
 
 #: the values of `HFModelOptions.compile_layers`
@@ -77,15 +77,17 @@ def _auto_forward(layer: nn.Module, *args: Any, **kwargs: Any) -> Any:
     hidden = args[0] if args else kwargs.get("hidden_states")
     if not auto_compiles(layer, hidden):
         return forward(layer, *args, **kwargs)
-    remove_lean_layers(layer)
+    lean = remove_lean_layers(layer)
     try:
         return compiled_forward(forward, AUTO_MODE)(layer, *args, **kwargs)
     except torch._dynamo.exc.TorchDynamoException as error:  # inductor's failures reach here as BackendCompilerFailed
         _FAILED.add(type(layer))
+        if lean:  # the first layer tried is the only one that lost them
+            apply_lean_layers(layer)
         error = getattr(error, "inner_exception", None) or error  # the compiler's own error
         warnings.warn(
-            f"model.compile_layers='auto': compiling {type(layer).__name__} failed, so the decoder layers run as "
-            f"written from now on (compile_layers: none chooses that without trying). The error: "
+            f"model.compile_layers='auto': compiling {type(layer).__name__} failed, so the decoder layers run "
+            f"uncompiled from now on (compile_layers: none chooses that without trying). The error: "
             f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}",
             stacklevel=2,
         )

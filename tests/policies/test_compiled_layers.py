@@ -183,8 +183,42 @@ def test_auto_warns_once_and_runs_the_layers_as_written_where_the_compiler_fails
     ):
         fell_back, _ = _scored(policies[1], rollout)
     torch.testing.assert_close(fell_back, eager, atol=1e-6, rtol=0)
+    assert (
+        _lean_modules(policies[1]) == 3 * CONFIG["num_hidden_layers"] + 1
+    )  # the layer tried got its lean forwards back
     import warnings
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         _scored(policies[1], rollout)  # as written from then on, without trying again
+
+
+def test_a_fit_with_layers_auto_compiled_trains_as_the_layers_as_written(tmp_path, monkeypatch):
+    """`rlvr fit` with the KL reference, two inner epochs and micro-batches: where `auto` compiles (stood in for a CUDA
+    device, aot_eager), the weights after two steps are those of the layers as written."""
+    from rlvr_lightning.cli.app import main
+    from rlvr_lightning.demos.tiny_lm import save_tiny_tokenizer
+    from tests.test_lm_end_to_end import _config
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(compiled_layers, "AUTO_MODE", "aot_eager")
+    tokenizer = str(save_tiny_tokenizer(tmp_path / "tok"))
+    trained = {}
+    for compiles in (False, True):
+        monkeypatch.setattr(compiled_layers, "auto_compiles", lambda layer, hidden, on=compiles: on)
+        run = tmp_path / f"compiled_{compiles}"
+        run.mkdir()
+        policy = {
+            "model": {"config": CONFIG, "tokenizer": tokenizer},
+            "prompt": {"template": "{prompt}\nAnswer:"},
+            "generation": {"share_prompt_prefix": False},
+        }
+        module = {"update": {"epochs": 2, "micro_batch_size": 4}, "kl": {"coef": 0.05}}
+        task = {"examples": [{"prompt": "What is 2+3?"}, {"prompt": "Say ab."}]}
+        trainer = {"limit_train_batches": 2, "limit_val_batches": 0}
+        cli = main(["fit", "--config", str(_config(run, policy, module, trainer=trainer, task=task))])
+        trained[compiles] = {k: v.detach().clone() for k, v in cli.model.policy.model.state_dict().items()}
+    assert _graphs() >= 1
+    assert trained[True].keys() == trained[False].keys()
+    for name, value in trained[False].items():
+        torch.testing.assert_close(trained[True][name], value, atol=1e-5, rtol=0)
