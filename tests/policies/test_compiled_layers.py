@@ -137,18 +137,17 @@ def test_auto_runs_the_layers_as_written_with_their_lean_forwards_off_a_cuda_dev
     assert _graphs() == 0 and _lean_modules(policy) == 3 * CONFIG["num_hidden_layers"] + 1
 
 
+def _as_written_and_auto(make_policy) -> list:
+    options = [HFModelOptions(config=CONFIG, compile_layers=mode) for mode in ("none", "auto")]
+    return [make_policy(model=model, generation=GenerationOptions(share_prompt_prefix=False)) for model in options]
+
+
 def test_auto_compiles_each_layer_without_its_lean_forwards_where_it_compiles(make_policy, monkeypatch):
     """On a CUDA device (stood in for here) `auto` drops a layer's lean forwards, then compiles it: one graph for every
     layer, the lean policy's log-probs and gradients."""
     monkeypatch.setattr(compiled_layers, "auto_compiles", lambda layer, hidden: True)
     monkeypatch.setattr(compiled_layers, "AUTO_MODE", "aot_eager")  # inductor's tracing, torch's operators
-    policies = [
-        make_policy(
-            model=HFModelOptions(config=CONFIG, compile_layers=mode),
-            generation=GenerationOptions(share_prompt_prefix=False),
-        )
-        for mode in ("none", "auto")
-    ]
+    policies = _as_written_and_auto(make_policy)
     rollout = uneven_rollout(policies[0].hf_config.vocab_size, seed=5)
     (eager, eager_grads), (compiled, compiled_grads) = (_scored(policy, rollout) for policy in policies)
     assert _graphs() == 1
@@ -169,13 +168,7 @@ def test_auto_warns_once_and_runs_the_layers_as_written_where_the_compiler_fails
     monkeypatch.setattr(
         compiled_layers, "compiled_forward", lambda forward, mode: torch.compile(forward, backend=failing_backend)
     )
-    policies = [
-        make_policy(
-            model=HFModelOptions(config=CONFIG, compile_layers=mode),
-            generation=GenerationOptions(share_prompt_prefix=False),
-        )
-        for mode in ("none", "auto")
-    ]
+    policies = _as_written_and_auto(make_policy)
     rollout = uneven_rollout(policies[0].hf_config.vocab_size, seed=5)
     eager, _ = _scored(policies[0], rollout)
     with pytest.warns(
