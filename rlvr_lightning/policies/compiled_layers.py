@@ -59,7 +59,7 @@ def compiled_forward(forward: Callable[..., Any], mode: str) -> Callable[..., An
     return torch.compile(forward, backend=backend)
 
 
-#: the layer classes whose compilation failed under `auto` (they run as written from then on)
+#: the layer classes whose compilation failed under `auto` (they run uncompiled from then on)
 _FAILED: set[type] = set()
 
 
@@ -82,7 +82,7 @@ def _auto_forward(layer: nn.Module, *args: Any, **kwargs: Any) -> Any:
         return compiled_forward(forward, AUTO_MODE)(layer, *args, **kwargs)
     except torch._dynamo.exc.TorchDynamoException as error:  # inductor's failures reach here as BackendCompilerFailed
         _FAILED.add(type(layer))
-        if lean:  # the first layer tried is the only one that lost them
+        if lean:  # layers compiled before keep transformers' forwards: the same values
             apply_lean_layers(layer)
         error = getattr(error, "inner_exception", None) or error  # the compiler's own error
         warnings.warn(
