@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 
 from rlvr_lightning.policies.lean_layers import apply_lean_layers, remove_lean_layers
 from rlvr_lightning.runtime.recompile_limit import raise_recompile_limit
@@ -77,7 +78,9 @@ def _auto_forward(layer: nn.Module, *args: Any, **kwargs: Any) -> Any:
     hidden = args[0] if args else kwargs.get("hidden_states")
     if not auto_compiles(layer, hidden):
         return forward(layer, *args, **kwargs)
-    lean = remove_lean_layers(layer)
+    lean = 0
+    if not layer.__dict__.get(LEAN_DROPPED):  # once per layer: not on every forward
+        lean, layer.__dict__[LEAN_DROPPED] = remove_lean_layers(layer), True
     try:
         return compiled_forward(forward, AUTO_MODE)(layer, *args, **kwargs)
     except torch._dynamo.exc.TorchDynamoException as error:  # inductor's failures reach here as BackendCompilerFailed
@@ -96,13 +99,13 @@ def _auto_forward(layer: nn.Module, *args: Any, **kwargs: Any) -> Any:
 
 #: what `auto` compiles with where it compiles
 AUTO_MODE = "default"
+#: the flag `auto` leaves on a layer whose lean forwards it dropped
+LEAN_DROPPED = "_lean_forwards_dropped"
 
 
 def auto_compiles(layer: nn.Module, hidden: Any) -> bool:
     """Whether `compile_layers: auto` compiles `layer`'s forward of `hidden`: on a CUDA device, unsharded (FSDP2
     unshards a layer's parameters in hooks around its call), and not after a failed compilation."""
-    from torch.distributed.fsdp import FSDPModule
-
     on_cuda = isinstance(hidden, torch.Tensor) and hidden.device.type == "cuda"
     return on_cuda and not isinstance(layer, FSDPModule) and type(layer) not in _FAILED
 
