@@ -38,7 +38,8 @@ def report(profiler: torch.profiler.profile, device: str, label: str, rows: int 
     those that started inside its time span, on any thread (autograd runs a GPU's backward in a thread of its own);
     the sections end on `clock`, which waits for their queued work."""
     events = profiler.events()
-    kernels = [e for e in events if e.device_type != DeviceType.CPU]
+    # on a GPU the sections' own labels are mirrored as device ranges that span their kernels: not counted as work
+    kernels = [e for e in events if e.device_type != DeviceType.CPU and not e.name.startswith(SECTION_MARK)]
     operators = [e for e in events if e.device_type == DeviceType.CPU and e.name.startswith("aten::")]
     lines = [f"# profile of one step, {label} ({device})", "section          host ms  device ms  operators"]
     totals: dict[str, list[float]] = {}
