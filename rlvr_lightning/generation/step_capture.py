@@ -19,7 +19,8 @@
 `auto` does not start from `reduce-overhead`: at SmolLM2-135M's and Qwen2.5-1.5B's shapes (128 rows, bf16, torch
 2.11 on an H200, 2026-12-04) inductor failed to generate the sampling's reductions over the vocabulary (`NYI
 TritonSplitDimKernel reductions`; with split reductions, a `TypeError` in the split softmax) after a minute of
-compiling, while `compiled-forward` decoded SmolLM2's step in 2.17 ms (eager step in a CUDA graph: 4.22 ms).
+compiling, while `compiled-forward` decoded SmolLM2's step in 2.17 ms (eager step in a CUDA graph: 4.22 ms;
+`bash scripts/gpu_check.sh decode`).
 
 Every mode is `fullgraph=True`: a graph break is an error, not a silent slow path. Random draws stay outside the
 step (`StaticCacheGeneration` draws each step's uniforms into the workspace), so no mode needs the generator's

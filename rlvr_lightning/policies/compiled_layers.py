@@ -8,8 +8,9 @@ and backward of 8 rows took 0.97x the time padded and 1.02x packed, docs/benchma
 * `auto` (default): `default` where the forward's hidden states are on a CUDA device and the layer is not sharded
   by FSDP2, `none` elsewhere. On a CUDA device it first drops the layer's lean forwards (`lean_layers.py`), which
   would cost a graph per layer; where inductor fails to compile, it warns and runs the layers uncompiled from then
-  on. At SmolLM2-135M's shape on an H200 (bf16 autocast, 8 x 8 x 128 tokens, 2026-12-04) compiled layers took a
-  step's scoring forward and backward from 0.503 s (lean activations) to 0.375 s, TRL's 0.481 s;
+  on. At SmolLM2-135M's shape on an H200 (bf16 autocast, 8 x 8 x 128 tokens, 2026-12-04, `bash
+  scripts/gpu_check.sh bench` with `BENCH_LEGS='ours compiled trl'`) compiled layers took a step's scoring forward
+  and backward from 0.503 s (lean activations) to 0.375 s, TRL's 0.481 s;
 * `none`: the layers run as transformers wrote them;
 * `default`: each layer's forward through `torch.compile` (inductor);
 * `aot_eager`: traced by the compiler but run by torch's own operators (checks on any machine that the layers
